@@ -1,0 +1,255 @@
+// Push and pull goodput of the parameter server against its ceiling, a raw gRPC stream of
+// the same bytes in the same chunks with no table work, measured in one run, interleaved.
+//
+//   bazel run -c opt //bench:ps_throughput -- --reps=7 --json=/tmp/ps_throughput.json
+//
+// Shards and the raw servers run in this process, each its own grpc::Server on loopback
+// TCP; the client is the real PsClient. Goodput = tensor bytes / wall time of one call.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "bench/raw.grpc.pb.h"
+#include "common/sharding.h"
+#include "grpcpp/grpcpp.h"
+#include "server/ps/service.h"
+#include "worker/client/ps_client.h"
+
+ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");
+ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20, "Stream chunk size, PS and raw alike.");
+ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
+
+namespace pscluster::bench {
+namespace {
+
+using ps::DenseChunk;
+
+class RawService final : public RawStream::Service {
+ public:
+  grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<DenseChunk>* reader,
+                    ps::PushDenseResponse* resp) override {
+    DenseChunk c;
+    uint64_t n = 0;
+    while (reader->Read(&c)) n += c.data().size() / sizeof(float);
+    resp->set_values_received(n);
+    return grpc::Status::OK;
+  }
+  grpc::Status Pull(grpc::ServerContext*, const ps::PullDenseRequest* req,
+                    grpc::ServerWriter<DenseChunk>* writer) override {
+    if (source_.size() < req->length()) source_.resize(req->length(), 1.0f);
+    const uint64_t per = absl::GetFlag(FLAGS_chunk_bytes) / sizeof(float);
+    DenseChunk c;
+    for (uint64_t done = 0; done < req->length(); done += per) {
+      uint64_t n = std::min(per, req->length() - done);
+      c.set_offset(req->offset() + done);
+      c.mutable_data()->resize(n * sizeof(float));
+      std::memcpy(c.mutable_data()->data(), source_.data() + done, n * sizeof(float));
+      if (!writer->Write(c)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::vector<float> source_;  // one pull at a time per server in this benchmark
+};
+
+struct Cluster {
+  std::vector<std::unique_ptr<ps::Shard>> shards;
+  std::vector<std::unique_ptr<ps::ParameterServerService>> services;
+  std::vector<std::unique_ptr<RawService>> raws;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  std::vector<std::string> ps_addresses, raw_addresses;
+};
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(64 << 20);
+  b.SetMaxSendMessageSize(64 << 20);
+  b.RegisterService(service);
+  auto server = b.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
+Cluster StartCluster(uint32_t num_shards) {
+  Cluster c;
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    ps::ShardOptions so;
+    so.shard_id = s;
+    so.num_shards = num_shards;
+    c.shards.push_back(std::make_unique<ps::Shard>(so));
+    ps::ServiceOptions vo;
+    vo.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+    c.services.push_back(std::make_unique<ps::ParameterServerService>(c.shards.back().get(), vo));
+    c.raws.push_back(std::make_unique<RawService>());
+    c.ps_addresses.emplace_back();
+    c.raw_addresses.emplace_back();
+    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back()));
+    c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back()));
+  }
+  return c;
+}
+
+// Raw ceiling client: the same split across shards, in parallel, same chunks.
+class RawClient {
+ public:
+  explicit RawClient(const std::vector<std::string>& addresses) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    for (const auto& a : addresses) {
+      stubs_.push_back(RawStream::NewStub(
+          grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+  void Push(const std::vector<float>& data) {
+    OnShards(data.size(), [&](int s, Range r) {
+      grpc::ClientContext ctx;
+      ps::PushDenseResponse resp;
+      auto w = stubs_[s]->Push(&ctx, &resp);
+      const uint64_t per = absl::GetFlag(FLAGS_chunk_bytes) / sizeof(float);
+      DenseChunk c;
+      for (uint64_t done = 0; done < r.size(); done += per) {
+        uint64_t n = std::min(per, r.size() - done);
+        c.set_offset(r.begin + done);
+        c.set_data(data.data() + r.begin + done, n * sizeof(float));
+        w->Write(c);
+      }
+      w->WritesDone();
+      w->Finish();
+    });
+  }
+  void Pull(std::vector<float>* out) {
+    OnShards(out->size(), [&](int s, Range r) {
+      grpc::ClientContext ctx;
+      ps::PullDenseRequest req;
+      req.set_offset(r.begin);
+      req.set_length(r.size());
+      auto reader = stubs_[s]->Pull(&ctx, req);
+      DenseChunk c;
+      uint64_t got = 0;
+      while (reader->Read(&c)) {
+        std::memcpy(out->data() + r.begin + got, c.data().data(), c.data().size());
+        got += c.data().size() / sizeof(float);
+      }
+      reader->Finish();
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void OnShards(uint64_t size, Fn fn) {
+    std::vector<std::thread> threads;
+    int n = static_cast<int>(stubs_.size());
+    for (int s = 1; s < n; ++s) threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
+    fn(0, DenseShardRange(size, 0, n));
+    for (auto& t : threads) t.join();
+  }
+  std::vector<std::unique_ptr<RawStream::Stub>> stubs_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename Fn>
+double Seconds(Fn fn) {
+  absl::Time t0 = absl::Now();
+  fn();
+  return absl::ToDoubleSeconds(absl::Now() - t0);
+}
+
+struct Result {
+  uint32_t shards;
+  uint64_t bytes;
+  double push_gbps, raw_push_gbps, pull_gbps, raw_pull_gbps;
+};
+
+Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
+  Cluster cluster = StartCluster(num_shards);
+  PsClientOptions o;
+  o.shard_addresses = cluster.ps_addresses;
+  o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  auto client = *PsClient::Create(o);
+  RawClient raw(cluster.raw_addresses);
+  if (!client->RegisterWorker().ok()) std::abort();
+  ps::TableSpec spec;
+  spec.set_table_id(1);
+  spec.set_size(bytes / sizeof(float));
+  spec.mutable_optimizer()->set_learning_rate(1e-6f);  // SGD: the push really updates
+  spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+  spec.mutable_initializer()->set_kind(ps::InitializerConfig::ZEROS);
+  if (absl::Status s = client->CreateTable(spec); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    std::abort();
+  }
+  std::vector<float> grad(spec.size(), 0.5f), out(spec.size()), raw_out(spec.size());
+  std::vector<double> push, raw_push, pull, raw_pull;
+  for (int i = 0; i < reps + 2; ++i) {  // interleaved: PS, raw, PS, raw ...
+    double a = Seconds([&] { if (!client->PushDense(1, i, grad).ok()) std::abort(); });
+    double b = Seconds([&] { raw.Push(grad); });
+    double c = Seconds([&] { if (!client->PullDense(1, i, absl::MakeSpan(out)).ok()) std::abort(); });
+    double d = Seconds([&] { raw.Pull(&raw_out); });
+    if (i < 2) continue;  // warm-up
+    push.push_back(a), raw_push.push_back(b), pull.push_back(c), raw_pull.push_back(d);
+  }
+  // Correctness: every value took the same SGD steps, and the raw pull moved the bytes.
+  for (float v : out) {
+    if (v != out[0] || !(v < 0.0f)) {
+      std::fprintf(stderr, "pulled values disagree: %g vs %g\n", v, out[0]);
+      std::abort();
+    }
+  }
+  if (raw_out.front() != 1.0f || raw_out.back() != 1.0f) std::abort();
+  auto gbps = [&](const std::vector<double>& t) { return bytes / Median(t) / 1e9; };
+  Result r{num_shards, bytes, gbps(push), gbps(raw_push), gbps(pull), gbps(raw_pull)};
+  for (auto& s : cluster.servers) s->Shutdown();
+  return r;
+}
+
+}  // namespace
+}  // namespace pscluster::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using pscluster::bench::Result;
+  std::vector<Result> results;
+  std::printf("%-7s %-9s %10s %10s %6s %10s %10s %6s\n", "shards", "tensor", "push GB/s",
+              "raw GB/s", "ratio", "pull GB/s", "raw GB/s", "ratio");
+  for (uint32_t shards : {1u, 2u}) {
+    for (uint64_t kib : {64u, 1024u, 16384u, 65536u}) {
+      int reps = absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1);
+      Result r = pscluster::bench::Measure(shards, kib << 10, reps);
+      std::printf("%-7u %6lu KiB %10.3f %10.3f %6.2f %10.3f %10.3f %6.2f\n", shards,
+                  static_cast<unsigned long>(kib), r.push_gbps, r.raw_push_gbps,
+                  r.push_gbps / r.raw_push_gbps, r.pull_gbps, r.raw_pull_gbps,
+                  r.pull_gbps / r.raw_pull_gbps);
+      std::fflush(stdout);
+      results.push_back(r);
+    }
+  }
+  std::string path = absl::GetFlag(FLAGS_json);
+  if (!path.empty()) {
+    std::ofstream f(path);
+    f << "[\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      f << absl::StrCat("  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes,
+                        ", \"push_gbps\": ", r.push_gbps, ", \"raw_push_gbps\": ", r.raw_push_gbps,
+                        ", \"pull_gbps\": ", r.pull_gbps, ", \"raw_pull_gbps\": ", r.raw_pull_gbps,
+                        "}", i + 1 < results.size() ? ",\n" : "\n");
+    }
+    f << "]\n";
+  }
+  return 0;
+}

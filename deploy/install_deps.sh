@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pscluster builds, tests and runs with, when any is missing.
+# Idempotent and quiet when everything is there. Needs root (apt-get).
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
+  libopenblas-dev prometheus-cpp-dev dataset-fashion-mnist python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install_deps: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install_deps: need root to apt-get install; run: sudo $0" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,47 @@
+// A dense float32 tensor's slice [range.begin, range.end) held by one shard.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/sharding.h"
+#include "server/ps/table.h"
+
+namespace pscluster::ps {
+
+class DenseTable final : public Table {
+ public:
+  // `spec` must already be validated (ValidateTableSpec). Initialises the values of `range`.
+  static absl::StatusOr<std::unique_ptr<DenseTable>> Create(const TableSpec& spec, Range range);
+
+  Range range() const { return range_; }
+
+  // OUT_OF_RANGE unless [begin, begin + length) lies inside this shard's range.
+  absl::Status CheckRange(uint64_t begin, uint64_t length) const;
+
+  // Applies (ASP/SSP) or stages (BSP) one worker's gradient for `step`: the concatenation
+  // of `chunks` covers [begin, begin + total). All or nothing: a rejected push changes
+  // nothing. Sets *skipped when a non-finite gradient was dropped (skip_nonfinite).
+  absl::Status Push(int32_t worker, int64_t step, uint64_t begin,
+                    const std::vector<absl::Span<const float>>& chunks, bool* skipped);
+
+  // Copies [begin, begin + out.size()) into `out`. Call AwaitPullable first.
+  absl::Status Read(uint64_t begin, absl::Span<float> out) const;
+
+ private:
+  DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, Range range);
+  void ApplyLocked(uint64_t local, absl::Span<const float> grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const Range range_;
+  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> slots_ ABSL_GUARDED_BY(mu_);
+  int64_t updates_ ABSL_GUARDED_BY(mu_) = 0;  // optimizer steps applied (Adam bias correction)
+  // BSP: step -> worker -> gradient over the whole range (zeros where not pushed).
+  std::map<int64_t, std::map<int32_t, std::vector<float>>> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster::ps

@@ -1,0 +1,543 @@
+#include "server/ps/dense_table.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/sharding.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/ps.pb.h"
+#include "server/ps/shard.h"
+
+namespace pscluster::ps {
+namespace {
+
+using ::testing::Each;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr float kInit = 1.5f;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+TableSpec DenseSpec(uint64_t size, ConsistencyConfig::Mode mode, float lr, float init = kInit) {
+  TableSpec spec;
+  spec.set_table_id(1);
+  spec.set_name("dense");
+  spec.set_kind(TableSpec::DENSE);
+  spec.set_size(size);
+  spec.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  spec.mutable_optimizer()->set_learning_rate(lr);
+  spec.mutable_consistency()->set_mode(mode);
+  spec.mutable_initializer()->set_kind(InitializerConfig::CONSTANT);
+  spec.mutable_initializer()->set_value(init);
+  return spec;
+}
+
+std::unique_ptr<DenseTable> MakeTable(const TableSpec& spec, const std::vector<int32_t>& workers,
+                                      uint32_t shard = 0, uint32_t num_shards = 1) {
+  std::unique_ptr<DenseTable> table =
+      DenseTable::Create(spec, DenseShardRange(spec.size(), shard, num_shards)).value();
+  for (int32_t w : workers) table->AddWorker(w);
+  return table;
+}
+
+std::vector<float> ReadAll(const DenseTable& table) {
+  std::vector<float> out(table.range().size());
+  absl::Status s = table.Read(table.range().begin, absl::MakeSpan(out));
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+absl::Status PushOne(DenseTable& table, int32_t worker, int64_t step, uint64_t begin,
+                     const std::vector<float>& grad, bool* skipped = nullptr) {
+  bool ignored = false;
+  return table.Push(worker, step, begin, {absl::MakeConstSpan(grad)},
+                    skipped ? skipped : &ignored);
+}
+
+// The table's whole value range as seen through a Shard (exercising DenseShardRange there).
+std::vector<float> ReadThroughShard(const TableSpec& spec, uint32_t shard, uint32_t num_shards,
+                                    Range* range) {
+  Shard s(ShardOptions{shard, num_shards});
+  s.RegisterWorker(0);
+  auto created = s.CreateTable(spec);
+  EXPECT_TRUE(created.ok()) << created.status();
+  DenseTable* table = s.GetDense(spec.table_id(), 0).value();
+  *range = table->range();
+  EXPECT_EQ(created->info().shard_begin(), range->begin);
+  EXPECT_EQ(created->info().shard_end(), range->end);
+  return ReadAll(*table);
+}
+
+// Textbook Adam on one element (double precision), defaults beta1 0.9, beta2 0.999, eps 1e-8.
+struct AdamRef {
+  double w, m = 0, v = 0;
+  int t = 0;
+  void Step(double g, double lr) {
+    const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    ++t;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const double mhat = m / (1 - std::pow(b1, t));
+    const double vhat = v / (1 - std::pow(b2, t));
+    w -= lr * mhat / (std::sqrt(vhat) + eps);
+  }
+};
+
+TEST(DenseTableTest, ConstantInitializerSetsEveryValue) {
+  auto table = MakeTable(DenseSpec(10, ConsistencyConfig::ASP, 0.5f, 2.25f), {0});
+  EXPECT_THAT(ReadAll(*table), Each(2.25f));
+}
+
+TEST(DenseTableTest, ZerosInitializerIsTheDefault) {
+  TableSpec spec = DenseSpec(7, ConsistencyConfig::ASP, 0.5f);
+  spec.clear_initializer();
+  auto table = MakeTable(spec, {0});
+  EXPECT_THAT(ReadAll(*table), Each(0.0f));
+}
+
+TEST(DenseTableTest, ConstantInitIsIdenticalAcrossShardSplits) {
+  TableSpec spec = DenseSpec(11, ConsistencyConfig::ASP, 0.5f, -3.0f);
+  Range r0, r1, whole;
+  std::vector<float> a = ReadThroughShard(spec, 0, 2, &r0);
+  std::vector<float> b = ReadThroughShard(spec, 1, 2, &r1);
+  std::vector<float> one = ReadThroughShard(spec, 0, 1, &whole);
+  EXPECT_EQ(r0.end, r1.begin);
+  a.insert(a.end(), b.begin(), b.end());
+  EXPECT_THAT(a, ElementsAreArray(one));
+  EXPECT_THAT(one, Each(-3.0f));
+}
+
+TEST(DenseTableTest, SeededUniformInitDependsOnlyOnGlobalIndex) {
+  TableSpec spec = DenseSpec(101, ConsistencyConfig::ASP, 0.5f);
+  spec.mutable_initializer()->set_kind(InitializerConfig::UNIFORM);
+  spec.mutable_initializer()->set_scale(0.5f);
+  spec.mutable_initializer()->set_seed(42);
+
+  Range whole;
+  std::vector<float> one = ReadThroughShard(spec, 0, 1, &whole);
+  ASSERT_EQ(one.size(), 101u);
+  EXPECT_THAT(one, Each(::testing::AllOf(::testing::Ge(-0.5f), ::testing::Lt(0.5f))));
+  EXPECT_NE(one[0], one[1]);  // genuinely random, not a constant
+
+  for (uint32_t n : {2u, 3u}) {
+    std::vector<float> joined;
+    uint64_t next = 0;
+    for (uint32_t s = 0; s < n; ++s) {
+      Range r;
+      std::vector<float> part = ReadThroughShard(spec, s, n, &r);
+      EXPECT_EQ(r.begin, next);
+      next = r.end;
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    EXPECT_THAT(joined, ElementsAreArray(one)) << n << " shards";
+  }
+
+  // The same seed gives the same values; another seed different ones.
+  std::vector<float> again = ReadThroughShard(spec, 0, 1, &whole);
+  EXPECT_THAT(again, ElementsAreArray(one));
+  spec.mutable_initializer()->set_seed(43);
+  std::vector<float> other = ReadThroughShard(spec, 0, 1, &whole);
+  EXPECT_NE(other, one);
+}
+
+TEST(DenseTableTest, SgdAspPushIsAppliedImmediately) {
+  auto table = MakeTable(DenseSpec(4, ConsistencyConfig::ASP, 0.5f), {0});
+  const std::vector<float> g = {1.0f, -2.0f, 0.25f, 0.0f};
+  bool skipped = true;
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, g, &skipped).ok());
+  EXPECT_FALSE(skipped);
+  std::vector<float> expected;
+  for (float gi : g) expected.push_back(kInit - 0.5f * gi);
+  EXPECT_THAT(ReadAll(*table), ElementsAreArray(expected));
+
+  // A second push is applied on top of the first, without any waiting.
+  ASSERT_TRUE(table->AwaitPullable(1, absl::InfinitePast()).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 1, 0, g).ok());
+  for (size_t i = 0; i < g.size(); ++i) expected[i] -= 0.5f * g[i];
+  EXPECT_THAT(ReadAll(*table), ElementsAreArray(expected));
+  EXPECT_EQ(table->Stats().pushes(), 2u);
+  EXPECT_EQ(table->Clocks().at(0), 2);
+}
+
+TEST(DenseTableTest, PushOfSubRangeInChunksUpdatesOnlyThoseValues) {
+  // Shard 1 of 2 of a 10-value tensor holds global [5, 10).
+  auto table = MakeTable(DenseSpec(10, ConsistencyConfig::ASP, 0.5f), {0}, 1, 2);
+  ASSERT_EQ(table->range(), (Range{5, 10}));
+  const std::vector<float> c1 = {2.0f};
+  const std::vector<float> c2 = {4.0f, 6.0f};
+  bool skipped = true;
+  ASSERT_TRUE(table->Push(0, 0, 6, {absl::MakeConstSpan(c1), absl::MakeConstSpan(c2)}, &skipped)
+                  .ok());
+  EXPECT_FALSE(skipped);
+  EXPECT_THAT(ReadAll(*table),
+              ElementsAre(kInit, kInit - 1.0f, kInit - 2.0f, kInit - 3.0f, kInit));
+
+  // Reading a sub-range uses global indices too.
+  std::vector<float> part(2);
+  ASSERT_TRUE(table->Read(7, absl::MakeSpan(part)).ok());
+  EXPECT_THAT(part, ElementsAre(kInit - 2.0f, kInit - 3.0f));
+  EXPECT_EQ(table->Stats().bytes_pushed(), 3 * sizeof(float));
+}
+
+TEST(DenseTableTest, CheckRangeRejectsOutOfRangeAndOverflowingRequests) {
+  auto table = MakeTable(DenseSpec(10, ConsistencyConfig::ASP, 0.5f), {0}, 1, 2);  // [5, 10)
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+  EXPECT_TRUE(table->CheckRange(5, 5).ok());
+  EXPECT_TRUE(table->CheckRange(7, 3).ok());
+  EXPECT_TRUE(table->CheckRange(10, 0).ok());
+
+  struct Case {
+    uint64_t begin, length;
+  };
+  for (Case c : {Case{4, 1}, Case{4, 0}, Case{9, 2}, Case{11, 0}, Case{0, 10}, Case{kMax, 1},
+                 Case{kMax, 0}, Case{kMax - 2, 10},  // begin + length wraps around to 7
+                 Case{6, kMax}, Case{5, kMax - 1}}) {
+    absl::Status s = table->CheckRange(c.begin, c.length);
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << c.begin << "+" << c.length;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("[5, 10)"));
+  }
+
+  // Push and Read refuse such ranges too, and nothing changes.
+  const std::vector<float> g(10, 1.0f);
+  EXPECT_EQ(PushOne(*table, 0, 0, kMax - 2, g).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(PushOne(*table, 0, 0, 4, {1.0f}).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(PushOne(*table, 0, 0, 8, {1.0f, 1.0f, 1.0f}).code(), absl::StatusCode::kOutOfRange);
+  std::vector<float> out(10);
+  EXPECT_EQ(table->Read(kMax - 2, absl::MakeSpan(out)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(table->Read(5, absl::MakeSpan(out)).code(), absl::StatusCode::kOutOfRange);
+
+  EXPECT_THAT(ReadAll(*table), Each(kInit));
+  TableStats stats = table->Stats();
+  EXPECT_EQ(stats.pushes(), 0u);
+  EXPECT_EQ(stats.bytes_pushed(), 0u);
+  EXPECT_GE(stats.rejected_requests(), 5u);
+  EXPECT_EQ(table->Clocks().at(0), 0);
+}
+
+TEST(DenseTableTest, BspAppliesSumOfAllWorkersOnceEveryonePushed) {
+  auto table = MakeTable(DenseSpec(3, ConsistencyConfig::BSP, 0.5f), {0, 1, 2});
+  const std::vector<std::vector<float>> g = {{1, 2, 3}, {0.5f, 0.5f, 0.5f}, {-4, 1, 2}};
+
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, g[0]).ok());
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, g[1]).ok());
+  // Two of three pushed: nothing applied, a pull of step 1 must wait.
+  EXPECT_THAT(ReadAll(*table), Each(kInit));
+  EXPECT_EQ(table->Info().applied_steps(), 0);
+  EXPECT_EQ(table->AwaitPullable(1, absl::InfinitePast()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(table->AwaitPullable(0, absl::InfinitePast()).ok());
+
+  ASSERT_TRUE(PushOne(*table, 2, 0, 0, g[2]).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 1);
+  EXPECT_TRUE(table->AwaitPullable(1, absl::InfinitePast()).ok());
+  std::vector<float> expected;
+  for (size_t i = 0; i < 3; ++i) {
+    float sum = g[0][i];
+    sum += g[1][i];
+    sum += g[2][i];
+    expected.push_back(kInit - 0.5f * sum);
+  }
+  EXPECT_THAT(ReadAll(*table), ElementsAreArray(expected));
+}
+
+TEST(DenseTableTest, BspSumsInWorkerIdOrderWhateverThePushOrder) {
+  // Element 0 is chosen so that float summation order matters.
+  const std::vector<std::vector<float>> g = {{1e8f, 1.0f}, {1.0f, 2.0f}, {-1e8f, 3.0f}};
+  float by_id = g[0][0];
+  by_id += g[1][0];
+  by_id += g[2][0];
+  float by_arrival = g[2][0];
+  by_arrival += g[0][0];
+  by_arrival += g[1][0];
+  ASSERT_NE(by_id, by_arrival) << "the test values must make summation order observable";
+
+  std::vector<float> expected;
+  for (size_t i = 0; i < 2; ++i) {
+    float sum = g[0][i];
+    sum += g[1][i];
+    sum += g[2][i];
+    expected.push_back(kInit - 0.5f * sum);
+  }
+
+  for (const std::vector<int32_t>& order :
+       {std::vector<int32_t>{0, 1, 2}, std::vector<int32_t>{2, 0, 1},
+        std::vector<int32_t>{1, 2, 0}}) {
+    auto table = MakeTable(DenseSpec(2, ConsistencyConfig::BSP, 0.5f), {0, 1, 2});
+    for (int32_t w : order) ASSERT_TRUE(PushOne(*table, w, 0, 0, g[w]).ok());
+    EXPECT_EQ(table->Info().applied_steps(), 1);
+    EXPECT_THAT(ReadAll(*table), ElementsAreArray(expected))
+        << "push order " << order[0] << order[1] << order[2];
+  }
+}
+
+TEST(DenseTableTest, BspSumsSubRangePushesOfDifferentWorkers) {
+  // Shard 1 of 2 of a 8-value tensor holds [4, 8); each worker pushes part of it.
+  auto table = MakeTable(DenseSpec(8, ConsistencyConfig::BSP, 0.5f), {0, 1}, 1, 2);
+  ASSERT_TRUE(PushOne(*table, 1, 0, 5, {2, 4}).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 0, 4, {6, 8}).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 1);
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 3, kInit - 5, kInit - 2, kInit));
+}
+
+TEST(DenseTableTest, BspStepIsOneOptimizerUpdate) {
+  // With Adam, one update of g0 + g1 differs clearly from two updates of g0 then g1.
+  TableSpec spec = DenseSpec(1, ConsistencyConfig::BSP, 0.1f, 0.5f);
+  spec.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  auto table = MakeTable(spec, {0, 1});
+
+  AdamRef once{0.5};
+  once.Step(1.0 + 3.0, 0.1);
+  AdamRef twice{0.5};
+  twice.Step(1.0, 0.1);
+  twice.Step(3.0, 0.1);
+  ASSERT_GT(std::fabs(once.w - twice.w), 1e-2);
+
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {3.0f}).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {1.0f}).ok());
+  EXPECT_NEAR(ReadAll(*table)[0], once.w, 1e-5);
+
+  // The next step is the table's second update (bias correction t = 2).
+  once.Step(-2.0 + 0.5, 0.1);
+  ASSERT_TRUE(PushOne(*table, 0, 1, 0, {-2.0f}).ok());
+  ASSERT_TRUE(PushOne(*table, 1, 1, 0, {0.5f}).ok());
+  EXPECT_NEAR(ReadAll(*table)[0], once.w, 1e-5);
+}
+
+TEST(DenseTableTest, BspRejectsStaleDuplicateTooFarAheadAndNegativeSteps) {
+  auto table = MakeTable(DenseSpec(2, ConsistencyConfig::BSP, 0.5f), {0, 1});
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {1, 1}).ok());
+
+  absl::Status dup = PushOne(*table, 0, 0, 0, {100, 100});
+  EXPECT_EQ(dup.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(dup.message()), HasSubstr("worker 0 already pushed step 0"));
+
+  absl::Status ahead = PushOne(*table, 0, kMaxBspStepsAhead, 0, {100, 100});
+  EXPECT_EQ(ahead.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(ahead.message()), HasSubstr("ahead"));
+  // The last step still inside the window is accepted (and staged).
+  ASSERT_TRUE(PushOne(*table, 0, kMaxBspStepsAhead - 1, 0, {0, 0}).ok());
+
+  absl::Status negative = PushOne(*table, 1, -1, 0, {100, 100});
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+
+  // None of the rejected pushes counted: worker 1's push of step 0 completes the step.
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {2, 4}).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 1);
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 0.5f * 3, kInit - 0.5f * 5));
+
+  absl::Status stale = PushOne(*table, 1, 0, 0, {100, 100});
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.message()), HasSubstr("already applied"));
+
+  // The window moved with applied_steps.
+  EXPECT_TRUE(PushOne(*table, 1, kMaxBspStepsAhead, 0, {0, 0}).ok());
+  EXPECT_EQ(PushOne(*table, 1, kMaxBspStepsAhead + 1, 0, {0, 0}).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 0.5f * 3, kInit - 0.5f * 5));
+  TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rejected_requests(), 5u);
+  EXPECT_EQ(stats.pushes(), 4u);
+}
+
+TEST(DenseTableTest, AspAndSspAcceptAnyNonNegativeStepButNotANegativeOne) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::SSP}) {
+    auto table = MakeTable(DenseSpec(1, mode, 0.5f), {0});
+    EXPECT_TRUE(PushOne(*table, 0, 7, 0, {1}).ok());
+    EXPECT_TRUE(PushOne(*table, 0, 7, 0, {1}).ok());
+    EXPECT_TRUE(PushOne(*table, 0, 2, 0, {1}).ok());
+    absl::Status s = PushOne(*table, 0, -3, 0, {1});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("-3"));
+    EXPECT_EQ(table->Clocks().at(0), 8);
+    EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 1.5f));
+  }
+}
+
+TEST(DenseTableTest, NonFiniteGradientIsRejectedNamingTheIndexAndChangesNothing) {
+  auto table = MakeTable(DenseSpec(6, ConsistencyConfig::ASP, 0.5f), {0});
+  const std::vector<float> c1 = {0.5f, 0.5f};
+  const std::vector<float> c2 = {0.5f, kNaN};
+  bool skipped = true;
+  absl::Status s =
+      table->Push(0, 0, 1, {absl::MakeConstSpan(c1), absl::MakeConstSpan(c2)}, &skipped);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("index 4"));  // global index 1 + 3
+  EXPECT_THAT(std::string(s.message()), HasSubstr("skip_nonfinite"));
+  EXPECT_FALSE(skipped);
+
+  absl::Status inf = PushOne(*table, 0, 0, 0, {1.0f, 1.0f, -kInf});
+  EXPECT_EQ(inf.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(inf.message()), HasSubstr("index 2"));
+
+  EXPECT_THAT(ReadAll(*table), Each(kInit));
+  TableStats stats = table->Stats();
+  EXPECT_EQ(stats.pushes(), 0u);
+  EXPECT_EQ(stats.rejected_requests(), 2u);
+  EXPECT_EQ(stats.nonfinite_pushes_skipped(), 0u);
+  EXPECT_EQ(table->Clocks().at(0), 0);
+}
+
+TEST(DenseTableTest, RejectedNonFiniteBspPushDoesNotCountAsThePush) {
+  auto table = MakeTable(DenseSpec(2, ConsistencyConfig::BSP, 0.5f), {0, 1});
+  ASSERT_EQ(PushOne(*table, 0, 0, 0, {kNaN, 1}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {1, 1}).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 0);
+  // Worker 0 may retry the same step with a finite gradient.
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {2, 2}).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 1);
+  EXPECT_THAT(ReadAll(*table), Each(kInit - 0.5f * 3));
+}
+
+TEST(DenseTableTest, SkipNonfiniteDropsThePushCountsItAndLeavesValuesUnchanged) {
+  TableSpec spec = DenseSpec(3, ConsistencyConfig::ASP, 0.5f);
+  spec.set_skip_nonfinite(true);
+  auto table = MakeTable(spec, {0});
+  bool skipped = false;
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {1, kInf, 1}, &skipped).ok());
+  EXPECT_TRUE(skipped);
+  EXPECT_THAT(ReadAll(*table), Each(kInit));
+  EXPECT_EQ(table->Stats().nonfinite_pushes_skipped(), 1u);
+  EXPECT_EQ(table->Stats().rejected_requests(), 0u);
+
+  ASSERT_TRUE(PushOne(*table, 0, 1, 0, {1, 1, 1}, &skipped).ok());
+  EXPECT_FALSE(skipped);
+  EXPECT_THAT(ReadAll(*table), Each(kInit - 0.5f));
+  EXPECT_EQ(table->Stats().nonfinite_pushes_skipped(), 1u);
+}
+
+TEST(DenseTableTest, SkippedNonfinitePushStillCountsForTheBspStep) {
+  TableSpec spec = DenseSpec(3, ConsistencyConfig::BSP, 0.5f);
+  spec.set_skip_nonfinite(true);
+  auto table = MakeTable(spec, {0, 1});
+  bool skipped = false;
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {kNaN, 1, 1}, &skipped).ok());
+  EXPECT_TRUE(skipped);
+  EXPECT_EQ(table->Info().applied_steps(), 0);
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {2, 4, 6}, &skipped).ok());
+  EXPECT_FALSE(skipped);
+  EXPECT_EQ(table->Info().applied_steps(), 1);
+  // Only worker 1's gradient was applied.
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 1, kInit - 2, kInit - 3));
+
+  // A step in which every push was skipped still completes, without changing values.
+  ASSERT_TRUE(PushOne(*table, 0, 1, 0, {kNaN, 0, 0}, &skipped).ok());
+  ASSERT_TRUE(PushOne(*table, 1, 1, 0, {0, kInf, 0}, &skipped).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 2);
+  EXPECT_TRUE(table->AwaitPullable(2, absl::InfinitePast()).ok());
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 1, kInit - 2, kInit - 3));
+
+  TableStats stats = table->Stats();
+  EXPECT_EQ(stats.nonfinite_pushes_skipped(), 3u);
+  EXPECT_EQ(stats.pushes(), 4u);
+}
+
+TEST(DenseTableTest, AspPullNeverWaits) {
+  auto table = MakeTable(DenseSpec(1, ConsistencyConfig::ASP, 0.5f), {0, 1});
+  EXPECT_TRUE(table->AwaitPullable(1000, absl::InfinitePast()).ok());
+}
+
+TEST(DenseTableTest, SspPullTimesOutNamingTheSlowWorkerAndWakesWhenItPushes) {
+  TableSpec spec = DenseSpec(1, ConsistencyConfig::SSP, 0.5f);
+  spec.mutable_consistency()->set_staleness(1);
+  auto table = MakeTable(spec, {0, 1});
+  for (int64_t step = 0; step < 3; ++step) ASSERT_TRUE(PushOne(*table, 0, step, 0, {1}).ok());
+
+  // Worker 1 has clock 0: step 1 is within staleness 1, step 2 is not.
+  EXPECT_TRUE(table->AwaitPullable(1, absl::InfinitePast()).ok());
+  absl::Status late = table->AwaitPullable(2, absl::Now() + absl::Milliseconds(20));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(late.message()), HasSubstr("worker 1 (clock 0)"));
+  EXPECT_THAT(std::string(late.message()), HasSubstr("SSP"));
+  EXPECT_THAT(std::string(late.message()), Not(HasSubstr("worker 0")));
+
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread reader([&] { waited = table->AwaitPullable(2, absl::Now() + absl::Seconds(30)); });
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {1}).ok());
+  reader.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+
+  EXPECT_EQ(table->AwaitPullable(3, absl::InfinitePast()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(DenseTableTest, BspPullWakesWhenTheLastWorkerPushes) {
+  auto table = MakeTable(DenseSpec(2, ConsistencyConfig::BSP, 0.5f), {0, 1});
+  absl::Status waited = absl::UnknownError("not run");
+  std::vector<float> seen;
+  std::thread reader([&] {
+    waited = table->AwaitPullable(1, absl::Now() + absl::Seconds(30));
+    if (waited.ok()) seen = ReadAll(*table);
+  });
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {1, 2}).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {3, 4}).ok());
+  reader.join();
+  ASSERT_TRUE(waited.ok()) << waited;
+  EXPECT_THAT(seen, ElementsAre(kInit - 2, kInit - 3));
+  EXPECT_EQ(table->Stats().pulls(), 1u);
+}
+
+TEST(DenseTableTest, BspPullTimeoutNamesOnlyTheLaggingWorkers) {
+  auto table = MakeTable(DenseSpec(1, ConsistencyConfig::BSP, 0.5f), {0, 1, 2});
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {1}).ok());
+  ASSERT_TRUE(PushOne(*table, 2, 0, 0, {1}).ok());
+  absl::Status s = table->AwaitPullable(1, absl::Now() + absl::Milliseconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  const std::string msg(s.message());
+  EXPECT_THAT(msg, HasSubstr("worker 1 (clock 0)"));
+  EXPECT_THAT(msg, HasSubstr("applied_steps=0"));
+  EXPECT_THAT(msg, Not(HasSubstr("worker 0")));
+  EXPECT_THAT(msg, Not(HasSubstr("worker 2")));
+  EXPECT_EQ(table->Stats().pulls(), 0u);
+  EXPECT_EQ(table->Stats().rejected_requests(), 1u);
+}
+
+TEST(DenseTableTest, ShutdownFailsWaitingPullsWithUnavailable) {
+  auto table = MakeTable(DenseSpec(1, ConsistencyConfig::BSP, 0.5f), {0});
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread reader([&] { waited = table->AwaitPullable(5, absl::Now() + absl::Seconds(30)); });
+  table->Shutdown();
+  reader.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(table->AwaitPullable(5, absl::InfinitePast()).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DenseTableTest, ConcurrentAspPushesAreAllAppliedExactly) {
+  constexpr int kThreads = 8, kPushes = 500, kSize = 1000;
+  constexpr float kStart = 0.25f;
+  auto table = MakeTable(DenseSpec(kSize, ConsistencyConfig::ASP, 1.0f, kStart), {});
+  for (int w = 0; w < kThreads; ++w) table->AddWorker(w);
+  const std::vector<float> grad(kSize, -1.0f);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&, w] {
+      for (int step = 0; step < kPushes; ++step) {
+        if (!PushOne(*table, w, step, 0, grad).ok()) failures++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_THAT(ReadAll(*table), Each(kStart + kThreads * kPushes));
+  EXPECT_EQ(table->Stats().pushes(), uint64_t{kThreads * kPushes});
+  for (int w = 0; w < kThreads; ++w) EXPECT_EQ(table->Clocks().at(w), kPushes);
+}
+
+}  // namespace
+}  // namespace pscluster::ps

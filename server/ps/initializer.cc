@@ -1,0 +1,59 @@
+#include "server/ps/initializer.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/sharding.h"
+
+namespace pscluster::ps {
+namespace {
+
+// Uniform in [0, 1) from the top 24 bits of a hash.
+float Unit(uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
+
+float ValueAt(const InitializerConfig& c, uint64_t stream, uint64_t index) {
+  switch (c.kind()) {
+    case InitializerConfig::CONSTANT:
+      return c.value();
+    case InitializerConfig::UNIFORM:
+      return c.scale() * (2.0f * Unit(Mix64(stream ^ Mix64(index))) - 1.0f);
+    case InitializerConfig::NORMAL: {
+      // Box-Muller from two independent hashes of the same position.
+      uint64_t h = Mix64(stream ^ Mix64(index));
+      float u1 = 1.0f - Unit(h);  // (0, 1]
+      float u2 = Unit(Mix64(h));
+      return c.scale() * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+    }
+    default:
+      return 0.0f;
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateInitializer(const InitializerConfig& c) {
+  if (!std::isfinite(c.value())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initializer.value must be finite, got ", c.value()));
+  }
+  if (!std::isfinite(c.scale()) || c.scale() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initializer.scale must be finite and >= 0, got ", c.scale()));
+  }
+  if (!InitializerConfig::Kind_IsValid(c.kind())) {
+    return absl::InvalidArgumentError(absl::StrCat("initializer.kind ", c.kind(), " is unknown"));
+  }
+  return absl::OkStatus();
+}
+
+void InitDense(const InitializerConfig& c, uint64_t first_index, absl::Span<float> out) {
+  uint64_t stream = Mix64(c.seed());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ValueAt(c, stream, first_index + i);
+}
+
+void InitSparseRow(const InitializerConfig& c, uint64_t key, absl::Span<float> out) {
+  uint64_t stream = Mix64(c.seed() ^ Mix64(key));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ValueAt(c, stream, i);
+}
+
+}  // namespace pscluster::ps

@@ -1,0 +1,103 @@
+// ps_server: one parameter-server shard.
+//
+//   ps_server --port=5000 --shard_id=0 --num_shards=2
+//
+// Prints "ps_server shard S/N listening on HOST:PORT" once it serves (with --port=0 the
+// kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, finish in-flight RPCs
+// (up to 5 s), exit 0.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "server/ps/service.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
+ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
+ABSL_FLAG(uint32_t, shard_id, 0, "This shard's index, in [0, num_shards).");
+ABSL_FLAG(uint32_t, num_shards, 1, "Number of shards in the cluster.");
+ABSL_FLAG(int, threads, 64,
+          "Most RPC handler threads. Pulls waiting on BSP/SSP hold one each, so keep it above "
+          "the number of workers times the tables they pull at once.");
+ABSL_FLAG(std::string, data_dir, "", "Directory for snapshots (created if missing).");
+ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
+ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
+          "Largest table slice (values + optimizer state) this shard accepts.");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ps_server: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
+  absl::ParseCommandLine(argc, argv);
+  pscluster::ps::ShardOptions shard_options;
+  shard_options.shard_id = absl::GetFlag(FLAGS_shard_id);
+  shard_options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  shard_options.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
+  if (shard_options.num_shards == 0 || shard_options.shard_id >= shard_options.num_shards) {
+    return Fail(absl::StrCat("--shard_id=", shard_options.shard_id, " must be in [0, --num_shards=",
+                             shard_options.num_shards, ")"));
+  }
+  pscluster::ps::ServiceOptions service_options;
+  service_options.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  if (service_options.max_chunk_bytes < 1024 || service_options.max_chunk_bytes > (1u << 30)) {
+    return Fail("--max_chunk_bytes must be in [1024, 1 GiB]");
+  }
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (!data_dir.empty() && mkdir(data_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Fail(absl::StrCat("cannot create --data_dir=", data_dir, ": ", std::strerror(errno)));
+  }
+
+  // Signals are taken by a dedicated thread; block them before any other thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  pscluster::ps::Shard shard(shard_options);
+  pscluster::ps::ParameterServerService service(&shard, service_options);
+  grpc::ResourceQuota quota("ps_server");
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_threads));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetResourceQuota(quota);
+  builder.SetMaxReceiveMessageSize(pscluster::ps::MaxMessageBytes(service_options));
+  builder.SetMaxSendMessageSize(pscluster::ps::MaxMessageBytes(service_options));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", address, " (port in use? try --port=0)"));
+  }
+  std::printf("ps_server shard %u/%u listening on %s:%d\n", shard_options.shard_id,
+              shard_options.num_shards, absl::GetFlag(FLAGS_host).c_str(), port);
+  std::fflush(stdout);
+
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "ps_server: signal %d, shutting down\n", sig);
+    shard.Shutdown();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  });
+  server->Wait();
+  stopper.join();
+  std::fprintf(stderr, "ps_server: stopped\n");
+  return 0;
+}

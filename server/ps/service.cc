@@ -1,0 +1,245 @@
+#include "server/ps/service.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace pscluster::ps {
+namespace {
+
+absl::Span<const float> AsFloats(const std::string& bytes) {
+  return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()), bytes.size() / 4);
+}
+
+absl::Status CheckFloatBytes(const std::string& bytes, absl::string_view field) {
+  if (bytes.size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " holds ", bytes.size(),
+                                                   " bytes, not a whole number of float32 values"));
+  }
+  return absl::OkStatus();
+}
+
+// The header fields every chunk of one push stream must repeat unchanged.
+absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uint64_t index) {
+  auto differs = [&](absl::string_view field) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", index, " changes ", field, " within one push stream"));
+  };
+  if (c.table_id() != first.table_id()) return differs("table_id");
+  if (c.worker_id() != first.worker_id()) return differs("worker_id");
+  if (c.step() != first.step()) return differs("step");
+  if (c.begin() != first.begin()) return differs("begin");
+  if (c.total_length() != first.total_length()) return differs("total_length");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int MaxMessageBytes(const ServiceOptions& options) {
+  return static_cast<int>(options.max_chunk_bytes + (64 << 10));
+}
+
+ParameterServerService::ParameterServerService(Shard* shard, ServiceOptions options)
+    : shard_(shard), options_(options) {}
+
+absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) const {
+  return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.max_wait);
+}
+
+grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
+                                                    const RegisterWorkerRequest* req,
+                                                    RegisterWorkerResponse* resp) {
+  *resp = shard_->RegisterWorker(req->worker_id());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
+                                                 const CreateTableRequest* req,
+                                                 CreateTableResponse* resp) {
+  auto r = shard_->CreateTable(req->spec());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
+                                                   const DescribeTableRequest* req,
+                                                   TableInfo* resp) {
+  auto table = shard_->GetTable(req->table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  *resp = (*table)->Info();
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::ServerContext* ctx,
+                                                                const PullDenseRequest& req,
+                                                                uint64_t* length) {
+  auto table = shard_->GetDense(req.table_id(), req.worker_id());
+  if (!table.ok()) return table.status();
+  Range range = (*table)->range();
+  *length = req.length();
+  if (*length == 0 && req.offset() >= range.begin && req.offset() <= range.end) {
+    *length = range.end - req.offset();
+  }
+  if (absl::Status s = (*table)->CheckRange(req.offset(), *length); !s.ok()) return s;
+  if (absl::Status s = (*table)->AwaitPullable(req.step(), Deadline(ctx)); !s.ok()) return s;
+  return table;
+}
+
+grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
+                                               const PullDenseRequest* req, DenseChunk* resp) {
+  uint64_t length = 0;
+  auto table = PreparePull(ctx, *req, &length);
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  if (length * sizeof(float) > options_.max_chunk_bytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "length ", length, " values exceeds the unary limit of ", options_.max_chunk_bytes,
+        " bytes; use PullDenseStream")));
+  }
+  resp->set_table_id(req->table_id());
+  resp->set_step(req->step());
+  resp->set_offset(req->offset());
+  resp->set_begin(req->offset());
+  resp->set_total_length(length);
+  std::string* data = resp->mutable_data();
+  data->resize(length * sizeof(float));
+  return ToGrpcStatus((*table)->Read(
+      req->offset(), absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)));
+}
+
+grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
+                                                     const PullDenseRequest* req,
+                                                     grpc::ServerWriter<DenseChunk>* writer) {
+  uint64_t length = 0;
+  auto table = PreparePull(ctx, *req, &length);
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  const uint64_t per_chunk = options_.max_chunk_bytes / sizeof(float);
+  DenseChunk chunk;  // reused: its buffer is allocated once
+  chunk.set_table_id(req->table_id());
+  chunk.set_step(req->step());
+  chunk.set_begin(req->offset());
+  chunk.set_total_length(length);
+  for (uint64_t done = 0; done < length || (length == 0 && done == 0);) {
+    uint64_t n = std::min(per_chunk, length - done);
+    chunk.set_offset(req->offset() + done);
+    std::string* data = chunk.mutable_data();
+    data->resize(n * sizeof(float));
+    absl::Status s = (*table)->Read(req->offset() + done,
+                                    absl::MakeSpan(reinterpret_cast<float*>(data->data()), n));
+    if (!s.ok()) return ToGrpcStatus(s);
+    if (!writer->Write(chunk)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the pull stream");
+    }
+    done += n;
+    if (length == 0) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const DenseChunk* req,
+                                               PushDenseResponse* resp) {
+  if (absl::Status s = CheckFloatBytes(req->data(), "data"); !s.ok()) return ToGrpcStatus(s);
+  auto table = shard_->GetDense(req->table_id(), req->worker_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  bool skipped = false;
+  absl::Status s = (*table)->Push(req->worker_id(), req->step(), req->offset(),
+                                  {AsFloats(req->data())}, &skipped);
+  resp->set_values_received(req->data().size() / sizeof(float));
+  resp->set_skipped_nonfinite(skipped);
+  return ToGrpcStatus(s);
+}
+
+grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
+                                                     grpc::ServerReader<DenseChunk>* reader,
+                                                     PushDenseResponse* resp) {
+  DenseChunk first, chunk;
+  if (!reader->Read(&first)) {
+    return ToGrpcStatus(absl::InvalidArgumentError("push stream carried no chunks"));
+  }
+  auto table = shard_->GetDense(first.table_id(), first.worker_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  if (absl::Status s = (*table)->CheckRange(first.begin(), first.total_length()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  // Keep each chunk's bytes as received (no copy); apply all at the end, all or nothing.
+  std::vector<std::string> buffers;
+  uint64_t received = 0;
+  for (bool have = true; have; have = reader->Read(&chunk)) {
+    DenseChunk& c = buffers.empty() ? first : chunk;
+    if (absl::Status s = CheckSameTransfer(first, c, buffers.size()); !s.ok()) return ToGrpcStatus(s);
+    if (absl::Status s = CheckFloatBytes(c.data(), "data"); !s.ok()) return ToGrpcStatus(s);
+    if (c.data().size() > options_.max_chunk_bytes) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+          "chunk ", buffers.size(), " holds ", c.data().size(), " bytes; the limit is ",
+          options_.max_chunk_bytes)));
+    }
+    if (c.offset() != first.begin() + received) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", buffers.size(), " has offset ", c.offset(), ", expected ",
+          first.begin() + received, " (chunks must be contiguous and in order)")));
+    }
+    received += c.data().size() / sizeof(float);
+    if (received > first.total_length()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "push stream carries more than total_length=", first.total_length(), " values")));
+    }
+    buffers.push_back(std::move(*c.mutable_data()));
+  }
+  if (received != first.total_length()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("push stream truncated: got ", received, " of total_length=",
+                     first.total_length(), " values; nothing was applied")));
+  }
+  std::vector<absl::Span<const float>> spans;
+  for (const std::string& b : buffers) spans.push_back(AsFloats(b));
+  bool skipped = false;
+  absl::Status s = (*table)->Push(first.worker_id(), first.step(), first.begin(), spans, &skipped);
+  resp->set_values_received(received);
+  resp->set_skipped_nonfinite(skipped);
+  return ToGrpcStatus(s);
+}
+
+grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
+                                                PullSparseResponse* resp) {
+  auto table = shard_->GetSparse(req->table_id(), req->worker_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  uint64_t values = static_cast<uint64_t>(req->keys_size()) * (*table)->spec().dim();
+  if (values * sizeof(float) > options_.max_chunk_bytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "pulling ", req->keys_size(), " rows would return ", values * sizeof(float),
+        " bytes; the limit is ", options_.max_chunk_bytes, "; split the keys")));
+  }
+  absl::Span<const uint64_t> keys(req->keys().data(), req->keys_size());
+  if (absl::Status s = (*table)->CheckKeys(keys); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = (*table)->AwaitPullable(req->step(), Deadline(ctx)); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  std::string* out = resp->mutable_values();
+  out->resize(values * sizeof(float));
+  return ToGrpcStatus(
+      (*table)->Read(keys, absl::MakeSpan(reinterpret_cast<float*>(out->data()), values)));
+}
+
+grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const SparseRequest* req,
+                                                PushSparseResponse* resp) {
+  if (absl::Status s = CheckFloatBytes(req->grads(), "grads"); !s.ok()) return ToGrpcStatus(s);
+  auto table = shard_->GetSparse(req->table_id(), req->worker_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  bool skipped = false;
+  absl::Status s = (*table)->Push(req->worker_id(), req->step(),
+                                  absl::MakeConstSpan(req->keys().data(), req->keys_size()),
+                                  AsFloats(req->grads()), &skipped);
+  resp->set_rows_received(req->keys_size());
+  resp->set_skipped_nonfinite(skipped);
+  return ToGrpcStatus(s);
+}
+
+grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest*,
+                                           StatsResponse* resp) {
+  *resp = shard_->Stats();
+  return grpc::Status::OK;
+}
+
+}  // namespace pscluster::ps

@@ -1,0 +1,60 @@
+// gRPC front of a Shard: decodes requests, enforces transfer limits, streams chunks.
+// Uses the synchronous API: a pull may block (bounded by its deadline) until its
+// consistency bound holds, which a sync handler thread can do without extra machinery.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "proto/ps.grpc.pb.h"
+#include "server/ps/shard.h"
+
+namespace pscluster::ps {
+
+struct ServiceOptions {
+  // Largest DenseChunk.data / sparse payload accepted or sent, in bytes.
+  uint64_t max_chunk_bytes = uint64_t{4} << 20;
+  // Longest a pull waits for its consistency bound when the caller set no shorter deadline.
+  absl::Duration max_wait = absl::Minutes(5);
+};
+
+// gRPC's own message limit for a server using `options`: a chunk plus its header.
+int MaxMessageBytes(const ServiceOptions& options);
+
+class ParameterServerService final : public ParameterServer::Service {
+ public:
+  ParameterServerService(Shard* shard, ServiceOptions options);
+
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
+                              RegisterWorkerResponse* resp) override;
+  grpc::Status CreateTable(grpc::ServerContext* ctx, const CreateTableRequest* req,
+                           CreateTableResponse* resp) override;
+  grpc::Status DescribeTable(grpc::ServerContext* ctx, const DescribeTableRequest* req,
+                             TableInfo* resp) override;
+  grpc::Status PullDense(grpc::ServerContext* ctx, const PullDenseRequest* req,
+                         DenseChunk* resp) override;
+  grpc::Status PushDense(grpc::ServerContext* ctx, const DenseChunk* req,
+                         PushDenseResponse* resp) override;
+  grpc::Status PullDenseStream(grpc::ServerContext* ctx, const PullDenseRequest* req,
+                               grpc::ServerWriter<DenseChunk>* writer) override;
+  grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
+                               PushDenseResponse* resp) override;
+  grpc::Status PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
+                          PullSparseResponse* resp) override;
+  grpc::Status PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
+                          PushSparseResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const StatsRequest* req,
+                     StatsResponse* resp) override;
+
+ private:
+  absl::Time Deadline(const grpc::ServerContext* ctx) const;
+  // Validates a pull and waits for its consistency bound; returns the table and the
+  // resolved length (0 in the request = to the end of this shard's range).
+  absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx, const PullDenseRequest& req,
+                                          uint64_t* length);
+
+  Shard* const shard_;
+  const ServiceOptions options_;
+};
+
+}  // namespace pscluster::ps

@@ -1,0 +1,167 @@
+#include "server/ps/shard.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "server/ps/initializer.h"
+
+namespace pscluster::ps {
+
+absl::Status ValidateTableSpec(const TableSpec& spec) {
+  if (spec.kind() == TableSpec::DENSE) {
+    if (spec.size() == 0) return absl::InvalidArgumentError("spec.size must be > 0 for a DENSE table");
+  } else if (spec.kind() == TableSpec::SPARSE) {
+    if (spec.dim() == 0) return absl::InvalidArgumentError("spec.dim must be > 0 for a SPARSE table");
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("spec.kind ", spec.kind(), " is unknown"));
+  }
+  const ConsistencyConfig& c = spec.consistency();
+  if (!ConsistencyConfig::Mode_IsValid(c.mode())) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.consistency.mode ", c.mode(), " is unknown"));
+  }
+  if (c.staleness() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.consistency.staleness must be >= 0, got ", c.staleness()));
+  }
+  if (absl::Status s = ValidateInitializer(spec.initializer()); !s.ok()) return s;
+  auto optimizer = MakeOptimizer(spec.optimizer());
+  return optimizer.ok() ? absl::OkStatus() : optimizer.status();
+}
+
+Shard::Shard(ShardOptions options) : options_(options) {}
+
+RegisterWorkerResponse Shard::RegisterWorker(int32_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  workers_.insert(worker_id);
+  for (auto& [id, table] : tables_) table->AddWorker(worker_id);
+  RegisterWorkerResponse r;
+  r.set_shard_id(options_.shard_id);
+  r.set_num_shards(options_.num_shards);
+  for (int32_t w : workers_) r.add_registered_workers(w);
+  return r;
+}
+
+absl::Status Shard::CheckSize(const TableSpec& spec) const {
+  if (spec.kind() == TableSpec::SPARSE) {
+    if (spec.dim() > options_.max_sparse_dim) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "spec.dim ", spec.dim(), " exceeds this server's limit ", options_.max_sparse_dim));
+    }
+    return absl::OkStatus();
+  }
+  auto optimizer = MakeOptimizer(spec.optimizer());
+  uint64_t values = DenseShardRange(spec.size(), options_.shard_id, options_.num_shards).size();
+  long double bytes = static_cast<long double>(values) * 4 * (1 + (*optimizer)->num_slots());
+  if (bytes > options_.max_table_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.size ", spec.size(), " needs ", static_cast<double>(bytes),
+        " bytes of values and optimizer state on this shard; the limit is ",
+        options_.max_table_bytes, " (ps_server --max_table_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
+  if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return s;
+  if (absl::Status s = CheckSize(spec); !s.ok()) return s;
+  CreateTableResponse response;
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(spec.table_id());
+  if (it != tables_.end()) {
+    std::string diff;
+    google::protobuf::util::MessageDifferencer differ;
+    differ.ReportDifferencesToString(&diff);
+    if (!differ.Compare(it->second->spec(), spec)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "table ", spec.table_id(), " already exists with another spec: ", diff));
+    }
+    response.set_created(false);
+    *response.mutable_info() = it->second->Info();
+    return response;
+  }
+  std::unique_ptr<Table> table;
+  if (spec.kind() == TableSpec::DENSE) {
+    auto t = DenseTable::Create(
+        spec, DenseShardRange(spec.size(), options_.shard_id, options_.num_shards));
+    if (!t.ok()) return t.status();
+    table = *std::move(t);
+  } else {
+    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards);
+    if (!t.ok()) return t.status();
+    table = *std::move(t);
+  }
+  for (int32_t w : workers_) table->AddWorker(w);
+  response.set_created(true);
+  *response.mutable_info() = table->Info();
+  tables_[spec.table_id()] = std::move(table);
+  return response;
+}
+
+absl::StatusOr<Table*> Shard::GetTable(uint32_t table_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tables_.find(table_id);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table_id ", table_id, " does not exist on shard ",
+                                            options_.shard_id, "; create it first"));
+  }
+  return it->second.get();
+}
+
+absl::Status Shard::CheckWorker(int32_t worker_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (!workers_.count(worker_id)) {
+    return absl::FailedPreconditionError(absl::StrCat("worker_id ", worker_id,
+                                                      " is not registered with shard ", options_.shard_id,
+                                                      "; call RegisterWorker first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DenseTable*> Shard::GetDense(uint32_t table_id, int32_t worker_id) const {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  auto table = GetTable(table_id);
+  if (!table.ok()) return table.status();
+  if ((*table)->spec().kind() != TableSpec::DENSE) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table_id ", table_id, " is a SPARSE table; use PullSparse/PushSparse"));
+  }
+  return static_cast<DenseTable*>(*table);
+}
+
+absl::StatusOr<SparseTable*> Shard::GetSparse(uint32_t table_id, int32_t worker_id) const {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  auto table = GetTable(table_id);
+  if (!table.ok()) return table.status();
+  if ((*table)->spec().kind() != TableSpec::SPARSE) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table_id ", table_id, " is a DENSE table; use PullDense/PushDense"));
+  }
+  return static_cast<SparseTable*>(*table);
+}
+
+StatsResponse Shard::Stats() const {
+  StatsResponse r;
+  r.set_shard_id(options_.shard_id);
+  r.set_num_shards(options_.num_shards);
+  absl::ReaderMutexLock lock(&mu_);
+  std::map<int32_t, int64_t> clocks;
+  for (int32_t w : workers_) clocks[w] = 0;
+  for (const auto& [id, table] : tables_) {
+    *r.add_tables() = table->Stats();
+    for (const auto& [w, c] : table->Clocks()) clocks[w] = std::max(clocks[w], c);
+  }
+  for (const auto& [w, c] : clocks) {
+    WorkerClock* wc = r.add_workers();
+    wc->set_worker_id(w);
+    wc->set_clock(c);
+  }
+  return r;
+}
+
+void Shard::Shutdown() {
+  absl::ReaderMutexLock lock(&mu_);
+  for (auto& [id, table] : tables_) table->Shutdown();
+}
+
+}  // namespace pscluster::ps

@@ -1,0 +1,65 @@
+// One parameter-server shard: its registered workers and tables. Independent of gRPC.
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/ps.pb.h"
+#include "server/ps/dense_table.h"
+#include "server/ps/sparse_table.h"
+
+namespace pscluster::ps {
+
+struct ShardOptions {
+  uint32_t shard_id = 0;
+  uint32_t num_shards = 1;
+  // Refuse tables whose slice on this shard (values + optimizer state) would exceed this.
+  uint64_t max_table_bytes = uint64_t{16} << 30;
+  uint32_t max_sparse_dim = 1 << 16;
+};
+
+// INVALID_ARGUMENT naming the field for a spec no shard could hold.
+absl::Status ValidateTableSpec(const TableSpec& spec);
+
+class Shard {
+ public:
+  explicit Shard(ShardOptions options);
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  const ShardOptions& options() const { return options_; }
+
+  RegisterWorkerResponse RegisterWorker(int32_t worker_id);
+
+  // Creates the table, or returns created=false when an identical one exists; a table with
+  // the same id and another spec is ALREADY_EXISTS naming the differing fields.
+  absl::StatusOr<CreateTableResponse> CreateTable(const TableSpec& spec);
+
+  absl::StatusOr<Table*> GetTable(uint32_t table_id) const;
+  // Also FAILED_PRECONDITION for an unregistered worker and for a table of the other kind.
+  absl::StatusOr<DenseTable*> GetDense(uint32_t table_id, int32_t worker_id) const;
+  absl::StatusOr<SparseTable*> GetSparse(uint32_t table_id, int32_t worker_id) const;
+
+  StatsResponse Stats() const;
+
+  // Fails every waiting and later pull with UNAVAILABLE.
+  void Shutdown();
+
+ private:
+  absl::Status CheckWorker(int32_t worker_id) const;
+  absl::Status CheckSize(const TableSpec& spec) const;
+
+  const ShardOptions options_;
+  mutable absl::Mutex mu_;
+  std::set<int32_t> workers_ ABSL_GUARDED_BY(mu_);
+  // Tables are never removed, so pointers handed out stay valid for the shard's lifetime.
+  std::map<uint32_t, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster::ps

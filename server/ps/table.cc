@@ -1,0 +1,178 @@
+#include "server/ps/table.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pscluster::ps {
+namespace {
+
+float OrDefault(float v, float d) { return v == 0.0f ? d : v; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& c) {
+  OptimizerOptions o;
+  switch (c.kind()) {
+    case OptimizerConfig::SGD: o.kind = OptimizerOptions::Kind::kSgd; break;
+    case OptimizerConfig::MOMENTUM: o.kind = OptimizerOptions::Kind::kMomentum; break;
+    case OptimizerConfig::ADAGRAD: o.kind = OptimizerOptions::Kind::kAdagrad; break;
+    case OptimizerConfig::ADAM: o.kind = OptimizerOptions::Kind::kAdam; break;
+    case OptimizerConfig::ADAMW: o.kind = OptimizerOptions::Kind::kAdamW; break;
+    case OptimizerConfig::FTRL: o.kind = OptimizerOptions::Kind::kFtrl; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("optimizer.kind ", c.kind(), " is unknown"));
+  }
+  o.learning_rate = c.learning_rate();
+  o.momentum = c.momentum();
+  o.nesterov = c.nesterov();
+  o.beta1 = OrDefault(c.beta1(), 0.9f);
+  o.beta2 = OrDefault(c.beta2(), 0.999f);
+  o.epsilon = OrDefault(c.epsilon(), 1e-8f);
+  o.weight_decay = c.weight_decay();
+  o.initial_accumulator = c.initial_accumulator();
+  o.l1 = c.l1();
+  o.l2 = c.l2();
+  o.ftrl_beta = OrDefault(c.ftrl_beta(), 1.0f);
+  return Optimizer::Create(o);
+}
+
+Table::Table(TableSpec spec, std::unique_ptr<Optimizer> optimizer)
+    : spec_(std::move(spec)), optimizer_(std::move(optimizer)) {}
+
+void Table::AddWorker(int32_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  if (clocks_.count(worker_id)) return;
+  // A late joiner starts at the current step, so it does not hold the others back.
+  int64_t start = applied_steps_;
+  if (!bsp() && !clocks_.empty()) {
+    start = std::min_element(clocks_.begin(), clocks_.end(), [](auto& a, auto& b) {
+              return a.second < b.second;
+            })->second;
+  }
+  clocks_[worker_id] = start;
+}
+
+absl::Status Table::CheckPushLocked(int32_t worker, int64_t step) {
+  if (step < 0) {
+    return Reject(absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step)));
+  }
+  if (!bsp()) return absl::OkStatus();
+  if (step < applied_steps_) {
+    return Reject(absl::FailedPreconditionError(
+        absl::StrCat("table ", id(), ": step ", step, " is already applied (BSP applied_steps=",
+                     applied_steps_, "); pull the current parameters and push step ",
+                     applied_steps_)));
+  }
+  if (step >= applied_steps_ + kMaxBspStepsAhead) {
+    return Reject(absl::FailedPreconditionError(
+        absl::StrCat("table ", id(), ": step ", step, " is more than ", kMaxBspStepsAhead,
+                     " steps ahead of the oldest unapplied BSP step ", applied_steps_)));
+  }
+  auto it = bsp_pushed_.find(step);
+  if (it != bsp_pushed_.end() && it->second.count(worker)) {
+    return Reject(absl::FailedPreconditionError(
+        absl::StrCat("table ", id(), ": worker ", worker, " already pushed step ", step)));
+  }
+  return absl::OkStatus();
+}
+
+void Table::RecordPushLocked(int32_t worker, int64_t step) {
+  pushes_++;
+  int64_t& clock = clocks_[worker];
+  clock = std::max(clock, step + 1);
+  if (!bsp()) return;
+  bsp_pushed_[step].insert(worker);
+  while (true) {
+    auto it = bsp_pushed_.find(applied_steps_);
+    if (it == bsp_pushed_.end()) return;
+    for (const auto& [w, unused] : clocks_) {
+      if (!it->second.count(w)) return;
+    }
+    ApplyBspStepLocked(applied_steps_);
+    bsp_pushed_.erase(it);
+    ++applied_steps_;
+  }
+}
+
+bool Table::PullableLocked(int64_t step) const {
+  if (shutdown_) return true;
+  switch (spec_.consistency().mode()) {
+    case ConsistencyConfig::BSP:
+      return applied_steps_ >= step;
+    case ConsistencyConfig::SSP:
+      for (const auto& [w, clock] : clocks_) {
+        if (clock < step - spec_.consistency().staleness()) return false;
+      }
+      return true;
+    default:
+      return true;
+  }
+}
+
+std::string Table::DescribeLaggardsLocked(int64_t step) const {
+  int64_t need = bsp() ? step : step - spec_.consistency().staleness();
+  std::string out;
+  for (const auto& [w, clock] : clocks_) {
+    if (clock < need) absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock, ")");
+  }
+  return absl::StrCat(out, bsp() ? absl::StrCat("; BSP applied_steps=", applied_steps_) : "");
+}
+
+absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, step]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return PullableLocked(step); };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return Reject(absl::DeadlineExceededError(
+        absl::StrCat("table ", id(), ": pull at step ", step, " waited for ",
+                     ConsistencyConfig::Mode_Name(spec_.consistency().mode()),
+                     " on: ", DescribeLaggardsLocked(step))));
+  }
+  if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
+  pulls_++;
+  return absl::OkStatus();
+}
+
+void Table::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+TableInfo Table::Info() const {
+  absl::ReaderMutexLock lock(&mu_);
+  TableInfo info;
+  *info.mutable_spec() = spec_;
+  info.set_applied_steps(applied_steps_);
+  FillInfoLocked(&info);
+  return info;
+}
+
+TableStats Table::Stats() const {
+  TableStats s;
+  *s.mutable_info() = Info();
+  s.set_pushes(pushes_);
+  s.set_pulls(pulls_);
+  s.set_bytes_pushed(bytes_pushed_);
+  s.set_bytes_pulled(bytes_pulled_);
+  s.set_nonfinite_pushes_skipped(nonfinite_skipped_);
+  s.set_rejected_requests(rejected_);
+  return s;
+}
+
+std::map<int32_t, int64_t> Table::Clocks() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return clocks_;
+}
+
+absl::Status Table::Reject(absl::Status status) const {
+  rejected_++;
+  return status;
+}
+
+absl::Status Table::NonFinite(float value, uint64_t index) const {
+  return Reject(absl::InvalidArgumentError(absl::StrCat(
+      "table ", id(), ": gradient holds a non-finite value (", value, ") at index ", index,
+      "; fix the gradient or create the table with skip_nonfinite")));
+}
+
+}  // namespace pscluster::ps

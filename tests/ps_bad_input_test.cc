@@ -1,0 +1,274 @@
+// Hostile and malformed requests against real ps_server processes: each gets the right gRPC
+// code and a message naming the problem, the server keeps serving, and nothing stored
+// changes.
+#include <cmath>
+#include <limits>
+
+#include "common/sharding.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/ps_cluster_fixture.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+using ps::DenseChunk;
+using ps::TableSpec;
+
+constexpr uint32_t kDense = 1, kSparse = 2, kSkip = 3;
+constexpr uint64_t kDenseSize = 1000;  // shard 0 holds [0, 500)
+constexpr uint32_t kDim = 4;
+
+class BadInputTest : public PsClusterTest {
+ protected:
+  void SetUp() override {
+    PsClusterTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(clients_[0]->CreateTable(DenseSpec()).ok());
+    TableSpec sparse = DenseSpec();
+    sparse.set_table_id(kSparse);
+    sparse.set_kind(TableSpec::SPARSE);
+    sparse.set_size(0);
+    sparse.set_dim(kDim);
+    sparse.set_key_space(1000);
+    ASSERT_TRUE(clients_[0]->CreateTable(sparse).ok());
+    TableSpec skip = DenseSpec();
+    skip.set_table_id(kSkip);
+    skip.set_skip_nonfinite(true);
+    skip.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+    ASSERT_TRUE(clients_[0]->CreateTable(skip).ok());
+    // One good BSP step from both workers, so step 0 is applied.
+    OnAllWorkers([&](int w) {
+      ASSERT_TRUE(clients_[w]->PushDense(kDense, 0, std::vector<float>(kDenseSize, 1.0f + w)).ok());
+      std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6};
+      ASSERT_TRUE(clients_[w]->PushSparse(kSparse, 0, keys, std::vector<float>(6 * kDim, 0.5f)).ok());
+    });
+    before_ = State();
+  }
+
+  static TableSpec DenseSpec() {
+    TableSpec s;
+    s.set_table_id(kDense);
+    s.set_kind(TableSpec::DENSE);
+    s.set_size(kDenseSize);
+    s.mutable_optimizer()->set_kind(ps::OptimizerConfig::ADAM);
+    s.mutable_optimizer()->set_learning_rate(0.01f);
+    s.mutable_initializer()->set_kind(ps::InitializerConfig::UNIFORM);
+    s.mutable_initializer()->set_scale(1.0f);
+    return s;
+  }
+
+  // Everything a client can observe of the stored state.
+  std::vector<float> State() {
+    std::vector<float> out(kDenseSize * 2 + 6 * kDim);
+    auto span = absl::MakeSpan(out);
+    EXPECT_TRUE(clients_[0]->PullDense(kDense, 1, span.subspan(0, kDenseSize)).ok());
+    EXPECT_TRUE(clients_[0]->PullDense(kSkip, 0, span.subspan(kDenseSize, kDenseSize)).ok());
+    std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6};
+    EXPECT_TRUE(clients_[0]->PullSparse(kSparse, 1, keys, span.subspan(2 * kDenseSize)).ok());
+    return out;
+  }
+
+  ps::ParameterServer::Stub* shard0() { return clients_[0]->stub(0); }
+
+  static DenseChunk Chunk(uint32_t table, uint64_t offset, std::vector<float> values) {
+    DenseChunk c;
+    c.set_worker_id(0);
+    c.set_step(1);
+    c.set_table_id(table);
+    c.set_offset(offset);
+    c.set_begin(offset);
+    c.set_total_length(values.size());
+    c.set_data(values.data(), values.size() * sizeof(float));
+    return c;
+  }
+
+  grpc::Status Push(const DenseChunk& c) {
+    grpc::ClientContext ctx;
+    ps::PushDenseResponse r;
+    return shard0()->PushDense(&ctx, c, &r);
+  }
+
+  grpc::Status PushStream(const std::vector<DenseChunk>& chunks, ps::ParameterServer::Stub* stub = nullptr) {
+    grpc::ClientContext ctx;
+    ps::PushDenseResponse r;
+    auto writer = (stub ? stub : shard0())->PushDenseStream(&ctx, &r);
+    for (const auto& c : chunks) {
+      if (!writer->Write(c)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  grpc::Status Sparse(bool push, ps::SparseRequest req) {
+    grpc::ClientContext ctx;
+    req.set_step(1);
+    if (push) {
+      ps::PushSparseResponse r;
+      return shard0()->PushSparse(&ctx, req, &r);
+    }
+    ps::PullSparseResponse r;
+    return shard0()->PullSparse(&ctx, req, &r);
+  }
+
+  grpc::Status Create(const TableSpec& spec) {
+    grpc::ClientContext ctx;
+    ps::CreateTableRequest req;
+    *req.mutable_spec() = spec;
+    ps::CreateTableResponse r;
+    return shard0()->CreateTable(&ctx, req, &r);
+  }
+
+  void ExpectError(const grpc::Status& s, grpc::StatusCode code, const std::string& text) {
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(text));
+  }
+
+  void TearDown() override {
+    if (!HasFatalFailure()) {
+      EXPECT_EQ(State(), before_) << "a rejected request changed stored state";
+      auto stats = clients_[0]->Stats();
+      EXPECT_TRUE(stats.ok()) << "a server stopped serving: " << stats.status();
+    }
+    PsClusterTest::TearDown();
+  }
+
+  std::vector<float> before_;
+};
+
+TEST_F(BadInputTest, UnknownTableIsNotFound) {
+  ExpectError(Push(Chunk(99, 0, {1.0f})), grpc::StatusCode::NOT_FOUND, "table_id 99");
+}
+
+TEST_F(BadInputTest, WrongKindIsFailedPrecondition) {
+  ps::SparseRequest req;
+  req.set_table_id(kDense);
+  req.add_keys(1);
+  ExpectError(Sparse(false, req), grpc::StatusCode::FAILED_PRECONDITION, "DENSE");
+}
+
+TEST_F(BadInputTest, PartialFloatIsInvalidArgument) {
+  DenseChunk c = Chunk(kDense, 0, {});
+  c.set_data("1234567");
+  ExpectError(Push(c), grpc::StatusCode::INVALID_ARGUMENT, "7 bytes");
+}
+
+TEST_F(BadInputTest, DenseRangeOutsideShardIsOutOfRange) {
+  ExpectError(Push(Chunk(kDense, 450, std::vector<float>(100, 1.0f))),
+              grpc::StatusCode::OUT_OF_RANGE, "[450, 550)");
+  grpc::ClientContext ctx;
+  ps::PullDenseRequest pull;
+  pull.set_table_id(kDense);
+  pull.set_step(1);
+  pull.set_offset(std::numeric_limits<uint64_t>::max() - 2);
+  pull.set_length(10);  // offset + length overflows uint64
+  DenseChunk out;
+  ExpectError(shard0()->PullDense(&ctx, pull, &out), grpc::StatusCode::OUT_OF_RANGE,
+              "outside this shard's range");
+}
+
+TEST_F(BadInputTest, SparseGradsOfWrongLengthAreInvalidArgument) {
+  ps::SparseRequest req;
+  req.set_worker_id(0);
+  req.set_table_id(kSparse);
+  req.add_keys(1);
+  req.set_grads(std::string(3 * sizeof(float), '\0'));
+  ExpectError(Sparse(true, req), grpc::StatusCode::INVALID_ARGUMENT, "grads holds 3 values");
+}
+
+TEST_F(BadInputTest, SparseKeyOfAnotherShardOrOutsideKeySpaceIsRejected) {
+  uint64_t foreign = 0;
+  while (SparseShardOf(foreign, kShards) != 1) ++foreign;
+  ps::SparseRequest req;
+  req.set_table_id(kSparse);
+  req.add_keys(foreign);
+  ExpectError(Sparse(false, req), grpc::StatusCode::INVALID_ARGUMENT, "belongs to shard 1");
+  req.set_keys(0, 5000);
+  ExpectError(Sparse(false, req), grpc::StatusCode::OUT_OF_RANGE, "key_space 1000");
+}
+
+TEST_F(BadInputTest, DuplicateTableWithAnotherSpecIsAlreadyExists) {
+  TableSpec other = DenseSpec();
+  other.set_size(2000);
+  ExpectError(Create(other), grpc::StatusCode::ALREADY_EXISTS, "size");
+}
+
+TEST_F(BadInputTest, InvalidOrHugeSpecIsRejected) {
+  TableSpec spec = DenseSpec();
+  spec.set_table_id(50);
+  spec.mutable_optimizer()->set_learning_rate(-1.0f);
+  ExpectError(Create(spec), grpc::StatusCode::INVALID_ARGUMENT, "learning_rate");
+  spec.mutable_optimizer()->set_learning_rate(0.1f);
+  spec.set_size(uint64_t{1} << 62);
+  ExpectError(Create(spec), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_table_bytes");
+}
+
+TEST_F(BadInputTest, NonFiniteGradientIsRejectedOrSkippedPerTable) {
+  std::vector<float> g(500, 1.0f);
+  g[17] = std::nanf("");
+  ExpectError(Push(Chunk(kDense, 0, g)), grpc::StatusCode::INVALID_ARGUMENT, "index 17");
+  g[17] = INFINITY;
+  grpc::ClientContext ctx;
+  ps::PushDenseResponse r;
+  grpc::Status s = shard0()->PushDense(&ctx, Chunk(kSkip, 0, g), &r);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(r.skipped_nonfinite());
+  auto stats = clients_[0]->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const auto& t : (*stats)[0].tables()) {
+    if (t.info().spec().table_id() == kSkip) EXPECT_EQ(t.nonfinite_pushes_skipped(), 1u);
+  }
+}
+
+TEST_F(BadInputTest, OversizedChunkIsResourceExhausted) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  auto stub = ps::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(addresses_[0], grpc::InsecureChannelCredentials(), args));
+  ExpectError(PushStream({Chunk(kDense, 0, std::vector<float>(2 << 20, 1.0f))}, stub.get()),
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "");
+}
+
+TEST_F(BadInputTest, TruncatedStreamIsInvalidArgumentAndNotApplied) {
+  DenseChunk first = Chunk(kDense, 0, std::vector<float>(100, 1.0f));
+  first.set_total_length(500);
+  ExpectError(PushStream({first}), grpc::StatusCode::INVALID_ARGUMENT, "truncated: got 100 of");
+}
+
+TEST_F(BadInputTest, MisorderedOrInconsistentChunksAreInvalidArgument) {
+  DenseChunk a = Chunk(kDense, 0, std::vector<float>(100, 1.0f));
+  a.set_total_length(200);
+  DenseChunk b = a;
+  b.set_offset(150);
+  ExpectError(PushStream({a, b}), grpc::StatusCode::INVALID_ARGUMENT, "offset 150, expected 100");
+  b.set_offset(100);
+  b.set_table_id(kSkip);
+  ExpectError(PushStream({a, b}), grpc::StatusCode::INVALID_ARGUMENT, "changes table_id");
+  DenseChunk longer = a;
+  longer.set_total_length(50);
+  ExpectError(PushStream({longer}), grpc::StatusCode::INVALID_ARGUMENT, "more than total_length=50");
+  ExpectError(PushStream({}), grpc::StatusCode::INVALID_ARGUMENT, "no chunks");
+}
+
+TEST_F(BadInputTest, UnregisteredWorkerIsFailedPrecondition) {
+  DenseChunk c = Chunk(kDense, 0, {1.0f});
+  c.set_worker_id(42);
+  ExpectError(Push(c), grpc::StatusCode::FAILED_PRECONDITION, "worker_id 42 is not registered");
+}
+
+TEST_F(BadInputTest, StaleBspStepIsFailedPrecondition) {
+  DenseChunk c = Chunk(kDense, 0, std::vector<float>(500, 1.0f));
+  c.set_step(0);
+  ExpectError(Push(c), grpc::StatusCode::FAILED_PRECONDITION, "step 0 is already applied");
+}
+
+TEST_F(BadInputTest, TooManySparseRowsInOnePullIsResourceExhausted) {
+  ps::SparseRequest req;
+  req.set_table_id(kSparse);
+  for (uint64_t k = 0; k < 300000; ++k) req.add_keys(k);
+  ExpectError(Sparse(false, req), grpc::StatusCode::RESOURCE_EXHAUSTED, "split the keys");
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (Debian packages, as root), builds everything,
+# runs every test (unit tests and the multi-process tests under tests/), builds and runs the
+# CUDA targets wherever nvcc exists (GPU tests print why they skip without a GPU), and ends
+# with one line: "N passed, N failed" counted over test cases.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+deploy/install_deps.sh || { echo "tests/run.sh: installing packages failed"; echo "0 passed, 1 failed"; exit 1; }
+
+BAZEL=(bazel)
+failed_steps=0
+run_tests() {  # bazel test args...; counts test cases from each target's test.xml
+  "${BAZEL[@]}" test "$@" 2>&1 | tee -a /tmp/pscluster_test_run.log | grep -E "PASSED|FAILED|TIMEOUT|NO STATUS|ERROR|SKIPPED \(no GPU\)" || true
+  return "${PIPESTATUS[0]}"
+}
+
+: > /tmp/pscluster_test_run.log
+passed=0; failed=0; skipped=0
+count_cases() {  # adds up the JUnit XML of the given test targets (bazel-testlogs = last config)
+  local t xml n f e s
+  for t in "$@"; do
+    xml="bazel-testlogs/$(echo "${t#//}" | tr ':' '/')/test.xml"
+    if [[ ! -f $xml ]]; then failed=$((failed + 1)); echo "no result for $t"; continue; fi
+    read -r n f e s < <(python3 - "$xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+r = ET.parse(sys.argv[1]).getroot()
+cases = list(r.iter("testcase"))
+bad = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+skip = sum(1 for c in cases if c.get("result") == "skipped" or c.find("skipped") is not None)
+if not cases:  # a target that died before writing cases
+    bad = int(r.get("failures", 0)) + int(r.get("errors", 0)) or 1
+print(len(cases), bad, 0, skip)
+PY
+)
+    passed=$((passed + n - f - e - s)); failed=$((failed + f + e)); skipped=$((skipped + s))
+  done
+}
+
+run_tests //... || failed_steps=$((failed_steps + 1))
+count_cases $("${BAZEL[@]}" query 'tests(//...)' 2>/dev/null)
+
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "tests/run.sh: nvcc found: building and testing --config=cuda"
+  "${BAZEL[@]}" build --config=cuda //... >>/tmp/pscluster_test_run.log 2>&1 \
+    || { echo "bazel build --config=cuda //... FAILED (see /tmp/pscluster_test_run.log)"; failed_steps=$((failed_steps + 1)); }
+  gpu_tests=$("${BAZEL[@]}" query 'attr(tags, gpu, tests(//...))' 2>/dev/null)
+  run_tests --config=cuda --test_output=all $gpu_tests || failed_steps=$((failed_steps + 1))
+  count_cases $gpu_tests
+else
+  echo "tests/run.sh: no nvcc at /usr/local/cuda/bin: CUDA targets not built"
+fi
+
+if ((failed == 0 && failed_steps > 0)); then failed=$failed_steps; fi
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+((failed == 0 && failed_steps == 0))

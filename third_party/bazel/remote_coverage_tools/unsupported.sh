@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "bazel coverage is not supported in this offline build" >&2
+exit 1

@@ -1,0 +1,304 @@
+#include "worker/client/ps_client.h"
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/sharding.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pscluster {
+namespace {
+
+// Runs fn(0..n-1) concurrently (fn(0) on the calling thread) and returns the first error in
+// shard order.
+absl::Status ForEachShard(int n, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i) threads.emplace_back([&, i] { results[i] = fn(i); });
+  if (n > 0) results[0] = fn(0);
+  for (auto& t : threads) t.join();
+  for (const auto& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions options) {
+  if (options.shard_addresses.empty()) {
+    return absl::InvalidArgumentError("PsClientOptions.shard_addresses is empty");
+  }
+  if (options.chunk_bytes < sizeof(float) || options.chunk_bytes + 1024 > options.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("PsClientOptions.chunk_bytes=", options.chunk_bytes,
+                                                   " must be in [4, max_message_bytes - 1024]"));
+  }
+  return std::unique_ptr<PsClient>(new PsClient(std::move(options)));
+}
+
+PsClient::PsClient(PsClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+  for (const std::string& address : options_.shard_addresses) {
+    stubs_.push_back(ps::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+void PsClient::SetDeadline(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+}
+
+std::string PsClient::ShardName(int shard) const {
+  return absl::StrCat("shard ", shard, " (", options_.shard_addresses[shard], ")");
+}
+
+absl::Status PsClient::RegisterWorker() {
+  return ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::RegisterWorkerRequest req;
+    req.set_worker_id(options_.worker_id);
+    ps::RegisterWorkerResponse resp;
+    absl::Status st = FromGrpcStatus(stubs_[s]->RegisterWorker(&ctx, req, &resp), ShardName(s));
+    if (st.ok() && (resp.shard_id() != static_cast<uint32_t>(s) ||
+                    resp.num_shards() != static_cast<uint32_t>(num_shards()))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ShardName(s), " says it is shard ", resp.shard_id(), " of ", resp.num_shards(),
+          "; the client lists it as shard ", s, " of ", num_shards(), ": fix the address order"));
+    }
+    return st;
+  });
+}
+
+absl::Status PsClient::CreateTable(const ps::TableSpec& spec) {
+  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::CreateTableRequest req;
+    req.set_worker_id(options_.worker_id);
+    *req.mutable_spec() = spec;
+    ps::CreateTableResponse resp;
+    return FromGrpcStatus(stubs_[s]->CreateTable(&ctx, req, &resp), ShardName(s));
+  });
+  if (st.ok()) {
+    absl::MutexLock lock(&mu_);
+    specs_[spec.table_id()] = spec;
+  }
+  return st;
+}
+
+absl::StatusOr<std::vector<ps::TableInfo>> PsClient::DescribeTable(uint32_t table_id) {
+  std::vector<ps::TableInfo> infos(num_shards());
+  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::DescribeTableRequest req;
+    req.set_worker_id(options_.worker_id);
+    req.set_table_id(table_id);
+    return FromGrpcStatus(stubs_[s]->DescribeTable(&ctx, req, &infos[s]), ShardName(s));
+  });
+  if (!st.ok()) return st;
+  return infos;
+}
+
+absl::StatusOr<ps::TableSpec> PsClient::Spec(uint32_t table_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = specs_.find(table_id);
+    if (it != specs_.end()) return it->second;
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ps::DescribeTableRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_table_id(table_id);
+  ps::TableInfo info;
+  absl::Status st = FromGrpcStatus(stubs_[0]->DescribeTable(&ctx, req, &info), ShardName(0));
+  if (!st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  specs_[table_id] = info.spec();
+  return info.spec();
+}
+
+absl::Status PsClient::CheckDense(const ps::TableSpec& spec, size_t length) {
+  if (spec.kind() != ps::TableSpec::DENSE) {
+    return absl::FailedPreconditionError(absl::StrCat("table ", spec.table_id(), " is not DENSE"));
+  }
+  if (length != spec.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", spec.table_id(), " holds ", spec.size(),
+                                                   " values; the buffer has ", length));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PushDense(uint32_t table_id, int64_t step, absl::Span<const float> grad) {
+  auto spec = Spec(table_id);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status s = CheckDense(*spec, grad.size()); !s.ok()) return s;
+  return ForEachShard(num_shards(), [&](int s) {
+    Range r = DenseShardRange(grad.size(), s, num_shards());
+    return PushDenseShard(s, table_id, step, r.begin, grad.subspan(r.begin, r.size()));
+  });
+}
+
+absl::Status PsClient::PullDense(uint32_t table_id, int64_t step, absl::Span<float> out) {
+  auto spec = Spec(table_id);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status s = CheckDense(*spec, out.size()); !s.ok()) return s;
+  return ForEachShard(num_shards(), [&](int s) {
+    Range r = DenseShardRange(out.size(), s, num_shards());
+    return PullDenseShard(s, table_id, step, r.begin, out.subspan(r.begin, r.size()));
+  });
+}
+
+absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
+                                      absl::Span<const float> grad) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ps::DenseChunk chunk;
+  chunk.set_worker_id(options_.worker_id);
+  chunk.set_step(step);
+  chunk.set_table_id(table_id);
+  chunk.set_begin(begin);
+  chunk.set_total_length(grad.size());
+  ps::PushDenseResponse resp;
+  const uint64_t per_chunk = options_.chunk_bytes / sizeof(float);
+  if (grad.size() <= per_chunk) {  // one message: unary
+    chunk.set_offset(begin);
+    chunk.set_data(grad.data(), grad.size() * sizeof(float));
+    return FromGrpcStatus(stubs_[shard]->PushDense(&ctx, chunk, &resp), ShardName(shard));
+  }
+  auto writer = stubs_[shard]->PushDenseStream(&ctx, &resp);
+  for (uint64_t done = 0; done < grad.size(); done += per_chunk) {
+    uint64_t n = std::min<uint64_t>(per_chunk, grad.size() - done);
+    chunk.set_offset(begin + done);
+    chunk.set_data(grad.data() + done, n * sizeof(float));
+    if (!writer->Write(chunk)) break;  // the server ended the stream; Finish says why
+  }
+  writer->WritesDone();
+  return FromGrpcStatus(writer->Finish(), ShardName(shard));
+}
+
+absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
+                                      absl::Span<float> out) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  ps::PullDenseRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_step(step);
+  req.set_table_id(table_id);
+  req.set_offset(begin);
+  req.set_length(out.size());
+  auto misplaced = [&](const ps::DenseChunk& c, uint64_t got) {
+    return absl::InternalError(absl::StrCat(ShardName(shard), " sent chunk at offset ", c.offset(),
+                                            " with ", c.data().size(), " bytes after ", got,
+                                            " of ", out.size(), " values"));
+  };
+  ps::DenseChunk chunk;
+  if (out.size() * sizeof(float) <= options_.chunk_bytes) {  // one message: unary
+    absl::Status st = FromGrpcStatus(stubs_[shard]->PullDense(&ctx, req, &chunk), ShardName(shard));
+    if (!st.ok()) return st;
+    if (chunk.data().size() != out.size() * sizeof(float)) return misplaced(chunk, 0);
+    std::memcpy(out.data(), chunk.data().data(), chunk.data().size());
+    return absl::OkStatus();
+  }
+  auto reader = stubs_[shard]->PullDenseStream(&ctx, req);
+  uint64_t got = 0;
+  while (reader->Read(&chunk)) {
+    uint64_t n = chunk.data().size() / sizeof(float);
+    if (chunk.offset() != begin + got || n > out.size() - got) {
+      ctx.TryCancel();
+      reader->Finish();
+      return misplaced(chunk, got);
+    }
+    std::memcpy(out.data() + got, chunk.data().data(), n * sizeof(float));
+    got += n;
+  }
+  absl::Status st = FromGrpcStatus(reader->Finish(), ShardName(shard));
+  if (st.ok() && got != out.size()) {
+    return absl::DataLossError(absl::StrCat(ShardName(shard), " pull stream ended after ", got,
+                                            " of ", out.size(), " values"));
+  }
+  return st;
+}
+
+absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
+                                  absl::Span<const float> grads) {
+  auto spec = Spec(table_id);
+  if (!spec.ok()) return spec.status();
+  const size_t dim = spec->dim();
+  if (spec->kind() != ps::TableSpec::SPARSE || grads.size() != keys.size() * dim) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", table_id, " needs SPARSE keys x dim (",
+                                                   keys.size(), " x ", dim, ") values; got ", grads.size()));
+  }
+  std::vector<ps::SparseRequest> reqs(num_shards());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ps::SparseRequest& r = reqs[SparseShardOf(keys[i], num_shards())];
+    r.add_keys(keys[i]);
+    r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim), dim * sizeof(float));
+  }
+  return ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    reqs[s].set_worker_id(options_.worker_id);
+    reqs[s].set_step(step);
+    reqs[s].set_table_id(table_id);
+    ps::PushSparseResponse resp;
+    return FromGrpcStatus(stubs_[s]->PushSparse(&ctx, reqs[s], &resp), ShardName(s));
+  });
+}
+
+absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
+                                  absl::Span<float> out) {
+  auto spec = Spec(table_id);
+  if (!spec.ok()) return spec.status();
+  const size_t dim = spec->dim();
+  if (spec->kind() != ps::TableSpec::SPARSE || out.size() != keys.size() * dim) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", table_id, " needs SPARSE keys x dim (",
+                                                   keys.size(), " x ", dim, ") values; got ", out.size()));
+  }
+  std::vector<ps::SparseRequest> reqs(num_shards());
+  std::vector<std::vector<size_t>> positions(num_shards());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    int s = SparseShardOf(keys[i], num_shards());
+    reqs[s].add_keys(keys[i]);
+    positions[s].push_back(i);
+  }
+  return ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    reqs[s].set_worker_id(options_.worker_id);
+    reqs[s].set_step(step);
+    reqs[s].set_table_id(table_id);
+    ps::PullSparseResponse resp;
+    absl::Status st = FromGrpcStatus(stubs_[s]->PullSparse(&ctx, reqs[s], &resp), ShardName(s));
+    if (!st.ok()) return st;
+    if (resp.values().size() != positions[s].size() * dim * sizeof(float)) {
+      return absl::InternalError(absl::StrCat(ShardName(s), " returned ", resp.values().size(),
+                                              " bytes for ", positions[s].size(), " rows"));
+    }
+    const float* v = reinterpret_cast<const float*>(resp.values().data());
+    for (size_t j = 0; j < positions[s].size(); ++j) {
+      std::memcpy(out.data() + positions[s][j] * dim, v + j * dim, dim * sizeof(float));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats() {
+  std::vector<ps::StatsResponse> stats(num_shards());
+  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    return FromGrpcStatus(stubs_[s]->Stats(&ctx, ps::StatsRequest(), &stats[s]), ShardName(s));
+  });
+  if (!st.ok()) return st;
+  return stats;
+}
+
+}  // namespace pscluster

@@ -1,0 +1,82 @@
+// PsClient: one worker's view of a sharded parameter server. It splits dense tensors by
+// range and sparse keys by hash (common/sharding.h), talks to every shard in parallel with
+// a deadline on each RPC, and reassembles the answers. Large dense slices travel as
+// streams of bounded chunks.
+//
+// Thread-safe: concurrent calls from several threads are fine.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace pscluster {
+
+struct PsClientOptions {
+  std::vector<std::string> shard_addresses;  // index = shard id, e.g. "127.0.0.1:5000"
+  int32_t worker_id = 0;
+  absl::Duration rpc_timeout = absl::Seconds(60);  // deadline of every RPC
+  uint64_t chunk_bytes = uint64_t{1} << 20;        // dense stream chunk size
+  uint64_t max_message_bytes = (uint64_t{4} << 20) + (64 << 10);  // gRPC limit, both ways
+};
+
+class PsClient {
+ public:
+  // Connects lazily (channels are created, nothing is sent).
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(PsClientOptions options);
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
+
+  int num_shards() const { return static_cast<int>(stubs_.size()); }
+  int32_t worker_id() const { return options_.worker_id; }
+
+  // Registers this worker with every shard (needed before any push or pull).
+  absl::Status RegisterWorker();
+  // Creates the table on every shard (idempotent for an identical spec).
+  absl::Status CreateTable(const ps::TableSpec& spec);
+  // Every shard's view of the table, by shard id.
+  absl::StatusOr<std::vector<ps::TableInfo>> DescribeTable(uint32_t table_id);
+
+  // Whole dense tensor of the table (spec.size values).
+  absl::Status PushDense(uint32_t table_id, int64_t step, absl::Span<const float> grad);
+  absl::Status PullDense(uint32_t table_id, int64_t step, absl::Span<float> out);
+
+  // Rows of `keys` (out / grads hold keys.size() * dim values, row-major, in key order).
+  absl::Status PushSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
+                          absl::Span<const float> grads);
+  absl::Status PullSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
+                          absl::Span<float> out);
+
+  absl::StatusOr<std::vector<ps::StatsResponse>> Stats();
+
+  // The stub of one shard, for callers that need an RPC this class does not wrap.
+  ps::ParameterServer::Stub* stub(int shard) { return stubs_[shard].get(); }
+
+ private:
+  explicit PsClient(PsClientOptions options);
+  // The table's spec, from the cache or asked of shard 0.
+  absl::StatusOr<ps::TableSpec> Spec(uint32_t table_id);
+  absl::Status CheckDense(const ps::TableSpec& spec, size_t length);
+  absl::Status PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
+                              absl::Span<const float> grad);
+  absl::Status PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
+                              absl::Span<float> out);
+  void SetDeadline(grpc::ClientContext* ctx) const;
+  std::string ShardName(int shard) const;
+
+  const PsClientOptions options_;
+  std::vector<std::unique_ptr<ps::ParameterServer::Stub>> stubs_;
+  absl::Mutex mu_;
+  std::map<uint32_t, ps::TableSpec> specs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
