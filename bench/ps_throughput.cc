@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -25,6 +26,11 @@
 ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");
 ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20, "Stream chunk size, PS and raw alike.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
+ABSL_FLAG(std::vector<std::string>, sizes_kib, std::vector<std::string>({"64", "1024", "16384", "65536"}),
+          "Tensor sizes in KiB.");
+ABSL_FLAG(std::vector<std::string>, shards, std::vector<std::string>({"1", "2"}), "Shard counts.");
+ABSL_FLAG(int, rounds, 3,
+          "Whole sweeps; each figure is the median over rounds of the per-round medians.");
 
 namespace pscluster::bench {
 namespace {
@@ -173,6 +179,7 @@ struct Result {
   uint32_t shards;
   uint64_t bytes;
   double push_gbps, raw_push_gbps, pull_gbps, raw_pull_gbps;
+  double push_ratio = 0, pull_ratio = 0;  // medians of per-round ratios
 };
 
 Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
@@ -223,17 +230,28 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using pscluster::bench::Result;
+  auto median = [](std::vector<double> v) { return pscluster::bench::Median(std::move(v)); };
   std::vector<Result> results;
   std::printf("%-7s %-9s %10s %10s %6s %10s %10s %6s\n", "shards", "tensor", "push GB/s",
               "raw GB/s", "ratio", "pull GB/s", "raw GB/s", "ratio");
-  for (uint32_t shards : {1u, 2u}) {
-    for (uint64_t kib : {64u, 1024u, 16384u, 65536u}) {
+  for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
+    for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
+      uint32_t shards = std::stoul(shards_flag);
+      uint64_t kib = std::stoull(kib_flag);
       int reps = absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1);
-      Result r = pscluster::bench::Measure(shards, kib << 10, reps);
+      std::vector<double> push, raw_push, pull, raw_pull, push_ratio, pull_ratio;
+      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+        Result r = pscluster::bench::Measure(shards, kib << 10, reps);
+        push.push_back(r.push_gbps), raw_push.push_back(r.raw_push_gbps);
+        pull.push_back(r.pull_gbps), raw_pull.push_back(r.raw_pull_gbps);
+        push_ratio.push_back(r.push_gbps / r.raw_push_gbps);
+        pull_ratio.push_back(r.pull_gbps / r.raw_pull_gbps);
+      }
+      Result r{shards, kib << 10, median(push), median(raw_push), median(pull), median(raw_pull),
+               median(push_ratio), median(pull_ratio)};
       std::printf("%-7u %6lu KiB %10.3f %10.3f %6.2f %10.3f %10.3f %6.2f\n", shards,
-                  static_cast<unsigned long>(kib), r.push_gbps, r.raw_push_gbps,
-                  r.push_gbps / r.raw_push_gbps, r.pull_gbps, r.raw_pull_gbps,
-                  r.pull_gbps / r.raw_pull_gbps);
+                  static_cast<unsigned long>(kib), r.push_gbps, r.raw_push_gbps, r.push_ratio,
+                  r.pull_gbps, r.raw_pull_gbps, r.pull_ratio);
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -246,7 +264,8 @@ int main(int argc, char** argv) {
       const Result& r = results[i];
       f << absl::StrCat("  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes,
                         ", \"push_gbps\": ", r.push_gbps, ", \"raw_push_gbps\": ", r.raw_push_gbps,
-                        ", \"pull_gbps\": ", r.pull_gbps, ", \"raw_pull_gbps\": ", r.raw_pull_gbps,
+                        ", \"push_ratio\": ", r.push_ratio, ", \"pull_gbps\": ", r.pull_gbps,
+                        ", \"raw_pull_gbps\": ", r.raw_pull_gbps, ", \"pull_ratio\": ", r.pull_ratio,
                         "}", i + 1 < results.size() ? ",\n" : "\n");
     }
     f << "]\n";

@@ -1,7 +1,11 @@
 #include "server/ps/dense_table.h"
 
 #include <cmath>
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "server/ps/initializer.h"
@@ -32,22 +36,85 @@ absl::Status DenseTable::CheckRange(uint64_t begin, uint64_t length) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+using Piece = DenseTable::Piece;
+
+// Pushes of at least this many values are scanned and applied by several threads:
+// optimizers are element-wise, so any split gives bitwise the same result.
+constexpr uint64_t kParallelMinValues = uint64_t{1} << 20;
+
+// Splits `pieces` (total values `total`) into `parts` runs of about equal length.
+std::vector<std::vector<Piece>> Split(const std::vector<Piece>& pieces, uint64_t total, int parts) {
+  std::vector<std::vector<Piece>> out(parts);
+  const uint64_t per = (total + parts - 1) / parts;
+  int part = 0;
+  uint64_t room = per;
+  for (Piece p : pieces) {
+    while (!p.grad.empty()) {
+      uint64_t n = std::min<uint64_t>(room, p.grad.size());
+      out[part].push_back({p.at, p.grad.first(n)});
+      p = {p.at + n, p.grad.subspan(n)};
+      room -= n;
+      if (room == 0 && part + 1 < parts) ++part, room = per;
+    }
+  }
+  return out;
+}
+
+// Runs fn(part) for every part of `pieces`, in parallel for large ones.
+void ForEachPart(const std::vector<Piece>& pieces, uint64_t total,
+                 const std::function<void(const std::vector<Piece>&)>& fn) {
+  int parts = total < kParallelMinValues
+                  ? 1
+                  : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  if (parts == 1) return fn(pieces);
+  std::vector<std::vector<Piece>> split = Split(pieces, total, parts);
+  std::vector<std::thread> threads;
+  for (int t = 1; t < parts; ++t) threads.emplace_back(fn, std::cref(split[t]));
+  fn(split[0]);
+  for (auto& t : threads) t.join();
+}
+
+// Local index of the first non-finite value, or UINT64_MAX.
+uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
+  std::atomic<uint64_t> first{UINT64_MAX};
+  ForEachPart(pieces, total, [&](const std::vector<Piece>& part) {
+    for (const Piece& p : part) {
+      if (size_t bad = ps::FirstNonFinite(p.grad); bad < p.grad.size()) {
+        uint64_t at = p.at + bad, seen = first.load();
+        while (at < seen && !first.compare_exchange_weak(seen, at)) {}
+        return;
+      }
+    }
+  });
+  return first.load();
+}
+
+}  // namespace
+
 absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
                               const std::vector<absl::Span<const float>>& chunks,
                               bool* skipped) {
   *skipped = false;
   uint64_t total = 0;
-  bool finite = true;
+  for (const auto& c : chunks) total += c.size();
+  if (absl::Status s = CheckRange(begin, total); !s.ok()) return s;
+  std::vector<Piece> pieces;
+  uint64_t at = begin - range_.begin;
   for (const auto& c : chunks) {
-    for (size_t i = 0; i < c.size() && finite; ++i) {
-      if (!std::isfinite(c[i])) {
-        if (!spec_.skip_nonfinite()) return NonFinite(c[i], begin + total + i);
-        finite = false;
+    pieces.push_back({at, c});
+    at += c.size();
+  }
+  const uint64_t bad = FirstNonFinite(pieces, total);
+  const bool finite = bad == UINT64_MAX;
+  if (!finite && !spec_.skip_nonfinite()) {
+    for (const Piece& p : pieces) {
+      if (bad >= p.at && bad < p.at + p.grad.size()) {
+        return NonFinite(p.grad[bad - p.at], range_.begin + bad);
       }
     }
-    total += c.size();
   }
-  if (absl::Status s = CheckRange(begin, total); !s.ok()) return s;
 
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckPushLocked(worker, step); !s.ok()) return s;
@@ -58,27 +125,25 @@ absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
   } else if (bsp()) {
     std::vector<float>& staged = pending_[step][worker];
     staged.assign(range_.size(), 0.0f);
-    uint64_t at = begin - range_.begin;
-    for (const auto& c : chunks) {
-      std::memcpy(staged.data() + at, c.data(), c.size() * sizeof(float));
-      at += c.size();
+    for (const Piece& p : pieces) {
+      std::memcpy(staged.data() + p.at, p.grad.data(), p.grad.size() * sizeof(float));
     }
   } else {
     ++updates_;
-    uint64_t at = begin - range_.begin;
-    for (const auto& c : chunks) {
-      ApplyLocked(at, c);
-      at += c.size();
-    }
+    ApplyLocked(pieces, total);
   }
   RecordPushLocked(worker, step);
   return absl::OkStatus();
 }
 
-void DenseTable::ApplyLocked(uint64_t local, absl::Span<const float> grad) {
-  float* slots[8];
-  for (size_t k = 0; k < slots_.size(); ++k) slots[k] = slots_[k].data() + local;
-  optimizer_->Apply(values_.data() + local, grad.data(), slots, grad.size(), updates_);
+void DenseTable::ApplyLocked(const std::vector<Piece>& pieces, uint64_t total) {
+  ForEachPart(pieces, total, [&](const std::vector<Piece>& part) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const Piece& p : part) {
+      float* slots[8];
+      for (size_t k = 0; k < slots_.size(); ++k) slots[k] = slots_[k].data() + p.at;
+      optimizer_->Apply(values_.data() + p.at, p.grad.data(), slots, p.grad.size(), updates_);
+    }
+  });
 }
 
 void DenseTable::ApplyBspStepLocked(int64_t step) {
@@ -90,7 +155,7 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
   }
   pending_.erase(it);
   ++updates_;
-  ApplyLocked(0, sum);
+  ApplyLocked({{0, sum}}, sum.size());
 }
 
 absl::Status DenseTable::Read(uint64_t begin, absl::Span<float> out) const {

@@ -13,6 +13,12 @@ namespace pscluster::ps {
 
 class DenseTable final : public Table {
  public:
+  // A run of gradient values for the table's local indices [at, at + grad.size()).
+  struct Piece {
+    uint64_t at;
+    absl::Span<const float> grad;
+  };
+
   // `spec` must already be validated (ValidateTableSpec). Initialises the values of `range`.
   static absl::StatusOr<std::unique_ptr<DenseTable>> Create(const TableSpec& spec, Range range);
 
@@ -32,7 +38,10 @@ class DenseTable final : public Table {
 
  private:
   DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, Range range);
-  void ApplyLocked(uint64_t local, absl::Span<const float> grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the optimizer to each piece (a gradient for local index `at` on), spread over
+  // threads when large.
+  void ApplyLocked(const std::vector<Piece>& pieces, uint64_t total)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

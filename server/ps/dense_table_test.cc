@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -537,6 +538,38 @@ TEST(DenseTableTest, ConcurrentAspPushesAreAllAppliedExactly) {
   EXPECT_THAT(ReadAll(*table), Each(kStart + kThreads * kPushes));
   EXPECT_EQ(table->Stats().pushes(), uint64_t{kThreads * kPushes});
   for (int w = 0; w < kThreads; ++w) EXPECT_EQ(table->Clocks().at(w), kPushes);
+}
+
+// Pushes of >= 1M values are scanned and applied by several threads; the split must not
+// change a single bit, and a NaN in any part must be found and reported at its index.
+TEST(DenseTableTest, LargeMultiChunkPushAppliedInParallelMatchesSerialAdamBitwise) {
+  constexpr uint64_t kSize = 3000017;  // odd, so parts and chunks do not line up
+  TableSpec spec = DenseSpec(kSize, ConsistencyConfig::ASP, 0.01f);
+  spec.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  auto table = MakeTable(spec, {0});
+  std::vector<float> grad(kSize);
+  for (uint64_t i = 0; i < kSize; ++i) grad[i] = std::sin(0.001f * i) * (1 + i % 5);
+  // Chunks of uneven sizes, as a stream would deliver them.
+  std::vector<absl::Span<const float>> chunks;
+  for (uint64_t at = 0; at < kSize;) {
+    uint64_t n = std::min<uint64_t>(kSize - at, 262144 + 1000 * (chunks.size() % 3));
+    chunks.push_back(absl::MakeConstSpan(grad).subspan(at, n));
+    at += n;
+  }
+  bool skipped = false;
+  for (int step = 0; step < 2; ++step) ASSERT_TRUE(table->Push(0, step, 0, chunks, &skipped).ok());
+
+  auto optimizer = MakeOptimizer(spec.optimizer()).value();
+  std::vector<float> w(kSize, kInit), m(kSize, 0.0f), v(kSize, 0.0f);
+  float* slots[] = {m.data(), v.data()};
+  for (int64_t t = 1; t <= 2; ++t) optimizer->Apply(w.data(), grad.data(), slots, kSize, t);
+  EXPECT_EQ(ReadAll(*table), w);
+
+  grad[kSize - 5] = kNaN;  // in the last part
+  absl::Status s = table->Push(0, 2, 0, chunks, &skipped);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("index ", kSize - 5)));
+  EXPECT_EQ(ReadAll(*table), w);
 }
 
 }  // namespace

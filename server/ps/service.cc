@@ -42,7 +42,7 @@ int MaxMessageBytes(const ServiceOptions& options) {
 }
 
 ParameterServerService::ParameterServerService(Shard* shard, ServiceOptions options)
-    : shard_(shard), options_(options) {}
+    : shard_(shard), options_(options), buffers_(options.buffer_pool_bytes) {}
 
 absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) const {
   return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.max_wait);
@@ -164,9 +164,17 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
     return ToGrpcStatus(s);
   }
   // Keep each chunk's bytes as received (no copy); apply all at the end, all or nothing.
+  // Chunks are parsed into recycled buffers, which all go back to the pool on return.
   std::vector<std::string> buffers;
+  struct Recycle {
+    BufferPool* pool;
+    std::vector<std::string>* buffers;
+    ~Recycle() {
+      for (std::string& b : *buffers) pool->Put(std::move(b));
+    }
+  } recycle{&buffers_, &buffers};
   uint64_t received = 0;
-  for (bool have = true; have; have = reader->Read(&chunk)) {
+  for (bool have = true; have; *chunk.mutable_data() = buffers_.Get(), have = reader->Read(&chunk)) {
     DenseChunk& c = buffers.empty() ? first : chunk;
     if (absl::Status s = CheckSameTransfer(first, c, buffers.size()); !s.ok()) return ToGrpcStatus(s);
     if (absl::Status s = CheckFloatBytes(c.data(), "data"); !s.ok()) return ToGrpcStatus(s);

@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/ps/buffer_pool.h"
 #include "server/ps/shard.h"
 
 namespace pscluster::ps {
@@ -16,6 +17,8 @@ struct ServiceOptions {
   uint64_t max_chunk_bytes = uint64_t{4} << 20;
   // Longest a pull waits for its consistency bound when the caller set no shorter deadline.
   absl::Duration max_wait = absl::Minutes(5);
+  // Capacity of received-chunk buffers kept for reuse across push streams.
+  uint64_t buffer_pool_bytes = uint64_t{256} << 20;
 };
 
 // gRPC's own message limit for a server using `options`: a chunk plus its header.
@@ -55,6 +58,7 @@ class ParameterServerService final : public ParameterServer::Service {
 
   Shard* const shard_;
   const ServiceOptions options_;
+  BufferPool buffers_;
 };
 
 }  // namespace pscluster::ps

@@ -49,13 +49,9 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
                      keys.size(), ") x dim (", dim_, ") = ", keys.size() * dim_)));
   }
   if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
-  bool finite = true;
-  for (size_t i = 0; i < grads.size() && finite; ++i) {
-    if (!std::isfinite(grads[i])) {
-      if (!spec_.skip_nonfinite()) return NonFinite(grads[i], i);
-      finite = false;
-    }
-  }
+  const size_t bad = FirstNonFinite(grads);
+  const bool finite = bad == grads.size();
+  if (!finite && !spec_.skip_nonfinite()) return NonFinite(grads[bad], bad);
   Grads merged;  // duplicate keys summed in request order
   if (finite) {
     for (size_t i = 0; i < keys.size(); ++i) {

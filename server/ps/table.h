@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/ps.pb.h"
 #include "server/ps/optimizer.h"
 
@@ -22,6 +23,10 @@ namespace pscluster::ps {
 
 // Under BSP a worker may push at most this many steps beyond the oldest unapplied step.
 inline constexpr int64_t kMaxBspStepsAhead = 4;
+
+// Index of the first NaN/Inf in `values`, or values.size() when all are finite. Scans in
+// vectorisable blocks (integer exponent test), so it runs near memory bandwidth.
+size_t FirstNonFinite(absl::Span<const float> values);
 
 // Maps the wire optimizer config (zeros meaning defaults) to validated options.
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);

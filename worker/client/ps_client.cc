@@ -12,6 +12,8 @@
 namespace pscluster {
 namespace {
 
+constexpr uint64_t kUnaryPullBytes = 256 << 10;
+
 // Runs fn(0..n-1) concurrently (fn(0) on the calling thread) and returns the first error in
 // shard order.
 absl::Status ForEachShard(int n, const std::function<absl::Status(int)>& fn) {
@@ -200,7 +202,9 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
                                             " of ", out.size(), " values"));
   };
   ps::DenseChunk chunk;
-  if (out.size() * sizeof(float) <= options_.chunk_bytes) {  // one message: unary
+  // Small slices: unary. Larger ones stream even when they fit one message: the stream
+  // reuses its chunk buffer, a unary response allocates (and page-faults) a new one.
+  if (out.size() * sizeof(float) <= std::min<uint64_t>(options_.chunk_bytes, kUnaryPullBytes)) {
     absl::Status st = FromGrpcStatus(stubs_[shard]->PullDense(&ctx, req, &chunk), ShardName(shard));
     if (!st.ok()) return st;
     if (chunk.data().size() != out.size() * sizeof(float)) return misplaced(chunk, 0);
