@@ -93,9 +93,18 @@ uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
 
 }  // namespace
 
+absl::Status DenseTable::ScanChunk(uint64_t first_index, absl::Span<const float> chunk,
+                                   bool* has_nonfinite) const {
+  size_t bad = ps::FirstNonFinite(chunk);
+  if (bad == chunk.size()) return absl::OkStatus();
+  if (!spec_.skip_nonfinite()) return NonFinite(chunk[bad], first_index + bad);
+  *has_nonfinite = true;
+  return absl::OkStatus();
+}
+
 absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
                               const std::vector<absl::Span<const float>>& chunks,
-                              bool* skipped) {
+                              bool* skipped, Scanned scanned) {
   *skipped = false;
   uint64_t total = 0;
   for (const auto& c : chunks) total += c.size();
@@ -106,7 +115,9 @@ absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
     pieces.push_back({at, c});
     at += c.size();
   }
-  const uint64_t bad = FirstNonFinite(pieces, total);
+  const uint64_t bad = scanned == Scanned::kNo ? FirstNonFinite(pieces, total)
+                       : scanned == Scanned::kAllFinite ? UINT64_MAX
+                                                        : 0;
   const bool finite = bad == UINT64_MAX;
   if (!finite && !spec_.skip_nonfinite()) {
     for (const Piece& p : pieces) {

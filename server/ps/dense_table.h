@@ -27,11 +27,21 @@ class DenseTable final : public Table {
   // OUT_OF_RANGE unless [begin, begin + length) lies inside this shard's range.
   absl::Status CheckRange(uint64_t begin, uint64_t length) const;
 
+  // What the caller already knows of a gradient's values.
+  enum class Scanned { kNo, kAllFinite, kHasNonFinite };
+
+  // For a caller that scans chunks as they arrive (while they are hot in cache): OK, or
+  // the non-finite error (global index `first_index` + i) unless skip_nonfinite, in which
+  // case *has_nonfinite is set.
+  absl::Status ScanChunk(uint64_t first_index, absl::Span<const float> chunk,
+                         bool* has_nonfinite) const;
+
   // Applies (ASP/SSP) or stages (BSP) one worker's gradient for `step`: the concatenation
   // of `chunks` covers [begin, begin + total). All or nothing: a rejected push changes
   // nothing. Sets *skipped when a non-finite gradient was dropped (skip_nonfinite).
   absl::Status Push(int32_t worker, int64_t step, uint64_t begin,
-                    const std::vector<absl::Span<const float>>& chunks, bool* skipped);
+                    const std::vector<absl::Span<const float>>& chunks, bool* skipped,
+                    Scanned scanned = Scanned::kNo);
 
   // Copies [begin, begin + out.size()) into `out`. Call AwaitPullable first.
   absl::Status Read(uint64_t begin, absl::Span<float> out) const;

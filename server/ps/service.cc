@@ -174,6 +174,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
     }
   } recycle{&buffers_, &buffers};
   uint64_t received = 0;
+  bool has_nonfinite = false;
   for (bool have = true; have; *chunk.mutable_data() = buffers_.Get(), have = reader->Read(&chunk)) {
     DenseChunk& c = buffers.empty() ? first : chunk;
     if (absl::Status s = CheckSameTransfer(first, c, buffers.size()); !s.ok()) return ToGrpcStatus(s);
@@ -188,11 +189,16 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
           "chunk ", buffers.size(), " has offset ", c.offset(), ", expected ",
           first.begin() + received, " (chunks must be contiguous and in order)")));
     }
-    received += c.data().size() / sizeof(float);
-    if (received > first.total_length()) {
+    if (c.data().size() / sizeof(float) > first.total_length() - received) {
       return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
           "push stream carries more than total_length=", first.total_length(), " values")));
     }
+    // Scan now, while the chunk is in cache; a bad value ends the stream at once.
+    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &has_nonfinite);
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    received += c.data().size() / sizeof(float);
     buffers.push_back(std::move(*c.mutable_data()));
   }
   if (received != first.total_length()) {
@@ -203,7 +209,9 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
   std::vector<absl::Span<const float>> spans;
   for (const std::string& b : buffers) spans.push_back(AsFloats(b));
   bool skipped = false;
-  absl::Status s = (*table)->Push(first.worker_id(), first.step(), first.begin(), spans, &skipped);
+  absl::Status s = (*table)->Push(
+      first.worker_id(), first.step(), first.begin(), spans, &skipped,
+      has_nonfinite ? DenseTable::Scanned::kHasNonFinite : DenseTable::Scanned::kAllFinite);
   resp->set_values_received(received);
   resp->set_skipped_nonfinite(skipped);
   return ToGrpcStatus(s);
