@@ -50,7 +50,6 @@ class PsClusterTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    clients_.clear();
     for (auto& s : servers_) {
       auto status = s.Stop(SIGTERM, absl::Seconds(20));
       ASSERT_TRUE(status.ok()) << status.status();

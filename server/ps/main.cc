@@ -3,8 +3,8 @@
 //   ps_server --port=5000 --shard_id=0 --num_shards=2
 //
 // Prints "ps_server shard S/N listening on HOST:PORT" once it serves (with --port=0 the
-// kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, finish in-flight RPCs
-// (up to 5 s), exit 0.
+// kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, let RPCs in progress
+// finish (up to 5 s), close every connection, exit 0.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -93,8 +93,10 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     std::fprintf(stderr, "ps_server: signal %d, shutting down\n", sig);
-    shard.Shutdown();
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    shard.Shutdown();  // waiting pulls fail now with UNAVAILABLE
+    if (!pscluster::ShutdownGracefully(server.get(), service.in_flight(), absl::Seconds(5))) {
+      std::fprintf(stderr, "ps_server: RPCs still running after 5 s were cancelled\n");
+    }
   });
   server->Wait();
   stopper.join();

@@ -51,6 +51,7 @@ absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) cons
 grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
                                                     const RegisterWorkerRequest* req,
                                                     RegisterWorkerResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   *resp = shard_->RegisterWorker(req->worker_id());
   return grpc::Status::OK;
 }
@@ -58,6 +59,7 @@ grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
 grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
                                                  const CreateTableRequest* req,
                                                  CreateTableResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   auto r = shard_->CreateTable(req->spec());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -67,6 +69,7 @@ grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
 grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
                                                    const DescribeTableRequest* req,
                                                    TableInfo* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   auto table = shard_->GetTable(req->table_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   *resp = (*table)->Info();
@@ -90,6 +93,7 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::Serv
 
 grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
                                                const PullDenseRequest* req, DenseChunk* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   uint64_t length = 0;
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -112,6 +116,7 @@ grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
                                                      const PullDenseRequest* req,
                                                      grpc::ServerWriter<DenseChunk>* writer) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   uint64_t length = 0;
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -140,6 +145,7 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
 
 grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const DenseChunk* req,
                                                PushDenseResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   if (absl::Status s = CheckFloatBytes(req->data(), "data"); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetDense(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -154,6 +160,7 @@ grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const Dense
 grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
                                                      grpc::ServerReader<DenseChunk>* reader,
                                                      PushDenseResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   DenseChunk first, chunk;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("push stream carried no chunks"));
@@ -219,6 +226,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
 
 grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PullSparseResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   uint64_t values = static_cast<uint64_t>(req->keys_size()) * (*table)->spec().dim();
@@ -240,6 +248,7 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
 
 grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const SparseRequest* req,
                                                 PushSparseResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   if (absl::Status s = CheckFloatBytes(req->grads(), "grads"); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -254,6 +263,7 @@ grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const Spar
 
 grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest*,
                                            StatsResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
   *resp = shard_->Stats();
   return grpc::Status::OK;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "common/graceful_shutdown.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
 #include "server/ps/shard.h"
@@ -27,6 +28,9 @@ int MaxMessageBytes(const ServiceOptions& options);
 class ParameterServerService final : public ParameterServer::Service {
  public:
   ParameterServerService(Shard* shard, ServiceOptions options);
+
+  // Handlers in progress, for ShutdownGracefully.
+  InFlightCounter* in_flight() { return &in_flight_; }
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
                               RegisterWorkerResponse* resp) override;
@@ -59,6 +63,7 @@ class ParameterServerService final : public ParameterServer::Service {
   Shard* const shard_;
   const ServiceOptions options_;
   BufferPool buffers_;
+  InFlightCounter in_flight_;
 };
 
 }  // namespace pscluster::ps
