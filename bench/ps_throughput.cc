@@ -95,7 +95,7 @@ Cluster StartCluster(uint32_t num_shards) {
     c.shards.push_back(std::make_unique<ps::Shard>(so));
     ps::ServiceOptions vo;
     vo.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-    c.services.push_back(std::make_unique<ps::ParameterServerService>(c.shards.back().get(), vo));
+    c.services.push_back(std::make_unique<ps::ParameterServerService>(c.shards.back().get(), nullptr, vo));
     c.raws.push_back(std::make_unique<RawService>());
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();

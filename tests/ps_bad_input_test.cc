@@ -217,7 +217,9 @@ TEST_F(BadInputTest, NonFiniteGradientIsRejectedOrSkippedPerTable) {
   auto stats = clients_[0]->Stats();
   ASSERT_TRUE(stats.ok());
   for (const auto& t : (*stats)[0].tables()) {
-    if (t.info().spec().table_id() == kSkip) EXPECT_EQ(t.nonfinite_pushes_skipped(), 1u);
+    if (t.info().spec().table_id() == kSkip) {
+      EXPECT_EQ(t.nonfinite_pushes_skipped(), 1u);
+    }
   }
 }
 

@@ -26,35 +26,59 @@ constexpr int kSteps = 4;
 class PsClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (int s = 0; s < kShards; ++s) {
-      auto p = testing::Subprocess::Start({"server/ps/ps_server", "--port=0",
-                                           absl::StrCat("--shard_id=", s),
-                                           absl::StrCat("--num_shards=", kShards)});
+    StartServers(kShards, ServerArgs());
+    if (!HasFatalFailure()) ConnectClients();
+  }
+
+  void TearDown() override { StopServers(SIGTERM); }
+
+  // Extra ps_server flags for every server SetUp starts.
+  virtual std::vector<std::string> ServerArgs() { return {}; }
+
+  // Starts `num_shards` ps_server processes on free ports; `extra` flags for each.
+  void StartServers(int num_shards, const std::vector<std::string>& extra) {
+    addresses_.clear();
+    for (int s = 0; s < num_shards; ++s) {
+      std::vector<std::string> argv = {"server/ps/ps_server", "--port=0",
+                                       absl::StrCat("--shard_id=", s),
+                                       absl::StrCat("--num_shards=", num_shards)};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      auto p = testing::Subprocess::Start(argv);
       ASSERT_TRUE(p.ok()) << p.status();
-      auto line = p->WaitForLine("listening on", absl::Seconds(30));
+      auto line = p->WaitForLine("listening on", absl::Seconds(60));
       ASSERT_TRUE(line.ok()) << line.status();
       addresses_.push_back(*testing::ListeningAddress(*line));
       servers_.push_back(*std::move(p));
     }
+  }
+
+  // SIGTERM: each must exit 0. SIGKILL: a crash.
+  void StopServers(int sig) {
+    clients_.clear();
+    for (auto& s : servers_) {
+      auto status = s.Stop(sig, absl::Seconds(20));
+      ASSERT_TRUE(status.ok()) << status.status();
+      if (sig == SIGTERM) {
+        EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+            << s.name() << " did not exit cleanly on SIGTERM: wait status " << *status;
+      }
+    }
+    servers_.clear();
+  }
+
+  // (Re)creates kWorkers registered clients for the running servers.
+  void ConnectClients() {
+    clients_.clear();
     for (int w = 0; w < kWorkers; ++w) {
       PsClientOptions o;
       o.shard_addresses = addresses_;
       o.worker_id = w;
-      o.rpc_timeout = absl::Seconds(30);
+      o.rpc_timeout = absl::Seconds(60);
       o.chunk_bytes = 64 << 10;  // many chunks per shard for the larger tables
       auto c = PsClient::Create(o);
       ASSERT_TRUE(c.ok()) << c.status();
       ASSERT_TRUE((*c)->RegisterWorker().ok());
       clients_.push_back(*std::move(c));
-    }
-  }
-
-  void TearDown() override {
-    for (auto& s : servers_) {
-      auto status = s.Stop(SIGTERM, absl::Seconds(20));
-      ASSERT_TRUE(status.ok()) << status.status();
-      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-          << s.name() << " did not exit cleanly on SIGTERM: wait status " << *status;
     }
   }
 

@@ -177,6 +177,41 @@ absl::Status DenseTable::Read(uint64_t begin, absl::Span<float> out) const {
   return absl::OkStatus();
 }
 
+void DenseTable::PrepareImage(TableImage* image) const {
+  image->arrays.assign(1 + optimizer_->num_slots(), std::vector<float>(range_.size()));
+}
+
+void DenseTable::CaptureLocked(TableImage* image) const {
+  image->header.set_shard_begin(range_.begin);
+  image->header.set_shard_end(range_.end);
+  image->header.set_updates(updates_);
+  // Copy as pieces so large tables copy on several threads.
+  for (size_t a = 0; a < image->arrays.size(); ++a) {
+    const std::vector<float>& src = a == 0 ? values_ : slots_[a - 1];
+    float* dst = image->arrays[a].data();
+    ForEachPart({{0, absl::MakeConstSpan(src)}}, src.size(), [&](const std::vector<Piece>& part) {
+      for (const Piece& p : part) std::memcpy(dst + p.at, p.grad.data(), p.grad.size() * sizeof(float));
+    });
+  }
+}
+
+void DenseTable::RestoreUpdates(int64_t updates) {
+  absl::MutexLock lock(&mu_);
+  updates_ = updates;
+}
+
+void DenseTable::RestoreBlock(uint64_t begin, uint64_t n, const float* block) {
+  Range overlap = Intersect(range_, Range{begin, begin + n});
+  if (overlap.size() == 0) return;
+  absl::MutexLock lock(&mu_);
+  const size_t bytes = overlap.size() * sizeof(float);
+  const float* src = block + (overlap.begin - begin);
+  std::memcpy(values_.data() + (overlap.begin - range_.begin), src, bytes);
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    std::memcpy(slots_[k].data() + (overlap.begin - range_.begin), src + (k + 1) * n, bytes);
+  }
+}
+
 void DenseTable::FillInfoLocked(TableInfo* info) const {
   info->set_shard_begin(range_.begin);
   info->set_shard_end(range_.end);

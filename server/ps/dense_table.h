@@ -46,6 +46,12 @@ class DenseTable final : public Table {
   // Copies [begin, begin + out.size()) into `out`. Call AwaitPullable first.
   absl::Status Read(uint64_t begin, absl::Span<float> out) const;
 
+  // Restore, before serving: the optimizer step count, and a block of a snapshot covering
+  // global indices [begin, begin + n) laid out as values then each slot (n floats each);
+  // the part inside this shard's range is copied, the rest ignored.
+  void RestoreUpdates(int64_t updates);
+  void RestoreBlock(uint64_t begin, uint64_t n, const float* block);
+
  private:
   DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, Range range);
   // Applies the optimizer to each piece (a gradient for local index `at` on), spread over
@@ -54,6 +60,8 @@ class DenseTable final : public Table {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void PrepareImage(TableImage* image) const override;
+  void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const Range range_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);

@@ -6,7 +6,6 @@
 // kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, let RPCs in progress
 // finish (up to 5 s), close every connection, exit 0.
 #include <signal.h>
-#include <sys/stat.h>
 
 #include <cstdio>
 #include <memory>
@@ -27,7 +26,15 @@ ABSL_FLAG(uint32_t, num_shards, 1, "Number of shards in the cluster.");
 ABSL_FLAG(int, threads, 64,
           "Most RPC handler threads. Pulls waiting on BSP/SSP hold one each, so keep it above "
           "the number of workers times the tables they pull at once.");
-ABSL_FLAG(std::string, data_dir, "", "Directory for snapshots (created if missing).");
+ABSL_FLAG(std::string, data_dir, "",
+          "Checkpoint root shared by all shards (created if missing); this shard's snapshots "
+          "go to DIR/shard-<shard_id>. Without it, snapshot RPCs fail.");
+ABSL_FLAG(std::string, restore, "",
+          "Before serving, load a snapshot from --data_dir: 'latest' (start empty if none) or a "
+          "step. Works across shard counts: each shard takes the rows that now map to it.");
+ABSL_FLAG(int, snapshot_keep_last, 3, "Newest complete snapshots kept (plus the best by metric).");
+ABSL_FLAG(std::string, snapshot_metric, "min", "Best snapshot: 'min' or 'max' metric.");
+ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (crash tests).");
 ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
 ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
           "Largest table slice (values + optimizer state) this shard accepts.");
@@ -58,9 +65,11 @@ int main(int argc, char** argv) {
     return Fail("--max_chunk_bytes must be in [1024, 1 GiB]");
   }
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (!data_dir.empty() && mkdir(data_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Fail(absl::StrCat("cannot create --data_dir=", data_dir, ": ", std::strerror(errno)));
-  }
+  const std::string restore = absl::GetFlag(FLAGS_restore);
+  const std::string metric = absl::GetFlag(FLAGS_snapshot_metric);
+  if (data_dir.empty() && !restore.empty()) return Fail("--restore needs --data_dir");
+  if (metric != "min" && metric != "max") return Fail("--snapshot_metric must be 'min' or 'max'");
+  if (absl::GetFlag(FLAGS_snapshot_keep_last) < 1) return Fail("--snapshot_keep_last must be >= 1");
 
   // Signals are taken by a dedicated thread; block them before any other thread starts.
   sigset_t signals;
@@ -70,7 +79,28 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   pscluster::ps::Shard shard(shard_options);
-  pscluster::ps::ParameterServerService service(&shard, service_options);
+  std::unique_ptr<pscluster::ps::Snapshotter> snapshotter;
+  if (!data_dir.empty()) {
+    pscluster::ps::SnapshotterOptions so;
+    so.root = data_dir;
+    so.keep_last = absl::GetFlag(FLAGS_snapshot_keep_last);
+    so.lower_metric_is_better = metric == "min";
+    so.test_delay_per_block = absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
+    auto created = pscluster::ps::Snapshotter::Create(&shard, so);
+    if (!created.ok()) return Fail(absl::StrCat("--data_dir=", data_dir, ": ", created.status().ToString()));
+    snapshotter = *std::move(created);
+  }
+  if (!restore.empty()) {
+    auto step = snapshotter->Restore(restore);
+    if (!step.ok()) return Fail(absl::StrCat("--restore=", restore, ": ", step.status().ToString()));
+    if (*step < 0) {
+      std::printf("ps_server: no complete snapshot under %s; starting empty\n", data_dir.c_str());
+    } else {
+      std::printf("ps_server: restored snapshot of step %lld from %s\n",
+                  static_cast<long long>(*step), data_dir.c_str());
+    }
+  }
+  pscluster::ps::ParameterServerService service(&shard, snapshotter.get(), service_options);
   grpc::ResourceQuota quota("ps_server");
   quota.SetMaxThreads(absl::GetFlag(FLAGS_threads));
   grpc::ServerBuilder builder;

@@ -41,8 +41,12 @@ int MaxMessageBytes(const ServiceOptions& options) {
   return static_cast<int>(options.max_chunk_bytes + (64 << 10));
 }
 
-ParameterServerService::ParameterServerService(Shard* shard, ServiceOptions options)
-    : shard_(shard), options_(options), buffers_(options.buffer_pool_bytes) {}
+ParameterServerService::ParameterServerService(Shard* shard, Snapshotter* snapshotter,
+                                               ServiceOptions options)
+    : shard_(shard),
+      snapshotter_(snapshotter),
+      options_(options),
+      buffers_(options.buffer_pool_bytes) {}
 
 absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) const {
   return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.max_wait);
@@ -265,6 +269,46 @@ grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequ
                                            StatsResponse* resp) {
   InFlightCounter::Scope in_flight(&in_flight_);
   *resp = shard_->Stats();
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::CheckSnapshotter() const {
+  if (snapshotter_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this ps_server has no snapshot directory; restart it with --data_dir=DIR");
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                                              SnapshotResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  auto r = snapshotter_->Snapshot(*req, Deadline(ctx));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*, const ListSnapshotsRequest*,
+                                                   ListSnapshotsResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  auto r = snapshotter_->List();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::SnapshotStatus(grpc::ServerContext* ctx,
+                                                    const SnapshotStatusRequest* req,
+                                                    SnapshotStatusResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (req->wait_until_idle() && !snapshotter_->AwaitIdle(Deadline(ctx))) {
+    return ToGrpcStatus(absl::DeadlineExceededError("snapshot write still in progress"));
+  }
+  *resp = snapshotter_->Status();
   return grpc::Status::OK;
 }
 

@@ -10,6 +10,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
 #include "server/ps/shard.h"
+#include "server/ps/snapshotter.h"
 
 namespace pscluster::ps {
 
@@ -27,7 +28,8 @@ int MaxMessageBytes(const ServiceOptions& options);
 
 class ParameterServerService final : public ParameterServer::Service {
  public:
-  ParameterServerService(Shard* shard, ServiceOptions options);
+  // `snapshotter` may be null (no --data_dir): snapshot RPCs then fail clearly.
+  ParameterServerService(Shard* shard, Snapshotter* snapshotter, ServiceOptions options);
 
   // Handlers in progress, for ShutdownGracefully.
   InFlightCounter* in_flight() { return &in_flight_; }
@@ -52,6 +54,12 @@ class ParameterServerService final : public ParameterServer::Service {
                           PushSparseResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const StatsRequest* req,
                      StatsResponse* resp) override;
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                        SnapshotResponse* resp) override;
+  grpc::Status ListSnapshots(grpc::ServerContext* ctx, const ListSnapshotsRequest* req,
+                             ListSnapshotsResponse* resp) override;
+  grpc::Status SnapshotStatus(grpc::ServerContext* ctx, const SnapshotStatusRequest* req,
+                              SnapshotStatusResponse* resp) override;
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
@@ -60,7 +68,10 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx, const PullDenseRequest& req,
                                           uint64_t* length);
 
+  absl::Status CheckSnapshotter() const;
+
   Shard* const shard_;
+  Snapshotter* const snapshotter_;
   const ServiceOptions options_;
   BufferPool buffers_;
   InFlightCounter in_flight_;

@@ -159,6 +159,18 @@ StatsResponse Shard::Stats() const {
   return r;
 }
 
+std::vector<Table*> Shard::Tables() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<Table*> out;
+  for (const auto& [id, table] : tables_) out.push_back(table.get());
+  return out;
+}
+
+void Shard::RestoreWorkers(const std::vector<int32_t>& workers) {
+  absl::MutexLock lock(&mu_);
+  workers_.insert(workers.begin(), workers.end());
+}
+
 void Shard::Shutdown() {
   absl::ReaderMutexLock lock(&mu_);
   for (auto& [id, table] : tables_) table->Shutdown();

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -47,6 +48,11 @@ class Shard {
   absl::StatusOr<SparseTable*> GetSparse(uint32_t table_id, int32_t worker_id) const;
 
   StatsResponse Stats() const;
+
+  // Every table, ascending id (for snapshots).
+  std::vector<Table*> Tables() const;
+  // Restore: registers workers known from a snapshot, so they need not register again.
+  void RestoreWorkers(const std::vector<int32_t>& workers);
 
   // Fails every waiting and later pull with UNAVAILABLE.
   void Shutdown();

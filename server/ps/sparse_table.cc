@@ -122,6 +122,29 @@ absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float
   return absl::OkStatus();
 }
 
+void SparseTable::CaptureLocked(TableImage* image) const {
+  const size_t row_len = dim_ * (1 + optimizer_->num_slots());
+  image->header.set_num_rows(rows_.size());
+  image->keys.reserve(rows_.size());
+  image->row_updates.reserve(rows_.size());
+  image->row_data.resize(rows_.size() * row_len);
+  float* out = image->row_data.data();
+  for (const auto& [key, row] : rows_) {
+    image->keys.push_back(key);
+    image->row_updates.push_back(row.updates);
+    std::memcpy(out, row.data.data(), row_len * sizeof(float));
+    out += row_len;
+  }
+}
+
+void SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data) {
+  if (SparseShardOf(key, num_shards_) != shard_id_) return;
+  absl::MutexLock lock(&mu_);
+  Row& row = rows_[key];
+  row.updates = updates;
+  row.data.assign(data, data + dim_ * (1 + optimizer_->num_slots()));
+}
+
 void SparseTable::FillInfoLocked(TableInfo* info) const { info->set_num_rows(rows_.size()); }
 
 }  // namespace pscluster::ps

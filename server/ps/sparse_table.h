@@ -31,6 +31,10 @@ class SparseTable final : public Table {
   // Call AwaitPullable first.
   absl::Status Read(absl::Span<const uint64_t> keys, absl::Span<float> out);
 
+  // Restore, before serving: a row of a snapshot (dim * (1 + num_slots) floats). Rows of
+  // keys this shard does not own are ignored, so old shards' rows can be offered to all.
+  void RestoreRow(uint64_t key, int64_t updates, const float* data);
+
  private:
   struct Row {
     int64_t updates = 0;       // optimizer steps applied to this row (bias correction)
@@ -44,6 +48,7 @@ class SparseTable final : public Table {
   void ApplyLocked(uint64_t key, const std::vector<float>& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const uint32_t shard_id_;
   const uint32_t num_shards_;

@@ -105,7 +105,11 @@ void Table::RecordPushLocked(int32_t worker, int64_t step) {
   clock = std::max(clock, step + 1);
   if (!bsp()) return;
   bsp_pushed_[step].insert(worker);
-  while (true) {
+  DrainBspLocked();
+}
+
+void Table::DrainBspLocked() {
+  while (!capture_at_.count(applied_steps_)) {
     auto it = bsp_pushed_.find(applied_steps_);
     if (it == bsp_pushed_.end()) return;
     for (const auto& [w, unused] : clocks_) {
@@ -115,6 +119,76 @@ void Table::RecordPushLocked(int32_t worker, int64_t step) {
     bsp_pushed_.erase(it);
     ++applied_steps_;
   }
+}
+
+absl::Status Table::HoldStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (!bsp()) return absl::OkStatus();
+  if (applied_steps_ > step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", id(), " has already applied step ", step, " (applied_steps=", applied_steps_,
+        "); snapshot a step >= ", applied_steps_));
+  }
+  capture_at_.insert(step);
+  return absl::OkStatus();
+}
+
+void Table::ReleaseStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto it = capture_at_.find(step);
+  if (it == capture_at_.end()) return;
+  capture_at_.erase(it);
+  DrainBspLocked();
+}
+
+absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::Time deadline,
+                                                           absl::Duration* pause) {
+  auto image = std::make_unique<TableImage>();
+  PrepareImage(image.get());
+  absl::MutexLock lock(&mu_);
+  if (bsp()) {
+    auto held = capture_at_.find(step);
+    if (held == capture_at_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("table ", id(), ": Capture(", step,
+                                                        ") without HoldStep(", step, ")"));
+    }
+    auto reached = [this, step]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return applied_steps_ >= step || shutdown_;
+    };
+    bool ok = mu_.AwaitWithDeadline(absl::Condition(&reached), deadline) && !shutdown_;
+    capture_at_.erase(capture_at_.find(step));
+    if (!ok) {
+      DrainBspLocked();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "table ", id(), ": snapshot of step ", step, " waited for ", DescribeLaggardsLocked(step)));
+    }
+  }
+  absl::Time start = absl::Now();
+  TableSnapshotHeader& h = image->header;
+  *h.mutable_spec() = spec_;
+  h.set_applied_steps(applied_steps_);
+  h.set_num_slots(optimizer_->num_slots());
+  for (const auto& [w, clock] : clocks_) {
+    WorkerClock* c = h.add_clocks();
+    c->set_worker_id(w);
+    c->set_clock(clock);
+  }
+  CaptureLocked(image.get());
+  *pause = absl::Now() - start;
+  if (bsp()) DrainBspLocked();  // steps that waited for the capture apply now
+  return image;
+}
+
+void Table::RestoreClocks(const TableSnapshotHeader& header) {
+  absl::MutexLock lock(&mu_);
+  applied_steps_ = header.applied_steps();
+  for (const WorkerClock& c : header.clocks()) clocks_[c.worker_id()] = c.clock();
+}
+
+uint64_t TableImage::bytes() const {
+  uint64_t n = header.ByteSizeLong() + keys.size() * 16 + row_data.size() * sizeof(float);
+  for (const auto& a : arrays) n += a.size() * sizeof(float);
+  return n;
 }
 
 bool Table::PullableLocked(int64_t step) const {

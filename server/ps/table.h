@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/ps.pb.h"
+#include "proto/snapshot.pb.h"
 #include "server/ps/optimizer.h"
 
 namespace pscluster::ps {
@@ -30,6 +32,19 @@ size_t FirstNonFinite(absl::Span<const float> values);
 
 // Maps the wire optimizer config (zeros meaning defaults) to validated options.
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);
+
+// A table's state frozen at one step: what a snapshot stores.
+struct TableImage {
+  TableSnapshotHeader header;  // spec, range, clocks, step counts, num_slots, num_rows
+  // DENSE: arrays[0] = values, arrays[1 + k] = optimizer slot k, each range-size floats.
+  std::vector<std::vector<float>> arrays;
+  // SPARSE: one entry per row; row_data holds dim * (1 + num_slots) floats per row.
+  std::vector<uint64_t> keys;
+  std::vector<int64_t> row_updates;
+  std::vector<float> row_data;
+
+  uint64_t bytes() const;
+};
 
 class Table {
  public:
@@ -54,6 +69,20 @@ class Table {
   TableStats Stats() const;
   std::map<int32_t, int64_t> Clocks() const;
 
+  // Snapshot protocol. HoldStep: under BSP, the table will not apply step `step` until
+  // Capture(step) or ReleaseStep(step); FAILED_PRECONDITION if it already has. (No-op for
+  // ASP/SSP.) Holding every table before capturing any keeps a multi-table snapshot at one
+  // step. Capture: copies the state while holding the lock (the only pause pushes see);
+  // under BSP it first waits (until `deadline`) for step `step` to be reached, and it always
+  // drops the hold. *pause is the time the lock was held for the copy.
+  absl::Status HoldStep(int64_t step);
+  void ReleaseStep(int64_t step);
+  absl::StatusOr<std::unique_ptr<TableImage>> Capture(int64_t step, absl::Time deadline,
+                                                      absl::Duration* pause);
+
+  // Restore: consistency state from a snapshot header (before serving).
+  void RestoreClocks(const TableSnapshotHeader& header);
+
  protected:
   Table(TableSpec spec, std::unique_ptr<Optimizer> optimizer);
 
@@ -67,6 +96,11 @@ class Table {
   // BSP: sums the gradients pending for `step` in worker-id order, applies them, frees them.
   virtual void ApplyBspStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   virtual void FillInfoLocked(TableInfo* info) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
+  // Allocates (and page-faults) the image's buffers before the lock is taken, so the
+  // pause is only the copy.
+  virtual void PrepareImage(TableImage* image) const {}
+  // Copies values, optimizer state and step counts into `image` (header.spec/clocks set).
+  virtual void CaptureLocked(TableImage* image) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
 
   // Error helpers that also count the rejection.
   absl::Status Reject(absl::Status status) const;
@@ -81,11 +115,15 @@ class Table {
 
  private:
   bool PullableLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // BSP: applies, in order, every step that all workers have pushed, stopping before a
+  // step a capture is waiting for.
+  void DrainBspLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DescribeLaggardsLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   std::map<int32_t, int64_t> clocks_ ABSL_GUARDED_BY(mu_);  // worker -> steps pushed
   std::map<int64_t, std::set<int32_t>> bsp_pushed_ ABSL_GUARDED_BY(mu_);
   int64_t applied_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::multiset<int64_t> capture_at_ ABSL_GUARDED_BY(mu_);  // BSP steps held for a capture
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -305,4 +305,41 @@ absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats() {
   return stats;
 }
 
+absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) {
+  return ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::SnapshotRequest req = extra;
+    req.set_step(step);
+    ps::SnapshotResponse resp;
+    return FromGrpcStatus(stubs_[s]->Snapshot(&ctx, req, &resp), ShardName(s));
+  });
+}
+
+absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> PsClient::SnapshotStatus(
+    bool wait_until_idle) {
+  std::vector<ps::SnapshotStatusResponse> out(num_shards());
+  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::SnapshotStatusRequest req;
+    req.set_wait_until_idle(wait_until_idle);
+    return FromGrpcStatus(stubs_[s]->SnapshotStatus(&ctx, req, &out[s]), ShardName(s));
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> PsClient::ListSnapshots() {
+  std::vector<ps::ListSnapshotsResponse> out(num_shards());
+  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    return FromGrpcStatus(stubs_[s]->ListSnapshots(&ctx, ps::ListSnapshotsRequest(), &out[s]),
+                          ShardName(s));
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
 }  // namespace pscluster

@@ -58,6 +58,13 @@ class PsClient {
 
   absl::StatusOr<std::vector<ps::StatsResponse>> Stats();
 
+  // Asks every shard to snapshot `step` (each captures, acknowledges, writes in the
+  // background); `metric` feeds keep-the-best retention.
+  absl::Status Snapshot(int64_t step, const ps::SnapshotRequest& extra = {});
+  // Every shard's snapshot status; with wait_until_idle, after its write finished.
+  absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> SnapshotStatus(bool wait_until_idle);
+  absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> ListSnapshots();
+
   // The stub of one shard, for callers that need an RPC this class does not wrap.
   ps::ParameterServer::Stub* stub(int shard) { return stubs_[shard].get(); }
 

@@ -1,0 +1,153 @@
+// Snapshot write throughput against a sequential fsync'd write of the same bytes to the same
+// directory, and the training stall: push latency while a snapshot is written vs without.
+//
+//   bazel run -c opt //bench:snapshot_throughput -- --dir=/var/tmp/pscluster_bench
+//
+// One shard in this process, one dense Adam table (values + 2 state arrays) of the given
+// total size, ASP. Per size and round: ceiling write, then a snapshot (capture + background
+// write until durable), interleaved. A pusher thread sends 1 MiB pushes to the table
+// throughout a round's snapshot and, before it, for as long without one.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/ps/snapshotter.h"
+
+ABSL_FLAG(std::string, dir, "/var/tmp/pscluster_snapshot_bench", "Directory on the disk to test.");
+ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"64", "512", "2048"}),
+          "Parameters + optimizer state per run, MiB.");
+ABSL_FLAG(int, rounds, 3, "Rounds per size (median reported).");
+
+namespace pscluster::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using ps::DenseTable;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Sequential write of `bytes` in 4 MiB writes, then fsync: the disk's ceiling.
+double CeilingSeconds(const std::string& path, uint64_t bytes) {
+  std::vector<char> buf(4 << 20, 1);
+  absl::Time t0 = absl::Now();
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) std::abort();
+  for (uint64_t done = 0; done < bytes; done += buf.size()) {
+    if (write(fd, buf.data(), std::min<uint64_t>(buf.size(), bytes - done)) < 0) std::abort();
+  }
+  fsync(fd);
+  close(fd);
+  double s = absl::ToDoubleSeconds(absl::Now() - t0);
+  fs::remove(path);
+  return s;
+}
+
+// Pushes 1 MiB gradients to `table` until `stop`, recording each push's latency.
+struct Pusher {
+  DenseTable* table;
+  std::atomic<bool> stop{false};
+  std::vector<double> latencies;
+  std::thread thread;
+
+  void Start() {
+    stop = false;
+    latencies.clear();
+    thread = std::thread([this] {
+      std::vector<float> g(1 << 18, 1e-3f);
+      bool skipped;
+      for (int64_t i = 0; !stop; ++i) {
+        uint64_t begin = (i * g.size()) % (table->range().size() - g.size());
+        absl::Time t0 = absl::Now();
+        if (!table->Push(0, i, begin, {absl::MakeConstSpan(g)}, &skipped).ok()) std::abort();
+        latencies.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      }
+    });
+  }
+  void Stop() {
+    stop = true;
+    thread.join();
+  }
+};
+
+}  // namespace
+}  // namespace pscluster::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace pscluster::bench;
+  namespace ps = pscluster::ps;
+  const std::string dir = absl::GetFlag(FLAGS_dir);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::printf("%-8s %11s %11s %6s %8s %12s %12s %7s\n", "MiB", "snap MB/s", "fsync MB/s",
+              "ratio", "pause %", "push p50 ms", "during p50", "ratio");
+  for (const std::string& mib_flag : absl::GetFlag(FLAGS_sizes_mib)) {
+    const uint64_t bytes = std::stoull(mib_flag) << 20;
+    ps::Shard shard(ps::ShardOptions{});
+    shard.RegisterWorker(0);
+    ps::TableSpec spec;
+    spec.set_table_id(1);
+    spec.set_size(bytes / 12);  // values + Adam m and v
+    spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::ADAM);
+    spec.mutable_optimizer()->set_learning_rate(1e-3f);
+    spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+    if (!shard.CreateTable(spec).ok()) std::abort();
+    ps::SnapshotterOptions so;
+    so.root = dir + "/" + mib_flag;
+    so.keep_last = absl::GetFlag(FLAGS_rounds) + 1;  // no retention work inside the timing
+    auto snapshotter = *ps::Snapshotter::Create(&shard, so);
+    Pusher pusher{*shard.GetDense(1, 0)};
+    std::vector<double> snap, ceiling, pause, idle_p50, busy_p50;
+    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+      ceiling.push_back(bytes / CeilingSeconds(so.root + "/ceiling.bin", bytes) / 1e6);
+      // Pushes without a snapshot, for about as long as the last write took.
+      pusher.Start();
+      std::this_thread::sleep_for(std::chrono::milliseconds(
+          static_cast<int>(1000 * bytes / 1e6 / std::max(1.0, ceiling.back()))));
+      pusher.Stop();
+      idle_p50.push_back(Median(pusher.latencies));
+
+      pusher.Start();
+      ps::SnapshotRequest req;
+      req.set_step(round);
+      absl::Time t0 = absl::Now();
+      auto r = snapshotter->Snapshot(req, absl::InfiniteFuture());
+      if (!r.ok() || !snapshotter->AwaitIdle(absl::InfiniteFuture())) {
+        std::fprintf(stderr, "snapshot failed: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+      pusher.Stop();
+      if (!snapshotter->Status().last_error().empty()) {
+        std::fprintf(stderr, "%s\n", snapshotter->Status().last_error().c_str());
+        return 1;
+      }
+      busy_p50.push_back(Median(pusher.latencies));
+      snap.push_back(r->bytes() / seconds / 1e6);
+      pause.push_back(r->pause_seconds() / seconds);
+      std::printf("  round %d: %.0f MB/s (fsync ceiling %.0f), pause %.1f ms of %.2f s\n", round,
+                  snap.back(), ceiling.back(), 1e3 * r->pause_seconds(), seconds);
+    }
+    double pause_fraction = Median(pause);
+    std::printf("%-8s %11.0f %11.0f %6.2f %7.2f%% %12.3f %12.3f %7.2f\n", mib_flag.c_str(),
+                Median(snap), Median(ceiling), Median(snap) / Median(ceiling),
+                100 * pause_fraction, 1e3 * Median(idle_p50), 1e3 * Median(busy_p50),
+                Median(busy_p50) / Median(idle_p50));
+    std::fflush(stdout);
+  }
+  fs::remove_all(dir);
+  return 0;
+}

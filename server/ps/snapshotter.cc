@@ -1,0 +1,292 @@
+#include "server/ps/snapshotter.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pscluster::ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Loads one old shard's tables into the new shard: creates each table on first sight,
+// copies the dense indices and sparse rows that the new shard owns.
+class RestoreVisitor final : public SnapshotStore::Visitor {
+ public:
+  explicit RestoreVisitor(Shard* shard) : shard_(shard) {}
+
+  absl::Status Header(const TableSnapshotHeader& h) override {
+    auto existing = shard_->GetTable(h.spec().table_id());
+    if (existing.ok()) {  // seen in an earlier old shard: specs must agree
+      if ((*existing)->spec().SerializeAsString() != h.spec().SerializeAsString()) {
+        return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(),
+                                                " has different specs in different old shards"));
+      }
+      return absl::OkStatus();
+    }
+    auto created = shard_->CreateTable(h.spec());
+    if (!created.ok()) return created.status();
+    Table* table = *shard_->GetTable(h.spec().table_id());
+    table->RestoreClocks(h);
+    if (h.spec().kind() == TableSpec::DENSE) static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
+    for (const WorkerClock& c : h.clocks()) workers_.push_back(c.worker_id());
+    return absl::OkStatus();
+  }
+
+  absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
+                          const float* data) override {
+    Table* table = *shard_->GetTable(h.spec().table_id());
+    static_cast<DenseTable*>(table)->RestoreBlock(begin, n, data);
+    return absl::OkStatus();
+  }
+
+  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+                         const float* data) override {
+    Table* table = *shard_->GetTable(h.spec().table_id());
+    static_cast<SparseTable*>(table)->RestoreRow(key, updates, data);
+    return absl::OkStatus();
+  }
+
+  const std::vector<int32_t>& workers() const { return workers_; }
+
+ private:
+  Shard* const shard_;
+  std::vector<int32_t> workers_;
+};
+
+}  // namespace
+
+std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id) {
+  return (fs::path(root) / absl::StrCat("shard-", shard_id)).string();
+}
+
+absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
+                                                                 SnapshotterOptions options) {
+  auto store = SnapshotStore::Open(ShardSnapshotDir(options.root, shard->options().shard_id));
+  if (!store.ok()) return store.status();
+  auto list = (*store)->List();
+  if (!list.ok()) return list.status();
+  std::unique_ptr<Snapshotter> s(new Snapshotter(shard, std::move(options), *std::move(store)));
+  absl::MutexLock lock(&s->mu_);
+  if (!list->empty()) s->last_complete_step_ = list->back().step();
+  return s;
+}
+
+Snapshotter::Snapshotter(Shard* shard, SnapshotterOptions options,
+                         std::unique_ptr<SnapshotStore> store)
+    : shard_(shard), options_(std::move(options)), store_(std::move(store)) {}
+
+Snapshotter::~Snapshotter() {
+  std::thread writer;
+  {
+    absl::MutexLock lock(&mu_);
+    writer = std::move(writer_);
+  }
+  if (writer.joinable()) writer.join();
+}
+
+absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& request,
+                                                       absl::Time deadline) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
+  }
+  std::thread finished;  // the previous writer, joined outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    if (in_progress_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "snapshot of step ", current_step_, " is still being written (",
+          bytes_written_.load(), " of ", bytes_total_, " bytes); retry when it completes"));
+    }
+    auto list = store_->List();
+    if (!list.ok()) return list.status();
+    for (const auto& m : *list) {
+      if (m.step() == request.step()) {
+        return absl::AlreadyExistsError(absl::StrCat("a snapshot of step ", request.step(), " exists"));
+      }
+    }
+    in_progress_ = true;
+    current_step_ = request.step();
+    finished = std::move(writer_);
+  }
+  if (finished.joinable()) finished.join();
+
+  std::vector<std::unique_ptr<TableImage>> images;
+  absl::Duration longest_pause;
+  uint64_t bytes = 0;
+  const std::vector<Table*> tables = shard_->Tables();
+  // Hold every table at the step first, so none moves past it while another is captured.
+  auto fail = [&](size_t held_from, size_t held_to, absl::Status status) {
+    for (size_t i = held_from; i < held_to; ++i) tables[i]->ReleaseStep(request.step());
+    absl::MutexLock lock(&mu_);
+    in_progress_ = false;
+    return status;
+  };
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (absl::Status s = tables[i]->HoldStep(request.step()); !s.ok()) return fail(0, i, s);
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    absl::Duration pause;
+    auto image = tables[i]->Capture(request.step(), deadline, &pause);
+    if (!image.ok()) return fail(i + 1, tables.size(), image.status());
+    longest_pause = std::max(longest_pause, pause);
+    bytes += (*image)->bytes();
+    images.push_back(*std::move(image));
+  }
+  SnapshotStore::WriteOptions wo;
+  wo.shard_id = shard_->options().shard_id;
+  wo.num_shards = shard_->options().num_shards;
+  wo.has_metric = request.has_metric();
+  wo.metric = request.metric();
+  wo.test_delay_per_block = options_.test_delay_per_block;
+  wo.bytes_written = &bytes_written_;
+  {
+    absl::MutexLock lock(&mu_);
+    bytes_total_ = bytes;
+    bytes_written_ = 0;
+    writer_ = std::thread(&Snapshotter::WriteInBackground, this, request.step(), std::move(images), wo);
+  }
+  SnapshotResponse response;
+  response.set_step(request.step());
+  response.set_bytes(bytes);
+  response.set_pause_seconds(absl::ToDoubleSeconds(longest_pause));
+  return response;
+}
+
+void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
+                                    SnapshotStore::WriteOptions options) {
+  std::printf("ps_server: snapshot of step %lld: writing %llu bytes\n", static_cast<long long>(step),
+              static_cast<unsigned long long>(bytes_total()));
+  std::fflush(stdout);
+  absl::Time start = absl::Now();
+  auto manifest = store_->Write(step, images, options);
+  if (manifest.ok()) {
+    double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::printf("ps_server: snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)\n",
+                static_cast<long long>(step), manifest->bytes() / 1e6, seconds,
+                manifest->bytes() / 1e6 / seconds);
+    std::fflush(stdout);
+  }
+  images.clear();  // free the staging copy before retention's compaction
+  absl::Status status = manifest.status();
+  if (status.ok()) {
+    status = store_->ApplyRetention(options_.keep_last, options_.lower_metric_is_better).status();
+  }
+  absl::MutexLock lock(&mu_);
+  in_progress_ = false;
+  if (manifest.ok()) last_complete_step_ = std::max(last_complete_step_, step);
+  last_error_ = status.ok() ? "" : std::string(status.ToString());
+  if (!status.ok()) {
+    std::fprintf(stderr, "ps_server: snapshot of step %lld failed: %s\n",
+                 static_cast<long long>(step), last_error_.c_str());
+  }
+}
+
+absl::StatusOr<ListSnapshotsResponse> Snapshotter::List() const {
+  auto list = store_->List();
+  if (!list.ok()) return list.status();
+  ListSnapshotsResponse r;
+  for (const auto& m : *list) {
+    SnapshotInfo* i = r.add_snapshots();
+    i->set_step(m.step());
+    i->set_bytes(m.bytes());
+    i->set_complete(true);
+    i->set_has_metric(m.has_metric());
+    i->set_metric(m.metric());
+    i->set_shard_id(m.shard_id());
+    i->set_num_shards(m.num_shards());
+  }
+  absl::MutexLock lock(&mu_);
+  if (in_progress_) {  // listed, marked incomplete
+    SnapshotInfo* i = r.add_snapshots();
+    i->set_step(current_step_);
+    i->set_bytes(bytes_written_);
+    i->set_shard_id(shard_->options().shard_id);
+    i->set_num_shards(shard_->options().num_shards);
+  }
+  return r;
+}
+
+SnapshotStatusResponse Snapshotter::Status() const {
+  absl::MutexLock lock(&mu_);
+  SnapshotStatusResponse r;
+  r.set_in_progress(in_progress_);
+  r.set_step(current_step_);
+  r.set_bytes_written(bytes_written_);
+  r.set_bytes_total(bytes_total_);
+  r.set_last_complete_step(last_complete_step_);
+  r.set_last_error(last_error_);
+  r.set_restored_step(restored_step_);
+  return r;
+}
+
+uint64_t Snapshotter::bytes_total() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_total_;
+}
+
+bool Snapshotter::AwaitIdle(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !in_progress_; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
+  // Every shard directory under the root, and the complete snapshots in each.
+  struct Source {
+    std::unique_ptr<SnapshotStore> owned;  // null for this shard's own store
+    SnapshotStore* store;
+  };
+  std::vector<Source> sources;
+  std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, SnapshotStore*>>> by_step;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(options_.root, ec)) {
+    if (!entry.is_directory() || entry.path().filename().string().rfind("shard-", 0) != 0) continue;
+    Source src;
+    if (fs::equivalent(entry.path(), store_->dir(), ec)) {
+      src.store = store_.get();
+    } else {
+      auto opened = SnapshotStore::Open(entry.path().string(), /*read_only=*/true);
+      if (!opened.ok()) return opened.status();
+      src.owned = *std::move(opened);
+      src.store = src.owned.get();
+    }
+    auto list = src.store->List();
+    if (!list.ok()) return list.status();
+    for (const auto& m : *list) by_step[m.step()][m.shard_id()] = {m.num_shards(), src.store};
+    sources.push_back(std::move(src));
+  }
+  // A step is restorable when all of the shards it was taken with have it.
+  std::vector<int64_t> restorable;
+  for (const auto& [step, shards] : by_step) {
+    uint32_t n = shards.begin()->second.first;
+    bool whole = shards.size() == n;
+    for (const auto& [id, info] : shards) whole = whole && info.first == n && id < n;
+    if (whole) restorable.push_back(step);
+  }
+  int64_t step = -1;
+  if (which == "latest") {
+    if (restorable.empty()) return -1;
+    step = restorable.back();
+  } else if (!absl::SimpleAtoi(which, &step) ||
+             std::find(restorable.begin(), restorable.end(), step) == restorable.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no complete snapshot '", which, "' under ", options_.root,
+        "; restorable steps: [", absl::StrJoin(restorable, ", "), "]"));
+  }
+  RestoreVisitor visitor(shard_);
+  for (const auto& [id, info] : by_step[step]) {
+    if (absl::Status s = info.second->Read(step, &visitor); !s.ok()) return s;
+  }
+  shard_->RestoreWorkers(visitor.workers());
+  absl::MutexLock lock(&mu_);
+  restored_step_ = step;
+  return step;
+}
+
+}  // namespace pscluster::ps

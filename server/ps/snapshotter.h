@@ -1,0 +1,78 @@
+// Snapshots of one shard: capture at a step (a short pause per table), acknowledge, write
+// to the shard's SnapshotStore on a background thread, keep the last K plus the best; and
+// restore at start-up, also from a checkpoint taken with another number of shards.
+//
+// Layout: --data_dir is the cluster's checkpoint root, shared by every shard (one machine
+// or a shared file system); shard i keeps its RocksDB database in <root>/shard-<i>.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/ps.pb.h"
+#include "server/ps/shard.h"
+#include "server/ps/snapshot_store.h"
+
+namespace pscluster::ps {
+
+struct SnapshotterOptions {
+  std::string root;                      // checkpoint root (ps_server --data_dir)
+  int keep_last = 3;                     // newest complete snapshots kept ...
+  bool lower_metric_is_better = true;    // ... plus the best by metric
+  absl::Duration test_delay_per_block;   // tests only: slows writes to widen crash windows
+};
+
+// The database directory of shard `shard_id` under `root`.
+std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id);
+
+class Snapshotter {
+ public:
+  // Opens (creating) this shard's store, removing partial snapshots of a crash.
+  static absl::StatusOr<std::unique_ptr<Snapshotter>> Create(Shard* shard,
+                                                             SnapshotterOptions options);
+  ~Snapshotter();  // waits for a write in progress
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  // Captures every table at `request.step` (waiting until `deadline` for BSP tables to
+  // reach it) and starts the background write. FAILED_PRECONDITION while another write
+  // runs; ALREADY_EXISTS for a step already snapshotted.
+  absl::StatusOr<SnapshotResponse> Snapshot(const SnapshotRequest& request, absl::Time deadline);
+  absl::StatusOr<ListSnapshotsResponse> List() const;
+  SnapshotStatusResponse Status() const;
+  // Blocks until no write is in progress (bounded); for tools and tests.
+  bool AwaitIdle(absl::Time deadline) const;
+
+  // Before serving: loads snapshot `which` ("latest" or a step number) from every shard
+  // directory under the root into the (empty) shard, keeping the rows that now map to it.
+  // Returns the step, or -1 when `which` is "latest" and there is none.
+  absl::StatusOr<int64_t> Restore(const std::string& which);
+
+ private:
+  Snapshotter(Shard* shard, SnapshotterOptions options, std::unique_ptr<SnapshotStore> store);
+  uint64_t bytes_total() const;
+  void WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
+                         SnapshotStore::WriteOptions options);
+
+  Shard* const shard_;
+  const SnapshotterOptions options_;
+  const std::unique_ptr<SnapshotStore> store_;
+  std::atomic<uint64_t> bytes_written_{0};
+
+  mutable absl::Mutex mu_;
+  bool in_progress_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t current_step_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_complete_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t restored_step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::thread writer_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster::ps
