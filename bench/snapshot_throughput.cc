@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
   const std::string dir = absl::GetFlag(FLAGS_dir);
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::printf("%-8s %11s %11s %6s %8s %12s %12s %7s\n", "MiB", "snap MB/s", "fsync MB/s",
-              "ratio", "pause %", "push p50 ms", "during p50", "ratio");
+  std::printf("%-8s %11s %11s %6s %8s %12s %12s %7s %9s\n", "MiB", "snap MB/s", "fsync MB/s",
+              "ratio", "pause %", "push p50 ms", "during p50", "ratio", "max ms");
   for (const std::string& mib_flag : absl::GetFlag(FLAGS_sizes_mib)) {
     const uint64_t bytes = std::stoull(mib_flag) << 20;
     ps::Shard shard(ps::ShardOptions{});
@@ -107,45 +107,52 @@ int main(int argc, char** argv) {
     if (!shard.CreateTable(spec).ok()) std::abort();
     ps::SnapshotterOptions so;
     so.root = dir + "/" + mib_flag;
-    so.keep_last = absl::GetFlag(FLAGS_rounds) + 1;  // no retention work inside the timing
+    so.keep_last = 2 * absl::GetFlag(FLAGS_rounds) + 1;  // no retention work inside the timing
     auto snapshotter = *ps::Snapshotter::Create(&shard, so);
     Pusher pusher{*shard.GetDense(1, 0)};
-    std::vector<double> snap, ceiling, pause, idle_p50, busy_p50;
-    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-      ceiling.push_back(bytes / CeilingSeconds(so.root + "/ceiling.bin", bytes) / 1e6);
-      // Pushes without a snapshot, for about as long as the last write took.
-      pusher.Start();
-      std::this_thread::sleep_for(std::chrono::milliseconds(
-          static_cast<int>(1000 * bytes / 1e6 / std::max(1.0, ceiling.back()))));
-      pusher.Stop();
-      idle_p50.push_back(Median(pusher.latencies));
-
-      pusher.Start();
+    std::vector<double> snap, ceiling, pause, idle_p50, busy_p50, busy_max, capture;
+    int64_t step = 0;
+    // One snapshot: returns its seconds from request to durable, or -1 on failure.
+    auto snapshot = [&](double* pause_seconds) {
       ps::SnapshotRequest req;
-      req.set_step(round);
+      req.set_step(step++);
       absl::Time t0 = absl::Now();
       auto r = snapshotter->Snapshot(req, absl::InfiniteFuture());
-      if (!r.ok() || !snapshotter->AwaitIdle(absl::InfiniteFuture())) {
-        std::fprintf(stderr, "snapshot failed: %s\n", r.status().ToString().c_str());
-        return 1;
+      capture.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      if (!r.ok() || !snapshotter->AwaitIdle(absl::InfiniteFuture()) ||
+          !snapshotter->Status().last_error().empty()) {
+        std::fprintf(stderr, "snapshot failed: %s %s\n", r.status().ToString().c_str(),
+                     snapshotter->Status().last_error().c_str());
+        std::exit(1);
       }
-      double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+      *pause_seconds = r->pause_seconds();
+      return absl::ToDoubleSeconds(absl::Now() - t0);
+    };
+    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+      // Throughput: the ceiling, then a snapshot with nothing else running.
+      ceiling.push_back(bytes / CeilingSeconds(so.root + "/ceiling.bin", bytes) / 1e6);
+      double p = 0, seconds = snapshot(&p);
+      snap.push_back(bytes / seconds / 1e6);
+      pause.push_back(p / seconds);
+      // Stall: 1 MiB pushes for as long as a snapshot takes, then during one.
+      pusher.Start();
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(1000 * seconds)));
       pusher.Stop();
-      if (!snapshotter->Status().last_error().empty()) {
-        std::fprintf(stderr, "%s\n", snapshotter->Status().last_error().c_str());
-        return 1;
-      }
+      idle_p50.push_back(Median(pusher.latencies));
+      pusher.Start();
+      double busy_seconds = snapshot(&p);
+      pusher.Stop();
       busy_p50.push_back(Median(pusher.latencies));
-      snap.push_back(r->bytes() / seconds / 1e6);
-      pause.push_back(r->pause_seconds() / seconds);
-      std::printf("  round %d: %.0f MB/s (fsync ceiling %.0f), pause %.1f ms of %.2f s\n", round,
-                  snap.back(), ceiling.back(), 1e3 * r->pause_seconds(), seconds);
+      busy_max.push_back(*std::max_element(pusher.latencies.begin(), pusher.latencies.end()));
+      std::printf("  round %d: %.0f MB/s alone (fsync ceiling %.0f), pause %.1f ms of %.2f s "
+                  "(capture call %.2f s); under pushes %.2f s, slowest push %.1f ms\n",
+                  round, snap.back(), ceiling.back(), 1e3 * p, seconds,
+                  capture[capture.size() - 2], busy_seconds, 1e3 * busy_max.back());
     }
-    double pause_fraction = Median(pause);
-    std::printf("%-8s %11.0f %11.0f %6.2f %7.2f%% %12.3f %12.3f %7.2f\n", mib_flag.c_str(),
+    std::printf("%-8s %11.0f %11.0f %6.2f %7.2f%% %12.3f %12.3f %7.2f %9.1f\n", mib_flag.c_str(),
                 Median(snap), Median(ceiling), Median(snap) / Median(ceiling),
-                100 * pause_fraction, 1e3 * Median(idle_p50), 1e3 * Median(busy_p50),
-                Median(busy_p50) / Median(idle_p50));
+                100 * Median(pause), 1e3 * Median(idle_p50), 1e3 * Median(busy_p50),
+                Median(busy_p50) / Median(idle_p50), 1e3 * Median(busy_max));
     std::fflush(stdout);
   }
   fs::remove_all(dir);

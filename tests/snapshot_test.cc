@@ -112,6 +112,22 @@ class SnapshotTest : public PsClusterTest {
     ConnectClients();
   }
 
+  // Servers whose snapshot writes sleep `delay_ms` per block, and one dense SGD table.
+  void RestartWithSlowWritesAndOneSgdTable(int delay_ms, uint64_t size) {
+    StopServers(SIGTERM);
+    delay_ms_ = delay_ms;
+    StartServers(kShards, Args({}));
+    ASSERT_FALSE(HasFatalFailure());
+    ConnectClients();
+    OptimizerConfig sgd;
+    sgd.set_kind(OptimizerConfig::SGD);
+    sgd.set_learning_rate(0.5f);
+    TableSpec spec = Spec(1, TableSpec::DENSE, sgd);
+    spec.set_size(size);
+    ASSERT_TRUE(clients_[0]->CreateTable(spec).ok());
+    tables_ = {spec};
+  }
+
   int64_t RestoredStep() {
     auto status = clients_[0]->SnapshotStatus(false);
     EXPECT_TRUE(status.ok()) << status.status();
@@ -141,17 +157,8 @@ TEST_F(SnapshotTest, KilledClusterRestoresStateAndRepeatsTheNextStepsBitwise) {
 }
 
 TEST_F(SnapshotTest, CrashDuringWriteRestoresThePreviousCompleteSnapshot) {
-  StopServers(SIGTERM);
-  delay_ms_ = 20;  // 16 blocks of 1 MiB per shard: >= 320 ms of writing to crash into
-  StartServers(kShards, Args({}));
-  ConnectClients();
-  OptimizerConfig sgd;
-  sgd.set_kind(OptimizerConfig::SGD);
-  sgd.set_learning_rate(0.5f);
-  TableSpec spec = Spec(1, TableSpec::DENSE, sgd);
-  spec.set_size(8 << 20);
-  ASSERT_TRUE(clients_[0]->CreateTable(spec).ok());
-  tables_ = {spec};
+  RestartWithSlowWritesAndOneSgdTable(20, 8 << 20);  // 16 blocks of 1 MiB per shard: >= 320 ms of writing to crash into
+  ASSERT_FALSE(HasFatalFailure());
   Train(0, 1);
   SnapshotAndWait(1);
   auto at1 = State(1);
@@ -199,17 +206,8 @@ TEST_F(SnapshotTest, CheckpointOfTwoShardsRestoresIntoThreeAndIntoOne) {
 }
 
 TEST_F(SnapshotTest, PushesContinueDuringBackgroundWriteAndDoNotLeakIntoIt) {
-  StopServers(SIGTERM);
-  delay_ms_ = 250;  // 8 blocks per shard: the write takes >= 2 s
-  StartServers(kShards, Args({}));
-  ConnectClients();
-  OptimizerConfig sgd;
-  sgd.set_kind(OptimizerConfig::SGD);
-  sgd.set_learning_rate(0.5f);
-  TableSpec spec = Spec(1, TableSpec::DENSE, sgd);
-  spec.set_size(4 << 20);
-  ASSERT_TRUE(clients_[0]->CreateTable(spec).ok());
-  tables_ = {spec};
+  RestartWithSlowWritesAndOneSgdTable(250, 4 << 20);  // 8 blocks per shard: the write takes >= 2 s
+  ASSERT_FALSE(HasFatalFailure());
   Train(0, 2);
   auto at2 = State(2);
   ASSERT_TRUE(clients_[0]->Snapshot(2).ok());

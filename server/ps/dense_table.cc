@@ -178,7 +178,8 @@ absl::Status DenseTable::Read(uint64_t begin, absl::Span<float> out) const {
 }
 
 void DenseTable::PrepareImage(TableImage* image) const {
-  image->arrays.assign(1 + optimizer_->num_slots(), std::vector<float>(range_.size()));
+  image->arrays.resize(1 + optimizer_->num_slots());
+  for (auto& a : image->arrays) a.resize(range_.size());
 }
 
 void DenseTable::CaptureLocked(TableImage* image) const {

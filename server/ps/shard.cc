@@ -118,25 +118,29 @@ absl::Status Shard::CheckWorker(int32_t worker_id) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<DenseTable*> Shard::GetDense(uint32_t table_id, int32_t worker_id) const {
+absl::StatusOr<Table*> Shard::GetForWorker(uint32_t table_id, int32_t worker_id,
+                                           TableSpec::Kind kind) const {
   if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
   auto table = GetTable(table_id);
   if (!table.ok()) return table.status();
-  if ((*table)->spec().kind() != TableSpec::DENSE) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("table_id ", table_id, " is a SPARSE table; use PullSparse/PushSparse"));
+  if ((*table)->spec().kind() != kind) {
+    const bool dense = kind == TableSpec::DENSE;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table_id ", table_id, " is a ", dense ? "SPARSE" : "DENSE", " table; use ",
+        dense ? "PullSparse/PushSparse" : "PullDense/PushDense"));
   }
+  return table;
+}
+
+absl::StatusOr<DenseTable*> Shard::GetDense(uint32_t table_id, int32_t worker_id) const {
+  auto table = GetForWorker(table_id, worker_id, TableSpec::DENSE);
+  if (!table.ok()) return table.status();
   return static_cast<DenseTable*>(*table);
 }
 
 absl::StatusOr<SparseTable*> Shard::GetSparse(uint32_t table_id, int32_t worker_id) const {
-  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
-  auto table = GetTable(table_id);
+  auto table = GetForWorker(table_id, worker_id, TableSpec::SPARSE);
   if (!table.ok()) return table.status();
-  if ((*table)->spec().kind() != TableSpec::SPARSE) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("table_id ", table_id, " is a DENSE table; use PullDense/PushDense"));
-  }
   return static_cast<SparseTable*>(*table);
 }
 

@@ -59,6 +59,8 @@ class Shard {
 
  private:
   absl::Status CheckWorker(int32_t worker_id) const;
+  absl::StatusOr<Table*> GetForWorker(uint32_t table_id, int32_t worker_id,
+                                      TableSpec::Kind kind) const;
   absl::Status CheckSize(const TableSpec& spec) const;
 
   const ShardOptions options_;

@@ -105,8 +105,8 @@ int CountWithPrefix(const std::vector<std::string>& keys, const std::string& pre
   return ::testing::AssertionFailure() << "first differing byte at " << i << " of " << bytes;
 }
 
-template <typename T>
-::testing::AssertionResult BitwiseEqual(const std::vector<T>& a, const std::vector<T>& b) {
+template <typename T, typename A>
+::testing::AssertionResult BitwiseEqual(const std::vector<T, A>& a, const std::vector<T, A>& b) {
   if (a.size() != b.size()) {
     return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();
   }
@@ -145,7 +145,10 @@ std::unique_ptr<TableImage> DenseImage(uint32_t table_id, uint64_t begin, uint64
   c = h.add_clocks();
   c->set_worker_id(3);
   c->set_clock(19);
-  for (uint32_t a = 0; a <= num_slots; ++a) image->arrays.push_back(RandomFloats(size, seed + a));
+  for (uint32_t a = 0; a <= num_slots; ++a) {
+    std::vector<float> values = RandomFloats(size, seed + a);
+    image->arrays.emplace_back(values.begin(), values.end());
+  }
   return image;
 }
 
@@ -193,8 +196,8 @@ class RebuildVisitor : public SnapshotStore::Visitor {
     auto image = std::make_unique<TableImage>();
     image->header = header;
     if (header.spec().kind() == TableSpec::DENSE) {
-      image->arrays.assign(1 + header.num_slots(),
-                           std::vector<float>(header.shard_end() - header.shard_begin()));
+      image->arrays.resize(1 + header.num_slots());
+      for (auto& a : image->arrays) a.resize(header.shard_end() - header.shard_begin());
     }
     order.push_back(id);
     images[id] = std::move(image);

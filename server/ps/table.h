@@ -20,6 +20,7 @@
 #include "proto/ps.pb.h"
 #include "proto/snapshot.pb.h"
 #include "server/ps/optimizer.h"
+#include "server/ps/staging_allocator.h"
 
 namespace pscluster::ps {
 
@@ -37,7 +38,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& 
 struct TableImage {
   TableSnapshotHeader header;  // spec, range, clocks, step counts, num_slots, num_rows
   // DENSE: arrays[0] = values, arrays[1 + k] = optimizer slot k, each range-size floats.
-  std::vector<std::vector<float>> arrays;
+  std::vector<StagingArray> arrays;
   // SPARSE: one entry per row; row_data holds dim * (1 + num_slots) floats per row.
   std::vector<uint64_t> keys;
   std::vector<int64_t> row_updates;

@@ -231,16 +231,32 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
   return st;
 }
 
-absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
-                                  absl::Span<const float> grads) {
+absl::StatusOr<size_t> PsClient::SparseDim(uint32_t table_id, size_t keys, size_t values) {
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
-  const size_t dim = spec->dim();
-  if (spec->kind() != ps::TableSpec::SPARSE || grads.size() != keys.size() * dim) {
+  if (spec->kind() != ps::TableSpec::SPARSE || values != keys * spec->dim()) {
     return absl::InvalidArgumentError(absl::StrCat("table ", table_id, " needs SPARSE keys x dim (",
-                                                   keys.size(), " x ", dim, ") values; got ", grads.size()));
+                                                   keys, " x ", spec->dim(), ") values; got ", values));
   }
+  return spec->dim();
+}
+
+std::vector<ps::SparseRequest> PsClient::SparseRequests(uint32_t table_id, int64_t step) const {
   std::vector<ps::SparseRequest> reqs(num_shards());
+  for (ps::SparseRequest& r : reqs) {
+    r.set_worker_id(options_.worker_id);
+    r.set_step(step);
+    r.set_table_id(table_id);
+  }
+  return reqs;
+}
+
+absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
+                                  absl::Span<const float> grads) {
+  auto dim_or = SparseDim(table_id, keys.size(), grads.size());
+  if (!dim_or.ok()) return dim_or.status();
+  const size_t dim = *dim_or;
+  std::vector<ps::SparseRequest> reqs = SparseRequests(table_id, step);
   for (size_t i = 0; i < keys.size(); ++i) {
     ps::SparseRequest& r = reqs[SparseShardOf(keys[i], num_shards())];
     r.add_keys(keys[i]);
@@ -249,9 +265,6 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
   return ForEachShard(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    reqs[s].set_worker_id(options_.worker_id);
-    reqs[s].set_step(step);
-    reqs[s].set_table_id(table_id);
     ps::PushSparseResponse resp;
     return FromGrpcStatus(stubs_[s]->PushSparse(&ctx, reqs[s], &resp), ShardName(s));
   });
@@ -259,14 +272,10 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
 
 absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
                                   absl::Span<float> out) {
-  auto spec = Spec(table_id);
-  if (!spec.ok()) return spec.status();
-  const size_t dim = spec->dim();
-  if (spec->kind() != ps::TableSpec::SPARSE || out.size() != keys.size() * dim) {
-    return absl::InvalidArgumentError(absl::StrCat("table ", table_id, " needs SPARSE keys x dim (",
-                                                   keys.size(), " x ", dim, ") values; got ", out.size()));
-  }
-  std::vector<ps::SparseRequest> reqs(num_shards());
+  auto dim_or = SparseDim(table_id, keys.size(), out.size());
+  if (!dim_or.ok()) return dim_or.status();
+  const size_t dim = *dim_or;
+  std::vector<ps::SparseRequest> reqs = SparseRequests(table_id, step);
   std::vector<std::vector<size_t>> positions(num_shards());
   for (size_t i = 0; i < keys.size(); ++i) {
     int s = SparseShardOf(keys[i], num_shards());
@@ -276,9 +285,6 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
   return ForEachShard(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    reqs[s].set_worker_id(options_.worker_id);
-    reqs[s].set_step(step);
-    reqs[s].set_table_id(table_id);
     ps::PullSparseResponse resp;
     absl::Status st = FromGrpcStatus(stubs_[s]->PullSparse(&ctx, reqs[s], &resp), ShardName(s));
     if (!st.ok()) return st;

@@ -73,6 +73,10 @@ class PsClient {
   // The table's spec, from the cache or asked of shard 0.
   absl::StatusOr<ps::TableSpec> Spec(uint32_t table_id);
   absl::Status CheckDense(const ps::TableSpec& spec, size_t length);
+  // The table's dim, checking it is SPARSE and `values` == keys x dim.
+  absl::StatusOr<size_t> SparseDim(uint32_t table_id, size_t keys, size_t values);
+  // One empty request per shard, addressed to table_id at step.
+  std::vector<ps::SparseRequest> SparseRequests(uint32_t table_id, int64_t step) const;
   absl::Status PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                               absl::Span<const float> grad);
   absl::Status PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
