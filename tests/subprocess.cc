@@ -74,21 +74,26 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(const std::string& needle,
   }
 }
 
-absl::StatusOr<int> Subprocess::Stop(int sig, absl::Duration timeout) {
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("process already stopped");
-  kill(pid_, sig);
   // Bounded wait: poll the child's exit with waitpid(WNOHANG) against a deadline.
   absl::Time deadline = absl::Now() + timeout;
   int status = 0;
   while (waitpid(pid_, &status, WNOHANG) == 0) {
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(name_, " did not exit within ",
-                                                      absl::FormatDuration(timeout), " of signal ", sig));
+      return absl::DeadlineExceededError(
+          absl::StrCat(name_, " did not exit within ", absl::FormatDuration(timeout)));
     }
     usleep(2000);
   }
   pid_ = -1;
   return status;
+}
+
+absl::StatusOr<int> Subprocess::Stop(int sig, absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("process already stopped");
+  kill(pid_, sig);
+  return Wait(timeout);
 }
 
 absl::StatusOr<std::string> ListeningAddress(const std::string& line) {

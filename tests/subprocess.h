@@ -24,6 +24,8 @@ class Subprocess {
   // for, or FAILED_PRECONDITION if the child closed stdout first.
   absl::StatusOr<std::string> WaitForLine(const std::string& needle, absl::Duration timeout);
 
+  // Waits (bounded) for the process to exit by itself; returns the raw wait status.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
   // Sends `sig` and waits (bounded) for exit; returns the raw wait status.
   absl::StatusOr<int> Stop(int sig, absl::Duration timeout);
 

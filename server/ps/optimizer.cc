@@ -15,36 +15,50 @@ namespace {
 
 using Kind = OptimizerOptions::Kind;
 
+// The learning rate at update `step` (1-based), with the optional exponential decay.
+struct Schedule {
+  explicit Schedule(const OptimizerOptions& o)
+      : lr(o.learning_rate), rate(o.lr_decay_rate), steps(o.lr_decay_steps) {}
+  float At(int64_t step) const {
+    if (steps <= 0) return lr;
+    const double t = static_cast<double>(step < 1 ? 0 : step - 1);
+    return static_cast<float>(lr * std::pow(double{rate}, t / static_cast<double>(steps)));
+  }
+  float lr;
+  float rate;
+  int64_t steps;
+};
+
 // Each loop below is a plain element-wise pass over restrict-qualified
 // pointers with no calls and only select-style branches, so the compiler can
 // vectorize it; dispatch happens once per Apply() through the vtable.
 
 class Sgd final : public Optimizer {
  public:
-  explicit Sgd(const OptimizerOptions& o) : lr_(o.learning_rate) {}
+  explicit Sgd(const OptimizerOptions& o) : lr_(o) {}
   int num_slots() const override { return 0; }
   float slot_initial_value(int /*slot*/) const override { return 0.0f; }
   void Apply(float* __restrict w, const float* __restrict g,
              float* const* /*slots*/, size_t n,
-             int64_t /*step*/) const override {
-    const float lr = lr_;
+             int64_t step) const override {
+    const float lr = lr_.At(step);
     for (size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
   }
 
  private:
-  const float lr_;
+  const Schedule lr_;
 };
 
 class Momentum final : public Optimizer {
  public:
   explicit Momentum(const OptimizerOptions& o)
-      : lr_(o.learning_rate), mu_(o.momentum), nesterov_(o.nesterov) {}
+      : lr_(o), mu_(o.momentum), nesterov_(o.nesterov) {}
   int num_slots() const override { return 1; }
   float slot_initial_value(int /*slot*/) const override { return 0.0f; }
   void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t /*step*/) const override {
+             float* const* slots, size_t n, int64_t step) const override {
     float* __restrict v = slots[0];
-    const float lr = lr_;
+    const float lr = lr_.At(step);
     const float mu = mu_;
     if (nesterov_) {
       for (size_t i = 0; i < n; ++i) {
@@ -60,7 +74,7 @@ class Momentum final : public Optimizer {
   }
 
  private:
-  const float lr_;
+  const Schedule lr_;
   const float mu_;
   const bool nesterov_;
 };
@@ -68,15 +82,15 @@ class Momentum final : public Optimizer {
 class Adagrad final : public Optimizer {
  public:
   explicit Adagrad(const OptimizerOptions& o)
-      : lr_(o.learning_rate), eps_(o.epsilon), init_(o.initial_accumulator) {}
+      : lr_(o), eps_(o.epsilon), init_(o.initial_accumulator) {}
   int num_slots() const override { return 1; }
   float slot_initial_value(int slot) const override {
     return slot == 0 ? init_ : 0.0f;
   }
   void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t /*step*/) const override {
+             float* const* slots, size_t n, int64_t step) const override {
     float* __restrict acc = slots[0];
-    const float lr = lr_;
+    const float lr = lr_.At(step);
     const float eps = eps_;
     for (size_t i = 0; i < n; ++i) {
       acc[i] += g[i] * g[i];
@@ -85,7 +99,7 @@ class Adagrad final : public Optimizer {
   }
 
  private:
-  const float lr_;
+  const Schedule lr_;
   const float eps_;
   const float init_;
 };
@@ -94,11 +108,7 @@ class Adagrad final : public Optimizer {
 class Adam final : public Optimizer {
  public:
   Adam(const OptimizerOptions& o, float weight_decay)
-      : lr_(o.learning_rate),
-        b1_(o.beta1),
-        b2_(o.beta2),
-        eps_(o.epsilon),
-        decay_factor_(1.0f - o.learning_rate * weight_decay) {}
+      : lr_(o), b1_(o.beta1), b2_(o.beta2), eps_(o.epsilon), weight_decay_(weight_decay) {}
   int num_slots() const override { return 2; }
   float slot_initial_value(int /*slot*/) const override { return 0.0f; }
   void Apply(float* __restrict w, const float* __restrict g,
@@ -111,11 +121,12 @@ class Adam final : public Optimizer {
     const double t = static_cast<double>(step);
     const float bc1 = static_cast<float>(1.0 - std::pow(double{b1_}, t));
     const float bc2 = static_cast<float>(1.0 - std::pow(double{b2_}, t));
-    const float step_size = lr_ / bc1;
+    const float lr = lr_.At(step);
+    const float step_size = lr / bc1;
     const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
     const float b1 = b1_, b2 = b2_, eps = eps_;
     const float one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2;
-    const float decay = decay_factor_;
+    const float decay = 1.0f - lr * weight_decay_;
     for (size_t i = 0; i < n; ++i) {
       const float gi = g[i];
       m[i] = b1 * m[i] + one_minus_b1 * gi;
@@ -126,18 +137,18 @@ class Adam final : public Optimizer {
   }
 
  private:
-  const float lr_;
+  const Schedule lr_;
   const float b1_;
   const float b2_;
   const float eps_;
-  const float decay_factor_;
+  const float weight_decay_;
 };
 
 // FTRL-proximal (McMahan et al. 2013), alpha = learning_rate.
 class Ftrl final : public Optimizer {
  public:
   explicit Ftrl(const OptimizerOptions& o)
-      : alpha_(o.learning_rate),
+      : alpha_(o),
         beta_(o.ftrl_beta),
         l1_(o.l1),
         l2_(o.l2),
@@ -147,10 +158,10 @@ class Ftrl final : public Optimizer {
     return slot == 1 ? init_ : 0.0f;  // Slot 0 is z, slot 1 is n.
   }
   void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t /*step*/) const override {
+             float* const* slots, size_t n, int64_t step) const override {
     float* __restrict z = slots[0];
     float* __restrict acc = slots[1];
-    const float inv_alpha = 1.0f / alpha_;
+    const float inv_alpha = 1.0f / alpha_.At(step);
     const float beta = beta_, l1 = l1_, l2 = l2_;
     for (size_t i = 0; i < n; ++i) {
       const float gi = g[i];
@@ -168,7 +179,7 @@ class Ftrl final : public Optimizer {
   }
 
  private:
-  const float alpha_;
+  const Schedule alpha_;
   const float beta_;
   const float l1_;
   const float l2_;
@@ -219,6 +230,14 @@ absl::Status Validate(const OptimizerOptions& o) {
                          CheckNonNegative("l2", o.l2),
                          CheckNonNegative("ftrl_beta", o.ftrl_beta)}) {
     if (!s.ok()) return s;
+  }
+  if (!std::isfinite(o.lr_decay_rate) || o.lr_decay_rate <= 0.0f || o.lr_decay_rate > 1.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr_decay_rate must be in (0, 1], got ", o.lr_decay_rate));
+  }
+  if (o.lr_decay_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr_decay_steps must be >= 0, got ", o.lr_decay_steps));
   }
   return absl::OkStatus();
 }

@@ -45,6 +45,11 @@ struct OptimizerOptions {
   float l1 = 0.0f;              // kFtrl; >= 0.
   float l2 = 0.0f;              // kFtrl; >= 0.
   float ftrl_beta = 1.0f;       // kFtrl; >= 0.
+  // Exponential learning-rate decay by update count t (the `step` of Apply):
+  // lr(t) = learning_rate * lr_decay_rate^((t - 1) / lr_decay_steps), for every kind.
+  // lr_decay_steps = 0 (default) disables it; the rate must be in (0, 1].
+  float lr_decay_rate = 1.0f;
+  int64_t lr_decay_steps = 0;
 };
 
 // Applies server-side updates. Stateless apart from its options: state lives
@@ -58,6 +63,7 @@ struct OptimizerOptions {
 //             w -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
 //   AdamW:    w *= 1 - lr*wd, then the Adam step.
 //   FTRL:     sigma = (sqrt(n+g*g) - sqrt(n)) / lr;  z += g - sigma*w;
+//   (lr is the decayed rate lr(t) when lr_decay_steps > 0.)
 //             n += g*g;
 //             w = |z| <= l1 ? 0
 //                           : -(z - sign(z)*l1) / ((beta + sqrt(n))/lr + l2)

@@ -519,4 +519,49 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
+// lr(t) = lr * rate^((t-1)/steps): with rate 0.5 and steps 2, updates 1..5 use
+// lr * {1, 2^-0.5, 0.5, 2^-1.5, 0.25}; checked on SGD, where the step is lr(t) * g.
+TEST(LearningRateDecayTest, SgdStepsShrinkExponentiallyWithTheUpdateCount) {
+  OptimizerOptions o;
+  o.kind = OptimizerOptions::Kind::kSgd;
+  o.learning_rate = 0.8f;
+  o.lr_decay_rate = 0.5f;
+  o.lr_decay_steps = 2;
+  auto opt = Optimizer::Create(o).value();
+  for (int64_t t = 1; t <= 5; ++t) {
+    float w = 0.0f;
+    const float g = 1.0f;
+    opt->Apply(&w, &g, nullptr, 1, t);
+    const double expected = -0.8 * std::pow(0.5, (t - 1) / 2.0);
+    EXPECT_NEAR(w, expected, 1e-6) << "update " << t;
+  }
+}
+
+TEST(LearningRateDecayTest, AdamWDecayUsesTheDecayedRate) {
+  OptimizerOptions o;
+  o.kind = OptimizerOptions::Kind::kAdamW;
+  o.learning_rate = 0.1f;
+  o.weight_decay = 0.5f;
+  o.lr_decay_rate = 0.25f;
+  o.lr_decay_steps = 1;
+  auto opt = Optimizer::Create(o).value();
+  float w = 2.0f, g = 0.0f, m = 0.0f, v = 0.0f;
+  float* slots[] = {&m, &v};
+  opt->Apply(&w, &g, slots, 1, 3);  // lr(3) = 0.1 / 16; zero gradient: only the decay acts
+  EXPECT_FLOAT_EQ(w, 2.0f * (1.0f - 0.1f / 16 * 0.5f));
+}
+
+TEST(LearningRateDecayTest, RejectsRateOutsideUnitIntervalAndNegativeSteps) {
+  OptimizerOptions o;
+  for (float rate : {0.0f, -0.5f, 1.5f}) {
+    o.lr_decay_rate = rate;
+    auto r = Optimizer::Create(o);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("lr_decay_rate"));
+  }
+  o.lr_decay_rate = 0.5f;
+  o.lr_decay_steps = -1;
+  EXPECT_THAT(std::string(Optimizer::Create(o).status().message()), HasSubstr("lr_decay_steps"));
+}
+
 }  // namespace pscluster::ps

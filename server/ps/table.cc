@@ -56,6 +56,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& 
   o.l1 = c.l1();
   o.l2 = c.l2();
   o.ftrl_beta = OrDefault(c.ftrl_beta(), 1.0f);
+  o.lr_decay_rate = OrDefault(c.lr_decay_rate(), 1.0f);
+  o.lr_decay_steps = c.lr_decay_steps();
   return Optimizer::Create(o);
 }
 

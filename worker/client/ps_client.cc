@@ -1,5 +1,6 @@
 #include "worker/client/ps_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -75,6 +76,34 @@ absl::Status PsClient::RegisterWorker() {
     }
     return st;
   });
+}
+
+absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    std::vector<int> counts(num_shards());
+    absl::Status st = ForEachShard(num_shards(), [&](int s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      ps::RegisterWorkerRequest req;
+      req.set_worker_id(options_.worker_id);
+      ps::RegisterWorkerResponse resp;
+      absl::Status rs = FromGrpcStatus(stubs_[s]->RegisterWorker(&ctx, req, &resp), ShardName(s));
+      counts[s] = resp.registered_workers_size();
+      return rs;
+    });
+    if (!st.ok()) return st;
+    const int fewest = *std::min_element(counts.begin(), counts.end());
+    if (fewest >= world) return absl::OkStatus();
+    if (absl::Now() + backoff > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited ", absl::FormatDuration(timeout), " for ", world,
+          " workers to register; the emptiest shard has ", fewest, ": start the other workers"));
+    }
+    absl::SleepFor(backoff);  // rendezvous poll, bounded by the deadline
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
 }
 
 absl::Status PsClient::CreateTable(const ps::TableSpec& spec) {

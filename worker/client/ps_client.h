@@ -41,6 +41,9 @@ class PsClient {
 
   // Registers this worker with every shard (needed before any push or pull).
   absl::Status RegisterWorker();
+  // Until the coordinator does rendezvous: waits (bounded) until every shard has at least
+  // `world` registered workers, so BSP steps wait for all of them from step 0 on.
+  absl::Status AwaitWorkers(int world, absl::Duration timeout);
   // Creates the table on every shard (idempotent for an identical spec).
   absl::Status CreateTable(const ps::TableSpec& spec);
   // Every shard's view of the table, by shard id.

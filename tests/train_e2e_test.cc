@@ -1,0 +1,56 @@
+// End to end through the real binaries: two ps_server shards and two ps_worker processes
+// train an MLP (BSP, server-side Adam) on a synthetic problem; the loss ends well below
+// its start and the held-out accuracy is high. Fashion-MNIST itself runs in
+// deploy/local_cluster.sh; its reader is tested in worker/data.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "tests/ps_cluster_fixture.h"
+
+namespace pscluster {
+namespace {
+
+// The number after "key": in a flat JSON object (the worker's summary).
+double JsonNumber(const std::string& json, const std::string& key) {
+  size_t at = json.find("\"" + key + "\":");
+  EXPECT_NE(at, std::string::npos) << key << " missing in " << json;
+  return at == std::string::npos ? NAN : std::stod(json.substr(at + key.size() + 3));
+}
+
+class TrainE2eTest : public PsClusterTest {};
+
+TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
+  const std::string dir = ::testing::TempDir();
+  const std::string ps = absl::StrCat(addresses_[0], ",", addresses_[1]);
+  std::vector<testing::Subprocess> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    auto p = testing::Subprocess::Start(
+        {"worker/ps_worker", "--ps=" + ps, absl::StrCat("--rank=", r),
+         absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4",
+         "--epochs=3", "--batch_size=32", "--lr=0.01", "--progress_seconds=1",
+         absl::StrCat("--summary_json=", dir, "/worker", r, ".json")});
+    ASSERT_TRUE(p.ok()) << p.status();
+    workers.push_back(*std::move(p));
+  }
+  for (auto& w : workers) {
+    auto line = w.WaitForLine("done:", absl::Minutes(5));
+    ASSERT_TRUE(line.ok()) << line.status();
+    auto status = w.Wait(absl::Minutes(1));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << w.name();
+  }
+  for (int r = 0; r < kWorkers; ++r) {
+    std::ifstream f(absl::StrCat(dir, "/worker", r, ".json"));
+    std::stringstream json;
+    json << f.rdbuf();
+    EXPECT_LT(JsonNumber(json.str(), "final_loss"), 0.5 * std::log(4.0)) << json.str();
+    EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9) << json.str();
+    EXPECT_EQ(JsonNumber(json.str(), "steps"), 3 * (4000 / (32 * kWorkers))) << json.str();
+  }
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,168 @@
+#include "worker/modes/ps_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pscluster::modes {
+namespace {
+
+// Runs fn(i) for i in [0, n) on n threads and returns the first error.
+absl::Status ForAll(size_t n, const std::function<absl::Status(size_t)>& fn) {
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&, i] { results[i] = fn(i); });
+  for (auto& t : threads) t.join();
+  for (auto& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatEta(double seconds) {
+  int s = static_cast<int>(seconds);
+  return absl::StrCat(s / 60, "m", s % 60 < 10 ? "0" : "", s % 60, "s");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(
+    PsTrainerOptions options, const data::Dataset* train, const data::Dataset* test,
+    std::unique_ptr<compute::Backend> backend) {
+  std::unique_ptr<PsTrainer> t(new PsTrainer(std::move(options), train, test));
+  t->backend_ = std::move(backend);
+  ASSIGN_OR_RETURN(t->mlp_, model::Mlp::Create(t->backend_.get(), t->options_.mlp,
+                                               t->options_.batch_size));
+  ASSIGN_OR_RETURN(auto batches,
+                   data::BatchIterator::Create(train, t->options_.rank, t->options_.world,
+                                               t->options_.batch_size, t->options_.seed));
+  t->batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
+  PsClientOptions co;
+  co.shard_addresses = t->options_.shards;
+  co.worker_id = t->options_.rank;
+  co.rpc_timeout = t->options_.rpc_timeout;
+  ASSIGN_OR_RETURN(t->client_, PsClient::Create(co));
+  RETURN_IF_ERROR(t->client_->RegisterWorker());
+  RETURN_IF_ERROR(t->CreateTables());
+  RETURN_IF_ERROR(t->client_->AwaitWorkers(t->options_.world, t->options_.rpc_timeout));
+  for (const auto& p : t->mlp_->params()) t->host_.emplace_back(p.size);
+  return t;
+}
+
+PsTrainer::PsTrainer(PsTrainerOptions options, const data::Dataset* train,
+                     const data::Dataset* test)
+    : options_(std::move(options)), train_(train), test_(test) {}
+
+absl::Status PsTrainer::CreateTables() {
+  const auto& params = mlp_->params();
+  const auto& layers = options_.mlp.layers;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ps::TableSpec spec;
+    spec.set_table_id(1 + i);
+    spec.set_name(params[i].name);
+    spec.set_size(params[i].size);
+    *spec.mutable_optimizer() = options_.optimizer;
+    if (options_.lr_decay < 1.0f) {
+      // Tables count updates: one per step under BSP, one per worker push otherwise.
+      const int64_t updates = batches_->batches_per_epoch() * options_.epochs *
+                              (options_.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : options_.world);
+      spec.mutable_optimizer()->set_lr_decay_rate(options_.lr_decay);
+      spec.mutable_optimizer()->set_lr_decay_steps(std::max<int64_t>(1, updates));
+    }
+    *spec.mutable_consistency() = options_.consistency;
+    if (i % 2 == 0) {  // weights: Glorot uniform
+      const int in = layers[i / 2], out = layers[i / 2 + 1];
+      spec.mutable_initializer()->set_kind(ps::InitializerConfig::UNIFORM);
+      spec.mutable_initializer()->set_scale(std::sqrt(6.0f / (in + out)));
+      spec.mutable_initializer()->set_seed(options_.seed * 1000 + i);
+    }
+    RETURN_IF_ERROR(client_->CreateTable(spec));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsTrainer::Pull(int64_t step) {
+  RETURN_IF_ERROR(ForAll(host_.size(), [&](size_t i) {
+    return client_->PullDense(1 + i, step, absl::MakeSpan(host_[i]));
+  }));
+  for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
+  return absl::OkStatus();
+}
+
+absl::Status PsTrainer::Push(int64_t step) {
+  const float scale = 1.0f / options_.world;  // shards sum the workers' gradients
+  for (size_t i = 0; i < host_.size(); ++i) {
+    mlp_->GetGrad(i, host_[i].data());
+    for (float& g : host_[i]) g *= scale;
+  }
+  return ForAll(host_.size(), [&](size_t i) { return client_->PushDense(1 + i, step, host_[i]); });
+}
+
+absl::StatusOr<double> PsTrainer::EvaluateTest() {
+  ASSIGN_OR_RETURN(model::StepResult r, mlp_->Evaluate(test_->x.data(), test_->y.data(), test_->size));
+  return static_cast<double>(r.correct) / r.examples;
+}
+
+absl::StatusOr<TrainSummary> PsTrainer::Run() {
+  TrainSummary summary;
+  const int64_t per_epoch = batches_->batches_per_epoch();
+  const int64_t total = per_epoch * options_.epochs;
+  data::Batch batch;
+  absl::Time start = absl::Now(), last_report = start;
+  absl::Duration eval_time;
+  double epoch_loss = 0;
+  int64_t epoch_steps = 0;
+  for (int64_t step = 0; step < total; ++step) {
+    RETURN_IF_ERROR(Pull(step));
+    batches_->Next(&batch);
+    ASSIGN_OR_RETURN(model::StepResult r,
+                     mlp_->ForwardBackward(batch.x.data(), batch.y.data(), batch.size));
+    RETURN_IF_ERROR(Push(step));
+    epoch_loss += r.loss;
+    ++epoch_steps;
+    const absl::Time now = absl::Now();
+    const bool epoch_end = (step + 1) % per_epoch == 0;
+    if (now - last_report >= options_.progress_every || step + 1 == total) {
+      double seconds = absl::ToDoubleSeconds(now - start - eval_time);
+      double rate = (step + 1) * static_cast<double>(options_.batch_size) / seconds;
+      std::printf("worker %d: epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n",
+                  options_.rank, static_cast<long long>(step / per_epoch + 1), options_.epochs,
+                  static_cast<long long>(step + 1), static_cast<long long>(total),
+                  epoch_loss / epoch_steps, rate,
+                  FormatEta((total - step - 1) * options_.batch_size / rate).c_str());
+      std::fflush(stdout);
+      last_report = now;
+    }
+    if (epoch_end) {
+      summary.final_loss = epoch_loss / epoch_steps;
+      epoch_loss = 0;
+      epoch_steps = 0;
+      const int64_t epoch = (step + 1) / per_epoch;
+      if (options_.rank == 0 && options_.snapshot_every_epochs > 0 &&
+          epoch % options_.snapshot_every_epochs == 0) {
+        RETURN_IF_ERROR(client_->Snapshot(step + 1));  // captured at step + 1, written in background
+        summary.snapshots.push_back(step + 1);
+      }
+      if (options_.evaluate && test_ != nullptr) {
+        absl::Time t0 = absl::Now();
+        RETURN_IF_ERROR(Pull(step + 1));  // the parameters after this epoch
+        ASSIGN_OR_RETURN(summary.test_accuracy, EvaluateTest());
+        eval_time += absl::Now() - t0;
+        std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
+                    static_cast<long long>((step + 1) / per_epoch), summary.test_accuracy);
+        std::fflush(stdout);
+      }
+    }
+  }
+  summary.steps = total;
+  summary.epochs = options_.epochs;
+  summary.train_seconds = absl::ToDoubleSeconds(absl::Now() - start - eval_time);
+  summary.samples_per_sec = total * static_cast<double>(options_.batch_size) / summary.train_seconds;
+  return summary;
+}
+
+}  // namespace pscluster::modes

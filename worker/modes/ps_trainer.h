@@ -1,0 +1,80 @@
+// Parameter-server mode: each step a worker pulls the parameters for step t, computes
+// gradients on its batch, and pushes them; the shards apply the optimizer (BSP, SSP or
+// ASP per table). One dense table per parameter tensor (table id = 1 + index in
+// Mlp::params(): fc<i>.weight, fc<i>.bias).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+#include "worker/client/ps_client.h"
+#include "worker/compute/backend.h"
+#include "worker/data/batches.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+
+namespace pscluster::modes {
+
+struct PsTrainerOptions {
+  std::vector<std::string> shards;  // ps_server addresses, index = shard id
+  int rank = 0;
+  int world = 1;
+  int batch_size = 64;              // per worker
+  int epochs = 10;
+  uint64_t seed = 1;                // data order and initial parameters
+  ps::OptimizerConfig optimizer;    // applied by the shards
+  // The learning rate decays exponentially to this fraction of itself by the last step
+  // (1: constant); set on the tables as lr_decay_rate/lr_decay_steps.
+  float lr_decay = 1.0f;
+  ps::ConsistencyConfig consistency;
+  model::MlpOptions mlp;
+  absl::Duration progress_every = absl::Seconds(5);
+  bool evaluate = true;             // test-set accuracy after each epoch
+  absl::Duration rpc_timeout = absl::Minutes(2);
+  // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never).
+  // Interim: the coordinator will drive cluster checkpoints.
+  int snapshot_every_epochs = 0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int epochs = 0;
+  double final_loss = 0;            // mean training loss over the last epoch
+  double test_accuracy = -1;        // after the last epoch, -1 if not evaluated
+  double samples_per_sec = 0;       // this worker's training examples / training seconds
+  double train_seconds = 0;
+  std::vector<int64_t> snapshots;   // steps of the snapshots this worker requested
+};
+
+class PsTrainer {
+ public:
+  // Connects to the shards, registers, and creates the tables (idempotent across workers).
+  static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(PsTrainerOptions options,
+                                                           const data::Dataset* train,
+                                                           const data::Dataset* test,
+                                                           std::unique_ptr<compute::Backend> backend);
+  absl::StatusOr<TrainSummary> Run();
+
+ private:
+  PsTrainer(PsTrainerOptions options, const data::Dataset* train, const data::Dataset* test);
+  absl::Status CreateTables();
+  absl::Status Pull(int64_t step);
+  absl::Status Push(int64_t step);
+  absl::StatusOr<double> EvaluateTest();
+
+  const PsTrainerOptions options_;
+  const data::Dataset* const train_;
+  const data::Dataset* const test_;
+  std::unique_ptr<compute::Backend> backend_;
+  std::unique_ptr<model::Mlp> mlp_;
+  std::unique_ptr<PsClient> client_;
+  std::unique_ptr<data::BatchIterator> batches_;
+  std::vector<std::vector<float>> host_;  // per parameter: pulled values, then gradients
+};
+
+}  // namespace pscluster::modes
