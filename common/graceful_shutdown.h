@@ -5,6 +5,12 @@
 // connections at once. Thread-safe.
 #pragma once
 
+#include <signal.h>
+
+#include <cstdio>
+#include <functional>
+#include <thread>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -56,6 +62,38 @@ inline bool ShutdownGracefully(grpc::Server* server, InFlightCounter* in_flight,
   bool drained = in_flight->WaitIdle(absl::Now() + grace);
   server->Shutdown(std::chrono::system_clock::now());
   return drained;
+}
+
+// Call first in main(), before any thread starts: SIGTERM and SIGINT are then delivered
+// only to ServeUntilSignal's waiting thread.
+inline void BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+// Serves until SIGTERM or SIGINT; then runs `before_shutdown` (e.g. fail waiting calls),
+// drains handlers for up to 5 s and stops the server. `name` prefixes the log lines.
+inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight, const char* name,
+                             const std::function<void()>& before_shutdown) {
+  std::thread stopper([&] {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "%s: signal %d, shutting down\n", name, sig);
+    if (before_shutdown) before_shutdown();
+    if (!ShutdownGracefully(server, in_flight, absl::Seconds(5))) {
+      std::fprintf(stderr, "%s: RPCs still running after 5 s were cancelled\n", name);
+    }
+  });
+  server->Wait();
+  stopper.join();
+  std::fprintf(stderr, "%s: stopped\n", name);
 }
 
 }  // namespace pscluster

@@ -4,12 +4,13 @@
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
 #                           [--optimizer adam] [--lr 0.001] [--batch_size 64] [--out DIR]
 #
-# Installs what is missing (Debian packages, as root), builds, starts the shards and the
-# workers on free loopback ports, prints progress, and ends with the test accuracy.
+# Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
+# shards and the workers on free loopback ports, prints progress, and ends with the test
+# accuracy.
 # DIR (default runs/<timestamp>) gets summary.json, every process's log and the shards'
 # snapshots. Every process it started is stopped on exit, on Ctrl-C, or when one fails.
-# (The coordinator and psctl arrive with the rest of issue 4; until then rank 0 asks the
-# shards for a snapshot at the end of every epoch.)
+# (Checkpoint orchestration by the coordinator and psctl arrive with the rest of issue 4;
+# until then rank 0 asks the shards for a snapshot at the end of every epoch.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +37,7 @@ done
 
 deploy/install_deps.sh
 echo "== building (bazel -c opt)"
-bazel build -c opt //server/ps:ps_server //worker:ps_worker 2>&1 | tail -n 2
+bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker 2>&1 | tail -n 2
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -59,28 +60,35 @@ die_with() {
   exit 1
 }
 
-start=$(date +%s)
-addresses=()
-for ((s = 0; s < shards; ++s)); do
-  "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
-    --data_dir="$out/checkpoints" >"$out/shard$s.log" 2>&1 &
-  pids+=($!) names+=("shard$s")
-done
-for ((s = 0; s < shards; ++s)); do  # each prints its address once it serves
+# The address a process prints once it serves ("... listening on HOST:PORT").
+address_of() {  # name index
+  local line t
   for ((t = 0; t < 600; ++t)); do
-    line=$(grep -m1 "listening on" "$out/shard$s.log" || true)
-    [[ -n $line ]] && break
-    kill -0 "${pids[$s]}" 2>/dev/null || die_with "shard$s" "exited at start-up"
+    line=$(grep -m1 "listening on" "$out/$1.log" || true)
+    [[ -n $line ]] && { line=${line##*listening on }; echo "${line%% *}"; return; }
+    kill -0 "${pids[$2]}" 2>/dev/null || die_with "$1" "exited at start-up"
     sleep 0.1
   done
-  [[ -n $line ]] || die_with "shard$s" "did not start serving within 60 s"
-  addresses+=("${line##*listening on }")
+  die_with "$1" "did not start serving within 60 s"
+}
+
+start=$(date +%s)
+"$bin/server/coordinator/ps_coordinator" --port=0 --num_shards="$shards" --num_workers="$workers" \
+  >"$out/coordinator.log" 2>&1 &
+pids+=($!) names+=("coordinator")
+coordinator=$(address_of coordinator 0)
+echo "== coordinator: $coordinator"
+for ((s = 0; s < shards; ++s)); do
+  "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
+    --coordinator="$coordinator" --data_dir="$out/checkpoints" >"$out/shard$s.log" 2>&1 &
+  pids+=($!) names+=("shard$s")
 done
-ps_list=$(IFS=,; echo "${addresses[*]}")
-echo "== $shards shard(s): $ps_list"
+addresses=()
+for ((s = 0; s < shards; ++s)); do addresses+=("$(address_of "shard$s" $((s + 1)))"); done
+echo "== $shards shard(s): ${addresses[*]}"
 
 for ((r = 0; r < workers; ++r)); do
-  "$bin/worker/ps_worker" --ps="$ps_list" --rank=$r --world="$workers" --epochs="$epochs" \
+  "$bin/worker/ps_worker" --coordinator="$coordinator" --rank=$r --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
     --snapshot_every_epochs=1 --summary_json="$out/worker$r.json" >"$out/worker$r.log" 2>&1 &
   pids+=($!) names+=("worker$r")
@@ -100,7 +108,7 @@ while ((remaining > 0)); do
     fi
     status=0; wait "${pids[$i]}" || status=$?
     pids[$i]=""
-    if [[ ${names[$i]} == shard* || $status -ne 0 ]]; then
+    if [[ ${names[$i]} != worker* || $status -ne 0 ]]; then
       kill "$tail_pid" 2>/dev/null || true
       die_with "${names[$i]}" "exit status $status"
     fi

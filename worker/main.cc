@@ -4,6 +4,8 @@
 //
 // Prints progress (epoch, step, loss, samples/s, ETA) and the test accuracy after each
 // epoch; --summary_json writes the final figures for scripts.
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -15,9 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "worker/client/coordinator_client.h"
 #include "worker/modes/ps_trainer.h"
 
-ABSL_FLAG(std::vector<std::string>, ps, {}, "ps_server addresses, in shard-id order.");
+ABSL_FLAG(std::vector<std::string>, ps, {},
+          "ps_server addresses, in shard-id order (or use --coordinator).");
+ABSL_FLAG(std::string, coordinator, "",
+          "ps_coordinator address: register, wait for the whole cluster, take the shard "
+          "addresses from its view, heartbeat and report progress.");
 ABSL_FLAG(int, rank, 0, "This worker's rank in [0, world).");
 ABSL_FLAG(int, world, 1, "Number of workers.");
 ABSL_FLAG(int, epochs, 10, "Training epochs.");
@@ -98,7 +105,33 @@ int main(int argc, char** argv) {
   o.snapshot_every_epochs = absl::GetFlag(FLAGS_snapshot_every_epochs);
   o.lr_decay = static_cast<float>(absl::GetFlag(FLAGS_lr_decay));
   if (!(o.lr_decay > 0 && o.lr_decay <= 1)) return Fail("--lr_decay must be in (0, 1]");
-  if (o.shards.empty()) return Fail("--ps needs at least one ps_server address");
+  std::unique_ptr<CoordinatorClient> coordinator;
+  int64_t view_version = 0;
+  if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
+    CoordinatorClientOptions co;
+    co.coordinator = c;
+    co.role = coord::WORKER;
+    co.id = o.rank;
+    co.address = absl::StrCat("pid:", getpid());
+    auto registered = CoordinatorClient::Register(co);
+    if (!registered.ok()) return Fail(registered.status().ToString());
+    coordinator = *std::move(registered);
+    auto view = coordinator->AwaitView(0, /*complete=*/true, absl::Minutes(5));
+    if (!view.ok()) return Fail(view.status().ToString());
+    if (view->num_workers() != o.world) {
+      return Fail(absl::StrCat("--world=", o.world, " but the coordinator expects ",
+                               view->num_workers(), " workers"));
+    }
+    o.shards.assign(view->shard_addresses().begin(), view->shard_addresses().end());
+    view_version = view->version();
+    std::printf("worker %d: cluster complete (view %lld): shards %s\n", o.rank,
+                static_cast<long long>(view_version), absl::StrJoin(o.shards, ",").c_str());
+    o.on_progress = [&](int64_t step, double loss, double rate) {
+      absl::Status s = coordinator->ReportProgress(view_version, step, loss, rate);
+      if (!s.ok()) std::fprintf(stderr, "worker %d: progress report: %s\n", o.rank, s.ToString().c_str());
+    };
+  }
+  if (o.shards.empty()) return Fail("give --ps (ps_server addresses) or --coordinator");
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world) return Fail("--rank must be in [0, --world)");
   if (o.epochs < 1) return Fail("--epochs must be >= 1");
   auto optimizer = ParseOptimizer(absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr));

@@ -5,12 +5,9 @@
 // Prints "ps_server shard S/N listening on HOST:PORT" once it serves (with --port=0 the
 // kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, let RPCs in progress
 // finish (up to 5 s), close every connection, exit 0.
-#include <signal.h>
-
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -18,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/service.h"
+#include "worker/client/coordinator_client.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
@@ -34,6 +32,10 @@ ABSL_FLAG(std::string, restore, "",
           "step. Works across shard counts: each shard takes the rows that now map to it.");
 ABSL_FLAG(int, snapshot_keep_last, 3, "Newest complete snapshots kept (plus the best by metric).");
 ABSL_FLAG(std::string, snapshot_metric, "min", "Best snapshot: 'min' or 'max' metric.");
+ABSL_FLAG(std::string, coordinator, "",
+          "ps_coordinator address: register this shard there and heartbeat (optional).");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Host workers reach this shard at (default: --host), sent to the coordinator.");
 ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (crash tests).");
 ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
 ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
@@ -71,12 +73,7 @@ int main(int argc, char** argv) {
   if (metric != "min" && metric != "max") return Fail("--snapshot_metric must be 'min' or 'max'");
   if (absl::GetFlag(FLAGS_snapshot_keep_last) < 1) return Fail("--snapshot_keep_last must be >= 1");
 
-  // Signals are taken by a dedicated thread; block them before any other thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  pscluster::BlockTerminationSignals();  // before any thread starts
 
   pscluster::ps::Shard shard(shard_options);
   std::unique_ptr<pscluster::ps::Snapshotter> snapshotter;
@@ -118,18 +115,25 @@ int main(int argc, char** argv) {
   std::printf("ps_server shard %u/%u listening on %s:%d\n", shard_options.shard_id,
               shard_options.num_shards, absl::GetFlag(FLAGS_host).c_str(), port);
   std::fflush(stdout);
+  std::unique_ptr<pscluster::CoordinatorClient> coordinator;
+  if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
+    pscluster::CoordinatorClientOptions co;
+    co.coordinator = c;
+    co.role = pscluster::coord::SHARD;
+    co.id = static_cast<int32_t>(shard_options.shard_id);
+    const std::string host = absl::GetFlag(FLAGS_advertise_host).empty()
+                                 ? absl::GetFlag(FLAGS_host)
+                                 : absl::GetFlag(FLAGS_advertise_host);
+    co.address = absl::StrCat(host, ":", port);
+    auto registered = pscluster::CoordinatorClient::Register(co);
+    if (!registered.ok()) return Fail(registered.status().ToString());
+    coordinator = *std::move(registered);
+    std::printf("ps_server: registered with the coordinator at %s as %s\n", c.c_str(),
+                co.address.c_str());
+    std::fflush(stdout);
+  }
 
-  std::thread stopper([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "ps_server: signal %d, shutting down\n", sig);
-    shard.Shutdown();  // waiting pulls fail now with UNAVAILABLE
-    if (!pscluster::ShutdownGracefully(server.get(), service.in_flight(), absl::Seconds(5))) {
-      std::fprintf(stderr, "ps_server: RPCs still running after 5 s were cancelled\n");
-    }
-  });
-  server->Wait();
-  stopper.join();
-  std::fprintf(stderr, "ps_server: stopped\n");
+  pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_server",
+                              [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
   return 0;
 }

@@ -135,6 +135,7 @@ absl::StatusOr<TrainSummary> PsTrainer::Run() {
                   epoch_loss / epoch_steps, rate,
                   FormatEta((total - step - 1) * options_.batch_size / rate).c_str());
       std::fflush(stdout);
+      if (options_.on_progress) options_.on_progress(step + 1, epoch_loss / epoch_steps, rate);
       last_report = now;
     }
     if (epoch_end) {
@@ -144,8 +145,14 @@ absl::StatusOr<TrainSummary> PsTrainer::Run() {
       const int64_t epoch = (step + 1) / per_epoch;
       if (options_.rank == 0 && options_.snapshot_every_epochs > 0 &&
           epoch % options_.snapshot_every_epochs == 0) {
-        RETURN_IF_ERROR(client_->Snapshot(step + 1));  // captured at step + 1, written in background
-        summary.snapshots.push_back(step + 1);
+        // Captured at step + 1 and written in the background. A failure (say, another
+        // snapshot still being written) costs this checkpoint, not the training run.
+        if (absl::Status s = client_->Snapshot(step + 1); s.ok()) {
+          summary.snapshots.push_back(step + 1);
+        } else {
+          std::printf("worker %d: snapshot of step %lld skipped: %s\n", options_.rank,
+                      static_cast<long long>(step + 1), s.ToString().c_str());
+        }
       }
       if (options_.evaluate && test_ != nullptr) {
         absl::Time t0 = absl::Now();

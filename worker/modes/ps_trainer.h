@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,8 @@ struct PsTrainerOptions {
   // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never).
   // Interim: the coordinator will drive cluster checkpoints.
   int snapshot_every_epochs = 0;
+  // Called with each progress line's figures (e.g. to report to the coordinator).
+  std::function<void(int64_t step, double loss, double samples_per_sec)> on_progress;
 };
 
 struct TrainSummary {

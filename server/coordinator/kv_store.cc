@@ -1,0 +1,36 @@
+#include "server/coordinator/kv_store.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pscluster::coord {
+
+absl::Status KvStore::Put(const std::string& key, std::string value) {
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key must be 1..", kMaxKeyBytes, " bytes, got ", key.size()));
+  }
+  if (value.size() > kMaxValueBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("value of key '", key, "' has ", value.size(),
+                                                     " bytes; the limit is ", kMaxValueBytes));
+  }
+  absl::MutexLock lock(&mu_);
+  if (values_.size() >= kMaxKeys && !values_.count(key)) {
+    return absl::ResourceExhaustedError(absl::StrCat("the store holds ", kMaxKeys, " keys already"));
+  }
+  values_[key] = std::move(value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> KvStore::Get(const std::string& key, bool wait, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto present = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; };
+  if (!present()) {
+    if (!wait) return absl::NotFoundError(absl::StrCat("key '", key, "' is not set"));
+    if (!mu_.AwaitWithDeadline(absl::Condition(&present), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("waited for key '", key, "' to be set"));
+    }
+  }
+  return values_.at(key);
+}
+
+}  // namespace pscluster::coord

@@ -1,0 +1,34 @@
+// A small key-value store with blocking reads: the rendezvous point for collectives (a
+// NCCL unique id, Gloo's store). Bounded: keys up to 256 bytes, values up to 1 MiB, at
+// most 10,000 keys. Thread-safe.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace pscluster::coord {
+
+class KvStore {
+ public:
+  static constexpr size_t kMaxKeyBytes = 256;
+  static constexpr size_t kMaxValueBytes = size_t{1} << 20;
+  static constexpr size_t kMaxKeys = 10000;
+
+  // INVALID_ARGUMENT for an empty or oversized key, RESOURCE_EXHAUSTED for an oversized
+  // value or a full store. Overwrites.
+  absl::Status Put(const std::string& key, std::string value);
+  // With wait, blocks until the key exists or `deadline` (DEADLINE_EXCEEDED naming it);
+  // without, NOT_FOUND when absent.
+  absl::StatusOr<std::string> Get(const std::string& key, bool wait, absl::Time deadline);
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster::coord

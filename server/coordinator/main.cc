@@ -1,0 +1,102 @@
+// ps_coordinator: membership, the versioned cluster view and the rendezvous store.
+//
+//   ps_coordinator --port=7000 --num_shards=2 --num_workers=2
+//
+// Prints "ps_coordinator listening on HOST:PORT" once it serves, and a line whenever
+// members join, die or come back.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/graceful_shutdown.h"
+#include "grpcpp/grpcpp.h"
+#include "server/coordinator/service.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
+ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
+ABSL_FLAG(int, num_shards, 1, "Parameter-server shards the cluster has.");
+ABSL_FLAG(int, num_workers, 1, "Workers the cluster has.");
+ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "A member silent this long is declared dead.");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ps_coordinator: %s\n", message.c_str());
+  return 2;
+}
+
+// One line per member whose liveness differs from `before`.
+void PrintChanges(const pscluster::coord::ClusterView& before,
+                  const pscluster::coord::ClusterView& after) {
+  for (const auto& m : after.members()) {
+    bool was_alive = false;
+    int64_t was_incarnation = 0;
+    for (const auto& b : before.members()) {
+      if (b.role() == m.role() && b.id() == m.id()) {
+        was_alive = b.alive();
+        was_incarnation = b.incarnation();
+      }
+    }
+    if (m.alive() != was_alive || m.incarnation() != was_incarnation) {
+      std::printf("ps_coordinator: %s %d %s (incarnation %lld, %s)\n",
+                  m.role() == pscluster::coord::SHARD ? "shard" : "worker", m.id(),
+                  m.alive() ? "alive" : "DEAD", static_cast<long long>(m.incarnation()),
+                  m.address().c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("ps_coordinator --port=P --num_shards=N --num_workers=M");
+  absl::ParseCommandLine(argc, argv);
+  pscluster::coord::MembershipOptions options;
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (options.num_shards < 1 || options.num_workers < 1) {
+    return Fail("--num_shards and --num_workers must be >= 1");
+  }
+  if (options.heartbeat_timeout < absl::Milliseconds(100)) {
+    return Fail("--heartbeat_timeout_ms must be >= 100");
+  }
+  pscluster::BlockTerminationSignals();  // before any thread starts
+
+  pscluster::coord::Membership membership(options);
+  pscluster::coord::KvStore kv;
+  pscluster::coord::CoordinatorService service(&membership, &kv, absl::Minutes(10));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
+  std::printf("ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s))\n",
+              absl::GetFlag(FLAGS_host).c_str(), port, options.num_shards, options.num_workers);
+  std::fflush(stdout);
+
+  absl::Notification stop;
+  std::thread liveness([&] {  // declares silent members dead, and reports every change
+    pscluster::coord::ClusterView last = membership.View();
+    while (!stop.WaitForNotificationWithTimeout(options.heartbeat_timeout / 4)) {
+      membership.CheckLiveness();
+      pscluster::coord::ClusterView now = membership.View();
+      if (now.version() != last.version()) PrintChanges(last, now);
+      last = now;
+    }
+  });
+  pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", nullptr);
+  stop.Notify();
+  liveness.join();
+  return 0;
+}

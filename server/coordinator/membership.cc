@@ -1,0 +1,187 @@
+#include "server/coordinator/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pscluster::coord {
+namespace {
+
+const char* RoleName(Role role) { return role == SHARD ? "shard" : "worker rank"; }
+
+}  // namespace
+
+Membership::Membership(MembershipOptions options, std::function<absl::Time()> now)
+    : options_(options), now_(std::move(now)) {}
+
+absl::Status Membership::CheckId(Role role, int32_t id) const {
+  if (role != SHARD && role != WORKER) {
+    return absl::InvalidArgumentError(absl::StrCat("role ", static_cast<int>(role), " is unknown"));
+  }
+  const int limit = role == SHARD ? options_.num_shards : options_.num_workers;
+  if (id < 0 || id >= limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        RoleName(role), " ", id, " is outside [0, ", limit, "): this coordinator expects ",
+        role == SHARD ? "--num_shards=" : "--num_workers=", limit));
+  }
+  return absl::OkStatus();
+}
+
+Member* Membership::FindLocked(Role role, int32_t id) {
+  auto it = members_.find({role, id});
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& r) {
+  if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
+  if (r.role() == SHARD && r.address().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", r.id(), " registered without an address"));
+  }
+  absl::MutexLock lock(&mu_);
+  Member* m = FindLocked(r.role(), r.id());
+  if (m != nullptr && m->alive() && (r.address().empty() || m->address() != r.address())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        RoleName(r.role()), " ", r.id(), " is held by a live member at '", m->address(),
+        "' (incarnation ", m->incarnation(), "); use another id or stop that process"));
+  }
+  if (m == nullptr) {
+    m = &members_[{r.role(), r.id()}];
+    m->set_role(r.role());
+    m->set_id(r.id());
+  }
+  if (r.role() == SHARD && m->address() != r.address()) shard_map_version_ = version_ + 1;
+  m->set_address(r.address());
+  m->set_incarnation(m->incarnation() + 1);
+  m->clear_step();  // a new incarnation has reported nothing yet
+  m->clear_loss();
+  m->clear_samples_per_sec();
+  m->set_alive(true);
+  m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
+  ChangedLocked();
+  RegisterResponse response;
+  response.set_incarnation(m->incarnation());
+  *response.mutable_view() = ViewLocked();
+  return response;
+}
+
+absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& r) {
+  if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Member* m = FindLocked(r.role(), r.id());
+  if (m == nullptr) {
+    return absl::NotFoundError(absl::StrCat(RoleName(r.role()), " ", r.id(),
+                                            " is not registered; call Register first"));
+  }
+  if (r.incarnation() != m->incarnation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        RoleName(r.role()), " ", r.id(), " incarnation ", r.incarnation(),
+        " was replaced by incarnation ", m->incarnation(), "; this process must register again"));
+  }
+  m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
+  if (!m->alive()) {
+    m->set_alive(true);
+    ChangedLocked();
+  }
+  HeartbeatResponse response;
+  response.set_view_version(version_);
+  return response;
+}
+
+absl::Status Membership::ReportProgress(const ReportProgressRequest& r) {
+  if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Member* m = FindLocked(WORKER, r.rank());
+  if (m == nullptr || m->incarnation() != r.incarnation()) {
+    return absl::NotFoundError(absl::StrCat("worker rank ", r.rank(), " incarnation ",
+                                            r.incarnation(), " is not registered"));
+  }
+  if (r.view_version() < shard_map_version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "view version ", r.view_version(), " is stale: the shard map changed at version ",
+        shard_map_version_, " (current ", version_, "); re-read the view"));
+  }
+  m->set_step(r.step());
+  m->set_loss(r.loss());
+  m->set_samples_per_sec(r.samples_per_sec());
+  return absl::OkStatus();
+}
+
+bool Membership::CheckLiveness() {
+  absl::MutexLock lock(&mu_);
+  const int64_t cutoff = absl::ToUnixMillis(now_() - options_.heartbeat_timeout);
+  bool changed = false;
+  for (auto& [key, m] : members_) {
+    if (m.alive() && m.last_heartbeat_ms() < cutoff) {
+      m.set_alive(false);
+      changed = true;
+    }
+  }
+  if (changed) ChangedLocked();
+  return changed;
+}
+
+bool Membership::CompleteLocked() const {
+  int alive_shards = 0, alive_workers = 0;
+  for (const auto& [key, m] : members_) {
+    if (m.alive()) ++(m.role() == SHARD ? alive_shards : alive_workers);
+  }
+  return alive_shards == options_.num_shards && alive_workers == options_.num_workers;
+}
+
+std::string Membership::MissingLocked() const {
+  std::string out;
+  for (int role : {SHARD, WORKER}) {
+    const int n = role == SHARD ? options_.num_shards : options_.num_workers;
+    for (int id = 0; id < n; ++id) {
+      auto it = members_.find({role, id});
+      if (it == members_.end() || !it->second.alive()) {
+        absl::StrAppend(&out, out.empty() ? "" : ", ", RoleName(static_cast<Role>(role)), " ", id,
+                        it == members_.end() ? " (never registered)" : " (dead)");
+      }
+    }
+  }
+  return out;
+}
+
+ClusterView Membership::ViewLocked() const {
+  ClusterView v;
+  v.set_version(version_);
+  v.set_num_shards(options_.num_shards);
+  v.set_num_workers(options_.num_workers);
+  v.set_mode("ps");
+  for (int s = 0; s < options_.num_shards; ++s) {
+    auto it = members_.find({SHARD, s});
+    v.add_shard_addresses(it == members_.end() ? "" : it->second.address());
+  }
+  int64_t global_step = -1;
+  for (const auto& [key, m] : members_) {
+    *v.add_members() = m;
+    if (m.role() == WORKER && m.alive()) {
+      global_step = global_step < 0 ? m.step() : std::min(global_step, m.step());
+    }
+  }
+  v.set_global_step(std::max<int64_t>(global_step, 0));
+  v.set_complete(CompleteLocked());
+  return v;
+}
+
+ClusterView Membership::View() const {
+  absl::MutexLock lock(&mu_);
+  return ViewLocked();
+}
+
+absl::StatusOr<ClusterView> Membership::AwaitView(int64_t min_version, bool complete,
+                                                  absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return version_ >= min_version && (!complete || CompleteLocked());
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "waited for cluster view version >= ", min_version, complete ? " and complete" : "",
+        "; current version ", version_, complete ? absl::StrCat(", missing: ", MissingLocked()) : ""));
+  }
+  return ViewLocked();
+}
+
+}  // namespace pscluster::coord

@@ -1,0 +1,65 @@
+// The coordinator's state: who is in the cluster, who is alive, where the shards serve,
+// and how far the workers got, as a versioned ClusterView. Independent of gRPC; the clock
+// is injected so tests control time. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/coordinator.pb.h"
+
+namespace pscluster::coord {
+
+struct MembershipOptions {
+  int num_shards = 1;    // expected shards: ids [0, num_shards)
+  int num_workers = 1;   // expected workers: ranks [0, num_workers)
+  absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
+};
+
+class Membership {
+ public:
+  explicit Membership(MembershipOptions options,
+                      std::function<absl::Time()> now = [] { return absl::Now(); });
+
+  // INVALID_ARGUMENT for an id outside the expected range or a shard without an address;
+  // ALREADY_EXISTS when a live member holds the id at another address (a duplicate rank).
+  // Re-registering from the same address (a restart) gets a new incarnation.
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  // NOT_FOUND for a member that never registered; FAILED_PRECONDITION for an old
+  // incarnation (that process was replaced). Revives a member declared dead.
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+  // FAILED_PRECONDITION when the worker's view predates the current shard map.
+  absl::Status ReportProgress(const ReportProgressRequest& request);
+
+  // Declares dead every member silent for longer than the timeout; true if any was.
+  bool CheckLiveness();
+
+  ClusterView View() const;
+  // Waits until the view's version >= min_version (and it is complete, if asked), or
+  // DEADLINE_EXCEEDED naming who is missing.
+  absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, absl::Time deadline);
+
+ private:
+  using Key = std::pair<int, int32_t>;  // (role, id)
+  absl::Status CheckId(Role role, int32_t id) const;
+  Member* FindLocked(Role role, int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
+
+  const MembershipOptions options_;
+  const std::function<absl::Time()> now_;
+  mutable absl::Mutex mu_;
+  std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t shard_map_version_ ABSL_GUARDED_BY(mu_) = 1;  // version of the last address change
+};
+
+}  // namespace pscluster::coord

@@ -1,0 +1,687 @@
+#include "server/coordinator/membership.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator.pb.h"
+
+namespace pscluster::coord {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A clock the test advances by hand; no sleeps anywhere.
+class FakeClock {
+ public:
+  absl::Time Now() const { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+  std::function<absl::Time()> AsFunction() {
+    return [this] { return now_; };
+  }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+};
+
+RegisterRequest Reg(Role role, int32_t id, const std::string& address) {
+  RegisterRequest r;
+  r.set_role(role);
+  r.set_id(id);
+  r.set_address(address);
+  return r;
+}
+
+HeartbeatRequest Hb(Role role, int32_t id, int64_t incarnation) {
+  HeartbeatRequest r;
+  r.set_role(role);
+  r.set_id(id);
+  r.set_incarnation(incarnation);
+  return r;
+}
+
+ReportProgressRequest Progress(int32_t rank, int64_t incarnation, int64_t view_version,
+                               int64_t step, double loss = 0.0, double samples_per_sec = 0.0) {
+  ReportProgressRequest r;
+  r.set_rank(rank);
+  r.set_incarnation(incarnation);
+  r.set_view_version(view_version);
+  r.set_step(step);
+  r.set_loss(loss);
+  r.set_samples_per_sec(samples_per_sec);
+  return r;
+}
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+// A copy of the member (so it can be taken from a temporary view); fails the test and
+// returns an empty Member when the view lacks it.
+Member FindMember(const ClusterView& v, Role role, int32_t id) {
+  for (const Member& m : v.members()) {
+    if (m.role() == role && m.id() == id) return m;
+  }
+  ADD_FAILURE() << "the view has no " << (role == SHARD ? "shard " : "worker ") << id;
+  return Member();
+}
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  static constexpr absl::Duration kTimeout = absl::Seconds(5);
+
+  // Registers and returns the incarnation; fails the test on error.
+  int64_t MustRegister(Membership& m, Role role, int32_t id, const std::string& address) {
+    absl::StatusOr<RegisterResponse> r = m.Register(Reg(role, id, address));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->incarnation() : -1;
+  }
+
+  FakeClock clock_;
+};
+
+// Membership is neither copyable nor movable (it holds a mutex), so tests build it in place.
+#define MAKE_MEMBERSHIP(name, shards, workers)              \
+  MembershipOptions name##_options;                         \
+  name##_options.num_shards = (shards);                     \
+  name##_options.num_workers = (workers);                   \
+  name##_options.heartbeat_timeout = kTimeout;              \
+  Membership name(name##_options, clock_.AsFunction())
+
+// ---------------------------------------------------------------------------------------
+// Registration and the view.
+
+TEST_F(MembershipTest, InitialViewIsVersionOneEmptyAndIncomplete) {
+  MAKE_MEMBERSHIP(m, 2, 3);
+  ClusterView v = m.View();
+  EXPECT_EQ(v.version(), 1);
+  EXPECT_EQ(v.num_shards(), 2);
+  EXPECT_EQ(v.num_workers(), 3);
+  EXPECT_EQ(v.mode(), "ps");
+  EXPECT_THAT(v.shard_addresses(), ElementsAre("", ""));
+  EXPECT_EQ(v.members_size(), 0);
+  EXPECT_EQ(v.global_step(), 0);
+  EXPECT_FALSE(v.complete());
+}
+
+TEST_F(MembershipTest, RegisterShardGetsIncarnationOneAndBumpsVersion) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 1, "host1:5000"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->incarnation(), 1);
+  EXPECT_EQ(r->view().version(), 2);
+  EXPECT_EQ(m.View().version(), 2);
+}
+
+TEST_F(MembershipTest, RegisterWorkerGetsIncarnationOneAndBumpsVersion) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, "w0"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->incarnation(), 1);
+  EXPECT_EQ(r->view().version(), 2);
+  absl::StatusOr<RegisterResponse> r2 = m.Register(Reg(WORKER, 1, ""));  // workers: address optional
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r2->incarnation(), 1);
+  EXPECT_EQ(r2->view().version(), 3);
+}
+
+TEST_F(MembershipTest, ViewListsShardAddressesByIdEmptyUntilRegistered) {
+  MAKE_MEMBERSHIP(m, 3, 1);
+  MustRegister(m, SHARD, 2, "host2:7000");
+  EXPECT_THAT(m.View().shard_addresses(), ElementsAre("", "", "host2:7000"));
+  MustRegister(m, SHARD, 0, "host0:7000");
+  EXPECT_THAT(m.View().shard_addresses(), ElementsAre("host0:7000", "", "host2:7000"));
+}
+
+TEST_F(MembershipTest, ViewListsMembersShardsThenWorkersById) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  MustRegister(m, WORKER, 1, "w1");
+  MustRegister(m, SHARD, 1, "s1");
+  MustRegister(m, WORKER, 0, "w0");
+  MustRegister(m, SHARD, 0, "s0");
+  ClusterView v = m.View();
+  ASSERT_EQ(v.members_size(), 4);
+  EXPECT_EQ(v.members(0).role(), SHARD);
+  EXPECT_EQ(v.members(0).id(), 0);
+  EXPECT_EQ(v.members(0).address(), "s0");
+  EXPECT_EQ(v.members(1).role(), SHARD);
+  EXPECT_EQ(v.members(1).id(), 1);
+  EXPECT_EQ(v.members(2).role(), WORKER);
+  EXPECT_EQ(v.members(2).id(), 0);
+  EXPECT_EQ(v.members(2).address(), "w0");
+  EXPECT_EQ(v.members(3).role(), WORKER);
+  EXPECT_EQ(v.members(3).id(), 1);
+  for (const Member& mem : v.members()) {
+    EXPECT_TRUE(mem.alive());
+    EXPECT_EQ(mem.incarnation(), 1);
+    EXPECT_EQ(mem.last_heartbeat_ms(), absl::ToUnixMillis(clock_.Now()));
+  }
+}
+
+TEST_F(MembershipTest, CompleteOnlyWhenEveryExpectedShardAndWorkerIsRegistered) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  EXPECT_FALSE(m.View().complete());
+  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 1, "s1");
+  EXPECT_FALSE(m.View().complete()) << "no workers yet";
+  MustRegister(m, WORKER, 0, "w0");
+  EXPECT_FALSE(m.View().complete()) << "worker 1 missing";
+  absl::StatusOr<RegisterResponse> last = m.Register(Reg(WORKER, 1, "w1"));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->view().complete());
+  EXPECT_TRUE(m.View().complete());
+}
+
+TEST_F(MembershipTest, CompleteRequiresShardsTooNotJustWorkers) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  MustRegister(m, WORKER, 0, "w0");
+  MustRegister(m, SHARD, 0, "s0");
+  EXPECT_FALSE(m.View().complete());
+  MustRegister(m, SHARD, 1, "s1");
+  EXPECT_TRUE(m.View().complete());
+}
+
+// ---------------------------------------------------------------------------------------
+// Invalid registrations.
+
+TEST_F(MembershipTest, ShardIdOutOfRangeIsInvalidArgumentNamingNumShardsFlag) {
+  MAKE_MEMBERSHIP(m, 2, 3);
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 2, "s2"));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("--num_shards=2"));
+  EXPECT_EQ(m.View().version(), 1) << "a refused registration must not change the view";
+  EXPECT_EQ(m.View().members_size(), 0);
+}
+
+TEST_F(MembershipTest, WorkerRankOutOfRangeIsInvalidArgumentNamingNumWorkersFlag) {
+  MAKE_MEMBERSHIP(m, 2, 3);
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 3, "w3"));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("--num_workers=3"));
+  EXPECT_THAT(Msg(r.status()), Not(HasSubstr("--num_shards")));
+}
+
+TEST_F(MembershipTest, NegativeIdIsInvalidArgument) {
+  MAKE_MEMBERSHIP(m, 2, 3);
+  absl::StatusOr<RegisterResponse> shard = m.Register(Reg(SHARD, -1, "s"));
+  ASSERT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument) << shard.status();
+  EXPECT_THAT(Msg(shard.status()), HasSubstr("--num_shards=2"));
+  absl::StatusOr<RegisterResponse> worker = m.Register(Reg(WORKER, -1, "w"));
+  ASSERT_EQ(worker.status().code(), absl::StatusCode::kInvalidArgument) << worker.status();
+  EXPECT_THAT(Msg(worker.status()), HasSubstr("--num_workers=3"));
+  EXPECT_EQ(m.View().version(), 1);
+}
+
+TEST_F(MembershipTest, UnknownRoleIsInvalidArgument) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(static_cast<Role>(7), 0, "x"));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("role 7"));
+  absl::StatusOr<HeartbeatResponse> hb = m.Heartbeat(Hb(static_cast<Role>(7), 0, 1));
+  EXPECT_EQ(hb.status().code(), absl::StatusCode::kInvalidArgument) << hb.status();
+  EXPECT_EQ(m.View().version(), 1);
+}
+
+TEST_F(MembershipTest, ShardWithoutAddressIsInvalidArgument) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, ""));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("shard 0"));
+  EXPECT_THAT(Msg(r.status()), HasSubstr("address"));
+  EXPECT_EQ(m.View().version(), 1);
+  EXPECT_THAT(m.View().shard_addresses(), ElementsAre("", ""));
+}
+
+// ---------------------------------------------------------------------------------------
+// Duplicates and restarts.
+
+TEST_F(MembershipTest, DuplicateWorkerRankAtAnotherAddressIsAlreadyExistsNamingHolder) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  MustRegister(m, WORKER, 1, "hostA:1");
+  const int64_t version = m.View().version();
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 1, "hostB:1"));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("hostA:1"));
+  EXPECT_THAT(Msg(r.status()), HasSubstr("worker rank 1"));
+  // The holder is untouched.
+  EXPECT_EQ(m.View().version(), version);
+  const Member held = FindMember(m.View(), WORKER, 1);
+  EXPECT_EQ(held.address(), "hostA:1");
+  EXPECT_EQ(held.incarnation(), 1);
+}
+
+TEST_F(MembershipTest, DuplicateShardIdAtAnotherAddressIsAlreadyExistsNamingHolder) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  MustRegister(m, SHARD, 0, "s0a:5000");
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, "s0b:5000"));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("s0a:5000"));
+  EXPECT_THAT(m.View().shard_addresses(), ElementsAre("s0a:5000", ""));
+}
+
+TEST_F(MembershipTest, DuplicateRankWithEmptyAddressIsAlreadyExists) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  MustRegister(m, WORKER, 0, "hostA:1");
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, ""));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("hostA:1"));
+
+  // Two address-less workers cannot share a live rank either.
+  MustRegister(m, WORKER, 1, "");
+  absl::StatusOr<RegisterResponse> r2 = m.Register(Reg(WORKER, 1, ""));
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kAlreadyExists) << r2.status();
+}
+
+TEST_F(MembershipTest, SameAddressReRegisteringGetsIncarnationTwo) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  EXPECT_EQ(MustRegister(m, WORKER, 0, "hostA:1"), 1);
+  const int64_t version = m.View().version();
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, "hostA:1"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->incarnation(), 2);
+  EXPECT_GT(r->view().version(), version);
+  const Member w = FindMember(m.View(), WORKER, 0);
+  EXPECT_EQ(w.incarnation(), 2);
+
+  EXPECT_EQ(MustRegister(m, SHARD, 0, "s:1"), 1);
+  EXPECT_EQ(MustRegister(m, SHARD, 0, "s:1"), 2);
+  EXPECT_EQ(MustRegister(m, SHARD, 0, "s:1"), 3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Heartbeats and liveness.
+
+TEST_F(MembershipTest, HeartbeatOfUnknownMemberIsNotFound) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 1, 1));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("Register"));
+  absl::StatusOr<HeartbeatResponse> s = m.Heartbeat(Hb(SHARD, 0, 1));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
+}
+
+TEST_F(MembershipTest, HeartbeatOutOfRangeIsInvalidArgument) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 5, 1));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("--num_workers=2"));
+}
+
+TEST_F(MembershipTest, HeartbeatWithCurrentIncarnationSucceedsAndReturnsViewVersion) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  clock_.Advance(absl::Seconds(3));
+  absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 0, inc));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->view_version(), m.View().version());
+  EXPECT_EQ(m.View().version(), 2) << "a heartbeat of a live member is not a change";
+  const Member w = FindMember(m.View(), WORKER, 0);
+  EXPECT_EQ(w.last_heartbeat_ms(), absl::ToUnixMillis(clock_.Now()));
+}
+
+TEST_F(MembershipTest, HeartbeatWithOldIncarnationIsFailedPrecondition) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  EXPECT_EQ(MustRegister(m, WORKER, 0, "w0"), 1);
+  EXPECT_EQ(MustRegister(m, WORKER, 0, "w0"), 2);
+  absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 0, 1));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("incarnation 1"));
+  EXPECT_THAT(Msg(r.status()), HasSubstr("incarnation 2"));
+  EXPECT_TRUE(m.Heartbeat(Hb(WORKER, 0, 2)).ok());
+}
+
+TEST_F(MembershipTest, CheckLivenessKeepsMembersWithinTheTimeout) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, WORKER, 0, "w0");
+  const int64_t version = m.View().version();
+  clock_.Advance(kTimeout);  // silent exactly the timeout: not longer than it
+  EXPECT_FALSE(m.CheckLiveness());
+  EXPECT_EQ(m.View().version(), version);
+  EXPECT_TRUE(m.View().complete());
+}
+
+TEST_F(MembershipTest, CheckLivenessDeclaresSilentMembersDeadAfterTimeout) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
+  const int64_t s0 = 1;
+  MustRegister(m, WORKER, 1, "w1");
+  ASSERT_TRUE(m.View().complete());
+  const int64_t version = m.View().version();
+
+  // Shard 0 and worker 0 keep heartbeating; worker 1 goes silent.
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, s0)).ok());
+  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, w0)).ok());
+  clock_.Advance(absl::Seconds(2));  // worker 1: silent 6 s > 5 s
+  EXPECT_TRUE(m.CheckLiveness());
+
+  ClusterView v = m.View();
+  EXPECT_GT(v.version(), version);
+  EXPECT_FALSE(v.complete());
+  EXPECT_TRUE(FindMember(v, SHARD, 0).alive());
+  EXPECT_TRUE(FindMember(v, WORKER, 0).alive());
+  EXPECT_FALSE(FindMember(v, WORKER, 1).alive());
+  EXPECT_EQ(v.members_size(), 3) << "dead members stay in the view";
+
+  // Nothing more to declare: no change, no version bump.
+  EXPECT_FALSE(m.CheckLiveness());
+  EXPECT_EQ(m.View().version(), v.version());
+}
+
+TEST_F(MembershipTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0:1");
+  MustRegister(m, WORKER, 0, "w0");
+  const int64_t version = m.View().version();
+  clock_.Advance(kTimeout + absl::Milliseconds(1));
+  EXPECT_TRUE(m.CheckLiveness());
+  ClusterView v = m.View();
+  EXPECT_EQ(v.version(), version + 1);
+  EXPECT_FALSE(v.complete());
+  EXPECT_FALSE(FindMember(v, SHARD, 0).alive());
+  EXPECT_FALSE(FindMember(v, WORKER, 0).alive());
+}
+
+TEST_F(MembershipTest, HeartbeatRevivesADeadMember) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());
+  ASSERT_TRUE(m.CheckLiveness());
+  ASSERT_FALSE(FindMember(m.View(), WORKER, 0).alive());
+  const int64_t dead_version = m.View().version();
+
+  absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 0, inc));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ClusterView v = m.View();
+  EXPECT_TRUE(FindMember(v, WORKER, 0).alive());
+  EXPECT_EQ(FindMember(v, WORKER, 0).incarnation(), inc) << "revival keeps the incarnation";
+  EXPECT_GT(v.version(), dead_version);
+  EXPECT_EQ(r->view_version(), v.version());
+  EXPECT_TRUE(v.complete());
+}
+
+TEST_F(MembershipTest, DeadMembersIdCanBeRegisteredFromAnotherAddress) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, WORKER, 0, "old:1");
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(m.CheckLiveness());
+
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, "new:1"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->incarnation(), 2);
+  const Member w = FindMember(r->view(), WORKER, 0);
+  EXPECT_TRUE(w.alive());
+  EXPECT_EQ(w.address(), "new:1");
+  // The replaced process's heartbeats are refused.
+  absl::StatusOr<HeartbeatResponse> hb = m.Heartbeat(Hb(WORKER, 0, 1));
+  EXPECT_EQ(hb.status().code(), absl::StatusCode::kFailedPrecondition) << hb.status();
+}
+
+TEST_F(MembershipTest, DeadShardCanMoveToAnotherAddress) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  MustRegister(m, SHARD, 0, "s0:old");
+  MustRegister(m, SHARD, 1, "s1");
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 1, 1)).ok());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(m.CheckLiveness());
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, "s0:new"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->incarnation(), 2);
+  EXPECT_THAT(r->view().shard_addresses(), ElementsAre("s0:new", "s1"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Progress.
+
+TEST_F(MembershipTest, ReportProgressUpdatesStepLossAndThroughput) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  const int64_t version = m.View().version();
+  ASSERT_TRUE(m.ReportProgress(Progress(0, inc, version, 42, 0.25, 1234.5)).ok());
+  ClusterView v = m.View();
+  const Member w = FindMember(v, WORKER, 0);
+  EXPECT_EQ(w.step(), 42);
+  EXPECT_DOUBLE_EQ(w.loss(), 0.25);
+  EXPECT_DOUBLE_EQ(w.samples_per_sec(), 1234.5);
+  EXPECT_EQ(v.global_step(), 42);
+}
+
+TEST_F(MembershipTest, GlobalStepIsMinimumOverLiveWorkers) {
+  MAKE_MEMBERSHIP(m, 1, 3);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t i0 = MustRegister(m, WORKER, 0, "w0");
+  const int64_t i1 = MustRegister(m, WORKER, 1, "w1");
+  const int64_t i2 = MustRegister(m, WORKER, 2, "w2");
+  const int64_t version = m.View().version();
+  ASSERT_TRUE(m.ReportProgress(Progress(0, i0, version, 30)).ok());
+  ASSERT_TRUE(m.ReportProgress(Progress(1, i1, version, 10)).ok());
+  ASSERT_TRUE(m.ReportProgress(Progress(2, i2, version, 20)).ok());
+  EXPECT_EQ(m.View().global_step(), 10);
+
+  ASSERT_TRUE(m.ReportProgress(Progress(1, i1, version, 25)).ok());
+  EXPECT_EQ(m.View().global_step(), 20);
+
+  // Worker 2 (step 20) dies: only live workers count.
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());
+  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, i0)).ok());
+  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 1, i1)).ok());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(m.CheckLiveness());
+  ASSERT_FALSE(FindMember(m.View(), WORKER, 2).alive());
+  EXPECT_EQ(m.View().global_step(), 25);
+}
+
+TEST_F(MembershipTest, GlobalStepIsZeroWithNoLiveWorkers) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  ASSERT_TRUE(m.ReportProgress(Progress(0, inc, m.View().version(), 7)).ok());
+  EXPECT_EQ(m.View().global_step(), 7);
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(m.CheckLiveness());
+  EXPECT_EQ(m.View().global_step(), 0);
+}
+
+TEST_F(MembershipTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  absl::Status unknown = m.ReportProgress(Progress(1, 1, 1, 5));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
+  MustRegister(m, WORKER, 0, "w0");
+  MustRegister(m, WORKER, 0, "w0");  // incarnation 2
+  absl::Status old = m.ReportProgress(Progress(0, 1, m.View().version(), 5));
+  EXPECT_EQ(old.code(), absl::StatusCode::kNotFound) << old;
+  EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 0);
+  absl::Status out_of_range = m.ReportProgress(Progress(2, 1, m.View().version(), 5));
+  EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument) << out_of_range;
+}
+
+TEST_F(MembershipTest, ReportProgressWithViewOlderThanShardAddressChangeIsStale) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  const int64_t before = m.View().version();
+  ASSERT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok());
+
+  absl::StatusOr<RegisterResponse> shard1 = m.Register(Reg(SHARD, 1, "s1"));
+  ASSERT_TRUE(shard1.ok()) << shard1.status();
+  const int64_t after = shard1->view().version();
+  ASSERT_GT(after, before);
+
+  absl::Status stale = m.ReportProgress(Progress(0, inc, before, 2));
+  ASSERT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_THAT(Msg(stale), HasSubstr("stale"));
+  EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 1) << "a stale report is not applied";
+
+  // The view that carries the new address is fine, and so is any newer one.
+  EXPECT_TRUE(m.ReportProgress(Progress(0, inc, after, 3)).ok());
+  EXPECT_TRUE(m.ReportProgress(Progress(0, inc, after + 1, 4)).ok());
+  EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 4);
+}
+
+TEST_F(MembershipTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0:old");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, inc)).ok());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(m.CheckLiveness());  // shard 0 dies
+  const int64_t before = m.View().version();
+  ASSERT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok())
+      << "a death is not a shard address change";
+
+  absl::StatusOr<RegisterResponse> moved = m.Register(Reg(SHARD, 0, "s0:new"));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  absl::Status stale = m.ReportProgress(Progress(0, inc, before, 2));
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_THAT(Msg(stale), HasSubstr("stale"));
+  EXPECT_TRUE(m.ReportProgress(Progress(0, inc, moved->view().version(), 2)).ok());
+}
+
+TEST_F(MembershipTest, ShardRestartAtSameAddressDoesNotMakeViewsStale) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  const int64_t before = m.View().version();
+  EXPECT_EQ(MustRegister(m, SHARD, 0, "s0"), 2);
+  EXPECT_GT(m.View().version(), before);
+  EXPECT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok());
+}
+
+TEST_F(MembershipTest, RegisteringAWorkerDoesNotMakeEarlierViewsStaleForProgress) {
+  MAKE_MEMBERSHIP(m, 1, 3);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  const int64_t before = m.View().version();
+  MustRegister(m, WORKER, 1, "w1");
+  MustRegister(m, WORKER, 2, "w2");
+  ASSERT_GT(m.View().version(), before);
+  absl::Status s = m.ReportProgress(Progress(0, inc, before, 5));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 5);
+}
+
+TEST_F(MembershipTest, ReportProgressDoesNotBumpTheViewVersion) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  const int64_t version = m.View().version();
+  ASSERT_TRUE(m.ReportProgress(Progress(0, inc, version, 9)).ok());
+  EXPECT_EQ(m.View().version(), version);
+}
+
+// ---------------------------------------------------------------------------------------
+// AwaitView.
+
+TEST_F(MembershipTest, AwaitViewReturnsAtOnceWhenSatisfied) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, WORKER, 0, "w0");
+  const absl::Time past = absl::Now() - absl::Seconds(1);
+  absl::StatusOr<ClusterView> v = m.AwaitView(3, /*complete=*/true, past);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->version(), 3);
+  EXPECT_TRUE(v->complete());
+
+  absl::StatusOr<ClusterView> any = m.AwaitView(0, /*complete=*/false, past);
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_EQ(any->version(), 3);
+}
+
+TEST_F(MembershipTest, AwaitViewTimesOutWaitingForAVersion) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  absl::StatusOr<ClusterView> v = m.AwaitView(5, /*complete=*/false,
+                                              absl::Now() - absl::Seconds(1));
+  ASSERT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded) << v.status();
+  EXPECT_THAT(Msg(v.status()), HasSubstr(">= 5"));
+  EXPECT_THAT(Msg(v.status()), HasSubstr("current version 1"));
+}
+
+TEST_F(MembershipTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
+  MustRegister(m, WORKER, 1, "w1");
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());
+  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, w0)).ok());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(m.CheckLiveness());  // worker 1 dies
+
+  absl::StatusOr<ClusterView> v = m.AwaitView(0, /*complete=*/true,
+                                              absl::Now() - absl::Seconds(1));
+  ASSERT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded) << v.status();
+  const std::string msg = Msg(v.status());
+  EXPECT_THAT(msg, HasSubstr("shard 1 (never registered)"));
+  EXPECT_THAT(msg, HasSubstr("worker rank 1 (dead)"));
+  EXPECT_THAT(msg, Not(HasSubstr("shard 0")));
+  EXPECT_THAT(msg, Not(HasSubstr("worker rank 0")));
+}
+
+TEST_F(MembershipTest, AwaitViewWakesWhenTheLastMemberRegisters) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, WORKER, 0, "w0");
+  ASSERT_FALSE(m.View().complete());
+
+  absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30));
+  });
+  MustRegister(m, WORKER, 1, "w1");
+  waiter.join();
+
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->complete());
+  EXPECT_EQ(result->members_size(), 3);
+  EXPECT_EQ(result->version(), 4);
+}
+
+TEST_F(MembershipTest, AwaitViewWakesOnAVersionBump) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    result = m.AwaitView(2, /*complete=*/false, absl::Now() + absl::Seconds(30));
+  });
+  MustRegister(m, SHARD, 1, "s1");
+  waiter.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GE(result->version(), 2);
+  EXPECT_FALSE(result->complete());
+}
+
+TEST_F(MembershipTest, AwaitViewWakesWhenADeadMemberIsRevived) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(m.CheckLiveness());
+  ASSERT_FALSE(m.View().complete());
+
+  absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30));
+  });
+  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, inc)).ok());
+  waiter.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->complete());
+}
+
+}  // namespace
+}  // namespace pscluster::coord

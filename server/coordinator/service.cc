@@ -1,0 +1,67 @@
+#include "server/coordinator/service.h"
+
+#include <algorithm>
+
+#include "common/grpc_status.h"
+
+namespace pscluster::coord {
+
+CoordinatorService::CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait)
+    : membership_(membership), kv_(kv), max_wait_(max_wait) {}
+
+absl::Time CoordinatorService::Deadline(const grpc::ServerContext* ctx) const {
+  return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + max_wait_);
+}
+
+// Runs `fn` (returning StatusOr<T>) and copies its value into *out.
+template <typename T, typename Fn>
+grpc::Status Answer(Fn fn, T* out) {
+  absl::StatusOr<T> r = fn();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *out = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Register(grpc::ServerContext*, const RegisterRequest* req,
+                                          RegisterResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return membership_->Register(*req); }, resp);
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
+                                           HeartbeatResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return membership_->Heartbeat(*req); }, resp);
+}
+
+grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
+                                                const ReportProgressRequest* req,
+                                                ReportProgressResponse*) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return ToGrpcStatus(membership_->ReportProgress(*req));
+}
+
+grpc::Status CoordinatorService::GetView(grpc::ServerContext* ctx, const GetViewRequest* req,
+                                         ClusterView* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer(
+      [&] { return membership_->AwaitView(req->min_version(), req->wait_until_complete(), Deadline(ctx)); },
+      resp);
+}
+
+grpc::Status CoordinatorService::KvPut(grpc::ServerContext*, const KvPutRequest* req,
+                                       KvPutResponse*) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return ToGrpcStatus(kv_->Put(req->key(), req->value()));
+}
+
+grpc::Status CoordinatorService::KvGet(grpc::ServerContext* ctx, const KvGetRequest* req,
+                                       KvGetResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  auto value = kv_->Get(req->key(), req->wait(), Deadline(ctx));
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  resp->set_value(*std::move(value));
+  return grpc::Status::OK;
+}
+
+}  // namespace pscluster::coord

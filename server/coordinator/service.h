@@ -1,0 +1,37 @@
+// gRPC front of the coordinator's Membership and KvStore (synchronous API: blocking
+// reads wait on the handler thread, bounded by the RPC deadline).
+#pragma once
+
+#include "absl/time/time.h"
+#include "common/graceful_shutdown.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "server/coordinator/kv_store.h"
+#include "server/coordinator/membership.h"
+
+namespace pscluster::coord {
+
+class CoordinatorService final : public Coordinator::Service {
+ public:
+  // Longest a blocking read waits when the caller set no shorter deadline.
+  CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait);
+
+  grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*, HeartbeatResponse*) override;
+  grpc::Status ReportProgress(grpc::ServerContext*, const ReportProgressRequest*,
+                              ReportProgressResponse*) override;
+  grpc::Status GetView(grpc::ServerContext*, const GetViewRequest*, ClusterView*) override;
+  grpc::Status KvPut(grpc::ServerContext*, const KvPutRequest*, KvPutResponse*) override;
+  grpc::Status KvGet(grpc::ServerContext*, const KvGetRequest*, KvGetResponse*) override;
+
+  InFlightCounter* in_flight() { return &in_flight_; }
+
+ private:
+  absl::Time Deadline(const grpc::ServerContext* ctx) const;
+
+  Membership* const membership_;
+  KvStore* const kv_;
+  const absl::Duration max_wait_;
+  InFlightCounter in_flight_;
+};
+
+}  // namespace pscluster::coord

@@ -1,0 +1,121 @@
+#include "worker/client/coordinator_client.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pscluster {
+namespace {
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
+    CoordinatorClientOptions options) {
+  auto stub = coord::Coordinator::NewStub(
+      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options.register_timeout);
+  ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+  coord::RegisterRequest req;
+  req.set_role(options.role);
+  req.set_id(options.id);
+  req.set_address(options.address);
+  coord::RegisterResponse resp;
+  absl::Status s = FromGrpcStatus(stub->Register(&ctx, req, &resp),
+                                  absl::StrCat("coordinator ", options.coordinator));
+  if (!s.ok()) return s;
+  std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
+  c->incarnation_ = resp.incarnation();
+  c->registered_view_ = resp.view();
+  c->heartbeats_ = std::thread(&CoordinatorClient::HeartbeatLoop, c.get());
+  return c;
+}
+
+CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options,
+                                     std::unique_ptr<coord::Coordinator::Stub> stub)
+    : options_(std::move(options)), stub_(std::move(stub)) {}
+
+CoordinatorClient::~CoordinatorClient() {
+  stop_.Notify();
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+void CoordinatorClient::HeartbeatLoop() {
+  bool failing = false;
+  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options_.rpc_timeout);
+    coord::HeartbeatRequest req;
+    req.set_role(options_.role);
+    req.set_id(options_.id);
+    req.set_incarnation(incarnation_);
+    coord::HeartbeatResponse resp;
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (!s.ok() && !failing) {  // say so once per outage, not every second
+      std::fprintf(stderr, "coordinator heartbeat failing: %s\n", s.error_message().c_str());
+    } else if (s.ok() && failing) {
+      std::fprintf(stderr, "coordinator heartbeat ok again\n");
+    }
+    failing = !s.ok();
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) return;  // replaced: stop
+  }
+}
+
+absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_version, bool complete,
+                                                                absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  coord::GetViewRequest req;
+  req.set_min_version(min_version);
+  req.set_wait_until_complete(complete);
+  coord::ClusterView view;
+  absl::Status s = FromGrpcStatus(stub_->GetView(&ctx, req, &view), "coordinator");
+  if (!s.ok()) return s;
+  return view;
+}
+
+absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t step, double loss,
+                                               double samples_per_sec) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  coord::ReportProgressRequest req;
+  req.set_rank(options_.id);
+  req.set_incarnation(incarnation_);
+  req.set_view_version(view_version);
+  req.set_step(step);
+  req.set_loss(loss);
+  req.set_samples_per_sec(samples_per_sec);
+  coord::ReportProgressResponse resp;
+  return FromGrpcStatus(stub_->ReportProgress(&ctx, req, &resp), "coordinator");
+}
+
+absl::Status CoordinatorClient::KvPut(const std::string& key, const std::string& value) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  coord::KvPutRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  coord::KvPutResponse resp;
+  return FromGrpcStatus(stub_->KvPut(&ctx, req, &resp), "coordinator");
+}
+
+absl::StatusOr<std::string> CoordinatorClient::KvGet(const std::string& key, bool wait,
+                                                     absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  coord::KvGetRequest req;
+  req.set_key(key);
+  req.set_wait(wait);
+  coord::KvGetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->KvGet(&ctx, req, &resp), "coordinator");
+  if (!s.ok()) return s;
+  return resp.value();
+}
+
+}  // namespace pscluster
