@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -26,8 +26,8 @@
 ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");
 ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20, "Stream chunk size, PS and raw alike.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
-ABSL_FLAG(std::vector<std::string>, sizes_kib, std::vector<std::string>({"64", "1024", "16384", "65536"}),
-          "Tensor sizes in KiB.");
+ABSL_FLAG(std::vector<std::string>, sizes_kib,
+          std::vector<std::string>({"64", "1024", "16384", "65536"}), "Tensor sizes in KiB.");
 ABSL_FLAG(std::vector<std::string>, shards, std::vector<std::string>({"1", "2"}), "Shard counts.");
 ABSL_FLAG(int, rounds, 3,
           "Whole sweeps; each figure is the median over rounds of the per-round medians.");
@@ -95,7 +95,8 @@ Cluster StartCluster(uint32_t num_shards) {
     c.shards.push_back(std::make_unique<ps::Shard>(so));
     ps::ServiceOptions vo;
     vo.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-    c.services.push_back(std::make_unique<ps::ParameterServerService>(c.shards.back().get(), nullptr, vo));
+    c.services.push_back(
+        std::make_unique<ps::ParameterServerService>(c.shards.back().get(), nullptr, vo));
     c.raws.push_back(std::make_unique<RawService>());
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();
@@ -156,7 +157,8 @@ class RawClient {
   void OnShards(uint64_t size, Fn fn) {
     std::vector<std::thread> threads;
     int n = static_cast<int>(stubs_.size());
-    for (int s = 1; s < n; ++s) threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
+    for (int s = 1; s < n; ++s)
+      threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
     fn(0, DenseShardRange(size, 0, n));
     for (auto& t : threads) t.join();
   }
@@ -203,9 +205,13 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   std::vector<float> grad(spec.size(), 0.5f), out(spec.size()), raw_out(spec.size());
   std::vector<double> push, raw_push, pull, raw_pull;
   for (int i = 0; i < reps + 2; ++i) {  // interleaved: PS, raw, PS, raw ...
-    double a = Seconds([&] { if (!client->PushDense(1, i, grad).ok()) std::abort(); });
+    double a = Seconds([&] {
+      if (!client->PushDense(1, i, grad).ok()) std::abort();
+    });
     double b = Seconds([&] { raw.Push(grad); });
-    double c = Seconds([&] { if (!client->PullDense(1, i, absl::MakeSpan(out)).ok()) std::abort(); });
+    double c = Seconds([&] {
+      if (!client->PullDense(1, i, absl::MakeSpan(out)).ok()) std::abort();
+    });
     double d = Seconds([&] { raw.Pull(&raw_out); });
     if (i < 2) continue;  // warm-up
     push.push_back(a), raw_push.push_back(b), pull.push_back(c), raw_pull.push_back(d);
@@ -247,8 +253,8 @@ int main(int argc, char** argv) {
         push_ratio.push_back(r.push_gbps / r.raw_push_gbps);
         pull_ratio.push_back(r.pull_gbps / r.raw_pull_gbps);
       }
-      Result r{shards, kib << 10, median(push), median(raw_push), median(pull), median(raw_pull),
-               median(push_ratio), median(pull_ratio)};
+      Result r{shards,       kib << 10,        median(push),       median(raw_push),
+               median(pull), median(raw_pull), median(push_ratio), median(pull_ratio)};
       std::printf("%-7u %6lu KiB %10.3f %10.3f %6.2f %10.3f %10.3f %6.2f\n", shards,
                   static_cast<unsigned long>(kib), r.push_gbps, r.raw_push_gbps, r.push_ratio,
                   r.pull_gbps, r.raw_pull_gbps, r.pull_ratio);
@@ -262,11 +268,11 @@ int main(int argc, char** argv) {
     f << "[\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      f << absl::StrCat("  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes,
-                        ", \"push_gbps\": ", r.push_gbps, ", \"raw_push_gbps\": ", r.raw_push_gbps,
-                        ", \"push_ratio\": ", r.push_ratio, ", \"pull_gbps\": ", r.pull_gbps,
-                        ", \"raw_pull_gbps\": ", r.raw_pull_gbps, ", \"pull_ratio\": ", r.pull_ratio,
-                        "}", i + 1 < results.size() ? ",\n" : "\n");
+      f << absl::StrCat(
+          "  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes, ", \"push_gbps\": ", r.push_gbps,
+          ", \"raw_push_gbps\": ", r.raw_push_gbps, ", \"push_ratio\": ", r.push_ratio,
+          ", \"pull_gbps\": ", r.pull_gbps, ", \"raw_pull_gbps\": ", r.raw_pull_gbps,
+          ", \"pull_ratio\": ", r.pull_ratio, "}", i + 1 < results.size() ? ",\n" : "\n");
     }
     f << "]\n";
   }

@@ -144,15 +144,16 @@ int main(int argc, char** argv) {
       pusher.Stop();
       busy_p50.push_back(Median(pusher.latencies));
       busy_max.push_back(*std::max_element(pusher.latencies.begin(), pusher.latencies.end()));
-      std::printf("  round %d: %.0f MB/s alone (fsync ceiling %.0f), pause %.1f ms of %.2f s "
-                  "(capture call %.2f s); under pushes %.2f s, slowest push %.1f ms\n",
-                  round, snap.back(), ceiling.back(), 1e3 * p, seconds,
-                  capture[capture.size() - 2], busy_seconds, 1e3 * busy_max.back());
+      std::printf(
+          "  round %d: %.0f MB/s alone (fsync ceiling %.0f), pause %.1f ms of %.2f s "
+          "(capture call %.2f s); under pushes %.2f s, slowest push %.1f ms\n",
+          round, snap.back(), ceiling.back(), 1e3 * p, seconds, capture[capture.size() - 2],
+          busy_seconds, 1e3 * busy_max.back());
     }
     std::printf("%-8s %11.0f %11.0f %6.2f %7.2f%% %12.3f %12.3f %7.2f %9.1f\n", mib_flag.c_str(),
-                Median(snap), Median(ceiling), Median(snap) / Median(ceiling),
-                100 * Median(pause), 1e3 * Median(idle_p50), 1e3 * Median(busy_p50),
-                Median(busy_p50) / Median(idle_p50), 1e3 * Median(busy_max));
+                Median(snap), Median(ceiling), Median(snap) / Median(ceiling), 100 * Median(pause),
+                1e3 * Median(idle_p50), 1e3 * Median(busy_p50), Median(busy_p50) / Median(idle_p50),
+                1e3 * Median(busy_max));
     std::fflush(stdout);
   }
   fs::remove_all(dir);

@@ -37,7 +37,8 @@ TEST(Crc32cTest, HardwareAndPortablePathsAgreeOnOddLengthsAndOffsets) {
   for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 131 + 7);
   for (size_t off : {0, 1, 3, 7}) {
     for (size_t n : {0, 1, 7, 8, 9, 63, 500, 993}) {
-      EXPECT_EQ(Extend(0x12345678u, s.data() + off, n), ExtendPortable(0x12345678u, s.data() + off, n))
+      EXPECT_EQ(Extend(0x12345678u, s.data() + off, n),
+                ExtendPortable(0x12345678u, s.data() + off, n))
           << "offset " << off << " length " << n;
     }
   }

@@ -15,8 +15,8 @@ inline grpc::Status ToGrpcStatus(const absl::Status& s) {
 // `context` (e.g. "shard 1 (127.0.0.1:5000)") is prefixed to the message.
 inline absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view context = "") {
   if (s.ok()) return absl::OkStatus();
-  std::string msg = context.empty() ? s.error_message()
-                                    : std::string(context) + ": " + s.error_message();
+  std::string msg =
+      context.empty() ? s.error_message() : std::string(context) + ": " + s.error_message();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 

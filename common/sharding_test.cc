@@ -39,9 +39,7 @@ TEST(SparseShardOfTest, ConsecutiveKeysSpreadEvenly) {
   }
 }
 
-TEST(SparseShardOfTest, OneShardOwnsEverything) {
-  EXPECT_EQ(SparseShardOf(123456789, 1), 0u);
-}
+TEST(SparseShardOfTest, OneShardOwnsEverything) { EXPECT_EQ(SparseShardOf(123456789, 1), 0u); }
 
 TEST(IntersectTest, DisjointRangesGiveEmpty) {
   EXPECT_EQ(Intersect({0, 5}, {5, 9}).size(), 0u);

@@ -11,10 +11,10 @@
 #define PS_STATUS_CONCAT_(a, b) PS_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function if not OK.
-#define RETURN_IF_ERROR(expr)                              \
-  do {                                                     \
-    ::absl::Status ps_status_ = (expr);                    \
-    if (!ps_status_.ok()) return ps_status_;               \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status ps_status_ = (expr);      \
+    if (!ps_status_.ok()) return ps_status_; \
   } while (0)
 
 // ASSIGN_OR_RETURN(auto x, MakeX()); returns the error of a failed StatusOr.

@@ -33,7 +33,8 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_ = coordinator_.substr(0, coordinator_.find(' '));
     processes_.push_back(*std::move(c));
     for (int s = 0; s < kShards; ++s) shard_addresses_.push_back(StartShard(s));
-    stub_ = coord::Coordinator::NewStub(grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+    stub_ = coord::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
@@ -42,9 +43,9 @@ class CoordinatorTest : public ::testing::Test {
 
   // Starts shard `s` registered with the coordinator; returns its address.
   std::string StartShard(int s) {
-    auto p = testing::Subprocess::Start({"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s),
-                                         absl::StrCat("--num_shards=", kShards),
-                                         "--coordinator=" + coordinator_});
+    auto p = testing::Subprocess::Start(
+        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s),
+         absl::StrCat("--num_shards=", kShards), "--coordinator=" + coordinator_});
     EXPECT_TRUE(p.ok());
     auto line = p->WaitForLine("listening on", absl::Seconds(60));
     EXPECT_TRUE(line.ok()) << line.status();
@@ -81,7 +82,8 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   int Psctl(const std::string& command, std::string* first_line) {
-    auto p = testing::Subprocess::Start({"tools/psctl/psctl", "--coordinator=" + coordinator_, command});
+    auto p =
+        testing::Subprocess::Start({"tools/psctl/psctl", "--coordinator=" + coordinator_, command});
     EXPECT_TRUE(p.ok());
     auto line = p->WaitForLine("", absl::Seconds(60));
     *first_line = line.ok() ? *line : "";
@@ -118,9 +120,8 @@ TEST_F(CoordinatorTest, KilledShardIsDeclaredDeadAndItsRestartChangesTheShardMap
   ASSERT_TRUE(worker->ReportProgress(view->version(), 10, 0.5, 100).ok());
 
   ASSERT_TRUE(processes_[shard_index_[1]].Stop(SIGKILL, absl::Seconds(20)).ok());
-  coord::ClusterView dead = AwaitViewWhere(worker.get(), view->version(), [](const auto& v) {
-    return !v.complete();
-  });
+  coord::ClusterView dead =
+      AwaitViewWhere(worker.get(), view->version(), [](const auto& v) { return !v.complete(); });
   for (const auto& m : dead.members()) {
     if (m.role() == coord::SHARD && m.id() == 1) EXPECT_FALSE(m.alive());
   }

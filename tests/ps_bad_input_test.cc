@@ -12,9 +12,9 @@
 namespace pscluster {
 namespace {
 
-using ::testing::HasSubstr;
 using ps::DenseChunk;
 using ps::TableSpec;
+using ::testing::HasSubstr;
 
 constexpr uint32_t kDense = 1, kSparse = 2, kSkip = 3;
 constexpr uint64_t kDenseSize = 1000;  // shard 0 holds [0, 500)
@@ -42,7 +42,8 @@ class BadInputTest : public PsClusterTest {
     OnAllWorkers([&](int w) {
       ASSERT_TRUE(clients_[w]->PushDense(kDense, 0, std::vector<float>(kDenseSize, 1.0f + w)).ok());
       std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6};
-      ASSERT_TRUE(clients_[w]->PushSparse(kSparse, 0, keys, std::vector<float>(6 * kDim, 0.5f)).ok());
+      ASSERT_TRUE(
+          clients_[w]->PushSparse(kSparse, 0, keys, std::vector<float>(6 * kDim, 0.5f)).ok());
     });
     before_ = State();
   }
@@ -90,7 +91,8 @@ class BadInputTest : public PsClusterTest {
     return shard0()->PushDense(&ctx, c, &r);
   }
 
-  grpc::Status PushStream(const std::vector<DenseChunk>& chunks, ps::ParameterServer::Stub* stub = nullptr) {
+  grpc::Status PushStream(const std::vector<DenseChunk>& chunks,
+                          ps::ParameterServer::Stub* stub = nullptr) {
     grpc::ClientContext ctx;
     ps::PushDenseResponse r;
     auto writer = (stub ? stub : shard0())->PushDenseStream(&ctx, &r);
@@ -249,7 +251,8 @@ TEST_F(BadInputTest, MisorderedOrInconsistentChunksAreInvalidArgument) {
   ExpectError(PushStream({a, b}), grpc::StatusCode::INVALID_ARGUMENT, "changes table_id");
   DenseChunk longer = a;
   longer.set_total_length(50);
-  ExpectError(PushStream({longer}), grpc::StatusCode::INVALID_ARGUMENT, "more than total_length=50");
+  ExpectError(PushStream({longer}), grpc::StatusCode::INVALID_ARGUMENT,
+              "more than total_length=50");
   ExpectError(PushStream({}), grpc::StatusCode::INVALID_ARGUMENT, "no chunks");
 }
 

@@ -23,9 +23,9 @@
 namespace pscluster {
 namespace {
 
-using ::testing::HasSubstr;
 using ps::OptimizerConfig;
 using ps::TableSpec;
+using ::testing::HasSubstr;
 
 // The reference: one optimizer over plain vectors, fed the BSP sum (worker-id order).
 struct Reference {
@@ -69,7 +69,8 @@ TEST_F(PsClusterTest, DenseTablesMatchReferenceForEveryOptimizer) {
         ref.Apply(0, sum.data(), size, t + 1);
       }
       std::vector<float> final_values(size);
-      ASSERT_TRUE(clients_[0]->PullDense(spec.table_id(), kSteps, absl::MakeSpan(final_values)).ok());
+      ASSERT_TRUE(
+          clients_[0]->PullDense(spec.table_id(), kSteps, absl::MakeSpan(final_values)).ok());
       EXPECT_EQ(final_values, ref.values);  // bitwise
     }
   }

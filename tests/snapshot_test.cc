@@ -157,7 +157,8 @@ TEST_F(SnapshotTest, KilledClusterRestoresStateAndRepeatsTheNextStepsBitwise) {
 }
 
 TEST_F(SnapshotTest, CrashDuringWriteRestoresThePreviousCompleteSnapshot) {
-  RestartWithSlowWritesAndOneSgdTable(20, 8 << 20);  // 16 blocks of 1 MiB per shard: >= 320 ms of writing to crash into
+  RestartWithSlowWritesAndOneSgdTable(
+      20, 8 << 20);  // 16 blocks of 1 MiB per shard: >= 320 ms of writing to crash into
   ASSERT_FALSE(HasFatalFailure());
   Train(0, 1);
   SnapshotAndWait(1);
@@ -224,7 +225,8 @@ TEST_F(SnapshotTest, PushesContinueDuringBackgroundWriteAndDoNotLeakIntoIt) {
   auto at6 = State(6);
   std::vector<float> expected = at2[0];  // SGD: w -= 0.5 * (g0 + g1) per step
   for (int t = 2; t < 6; ++t) {
-    for (uint64_t i = 0; i < expected.size(); ++i) expected[i] -= 0.5f * (Grad(0, t, i) + Grad(1, t, i));
+    for (uint64_t i = 0; i < expected.size(); ++i)
+      expected[i] -= 0.5f * (Grad(0, t, i) + Grad(1, t, i));
   }
   EXPECT_EQ(at6[0], expected) << "a push during the snapshot was lost";
   ASSERT_TRUE(clients_[0]->SnapshotStatus(true).ok());

@@ -35,7 +35,10 @@ Subprocess::Subprocess(pid_t pid, int out_fd, std::string name)
     : pid_(pid), out_fd_(out_fd), name_(std::move(name)) {}
 
 Subprocess::Subprocess(Subprocess&& o) noexcept
-    : pid_(o.pid_), out_fd_(o.out_fd_), name_(std::move(o.name_)), buffered_(std::move(o.buffered_)) {
+    : pid_(o.pid_),
+      out_fd_(o.out_fd_),
+      name_(std::move(o.name_)),
+      buffered_(std::move(o.buffered_)) {
   o.pid_ = -1;
   o.out_fd_ = -1;
 }
@@ -62,7 +65,8 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(const std::string& needle,
     pollfd p{out_fd_, POLLIN, 0};
     if (ms <= 0 || poll(&p, 1, ms) == 0) {
       return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
-                                                      " for a line with '", needle, "' from ", name_));
+                                                      " for a line with '", needle, "' from ",
+                                                      name_));
     }
     char buf[4096];
     ssize_t n = read(out_fd_, buf, sizeof(buf));

@@ -29,8 +29,8 @@ TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
   for (int r = 0; r < kWorkers; ++r) {
     auto p = testing::Subprocess::Start(
         {"worker/ps_worker", "--ps=" + ps, absl::StrCat("--rank=", r),
-         absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4",
-         "--epochs=3", "--batch_size=32", "--lr=0.01", "--progress_seconds=1",
+         absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4", "--epochs=3",
+         "--batch_size=32", "--lr=0.01", "--progress_seconds=1",
          absl::StrCat("--summary_json=", dir, "/worker", r, ".json")});
     ASSERT_TRUE(p.ok()) << p.status();
     workers.push_back(*std::move(p));

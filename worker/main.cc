@@ -12,10 +12,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/modes/ps_trainer.h"
@@ -30,12 +30,15 @@ ABSL_FLAG(int, world, 1, "Number of workers.");
 ABSL_FLAG(int, epochs, 10, "Training epochs.");
 ABSL_FLAG(int, batch_size, 64, "Examples per step per worker.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the data order and the initial parameters.");
-ABSL_FLAG(std::string, optimizer, "adam", "Server-side optimizer: sgd|momentum|adagrad|adam|adamw|ftrl.");
+ABSL_FLAG(std::string, optimizer, "adam",
+          "Server-side optimizer: sgd|momentum|adagrad|adam|adamw|ftrl.");
 ABSL_FLAG(double, lr, 1e-3, "Learning rate.");
-ABSL_FLAG(double, lr_decay, 0.1,
-          "The learning rate decays exponentially to this fraction by the last step (1: constant).");
+ABSL_FLAG(
+    double, lr_decay, 0.1,
+    "The learning rate decays exponentially to this fraction by the last step (1: constant).");
 ABSL_FLAG(std::string, consistency, "bsp", "bsp | ssp:<staleness> | asp.");
-ABSL_FLAG(std::vector<std::string>, layers, std::vector<std::string>({"784", "256", "128", "64", "10"}),
+ABSL_FLAG(std::vector<std::string>, layers,
+          std::vector<std::string>({"784", "256", "128", "64", "10"}),
           "MLP layer sizes: input, hidden..., classes.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).");
@@ -59,7 +62,8 @@ absl::StatusOr<ps::OptimizerConfig> ParseOptimizer(const std::string& name, doub
   ps::OptimizerConfig c;
   ps::OptimizerConfig::Kind kind;
   if (!ps::OptimizerConfig::Kind_Parse(absl::AsciiStrToUpper(name), &kind)) {
-    return absl::InvalidArgumentError("--optimizer=" + name + " is unknown; use sgd, momentum, adagrad, adam, adamw or ftrl");
+    return absl::InvalidArgumentError(
+        "--optimizer=" + name + " is unknown; use sgd, momentum, adagrad, adam, adamw or ftrl");
   }
   c.set_kind(kind);
   c.set_learning_rate(static_cast<float>(lr));
@@ -83,7 +87,8 @@ absl::StatusOr<ps::ConsistencyConfig> ParseConsistency(const std::string& text) 
     c.set_mode(ps::ConsistencyConfig::SSP);
     c.set_staleness(staleness);
   } else {
-    return absl::InvalidArgumentError("--consistency=" + text + " is not bsp, asp or ssp:<staleness>");
+    return absl::InvalidArgumentError("--consistency=" + text +
+                                      " is not bsp, asp or ssp:<staleness>");
   }
   return c;
 }
@@ -128,7 +133,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(view_version), absl::StrJoin(o.shards, ",").c_str());
     o.on_progress = [&](int64_t step, double loss, double rate) {
       absl::Status s = coordinator->ReportProgress(view_version, step, loss, rate);
-      if (!s.ok()) std::fprintf(stderr, "worker %d: progress report: %s\n", o.rank, s.ToString().c_str());
+      if (!s.ok())
+        std::fprintf(stderr, "worker %d: progress report: %s\n", o.rank, s.ToString().c_str());
     };
   }
   if (o.shards.empty()) return Fail("give --ps (ps_server addresses) or --coordinator");
@@ -191,11 +197,12 @@ int main(int argc, char** argv) {
               summary->samples_per_sec);
   if (const std::string path = absl::GetFlag(FLAGS_summary_json); !path.empty()) {
     std::ofstream f(path);
-    f << absl::StrCat("{\"rank\": ", o.rank, ", \"steps\": ", summary->steps, ", \"epochs\": ",
-                      summary->epochs, ", \"final_loss\": ", summary->final_loss,
-                      ", \"test_accuracy\": ", summary->test_accuracy, ", \"samples_per_sec\": ",
-                      summary->samples_per_sec, ", \"train_seconds\": ", summary->train_seconds,
-                      ", \"snapshots\": [", absl::StrJoin(summary->snapshots, ", "), "]}\n");
+    f << absl::StrCat("{\"rank\": ", o.rank, ", \"steps\": ", summary->steps,
+                      ", \"epochs\": ", summary->epochs, ", \"final_loss\": ", summary->final_loss,
+                      ", \"test_accuracy\": ", summary->test_accuracy,
+                      ", \"samples_per_sec\": ", summary->samples_per_sec,
+                      ", \"train_seconds\": ", summary->train_seconds, ", \"snapshots\": [",
+                      absl::StrJoin(summary->snapshots, ", "), "]}\n");
     if (!f) return Fail("cannot write --summary_json=" + path);
   }
   return 0;

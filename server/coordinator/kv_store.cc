@@ -15,7 +15,8 @@ absl::Status KvStore::Put(const std::string& key, std::string value) {
   }
   absl::MutexLock lock(&mu_);
   if (values_.size() >= kMaxKeys && !values_.count(key)) {
-    return absl::ResourceExhaustedError(absl::StrCat("the store holds ", kMaxKeys, " keys already"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the store holds ", kMaxKeys, " keys already"));
   }
   values_[key] = std::move(value);
   return absl::OkStatus();

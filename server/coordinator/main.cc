@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   pscluster::coord::CoordinatorService service(&membership, &kv, absl::Minutes(10));
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(4 << 20);
   builder.RegisterService(&service);

@@ -35,7 +35,8 @@ Member* Membership::FindLocked(Role role, int32_t id) {
 absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& r) {
   if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
   if (r.role() == SHARD && r.address().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard ", r.id(), " registered without an address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", r.id(), " registered without an address"));
   }
   absl::MutexLock lock(&mu_);
   Member* m = FindLocked(r.role(), r.id());
@@ -69,8 +70,8 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   absl::MutexLock lock(&mu_);
   Member* m = FindLocked(r.role(), r.id());
   if (m == nullptr) {
-    return absl::NotFoundError(absl::StrCat(RoleName(r.role()), " ", r.id(),
-                                            " is not registered; call Register first"));
+    return absl::NotFoundError(
+        absl::StrCat(RoleName(r.role()), " ", r.id(), " is not registered; call Register first"));
   }
   if (r.incarnation() != m->incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -177,9 +178,10 @@ absl::StatusOr<ClusterView> Membership::AwaitView(int64_t min_version, bool comp
     return version_ >= min_version && (!complete || CompleteLocked());
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "waited for cluster view version >= ", min_version, complete ? " and complete" : "",
-        "; current version ", version_, complete ? absl::StrCat(", missing: ", MissingLocked()) : ""));
+    return absl::DeadlineExceededError(
+        absl::StrCat("waited for cluster view version >= ", min_version,
+                     complete ? " and complete" : "", "; current version ", version_,
+                     complete ? absl::StrCat(", missing: ", MissingLocked()) : ""));
   }
   return ViewLocked();
 }

@@ -17,15 +17,15 @@
 namespace pscluster::coord {
 
 struct MembershipOptions {
-  int num_shards = 1;    // expected shards: ids [0, num_shards)
-  int num_workers = 1;   // expected workers: ranks [0, num_workers)
+  int num_shards = 1;                                   // expected shards: ids [0, num_shards)
+  int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
 };
 
 class Membership {
  public:
-  explicit Membership(MembershipOptions options,
-                      std::function<absl::Time()> now = [] { return absl::Now(); });
+  explicit Membership(
+      MembershipOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
 
   // INVALID_ARGUMENT for an id outside the expected range or a shard without an address;
   // ALREADY_EXISTS when a live member holds the id at another address (a duplicate rank).

@@ -88,11 +88,11 @@ class MembershipTest : public ::testing::Test {
 };
 
 // Membership is neither copyable nor movable (it holds a mutex), so tests build it in place.
-#define MAKE_MEMBERSHIP(name, shards, workers)              \
-  MembershipOptions name##_options;                         \
-  name##_options.num_shards = (shards);                     \
-  name##_options.num_workers = (workers);                   \
-  name##_options.heartbeat_timeout = kTimeout;              \
+#define MAKE_MEMBERSHIP(name, shards, workers) \
+  MembershipOptions name##_options;            \
+  name##_options.num_shards = (shards);        \
+  name##_options.num_workers = (workers);      \
+  name##_options.heartbeat_timeout = kTimeout; \
   Membership name(name##_options, clock_.AsFunction())
 
 // ---------------------------------------------------------------------------------------
@@ -126,7 +126,8 @@ TEST_F(MembershipTest, RegisterWorkerGetsIncarnationOneAndBumpsVersion) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->incarnation(), 1);
   EXPECT_EQ(r->view().version(), 2);
-  absl::StatusOr<RegisterResponse> r2 = m.Register(Reg(WORKER, 1, ""));  // workers: address optional
+  absl::StatusOr<RegisterResponse> r2 =
+      m.Register(Reg(WORKER, 1, ""));  // workers: address optional
   ASSERT_TRUE(r2.ok()) << r2.status();
   EXPECT_EQ(r2->incarnation(), 1);
   EXPECT_EQ(r2->view().version(), 3);
@@ -603,8 +604,8 @@ TEST_F(MembershipTest, AwaitViewReturnsAtOnceWhenSatisfied) {
 
 TEST_F(MembershipTest, AwaitViewTimesOutWaitingForAVersion) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  absl::StatusOr<ClusterView> v = m.AwaitView(5, /*complete=*/false,
-                                              absl::Now() - absl::Seconds(1));
+  absl::StatusOr<ClusterView> v =
+      m.AwaitView(5, /*complete=*/false, absl::Now() - absl::Seconds(1));
   ASSERT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded) << v.status();
   EXPECT_THAT(Msg(v.status()), HasSubstr(">= 5"));
   EXPECT_THAT(Msg(v.status()), HasSubstr("current version 1"));
@@ -621,8 +622,7 @@ TEST_F(MembershipTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) {
   clock_.Advance(absl::Seconds(2));
   ASSERT_TRUE(m.CheckLiveness());  // worker 1 dies
 
-  absl::StatusOr<ClusterView> v = m.AwaitView(0, /*complete=*/true,
-                                              absl::Now() - absl::Seconds(1));
+  absl::StatusOr<ClusterView> v = m.AwaitView(0, /*complete=*/true, absl::Now() - absl::Seconds(1));
   ASSERT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded) << v.status();
   const std::string msg = Msg(v.status());
   EXPECT_THAT(msg, HasSubstr("shard 1 (never registered)"));
@@ -638,9 +638,8 @@ TEST_F(MembershipTest, AwaitViewWakesWhenTheLastMemberRegisters) {
   ASSERT_FALSE(m.View().complete());
 
   absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
-  std::thread waiter([&] {
-    result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30));
-  });
+  std::thread waiter(
+      [&] { result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30)); });
   MustRegister(m, WORKER, 1, "w1");
   waiter.join();
 
@@ -653,9 +652,8 @@ TEST_F(MembershipTest, AwaitViewWakesWhenTheLastMemberRegisters) {
 TEST_F(MembershipTest, AwaitViewWakesOnAVersionBump) {
   MAKE_MEMBERSHIP(m, 2, 1);
   absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
-  std::thread waiter([&] {
-    result = m.AwaitView(2, /*complete=*/false, absl::Now() + absl::Seconds(30));
-  });
+  std::thread waiter(
+      [&] { result = m.AwaitView(2, /*complete=*/false, absl::Now() + absl::Seconds(30)); });
   MustRegister(m, SHARD, 1, "s1");
   waiter.join();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -674,9 +672,8 @@ TEST_F(MembershipTest, AwaitViewWakesWhenADeadMemberIsRevived) {
   ASSERT_FALSE(m.View().complete());
 
   absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
-  std::thread waiter([&] {
-    result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30));
-  });
+  std::thread waiter(
+      [&] { result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30)); });
   ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, inc)).ok());
   waiter.join();
   ASSERT_TRUE(result.ok()) << result.status();

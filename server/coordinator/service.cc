@@ -45,7 +45,10 @@ grpc::Status CoordinatorService::GetView(grpc::ServerContext* ctx, const GetView
                                          ClusterView* resp) {
   InFlightCounter::Scope scope(&in_flight_);
   return Answer(
-      [&] { return membership_->AwaitView(req->min_version(), req->wait_until_complete(), Deadline(ctx)); },
+      [&] {
+        return membership_->AwaitView(req->min_version(), req->wait_until_complete(),
+                                      Deadline(ctx));
+      },
       resp);
 }
 

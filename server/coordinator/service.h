@@ -16,7 +16,8 @@ class CoordinatorService final : public Coordinator::Service {
   CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait);
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*, HeartbeatResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*,
+                         HeartbeatResponse*) override;
   grpc::Status ReportProgress(grpc::ServerContext*, const ReportProgressRequest*,
                               ReportProgressResponse*) override;
   grpc::Status GetView(grpc::ServerContext*, const GetViewRequest*, ClusterView*) override;

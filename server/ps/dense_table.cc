@@ -1,8 +1,8 @@
 #include "server/ps/dense_table.h"
 
-#include <cmath>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -12,8 +12,7 @@
 
 namespace pscluster::ps {
 
-absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const TableSpec& spec,
-                                                               Range range) {
+absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const TableSpec& spec, Range range) {
   auto optimizer = MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
   return std::unique_ptr<DenseTable>(new DenseTable(spec, *std::move(optimizer), range));
@@ -29,9 +28,10 @@ DenseTable::DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimiz
 
 absl::Status DenseTable::CheckRange(uint64_t begin, uint64_t length) const {
   if (begin < range_.begin || begin > range_.end || length > range_.end - begin) {
-    return Reject(absl::OutOfRangeError(absl::StrCat(
-        "table ", id(), ": values [", begin, ", ", begin + length, ") are outside this shard's range [",
-        range_.begin, ", ", range_.end, ") of a tensor of ", spec_.size(), " values")));
+    return Reject(absl::OutOfRangeError(
+        absl::StrCat("table ", id(), ": values [", begin, ", ", begin + length,
+                     ") are outside this shard's range [", range_.begin, ", ", range_.end,
+                     ") of a tensor of ", spec_.size(), " values")));
   }
   return absl::OkStatus();
 }
@@ -83,7 +83,8 @@ uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
     for (const Piece& p : part) {
       if (size_t bad = ps::FirstNonFinite(p.grad); bad < p.grad.size()) {
         uint64_t at = p.at + bad, seen = first.load();
-        while (at < seen && !first.compare_exchange_weak(seen, at)) {}
+        while (at < seen && !first.compare_exchange_weak(seen, at)) {
+        }
         return;
       }
     }
@@ -103,8 +104,8 @@ absl::Status DenseTable::ScanChunk(uint64_t first_index, absl::Span<const float>
 }
 
 absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
-                              const std::vector<absl::Span<const float>>& chunks,
-                              bool* skipped, Scanned scanned) {
+                              const std::vector<absl::Span<const float>>& chunks, bool* skipped,
+                              Scanned scanned) {
   *skipped = false;
   uint64_t total = 0;
   for (const auto& c : chunks) total += c.size();
@@ -115,7 +116,7 @@ absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
     pieces.push_back({at, c});
     at += c.size();
   }
-  const uint64_t bad = scanned == Scanned::kNo ? FirstNonFinite(pieces, total)
+  const uint64_t bad = scanned == Scanned::kNo          ? FirstNonFinite(pieces, total)
                        : scanned == Scanned::kAllFinite ? UINT64_MAX
                                                         : 0;
   const bool finite = bad == UINT64_MAX;
@@ -191,7 +192,8 @@ void DenseTable::CaptureLocked(TableImage* image) const {
     const std::vector<float>& src = a == 0 ? values_ : slots_[a - 1];
     float* dst = image->arrays[a].data();
     ForEachPart({{0, absl::MakeConstSpan(src)}}, src.size(), [&](const std::vector<Piece>& part) {
-      for (const Piece& p : part) std::memcpy(dst + p.at, p.grad.data(), p.grad.size() * sizeof(float));
+      for (const Piece& p : part)
+        std::memcpy(dst + p.at, p.grad.data(), p.grad.size() * sizeof(float));
     });
   }
 }

@@ -65,8 +65,7 @@ std::vector<float> ReadAll(const DenseTable& table) {
 absl::Status PushOne(DenseTable& table, int32_t worker, int64_t step, uint64_t begin,
                      const std::vector<float>& grad, bool* skipped = nullptr) {
   bool ignored = false;
-  return table.Push(worker, step, begin, {absl::MakeConstSpan(grad)},
-                    skipped ? skipped : &ignored);
+  return table.Push(worker, step, begin, {absl::MakeConstSpan(grad)}, skipped ? skipped : &ignored);
 }
 
 // The table's whole value range as seen through a Shard (exercising DenseShardRange there).
@@ -181,11 +180,10 @@ TEST(DenseTableTest, PushOfSubRangeInChunksUpdatesOnlyThoseValues) {
   const std::vector<float> c1 = {2.0f};
   const std::vector<float> c2 = {4.0f, 6.0f};
   bool skipped = true;
-  ASSERT_TRUE(table->Push(0, 0, 6, {absl::MakeConstSpan(c1), absl::MakeConstSpan(c2)}, &skipped)
-                  .ok());
+  ASSERT_TRUE(
+      table->Push(0, 0, 6, {absl::MakeConstSpan(c1), absl::MakeConstSpan(c2)}, &skipped).ok());
   EXPECT_FALSE(skipped);
-  EXPECT_THAT(ReadAll(*table),
-              ElementsAre(kInit, kInit - 1.0f, kInit - 2.0f, kInit - 3.0f, kInit));
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit, kInit - 1.0f, kInit - 2.0f, kInit - 3.0f, kInit));
 
   // Reading a sub-range uses global indices too.
   std::vector<float> part(2);

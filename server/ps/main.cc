@@ -51,15 +51,16 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
+  absl::SetProgramUsageMessage(
+      "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
   absl::ParseCommandLine(argc, argv);
   pscluster::ps::ShardOptions shard_options;
   shard_options.shard_id = absl::GetFlag(FLAGS_shard_id);
   shard_options.num_shards = absl::GetFlag(FLAGS_num_shards);
   shard_options.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
   if (shard_options.num_shards == 0 || shard_options.shard_id >= shard_options.num_shards) {
-    return Fail(absl::StrCat("--shard_id=", shard_options.shard_id, " must be in [0, --num_shards=",
-                             shard_options.num_shards, ")"));
+    return Fail(absl::StrCat("--shard_id=", shard_options.shard_id,
+                             " must be in [0, --num_shards=", shard_options.num_shards, ")"));
   }
   pscluster::ps::ServiceOptions service_options;
   service_options.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
@@ -84,12 +85,14 @@ int main(int argc, char** argv) {
     so.lower_metric_is_better = metric == "min";
     so.test_delay_per_block = absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
     auto created = pscluster::ps::Snapshotter::Create(&shard, so);
-    if (!created.ok()) return Fail(absl::StrCat("--data_dir=", data_dir, ": ", created.status().ToString()));
+    if (!created.ok())
+      return Fail(absl::StrCat("--data_dir=", data_dir, ": ", created.status().ToString()));
     snapshotter = *std::move(created);
   }
   if (!restore.empty()) {
     auto step = snapshotter->Restore(restore);
-    if (!step.ok()) return Fail(absl::StrCat("--restore=", restore, ": ", step.status().ToString()));
+    if (!step.ok())
+      return Fail(absl::StrCat("--restore=", restore, ": ", step.status().ToString()));
     if (*step < 0) {
       std::printf("ps_server: no complete snapshot under %s; starting empty\n", data_dir.c_str());
     } else {
@@ -102,7 +105,8 @@ int main(int argc, char** argv) {
   quota.SetMaxThreads(absl::GetFlag(FLAGS_threads));
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(pscluster::ps::MaxMessageBytes(service_options));

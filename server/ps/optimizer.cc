@@ -38,8 +38,7 @@ class Sgd final : public Optimizer {
   explicit Sgd(const OptimizerOptions& o) : lr_(o) {}
   int num_slots() const override { return 0; }
   float slot_initial_value(int /*slot*/) const override { return 0.0f; }
-  void Apply(float* __restrict w, const float* __restrict g,
-             float* const* /*slots*/, size_t n,
+  void Apply(float* __restrict w, const float* __restrict g, float* const* /*slots*/, size_t n,
              int64_t step) const override {
     const float lr = lr_.At(step);
     for (size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
@@ -51,12 +50,11 @@ class Sgd final : public Optimizer {
 
 class Momentum final : public Optimizer {
  public:
-  explicit Momentum(const OptimizerOptions& o)
-      : lr_(o), mu_(o.momentum), nesterov_(o.nesterov) {}
+  explicit Momentum(const OptimizerOptions& o) : lr_(o), mu_(o.momentum), nesterov_(o.nesterov) {}
   int num_slots() const override { return 1; }
   float slot_initial_value(int /*slot*/) const override { return 0.0f; }
-  void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t step) const override {
+  void Apply(float* __restrict w, const float* __restrict g, float* const* slots, size_t n,
+             int64_t step) const override {
     float* __restrict v = slots[0];
     const float lr = lr_.At(step);
     const float mu = mu_;
@@ -84,11 +82,9 @@ class Adagrad final : public Optimizer {
   explicit Adagrad(const OptimizerOptions& o)
       : lr_(o), eps_(o.epsilon), init_(o.initial_accumulator) {}
   int num_slots() const override { return 1; }
-  float slot_initial_value(int slot) const override {
-    return slot == 0 ? init_ : 0.0f;
-  }
-  void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t step) const override {
+  float slot_initial_value(int slot) const override { return slot == 0 ? init_ : 0.0f; }
+  void Apply(float* __restrict w, const float* __restrict g, float* const* slots, size_t n,
+             int64_t step) const override {
     float* __restrict acc = slots[0];
     const float lr = lr_.At(step);
     const float eps = eps_;
@@ -111,8 +107,8 @@ class Adam final : public Optimizer {
       : lr_(o), b1_(o.beta1), b2_(o.beta2), eps_(o.epsilon), weight_decay_(weight_decay) {}
   int num_slots() const override { return 2; }
   float slot_initial_value(int /*slot*/) const override { return 0.0f; }
-  void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t step) const override {
+  void Apply(float* __restrict w, const float* __restrict g, float* const* slots, size_t n,
+             int64_t step) const override {
     float* __restrict m = slots[0];
     float* __restrict v = slots[1];
     if (step < 1) step = 1;
@@ -148,17 +144,13 @@ class Adam final : public Optimizer {
 class Ftrl final : public Optimizer {
  public:
   explicit Ftrl(const OptimizerOptions& o)
-      : alpha_(o),
-        beta_(o.ftrl_beta),
-        l1_(o.l1),
-        l2_(o.l2),
-        init_(o.initial_accumulator) {}
+      : alpha_(o), beta_(o.ftrl_beta), l1_(o.l1), l2_(o.l2), init_(o.initial_accumulator) {}
   int num_slots() const override { return 2; }
   float slot_initial_value(int slot) const override {
     return slot == 1 ? init_ : 0.0f;  // Slot 0 is z, slot 1 is n.
   }
-  void Apply(float* __restrict w, const float* __restrict g,
-             float* const* slots, size_t n, int64_t step) const override {
+  void Apply(float* __restrict w, const float* __restrict g, float* const* slots, size_t n,
+             int64_t step) const override {
     float* __restrict z = slots[0];
     float* __restrict acc = slots[1];
     const float inv_alpha = 1.0f / alpha_.At(step);
@@ -187,16 +179,14 @@ class Ftrl final : public Optimizer {
 };
 
 absl::Status NotFinite(absl::string_view field, float value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " must be finite, got ", value));
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be finite, got ", value));
 }
 
 // Checks that `value` is finite and >= 0.
 absl::Status CheckNonNegative(absl::string_view field, float value) {
   if (!std::isfinite(value)) return NotFinite(field, value);
   if (value < 0.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be >= 0, got ", value));
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be >= 0, got ", value));
   }
   return absl::OkStatus();
 }
@@ -205,8 +195,7 @@ absl::Status CheckNonNegative(absl::string_view field, float value) {
 absl::Status CheckUnitInterval(absl::string_view field, float value) {
   if (!std::isfinite(value)) return NotFinite(field, value);
   if (value < 0.0f || value >= 1.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be in [0, 1), got ", value));
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be in [0, 1), got ", value));
   }
   return absl::OkStatus();
 }
@@ -219,16 +208,13 @@ absl::Status Validate(const OptimizerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("learning_rate must be > 0, got ", o.learning_rate));
   }
-  for (absl::Status s : {CheckUnitInterval("momentum", o.momentum),
-                         CheckUnitInterval("beta1", o.beta1),
-                         CheckUnitInterval("beta2", o.beta2),
-                         CheckNonNegative("epsilon", o.epsilon),
-                         CheckNonNegative("weight_decay", o.weight_decay),
-                         CheckNonNegative("initial_accumulator",
-                                          o.initial_accumulator),
-                         CheckNonNegative("l1", o.l1),
-                         CheckNonNegative("l2", o.l2),
-                         CheckNonNegative("ftrl_beta", o.ftrl_beta)}) {
+  for (absl::Status s :
+       {CheckUnitInterval("momentum", o.momentum), CheckUnitInterval("beta1", o.beta1),
+        CheckUnitInterval("beta2", o.beta2), CheckNonNegative("epsilon", o.epsilon),
+        CheckNonNegative("weight_decay", o.weight_decay),
+        CheckNonNegative("initial_accumulator", o.initial_accumulator),
+        CheckNonNegative("l1", o.l1), CheckNonNegative("l2", o.l2),
+        CheckNonNegative("ftrl_beta", o.ftrl_beta)}) {
     if (!s.ok()) return s;
   }
   if (!std::isfinite(o.lr_decay_rate) || o.lr_decay_rate <= 0.0f || o.lr_decay_rate > 1.0f) {
@@ -244,8 +230,7 @@ absl::Status Validate(const OptimizerOptions& o) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
-    const OptimizerOptions& options) {
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
   switch (options.kind) {
     case Kind::kSgd:

@@ -33,18 +33,18 @@ struct OptimizerOptions {
   Kind kind = Kind::kSgd;
   // Step size for every kind (alpha for FTRL). Must be finite and > 0.
   float learning_rate = 0.01f;
-  float momentum = 0.9f;        // kMomentum; in [0, 1).
-  bool nesterov = false;        // kMomentum
-  float beta1 = 0.9f;           // kAdam/kAdamW; in [0, 1).
-  float beta2 = 0.999f;         // kAdam/kAdamW; in [0, 1).
-  float epsilon = 1e-8f;        // kAdagrad/kAdam/kAdamW; >= 0.
+  float momentum = 0.9f;  // kMomentum; in [0, 1).
+  bool nesterov = false;  // kMomentum
+  float beta1 = 0.9f;     // kAdam/kAdamW; in [0, 1).
+  float beta2 = 0.999f;   // kAdam/kAdamW; in [0, 1).
+  float epsilon = 1e-8f;  // kAdagrad/kAdam/kAdamW; >= 0.
   // kAdamW: decoupled decay (w *= 1 - lr*wd before the Adam step); >= 0.
   float weight_decay = 0.0f;
   // kAdagrad accumulator and kFtrl 'n' start value; >= 0.
   float initial_accumulator = 0.1f;
-  float l1 = 0.0f;              // kFtrl; >= 0.
-  float l2 = 0.0f;              // kFtrl; >= 0.
-  float ftrl_beta = 1.0f;       // kFtrl; >= 0.
+  float l1 = 0.0f;         // kFtrl; >= 0.
+  float l2 = 0.0f;         // kFtrl; >= 0.
+  float ftrl_beta = 1.0f;  // kFtrl; >= 0.
   // Exponential learning-rate decay by update count t (the `step` of Apply):
   // lr(t) = learning_rate * lr_decay_rate^((t - 1) / lr_decay_steps), for every kind.
   // lr_decay_steps = 0 (default) disables it; the rate must be in (0, 1].
@@ -74,8 +74,7 @@ class Optimizer {
   // momentum not in [0,1), beta1/beta2 not in [0,1), epsilon<0,
   // weight_decay<0, initial_accumulator<0, l1<0, l2<0, ftrl_beta<0, any
   // non-finite value, or an unknown kind.
-  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
-      const OptimizerOptions& options);
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerOptions& options);
 
   virtual ~Optimizer() = default;
 

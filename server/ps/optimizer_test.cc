@@ -48,8 +48,7 @@ std::unique_ptr<Optimizer> MakeOrDie(const OptimizerOptions& options) {
 }
 
 // Runs the library optimizer over `grads` starting from `w0` in float32.
-State RunLibrary(const OptimizerOptions& options, const Vec& w0,
-                 const std::vector<Vec>& grads) {
+State RunLibrary(const OptimizerOptions& options, const Vec& w0, const std::vector<Vec>& grads) {
   std::unique_ptr<Optimizer> opt = MakeOrDie(options);
   if (opt == nullptr) return {};
   const size_t n = w0.size();
@@ -79,8 +78,7 @@ State RefSgd(double lr, Vec w, const std::vector<Vec>& grads) {
   return {w, {}};
 }
 
-State RefMomentum(double lr, double mu, bool nesterov, Vec w,
-                  const std::vector<Vec>& grads) {
+State RefMomentum(double lr, double mu, bool nesterov, Vec w, const std::vector<Vec>& grads) {
   Vec v(w.size(), 0.0);
   for (const Vec& g : grads) {
     for (size_t i = 0; i < w.size(); ++i) {
@@ -92,8 +90,7 @@ State RefMomentum(double lr, double mu, bool nesterov, Vec w,
   return {w, {v}};
 }
 
-State RefAdagrad(double lr, double eps, double init, Vec w,
-                 const std::vector<Vec>& grads) {
+State RefAdagrad(double lr, double eps, double init, Vec w, const std::vector<Vec>& grads) {
   Vec acc(w.size(), init);
   for (const Vec& g : grads) {
     for (size_t i = 0; i < w.size(); ++i) {
@@ -122,13 +119,12 @@ State RefAdamW(double lr, double b1, double b2, double eps, double wd, Vec w,
   return {w, {m, v}};
 }
 
-State RefFtrl(double alpha, double beta, double l1, double l2, double init,
-              Vec w, const std::vector<Vec>& grads) {
+State RefFtrl(double alpha, double beta, double l1, double l2, double init, Vec w,
+              const std::vector<Vec>& grads) {
   Vec z(w.size(), 0.0), n(w.size(), init);
   for (const Vec& g : grads) {
     for (size_t i = 0; i < w.size(); ++i) {
-      const double sigma = (std::sqrt(n[i] + g[i] * g[i]) - std::sqrt(n[i])) /
-                           alpha;
+      const double sigma = (std::sqrt(n[i] + g[i] * g[i]) - std::sqrt(n[i])) / alpha;
       z[i] += g[i] - sigma * w[i];
       n[i] += g[i] * g[i];
       if (std::fabs(z[i]) <= l1) {
@@ -143,12 +139,10 @@ State RefFtrl(double alpha, double beta, double l1, double l2, double init,
 }
 
 // ~1e-5 relative tolerance, with a floor of 1e-5 absolute near zero.
-void ExpectClose(const Vec& actual, const Vec& expected,
-                 const std::string& what) {
+void ExpectClose(const Vec& actual, const Vec& expected, const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   for (size_t i = 0; i < actual.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i],
-                1e-5 * std::max(1.0, std::fabs(expected[i])))
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::max(1.0, std::fabs(expected[i])))
         << what << "[" << i << "]";
   }
 }
@@ -157,8 +151,7 @@ void ExpectStateClose(const State& actual, const State& expected) {
   ExpectClose(actual.w, expected.w, "w");
   ASSERT_EQ(actual.slots.size(), expected.slots.size());
   for (size_t k = 0; k < actual.slots.size(); ++k) {
-    ExpectClose(actual.slots[k], expected.slots[k],
-                "slot" + std::to_string(k));
+    ExpectClose(actual.slots[k], expected.slots[k], "slot" + std::to_string(k));
   }
 }
 
@@ -184,8 +177,7 @@ TEST(MomentumTest, PlainMatchesPyTorchReferenceOverFourSteps) {
   OptimizerOptions o = Options(Kind::kMomentum);
   o.learning_rate = 0.05f;
   o.momentum = 0.9f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefMomentum(0.05, 0.9, false, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefMomentum(0.05, 0.9, false, kW0, kGrads));
 }
 
 TEST(MomentumTest, NesterovMatchesPyTorchReferenceOverFourSteps) {
@@ -193,8 +185,7 @@ TEST(MomentumTest, NesterovMatchesPyTorchReferenceOverFourSteps) {
   o.learning_rate = 0.05f;
   o.momentum = 0.8f;
   o.nesterov = true;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefMomentum(0.05, 0.8, true, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefMomentum(0.05, 0.8, true, kW0, kGrads));
 }
 
 TEST(MomentumTest, NesterovTakesALargerFirstStepThanPlain) {
@@ -215,8 +206,7 @@ TEST(AdagradTest, MatchesReferenceOverFourSteps) {
   o.learning_rate = 0.1f;
   o.initial_accumulator = 0.1f;
   o.epsilon = 1e-7f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefAdagrad(0.1, 1e-7, 0.1, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefAdagrad(0.1, 1e-7, 0.1, kW0, kGrads));
 }
 
 TEST(AdagradTest, ZeroInitialAccumulatorMatchesReference) {
@@ -224,15 +214,13 @@ TEST(AdagradTest, ZeroInitialAccumulatorMatchesReference) {
   o.learning_rate = 0.5f;
   o.initial_accumulator = 0.0f;
   o.epsilon = 1e-6f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefAdagrad(0.5, 1e-6, 0.0, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefAdagrad(0.5, 1e-6, 0.0, kW0, kGrads));
 }
 
 TEST(AdamTest, BiasCorrectionMatchesReferenceOverFourSteps) {
   OptimizerOptions o = Options(Kind::kAdam);
   o.learning_rate = 0.01f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefAdamW(0.01, 0.9, 0.999, 1e-8, 0.0, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefAdamW(0.01, 0.9, 0.999, 1e-8, 0.0, kW0, kGrads));
 }
 
 TEST(AdamTest, NonDefaultBetasAndEpsilonMatchReference) {
@@ -241,8 +229,7 @@ TEST(AdamTest, NonDefaultBetasAndEpsilonMatchReference) {
   o.beta1 = 0.5f;
   o.beta2 = 0.75f;
   o.epsilon = 1e-3f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefAdamW(0.2, 0.5, 0.75, 1e-3, 0.0, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefAdamW(0.2, 0.5, 0.75, 1e-3, 0.0, kW0, kGrads));
 }
 
 TEST(AdamTest, FirstStepMovesEachWeightByLearningRateAgainstGradientSign) {
@@ -267,8 +254,7 @@ TEST(AdamWTest, DecoupledDecayMatchesReferenceOverFourSteps) {
   OptimizerOptions o = Options(Kind::kAdamW);
   o.learning_rate = 0.05f;
   o.weight_decay = 0.1f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefAdamW(0.05, 0.9, 0.999, 1e-8, 0.1, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefAdamW(0.05, 0.9, 0.999, 1e-8, 0.1, kW0, kGrads));
 }
 
 TEST(AdamWTest, ZeroGradientOnlyDecaysWeight) {
@@ -295,8 +281,7 @@ TEST(FtrlTest, WithoutRegularizationMatchesReferenceOverFourSteps) {
   o.learning_rate = 0.1f;
   o.ftrl_beta = 1.0f;
   o.initial_accumulator = 0.1f;
-  ExpectStateClose(RunLibrary(o, kW0, kGrads),
-                   RefFtrl(0.1, 1.0, 0.0, 0.0, 0.1, kW0, kGrads));
+  ExpectStateClose(RunLibrary(o, kW0, kGrads), RefFtrl(0.1, 1.0, 0.0, 0.0, 0.1, kW0, kGrads));
 }
 
 TEST(FtrlTest, L1AndL2MatchReferenceAndDriveSomeWeightsExactlyToZero) {
@@ -366,8 +351,8 @@ TEST(OptimizerSlotsTest, DefaultInitialAccumulatorIsPointOne) {
 // same result as updating each element on its own, for every kind.
 TEST(OptimizerApplyTest, LongVectorMatchesElementByElementUpdates) {
   constexpr size_t kN = 37;
-  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam,
-                    Kind::kAdamW, Kind::kFtrl}) {
+  for (Kind kind :
+       {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam, Kind::kAdamW, Kind::kFtrl}) {
     OptimizerOptions o = Options(kind);
     o.weight_decay = 0.01f;
     o.l1 = 0.001f;
@@ -416,17 +401,14 @@ TEST(OptimizerApplyTest, ConcurrentApplyOnDisjointRangesIsSafe) {
     });
   }
   for (auto& th : threads) th.join();
-  const State ref =
-      RefAdamW(0.01, 0.9, 0.999, 1e-8, 0.0, {1.0},
-               std::vector<Vec>(10, Vec{0.5}));
+  const State ref = RefAdamW(0.01, 0.9, 0.999, 1e-8, 0.0, {1.0}, std::vector<Vec>(10, Vec{0.5}));
   for (float wi : w) EXPECT_NEAR(wi, ref.w[0], 1e-5);
 }
 
 TEST(OptimizerCreateTest, AcceptsDefaultOptionsForEveryKind) {
-  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam,
-                    Kind::kAdamW, Kind::kFtrl}) {
-    EXPECT_TRUE(Optimizer::Create(Options(kind)).ok())
-        << static_cast<int>(kind);
+  for (Kind kind :
+       {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam, Kind::kAdamW, Kind::kFtrl}) {
+    EXPECT_TRUE(Optimizer::Create(Options(kind)).ok()) << static_cast<int>(kind);
   }
 }
 
@@ -466,19 +448,17 @@ struct BadOptionCase {
   std::function<void(OptimizerOptions&)> mutate;
 };
 
-class OptimizerCreateRejectsTest
-    : public ::testing::TestWithParam<BadOptionCase> {};
+class OptimizerCreateRejectsTest : public ::testing::TestWithParam<BadOptionCase> {};
 
 TEST_P(OptimizerCreateRejectsTest, InvalidArgumentNamingTheField) {
   const BadOptionCase& c = GetParam();
   // Each bad value is rejected whatever kind is selected.
-  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam,
-                    Kind::kAdamW, Kind::kFtrl}) {
+  for (Kind kind :
+       {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam, Kind::kAdamW, Kind::kFtrl}) {
     OptimizerOptions o = Options(kind);
     c.mutate(o);
     absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(o);
-    EXPECT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument)
-        << static_cast<int>(kind);
+    EXPECT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument) << static_cast<int>(kind);
     EXPECT_THAT(opt.status().message(), HasSubstr(c.field));
   }
 }
@@ -489,14 +469,10 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 INSTANTIATE_TEST_SUITE_P(
     BadOptions, OptimizerCreateRejectsTest,
     ::testing::ValuesIn(std::vector<BadOptionCase>{
-        {"ZeroLearningRate", "learning_rate",
-         [](auto& o) { o.learning_rate = 0.0f; }},
-        {"NegativeLearningRate", "learning_rate",
-         [](auto& o) { o.learning_rate = -1.0f; }},
-        {"NaNLearningRate", "learning_rate",
-         [](auto& o) { o.learning_rate = kNaN; }},
-        {"InfiniteLearningRate", "learning_rate",
-         [](auto& o) { o.learning_rate = kInf; }},
+        {"ZeroLearningRate", "learning_rate", [](auto& o) { o.learning_rate = 0.0f; }},
+        {"NegativeLearningRate", "learning_rate", [](auto& o) { o.learning_rate = -1.0f; }},
+        {"NaNLearningRate", "learning_rate", [](auto& o) { o.learning_rate = kNaN; }},
+        {"InfiniteLearningRate", "learning_rate", [](auto& o) { o.learning_rate = kInf; }},
         {"NegativeMomentum", "momentum", [](auto& o) { o.momentum = -0.1f; }},
         {"MomentumOne", "momentum", [](auto& o) { o.momentum = 1.0f; }},
         {"NaNMomentum", "momentum", [](auto& o) { o.momentum = kNaN; }},
@@ -505,8 +481,7 @@ INSTANTIATE_TEST_SUITE_P(
         {"NegativeBeta2", "beta2", [](auto& o) { o.beta2 = -0.5f; }},
         {"Beta2One", "beta2", [](auto& o) { o.beta2 = 1.0f; }},
         {"NegativeEpsilon", "epsilon", [](auto& o) { o.epsilon = -1e-8f; }},
-        {"NegativeWeightDecay", "weight_decay",
-         [](auto& o) { o.weight_decay = -0.01f; }},
+        {"NegativeWeightDecay", "weight_decay", [](auto& o) { o.weight_decay = -0.01f; }},
         {"NegativeInitialAccumulator", "initial_accumulator",
          [](auto& o) { o.initial_accumulator = -0.1f; }},
         {"NegativeL1", "l1", [](auto& o) { o.l1 = -1.0f; }},
@@ -514,9 +489,7 @@ INSTANTIATE_TEST_SUITE_P(
         {"InfiniteL2", "l2", [](auto& o) { o.l2 = kInf; }},
         {"NegativeFtrlBeta", "ftrl_beta", [](auto& o) { o.ftrl_beta = -1.0f; }},
     }),
-    [](const ::testing::TestParamInfo<BadOptionCase>& info) {
-      return info.param.name;
-    });
+    [](const ::testing::TestParamInfo<BadOptionCase>& info) { return info.param.name; });
 
 }  // namespace
 // lr(t) = lr * rate^((t-1)/steps): with rate 0.5 and steps 2, updates 1..5 use

@@ -102,9 +102,9 @@ grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
   if (length * sizeof(float) > options_.max_chunk_bytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "length ", length, " values exceeds the unary limit of ", options_.max_chunk_bytes,
-        " bytes; use PullDenseStream")));
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("length ", length, " values exceeds the unary limit of ",
+                     options_.max_chunk_bytes, " bytes; use PullDenseStream")));
   }
   resp->set_table_id(req->table_id());
   resp->set_step(req->step());
@@ -186,19 +186,21 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
   } recycle{&buffers_, &buffers};
   uint64_t received = 0;
   bool has_nonfinite = false;
-  for (bool have = true; have; *chunk.mutable_data() = buffers_.Get(), have = reader->Read(&chunk)) {
+  for (bool have = true; have;
+       *chunk.mutable_data() = buffers_.Get(), have = reader->Read(&chunk)) {
     DenseChunk& c = buffers.empty() ? first : chunk;
-    if (absl::Status s = CheckSameTransfer(first, c, buffers.size()); !s.ok()) return ToGrpcStatus(s);
+    if (absl::Status s = CheckSameTransfer(first, c, buffers.size()); !s.ok())
+      return ToGrpcStatus(s);
     if (absl::Status s = CheckFloatBytes(c.data(), "data"); !s.ok()) return ToGrpcStatus(s);
     if (c.data().size() > options_.max_chunk_bytes) {
-      return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-          "chunk ", buffers.size(), " holds ", c.data().size(), " bytes; the limit is ",
-          options_.max_chunk_bytes)));
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("chunk ", buffers.size(), " holds ", c.data().size(),
+                       " bytes; the limit is ", options_.max_chunk_bytes)));
     }
     if (c.offset() != first.begin() + received) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", buffers.size(), " has offset ", c.offset(), ", expected ",
-          first.begin() + received, " (chunks must be contiguous and in order)")));
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("chunk ", buffers.size(), " has offset ", c.offset(), ", expected ",
+                       first.begin() + received, " (chunks must be contiguous and in order)")));
     }
     if (c.data().size() / sizeof(float) > first.total_length() - received) {
       return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
@@ -214,8 +216,8 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
   }
   if (received != first.total_length()) {
     return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("push stream truncated: got ", received, " of total_length=",
-                     first.total_length(), " values; nothing was applied")));
+        absl::StrCat("push stream truncated: got ", received,
+                     " of total_length=", first.total_length(), " values; nothing was applied")));
   }
   std::vector<absl::Span<const float>> spans;
   for (const std::string& b : buffers) spans.push_back(AsFloats(b));
@@ -235,9 +237,9 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
   if (!table.ok()) return ToGrpcStatus(table.status());
   uint64_t values = static_cast<uint64_t>(req->keys_size()) * (*table)->spec().dim();
   if (values * sizeof(float) > options_.max_chunk_bytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "pulling ", req->keys_size(), " rows would return ", values * sizeof(float),
-        " bytes; the limit is ", options_.max_chunk_bytes, "; split the keys")));
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("pulling ", req->keys_size(), " rows would return ", values * sizeof(float),
+                     " bytes; the limit is ", options_.max_chunk_bytes, "; split the keys")));
   }
   absl::Span<const uint64_t> keys(req->keys().data(), req->keys_size());
   if (absl::Status s = (*table)->CheckKeys(keys); !s.ok()) return ToGrpcStatus(s);
@@ -290,7 +292,8 @@ grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const Sn
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*, const ListSnapshotsRequest*,
+grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*,
+                                                   const ListSnapshotsRequest*,
                                                    ListSnapshotsResponse* resp) {
   InFlightCounter::Scope in_flight(&in_flight_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);

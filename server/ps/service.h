@@ -65,8 +65,8 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
   // Validates a pull and waits for its consistency bound; returns the table and the
   // resolved length (0 in the request = to the end of this shard's range).
-  absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx, const PullDenseRequest& req,
-                                          uint64_t* length);
+  absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx,
+                                          const PullDenseRequest& req, uint64_t* length);
 
   absl::Status CheckSnapshotter() const;
 

@@ -10,15 +10,18 @@ namespace pscluster::ps {
 
 absl::Status ValidateTableSpec(const TableSpec& spec) {
   if (spec.kind() == TableSpec::DENSE) {
-    if (spec.size() == 0) return absl::InvalidArgumentError("spec.size must be > 0 for a DENSE table");
+    if (spec.size() == 0)
+      return absl::InvalidArgumentError("spec.size must be > 0 for a DENSE table");
   } else if (spec.kind() == TableSpec::SPARSE) {
-    if (spec.dim() == 0) return absl::InvalidArgumentError("spec.dim must be > 0 for a SPARSE table");
+    if (spec.dim() == 0)
+      return absl::InvalidArgumentError("spec.dim must be > 0 for a SPARSE table");
   } else {
     return absl::InvalidArgumentError(absl::StrCat("spec.kind ", spec.kind(), " is unknown"));
   }
   const ConsistencyConfig& c = spec.consistency();
   if (!ConsistencyConfig::Mode_IsValid(c.mode())) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.consistency.mode ", c.mode(), " is unknown"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.consistency.mode ", c.mode(), " is unknown"));
   }
   if (c.staleness() < 0) {
     return absl::InvalidArgumentError(
@@ -54,10 +57,10 @@ absl::Status Shard::CheckSize(const TableSpec& spec) const {
   uint64_t values = DenseShardRange(spec.size(), options_.shard_id, options_.num_shards).size();
   long double bytes = static_cast<long double>(values) * 4 * (1 + (*optimizer)->num_slots());
   if (bytes > options_.max_table_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.size ", spec.size(), " needs ", static_cast<double>(bytes),
-        " bytes of values and optimizer state on this shard; the limit is ",
-        options_.max_table_bytes, " (ps_server --max_table_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec.size ", spec.size(), " needs ", static_cast<double>(bytes),
+                     " bytes of values and optimizer state on this shard; the limit is ",
+                     options_.max_table_bytes, " (ps_server --max_table_bytes)"));
   }
   return absl::OkStatus();
 }
@@ -73,8 +76,8 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
     google::protobuf::util::MessageDifferencer differ;
     differ.ReportDifferencesToString(&diff);
     if (!differ.Compare(it->second->spec(), spec)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "table ", spec.table_id(), " already exists with another spec: ", diff));
+      return absl::AlreadyExistsError(
+          absl::StrCat("table ", spec.table_id(), " already exists with another spec: ", diff));
     }
     response.set_created(false);
     *response.mutable_info() = it->second->Info();
@@ -111,9 +114,9 @@ absl::StatusOr<Table*> Shard::GetTable(uint32_t table_id) const {
 absl::Status Shard::CheckWorker(int32_t worker_id) const {
   absl::ReaderMutexLock lock(&mu_);
   if (!workers_.count(worker_id)) {
-    return absl::FailedPreconditionError(absl::StrCat("worker_id ", worker_id,
-                                                      " is not registered with shard ", options_.shard_id,
-                                                      "; call RegisterWorker first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker_id ", worker_id, " is not registered with shard ", options_.shard_id,
+                     "; call RegisterWorker first"));
   }
   return absl::OkStatus();
 }
@@ -125,9 +128,9 @@ absl::StatusOr<Table*> Shard::GetForWorker(uint32_t table_id, int32_t worker_id,
   if (!table.ok()) return table.status();
   if ((*table)->spec().kind() != kind) {
     const bool dense = kind == TableSpec::DENSE;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table_id ", table_id, " is a ", dense ? "SPARSE" : "DENSE", " table; use ",
-        dense ? "PullSparse/PushSparse" : "PullDense/PushDense"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("table_id ", table_id, " is a ", dense ? "SPARSE" : "DENSE", " table; use ",
+                     dense ? "PullSparse/PushSparse" : "PullDense/PushDense"));
   }
   return table;
 }

@@ -21,7 +21,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-TableSpec DenseSpec(uint32_t id, uint64_t size, ConsistencyConfig::Mode mode = ConsistencyConfig::ASP) {
+TableSpec DenseSpec(uint32_t id, uint64_t size,
+                    ConsistencyConfig::Mode mode = ConsistencyConfig::ASP) {
   TableSpec spec;
   spec.set_table_id(id);
   spec.set_name("dense");
@@ -35,7 +36,8 @@ TableSpec DenseSpec(uint32_t id, uint64_t size, ConsistencyConfig::Mode mode = C
   return spec;
 }
 
-TableSpec SparseSpec(uint32_t id, uint32_t dim, ConsistencyConfig::Mode mode = ConsistencyConfig::ASP) {
+TableSpec SparseSpec(uint32_t id, uint32_t dim,
+                     ConsistencyConfig::Mode mode = ConsistencyConfig::ASP) {
   TableSpec spec = DenseSpec(id, 0, mode);
   spec.set_name("sparse");
   spec.set_kind(TableSpec::SPARSE);
@@ -338,7 +340,8 @@ TEST(ShardTest, TableCreatedAfterWorkersRegisteredWaitsForThemUnderBsp) {
   // A worker registered after creation joins the existing table too.
   shard.RegisterWorker(3);
   EXPECT_EQ(table->Clocks().size(), 4u);
-  for (int32_t w : {0, 1, 2}) ASSERT_TRUE(table->Push(w, 1, 0, {absl::MakeConstSpan(g)}, &skipped).ok());
+  for (int32_t w : {0, 1, 2})
+    ASSERT_TRUE(table->Push(w, 1, 0, {absl::MakeConstSpan(g)}, &skipped).ok());
   EXPECT_EQ(table->Info().applied_steps(), 1);
   ASSERT_TRUE(table->Push(3, 1, 0, {absl::MakeConstSpan(g)}, &skipped).ok());
   EXPECT_EQ(table->Info().applied_steps(), 2);

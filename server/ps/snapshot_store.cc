@@ -165,7 +165,8 @@ absl::StatusOr<SnapshotManifest> SnapshotStore::Write(
   const std::string sst = (fs::path(dir_) / "staging" / absl::StrCat(step, ".sst")).string();
   rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), DbOptions());
   // No tables, no file: an opened writer that is never finished leaves it in staging.
-  absl::Status s = images.empty() ? absl::OkStatus() : FromRocks(writer.Open(sst), "opening " + sst);
+  absl::Status s =
+      images.empty() ? absl::OkStatus() : FromRocks(writer.Open(sst), "opening " + sst);
   uint64_t total = 0;
   std::vector<const TableImage*> sorted;
   for (const auto& i : images) sorted.push_back(i.get());
@@ -223,7 +224,8 @@ absl::StatusOr<std::vector<SnapshotManifest>> SnapshotStore::List() const {
   for (it->Seek("manifest/"); it->Valid() && StartsWith(it->key(), "manifest/"); it->Next()) {
     SnapshotManifest m;
     if (!m.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("unreadable manifest ", it->key().ToString(), " in ", dir_));
+      return absl::DataLossError(
+          absl::StrCat("unreadable manifest ", it->key().ToString(), " in ", dir_));
     }
     out.push_back(std::move(m));
   }
@@ -239,9 +241,9 @@ absl::Status SnapshotStore::Delete(int64_t step) {
     return s;
   }
   std::string begin = StepPrefix(step), end = StepPrefix(step + 1);
-  if (absl::Status s = FromRocks(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(),
-                                                  begin, end),
-                                 "deleting snapshot data");
+  if (absl::Status s = FromRocks(
+          db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), begin, end),
+          "deleting snapshot data");
       !s.ok()) {
     return s;
   }
@@ -312,8 +314,10 @@ absl::Status SnapshotStore::Read(int64_t step, Visitor* visitor) const {
       absl::Status s;
       if (dense) {
         const uint64_t n = std::min(kDenseBlockValues, h.shard_end() - h.shard_begin() - at);
-        if (v.size() != n * arrays * sizeof(float)) return corrupt(id, "dense block of the wrong size");
-        s = visitor->DenseBlock(h, h.shard_begin() + at, n, reinterpret_cast<const float*>(block.data()));
+        if (v.size() != n * arrays * sizeof(float))
+          return corrupt(id, "dense block of the wrong size");
+        s = visitor->DenseBlock(h, h.shard_begin() + at, n,
+                                reinterpret_cast<const float*>(block.data()));
         at += n;
       } else {
         const uint64_t row_bytes = 16 + row_len * sizeof(float);
@@ -325,8 +329,9 @@ absl::Status SnapshotStore::Read(int64_t step, Visitor* visitor) const {
           int64_t updates;
           std::memcpy(&key, p + r * 8, 8);
           std::memcpy(&updates, p + n * 8 + r * 8, 8);
-          s = visitor->SparseRow(h, key, updates,
-                                 reinterpret_cast<const float*>(p + n * 16 + r * row_len * sizeof(float)));
+          s = visitor->SparseRow(
+              h, key, updates,
+              reinterpret_cast<const float*>(p + n * 16 + r * row_len * sizeof(float)));
         }
       }
       if (!s.ok()) return s;

@@ -50,7 +50,7 @@ class SnapshotStore {
     uint32_t num_shards = 1;
     bool has_metric = false;
     double metric = 0;
-    absl::Duration test_delay_per_block;       // tests only: widens the crash window
+    absl::Duration test_delay_per_block;             // tests only: widens the crash window
     std::atomic<uint64_t>* bytes_written = nullptr;  // progress, if set
   };
   absl::StatusOr<SnapshotManifest> Write(int64_t step,
@@ -73,8 +73,8 @@ class SnapshotStore {
     // DENSE: global indices [begin, begin + n): values, then each slot, n floats each.
     virtual absl::Status DenseBlock(const TableSnapshotHeader& header, uint64_t begin, uint64_t n,
                                     const float* data) = 0;
-    virtual absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key,
-                                   int64_t updates, const float* data) = 0;
+    virtual absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key, int64_t updates,
+                                   const float* data) = 0;
   };
   // Visits every table of complete snapshot `step`; DATA_LOSS when a checksum or a
   // block's size disagrees with the manifest.

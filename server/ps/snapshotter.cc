@@ -33,7 +33,8 @@ class RestoreVisitor final : public SnapshotStore::Visitor {
     if (!created.ok()) return created.status();
     Table* table = *shard_->GetTable(h.spec().table_id());
     table->RestoreClocks(h);
-    if (h.spec().kind() == TableSpec::DENSE) static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
+    if (h.spec().kind() == TableSpec::DENSE)
+      static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
     for (const WorkerClock& c : h.clocks()) workers_.push_back(c.worker_id());
     return absl::OkStatus();
   }
@@ -100,14 +101,15 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     absl::MutexLock lock(&mu_);
     if (in_progress_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "snapshot of step ", current_step_, " is still being written (",
-          bytes_written_.load(), " of ", bytes_total_, " bytes); retry when it completes"));
+          "snapshot of step ", current_step_, " is still being written (", bytes_written_.load(),
+          " of ", bytes_total_, " bytes); retry when it completes"));
     }
     auto list = store_->List();
     if (!list.ok()) return list.status();
     for (const auto& m : *list) {
       if (m.step() == request.step()) {
-        return absl::AlreadyExistsError(absl::StrCat("a snapshot of step ", request.step(), " exists"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("a snapshot of step ", request.step(), " exists"));
       }
     }
     in_progress_ = true;
@@ -149,7 +151,8 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     absl::MutexLock lock(&mu_);
     bytes_total_ = bytes;
     bytes_written_ = 0;
-    writer_ = std::thread(&Snapshotter::WriteInBackground, this, request.step(), std::move(images), wo);
+    writer_ =
+        std::thread(&Snapshotter::WriteInBackground, this, request.step(), std::move(images), wo);
   }
   SnapshotResponse response;
   response.set_step(request.step());
@@ -160,8 +163,8 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
 
 void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
                                     SnapshotStore::WriteOptions options) {
-  std::printf("ps_server: snapshot of step %lld: writing %llu bytes\n", static_cast<long long>(step),
-              static_cast<unsigned long long>(bytes_total()));
+  std::printf("ps_server: snapshot of step %lld: writing %llu bytes\n",
+              static_cast<long long>(step), static_cast<unsigned long long>(bytes_total()));
   std::fflush(stdout);
   absl::Time start = absl::Now();
   auto manifest = store_->Write(step, images, options);
@@ -275,9 +278,9 @@ absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
     step = restorable.back();
   } else if (!absl::SimpleAtoi(which, &step) ||
              std::find(restorable.begin(), restorable.end(), step) == restorable.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no complete snapshot '", which, "' under ", options_.root,
-        "; restorable steps: [", absl::StrJoin(restorable, ", "), "]"));
+    return absl::NotFoundError(absl::StrCat("no complete snapshot '", which, "' under ",
+                                            options_.root, "; restorable steps: [",
+                                            absl::StrJoin(restorable, ", "), "]"));
   }
   RestoreVisitor visitor(shard_);
   for (const auto& [id, info] : by_step[step]) {

@@ -22,10 +22,10 @@
 namespace pscluster::ps {
 
 struct SnapshotterOptions {
-  std::string root;                      // checkpoint root (ps_server --data_dir)
-  int keep_last = 3;                     // newest complete snapshots kept ...
-  bool lower_metric_is_better = true;    // ... plus the best by metric
-  absl::Duration test_delay_per_block;   // tests only: slows writes to widen crash windows
+  std::string root;                     // checkpoint root (ps_server --data_dir)
+  int keep_last = 3;                    // newest complete snapshots kept ...
+  bool lower_metric_is_better = true;   // ... plus the best by metric
+  absl::Duration test_delay_per_block;  // tests only: slows writes to widen crash windows
 };
 
 // The database directory of shard `shard_id` under `root`.

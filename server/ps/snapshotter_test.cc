@@ -170,7 +170,8 @@ std::vector<float> DenseGrads(uint64_t size, int salt) {
 }
 
 // Keys of `keys` that shard `shard` of `num_shards` owns.
-std::vector<uint64_t> Owned(const std::vector<uint64_t>& keys, uint32_t shard, uint32_t num_shards) {
+std::vector<uint64_t> Owned(const std::vector<uint64_t>& keys, uint32_t shard,
+                            uint32_t num_shards) {
   std::vector<uint64_t> out;
   for (uint64_t k : keys) {
     if (SparseShardOf(k, num_shards) == shard) out.push_back(k);
@@ -472,7 +473,8 @@ TEST_F(SnapshotterTest, BspStepCompletedWhileHeldIsAppliedOnlyAfterTheCapture) {
   ASSERT_TRUE(image.ok()) << image.status();
   EXPECT_EQ((*image)->header.applied_steps(), 1);
   const StagingArray& captured = (*image)->arrays[0];
-  EXPECT_TRUE(BitwiseEqual(std::vector<float>(captured.begin(), captured.end()), ExpectedBspDense(1)));
+  EXPECT_TRUE(
+      BitwiseEqual(std::vector<float>(captured.begin(), captured.end()), ExpectedBspDense(1)));
   EXPECT_EQ(table->Info().applied_steps(), 2) << "the held step was not applied after capture";
   EXPECT_TRUE(BitwiseEqual(ReadDense(shard, 1), ExpectedBspDense(2)));
 }

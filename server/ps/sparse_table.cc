@@ -28,8 +28,9 @@ SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optim
 absl::Status SparseTable::CheckKeys(absl::Span<const uint64_t> keys) const {
   for (size_t i = 0; i < keys.size(); ++i) {
     if (spec_.key_space() != 0 && keys[i] >= spec_.key_space()) {
-      return Reject(absl::OutOfRangeError(absl::StrCat("table ", id(), ": keys[", i, "]=", keys[i],
-                                                       " is outside key_space ", spec_.key_space())));
+      return Reject(
+          absl::OutOfRangeError(absl::StrCat("table ", id(), ": keys[", i, "]=", keys[i],
+                                             " is outside key_space ", spec_.key_space())));
     }
     if (uint32_t owner = SparseShardOf(keys[i], num_shards_); owner != shard_id_) {
       return Reject(absl::InvalidArgumentError(

@@ -37,8 +37,8 @@ class SparseTable final : public Table {
 
  private:
   struct Row {
-    int64_t updates = 0;       // optimizer steps applied to this row (bias correction)
-    std::vector<float> data;   // dim values, then dim values per optimizer slot
+    int64_t updates = 0;      // optimizer steps applied to this row (bias correction)
+    std::vector<float> data;  // dim values, then dim values per optimizer slot
   };
   using Grads = std::map<uint64_t, std::vector<float>>;
 

@@ -146,8 +146,7 @@ TEST(SparseTableTest, SameKeyInitialisesIdenticallyOnAnotherShardInstance) {
   Shard single(ShardOptions{0, 1});
   single.RegisterWorker(0);
   ASSERT_TRUE(single.CreateTable(spec).ok());
-  EXPECT_THAT(ReadRows(*single.GetSparse(spec.table_id(), 0).value(), {key}),
-              ElementsAreArray(v1));
+  EXPECT_THAT(ReadRows(*single.GetSparse(spec.table_id(), 0).value(), {key}), ElementsAreArray(v1));
   auto reseeded = MakeTable(UniformSpec(8, 100), {0});
   EXPECT_NE(ReadRows(*reseeded, {key}), v1);
 }
@@ -197,9 +196,8 @@ TEST(SparseTableTest, DuplicateKeysInOnePushAreSummed) {
   auto table = MakeTable(SparseSpec(2, ConsistencyConfig::ASP, 0.5f), {0});
   ASSERT_TRUE(PushRows(*table, 0, 0, {5, 7, 5}, {1, 2, 10, 20, 3, 4}).ok());
   EXPECT_EQ(table->Info().num_rows(), 2u);
-  EXPECT_THAT(ReadRows(*table, {5, 7}),
-              ElementsAre(kInit - 0.5f * (1 + 3), kInit - 0.5f * (2 + 4), kInit - 0.5f * 10,
-                          kInit - 0.5f * 20));
+  EXPECT_THAT(ReadRows(*table, {5, 7}), ElementsAre(kInit - 0.5f * (1 + 3), kInit - 0.5f * (2 + 4),
+                                                    kInit - 0.5f * 10, kInit - 0.5f * 20));
   EXPECT_EQ(table->Stats().pushes(), 1u);
   EXPECT_EQ(table->Stats().bytes_pushed(), 6 * sizeof(float));
 }
@@ -232,9 +230,8 @@ TEST(SparseTableTest, BspAppliesTheSumOfBothWorkersRowsOnceBothPushed) {
   ASSERT_TRUE(PushRows(*table, 0, 0, {b, a}, {10, 10, 3, 4}).ok());
   EXPECT_EQ(table->Info().applied_steps(), 1);
   EXPECT_TRUE(table->AwaitPullable(1, absl::InfinitePast()).ok());
-  EXPECT_THAT(ReadRows(*table, {a, b}),
-              ElementsAre(kInit - 0.5f * (3 + 1), kInit - 0.5f * (4 + 2), kInit - 0.5f * 10,
-                          kInit - 0.5f * 10));
+  EXPECT_THAT(ReadRows(*table, {a, b}), ElementsAre(kInit - 0.5f * (3 + 1), kInit - 0.5f * (4 + 2),
+                                                    kInit - 0.5f * 10, kInit - 0.5f * 10));
 
   // Duplicate and stale pushes are refused as for dense tables.
   EXPECT_EQ(PushRows(*table, 0, 0, {a}, {1, 1}).code(), absl::StatusCode::kFailedPrecondition);

@@ -53,9 +53,13 @@ class StagingAllocator {
   }
 
   template <typename U>
-  bool operator==(const StagingAllocator<U>&) const { return true; }
+  bool operator==(const StagingAllocator<U>&) const {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const StagingAllocator<U>&) const { return false; }
+  bool operator!=(const StagingAllocator<U>&) const {
+    return false;
+  }
 };
 
 using StagingArray = std::vector<float, StagingAllocator<float>>;

@@ -36,12 +36,24 @@ size_t FirstNonFinite(absl::Span<const float> values) {
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& c) {
   OptimizerOptions o;
   switch (c.kind()) {
-    case OptimizerConfig::SGD: o.kind = OptimizerOptions::Kind::kSgd; break;
-    case OptimizerConfig::MOMENTUM: o.kind = OptimizerOptions::Kind::kMomentum; break;
-    case OptimizerConfig::ADAGRAD: o.kind = OptimizerOptions::Kind::kAdagrad; break;
-    case OptimizerConfig::ADAM: o.kind = OptimizerOptions::Kind::kAdam; break;
-    case OptimizerConfig::ADAMW: o.kind = OptimizerOptions::Kind::kAdamW; break;
-    case OptimizerConfig::FTRL: o.kind = OptimizerOptions::Kind::kFtrl; break;
+    case OptimizerConfig::SGD:
+      o.kind = OptimizerOptions::Kind::kSgd;
+      break;
+    case OptimizerConfig::MOMENTUM:
+      o.kind = OptimizerOptions::Kind::kMomentum;
+      break;
+    case OptimizerConfig::ADAGRAD:
+      o.kind = OptimizerOptions::Kind::kAdagrad;
+      break;
+    case OptimizerConfig::ADAM:
+      o.kind = OptimizerOptions::Kind::kAdam;
+      break;
+    case OptimizerConfig::ADAMW:
+      o.kind = OptimizerOptions::Kind::kAdamW;
+      break;
+    case OptimizerConfig::FTRL:
+      o.kind = OptimizerOptions::Kind::kFtrl;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("optimizer.kind ", c.kind(), " is unknown"));
   }
@@ -83,10 +95,9 @@ absl::Status Table::CheckPushLocked(int32_t worker, int64_t step) {
   }
   if (!bsp()) return absl::OkStatus();
   if (step < applied_steps_) {
-    return Reject(absl::FailedPreconditionError(
-        absl::StrCat("table ", id(), ": step ", step, " is already applied (BSP applied_steps=",
-                     applied_steps_, "); pull the current parameters and push step ",
-                     applied_steps_)));
+    return Reject(absl::FailedPreconditionError(absl::StrCat(
+        "table ", id(), ": step ", step, " is already applied (BSP applied_steps=", applied_steps_,
+        "); pull the current parameters and push step ", applied_steps_)));
   }
   if (step >= applied_steps_ + kMaxBspStepsAhead) {
     return Reject(absl::FailedPreconditionError(
@@ -127,9 +138,9 @@ absl::Status Table::HoldStep(int64_t step) {
   absl::MutexLock lock(&mu_);
   if (!bsp()) return absl::OkStatus();
   if (applied_steps_ > step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table ", id(), " has already applied step ", step, " (applied_steps=", applied_steps_,
-        "); snapshot a step >= ", applied_steps_));
+    return absl::FailedPreconditionError(absl::StrCat("table ", id(), " has already applied step ",
+                                                      step, " (applied_steps=", applied_steps_,
+                                                      "); snapshot a step >= ", applied_steps_));
   }
   capture_at_.insert(step);
   return absl::OkStatus();
@@ -151,8 +162,8 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
   if (bsp()) {
     auto held = capture_at_.find(step);
     if (held == capture_at_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("table ", id(), ": Capture(", step,
-                                                        ") without HoldStep(", step, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("table ", id(), ": Capture(", step, ") without HoldStep(", step, ")"));
     }
     auto reached = [this, step]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return applied_steps_ >= step || shutdown_;
@@ -161,8 +172,9 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
     capture_at_.erase(capture_at_.find(step));
     if (!ok) {
       DrainBspLocked();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "table ", id(), ": snapshot of step ", step, " waited for ", DescribeLaggardsLocked(step)));
+      return absl::DeadlineExceededError(absl::StrCat("table ", id(), ": snapshot of step ", step,
+                                                      " waited for ",
+                                                      DescribeLaggardsLocked(step)));
     }
   }
   absl::Time start = absl::Now();
@@ -212,7 +224,8 @@ std::string Table::DescribeLaggardsLocked(int64_t step) const {
   int64_t need = bsp() ? step : step - spec_.consistency().staleness();
   std::string out;
   for (const auto& [w, clock] : clocks_) {
-    if (clock < need) absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock, ")");
+    if (clock < need)
+      absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock, ")");
   }
   return absl::StrCat(out, bsp() ? absl::StrCat("; BSP applied_steps=", applied_steps_) : "");
 }
@@ -268,9 +281,9 @@ absl::Status Table::Reject(absl::Status status) const {
 }
 
 absl::Status Table::NonFinite(float value, uint64_t index) const {
-  return Reject(absl::InvalidArgumentError(absl::StrCat(
-      "table ", id(), ": gradient holds a non-finite value (", value, ") at index ", index,
-      "; fix the gradient or create the table with skip_nonfinite")));
+  return Reject(absl::InvalidArgumentError(
+      absl::StrCat("table ", id(), ": gradient holds a non-finite value (", value, ") at index ",
+                   index, "; fix the gradient or create the table with skip_nonfinite")));
 }
 
 }  // namespace pscluster::ps

@@ -39,12 +39,15 @@ int Error(int code, const std::string& message) {
 }
 
 absl::StatusOr<coord::ClusterView> FetchView(const std::string& address) {
-  auto stub = coord::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      coord::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
+  ctx.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
   coord::ClusterView view;
   grpc::Status s = stub->GetView(&ctx, coord::GetViewRequest(), &view);
-  if (!s.ok()) return absl::UnavailableError(absl::StrCat("coordinator ", address, ": ", s.error_message()));
+  if (!s.ok())
+    return absl::UnavailableError(absl::StrCat("coordinator ", address, ": ", s.error_message()));
   return view;
 }
 
@@ -68,7 +71,10 @@ absl::StatusOr<std::vector<ps::SnapshotInfo>> CompleteCheckpoints(PsClient* shar
     for (const auto& s : list.snapshots()) {
       if (!s.complete()) continue;
       auto& [count, info] = by_step[s.step()];
-      if (count++ == 0) info = s; else info.set_bytes(info.bytes() + s.bytes());
+      if (count++ == 0)
+        info = s;
+      else
+        info.set_bytes(info.bytes() + s.bytes());
     }
   }
   std::vector<ps::SnapshotInfo> out;
@@ -79,15 +85,17 @@ absl::StatusOr<std::vector<ps::SnapshotInfo>> CompleteCheckpoints(PsClient* shar
 }
 
 int Status(const coord::ClusterView& view) {
-  std::printf("cluster view %lld: mode %s, global step %lld, %s\n", static_cast<long long>(view.version()),
-              view.mode().c_str(), static_cast<long long>(view.global_step()),
+  std::printf("cluster view %lld: mode %s, global step %lld, %s\n",
+              static_cast<long long>(view.version()), view.mode().c_str(),
+              static_cast<long long>(view.global_step()),
               view.complete() ? "complete" : "INCOMPLETE");
-  std::printf("%-8s %4s %-6s %-22s %5s %9s %9s %10s\n", "ROLE", "ID", "ALIVE", "ADDRESS", "INC", "STEP",
-              "LOSS", "SAMPLES/S");
+  std::printf("%-8s %4s %-6s %-22s %5s %9s %9s %10s\n", "ROLE", "ID", "ALIVE", "ADDRESS", "INC",
+              "STEP", "LOSS", "SAMPLES/S");
   for (const auto& m : view.members()) {
     const bool worker = m.role() == coord::WORKER;
     std::printf("%-8s %4d %-6s %-22s %5lld %9s %9s %10s\n", worker ? "worker" : "shard", m.id(),
-                m.alive() ? "yes" : "DEAD", m.address().c_str(), static_cast<long long>(m.incarnation()),
+                m.alive() ? "yes" : "DEAD", m.address().c_str(),
+                static_cast<long long>(m.incarnation()),
                 worker ? absl::StrCat(m.step()).c_str() : "-",
                 worker ? absl::StrFormat("%.4f", m.loss()).c_str() : "-",
                 worker ? absl::StrFormat("%.0f", m.samples_per_sec()).c_str() : "-");
@@ -96,7 +104,8 @@ int Status(const coord::ClusterView& view) {
   std::string last = "none";
   if (shards.ok()) {
     auto checkpoints = CompleteCheckpoints(shards->get());
-    if (checkpoints.ok() && !checkpoints->empty()) last = absl::StrCat("step ", checkpoints->back().step());
+    if (checkpoints.ok() && !checkpoints->empty())
+      last = absl::StrCat("step ", checkpoints->back().step());
     if (!checkpoints.ok()) last = "unknown (" + checkpoints.status().ToString() + ")";
   }
   std::printf("last checkpoint: %s\n", last.c_str());
@@ -127,11 +136,13 @@ int Checkpoint(const coord::ClusterView& view) {
     for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
   }
   absl::Status s = (*shards)->Snapshot(step);
-  if (!s.ok()) return Error(kUnhealthy, "snapshot of step " + absl::StrCat(step) + ": " + s.ToString());
+  if (!s.ok())
+    return Error(kUnhealthy, "snapshot of step " + absl::StrCat(step) + ": " + s.ToString());
   auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
   if (!done.ok()) return Error(kUnreachable, done.status().ToString());
   for (const auto& d : *done) {
-    if (!d.last_error().empty()) return Error(kUnhealthy, "a shard failed to write: " + d.last_error());
+    if (!d.last_error().empty())
+      return Error(kUnhealthy, "a shard failed to write: " + d.last_error());
   }
   std::printf("checkpoint of step %lld is complete on %d shard(s)\n", static_cast<long long>(step),
               (*shards)->num_shards());
@@ -146,7 +157,8 @@ int main(int argc, char** argv) {
   if (args.size() != 2) return Error(kUsage, "give one command: status, checkpoint or checkpoints");
   const std::string command = args[1];
   if (command != "status" && command != "checkpoint" && command != "checkpoints") {
-    return Error(kUsage, "unknown command '" + command + "'; use status, checkpoint or checkpoints");
+    return Error(kUsage,
+                 "unknown command '" + command + "'; use status, checkpoint or checkpoints");
   }
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");

@@ -18,10 +18,10 @@
 namespace pscluster {
 
 struct CoordinatorClientOptions {
-  std::string coordinator;             // host:port
+  std::string coordinator;  // host:port
   coord::Role role = coord::WORKER;
-  int32_t id = 0;                      // shard id or worker rank
-  std::string address;                 // where this member serves ("" for none)
+  int32_t id = 0;       // shard id or worker rank
+  std::string address;  // where this member serves ("" for none)
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -29,7 +29,8 @@ struct CoordinatorClientOptions {
 
 class CoordinatorClient {
  public:
-  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(CoordinatorClientOptions options);
+  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
+      CoordinatorClientOptions options);
   ~CoordinatorClient();  // stops heartbeating
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
@@ -39,12 +40,14 @@ class CoordinatorClient {
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
                                                absl::Duration timeout);
-  absl::Status ReportProgress(int64_t view_version, int64_t step, double loss, double samples_per_sec);
+  absl::Status ReportProgress(int64_t view_version, int64_t step, double loss,
+                              double samples_per_sec);
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
 
  private:
-  CoordinatorClient(CoordinatorClientOptions options, std::unique_ptr<coord::Coordinator::Stub> stub);
+  CoordinatorClient(CoordinatorClientOptions options,
+                    std::unique_ptr<coord::Coordinator::Stub> stub);
   void HeartbeatLoop();
 
   const CoordinatorClientOptions options_;

@@ -35,9 +35,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
   if (options.shard_addresses.empty()) {
     return absl::InvalidArgumentError("PsClientOptions.shard_addresses is empty");
   }
-  if (options.chunk_bytes < sizeof(float) || options.chunk_bytes + 1024 > options.max_message_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("PsClientOptions.chunk_bytes=", options.chunk_bytes,
-                                                   " must be in [4, max_message_bytes - 1024]"));
+  if (options.chunk_bytes < sizeof(float) ||
+      options.chunk_bytes + 1024 > options.max_message_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PsClientOptions.chunk_bytes=", options.chunk_bytes,
+                     " must be in [4, max_message_bytes - 1024]"));
   }
   return std::unique_ptr<PsClient>(new PsClient(std::move(options)));
 }
@@ -161,8 +163,8 @@ absl::Status PsClient::CheckDense(const ps::TableSpec& spec, size_t length) {
     return absl::FailedPreconditionError(absl::StrCat("table ", spec.table_id(), " is not DENSE"));
   }
   if (length != spec.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("table ", spec.table_id(), " holds ", spec.size(),
-                                                   " values; the buffer has ", length));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_id(), " holds ", spec.size(), " values; the buffer has ", length));
   }
   return absl::OkStatus();
 }
@@ -227,8 +229,8 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
   req.set_length(out.size());
   auto misplaced = [&](const ps::DenseChunk& c, uint64_t got) {
     return absl::InternalError(absl::StrCat(ShardName(shard), " sent chunk at offset ", c.offset(),
-                                            " with ", c.data().size(), " bytes after ", got,
-                                            " of ", out.size(), " values"));
+                                            " with ", c.data().size(), " bytes after ", got, " of ",
+                                            out.size(), " values"));
   };
   ps::DenseChunk chunk;
   // Small slices: unary. Larger ones stream even when they fit one message: the stream
@@ -265,7 +267,8 @@ absl::StatusOr<size_t> PsClient::SparseDim(uint32_t table_id, size_t keys, size_
   if (!spec.ok()) return spec.status();
   if (spec->kind() != ps::TableSpec::SPARSE || values != keys * spec->dim()) {
     return absl::InvalidArgumentError(absl::StrCat("table ", table_id, " needs SPARSE keys x dim (",
-                                                   keys, " x ", spec->dim(), ") values; got ", values));
+                                                   keys, " x ", spec->dim(), ") values; got ",
+                                                   values));
   }
   return spec->dim();
 }
@@ -289,7 +292,8 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
   for (size_t i = 0; i < keys.size(); ++i) {
     ps::SparseRequest& r = reqs[SparseShardOf(keys[i], num_shards())];
     r.add_keys(keys[i]);
-    r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim), dim * sizeof(float));
+    r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim),
+                              dim * sizeof(float));
   }
   return ForEachShard(num_shards(), [&](int s) {
     grpc::ClientContext ctx;

@@ -24,8 +24,8 @@ namespace pscluster {
 struct PsClientOptions {
   std::vector<std::string> shard_addresses;  // index = shard id, e.g. "127.0.0.1:5000"
   int32_t worker_id = 0;
-  absl::Duration rpc_timeout = absl::Seconds(60);  // deadline of every RPC
-  uint64_t chunk_bytes = uint64_t{1} << 20;        // dense stream chunk size
+  absl::Duration rpc_timeout = absl::Seconds(60);                 // deadline of every RPC
+  uint64_t chunk_bytes = uint64_t{1} << 20;                       // dense stream chunk size
   uint64_t max_message_bytes = (uint64_t{4} << 20) + (64 << 10);  // gRPC limit, both ways
 };
 

@@ -61,8 +61,7 @@ class CpuBackend final : public Backend {
     const int lda = trans_a ? m : k;
     const int ldb = trans_b ? k : n;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                n);
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
   }
 
   void AddRowVector(float* y, const float* bias, int rows, int cols) override {

@@ -165,7 +165,8 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyLossMatchesDoubleReference) {
   Buffer dz(backend_.get(), logits);
   const float loss =
       backend_->SoftmaxCrossEntropy(dz.get(), labels.data(), rows, cols, nullptr, nullptr);
-  const double want = ReferenceLoss(std::vector<double>(logits.begin(), logits.end()), labels, cols);
+  const double want =
+      ReferenceLoss(std::vector<double>(logits.begin(), logits.end()), labels, cols);
   EXPECT_NEAR(loss, want, 1e-6 * (1 + want));
 }
 
@@ -202,9 +203,9 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyGradientMatchesFiniteDifferencesAndClo
 }
 
 TEST_F(CpuBackendTest, SoftmaxCrossEntropyCountsRowsWhoseArgmaxIsTheLabel) {
-  const std::vector<float> logits = {3, 1, 2,   // argmax 0
-                                     0, 5, 1,   // argmax 1
-                                     2, 2, 9,   // argmax 2
+  const std::vector<float> logits = {3,  1,  2,    // argmax 0
+                                     0,  5,  1,    // argmax 1
+                                     2,  2,  9,    // argmax 2
                                      -1, -3, -2};  // argmax 0
   const std::vector<int32_t> labels = {0, 2, 2, 1};
   Buffer dz(backend_.get(), logits);
@@ -214,8 +215,7 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyCountsRowsWhoseArgmaxIsTheLabel) {
 }
 
 TEST_F(CpuBackendTest, SoftmaxCrossEntropyStaysFiniteForHugeLogits) {
-  const std::vector<float> logits = {1000, -1000, 0,
-                                     -1000, 1000, 1000};
+  const std::vector<float> logits = {1000, -1000, 0, -1000, 1000, 1000};
   const std::vector<int32_t> labels = {0, 0};
   Buffer dz(backend_.get(), logits), grad(backend_.get(), 6);
   int correct = 0;

@@ -313,10 +313,9 @@ class CudaBackend final : public Backend {
     // labels are anyway (the CPU backend asserts instead).
     for (int r = 0; r < rows; ++r) {
       if (labels[r] < 0 || labels[r] >= cols) {
-        Record(absl::InvalidArgumentError("SoftmaxCrossEntropy: label " +
-                                          std::to_string(labels[r]) + " of row " +
-                                          std::to_string(r) + " is outside [0, " +
-                                          std::to_string(cols) + ")"));
+        Record(absl::InvalidArgumentError(
+            "SoftmaxCrossEntropy: label " + std::to_string(labels[r]) + " of row " +
+            std::to_string(r) + " is outside [0, " + std::to_string(cols) + ")"));
         return kNan;
       }
     }
@@ -327,16 +326,15 @@ class CudaBackend final : public Backend {
     }
     const float inv_rows = 1.0f / static_cast<float>(rows);
     const unsigned blocks = static_cast<unsigned>((rows + kSoftmaxWarps - 1) / kSoftmaxWarps);
-    SoftmaxCrossEntropyKernel<<<blocks, kSoftmaxWarps * kWarp>>>(logits, labels_, rows, cols,
-                                                                 inv_rows, dlogits, row_loss_,
-                                                                 row_hit_);
+    SoftmaxCrossEntropyKernel<<<blocks, kSoftmaxWarps * kWarp>>>(
+        logits, labels_, rows, cols, inv_rows, dlogits, row_loss_, row_hit_);
     if (!Check(cudaGetLastError(), "SoftmaxCrossEntropyKernel launch")) return kNan;
     // These copies wait for the kernel (and everything before it).
     host_loss_.resize(rows);
     host_hit_.resize(rows);
-    if (!Check(cudaMemcpy(host_loss_.data(), row_loss_, rows * sizeof(double),
-                          cudaMemcpyDeviceToHost),
-               "cudaMemcpy per-row losses device to host") ||
+    if (!Check(
+            cudaMemcpy(host_loss_.data(), row_loss_, rows * sizeof(double), cudaMemcpyDeviceToHost),
+            "cudaMemcpy per-row losses device to host") ||
         !Check(cudaMemcpy(host_hit_.data(), row_hit_, rows * sizeof(int), cudaMemcpyDeviceToHost),
                "cudaMemcpy per-row hits device to host")) {
       return kNan;

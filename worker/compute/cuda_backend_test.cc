@@ -278,13 +278,14 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyMatchesCpuLossGradientAndCorrectCount
     Backend* backends[2] = {cpu_.get(), gpu_.get()};
     for (int i = 0; i < 2; ++i) {
       Buffer dz(backends[i], logits), dgrad(backends[i], logits.size());
-      loss[i] = backends[i]->SoftmaxCrossEntropy(dz.get(), labels.data(), rows, cols,
-                                                 dgrad.get(), &correct[i]);
+      loss[i] = backends[i]->SoftmaxCrossEntropy(dz.get(), labels.data(), rows, cols, dgrad.get(),
+                                                 &correct[i]);
       grad[i] = dgrad.ToHost();
     }
     EXPECT_NEAR(loss[1], loss[0], 1e-5 * (1 + std::abs(loss[0])));
     EXPECT_EQ(correct[1], correct[0]);
-    ExpectAllNear(grad[1], grad[0], [](size_t) { return 1e-6; }, "dlogits");
+    ExpectAllNear(
+        grad[1], grad[0], [](size_t) { return 1e-6; }, "dlogits");
 
     // In place (dlogits == logits), without the count, and without the gradient.
     Buffer dz(gpu_.get(), logits);
@@ -303,9 +304,9 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyMatchesCpuLossGradientAndCorrectCount
 }
 
 TEST_F(CudaBackendTest, SoftmaxCrossEntropyBreaksArgmaxTiesLikeCpuAndStaysFinite) {
-  const std::vector<float> ties = {3, 1, 3,   // argmax 0 (first of the tie)
-                                   0, 5, 5,   // argmax 1
-                                   2, 2, 9,   // argmax 2
+  const std::vector<float> ties = {3,  1,  3,    // argmax 0 (first of the tie)
+                                   0,  5,  5,    // argmax 1
+                                   2,  2,  9,    // argmax 2
                                    -1, -1, -1};  // argmax 0
   const std::vector<int32_t> tie_labels = {0, 2, 2, 0};
   Buffer dties(gpu_.get(), ties);
@@ -313,8 +314,7 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyBreaksArgmaxTiesLikeCpuAndStaysFinite
   gpu_->SoftmaxCrossEntropy(dties.get(), tie_labels.data(), 4, 3, nullptr, &correct);
   EXPECT_EQ(correct, 3);
 
-  const std::vector<float> logits = {1000, -1000, 0,
-                                     -1000, 1000, 1000};
+  const std::vector<float> logits = {1000, -1000, 0, -1000, 1000, 1000};
   const std::vector<int32_t> labels = {0, 0};
   Buffer dz(gpu_.get(), logits), grad(gpu_.get(), 6);
   const float loss = gpu_->SoftmaxCrossEntropy(dz.get(), labels.data(), 2, 3, grad.get(), &correct);
@@ -335,7 +335,8 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyWithBadLabelReturnsNanInsteadOfCrashi
   Buffer dz(be, std::vector<float>{1, 2, 3});
   const std::vector<int32_t> labels = {3};
   int correct = -1;
-  EXPECT_TRUE(std::isnan(be->SoftmaxCrossEntropy(dz.get(), labels.data(), 1, 3, nullptr, &correct)));
+  EXPECT_TRUE(
+      std::isnan(be->SoftmaxCrossEntropy(dz.get(), labels.data(), 1, 3, nullptr, &correct)));
   EXPECT_EQ(correct, 0);
 #ifdef PSCLUSTER_CUDA_BACKEND
   EXPECT_EQ(CudaBackendStatus(*be).code(), absl::StatusCode::kInvalidArgument)
@@ -359,7 +360,8 @@ std::vector<std::vector<double>> ReferencePreActivations(
       for (int j = 0; j < n_out; ++j) out[r * n_out + j] = b[j];
       for (int i = 0; i < n_in; ++i) {
         const double xi = in[static_cast<size_t>(r) * n_in + i];
-        for (int j = 0; j < n_out; ++j) out[r * n_out + j] += xi * w[static_cast<size_t>(i) * n_out + j];
+        for (int j = 0; j < n_out; ++j)
+          out[r * n_out + j] += xi * w[static_cast<size_t>(i) * n_out + j];
       }
     }
     pre.push_back(out);
@@ -385,7 +387,8 @@ bool WellSeparated(const std::vector<int>& layers, const std::vector<std::vector
   }
   const int classes = layers.back();
   for (int r = 0; r < batch; ++r) {
-    std::vector<double> row(pre.back().begin() + r * classes, pre.back().begin() + (r + 1) * classes);
+    std::vector<double> row(pre.back().begin() + r * classes,
+                            pre.back().begin() + (r + 1) * classes);
     std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<double>());
     if (classes > 1 && row[0] - row[1] < margin) return false;
   }
@@ -407,8 +410,8 @@ TEST_F(CudaBackendTest, MlpForwardBackwardMatchesCpuOnDefaultModel) {
     std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
     for (float& v : x) v = pixel(rng);
     for (int32_t& label : y) label = static_cast<int32_t>(rng() % options.layers.back());
-    found = WellSeparated(options.layers,
-                          ReferencePreActivations(options.layers, params, x, batch), batch, 1e-4);
+    found = WellSeparated(options.layers, ReferencePreActivations(options.layers, params, x, batch),
+                          batch, 1e-4);
   }
   ASSERT_TRUE(found) << "no data seed in 1..200 keeps the forward pass 1e-4 away from ties";
 
@@ -420,7 +423,8 @@ TEST_F(CudaBackendTest, MlpForwardBackwardMatchesCpuOnDefaultModel) {
     auto mlp = model::Mlp::Create(backend, options, batch);
     EXPECT_TRUE(mlp.ok()) << mlp.status();
     if (!mlp.ok()) return {};
-    for (size_t i = 0; i < params.size(); ++i) (*mlp)->SetParam(static_cast<int>(i), params[i].data());
+    for (size_t i = 0; i < params.size(); ++i)
+      (*mlp)->SetParam(static_cast<int>(i), params[i].data());
     auto step = (*mlp)->ForwardBackward(x.data(), y.data(), batch);
     EXPECT_TRUE(step.ok()) << step.status();
     Run out;
@@ -436,8 +440,8 @@ TEST_F(CudaBackendTest, MlpForwardBackwardMatchesCpuOnDefaultModel) {
   ASSERT_EQ(cpu.grads.size(), params.size());
   ASSERT_EQ(gpu.grads.size(), params.size());
   std::printf("data seed %llu: loss cpu %.7f, cuda %.7f; correct cpu %d, cuda %d\n",
-              static_cast<unsigned long long>(seed), cpu.step.loss, gpu.step.loss,
-              cpu.step.correct, gpu.step.correct);
+              static_cast<unsigned long long>(seed), cpu.step.loss, gpu.step.loss, cpu.step.correct,
+              gpu.step.correct);
   EXPECT_NEAR(gpu.step.loss, cpu.step.loss, 1e-4 * (1 + std::abs(cpu.step.loss)));
   EXPECT_EQ(gpu.step.correct, cpu.step.correct);
   EXPECT_EQ(gpu.step.examples, batch);
@@ -445,8 +449,9 @@ TEST_F(CudaBackendTest, MlpForwardBackwardMatchesCpuOnDefaultModel) {
     double scale = 0;
     for (float g : cpu.grads[i]) scale = std::max(scale, static_cast<double>(std::abs(g)));
     EXPECT_GT(scale, 0.0) << "param " << i << " has an all-zero CPU gradient";
-    ExpectAllNear(gpu.grads[i], cpu.grads[i], [&](size_t) { return 1e-3 * scale; },
-                  "gradient of param " + std::to_string(i));
+    ExpectAllNear(
+        gpu.grads[i], cpu.grads[i], [&](size_t) { return 1e-3 * scale; },
+        "gradient of param " + std::to_string(i));
   }
 
   // The CUDA step is deterministic: a second run gives the same bits.
@@ -471,7 +476,8 @@ TEST_F(CudaBackendTest, MlpEvaluateMatchesCpuOverSeveralChunks) {
   for (int b = 0; b < 2; ++b) {
     auto mlp = model::Mlp::Create(backends[b], options, 64);
     ASSERT_TRUE(mlp.ok()) << mlp.status();
-    for (size_t i = 0; i < params.size(); ++i) (*mlp)->SetParam(static_cast<int>(i), params[i].data());
+    for (size_t i = 0; i < params.size(); ++i)
+      (*mlp)->SetParam(static_cast<int>(i), params[i].data());
     auto result = (*mlp)->Evaluate(x.data(), y.data(), count);
     ASSERT_TRUE(result.ok()) << result.status();
     results[b] = *result;

@@ -51,7 +51,8 @@ absl::StatusOr<std::vector<float>> CudaAxpy(float a, const std::vector<float>& x
     AxpyKernel<<<(n + 255) / 256, 256>>>(a, dx, dy, dout, n);
     s = CudaStatus(cudaGetLastError(), "AxpyKernel launch");
   }
-  if (s.ok()) s = CudaStatus(cudaMemcpy(out.data(), dout, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  if (s.ok())
+    s = CudaStatus(cudaMemcpy(out.data(), dout, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   cudaFree(dx);
   cudaFree(dy);
   cudaFree(dout);

@@ -8,13 +8,13 @@ namespace pscluster::compute {
 namespace {
 
 // Skips, saying why, wherever no GPU is usable; fails only on a GPU that misbehaves.
-#define SKIP_WITHOUT_GPU()                                               \
-  do {                                                                   \
-    auto devices = CudaDevices();                                        \
-    if (!devices.ok()) {                                                 \
+#define SKIP_WITHOUT_GPU()                                                        \
+  do {                                                                            \
+    auto devices = CudaDevices();                                                 \
+    if (!devices.ok()) {                                                          \
       std::printf("SKIPPED (no GPU): %s\n", devices.status().ToString().c_str()); \
-      GTEST_SKIP() << devices.status();                                  \
-    }                                                                    \
+      GTEST_SKIP() << devices.status();                                           \
+    }                                                                             \
   } while (0)
 
 TEST(CudaDeviceTest, ListsDevicesWithNamesAndMemory) {

@@ -41,9 +41,9 @@ absl::StatusOr<BatchIterator> BatchIterator::Create(const Dataset* data, int ran
   if (data->size < 0 || data->dim < 1 ||
       data->x.size() != static_cast<size_t>(data->size) * static_cast<size_t>(data->dim) ||
       data->y.size() != static_cast<size_t>(data->size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data is inconsistent: size ", data->size, ", dim ", data->dim, ", ",
-                     data->x.size(), " floats, ", data->y.size(), " labels"));
+    return absl::InvalidArgumentError(absl::StrCat("data is inconsistent: size ", data->size,
+                                                   ", dim ", data->dim, ", ", data->x.size(),
+                                                   " floats, ", data->y.size(), " labels"));
   }
   if (batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size must be >= 1, got ", batch_size));
@@ -57,9 +57,9 @@ absl::StatusOr<BatchIterator> BatchIterator::Create(const Dataset* data, int ran
   }
   const int64_t global = int64_t{world} * batch_size;
   if (data->size < global) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data size ", data->size, " is smaller than one global batch (world ", world,
-        " * batch_size ", batch_size, " = ", global, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data size ", data->size, " is smaller than one global batch (world ", world,
+                     " * batch_size ", batch_size, " = ", global, ")"));
   }
   return BatchIterator(data, rank, world, batch_size, seed);
 }
@@ -91,8 +91,7 @@ void BatchIterator::Next(Batch* out) {
   out->size = batch_size_;
   out->x.resize(static_cast<size_t>(batch_size_) * dim);
   out->y.resize(static_cast<size_t>(batch_size_));
-  const int64_t first =
-      position_ * world_ * int64_t{batch_size_} + int64_t{rank_} * batch_size_;
+  const int64_t first = position_ * world_ * int64_t{batch_size_} + int64_t{rank_} * batch_size_;
   for (int k = 0; k < batch_size_; ++k) {
     const int64_t example = perm_[first + k];
     const float* src = data_->x.data() + static_cast<size_t>(example) * dim;
@@ -110,8 +109,8 @@ absl::Status BatchIterator::Seek(BatchCursor c) {
     return absl::InvalidArgumentError(absl::StrCat("cursor epoch must be >= 0, got ", c.epoch));
   }
   if (c.position < 0 || c.position >= batches_per_epoch_) {
-    return absl::InvalidArgumentError(absl::StrCat("cursor position must be in [0, ",
-                                                   batches_per_epoch_, "), got ", c.position));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cursor position must be in [0, ", batches_per_epoch_, "), got ", c.position));
   }
   epoch_ = c.epoch;
   position_ = c.position;

@@ -33,12 +33,12 @@ class GzReader {
     if (f == nullptr) {
       const int err = errno;
       if (err == ENOENT) {
-        return absl::NotFoundError(
-            absl::StrCat(path, ": no such file; install it with `apt-get install "
-                               "dataset-fashion-mnist` or pass --data_dir"));
+        return absl::NotFoundError(absl::StrCat(path,
+                                                ": no such file; install it with `apt-get install "
+                                                "dataset-fashion-mnist` or pass --data_dir"));
       }
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": cannot open: ", err != 0 ? std::strerror(err) : "gzopen failed"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": cannot open: ", err != 0 ? std::strerror(err) : "gzopen failed"));
     }
     return GzReader(path, f);
   }
@@ -67,8 +67,8 @@ class GzReader {
       got += static_cast<size_t>(r);
       if (static_cast<size_t>(r) < want) {
         out->resize(start + got);
-        return absl::DataLossError(absl::StrCat(path_, ": truncated ", what, ": expected ",
-                                                n, " bytes, got ", got));
+        return absl::DataLossError(
+            absl::StrCat(path_, ": truncated ", what, ": expected ", n, " bytes, got ", got));
       }
     }
     return absl::OkStatus();
@@ -100,8 +100,8 @@ absl::StatusOr<RawImages> ReadImages(const std::string& path) {
   RETURN_IF_ERROR(in.ReadExactly(16, "images header", &header));
   const uint32_t magic = BigEndian32(header.data());
   if (magic != kImagesMagic) {
-    return absl::DataLossError(absl::StrCat(path, ": bad magic 0x", absl::Hex(magic),
-                                            ", want 0x", absl::Hex(kImagesMagic)));
+    return absl::DataLossError(absl::StrCat(path, ": bad magic 0x", absl::Hex(magic), ", want 0x",
+                                            absl::Hex(kImagesMagic)));
   }
   RawImages images;
   images.count = BigEndian32(header.data() + 4);
@@ -109,8 +109,7 @@ absl::StatusOr<RawImages> ReadImages(const std::string& path) {
   const uint32_t cols = BigEndian32(header.data() + 12);
   if (rows == 0 || cols == 0 || rows > 65536 || cols > 65536 ||
       uint64_t{rows} * cols > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": implausible image shape ", rows, "x", cols));
+    return absl::DataLossError(absl::StrCat(path, ": implausible image shape ", rows, "x", cols));
   }
   images.rows = static_cast<int>(rows);
   images.cols = static_cast<int>(cols);
@@ -125,8 +124,8 @@ absl::StatusOr<std::vector<uint8_t>> ReadLabels(const std::string& path) {
   RETURN_IF_ERROR(in.ReadExactly(8, "labels header", &header));
   const uint32_t magic = BigEndian32(header.data());
   if (magic != kLabelsMagic) {
-    return absl::DataLossError(absl::StrCat(path, ": bad magic 0x", absl::Hex(magic),
-                                            ", want 0x", absl::Hex(kLabelsMagic)));
+    return absl::DataLossError(absl::StrCat(path, ": bad magic 0x", absl::Hex(magic), ", want 0x",
+                                            absl::Hex(kLabelsMagic)));
   }
   const uint32_t count = BigEndian32(header.data() + 4);
   std::vector<uint8_t> labels;

@@ -13,8 +13,8 @@ namespace pscluster::data {
 // A dense labelled dataset held in memory. A plain value: safe to read from many
 // threads at once, not to mutate concurrently.
 struct Dataset {
-  int64_t size = 0;        // examples
-  int dim = 0;             // floats per example
+  int64_t size = 0;  // examples
+  int dim = 0;       // floats per example
   int classes = 0;
   std::vector<float> x;    // size * dim, row-major
   std::vector<int32_t> y;  // size labels in [0, classes)

@@ -281,8 +281,7 @@ TEST(MakeSyntheticTest, ZeroNoisePutsEveryExampleOnItsCentroid) {
   const Dataset d = MakeSynthetic(30, 8, 3, /*seed=*/5, /*noise=*/0.0f);
   for (int64_t i = 3; i < d.size; ++i) {
     const std::vector<float> row(d.x.begin() + i * 8, d.x.begin() + (i + 1) * 8);
-    const std::vector<float> same_class(d.x.begin() + (i % 3) * 8,
-                                        d.x.begin() + (i % 3 + 1) * 8);
+    const std::vector<float> same_class(d.x.begin() + (i % 3) * 8, d.x.begin() + (i % 3 + 1) * 8);
     EXPECT_EQ(row, same_class) << "example " << i;
   }
 }

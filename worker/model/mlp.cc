@@ -16,9 +16,8 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpO
                                                  int max_batch) {
   if (backend == nullptr) return absl::InvalidArgumentError("Mlp needs a backend");
   if (options.layers.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Mlp needs at least 2 layer sizes (input and classes), got ",
-                     options.layers.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Mlp needs at least 2 layer sizes (input and classes), got ", options.layers.size()));
   }
   for (size_t i = 0; i < options.layers.size(); ++i) {
     if (options.layers[i] < 1) {
@@ -102,8 +101,8 @@ void Mlp::GetGrad(int index, float* host) const {
 absl::Status Mlp::CheckLabels(const int32_t* y, int64_t count) const {
   for (int64_t i = 0; i < count; ++i) {
     if (y[i] < 0 || y[i] >= classes()) {
-      return absl::InvalidArgumentError(absl::StrCat("label ", y[i], " of example ", i,
-                                                     " is outside [0, ", classes(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", y[i], " of example ", i, " is outside [0, ", classes(), ")"));
     }
   }
   return absl::OkStatus();
@@ -134,8 +133,8 @@ absl::StatusOr<StepResult> Mlp::ForwardBackward(const float* x, const int32_t* y
   const int top = num_layers();
   StepResult result;
   result.examples = batch;
-  result.loss = backend_->SoftmaxCrossEntropy(activations_[top], y, batch, classes(),
-                                              deltas_[top], &result.correct);
+  result.loss = backend_->SoftmaxCrossEntropy(activations_[top], y, batch, classes(), deltas_[top],
+                                              &result.correct);
   for (int i = top - 1; i >= 0; --i) {
     const int in = layers[i], out = layers[i + 1];
     // dW[in x out] = x^T[in x batch] * dy[batch x out]; db = column sums of dy.

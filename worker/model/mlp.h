@@ -21,8 +21,8 @@ struct MlpOptions {
 };
 
 struct StepResult {
-  float loss = 0;    // mean softmax cross-entropy over the examples
-  int correct = 0;   // examples whose argmax logit is the label
+  float loss = 0;   // mean softmax cross-entropy over the examples
+  int correct = 0;  // examples whose argmax logit is the label
   int examples = 0;
 };
 
@@ -36,8 +36,8 @@ class Mlp {
  public:
   // INVALID_ARGUMENT for a null backend, fewer than 2 layers, a layer size < 1, or
   // max_batch < 1; RESOURCE_EXHAUSTED if the backend cannot allocate.
-  static absl::StatusOr<std::unique_ptr<Mlp>> Create(compute::Backend* backend,
-                                                     MlpOptions options, int max_batch);
+  static absl::StatusOr<std::unique_ptr<Mlp>> Create(compute::Backend* backend, MlpOptions options,
+                                                     int max_batch);
   ~Mlp();
   Mlp(const Mlp&) = delete;
   Mlp& operator=(const Mlp&) = delete;

@@ -101,8 +101,8 @@ TEST_F(MlpTest, ParamsAreNamedAndSizedWeightThenBiasPerLayer) {
   ASSERT_TRUE(mlp.ok()) << mlp.status();
   const std::vector<Mlp::Param>& p = (*mlp)->params();
   ASSERT_EQ(p.size(), 6u);
-  const char* names[] = {"fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias", "fc2.weight",
-                         "fc2.bias"};
+  const char* names[] = {"fc0.weight", "fc0.bias",   "fc1.weight",
+                         "fc1.bias",   "fc2.weight", "fc2.bias"};
   const size_t sizes[] = {35, 7, 28, 4, 12, 3};
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(p[i].name, names[i]);
@@ -264,8 +264,7 @@ TEST_F(MlpTest, PlainSgdSeparatesGaussianBlobs) {
   ASSERT_TRUE(after.ok()) << after.status();
   std::printf("SGD on blobs: loss %.4f -> %.4f, accuracy %d -> %d of %d\n", before->loss,
               after->loss, before->correct, after->correct, kExamples);
-  EXPECT_LT(after->loss, 0.2f * before->loss)
-      << "loss " << before->loss << " -> " << after->loss;
+  EXPECT_LT(after->loss, 0.2f * before->loss) << "loss " << before->loss << " -> " << after->loss;
   EXPECT_GT(static_cast<double>(after->correct) / kExamples, 0.9)
       << "accuracy " << before->correct << " -> " << after->correct << " of " << kExamples;
 }

@@ -35,8 +35,8 @@ absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(
     std::unique_ptr<compute::Backend> backend) {
   std::unique_ptr<PsTrainer> t(new PsTrainer(std::move(options), train, test));
   t->backend_ = std::move(backend);
-  ASSIGN_OR_RETURN(t->mlp_, model::Mlp::Create(t->backend_.get(), t->options_.mlp,
-                                               t->options_.batch_size));
+  ASSIGN_OR_RETURN(t->mlp_,
+                   model::Mlp::Create(t->backend_.get(), t->options_.mlp, t->options_.batch_size));
   ASSIGN_OR_RETURN(auto batches,
                    data::BatchIterator::Create(train, t->options_.rank, t->options_.world,
                                                t->options_.batch_size, t->options_.seed));
@@ -68,8 +68,9 @@ absl::Status PsTrainer::CreateTables() {
     *spec.mutable_optimizer() = options_.optimizer;
     if (options_.lr_decay < 1.0f) {
       // Tables count updates: one per step under BSP, one per worker push otherwise.
-      const int64_t updates = batches_->batches_per_epoch() * options_.epochs *
-                              (options_.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : options_.world);
+      const int64_t updates =
+          batches_->batches_per_epoch() * options_.epochs *
+          (options_.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : options_.world);
       spec.mutable_optimizer()->set_lr_decay_rate(options_.lr_decay);
       spec.mutable_optimizer()->set_lr_decay_steps(std::max<int64_t>(1, updates));
     }
@@ -103,7 +104,8 @@ absl::Status PsTrainer::Push(int64_t step) {
 }
 
 absl::StatusOr<double> PsTrainer::EvaluateTest() {
-  ASSIGN_OR_RETURN(model::StepResult r, mlp_->Evaluate(test_->x.data(), test_->y.data(), test_->size));
+  ASSIGN_OR_RETURN(model::StepResult r,
+                   mlp_->Evaluate(test_->x.data(), test_->y.data(), test_->size));
   return static_cast<double>(r.correct) / r.examples;
 }
 
@@ -168,7 +170,8 @@ absl::StatusOr<TrainSummary> PsTrainer::Run() {
   summary.steps = total;
   summary.epochs = options_.epochs;
   summary.train_seconds = absl::ToDoubleSeconds(absl::Now() - start - eval_time);
-  summary.samples_per_sec = total * static_cast<double>(options_.batch_size) / summary.train_seconds;
+  summary.samples_per_sec =
+      total * static_cast<double>(options_.batch_size) / summary.train_seconds;
   return summary;
 }
 

@@ -25,17 +25,17 @@ struct PsTrainerOptions {
   std::vector<std::string> shards;  // ps_server addresses, index = shard id
   int rank = 0;
   int world = 1;
-  int batch_size = 64;              // per worker
+  int batch_size = 64;  // per worker
   int epochs = 10;
-  uint64_t seed = 1;                // data order and initial parameters
-  ps::OptimizerConfig optimizer;    // applied by the shards
+  uint64_t seed = 1;              // data order and initial parameters
+  ps::OptimizerConfig optimizer;  // applied by the shards
   // The learning rate decays exponentially to this fraction of itself by the last step
   // (1: constant); set on the tables as lr_decay_rate/lr_decay_steps.
   float lr_decay = 1.0f;
   ps::ConsistencyConfig consistency;
   model::MlpOptions mlp;
   absl::Duration progress_every = absl::Seconds(5);
-  bool evaluate = true;             // test-set accuracy after each epoch
+  bool evaluate = true;  // test-set accuracy after each epoch
   absl::Duration rpc_timeout = absl::Minutes(2);
   // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never).
   // Interim: the coordinator will drive cluster checkpoints.
@@ -47,20 +47,19 @@ struct PsTrainerOptions {
 struct TrainSummary {
   int64_t steps = 0;
   int epochs = 0;
-  double final_loss = 0;            // mean training loss over the last epoch
-  double test_accuracy = -1;        // after the last epoch, -1 if not evaluated
-  double samples_per_sec = 0;       // this worker's training examples / training seconds
+  double final_loss = 0;       // mean training loss over the last epoch
+  double test_accuracy = -1;   // after the last epoch, -1 if not evaluated
+  double samples_per_sec = 0;  // this worker's training examples / training seconds
   double train_seconds = 0;
-  std::vector<int64_t> snapshots;   // steps of the snapshots this worker requested
+  std::vector<int64_t> snapshots;  // steps of the snapshots this worker requested
 };
 
 class PsTrainer {
  public:
   // Connects to the shards, registers, and creates the tables (idempotent across workers).
-  static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(PsTrainerOptions options,
-                                                           const data::Dataset* train,
-                                                           const data::Dataset* test,
-                                                           std::unique_ptr<compute::Backend> backend);
+  static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(
+      PsTrainerOptions options, const data::Dataset* train, const data::Dataset* test,
+      std::unique_ptr<compute::Backend> backend);
   absl::StatusOr<TrainSummary> Run();
 
  private:
