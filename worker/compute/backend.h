@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -44,6 +45,33 @@ class Backend {
   // of rows whose argmax equals the label into *correct (may be null). Returns the loss.
   virtual float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                     float* dlogits, int* correct) = 0;
+};
+
+// A backend buffer, freed when it goes out of scope; optionally filled from host data.
+class BackendBuffer {
+ public:
+  BackendBuffer(Backend* backend, const std::vector<float>& host)
+      : backend_(backend), size_(host.size()), data_(backend->Alloc(host.size())) {
+    backend_->Upload(host.data(), data_, size_);
+  }
+  BackendBuffer(Backend* backend, size_t n)
+      : backend_(backend), size_(n), data_(backend->Alloc(n)) {}
+  ~BackendBuffer() { backend_->Free(data_); }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  float* get() { return data_; }
+  size_t size() const { return size_; }
+  std::vector<float> ToHost() const {
+    std::vector<float> host(size_);
+    backend_->Download(data_, host.data(), size_);
+    return host;
+  }
+
+ private:
+  Backend* backend_;
+  size_t size_;
+  float* data_;
 };
 
 // OpenBLAS sgemm + plain loops. `threads` sets OpenBLAS's thread count (0: leave it).

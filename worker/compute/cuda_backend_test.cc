@@ -37,30 +37,7 @@ absl::Status CudaBackendStatus(const Backend& backend);
 
 namespace {
 
-// A backend buffer holding a copy of host data, freed with the test.
-class Buffer {
- public:
-  Buffer(Backend* backend, const std::vector<float>& host)
-      : backend_(backend), size_(host.size()), data_(backend->Alloc(host.size())) {
-    backend_->Upload(host.data(), data_, size_);
-  }
-  Buffer(Backend* backend, size_t n) : backend_(backend), size_(n), data_(backend->Alloc(n)) {}
-  ~Buffer() { backend_->Free(data_); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  float* get() { return data_; }
-  std::vector<float> ToHost() const {
-    std::vector<float> host(size_);
-    backend_->Download(data_, host.data(), size_);
-    return host;
-  }
-
- private:
-  Backend* backend_;
-  size_t size_;
-  float* data_;
-};
+using Buffer = BackendBuffer;
 
 std::vector<float> RandomVector(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
   std::uniform_real_distribution<float> dist(-scale, scale);
