@@ -97,7 +97,7 @@ echo "== $workers worker(s) training $epochs epoch(s), $consistency, $optimizer 
 tail -n +1 -f "$out/worker0.log" & tail_pid=$!
 
 # Wait for the workers; any process that dies early stops the run.
-remaining=$workers
+remaining=$workers restarts=0
 while ((remaining > 0)); do
   remaining=0
   for i in "${!pids[@]}"; do
@@ -108,6 +108,17 @@ while ((remaining > 0)); do
     fi
     status=0; wait "${pids[$i]}" || status=$?
     pids[$i]=""
+    if [[ ${names[$i]} == shard* ]] && ((restarts < 3)); then
+      # The launcher's part of recovery: bring the shard back from its last checkpoint;
+      # the workers wait for it, roll every shard back to that checkpoint and go on.
+      s=${names[$i]#shard}; restarts=$((restarts + 1))
+      echo "== ${names[$i]} died (exit status $status); restarting it with --restore=latest"
+      "$bin/server/ps/ps_server" --port=0 --shard_id="$s" --num_shards="$shards" \
+        --coordinator="$coordinator" --data_dir="$out/checkpoints" --restore=latest \
+        >>"$out/${names[$i]}.log" 2>&1 &
+      pids[$i]=$!
+      continue
+    fi
     if [[ ${names[$i]} != worker* || $status -ne 0 ]]; then
       kill "$tail_pid" 2>/dev/null || true
       die_with "${names[$i]}" "exit status $status"
@@ -129,6 +140,8 @@ summary = {
     "samples_per_sec": round(sum(w["samples_per_sec"] for w in ws), 1),
     "wall_seconds": int(wall),
     "checkpoints": ws[0]["snapshots"],
+    "rollbacks": [{"failed_step": f, "restored_step": t} for f, t in ws[0]["rollbacks"]],
+    "param_crc32c": ws[0]["param_crc32c"],
     "workers": int(workers),
     "shards": int(shards),
     "consistency": consistency,

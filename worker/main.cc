@@ -111,7 +111,6 @@ int main(int argc, char** argv) {
   o.lr_decay = static_cast<float>(absl::GetFlag(FLAGS_lr_decay));
   if (!(o.lr_decay > 0 && o.lr_decay <= 1)) return Fail("--lr_decay must be in (0, 1]");
   std::unique_ptr<CoordinatorClient> coordinator;
-  int64_t view_version = 0;
   if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
     CoordinatorClientOptions co;
     co.coordinator = c;
@@ -127,17 +126,13 @@ int main(int argc, char** argv) {
       return Fail(absl::StrCat("--world=", o.world, " but the coordinator expects ",
                                view->num_workers(), " workers"));
     }
-    o.shards.assign(view->shard_addresses().begin(), view->shard_addresses().end());
-    view_version = view->version();
     std::printf("worker %d: cluster complete (view %lld): shards %s\n", o.rank,
-                static_cast<long long>(view_version), absl::StrJoin(o.shards, ",").c_str());
-    o.on_progress = [&](int64_t step, double loss, double rate) {
-      absl::Status s = coordinator->ReportProgress(view_version, step, loss, rate);
-      if (!s.ok())
-        std::fprintf(stderr, "worker %d: progress report: %s\n", o.rank, s.ToString().c_str());
-    };
+                static_cast<long long>(view->version()),
+                absl::StrJoin(view->shard_addresses(), ",").c_str());
+    o.coordinator = coordinator.get();
   }
-  if (o.shards.empty()) return Fail("give --ps (ps_server addresses) or --coordinator");
+  if (o.shards.empty() && !o.coordinator)
+    return Fail("give --ps (ps_server addresses) or --coordinator");
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world) return Fail("--rank must be in [0, --world)");
   if (o.epochs < 1) return Fail("--epochs must be >= 1");
   auto optimizer = ParseOptimizer(absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr));
@@ -202,7 +197,12 @@ int main(int argc, char** argv) {
                       ", \"test_accuracy\": ", summary->test_accuracy,
                       ", \"samples_per_sec\": ", summary->samples_per_sec,
                       ", \"train_seconds\": ", summary->train_seconds, ", \"snapshots\": [",
-                      absl::StrJoin(summary->snapshots, ", "), "]}\n");
+                      absl::StrJoin(summary->snapshots, ", "), "], \"rollbacks\": [",
+                      absl::StrJoin(summary->rollbacks, ", ",
+                                    [](std::string* out, const std::pair<int64_t, int64_t>& r) {
+                                      absl::StrAppend(out, "[", r.first, ", ", r.second, "]");
+                                    }),
+                      "], \"param_crc32c\": ", summary->param_crc32c, "}\n");
     if (!f) return Fail("cannot write --summary_json=" + path);
   }
   return 0;

@@ -1,5 +1,6 @@
 #include "server/ps/service.h"
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,7 @@ absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) cons
 grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
                                                     const RegisterWorkerRequest* req,
                                                     RegisterWorkerResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   *resp = shard_->RegisterWorker(req->worker_id());
   return grpc::Status::OK;
 }
@@ -63,7 +64,7 @@ grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
 grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
                                                  const CreateTableRequest* req,
                                                  CreateTableResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   auto r = shard_->CreateTable(req->spec());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -73,7 +74,7 @@ grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
 grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
                                                    const DescribeTableRequest* req,
                                                    TableInfo* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   auto table = shard_->GetTable(req->table_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   *resp = (*table)->Info();
@@ -97,7 +98,7 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::Serv
 
 grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
                                                const PullDenseRequest* req, DenseChunk* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   uint64_t length = 0;
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -120,7 +121,7 @@ grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
                                                      const PullDenseRequest* req,
                                                      grpc::ServerWriter<DenseChunk>* writer) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   uint64_t length = 0;
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -149,7 +150,7 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
 
 grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const DenseChunk* req,
                                                PushDenseResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   if (absl::Status s = CheckFloatBytes(req->data(), "data"); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetDense(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -164,7 +165,7 @@ grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const Dense
 grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
                                                      grpc::ServerReader<DenseChunk>* reader,
                                                      PushDenseResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   DenseChunk first, chunk;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("push stream carried no chunks"));
@@ -232,7 +233,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
 
 grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PullSparseResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   uint64_t values = static_cast<uint64_t>(req->keys_size()) * (*table)->spec().dim();
@@ -254,7 +255,7 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
 
 grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const SparseRequest* req,
                                                 PushSparseResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   if (absl::Status s = CheckFloatBytes(req->grads(), "grads"); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -269,7 +270,7 @@ grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const Spar
 
 grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest*,
                                            StatsResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   *resp = shard_->Stats();
   return grpc::Status::OK;
 }
@@ -284,7 +285,7 @@ absl::Status ParameterServerService::CheckSnapshotter() const {
 
 grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
                                               SnapshotResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
   auto r = snapshotter_->Snapshot(*req, Deadline(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -295,7 +296,7 @@ grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const Sn
 grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*,
                                                    const ListSnapshotsRequest*,
                                                    ListSnapshotsResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
   auto r = snapshotter_->List();
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -306,12 +307,32 @@ grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*,
 grpc::Status ParameterServerService::SnapshotStatus(grpc::ServerContext* ctx,
                                                     const SnapshotStatusRequest* req,
                                                     SnapshotStatusResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+  Scope scope(this);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
   if (req->wait_until_idle() && !snapshotter_->AwaitIdle(Deadline(ctx))) {
     return ToGrpcStatus(absl::DeadlineExceededError("snapshot write still in progress"));
   }
   *resp = snapshotter_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const RestoreRequest* req,
+                                             RestoreResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  shard_->Shutdown();                           // waiting pulls fail now ...
+  absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
+  shard_->Reset();
+  auto step = snapshotter_->Restore(absl::StrCat(req->step()));
+  if (!step.ok()) {
+    return ToGrpcStatus(
+        absl::Status(step.status().code(),
+                     absl::StrCat(step.status().message(), " (the shard now holds no tables)")));
+  }
+  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
+              static_cast<long long>(*step));
+  std::fflush(stdout);
+  resp->set_step(*step);
   return grpc::Status::OK;
 }
 

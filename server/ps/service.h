@@ -60,6 +60,8 @@ class ParameterServerService final : public ParameterServer::Service {
                              ListSnapshotsResponse* resp) override;
   grpc::Status SnapshotStatus(grpc::ServerContext* ctx, const SnapshotStatusRequest* req,
                               SnapshotStatusResponse* resp) override;
+  grpc::Status Restore(grpc::ServerContext* ctx, const RestoreRequest* req,
+                       RestoreResponse* resp) override;
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
@@ -70,11 +72,23 @@ class ParameterServerService final : public ParameterServer::Service {
 
   absl::Status CheckSnapshotter() const;
 
+  // Held by every handler but Restore, which takes serving_mu_ exclusively to swap tables.
+  class Scope {
+   public:
+    explicit Scope(ParameterServerService* s)
+        : in_flight_(&s->in_flight_), serving_(&s->serving_mu_) {}
+
+   private:
+    InFlightCounter::Scope in_flight_;
+    absl::ReaderMutexLock serving_;
+  };
+
   Shard* const shard_;
   Snapshotter* const snapshotter_;
   const ServiceOptions options_;
   BufferPool buffers_;
   InFlightCounter in_flight_;
+  absl::Mutex serving_mu_;
 };
 
 }  // namespace pscluster::ps

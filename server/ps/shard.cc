@@ -178,6 +178,12 @@ void Shard::RestoreWorkers(const std::vector<int32_t>& workers) {
   workers_.insert(workers.begin(), workers.end());
 }
 
+void Shard::Reset() {
+  absl::MutexLock lock(&mu_);
+  tables_.clear();
+  workers_.clear();
+}
+
 void Shard::Shutdown() {
   absl::ReaderMutexLock lock(&mu_);
   for (auto& [id, table] : tables_) table->Shutdown();

@@ -56,6 +56,9 @@ class Shard {
 
   // Fails every waiting and later pull with UNAVAILABLE.
   void Shutdown();
+  // Drops every table and registered worker, before an in-place restore. The caller must
+  // ensure no other thread uses the shard's tables (ParameterServerService::Restore).
+  void Reset();
 
  private:
   absl::Status CheckWorker(int32_t worker_id) const;

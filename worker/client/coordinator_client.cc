@@ -1,5 +1,6 @@
 #include "worker/client/coordinator_client.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -19,17 +20,28 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
     CoordinatorClientOptions options) {
   auto stub = coord::Coordinator::NewStub(
       grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options.register_timeout);
-  ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+  // A restarted member may register before the coordinator has declared its previous
+  // incarnation dead (ALREADY_EXISTS): retry until that happens, within register_timeout.
+  const absl::Time deadline = absl::Now() + options.register_timeout;
   coord::RegisterRequest req;
   req.set_role(options.role);
   req.set_id(options.id);
   req.set_address(options.address);
   coord::RegisterResponse resp;
-  absl::Status s = FromGrpcStatus(stub->Register(&ctx, req, &resp),
-                                  absl::StrCat("coordinator ", options.coordinator));
-  if (!s.ok()) return s;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+    absl::Status s = FromGrpcStatus(stub->Register(&ctx, req, &resp),
+                                    absl::StrCat("coordinator ", options.coordinator));
+    if (s.ok()) break;
+    if (s.code() != absl::StatusCode::kAlreadyExists || absl::Now() + backoff > deadline) return s;
+    std::fprintf(stderr, "%s; retrying until the coordinator declares it dead\n",
+                 std::string(s.message()).c_str());
+    absl::SleepFor(backoff);  // bounded by register_timeout
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();
   c->registered_view_ = resp.view();

@@ -381,4 +381,30 @@ absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> PsClient::ListSnapshots()
   return out;
 }
 
+absl::StatusOr<int64_t> PsClient::LatestCompleteSnapshot() {
+  auto lists = ListSnapshots();
+  if (!lists.ok()) return lists.status();
+  std::map<int64_t, int> shards_with;
+  for (const auto& list : *lists) {
+    for (const auto& s : list.snapshots()) {
+      if (s.complete()) ++shards_with[s.step()];
+    }
+  }
+  for (auto it = shards_with.rbegin(); it != shards_with.rend(); ++it) {
+    if (it->second == num_shards()) return it->first;
+  }
+  return absl::NotFoundError("no snapshot is complete on every shard");
+}
+
+absl::Status PsClient::Restore(int64_t step) {
+  return ForEachShard(num_shards(), [&](int s) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::RestoreRequest req;
+    req.set_step(step);
+    ps::RestoreResponse resp;
+    return FromGrpcStatus(stubs_[s]->Restore(&ctx, req, &resp), ShardName(s));
+  });
+}
+
 }  // namespace pscluster

@@ -67,6 +67,10 @@ class PsClient {
   // Every shard's snapshot status; with wait_until_idle, after its write finished.
   absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> SnapshotStatus(bool wait_until_idle);
   absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> ListSnapshots();
+  // The newest snapshot step complete on every shard, or NOT_FOUND.
+  absl::StatusOr<int64_t> LatestCompleteSnapshot();
+  // Rolls every shard back to snapshot `step` in place.
+  absl::Status Restore(int64_t step);
 
   // The stub of one shard, for callers that need an RPC this class does not wrap.
   ps::ParameterServer::Stub* stub(int shard) { return stubs_[shard].get(); }

@@ -8,11 +8,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/ps.pb.h"
+#include "worker/client/coordinator_client.h"
 #include "worker/client/ps_client.h"
 #include "worker/compute/backend.h"
 #include "worker/data/batches.h"
@@ -40,8 +42,12 @@ struct PsTrainerOptions {
   // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never).
   // Interim: the coordinator will drive cluster checkpoints.
   int snapshot_every_epochs = 0;
-  // Called with each progress line's figures (e.g. to report to the coordinator).
-  std::function<void(int64_t step, double loss, double samples_per_sec)> on_progress;
+  // With a coordinator (not owned): progress is reported to it, and a failed shard is
+  // survived: every worker stops, waits until the shard is back in the cluster view, rank
+  // 0 rolls every shard back to the newest checkpoint complete on all of them, and all
+  // workers resume from that step (data order included). Without one, a failure ends Run.
+  CoordinatorClient* coordinator = nullptr;
+  absl::Duration recovery_timeout = absl::Minutes(10);
 };
 
 struct TrainSummary {
@@ -52,6 +58,8 @@ struct TrainSummary {
   double samples_per_sec = 0;  // this worker's training examples / training seconds
   double train_seconds = 0;
   std::vector<int64_t> snapshots;  // steps of the snapshots this worker requested
+  std::vector<std::pair<int64_t, int64_t>> rollbacks;  // (failed step, checkpoint step)
+  uint32_t param_crc32c = 0;  // CRC-32C of the final parameters, in table order
 };
 
 class PsTrainer {
@@ -68,6 +76,12 @@ class PsTrainer {
   absl::Status Pull(int64_t step);
   absl::Status Push(int64_t step);
   absl::StatusOr<double> EvaluateTest();
+  absl::Status Connect(const std::vector<std::string>& shards);
+  // The cluster view once it is complete again with a restarted shard.
+  absl::StatusOr<coord::ClusterView> AwaitHealedView();
+  // Recovery number `n` after `cause` at `failed_step`: returns the step to resume from.
+  absl::StatusOr<int64_t> Recover(int n, int64_t failed_step, const absl::Status& cause);
+  void ReportProgress(int64_t step, double loss, double rate);
 
   const PsTrainerOptions options_;
   const data::Dataset* const train_;
@@ -77,6 +91,7 @@ class PsTrainer {
   std::unique_ptr<PsClient> client_;
   std::unique_ptr<data::BatchIterator> batches_;
   std::vector<std::vector<float>> host_;  // per parameter: pulled values, then gradients
+  coord::ClusterView view_;               // with a coordinator: the view training uses
 };
 
 }  // namespace pscluster::modes
