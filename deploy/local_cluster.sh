@@ -9,8 +9,8 @@
 # accuracy.
 # DIR (default runs/<timestamp>) gets summary.json, every process's log and the shards'
 # snapshots. Every process it started is stopped on exit, on Ctrl-C, or when one fails.
-# (Checkpoint orchestration by the coordinator and psctl arrive with the rest of issue 4;
-# until then rank 0 asks the shards for a snapshot at the end of every epoch.)
+# The coordinator checkpoints every shard every epoch's worth of steps and whenever the
+# test accuracy improves; a shard that dies is restarted from the last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,7 +73,9 @@ address_of() {  # name index
 }
 
 start=$(date +%s)
+# Cluster checkpoints: every epoch's worth of steps and whenever the test accuracy improves.
 "$bin/server/coordinator/ps_coordinator" --port=0 --num_shards="$shards" --num_workers="$workers" \
+  --data_dir="$out/coordinator" --checkpoint_every_steps=$((60000 / (workers * batch_size))) \
   >"$out/coordinator.log" 2>&1 &
 pids+=($!) names+=("coordinator")
 coordinator=$(address_of coordinator 0)
@@ -90,7 +92,7 @@ echo "== $shards shard(s): ${addresses[*]}"
 for ((r = 0; r < workers; ++r)); do
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank=$r --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
-    --snapshot_every_epochs=1 --summary_json="$out/worker$r.json" >"$out/worker$r.log" 2>&1 &
+    --summary_json="$out/worker$r.json" >"$out/worker$r.log" 2>&1 &
   pids+=($!) names+=("worker$r")
 done
 echo "== $workers worker(s) training $epochs epoch(s), $consistency, $optimizer lr=$lr (progress of worker 0):"
@@ -130,7 +132,7 @@ kill "$tail_pid" 2>/dev/null || true
 wall=$(( $(date +%s) - start ))
 
 python3 - "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" <<'PY'
-import json, sys
+import json, os, sys
 out, workers, shards, epochs, consistency, wall = sys.argv[1:]
 ws = [json.load(open(f"{out}/worker{r}.json")) for r in range(int(workers))]
 summary = {
@@ -139,7 +141,8 @@ summary = {
     "steps": ws[0]["steps"],
     "samples_per_sec": round(sum(w["samples_per_sec"] for w in ws), 1),
     "wall_seconds": int(wall),
-    "checkpoints": ws[0]["snapshots"],
+    "checkpoints": json.load(open(f"{out}/coordinator/checkpoints.json"))
+                   if os.path.exists(f"{out}/coordinator/checkpoints.json") else [],
     "rollbacks": [{"failed_step": f, "restored_step": t} for f, t in ws[0]["rollbacks"]],
     "param_crc32c": ws[0]["param_crc32c"],
     "workers": int(workers),

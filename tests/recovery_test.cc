@@ -35,12 +35,19 @@ std::string ReadFile(const std::string& path) {
 // One cluster run in its own directory.
 class Cluster {
  public:
-  explicit Cluster(const std::string& dir) : dir_(dir) {
+  // coordinator_checkpoints: the coordinator checkpoints every 100 steps and on a better
+  // metric; otherwise rank 0 snapshots every epoch.
+  explicit Cluster(const std::string& dir, bool coordinator_checkpoints = false) : dir_(dir) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
-    auto c = testing::Subprocess::Start(
-        {"server/coordinator/ps_coordinator", "--port=0", absl::StrCat("--num_shards=", kShards),
-         absl::StrCat("--num_workers=", kWorkers), "--heartbeat_timeout_ms=500"});
+    std::vector<std::string> coordinator = {
+        "server/coordinator/ps_coordinator", "--port=0", absl::StrCat("--num_shards=", kShards),
+        absl::StrCat("--num_workers=", kWorkers), "--heartbeat_timeout_ms=500"};
+    if (coordinator_checkpoints) {
+      coordinator.push_back("--data_dir=" + dir + "/coordinator");
+      coordinator.push_back("--checkpoint_every_steps=100");
+    }
+    auto c = testing::Subprocess::Start(coordinator);
     EXPECT_TRUE(c.ok());
     coordinator_ = AddressIn(c->WaitForLine("listening on", absl::Seconds(60)).value_or(""));
     processes_.push_back(*std::move(c));
@@ -49,7 +56,8 @@ class Cluster {
       auto w = testing::Subprocess::Start(
           {"worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
            absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4",
-           "--epochs=4", "--batch_size=32", "--lr=0.01", "--snapshot_every_epochs=1",
+           "--epochs=4", "--batch_size=32", "--lr=0.01",
+           coordinator_checkpoints ? "--snapshot_every_epochs=0" : "--snapshot_every_epochs=1",
            "--progress_seconds=1", absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
       EXPECT_TRUE(w.ok());
       workers_.push_back(*std::move(w));
@@ -128,6 +136,37 @@ TEST(RecoveryTest, KilledShardIsRestoredAndTrainingEndsBitwiseAsIfUninterrupted)
         << "the recovered run's final parameters differ from the uninterrupted run's";
     EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
   }
+}
+
+TEST(RecoveryTest, CoordinatorCheckpointsTheClusterAndReloadsItsManifestOnRestart) {
+  const std::string dir = ::testing::TempDir() + "/coordinated";
+  {
+    Cluster cluster(dir, /*coordinator_checkpoints=*/true);
+    cluster.Finish();
+  }
+  const std::string listed = ReadFile(dir + "/coordinator/checkpoints.json");
+  ASSERT_THAT(listed, ::testing::MatchesRegex("\\[[0-9]+(, [0-9]+)*\\]\n"))
+      << "checkpoints.json of " << dir << " holds '" << listed << "'";
+  const int64_t last =
+      std::stoll(listed.substr(listed.rfind(' ') == std::string::npos ? 1 : listed.rfind(' ') + 1));
+  EXPECT_GT(last, 0);
+  EXPECT_LE(last, 4 * kStepsPerEpoch);
+  // Every listed checkpoint is a snapshot the shards hold: restoring the last one works.
+  auto shard = testing::Subprocess::Start(
+      {"server/ps/ps_server", "--port=0", "--shard_id=0", absl::StrCat("--num_shards=", kShards),
+       "--data_dir=" + dir + "/ckpt", absl::StrCat("--restore=", last)});
+  ASSERT_TRUE(shard.ok());
+  EXPECT_TRUE(
+      shard->WaitForLine(absl::StrCat("restored snapshot of step ", last), absl::Seconds(60)).ok());
+  shard->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+  // A restarted coordinator reloads its manifest.
+  auto coordinator = testing::Subprocess::Start(
+      {"server/coordinator/ps_coordinator", "--port=0", "--data_dir=" + dir + "/coordinator"});
+  ASSERT_TRUE(coordinator.ok());
+  auto line = coordinator->WaitForLine("manifest lists", absl::Seconds(60));
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(*line, ::testing::HasSubstr(absl::StrCat("the last of step ", last)));
+  coordinator->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 
 }  // namespace

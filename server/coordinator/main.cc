@@ -4,6 +4,7 @@
 //
 // Prints "ps_coordinator listening on HOST:PORT" once it serves, and a line whenever
 // members join, die or come back.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/graceful_shutdown.h"
 #include "grpcpp/grpcpp.h"
+#include "server/coordinator/checkpointer.h"
 #include "server/coordinator/service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
@@ -23,6 +25,15 @@ ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start
 ABSL_FLAG(int, num_shards, 1, "Parameter-server shards the cluster has.");
 ABSL_FLAG(int, num_workers, 1, "Workers the cluster has.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "A member silent this long is declared dead.");
+ABSL_FLAG(std::string, data_dir, "",
+          "Cluster checkpoints: the manifest is kept here (reloaded on restart). Without it, "
+          "the coordinator drives no checkpoints.");
+ABSL_FLAG(
+    int64_t, checkpoint_every_steps, 0,
+    "Checkpoint every shard every this many global steps (0: only when the metric improves).");
+ABSL_FLAG(std::string, metric, "max",
+          "Better validation metric: 'max' (accuracy) or 'min' (loss).");
+ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept, besides the best.");
 
 namespace {
 
@@ -86,7 +97,31 @@ int main(int argc, char** argv) {
               absl::GetFlag(FLAGS_host).c_str(), port, options.num_shards, options.num_workers);
   std::fflush(stdout);
 
+  std::unique_ptr<pscluster::coord::Checkpointer> checkpointer;
+  if (const std::string dir = absl::GetFlag(FLAGS_data_dir); !dir.empty()) {
+    pscluster::coord::CheckpointerOptions co;
+    co.data_dir = dir;
+    co.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+    co.higher_metric_is_better = absl::GetFlag(FLAGS_metric) != "min";
+    co.keep_last = std::max(1, absl::GetFlag(FLAGS_keep_checkpoints));
+    auto created = pscluster::coord::Checkpointer::Create(&membership, co);
+    if (!created.ok()) return Fail(created.status().ToString());
+    checkpointer = *std::move(created);
+    if (!checkpointer->checkpoints().empty()) {
+      std::printf("ps_coordinator: manifest lists %zu checkpoint(s), the last of step %lld\n",
+                  checkpointer->checkpoints().size(),
+                  static_cast<long long>(checkpointer->checkpoints().back().step()));
+      std::fflush(stdout);
+    }
+  }
+
   absl::Notification stop;
+  std::thread checkpoints([&] {  // its own thread: a checkpoint may take a while to write
+    while (checkpointer && !stop.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      absl::Status s = checkpointer->MaybeCheckpoint();
+      if (!s.ok()) std::fprintf(stderr, "ps_coordinator: checkpoint: %s\n", s.ToString().c_str());
+    }
+  });
   std::thread liveness([&] {  // declares silent members dead, and reports every change
     pscluster::coord::ClusterView last = membership.View();
     while (!stop.WaitForNotificationWithTimeout(options.heartbeat_timeout / 4)) {
@@ -99,5 +134,6 @@ int main(int argc, char** argv) {
   pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", nullptr);
   stop.Notify();
   liveness.join();
+  checkpoints.join();
   return 0;
 }

@@ -56,6 +56,8 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& r) 
   m->clear_step();  // a new incarnation has reported nothing yet
   m->clear_loss();
   m->clear_samples_per_sec();
+  m->clear_has_metric();
+  m->clear_metric();
   m->set_alive(true);
   m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
   ChangedLocked();
@@ -104,6 +106,10 @@ absl::Status Membership::ReportProgress(const ReportProgressRequest& r) {
   m->set_step(r.step());
   m->set_loss(r.loss());
   m->set_samples_per_sec(r.samples_per_sec());
+  if (r.has_metric()) {
+    m->set_has_metric(true);
+    m->set_metric(r.metric());
+  }
   return absl::OkStatus();
 }
 
@@ -163,7 +169,20 @@ ClusterView Membership::ViewLocked() const {
   }
   v.set_global_step(std::max<int64_t>(global_step, 0));
   v.set_complete(CompleteLocked());
+  for (const Checkpoint& c : checkpoints_) *v.add_checkpoints() = c;
   return v;
+}
+
+void Membership::AddCheckpoint(const Checkpoint& checkpoint) {
+  absl::MutexLock lock(&mu_);
+  checkpoints_.push_back(checkpoint);
+  ChangedLocked();
+}
+
+void Membership::SetCheckpoints(const std::vector<Checkpoint>& checkpoints) {
+  absl::MutexLock lock(&mu_);
+  checkpoints_ = checkpoints;
+  ChangedLocked();
 }
 
 ClusterView Membership::View() const {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -41,6 +42,10 @@ class Membership {
   bool CheckLiveness();
 
   ClusterView View() const;
+  // Records a complete cluster checkpoint (listed in the view); bumps the version.
+  void AddCheckpoint(const Checkpoint& checkpoint);
+  // Removes checkpoints no longer kept (retention); bumps the version if any.
+  void SetCheckpoints(const std::vector<Checkpoint>& checkpoints);
   // Waits until the view's version >= min_version (and it is complete, if asked), or
   // DEADLINE_EXCEEDED naming who is missing.
   absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, absl::Time deadline);
@@ -60,6 +65,7 @@ class Membership {
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t shard_map_version_ ABSL_GUARDED_BY(mu_) = 1;  // version of the last address change
+  std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::coord

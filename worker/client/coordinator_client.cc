@@ -93,7 +93,8 @@ absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_vers
 }
 
 absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t step, double loss,
-                                               double samples_per_sec) {
+                                               double samples_per_sec,
+                                               std::optional<double> metric) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.rpc_timeout);
   coord::ReportProgressRequest req;
@@ -103,6 +104,10 @@ absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t ste
   req.set_step(step);
   req.set_loss(loss);
   req.set_samples_per_sec(samples_per_sec);
+  if (metric) {
+    req.set_has_metric(true);
+    req.set_metric(*metric);
+  }
   coord::ReportProgressResponse resp;
   return FromGrpcStatus(stub_->ReportProgress(&ctx, req, &resp), "coordinator");
 }

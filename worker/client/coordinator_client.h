@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -40,8 +41,9 @@ class CoordinatorClient {
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
                                                absl::Duration timeout);
+  // `metric` (optional): a validation metric measured at `step`.
   absl::Status ReportProgress(int64_t view_version, int64_t step, double loss,
-                              double samples_per_sec);
+                              double samples_per_sec, std::optional<double> metric = std::nullopt);
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
 

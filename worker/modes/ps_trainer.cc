@@ -240,6 +240,13 @@ absl::StatusOr<TrainSummary> PsTrainer::Run() {
       std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
                   static_cast<long long>(epoch), summary.test_accuracy);
       std::fflush(stdout);
+      if (options_.coordinator != nullptr) {  // feeds keep-the-best checkpoints
+        absl::Status r = options_.coordinator->ReportProgress(
+            view_.version(), step + 1, summary.final_loss, 0, summary.test_accuracy);
+        if (!r.ok())
+          std::fprintf(stderr, "worker %d: metric report: %s\n", options_.rank,
+                       r.ToString().c_str());
+      }
     }
     return absl::OkStatus();
   };

@@ -1,0 +1,167 @@
+#include "server/coordinator/checkpointer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "worker/client/ps_client.h"
+
+namespace pscluster::coord {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ManifestPath(const std::string& dir) {
+  return (fs::path(dir) / "manifest.pb").string();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Membership* membership,
+                                                                   CheckpointerOptions options) {
+  std::error_code ec;
+  fs::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create --data_dir=", options.data_dir, ": ", ec.message()));
+  }
+  std::unique_ptr<Checkpointer> c(new Checkpointer(membership, std::move(options)));
+  std::ifstream in(ManifestPath(c->options_.data_dir), std::ios::binary);
+  if (in) {
+    CheckpointManifest manifest;
+    if (!manifest.ParseFromIstream(&in)) {
+      return absl::DataLossError(absl::StrCat(ManifestPath(c->options_.data_dir),
+                                              " is unreadable; move it away to start afresh"));
+    }
+    c->checkpoints_.assign(manifest.checkpoints().begin(), manifest.checkpoints().end());
+    membership->SetCheckpoints(c->checkpoints_);
+  }
+  return c;
+}
+
+Checkpointer::Checkpointer(Membership* membership, CheckpointerOptions options)
+    : membership_(membership), options_(std::move(options)) {}
+
+bool Checkpointer::Better(double a, double b) const {
+  return options_.higher_metric_is_better ? a > b : a < b;
+}
+
+absl::Status Checkpointer::MaybeCheckpoint() {
+  const ClusterView view = membership_->View();
+  if (!view.complete()) return absl::OkStatus();
+  const int64_t last = checkpoints_.empty() ? 0 : checkpoints_.back().step();
+  std::optional<double> metric;
+  for (const Member& m : view.members()) {  // rank 0's newest validation metric
+    if (m.role() != WORKER || m.id() != 0 || !m.has_metric() || m.step() == metric_step_seen_)
+      continue;
+    metric_step_seen_ = m.step();
+    bool best = true;
+    for (const Checkpoint& c : checkpoints_) {
+      if (c.has_metric() && !Better(m.metric(), c.metric())) best = false;
+    }
+    if (best) metric = m.metric();
+  }
+  const bool due = options_.every_steps > 0 && view.global_step() >= last + options_.every_steps;
+  if (!due && !metric) return absl::OkStatus();
+  return CheckpointNow(metric).status();
+}
+
+absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> metric) {
+  const ClusterView view = membership_->View();
+  PsClientOptions o;
+  o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
+  o.worker_id = -1;
+  o.rpc_timeout = options_.timeout;
+  auto shards = PsClient::Create(o);
+  if (!shards.ok()) return shards.status();
+  ps::SnapshotRequest request;
+  if (metric) {
+    request.set_has_metric(true);  // shards keep the lowest: send higher-is-better negated
+    request.set_metric(options_.higher_metric_is_better ? -*metric : *metric);
+  }
+  // Snapshot the step the tables have reached. While training runs, BSP tables may pass it
+  // before the request lands, and then some shards capture and others refuse: wait for
+  // those writes to end and ask again for the next step, which BSP tables hold for us.
+  int64_t step = -1;
+  absl::Status s;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (auto idle = (*shards)->SnapshotStatus(/*wait_until_idle=*/true); !idle.ok()) {
+      return idle.status();
+    }
+    auto stats = (*shards)->Stats();
+    if (!stats.ok()) return stats.status();
+    step = 0;
+    for (const auto& shard : *stats) {
+      for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
+    }
+    step += attempt == 0 ? 0 : 1;
+    if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
+    s = (*shards)->Snapshot(step, request);
+    if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) break;
+  }
+  if (!s.ok() && s.code() != absl::StatusCode::kAlreadyExists) return s;
+  auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
+  if (!done.ok()) return done.status();
+  for (const auto& d : *done) {
+    if (d.last_complete_step() < step || !d.last_error().empty()) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint of step ", step, " failed on a shard: ", d.last_error()));
+    }
+  }
+  Checkpoint c;
+  c.set_step(step);
+  c.set_has_metric(metric.has_value());
+  c.set_metric(metric.value_or(0));
+  c.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  checkpoints_.push_back(c);
+  ApplyRetention();
+  if (absl::Status w = WriteManifest(); !w.ok()) return w;
+  membership_->SetCheckpoints(checkpoints_);
+  std::printf("ps_coordinator: checkpoint of step %lld complete on %d shard(s)%s\n",
+              static_cast<long long>(step), (*shards)->num_shards(),
+              metric ? absl::StrCat(", metric ", *metric).c_str() : "");
+  std::fflush(stdout);
+  return c;
+}
+
+void Checkpointer::ApplyRetention() {
+  const Checkpoint* best = nullptr;
+  for (const Checkpoint& c : checkpoints_) {
+    if (c.has_metric() && (best == nullptr || !Better(best->metric(), c.metric()))) best = &c;
+  }
+  const int64_t best_step = best ? best->step() : -1;
+  std::vector<Checkpoint> kept;
+  for (size_t i = 0; i < checkpoints_.size(); ++i) {
+    if (i + options_.keep_last >= checkpoints_.size() || checkpoints_[i].step() == best_step) {
+      kept.push_back(checkpoints_[i]);
+    }
+  }
+  checkpoints_ = std::move(kept);
+}
+
+absl::Status Checkpointer::WriteManifest() const {
+  CheckpointManifest manifest;
+  for (const Checkpoint& c : checkpoints_) *manifest.add_checkpoints() = c;
+  const std::string path = ManifestPath(options_.data_dir), tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!manifest.SerializeToOstream(&out) || !out.flush()) {
+      return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);  // atomic: a crash leaves the old or the new manifest
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot replace ", path, ": ", ec.message()));
+  // Also a JSON copy for scripts.
+  std::ofstream json((fs::path(options_.data_dir) / "checkpoints.json").string());
+  json << "[";
+  for (size_t i = 0; i < checkpoints_.size(); ++i) {
+    json << (i ? ", " : "") << checkpoints_[i].step();
+  }
+  json << "]\n";
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster::coord

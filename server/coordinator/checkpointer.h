@@ -1,0 +1,55 @@
+// Cluster checkpoints driven by the coordinator: every N steps of the workers' global
+// step, and whenever rank 0 reports a better validation metric, it asks every shard to
+// snapshot the step the tables have reached, waits until every snapshot is durable, and
+// only then records the checkpoint in its manifest (--data_dir/manifest.pb, written
+// atomically, reloaded on restart) and in the cluster view. Workers save nothing: their
+// data order is a function of (seed, step). Keeps the last K plus the best. Not
+// thread-safe: one caller (the coordinator's checkpoint thread).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.pb.h"
+#include "server/coordinator/membership.h"
+
+namespace pscluster::coord {
+
+struct CheckpointerOptions {
+  std::string data_dir;                 // the manifest lives here
+  int64_t every_steps = 0;              // 0: only on a better metric
+  bool higher_metric_is_better = true;  // test accuracy
+  int keep_last = 3;
+  absl::Duration timeout = absl::Minutes(10);  // capture and write of one checkpoint
+};
+
+class Checkpointer {
+ public:
+  // Loads the manifest when one exists (and lists its checkpoints in the view).
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(Membership* membership,
+                                                              CheckpointerOptions options);
+
+  // Checkpoints if one is due and the cluster is complete; OK when nothing was due.
+  absl::Status MaybeCheckpoint();
+  // Checkpoints now (metric: the validation metric to file it under).
+  absl::StatusOr<Checkpoint> CheckpointNow(std::optional<double> metric);
+
+  const std::vector<Checkpoint>& checkpoints() const { return checkpoints_; }
+
+ private:
+  Checkpointer(Membership* membership, CheckpointerOptions options);
+  absl::Status WriteManifest() const;
+  bool Better(double a, double b) const;
+  void ApplyRetention();
+
+  Membership* const membership_;
+  const CheckpointerOptions options_;
+  std::vector<Checkpoint> checkpoints_;
+  int64_t metric_step_seen_ = -1;  // rank 0's metric report already acted on
+};
+
+}  // namespace pscluster::coord
