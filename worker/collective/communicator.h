@@ -1,0 +1,53 @@
+// Collective communication among the `size()` ranks of one group: what the all-reduce,
+// FSDP and pipeline modes are built on. Implementations: Gloo (CPU, TCP); NCCL (GPU) to
+// come. Every call has a timeout; errors name the operation and, where one is known, the
+// peer rank waited for. All ranks must make the same collective calls in the same order.
+// Not thread-safe: one caller per communicator.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace gloo::rendezvous {
+class Store;
+}
+
+namespace pscluster::collective {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data = sum over ranks of data, in place.
+  virtual absl::Status AllReduceSum(absl::Span<float> data) = 0;
+  // in: size() blocks of out.size() floats; out = the sum over ranks of block rank().
+  virtual absl::Status ReduceScatterSum(absl::Span<const float> in, absl::Span<float> out) = 0;
+  // out: size() blocks of in.size() floats; block r = rank r's in.
+  virtual absl::Status AllGather(absl::Span<const float> in, absl::Span<float> out) = 0;
+  // data = root's data on every rank.
+  virtual absl::Status Broadcast(absl::Span<float> data, int root) = 0;
+  // Point to point; (peer, tag) pairs match sends to receives.
+  virtual absl::Status Send(absl::Span<const float> data, int peer, int tag) = 0;
+  virtual absl::Status Recv(absl::Span<float> data, int peer, int tag) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  std::string host = "127.0.0.1";              // the address peers reach this rank at
+  absl::Duration timeout = absl::Seconds(30);  // of every operation
+};
+
+// Connects the group through `store` (the rendezvous: a coordinator-backed store in the
+// cluster, an in-memory one in tests). `store` must outlive the call only.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(gloo::rendezvous::Store* store,
+                                                                     const GlooOptions& options);
+
+}  // namespace pscluster::collective

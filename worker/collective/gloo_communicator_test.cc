@@ -1,0 +1,113 @@
+// Gloo communicators for N = 1..4 ranks as threads in one process (real TCP on loopback,
+// in-memory rendezvous), payloads of 0, 1, odd and large sizes, expected values computed by
+// formula; and a missing peer makes the others fail with a timeout that names it.
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "gloo/rendezvous/hash_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/collective/communicator.h"
+
+namespace pscluster::collective {
+namespace {
+
+// Rank r's value at index i: small integers, so float sums are exact in any order.
+float Value(int r, size_t i) { return static_cast<float>((r + 1) * (i % 7 + 1)); }
+float SumOverRanks(int n, size_t i) { return static_cast<float>((i % 7 + 1) * n * (n + 1) / 2); }
+
+// Connects `n` ranks and runs fn(comm) on each, on its own thread.
+void OnRanks(int n, const std::function<void(Communicator&)>& fn) {
+  gloo::rendezvous::HashStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = CreateGlooCommunicator(&store, GlooOptions{r, n, "127.0.0.1", absl::Seconds(30)});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      fn(**comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+class GlooCommunicatorTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCommunicatorTest, EveryCollectiveMatchesItsFormulaForEveryPayloadSize) {
+  const int n = GetParam();
+  OnRanks(n, [&](Communicator& c) {
+    const int r = c.rank();
+    EXPECT_EQ(c.size(), n);
+    for (size_t len : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18}) {
+      SCOPED_TRACE(testing::Message() << "rank " << r << " of " << n << ", " << len << " floats");
+      std::vector<float> data(len);
+      for (size_t i = 0; i < len; ++i) data[i] = Value(r, i);
+      ASSERT_TRUE(c.AllReduceSum(absl::MakeSpan(data)).ok());
+      for (size_t i = 0; i < len; ++i) ASSERT_EQ(data[i], SumOverRanks(n, i)) << "all-reduce " << i;
+
+      std::vector<float> blocks(len * n), mine(len);
+      for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Value(r, i);
+      absl::Status s = c.ReduceScatterSum(blocks, absl::MakeSpan(mine));
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t i = 0; i < len; ++i)
+        ASSERT_EQ(mine[i], SumOverRanks(n, r * len + i)) << "reduce-scatter";
+
+      std::vector<float> own(len), all(len * n);
+      for (size_t i = 0; i < len; ++i) own[i] = Value(r, i);
+      ASSERT_TRUE(c.AllGather(own, absl::MakeSpan(all)).ok());
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < len; ++i) ASSERT_EQ(all[q * len + i], Value(q, i)) << "all-gather";
+      }
+
+      const int root = n - 1;
+      std::vector<float> b(len, r == root ? 0.0f : -1.0f);
+      for (size_t i = 0; i < len && r == root; ++i) b[i] = Value(root, i);
+      ASSERT_TRUE(c.Broadcast(absl::MakeSpan(b), root).ok());
+      for (size_t i = 0; i < len; ++i) ASSERT_EQ(b[i], Value(root, i)) << "broadcast";
+
+      if (n > 1) {  // a ring of sends: each rank receives its predecessor's values
+        std::vector<float> got(len);
+        std::thread sender([&] { EXPECT_TRUE(c.Send(own, (r + 1) % n, 7).ok()); });
+        ASSERT_TRUE(c.Recv(absl::MakeSpan(got), (r + n - 1) % n, 7).ok());
+        sender.join();
+        for (size_t i = 0; i < len; ++i)
+          ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send/recv";
+      }
+      ASSERT_TRUE(c.Barrier().ok());
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCommunicatorTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
+  gloo::rendezvous::HashStore store;
+  std::unique_ptr<Communicator> comms[2];
+  std::thread t1([&] {
+    comms[1] =
+        *CreateGlooCommunicator(&store, GlooOptions{1, 2, "127.0.0.1", absl::Milliseconds(300)});
+  });
+  comms[0] =
+      *CreateGlooCommunicator(&store, GlooOptions{0, 2, "127.0.0.1", absl::Milliseconds(300)});
+  t1.join();
+  std::vector<float> data(10);
+  absl::Status s = comms[0]->Recv(absl::MakeSpan(data), 1, 3);  // rank 1 never sends
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1"));
+}
+
+TEST(GlooCommunicatorErrorsTest, BadArgumentsAreInvalidArgument) {
+  OnRanks(1, [](Communicator& c) {
+    std::vector<float> x(4), y(3);
+    EXPECT_EQ(c.ReduceScatterSum(x, absl::MakeSpan(y)).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.AllGather(x, absl::MakeSpan(y)).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.Broadcast(absl::MakeSpan(x), 3).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.Send(x, 0, 1).code(), absl::StatusCode::kInvalidArgument);
+  });
+  gloo::rendezvous::HashStore store;
+  EXPECT_EQ(CreateGlooCommunicator(&store, GlooOptions{2, 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pscluster::collective
