@@ -2,7 +2,8 @@
 # The main job: a local pscluster training the MLP on Fashion-MNIST.
 #
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
-#                           [--optimizer adam] [--lr 0.001] [--batch_size 64] [--out DIR]
+#                           [--mode ps|allreduce] [--optimizer adam] [--lr 0.001]
+#                           [--batch_size 64] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
 # shards and the workers on free loopback ports, prints progress, and ends with the test
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64
+workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -23,6 +24,7 @@ while (($#)); do
     --shards) shards=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --consistency) consistency=$2; shift 2 ;;
+    --mode) mode=$2; shift 2 ;;
     --optimizer) optimizer=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --batch_size) batch_size=$2; shift 2 ;;
@@ -31,7 +33,9 @@ while (($#)); do
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
 done
-for n in "$workers" "$shards" "$epochs" "$batch_size"; do
+[[ $mode == ps || $mode == allreduce ]] || { echo "local_cluster.sh: --mode must be ps or allreduce" >&2; exit 2; }
+[[ $mode == allreduce ]] && shards=0  # replicas on the workers; no parameter server
+for n in "$workers" "$epochs" "$batch_size"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "local_cluster.sh: '$n' is not a positive count" >&2; exit 2; }
 done
 
@@ -87,15 +91,15 @@ for ((s = 0; s < shards; ++s)); do
 done
 addresses=()
 for ((s = 0; s < shards; ++s)); do addresses+=("$(address_of "shard$s" $((s + 1)))"); done
-echo "== $shards shard(s): ${addresses[*]}"
+((shards > 0)) && echo "== $shards shard(s): ${addresses[*]}"
 
 for ((r = 0; r < workers; ++r)); do
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank=$r --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
-    --summary_json="$out/worker$r.json" >"$out/worker$r.log" 2>&1 &
+    --mode="$mode" --summary_json="$out/worker$r.json" >"$out/worker$r.log" 2>&1 &
   pids+=($!) names+=("worker$r")
 done
-echo "== $workers worker(s) training $epochs epoch(s), $consistency, $optimizer lr=$lr (progress of worker 0):"
+echo "== $workers worker(s) training $epochs epoch(s) in $mode mode, $optimizer lr=$lr (progress of worker 0):"
 tail -n +1 -f "$out/worker0.log" & tail_pid=$!
 
 # Wait for the workers; any process that dies early stops the run.
@@ -131,9 +135,9 @@ done
 kill "$tail_pid" 2>/dev/null || true
 wall=$(( $(date +%s) - start ))
 
-python3 - "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" <<'PY'
+python3 - "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" <<'PY'
 import json, os, sys
-out, workers, shards, epochs, consistency, wall = sys.argv[1:]
+out, workers, shards, epochs, consistency, wall, mode = sys.argv[1:]
 ws = [json.load(open(f"{out}/worker{r}.json")) for r in range(int(workers))]
 summary = {
     "test_accuracy": ws[0]["test_accuracy"],
@@ -143,11 +147,12 @@ summary = {
     "wall_seconds": int(wall),
     "checkpoints": json.load(open(f"{out}/coordinator/checkpoints.json"))
                    if os.path.exists(f"{out}/coordinator/checkpoints.json") else [],
-    "rollbacks": [{"failed_step": f, "restored_step": t} for f, t in ws[0]["rollbacks"]],
-    "param_crc32c": ws[0]["param_crc32c"],
+    "rollbacks": [{"failed_step": f, "restored_step": t} for f, t in ws[0].get("rollbacks", [])],
+    "param_crc32c": ws[0].get("param_crc32c", 0),
     "workers": int(workers),
     "shards": int(shards),
     "consistency": consistency,
+    "mode": mode,
     "final_loss": ws[0]["final_loss"],
 }
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)

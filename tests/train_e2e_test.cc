@@ -2,6 +2,7 @@
 // train an MLP (BSP, server-side Adam) on a synthetic problem; the loss ends well below
 // its start and the held-out accuracy is high. Fashion-MNIST itself runs in
 // deploy/local_cluster.sh; its reader is tested in worker/data.
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -50,6 +51,39 @@ TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
     EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9) << json.str();
     EXPECT_EQ(JsonNumber(json.str(), "steps"), 3 * (4000 / (32 * kWorkers))) << json.str();
   }
+}
+
+// ALLREDUCE mode through the real binaries: a coordinator with no shards for the
+// rendezvous, two workers averaging gradients over Gloo.
+TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
+  auto c = testing::Subprocess::Start(
+      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=0", "--num_workers=2"});
+  ASSERT_TRUE(c.ok());
+  auto line = c->WaitForLine("listening on", absl::Seconds(60));
+  ASSERT_TRUE(line.ok()) << line.status();
+  std::string coordinator = line->substr(line->find("listening on ") + 13);
+  coordinator = coordinator.substr(0, coordinator.find(' '));
+  const std::string dir = ::testing::TempDir();
+  std::vector<testing::Subprocess> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto p = testing::Subprocess::Start(
+        {"worker/ps_worker", "--mode=allreduce", "--coordinator=" + coordinator,
+         absl::StrCat("--rank=", r), "--world=2", "--synthetic=4000", "--layers=20,32,4",
+         "--epochs=3", "--batch_size=32", "--lr=0.01",
+         absl::StrCat("--summary_json=", dir, "/allreduce", r, ".json")});
+    ASSERT_TRUE(p.ok());
+    workers.push_back(*std::move(p));
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto status = workers[r].Wait(absl::Minutes(5));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << workers[r].name();
+    std::ifstream f(absl::StrCat(dir, "/allreduce", r, ".json"));
+    std::stringstream json;
+    json << f.rdbuf();
+    EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9) << json.str();
+  }
+  c->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 
 }  // namespace

@@ -18,6 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/collective/coordinator_store.h"
+#include "worker/modes/allreduce_trainer.h"
 #include "worker/modes/ps_trainer.h"
 
 ABSL_FLAG(std::vector<std::string>, ps, {},
@@ -44,6 +46,11 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).");
 ABSL_FLAG(int64_t, synthetic, 0, "Tests: train on this many synthetic examples instead.");
 ABSL_FLAG(std::string, backend, "cpu", "cpu | cuda.");
+ABSL_FLAG(std::string, mode, "ps",
+          "ps: parameters on the shards; allreduce: a replica per worker, gradients averaged by "
+          "a Gloo all-reduce (needs --coordinator for the rendezvous).");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "allreduce: the address other workers reach this one at.");
 ABSL_FLAG(int, progress_seconds, 5, "Seconds between progress lines.");
 ABSL_FLAG(std::string, summary_json, "", "Write the final figures here as JSON.");
 ABSL_FLAG(int, snapshot_every_epochs, 0,
@@ -183,9 +190,25 @@ int main(int argc, char** argv) {
   } else {
     return Fail("--backend must be cpu or cuda");
   }
-  auto trainer = modes::PsTrainer::Create(o, &train, &test, std::move(backend));
-  if (!trainer.ok()) return Fail(trainer.status().ToString());
-  auto summary = (*trainer)->Run();
+  absl::StatusOr<modes::TrainSummary> summary;
+  if (absl::GetFlag(FLAGS_mode) == "allreduce") {
+    if (!coordinator) return Fail("--mode=allreduce needs --coordinator (the rendezvous)");
+    collective::CoordinatorStore store(coordinator.get(), "allreduce/", absl::Minutes(5));
+    auto comm = collective::CreateGlooCommunicator(
+        &store,
+        collective::GlooOptions{o.rank, o.world, absl::GetFlag(FLAGS_host), absl::Minutes(2)});
+    if (!comm.ok()) return Fail(comm.status().ToString());
+    auto trainer =
+        modes::AllReduceTrainer::Create(o, &train, &test, std::move(backend), *std::move(comm));
+    if (!trainer.ok()) return Fail(trainer.status().ToString());
+    summary = (*trainer)->Run();
+  } else if (absl::GetFlag(FLAGS_mode) == "ps") {
+    auto trainer = modes::PsTrainer::Create(o, &train, &test, std::move(backend));
+    if (!trainer.ok()) return Fail(trainer.status().ToString());
+    summary = (*trainer)->Run();
+  } else {
+    return Fail("--mode must be ps or allreduce");
+  }
   if (!summary.ok()) return Fail(summary.status().ToString());
   std::printf("worker %d: done: %lld steps, test accuracy %.4f, %.0f samples/s\n", o.rank,
               static_cast<long long>(summary->steps), summary->test_accuracy,

@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  if (options.num_shards < 1 || options.num_workers < 1) {
-    return Fail("--num_shards and --num_workers must be >= 1");
+  if (options.num_shards < 0 || options.num_workers < 1) {  // 0 shards: collective modes only
+    return Fail("--num_shards must be >= 0 and --num_workers >= 1");
   }
   if (options.heartbeat_timeout < absl::Milliseconds(100)) {
     return Fail("--heartbeat_timeout_ms must be >= 100");
