@@ -63,6 +63,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& r) 
   ChangedLocked();
   RegisterResponse response;
   response.set_incarnation(m->incarnation());
+  response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   *response.mutable_view() = ViewLocked();
   return response;
 }

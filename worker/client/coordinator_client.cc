@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
   }
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();
+  if (resp.heartbeat_timeout_ms() > 0) {  // beat several times per timeout
+    c->options_.heartbeat_interval = std::min(c->options_.heartbeat_interval,
+                                              absl::Milliseconds(resp.heartbeat_timeout_ms()) / 4);
+  }
   c->registered_view_ = resp.view();
   c->heartbeats_ = std::thread(&CoordinatorClient::HeartbeatLoop, c.get());
   return c;

@@ -25,6 +25,7 @@ struct CoordinatorClientOptions {
   std::string address;  // where this member serves ("" for none)
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
+  // At most this; shortened to a quarter of the coordinator's heartbeat timeout.
   absl::Duration heartbeat_interval = absl::Seconds(1);
 };
 
@@ -52,7 +53,7 @@ class CoordinatorClient {
                     std::unique_ptr<coord::Coordinator::Stub> stub);
   void HeartbeatLoop();
 
-  const CoordinatorClientOptions options_;
+  CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
   int64_t incarnation_ = 0;
   coord::ClusterView registered_view_;
