@@ -90,12 +90,9 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
     if (auto idle = (*shards)->SnapshotStatus(/*wait_until_idle=*/true); !idle.ok()) {
       return idle.status();
     }
-    auto stats = (*shards)->Stats();
-    if (!stats.ok()) return stats.status();
-    step = 0;
-    for (const auto& shard : *stats) {
-      for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
-    }
+    auto furthest = (*shards)->FurthestAppliedStep();
+    if (!furthest.ok()) return furthest.status();
+    step = *furthest;
     step += attempt == 0 ? 0 : 1;
     if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
     s = (*shards)->Snapshot(step, request);

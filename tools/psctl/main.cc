@@ -11,7 +11,6 @@
 // coordinator or a shard.
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -62,28 +61,6 @@ absl::StatusOr<std::unique_ptr<PsClient>> Shards(const coord::ClusterView& view)
   return PsClient::Create(o);
 }
 
-// Steps complete on every shard, ascending.
-absl::StatusOr<std::vector<ps::SnapshotInfo>> CompleteCheckpoints(PsClient* shards) {
-  auto lists = shards->ListSnapshots();
-  if (!lists.ok()) return lists.status();
-  std::map<int64_t, std::pair<int, ps::SnapshotInfo>> by_step;
-  for (const auto& list : *lists) {
-    for (const auto& s : list.snapshots()) {
-      if (!s.complete()) continue;
-      auto& [count, info] = by_step[s.step()];
-      if (count++ == 0)
-        info = s;
-      else
-        info.set_bytes(info.bytes() + s.bytes());
-    }
-  }
-  std::vector<ps::SnapshotInfo> out;
-  for (const auto& [step, entry] : by_step) {
-    if (entry.first == shards->num_shards()) out.push_back(entry.second);
-  }
-  return out;
-}
-
 int Status(const coord::ClusterView& view) {
   std::printf("cluster view %lld: mode %s, global step %lld, %s\n",
               static_cast<long long>(view.version()), view.mode().c_str(),
@@ -103,7 +80,7 @@ int Status(const coord::ClusterView& view) {
   auto shards = Shards(view);
   std::string last = "none";
   if (shards.ok()) {
-    auto checkpoints = CompleteCheckpoints(shards->get());
+    auto checkpoints = (*shards)->CompleteSnapshots();
     if (checkpoints.ok() && !checkpoints->empty())
       last = absl::StrCat("step ", checkpoints->back().step());
     if (!checkpoints.ok()) last = "unknown (" + checkpoints.status().ToString() + ")";
@@ -115,7 +92,7 @@ int Status(const coord::ClusterView& view) {
 int Checkpoints(const coord::ClusterView& view) {
   auto shards = Shards(view);
   if (!shards.ok()) return Error(kUnreachable, shards.status().ToString());
-  auto checkpoints = CompleteCheckpoints(shards->get());
+  auto checkpoints = (*shards)->CompleteSnapshots();
   if (!checkpoints.ok()) return Error(kUnreachable, checkpoints.status().ToString());
   std::printf("%10s %12s %10s\n", "STEP", "BYTES", "METRIC");
   for (const auto& c : *checkpoints) {
@@ -129,12 +106,9 @@ int Checkpoints(const coord::ClusterView& view) {
 int Checkpoint(const coord::ClusterView& view) {
   auto shards = Shards(view);
   if (!shards.ok()) return Error(kUnreachable, shards.status().ToString());
-  auto stats = (*shards)->Stats();
-  if (!stats.ok()) return Error(kUnreachable, stats.status().ToString());
-  int64_t step = 0;  // the furthest any table has got: BSP tables are held there
-  for (const auto& shard : *stats) {
-    for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
-  }
+  auto furthest = (*shards)->FurthestAppliedStep();  // BSP tables are held there
+  if (!furthest.ok()) return Error(kUnreachable, furthest.status().ToString());
+  const int64_t step = *furthest;
   absl::Status s = (*shards)->Snapshot(step);
   if (!s.ok())
     return Error(kUnhealthy, "snapshot of step " + absl::StrCat(step) + ": " + s.ToString());

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrent.h"
 #include "common/grpc_status.h"
 #include "common/sharding.h"
 #include "grpcpp/grpcpp.h"
@@ -14,20 +13,6 @@ namespace pscluster {
 namespace {
 
 constexpr uint64_t kUnaryPullBytes = 256 << 10;
-
-// Runs fn(0..n-1) concurrently (fn(0) on the calling thread) and returns the first error in
-// shard order.
-absl::Status ForEachShard(int n, const std::function<absl::Status(int)>& fn) {
-  std::vector<absl::Status> results(n);
-  std::vector<std::thread> threads;
-  for (int i = 1; i < n; ++i) threads.emplace_back([&, i] { results[i] = fn(i); });
-  if (n > 0) results[0] = fn(0);
-  for (auto& t : threads) t.join();
-  for (const auto& s : results) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -63,7 +48,7 @@ std::string PsClient::ShardName(int shard) const {
 }
 
 absl::Status PsClient::RegisterWorker() {
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::RegisterWorkerRequest req;
@@ -85,7 +70,7 @@ absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
   absl::Duration backoff = absl::Milliseconds(10);
   while (true) {
     std::vector<int> counts(num_shards());
-    absl::Status st = ForEachShard(num_shards(), [&](int s) {
+    absl::Status st = RunConcurrently(num_shards(), [&](int s) {
       grpc::ClientContext ctx;
       SetDeadline(&ctx);
       ps::RegisterWorkerRequest req;
@@ -109,7 +94,7 @@ absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
 }
 
 absl::Status PsClient::CreateTable(const ps::TableSpec& spec) {
-  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+  absl::Status st = RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::CreateTableRequest req;
@@ -127,7 +112,7 @@ absl::Status PsClient::CreateTable(const ps::TableSpec& spec) {
 
 absl::StatusOr<std::vector<ps::TableInfo>> PsClient::DescribeTable(uint32_t table_id) {
   std::vector<ps::TableInfo> infos(num_shards());
-  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+  absl::Status st = RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::DescribeTableRequest req;
@@ -173,7 +158,7 @@ absl::Status PsClient::PushDense(uint32_t table_id, int64_t step, absl::Span<con
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = CheckDense(*spec, grad.size()); !s.ok()) return s;
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     Range r = DenseShardRange(grad.size(), s, num_shards());
     return PushDenseShard(s, table_id, step, r.begin, grad.subspan(r.begin, r.size()));
   });
@@ -183,7 +168,7 @@ absl::Status PsClient::PullDense(uint32_t table_id, int64_t step, absl::Span<flo
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = CheckDense(*spec, out.size()); !s.ok()) return s;
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     Range r = DenseShardRange(out.size(), s, num_shards());
     return PullDenseShard(s, table_id, step, r.begin, out.subspan(r.begin, r.size()));
   });
@@ -295,7 +280,7 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
     r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim),
                               dim * sizeof(float));
   }
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::PushSparseResponse resp;
@@ -315,7 +300,7 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
     reqs[s].add_keys(keys[i]);
     positions[s].push_back(i);
   }
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::PullSparseResponse resp;
@@ -335,7 +320,7 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
 
 absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats() {
   std::vector<ps::StatsResponse> stats(num_shards());
-  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+  absl::Status st = RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     return FromGrpcStatus(stubs_[s]->Stats(&ctx, ps::StatsRequest(), &stats[s]), ShardName(s));
@@ -345,7 +330,7 @@ absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats() {
 }
 
 absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) {
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::SnapshotRequest req = extra;
@@ -358,7 +343,7 @@ absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) 
 absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> PsClient::SnapshotStatus(
     bool wait_until_idle) {
   std::vector<ps::SnapshotStatusResponse> out(num_shards());
-  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+  absl::Status st = RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::SnapshotStatusRequest req;
@@ -371,7 +356,7 @@ absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> PsClient::SnapshotStatus
 
 absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> PsClient::ListSnapshots() {
   std::vector<ps::ListSnapshotsResponse> out(num_shards());
-  absl::Status st = ForEachShard(num_shards(), [&](int s) {
+  absl::Status st = RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     return FromGrpcStatus(stubs_[s]->ListSnapshots(&ctx, ps::ListSnapshotsRequest(), &out[s]),
@@ -381,23 +366,47 @@ absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> PsClient::ListSnapshots()
   return out;
 }
 
-absl::StatusOr<int64_t> PsClient::LatestCompleteSnapshot() {
+absl::StatusOr<std::vector<ps::SnapshotInfo>> PsClient::CompleteSnapshots() {
   auto lists = ListSnapshots();
   if (!lists.ok()) return lists.status();
-  std::map<int64_t, int> shards_with;
+  std::map<int64_t, std::pair<int, ps::SnapshotInfo>> by_step;  // shards holding it, summary
   for (const auto& list : *lists) {
     for (const auto& s : list.snapshots()) {
-      if (s.complete()) ++shards_with[s.step()];
+      if (!s.complete()) continue;
+      auto& [count, info] = by_step[s.step()];
+      if (count++ == 0) {
+        info = s;
+      } else {
+        info.set_bytes(info.bytes() + s.bytes());
+      }
     }
   }
-  for (auto it = shards_with.rbegin(); it != shards_with.rend(); ++it) {
-    if (it->second == num_shards()) return it->first;
+  std::vector<ps::SnapshotInfo> out;
+  for (const auto& [step, entry] : by_step) {
+    if (entry.first == num_shards()) out.push_back(entry.second);
   }
-  return absl::NotFoundError("no snapshot is complete on every shard");
+  return out;
+}
+
+absl::StatusOr<int64_t> PsClient::LatestCompleteSnapshot() {
+  auto complete = CompleteSnapshots();
+  if (!complete.ok()) return complete.status();
+  if (complete->empty()) return absl::NotFoundError("no snapshot is complete on every shard");
+  return complete->back().step();
+}
+
+absl::StatusOr<int64_t> PsClient::FurthestAppliedStep() {
+  auto stats = Stats();
+  if (!stats.ok()) return stats.status();
+  int64_t step = 0;
+  for (const auto& shard : *stats) {
+    for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
+  }
+  return step;
 }
 
 absl::Status PsClient::Restore(int64_t step) {
-  return ForEachShard(num_shards(), [&](int s) {
+  return RunConcurrently(num_shards(), [&](int s) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     ps::RestoreRequest req;

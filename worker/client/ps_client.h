@@ -67,8 +67,12 @@ class PsClient {
   // Every shard's snapshot status; with wait_until_idle, after its write finished.
   absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> SnapshotStatus(bool wait_until_idle);
   absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> ListSnapshots();
+  // Snapshots complete on every shard, ascending step, bytes summed over shards.
+  absl::StatusOr<std::vector<ps::SnapshotInfo>> CompleteSnapshots();
   // The newest snapshot step complete on every shard, or NOT_FOUND.
   absl::StatusOr<int64_t> LatestCompleteSnapshot();
+  // The most steps any table on any shard has applied (where a BSP snapshot can be taken).
+  absl::StatusOr<int64_t> FurthestAppliedStep();
   // Rolls every shard back to snapshot `step` in place.
   absl::Status Restore(int64_t step);
 

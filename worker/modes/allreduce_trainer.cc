@@ -116,11 +116,7 @@ absl::StatusOr<TrainSummary> AllReduceTrainer::Run() {
         (step + 1) * static_cast<double>(options_.batch_size) / seconds);
     std::fflush(stdout);
   }
-  summary.steps = total;
-  summary.epochs = options_.epochs;
-  summary.train_seconds = absl::ToDoubleSeconds(absl::Now() - start - eval_time);
-  summary.samples_per_sec =
-      total * static_cast<double>(options_.batch_size) / summary.train_seconds;
+  FinishSummary(options_, total, absl::Now() - start - eval_time, &summary);
   return summary;
 }
 

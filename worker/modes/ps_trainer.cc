@@ -3,27 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/concurrent.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 
 namespace pscluster::modes {
 namespace {
-
-// Runs fn(i) for i in [0, n) on n threads and returns the first error.
-absl::Status ForAll(size_t n, const std::function<absl::Status(size_t)>& fn) {
-  std::vector<absl::Status> results(n);
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < n; ++i) threads.emplace_back([&, i] { results[i] = fn(i); });
-  for (auto& t : threads) t.join();
-  for (auto& s : results) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
 
 std::string FormatEta(double seconds) {
   int s = static_cast<int>(seconds);
@@ -31,6 +19,15 @@ std::string FormatEta(double seconds) {
 }
 
 }  // namespace
+
+void FinishSummary(const PsTrainerOptions& options, int64_t steps, absl::Duration train_time,
+                   TrainSummary* summary) {
+  summary->steps = steps;
+  summary->epochs = options.epochs;
+  summary->train_seconds = absl::ToDoubleSeconds(train_time);
+  summary->samples_per_sec =
+      steps * static_cast<double>(options.batch_size) / summary->train_seconds;
+}
 
 absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(
     PsTrainerOptions options, const data::Dataset* train, const data::Dataset* test,
@@ -99,7 +96,7 @@ absl::Status PsTrainer::CreateTables() {
 }
 
 absl::Status PsTrainer::Pull(int64_t step) {
-  RETURN_IF_ERROR(ForAll(host_.size(), [&](size_t i) {
+  RETURN_IF_ERROR(RunConcurrently(host_.size(), [&](int i) {
     return client_->PullDense(1 + i, step, absl::MakeSpan(host_[i]));
   }));
   for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
@@ -112,7 +109,8 @@ absl::Status PsTrainer::Push(int64_t step) {
     mlp_->GetGrad(i, host_[i].data());
     for (float& g : host_[i]) g *= scale;
   }
-  return ForAll(host_.size(), [&](size_t i) { return client_->PushDense(1 + i, step, host_[i]); });
+  return RunConcurrently(host_.size(),
+                         [&](int i) { return client_->PushDense(1 + i, step, host_[i]); });
 }
 
 absl::StatusOr<double> PsTrainer::EvaluateTest() {
@@ -270,11 +268,7 @@ absl::StatusOr<TrainSummary> PsTrainer::Run() {
   for (const auto& p : host_) {
     summary.param_crc32c = crc32c::Extend(summary.param_crc32c, p.data(), p.size() * sizeof(float));
   }
-  summary.steps = total;
-  summary.epochs = options_.epochs;
-  summary.train_seconds = absl::ToDoubleSeconds(absl::Now() - start - eval_time);
-  summary.samples_per_sec =
-      total * static_cast<double>(options_.batch_size) / summary.train_seconds;
+  FinishSummary(options_, total, absl::Now() - start - eval_time, &summary);
   return summary;
 }
 

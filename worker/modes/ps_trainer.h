@@ -39,8 +39,8 @@ struct PsTrainerOptions {
   absl::Duration progress_every = absl::Seconds(5);
   bool evaluate = true;  // test-set accuracy after each epoch
   absl::Duration rpc_timeout = absl::Minutes(2);
-  // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never).
-  // Interim: the coordinator will drive cluster checkpoints.
+  // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never);
+  // for clusters whose coordinator runs without --data_dir (no cluster checkpoints).
   int snapshot_every_epochs = 0;
   // With a coordinator (not owned): progress is reported to it, and a failed shard is
   // survived: every worker stops, waits until the shard is back in the cluster view, rank
@@ -61,6 +61,10 @@ struct TrainSummary {
   std::vector<std::pair<int64_t, int64_t>> rollbacks;  // (failed step, checkpoint step)
   uint32_t param_crc32c = 0;  // CRC-32C of the final parameters, in table order
 };
+
+// Fills the figures every mode reports: steps, epochs, training time and samples/s.
+void FinishSummary(const PsTrainerOptions& options, int64_t steps, absl::Duration train_time,
+                   TrainSummary* summary);
 
 class PsTrainer {
  public:
