@@ -1,6 +1,7 @@
 // A dense float32 tensor's slice [range.begin, range.end) held by one shard.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <vector>
 
@@ -10,6 +11,40 @@
 #include "server/ps/table.h"
 
 namespace pscluster::ps {
+
+// A dense table's full state over one shard's range, as DenseTable::ExportState returns it
+// and ImportState installs it: slots[k] is optimizer slot k, laid out like values.
+struct DenseState {
+  Range range;
+  int64_t updates = 0;  // optimizer updates applied (the step count of Adam's bias correction)
+  std::vector<float> values;
+  std::vector<std::vector<float>> slots;
+};
+
+// Assembles a DenseState for one shard's range from chunks arriving in any order. Add
+// rejects a chunk outside the range, with another slot count, or overlapping an earlier
+// one; Finish rejects a range not fully covered. Errors are INVALID_ARGUMENT naming the
+// indices. Not thread-safe.
+class DenseStateBuilder {
+ public:
+  // Allocates the whole state up front.
+  DenseStateBuilder(uint32_t table_id, Range range, int num_slots);
+  DenseStateBuilder(const DenseStateBuilder&) = delete;
+  DenseStateBuilder& operator=(const DenseStateBuilder&) = delete;
+
+  // Copies a chunk for global indices [begin, begin + values.size()); `slots` holds
+  // `num_slots` runs of values.size() floats, slot-major. An empty chunk must still start
+  // inside the range (or at its end).
+  absl::Status Add(uint64_t begin, absl::Span<const float> values, uint64_t num_slots,
+                   absl::Span<const float> slots);
+  // The assembled state with `updates`, or the first gap. Call once.
+  absl::StatusOr<DenseState> Finish(int64_t updates);
+
+ private:
+  const uint32_t table_id_;
+  DenseState state_;
+  std::map<uint64_t, uint64_t> runs_;  // begin -> end of every non-empty chunk added
+};
 
 class DenseTable final : public Table {
  public:
@@ -51,6 +86,21 @@ class DenseTable final : public Table {
   // the part inside this shard's range is copied, the rest ignored.
   void RestoreUpdates(int64_t updates);
   void RestoreBlock(uint64_t begin, uint64_t n, const float* block);
+
+  // State transfer between training modes. ExportState: INVALID_ARGUMENT for step < 0;
+  // waits (until `deadline`) until the table is readable at `step`, like a pull at `step`
+  // (BSP: steps < `step` applied; FAILED_PRECONDITION if `step` itself is applied already),
+  // then copies values, slots and update count under the lock. Gradients already pushed
+  // for `step` or later are not part of the state.
+  absl::StatusOr<DenseState> ExportState(int64_t step, absl::Time deadline);
+  // An empty builder for this shard's range and optimizer slots.
+  DenseStateBuilder StateBuilder() const;
+  // Replaces values, slots and update count with `state` and restarts consistency at
+  // `step` (Table::ResetClocksLocked), dropping every gradient staged but not applied.
+  // All or nothing: INVALID_ARGUMENT, changing nothing, unless step >= 0, updates >= 0,
+  // state.range is this shard's range, it holds num_slots() slots of range-size and every
+  // value is finite. The swap under the lock is O(1); validation runs before it.
+  absl::Status ImportState(int64_t step, DenseState state);
 
  private:
   DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, Range range);

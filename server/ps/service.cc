@@ -1,5 +1,6 @@
 #include "server/ps/service.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -33,6 +34,20 @@ absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uin
   if (c.step() != first.step()) return differs("step");
   if (c.begin() != first.begin()) return differs("begin");
   if (c.total_length() != first.total_length()) return differs("total_length");
+  return absl::OkStatus();
+}
+
+// The header fields every chunk of one import stream must repeat unchanged.
+absl::Status CheckSameState(const TableStateChunk& first, const TableStateChunk& c,
+                            uint64_t index) {
+  auto differs = [&](absl::string_view field, auto was, auto now) {
+    return absl::InvalidArgumentError(absl::StrCat("import chunk ", index, " changes ", field,
+                                                   " from ", was, " to ", now,
+                                                   " within one stream"));
+  };
+  if (c.table_id() != first.table_id()) return differs("table_id", first.table_id(), c.table_id());
+  if (c.step() != first.step()) return differs("step", first.step(), c.step());
+  if (c.updates() != first.updates()) return differs("updates", first.updates(), c.updates());
   return absl::OkStatus();
 }
 
@@ -333,6 +348,98 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
               static_cast<long long>(*step));
   std::fflush(stdout);
   resp->set_step(*step);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<DenseTable*> ParameterServerService::DenseForState(uint32_t table_id) const {
+  auto table = shard_->GetTable(table_id);
+  if (!table.ok()) return table.status();
+  if ((*table)->spec().kind() != TableSpec::DENSE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table_id ", table_id, " is a SPARSE table; ExportDense/ImportDense move dense tables"));
+  }
+  return static_cast<DenseTable*>(*table);
+}
+
+grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
+                                                 const ExportDenseRequest* req,
+                                                 grpc::ServerWriter<TableStateChunk>* writer) {
+  Scope scope(this);
+  auto table = DenseForState(req->table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  auto state = (*table)->ExportState(req->step(), Deadline(ctx));  // copied under the lock
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  const size_t num_slots = state->slots.size();
+  const uint64_t per_chunk =
+      std::max<uint64_t>(1, options_.max_chunk_bytes / (sizeof(float) * (1 + num_slots)));
+  const uint64_t size = state->values.size();
+  TableStateChunk chunk;  // reused: its buffers are allocated once
+  chunk.set_table_id(req->table_id());
+  chunk.set_step(req->step());
+  chunk.set_updates(state->updates);
+  chunk.set_num_slots(num_slots);
+  for (uint64_t done = 0; done < size || done == 0;) {  // an empty range sends one chunk
+    const uint64_t n = std::min(per_chunk, size - done);
+    chunk.set_begin(state->range.begin + done);
+    chunk.clear_values();
+    chunk.mutable_values()->Add(state->values.begin() + done, state->values.begin() + done + n);
+    chunk.clear_slots();
+    for (const std::vector<float>& slot : state->slots) {
+      chunk.mutable_slots()->Add(slot.begin() + done, slot.begin() + done + n);
+    }
+    if (!writer->Write(chunk)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the export stream");
+    }
+    done += n;
+    if (size == 0) break;
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
+    DenseTable* table, const TableStateChunk& first,
+    grpc::ServerReader<TableStateChunk>* reader) const {
+  DenseStateBuilder builder = table->StateBuilder();
+  TableStateChunk chunk;
+  uint64_t index = 0;
+  for (const TableStateChunk* c = &first; c != nullptr;
+       c = reader->Read(&chunk) ? &chunk : nullptr, ++index) {
+    if (absl::Status s = CheckSameState(first, *c, index); !s.ok()) return s;
+    const uint64_t bytes = (uint64_t{1} * c->values_size() + c->slots_size()) * sizeof(float);
+    if (bytes > options_.max_chunk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("import chunk ", index, " holds ", bytes,
+                                                       " bytes of floats; the limit is ",
+                                                       options_.max_chunk_bytes));
+    }
+    if (absl::Status s = builder.Add(c->begin(), c->values(), c->num_slots(), c->slots());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return builder.Finish(first.updates());
+}
+
+grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
+                                                 grpc::ServerReader<TableStateChunk>* reader,
+                                                 ImportDenseResponse* resp) {
+  Scope scope(this);
+  TableStateChunk first;
+  if (!reader->Read(&first)) {
+    return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));
+  }
+  auto table = DenseForState(first.table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  // Everything is received and checked before the table is touched: all or nothing.
+  auto state = ReceiveState(*table, first, reader);
+  absl::Status s = state.status();
+  const uint64_t received = state.ok() ? state->values.size() : 0;
+  if (s.ok()) s = (*table)->ImportState(first.step(), *std::move(state));
+  if (!s.ok()) {
+    return ToGrpcStatus(
+        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
+  }
+  resp->set_values_received(received);
+  resp->set_step(first.step());
   return grpc::Status::OK;
 }
 

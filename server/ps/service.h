@@ -62,6 +62,10 @@ class ParameterServerService final : public ParameterServer::Service {
                               SnapshotStatusResponse* resp) override;
   grpc::Status Restore(grpc::ServerContext* ctx, const RestoreRequest* req,
                        RestoreResponse* resp) override;
+  grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
+                           grpc::ServerWriter<TableStateChunk>* writer) override;
+  grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
+                           ImportDenseResponse* resp) override;
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
@@ -71,6 +75,12 @@ class ParameterServerService final : public ParameterServer::Service {
                                           const PullDenseRequest& req, uint64_t* length);
 
   absl::Status CheckSnapshotter() const;
+  // A dense table for ExportDense/ImportDense: NOT_FOUND, or FAILED_PRECONDITION for a
+  // sparse one. (No worker id: moving state is not a worker's push or pull.)
+  absl::StatusOr<DenseTable*> DenseForState(uint32_t table_id) const;
+  // Reads a whole import stream into a state for `table`'s range; `first` is its first chunk.
+  absl::StatusOr<DenseState> ReceiveState(DenseTable* table, const TableStateChunk& first,
+                                          grpc::ServerReader<TableStateChunk>* reader) const;
 
   // Held by every handler but Restore, which takes serving_mu_ exclusively to swap tables.
   class Scope {

@@ -230,18 +230,40 @@ std::string Table::DescribeLaggardsLocked(int64_t step) const {
   return absl::StrCat(out, bsp() ? absl::StrCat("; BSP applied_steps=", applied_steps_) : "");
 }
 
-absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what) {
   auto ready = [this, step]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return PullableLocked(step); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
     return Reject(absl::DeadlineExceededError(
-        absl::StrCat("table ", id(), ": pull at step ", step, " waited for ",
+        absl::StrCat("table ", id(), ": ", what, " at step ", step, " waited for ",
                      ConsistencyConfig::Mode_Name(spec_.consistency().mode()),
                      " on: ", DescribeLaggardsLocked(step))));
   }
   if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
+  return absl::OkStatus();
+}
+
+absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = AwaitPullableLocked(step, deadline, "pull"); !s.ok()) return s;
   pulls_++;
   return absl::OkStatus();
+}
+
+absl::Status Table::AwaitStateLocked(int64_t step, absl::Time deadline) {
+  if (absl::Status s = AwaitPullableLocked(step, deadline, "export"); !s.ok()) return s;
+  if (bsp() && applied_steps_ > step) {
+    return Reject(absl::FailedPreconditionError(
+        absl::StrCat("table ", id(), ": cannot export step ", step,
+                     ", the table has already applied it (BSP applied_steps=", applied_steps_,
+                     "); export step ", applied_steps_, " or stop the workers before it")));
+  }
+  return absl::OkStatus();
+}
+
+void Table::ResetClocksLocked(int64_t step) {
+  for (auto& [w, clock] : clocks_) clock = step;
+  applied_steps_ = step;
+  bsp_pushed_.clear();
 }
 
 void Table::Shutdown() {

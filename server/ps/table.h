@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -55,6 +56,8 @@ class Table {
 
   const TableSpec& spec() const { return spec_; }
   uint32_t id() const { return spec_.table_id(); }
+  // Optimizer state arrays kept per value (SGD 0, momentum 1, Adam 2, ...).
+  int num_slots() const { return optimizer_->num_slots(); }
 
   // Adds a worker to the set whose clocks bound consistency. Idempotent.
   void AddWorker(int32_t worker_id);
@@ -103,6 +106,18 @@ class Table {
   // Copies values, optimizer state and step counts into `image` (header.spec/clocks set).
   virtual void CaptureLocked(TableImage* image) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
 
+  // State transfer (DenseTable::ExportState). Waits like AwaitPullable until the table is
+  // readable at `step`, keeping mu_ held on return so the caller copies exactly that state;
+  // under BSP also FAILED_PRECONDITION when step `step` is already applied (that state is
+  // gone). Does not count as a pull.
+  absl::Status AwaitStateLocked(int64_t step, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // State transfer (DenseTable::ImportState): consistency restarts at `step` as if every
+  // registered worker had pushed exactly the steps before it and (BSP) all were applied:
+  // clocks = step, applied_steps = step, no step pushed beyond. Holds taken for a snapshot
+  // stay. Pulls waiting for `step` proceed once mu_ is released.
+  void ResetClocksLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Error helpers that also count the rejection.
   absl::Status Reject(absl::Status status) const;
   absl::Status NonFinite(float value, uint64_t index) const;
@@ -116,6 +131,10 @@ class Table {
 
  private:
   bool PullableLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Waits (mu_ held) until PullableLocked(step); DEADLINE_EXCEEDED names `what` and the
+  // workers waited for, UNAVAILABLE on shutdown.
+  absl::Status AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BSP: applies, in order, every step that all workers have pushed, stopping before a
   // step a capture is waiting for.
   void DrainBspLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -53,6 +53,27 @@ class PsClient {
   absl::Status PushDense(uint32_t table_id, int64_t step, absl::Span<const float> grad);
   absl::Status PullDense(uint32_t table_id, int64_t step, absl::Span<float> out);
 
+  // A dense table's full state at `step`, for leaving PS mode. Waits (bounded by
+  // rpc_timeout) until every shard can be read at `step`, as a pull at `step` would (BSP:
+  // steps < step applied; FAILED_PRECONDITION when step itself already is), then gathers
+  // from every shard concurrently the values, each optimizer slot and the update count
+  // (Adam's bias-correction step). `values` and each of `slots` hold spec.size floats;
+  // `slots` has one buffer per optimizer slot (SGD 0, MOMENTUM/ADAGRAD 1, ADAM(W)/FTRL 2),
+  // else INVALID_ARGUMENT. FAILED_PRECONDITION when shards disagree on the update count
+  // (a skip_nonfinite push dropped on some shards only).
+  absl::Status ExportDense(uint32_t table_id, int64_t step, absl::Span<float> values,
+                           std::vector<absl::Span<float>> slots, int64_t* updates);
+  // Installs a dense table's full state, for entering PS mode at `step` (e.g. what
+  // ExportDense returned). Sends each shard its range concurrently; each shard checks it
+  // (slot count, finite values, step and updates >= 0) and then, all or nothing, replaces
+  // values, slots and update count, drops gradients pushed but not applied and restarts
+  // consistency at `step`: every registered worker has pushed the steps before it, so pulls
+  // at `step` return at once and pushes for `step` are accepted. When one shard rejects the
+  // state the others may already hold it; repeating the import is safe.
+  absl::Status ImportDense(uint32_t table_id, int64_t step, int64_t updates,
+                           absl::Span<const float> values,
+                           const std::vector<absl::Span<const float>>& slots);
+
   // Rows of `keys` (out / grads hold keys.size() * dim values, row-major, in key order).
   absl::Status PushSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
                           absl::Span<const float> grads);
@@ -92,6 +113,14 @@ class PsClient {
                               absl::Span<const float> grad);
   absl::Status PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                               absl::Span<float> out);
+  // One shard's part of ExportDense/ImportDense: its range starts at global index `begin`;
+  // values and slots are already cut to it.
+  absl::Status ExportDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
+                                absl::Span<float> values,
+                                const std::vector<absl::Span<float>>& slots, int64_t* updates);
+  absl::Status ImportDenseShard(int shard, uint32_t table_id, int64_t step, int64_t updates,
+                                uint64_t begin, absl::Span<const float> values,
+                                const std::vector<absl::Span<const float>>& slots);
   void SetDeadline(grpc::ClientContext* ctx) const;
   std::string ShardName(int shard) const;
 
