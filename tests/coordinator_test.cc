@@ -1,11 +1,20 @@
 // The coordinator with real processes: shards register and heartbeat, a worker finds them
 // through the view, a killed shard is declared dead and its restart changes the shard map
 // (stale progress reports are refused), bad requests get clear errors, and psctl reports
-// the cluster with exit codes a script can rely on.
+// the cluster with exit codes a script can rely on. Live mode switches: psctl schedules,
+// workers poll and report, the view records the switch; refusals get their codes.
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -16,9 +25,60 @@
 namespace pscluster {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int kShards = 2;
+
+// Runs psctl with `args`; returns its exit code (-1: it did not exit) and its stdout lines.
+int RunPsctl(const std::vector<std::string>& args, std::vector<std::string>* lines) {
+  std::vector<std::string> argv = {"tools/psctl/psctl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto p = testing::Subprocess::Start(argv);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return -1;
+  for (auto line = p->WaitForLine("", absl::Seconds(60)); line.ok();
+       line = p->WaitForLine("", absl::Seconds(60))) {
+    lines->push_back(*line);
+  }
+  auto status = p->Wait(absl::Seconds(60));
+  EXPECT_TRUE(status.ok()) << status.status();
+  return status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+}
+
+// Starts ps_coordinator with `flags` (besides --port=0) into `processes`; returns its
+// address, or "" (failing the test) when it does not serve.
+std::string StartCoordinator(const std::vector<std::string>& flags,
+                             std::vector<testing::Subprocess>* processes) {
+  std::vector<std::string> argv = {"server/coordinator/ps_coordinator", "--port=0"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto c = testing::Subprocess::Start(argv);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return "";
+  auto line = c->WaitForLine("listening on", absl::Seconds(60));
+  EXPECT_TRUE(line.ok()) << line.status();
+  processes->push_back(*std::move(c));
+  if (!line.ok()) return "";
+  std::string address = line->substr(line->find("listening on ") + 13);
+  return address.substr(0, address.find(' '));
+}
+
+coord::ClusterView GetView(coord::Coordinator::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  coord::ClusterView view;
+  grpc::Status s = stub->GetView(&ctx, coord::GetViewRequest(), &view);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return view;
+}
+
+// Calls `rpc` on `stub` with a deadline.
+template <typename Rpc, typename Req, typename Resp>
+grpc::Status Call(coord::Coordinator::Stub* stub, Rpc rpc, const Req& req, Resp* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  return (stub->*rpc)(&ctx, req, resp);
+}
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -188,6 +248,244 @@ TEST_F(CoordinatorTest, BadRequestsGetClearErrors) {
 
   std::string line;
   EXPECT_EQ(Psctl("frobnicate", &line), 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Live mode switches: a coordinator with one shard and two workers (this test's clients).
+
+class ModeSwitchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    coordinator_ = StartCoordinator({"--num_shards=1", "--num_workers=2"}, &processes_);
+    ASSERT_FALSE(coordinator_.empty());
+    auto shard = testing::Subprocess::Start({"server/ps/ps_server", "--port=0", "--shard_id=0",
+                                             "--num_shards=1", "--coordinator=" + coordinator_});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ASSERT_TRUE(shard->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
+    processes_.push_back(*std::move(shard));
+    for (int rank = 0; rank < 2; ++rank) {
+      CoordinatorClientOptions o;
+      o.coordinator = coordinator_;
+      o.id = rank;
+      o.address = absl::StrCat("worker-", rank);
+      auto c = CoordinatorClient::Register(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      workers_.push_back(*std::move(c));
+    }
+    stub_ = coord::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    workers_.clear();
+    for (auto& p : processes_) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+  }
+
+  PendingSwitch MustPoll(int rank, int64_t step) {
+    auto p = workers_[rank]->PollSwitch(step);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : PendingSwitch();
+  }
+
+  int Psctl(std::vector<std::string> args, std::vector<std::string>* lines) {
+    args.insert(args.begin(), "--coordinator=" + coordinator_);
+    return RunPsctl(args, lines);
+  }
+
+  std::string coordinator_;
+  std::vector<testing::Subprocess> processes_;
+  std::vector<std::unique_ptr<CoordinatorClient>> workers_;
+  std::unique_ptr<coord::Coordinator::Stub> stub_;
+};
+
+TEST_F(ModeSwitchTest, PsctlSwitchIsPolledReportedByEveryWorkerAndRecordedInTheView) {
+  EXPECT_FALSE(MustPoll(0, 12).pending);
+  EXPECT_FALSE(MustPoll(1, 10).pending);
+  std::vector<std::string> out;
+  ASSERT_EQ(Psctl({"switch-mode", "--mode=fsdp"}, &out), 0);
+  EXPECT_THAT(out, ElementsAre("switch 1 to fsdp scheduled at step 13"))
+      << "the next boundary: one past the furthest polled step";
+
+  for (int rank : {0, 1}) {  // rank 1 is behind: it sees the same switch ahead of it
+    PendingSwitch p = MustPoll(rank, rank == 0 ? 13 : 11);
+    EXPECT_TRUE(p.pending);
+    EXPECT_EQ(p.switch_id, 1);
+    EXPECT_EQ(p.at_step, 13);
+    EXPECT_EQ(p.mode, "fsdp");
+  }
+  coord::ClusterView before = GetView(stub_.get());
+  EXPECT_EQ(before.mode(), "ps");
+  ASSERT_EQ(before.pending_switches_size(), 1);
+  EXPECT_EQ(before.pending_switches(0).at_step(), 13);
+
+  PendingSwitch sw = MustPoll(0, 13);
+  auto done = workers_[0]->ReportSwitch(sw, "ps", 0.25);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(*done) << "rank 1 has not reported yet";
+  coord::ClusterView half = GetView(stub_.get());
+  EXPECT_EQ(half.mode(), "ps");
+  EXPECT_THAT(half.pending_switches(0).acked_ranks(), ElementsAre(0));
+
+  absl::StatusOr<coord::ClusterView> woken;
+  std::thread reader([&] {  // a blocking reader wakes when the switch is done
+    woken = workers_[1]->AwaitView(half.version() + 1, false, absl::Seconds(60));
+  });
+  done = workers_[1]->ReportSwitch(MustPoll(1, 13), "ps", 0.75);
+  reader.join();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(*done);
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(woken->mode(), "fsdp");
+  ASSERT_EQ(woken->switches_size(), 1);
+  const coord::SwitchRecord& r = woken->switches(0);
+  EXPECT_EQ(r.switch_id(), 1);
+  EXPECT_EQ(r.at_step(), 13);
+  EXPECT_EQ(r.from_mode(), "ps");
+  EXPECT_EQ(r.to_mode(), "fsdp");
+  EXPECT_DOUBLE_EQ(r.handoff_seconds(), 0.75);
+  EXPECT_GT(r.unix_ms(), 0);
+  EXPECT_EQ(woken->pending_switches_size(), 0);
+  EXPECT_FALSE(MustPoll(0, 14).pending);
+
+  out.clear();
+  EXPECT_EQ(Psctl({"status"}, &out), 0);
+  ASSERT_FALSE(out.empty());
+  EXPECT_THAT(out[0], HasSubstr("mode fsdp"));
+  bool listed = false;
+  for (const std::string& line : out) {
+    listed |= line.find(" 13 ps ") != std::string::npos && line.find("fsdp") != std::string::npos &&
+              line.find("done") != std::string::npos;
+  }
+  EXPECT_TRUE(listed) << "psctl status lists the switch: " << absl::StrJoin(out, "\n");
+}
+
+TEST_F(ModeSwitchTest, ExplicitStepsAreKeptInOrderAndTheModeInEffectIsANoOp) {
+  MustPoll(0, 20);
+  auto late = workers_[0]->SwitchMode("pipeline", 100);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->switch_id, 1);
+  EXPECT_EQ(late->at_step, 100);
+  std::vector<std::string> out;
+  EXPECT_EQ(Psctl({"switch-mode", "--mode=allreduce", "--at_step=50"}, &out), 0);
+  EXPECT_THAT(out, ElementsAre("switch 2 to allreduce scheduled at step 50"));
+
+  PendingSwitch p = MustPoll(1, 21);
+  EXPECT_EQ(p.switch_id, 2) << "the earliest switch ahead";
+  EXPECT_EQ(p.at_step, 50);
+  coord::ClusterView v = GetView(stub_.get());
+  ASSERT_EQ(v.pending_switches_size(), 2);
+  EXPECT_EQ(v.pending_switches(0).at_step(), 50);
+  EXPECT_EQ(v.pending_switches(1).at_step(), 100);
+
+  auto noop = workers_[0]->SwitchMode("allreduce", 60);  // allreduce from 50 on
+  ASSERT_TRUE(noop.ok()) << noop.status();
+  EXPECT_TRUE(noop->no_op);
+  EXPECT_EQ(noop->switch_id, 2);
+  EXPECT_EQ(noop->at_step, 50);
+  out.clear();
+  EXPECT_EQ(Psctl({"switch-mode", "--mode=ps", "--at_step=30"}, &out), 0);
+  EXPECT_THAT(out, ElementsAre(HasSubstr("already in effect")));
+  EXPECT_EQ(GetView(stub_.get()).pending_switches_size(), 2) << "no-ops schedule nothing";
+}
+
+TEST_F(ModeSwitchTest, RefusedSwitchesGetTheirCodesMessagesAndPsctlExitCodes) {
+  MustPoll(0, 57);
+  auto passed = workers_[0]->SwitchMode("fsdp", 40);
+  EXPECT_EQ(passed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(passed.status().message()),
+              HasSubstr("step 40 already passed: workers are at step 57; use a later step or 0 "
+                        "for the next boundary"));
+  std::vector<std::string> out;
+  EXPECT_EQ(Psctl({"switch-mode", "--mode=fsdp", "--at_step=40"}, &out), 1);
+
+  auto unknown = workers_[0]->SwitchMode("zero3", 0);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()),
+              HasSubstr("use one of ps, allreduce, fsdp, pipeline"));
+  EXPECT_EQ(Psctl({"switch-mode", "--mode=zero3"}, &out), 2);
+  EXPECT_EQ(workers_[0]->SwitchMode("fsdp", -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Psctl({"switch-mode", "--mode=fsdp", "--at_step=-1"}, &out), 2);
+  EXPECT_EQ(Psctl({"switch-mode"}, &out), 2) << "--mode is required";
+
+  ASSERT_TRUE(workers_[0]->SwitchMode("fsdp", 100).ok());
+  auto twice = workers_[1]->SwitchMode("pipeline", 100);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(twice.status().message()), HasSubstr("switch 1 to fsdp"));
+  EXPECT_EQ(Psctl({"switch-mode", "--mode=pipeline", "--at_step=100"}, &out), 1);
+  EXPECT_TRUE(out.empty()) << "refusals print nothing on stdout";
+
+  PendingSwitch bogus{true, 99, 100, "fsdp"};
+  EXPECT_EQ(workers_[0]->ReportSwitch(bogus, "ps", 0.1).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // A replaced incarnation: the same error ReportProgress gives it.
+  coord::ReportProgressRequest progress;
+  progress.set_rank(1);
+  progress.set_incarnation(7);
+  progress.set_view_version(GetView(stub_.get()).version());
+  coord::ReportProgressResponse progress_resp;
+  grpc::Status expected =
+      Call(stub_.get(), &coord::Coordinator::Stub::ReportProgress, progress, &progress_resp);
+  ASSERT_EQ(expected.error_code(), grpc::StatusCode::NOT_FOUND);
+  coord::ReportSwitchRequest report;
+  report.set_rank(1);
+  report.set_incarnation(7);
+  report.set_switch_id(1);
+  report.set_at_step(100);
+  report.set_from_mode("ps");
+  report.set_to_mode("fsdp");
+  coord::ReportSwitchResponse report_resp;
+  grpc::Status s = Call(stub_.get(), &coord::Coordinator::Stub::ReportSwitch, report, &report_resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), expected.error_message());
+  coord::PollSwitchRequest poll;
+  poll.set_rank(1);
+  poll.set_incarnation(7);
+  poll.set_step(58);
+  coord::PollSwitchResponse poll_resp;
+  s = Call(stub_.get(), &coord::Coordinator::Stub::PollSwitch, poll, &poll_resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), expected.error_message());
+
+  EXPECT_EQ(RunPsctl({"--coordinator=127.0.0.1:1", "switch-mode", "--mode=fsdp"}, &out), 3)
+      << "nothing listens there";
+}
+
+TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {
+  std::vector<testing::Subprocess> processes;
+  const std::string no_shards = StartCoordinator({"--num_shards=0", "--num_workers=1"}, &processes);
+  ASSERT_FALSE(no_shards.empty());
+  auto stub = coord::Coordinator::NewStub(
+      grpc::CreateChannel(no_shards, grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(GetView(stub.get()).mode(), "allreduce") << "the default without shards";
+  coord::SwitchModeRequest to_ps;
+  to_ps.set_mode("ps");
+  coord::SwitchModeResponse resp;
+  grpc::Status s = Call(stub.get(), &coord::Coordinator::Stub::SwitchMode, to_ps, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("--num_shards=0"));
+  std::vector<std::string> out;
+  EXPECT_EQ(RunPsctl({"--coordinator=" + no_shards, "switch-mode", "--mode=ps"}, &out), 1);
+
+  const std::string fsdp =
+      StartCoordinator({"--num_shards=0", "--num_workers=1", "--mode=fsdp"}, &processes);
+  ASSERT_FALSE(fsdp.empty());
+  auto fsdp_stub =
+      coord::Coordinator::NewStub(grpc::CreateChannel(fsdp, grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(GetView(fsdp_stub.get()).mode(), "fsdp");
+
+  for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
+           {"--num_shards=0", "--mode=ps"}, {"--num_shards=1", "--mode=horovod"}}) {
+    std::vector<std::string> argv = {"server/coordinator/ps_coordinator", "--port=0"};
+    argv.insert(argv.end(), bad.begin(), bad.end());
+    auto c = testing::Subprocess::Start(argv);
+    ASSERT_TRUE(c.ok());
+    auto status = c->Wait(absl::Seconds(60));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << absl::StrJoin(bad, " ");
+  }
+  for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // ps_coordinator: membership, the versioned cluster view and the rendezvous store.
 //
-//   ps_coordinator --port=7000 --num_shards=2 --num_workers=2
+//   ps_coordinator --port=7000 --num_shards=2 --num_workers=2 [--mode=ps]
 //
 // Prints "ps_coordinator listening on HOST:PORT" once it serves, and a line whenever
-// members join, die or come back.
+// members join, die or come back, and when a mode switch is scheduled or done.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "common/graceful_shutdown.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/checkpointer.h"
+#include "server/coordinator/mode_switch.h"
 #include "server/coordinator/service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
@@ -34,6 +35,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, metric, "max",
           "Better validation metric: 'max' (accuracy) or 'min' (loss).");
 ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept, besides the best.");
+ABSL_FLAG(std::string, mode, "",
+          "Training mode at start: ps, allreduce, fsdp or pipeline. Default ps, or allreduce "
+          "when --num_shards=0 ('ps' needs shards). psctl switch-mode changes it live.");
 
 namespace {
 
@@ -42,7 +46,28 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-// One line per member whose liveness differs from `before`.
+// One line per mode switch scheduled or done since `before`.
+void PrintSwitches(const pscluster::coord::ClusterView& before,
+                   const pscluster::coord::ClusterView& after) {
+  int64_t last_known = 0;  // ids grow: anything above was scheduled since
+  for (const auto& s : before.pending_switches()) last_known = std::max(last_known, s.switch_id());
+  for (const auto& s : before.switches()) last_known = std::max(last_known, s.switch_id());
+  for (const auto& s : after.pending_switches()) {
+    if (s.switch_id() > last_known) {
+      std::printf("ps_coordinator: switch %lld to %s scheduled at step %lld\n",
+                  static_cast<long long>(s.switch_id()), s.to_mode().c_str(),
+                  static_cast<long long>(s.at_step()));
+    }
+  }
+  for (int i = before.switches_size(); i < after.switches_size(); ++i) {
+    const auto& s = after.switches(i);
+    std::printf("ps_coordinator: switch %lld done: %s -> %s at step %lld (hand-over %.3f s)\n",
+                static_cast<long long>(s.switch_id()), s.from_mode().c_str(), s.to_mode().c_str(),
+                static_cast<long long>(s.at_step()), s.handoff_seconds());
+  }
+}
+
+// One line per member whose liveness differs from `before`, and per switch.
 void PrintChanges(const pscluster::coord::ClusterView& before,
                   const pscluster::coord::ClusterView& after) {
   for (const auto& m : after.members()) {
@@ -61,6 +86,7 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
                   m.address().c_str());
     }
   }
+  PrintSwitches(before, after);
   std::fflush(stdout);
 }
 
@@ -79,6 +105,11 @@ int main(int argc, char** argv) {
   if (options.heartbeat_timeout < absl::Milliseconds(100)) {
     return Fail("--heartbeat_timeout_ms must be >= 100");
   }
+  options.mode = absl::GetFlag(FLAGS_mode);
+  if (options.mode.empty()) options.mode = options.num_shards > 0 ? "ps" : "allreduce";
+  if (absl::Status s = pscluster::coord::ValidateMode(options.mode, options.num_shards); !s.ok()) {
+    return Fail(absl::StrCat("--mode: ", s.message()));
+  }
   pscluster::BlockTerminationSignals();  // before any thread starts
 
   pscluster::coord::Membership membership(options);
@@ -93,8 +124,9 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
-  std::printf("ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s))\n",
-              absl::GetFlag(FLAGS_host).c_str(), port, options.num_shards, options.num_workers);
+  std::printf("ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s); mode %s)\n",
+              absl::GetFlag(FLAGS_host).c_str(), port, options.num_shards, options.num_workers,
+              options.mode.c_str());
   std::fflush(stdout);
 
   std::unique_ptr<pscluster::coord::Checkpointer> checkpointer;

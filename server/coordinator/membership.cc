@@ -9,10 +9,18 @@ namespace {
 
 const char* RoleName(Role role) { return role == SHARD ? "shard" : "worker rank"; }
 
+SwitchScheduleOptions ScheduleOptions(const MembershipOptions& o) {
+  SwitchScheduleOptions s;
+  s.initial_mode = o.mode;
+  s.num_shards = o.num_shards;
+  s.num_workers = o.num_workers;
+  return s;
+}
+
 }  // namespace
 
 Membership::Membership(MembershipOptions options, std::function<absl::Time()> now)
-    : options_(options), now_(std::move(now)) {}
+    : options_(options), now_(std::move(now)), switches_(ScheduleOptions(options_)) {}
 
 absl::Status Membership::CheckId(Role role, int32_t id) const {
   if (role != SHARD && role != WORKER) {
@@ -91,14 +99,21 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   return response;
 }
 
+absl::StatusOr<Member*> Membership::FindWorkerLocked(int32_t rank, int64_t incarnation) {
+  Member* m = FindLocked(WORKER, rank);
+  if (m == nullptr || m->incarnation() != incarnation) {
+    return absl::NotFoundError(
+        absl::StrCat("worker rank ", rank, " incarnation ", incarnation, " is not registered"));
+  }
+  return m;
+}
+
 absl::Status Membership::ReportProgress(const ReportProgressRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  Member* m = FindLocked(WORKER, r.rank());
-  if (m == nullptr || m->incarnation() != r.incarnation()) {
-    return absl::NotFoundError(absl::StrCat("worker rank ", r.rank(), " incarnation ",
-                                            r.incarnation(), " is not registered"));
-  }
+  absl::StatusOr<Member*> found = FindWorkerLocked(r.rank(), r.incarnation());
+  if (!found.ok()) return found.status();
+  Member* m = *found;
   if (r.view_version() < shard_map_version_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "view version ", r.view_version(), " is stale: the shard map changed at version ",
@@ -112,6 +127,34 @@ absl::Status Membership::ReportProgress(const ReportProgressRequest& r) {
     m->set_metric(r.metric());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SwitchModeResponse> Membership::SwitchMode(const SwitchModeRequest& r) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<SwitchModeResponse> response =
+      switches_.Schedule(r.mode(), r.at_step(), absl::ToUnixMillis(now_()));
+  if (response.ok() && !response->no_op()) ChangedLocked();
+  return response;
+}
+
+absl::StatusOr<PollSwitchResponse> Membership::PollSwitch(const PollSwitchRequest& r) {
+  if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindWorkerLocked(r.rank(), r.incarnation()).status(); !s.ok()) return s;
+  return switches_.Poll(r.step(), r.horizon());
+}
+
+absl::StatusOr<ReportSwitchResponse> Membership::ReportSwitch(const ReportSwitchRequest& r) {
+  if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = FindWorkerLocked(r.rank(), r.incarnation()).status(); !s.ok()) return s;
+  absl::StatusOr<SwitchSchedule::AckResult> ack =
+      switches_.Acknowledge(r, absl::ToUnixMillis(now_()));
+  if (!ack.ok()) return ack.status();
+  if (ack->changed) ChangedLocked();
+  ReportSwitchResponse response;
+  response.set_done(ack->done);
+  return response;
 }
 
 bool Membership::CheckLiveness() {
@@ -156,7 +199,6 @@ ClusterView Membership::ViewLocked() const {
   v.set_version(version_);
   v.set_num_shards(options_.num_shards);
   v.set_num_workers(options_.num_workers);
-  v.set_mode("ps");
   for (int s = 0; s < options_.num_shards; ++s) {
     auto it = members_.find({SHARD, s});
     v.add_shard_addresses(it == members_.end() ? "" : it->second.address());
@@ -171,6 +213,7 @@ ClusterView Membership::ViewLocked() const {
   v.set_global_step(std::max<int64_t>(global_step, 0));
   v.set_complete(CompleteLocked());
   for (const Checkpoint& c : checkpoints_) *v.add_checkpoints() = c;
+  switches_.FillView(&v);
   return v;
 }
 

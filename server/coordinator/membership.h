@@ -1,11 +1,12 @@
 // The coordinator's state: who is in the cluster, who is alive, where the shards serve,
-// and how far the workers got, as a versioned ClusterView. Independent of gRPC; the clock
-// is injected so tests control time. Thread-safe.
+// how far the workers got and which mode they train in, as a versioned ClusterView. Independent of
+// gRPC; the clock is injected so tests control time. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/coordinator.pb.h"
+#include "server/coordinator/mode_switch.h"
 
 namespace pscluster::coord {
 
@@ -21,6 +23,7 @@ struct MembershipOptions {
   int num_shards = 1;                                   // expected shards: ids [0, num_shards)
   int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
+  std::string mode = "ps";  // the starting mode; must pass ValidateMode (main checks)
 };
 
 class Membership {
@@ -38,6 +41,14 @@ class Membership {
   // FAILED_PRECONDITION when the worker's view predates the current shard map.
   absl::Status ReportProgress(const ReportProgressRequest& request);
 
+  // Live mode switches (see SwitchSchedule for the rules and error codes). SwitchMode is
+  // an operator's call; PollSwitch and ReportSwitch a registered worker's (NOT_FOUND, as
+  // ReportProgress, for a rank/incarnation that is not registered). Scheduling and each
+  // new report bump the version; the last report sets the view's mode.
+  absl::StatusOr<SwitchModeResponse> SwitchMode(const SwitchModeRequest& request);
+  absl::StatusOr<PollSwitchResponse> PollSwitch(const PollSwitchRequest& request);
+  absl::StatusOr<ReportSwitchResponse> ReportSwitch(const ReportSwitchRequest& request);
+
   // Declares dead every member silent for longer than the timeout; true if any was.
   bool CheckLiveness();
 
@@ -54,6 +65,9 @@ class Membership {
   using Key = std::pair<int, int32_t>;  // (role, id)
   absl::Status CheckId(Role role, int32_t id) const;
   Member* FindLocked(Role role, int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker, or NOT_FOUND when `rank` is not registered with `incarnation`.
+  absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -66,6 +80,7 @@ class Membership {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t shard_map_version_ ABSL_GUARDED_BY(mu_) = 1;  // version of the last address change
   std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
+  SwitchSchedule switches_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::coord

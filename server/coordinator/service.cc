@@ -67,4 +67,22 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext* ctx, const KvGetRequ
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::SwitchMode(grpc::ServerContext*, const SwitchModeRequest* req,
+                                            SwitchModeResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return membership_->SwitchMode(*req); }, resp);
+}
+
+grpc::Status CoordinatorService::PollSwitch(grpc::ServerContext*, const PollSwitchRequest* req,
+                                            PollSwitchResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return membership_->PollSwitch(*req); }, resp);
+}
+
+grpc::Status CoordinatorService::ReportSwitch(grpc::ServerContext*, const ReportSwitchRequest* req,
+                                              ReportSwitchResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return membership_->ReportSwitch(*req); }, resp);
+}
+
 }  // namespace pscluster::coord

@@ -23,6 +23,12 @@ class CoordinatorService final : public Coordinator::Service {
   grpc::Status GetView(grpc::ServerContext*, const GetViewRequest*, ClusterView*) override;
   grpc::Status KvPut(grpc::ServerContext*, const KvPutRequest*, KvPutResponse*) override;
   grpc::Status KvGet(grpc::ServerContext*, const KvGetRequest*, KvGetResponse*) override;
+  grpc::Status SwitchMode(grpc::ServerContext*, const SwitchModeRequest*,
+                          SwitchModeResponse*) override;
+  grpc::Status PollSwitch(grpc::ServerContext*, const PollSwitchRequest*,
+                          PollSwitchResponse*) override;
+  grpc::Status ReportSwitch(grpc::ServerContext*, const ReportSwitchRequest*,
+                            ReportSwitchResponse*) override;
 
   InFlightCounter* in_flight() { return &in_flight_; }
 

@@ -1,23 +1,32 @@
 // psctl: the operator's command line for a running pscluster.
 //
-//   psctl --coordinator=HOST:PORT status        members, liveness, steps, loss, samples/s,
-//                                               last complete checkpoint
+//   psctl --coordinator=HOST:PORT status        mode, members, liveness, steps, loss,
+//                                               samples/s, last complete checkpoint, mode
+//                                               switches (done and pending)
 //   psctl --coordinator=HOST:PORT checkpoint    snapshot every shard now (at the step the
 //                                               tables have reached); waits until durable
 //   psctl --coordinator=HOST:PORT checkpoints   complete checkpoints (on every shard)
+//   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline [--at_step=N]
+//                                               switch every worker live at step N
+//                                               (default: the next step boundary)
 //
-// Exit codes: 0 ok; 1 the command ran but the cluster is not healthy (status: a member is
-// dead or missing; checkpoint: a shard refused or failed); 2 usage; 3 cannot reach the
-// coordinator or a shard.
+// Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a
+// member is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step
+// already passed, another switch is scheduled there, or 'ps' without shards); 2 usage
+// (switch-mode: an unknown mode or a negative step); 3 cannot reach the coordinator or a
+// shard.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -25,6 +34,10 @@
 
 ABSL_FLAG(std::string, coordinator, "", "ps_coordinator address (host:port).");
 ABSL_FLAG(int, timeout_seconds, 10, "Deadline of each RPC (checkpoint: of the whole write).");
+ABSL_FLAG(std::string, mode, "",
+          "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline).");
+ABSL_FLAG(int64_t, at_step, 0,
+          "switch-mode: the step every worker switches before (0: the next step boundary).");
 
 namespace {
 
@@ -37,14 +50,21 @@ int Error(int code, const std::string& message) {
   return code;
 }
 
-absl::StatusOr<coord::ClusterView> FetchView(const std::string& address) {
-  auto stub =
-      coord::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(
+std::unique_ptr<coord::Coordinator::Stub> Connect(const std::string& address) {
+  return coord::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(
       absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
+}
+
+absl::StatusOr<coord::ClusterView> FetchView(const std::string& address) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
   coord::ClusterView view;
-  grpc::Status s = stub->GetView(&ctx, coord::GetViewRequest(), &view);
+  grpc::Status s = Connect(address)->GetView(&ctx, coord::GetViewRequest(), &view);
   if (!s.ok())
     return absl::UnavailableError(absl::StrCat("coordinator ", address, ": ", s.error_message()));
   return view;
@@ -59,6 +79,35 @@ absl::StatusOr<std::unique_ptr<PsClient>> Shards(const coord::ClusterView& view)
   o.worker_id = -1;  // an operator, not a worker
   o.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   return PsClient::Create(o);
+}
+
+// The mode switches: done ones in the order they completed, then pending ones by step.
+void PrintSwitches(const coord::ClusterView& view) {
+  if (view.switches_size() + view.pending_switches_size() == 0) {
+    std::printf("mode switches: none\n");
+    return;
+  }
+  std::printf("%6s %9s %-10s %-10s %9s %s\n", "SWITCH", "AT_STEP", "FROM", "TO", "HANDOFF_S",
+              "STATE");
+  auto row = [](const coord::SwitchRecord& s, const std::string& state) {
+    std::printf("%6lld %9lld %-10s %-10s %9s %s\n", static_cast<long long>(s.switch_id()),
+                static_cast<long long>(s.at_step()),
+                s.from_mode().empty() ? "-" : s.from_mode().c_str(), s.to_mode().c_str(),
+                s.from_mode().empty() ? "-"  // no worker has reported it yet
+                                      : absl::StrFormat("%.3f", s.handoff_seconds()).c_str(),
+                state.c_str());
+  };
+  for (const auto& s : view.switches()) {
+    row(s, "done " + absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(s.unix_ms()),
+                                      absl::UTCTimeZone()));
+  }
+  for (const auto& s : view.pending_switches()) {
+    row(s, absl::StrCat("pending: ", s.acked_ranks_size(), " of ", view.num_workers(),
+                        " worker(s) done",
+                        s.acked_ranks_size() == 0
+                            ? ""
+                            : absl::StrCat(" (rank ", absl::StrJoin(s.acked_ranks(), ","), ")")));
+  }
 }
 
 int Status(const coord::ClusterView& view) {
@@ -86,6 +135,7 @@ int Status(const coord::ClusterView& view) {
     if (!checkpoints.ok()) last = "unknown (" + checkpoints.status().ToString() + ")";
   }
   std::printf("last checkpoint: %s\n", last.c_str());
+  PrintSwitches(view);
   return view.complete() ? kOk : kUnhealthy;
 }
 
@@ -123,19 +173,64 @@ int Checkpoint(const coord::ClusterView& view) {
   return kOk;
 }
 
+// INVALID_ARGUMENT: the operator asked for something impossible (usage); unreachable;
+// anything else: the coordinator refused.
+int ExitCodeOf(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return kUsage;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kUnreachable;
+    default:
+      return kUnhealthy;
+  }
+}
+
+int SwitchMode(const std::string& address) {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  coord::SwitchModeRequest req;
+  req.set_mode(mode);
+  req.set_at_step(absl::GetFlag(FLAGS_at_step));
+  coord::SwitchModeResponse resp;
+  grpc::Status s = Connect(address)->SwitchMode(&ctx, req, &resp);
+  if (!s.ok()) {
+    return Error(ExitCodeOf(s), "switch-mode: " + s.error_message());
+  }
+  if (resp.no_op()) {
+    const std::string since = resp.switch_id() == 0 ? "the starting mode"
+                                                    : absl::StrCat("switch ", resp.switch_id(),
+                                                                   " at step ", resp.at_step());
+    std::printf("mode %s is already in effect at that step (%s); nothing scheduled\n", mode.c_str(),
+                since.c_str());
+    return kOk;
+  }
+  std::printf("switch %lld to %s scheduled at step %lld\n",
+              static_cast<long long>(resp.switch_id()), mode.c_str(),
+              static_cast<long long>(resp.at_step()));
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("psctl --coordinator=HOST:PORT status|checkpoint|checkpoints");
+  absl::SetProgramUsageMessage(
+      "psctl --coordinator=HOST:PORT status|checkpoint|checkpoints|switch-mode "
+      "[--mode=ps|allreduce|fsdp|pipeline --at_step=N]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) return Error(kUsage, "give one command: status, checkpoint or checkpoints");
+  constexpr char kCommands[] = "status, checkpoint, checkpoints or switch-mode";
+  if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
-  if (command != "status" && command != "checkpoint" && command != "checkpoints") {
-    return Error(kUsage,
-                 "unknown command '" + command + "'; use status, checkpoint or checkpoints");
+  if (command != "status" && command != "checkpoint" && command != "checkpoints" &&
+      command != "switch-mode") {
+    return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
+  if (command == "switch-mode") return SwitchMode(address);
   auto view = FetchView(address);
   if (!view.ok()) return Error(kUnreachable, view.status().ToString());
   if (command == "status") return Status(*view);

@@ -116,6 +116,52 @@ absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t ste
   return FromGrpcStatus(stub_->ReportProgress(&ctx, req, &resp), "coordinator");
 }
 
+absl::StatusOr<ScheduledSwitch> CoordinatorClient::SwitchMode(const std::string& mode,
+                                                              int64_t at_step) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  coord::SwitchModeRequest req;
+  req.set_mode(mode);
+  req.set_at_step(at_step);
+  coord::SwitchModeResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->SwitchMode(&ctx, req, &resp), "coordinator");
+  if (!s.ok()) return s;
+  return ScheduledSwitch{resp.switch_id(), resp.at_step(), resp.no_op()};
+}
+
+absl::StatusOr<PendingSwitch> CoordinatorClient::PollSwitch(int64_t step, int64_t horizon) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  coord::PollSwitchRequest req;
+  req.set_rank(options_.id);
+  req.set_incarnation(incarnation_);
+  req.set_step(step);
+  req.set_horizon(horizon);
+  coord::PollSwitchResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->PollSwitch(&ctx, req, &resp), "coordinator");
+  if (!s.ok()) return s;
+  return PendingSwitch{resp.pending(), resp.switch_id(), resp.at_step(), resp.mode()};
+}
+
+absl::StatusOr<bool> CoordinatorClient::ReportSwitch(const PendingSwitch& sw,
+                                                     const std::string& from_mode,
+                                                     double handoff_seconds) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout);
+  coord::ReportSwitchRequest req;
+  req.set_rank(options_.id);
+  req.set_incarnation(incarnation_);
+  req.set_switch_id(sw.switch_id);
+  req.set_at_step(sw.at_step);
+  req.set_from_mode(from_mode);
+  req.set_to_mode(sw.mode);
+  req.set_handoff_seconds(handoff_seconds);
+  coord::ReportSwitchResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->ReportSwitch(&ctx, req, &resp), "coordinator");
+  if (!s.ok()) return s;
+  return resp.done();
+}
+
 absl::Status CoordinatorClient::KvPut(const std::string& key, const std::string& value) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.rpc_timeout);

@@ -1,6 +1,6 @@
 // A member's link to the coordinator: registers, heartbeats on a background thread for
-// as long as it lives, reads the cluster view, reports progress, and uses the rendezvous
-// store. Every RPC has a deadline. Thread-safe.
+// as long as it lives, reads the cluster view, reports progress, takes part in live mode
+// switches, and uses the rendezvous store. Every RPC has a deadline. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,23 @@ struct CoordinatorClientOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
 };
 
+// A switch scheduled by SwitchMode.
+struct ScheduledSwitch {
+  int64_t switch_id = 0;
+  int64_t at_step = 0;
+  // The mode was already in effect at that step: nothing was scheduled, and
+  // switch_id/at_step name the switch that puts it in effect (0/0: the starting mode).
+  bool no_op = false;
+};
+
+// PollSwitch's answer: the earliest switch not yet done at or after the polled step.
+struct PendingSwitch {
+  bool pending = false;  // false: nothing scheduled from that step on
+  int64_t switch_id = 0;
+  int64_t at_step = 0;  // switch before running the polled step when it equals this
+  std::string mode;     // the mode to switch to
+};
+
 class CoordinatorClient {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
@@ -45,6 +62,22 @@ class CoordinatorClient {
   // `metric` (optional): a validation metric measured at `step`.
   absl::Status ReportProgress(int64_t view_version, int64_t step, double loss,
                               double samples_per_sec, std::optional<double> metric = std::nullopt);
+
+  // Live mode switching (see proto/coordinator.proto). SwitchMode schedules a switch of
+  // every worker to `mode` ("ps", "allreduce", "fsdp", "pipeline") at `at_step` (0: the
+  // next step boundary no worker has reached); errors: INVALID_ARGUMENT (unknown mode,
+  // at_step < 0), FAILED_PRECONDITION (step already passed; "ps" without shards),
+  // ALREADY_EXISTS (another switch at that step).
+  absl::StatusOr<ScheduledSwitch> SwitchMode(const std::string& mode, int64_t at_step = 0);
+  // A worker, before running `step` (as this client's registered rank and incarnation),
+  // that polls again only at step + horizon: the answer covers every switch before it.
+  absl::StatusOr<PendingSwitch> PollSwitch(int64_t step, int64_t horizon = 1);
+  // A worker, once it finished the hand-over of `s` (from `from_mode`, in
+  // `handoff_seconds`). Returns true when this was the last worker's report (the view's
+  // mode is now s.mode). Repeating a report is harmless.
+  absl::StatusOr<bool> ReportSwitch(const PendingSwitch& s, const std::string& from_mode,
+                                    double handoff_seconds);
+
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
 

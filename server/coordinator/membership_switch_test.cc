@@ -1,0 +1,203 @@
+// Live mode switches through Membership: who may poll and report, the view's version and
+// mode, blocking readers, and workers as threads agreeing on one step. The schedule's own
+// rules are tested in mode_switch_test.cc.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator.pb.h"
+#include "server/coordinator/membership.h"
+
+namespace pscluster::coord {
+namespace {
+
+using ::testing::ElementsAre;
+
+const absl::Time kStart = absl::FromUnixSeconds(1'700'000'000);
+
+SwitchModeRequest Switch(const std::string& mode, int64_t at_step) {
+  SwitchModeRequest r;
+  r.set_mode(mode);
+  r.set_at_step(at_step);
+  return r;
+}
+
+PollSwitchRequest Poll(int32_t rank, int64_t incarnation, int64_t step) {
+  PollSwitchRequest r;
+  r.set_rank(rank);
+  r.set_incarnation(incarnation);
+  r.set_step(step);
+  return r;
+}
+
+ReportSwitchRequest Report(int32_t rank, int64_t incarnation, const SwitchModeResponse& s,
+                           const std::string& from, const std::string& to, double handoff = 0.5) {
+  ReportSwitchRequest r;
+  r.set_rank(rank);
+  r.set_incarnation(incarnation);
+  r.set_switch_id(s.switch_id());
+  r.set_at_step(s.at_step());
+  r.set_from_mode(from);
+  r.set_to_mode(to);
+  r.set_handoff_seconds(handoff);
+  return r;
+}
+
+class MembershipSwitchTest : public ::testing::Test {
+ protected:
+  // A coordinator with `workers` registered workers (incarnation 1 each).
+  void Start(int workers, int shards = 1, const std::string& mode = "ps") {
+    MembershipOptions o;
+    o.num_shards = shards;
+    o.num_workers = workers;
+    o.mode = mode;
+    membership_ = std::make_unique<Membership>(o, [] { return kStart; });
+    for (int w = 0; w < workers; ++w) {
+      RegisterRequest r;
+      r.set_role(WORKER);
+      r.set_id(w);
+      r.set_address("w" + std::to_string(w));
+      ASSERT_TRUE(membership_->Register(r).ok());
+    }
+  }
+
+  SwitchModeResponse MustSwitch(const std::string& mode, int64_t at_step) {
+    absl::StatusOr<SwitchModeResponse> r = membership_->SwitchMode(Switch(mode, at_step));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : SwitchModeResponse();
+  }
+
+  std::unique_ptr<Membership> membership_;
+};
+
+TEST_F(MembershipSwitchTest, ViewStartsInTheConfiguredMode) {
+  Start(1, 0, "pipeline");
+  EXPECT_EQ(membership_->View().mode(), "pipeline");
+  EXPECT_EQ(membership_->View().switches_size(), 0);
+}
+
+TEST_F(MembershipSwitchTest, UnregisteredOrReplacedWorkerGetsReportProgresssError) {
+  Start(2);
+  ReportProgressRequest progress;
+  progress.set_rank(1);
+  progress.set_incarnation(2);  // rank 1 is at incarnation 1
+  progress.set_view_version(membership_->View().version());
+  const absl::Status expected = membership_->ReportProgress(progress);
+  ASSERT_EQ(expected.code(), absl::StatusCode::kNotFound);
+
+  EXPECT_EQ(membership_->PollSwitch(Poll(1, 2, 0)).status(), expected);
+  SwitchModeResponse s = MustSwitch("fsdp", 5);
+  EXPECT_EQ(membership_->ReportSwitch(Report(1, 2, s, "ps", "fsdp")).status(), expected);
+
+  absl::Status out_of_range = membership_->PollSwitch(Poll(2, 1, 0)).status();
+  EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out_of_range, membership_->ReportSwitch(Report(2, 1, s, "ps", "fsdp")).status());
+  EXPECT_EQ(membership_->View().pending_switches(0).acked_ranks_size(), 0);
+}
+
+TEST_F(MembershipSwitchTest, SchedulingBumpsTheVersionAndPollsAndNoOpsDoNot) {
+  Start(1);
+  const int64_t v0 = membership_->View().version();
+  ASSERT_TRUE(membership_->PollSwitch(Poll(0, 1, 7)).ok());
+  EXPECT_EQ(membership_->View().version(), v0);
+  EXPECT_TRUE(MustSwitch("ps", 0).no_op());
+  EXPECT_EQ(membership_->View().version(), v0);
+  SwitchModeResponse s = MustSwitch("allreduce", 0);
+  EXPECT_EQ(s.at_step(), 8) << "one past the polled step";
+  EXPECT_EQ(membership_->View().version(), v0 + 1);
+  EXPECT_EQ(membership_->SwitchMode(Switch("fsdp", 7)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(membership_->View().version(), v0 + 1);
+}
+
+TEST_F(MembershipSwitchTest, EachNewReportBumpsTheVersionAndTheLastSetsTheMode) {
+  Start(2);
+  SwitchModeResponse s = MustSwitch("fsdp", 3);
+  const int64_t v0 = membership_->View().version();
+  absl::StatusOr<ReportSwitchResponse> r =
+      membership_->ReportSwitch(Report(0, 1, s, "ps", "fsdp", 1.5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->done());
+  ClusterView v = membership_->View();
+  EXPECT_EQ(v.version(), v0 + 1);
+  EXPECT_EQ(v.mode(), "ps");
+  EXPECT_THAT(v.pending_switches(0).acked_ranks(), ElementsAre(0));
+  ASSERT_TRUE(membership_->ReportSwitch(Report(0, 1, s, "ps", "fsdp")).ok());  // a retry
+  EXPECT_EQ(membership_->View().version(), v0 + 1);
+
+  r = membership_->ReportSwitch(Report(1, 1, s, "ps", "fsdp", 2.5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->done());
+  v = membership_->View();
+  EXPECT_EQ(v.version(), v0 + 2);
+  EXPECT_EQ(v.mode(), "fsdp");
+  ASSERT_EQ(v.switches_size(), 1);
+  EXPECT_EQ(v.switches(0).from_mode(), "ps");
+  EXPECT_DOUBLE_EQ(v.switches(0).handoff_seconds(), 2.5);
+  EXPECT_EQ(v.switches(0).unix_ms(), absl::ToUnixMillis(kStart));
+}
+
+TEST_F(MembershipSwitchTest, BlockingReaderWakesWhenTheSwitchIsDone) {
+  Start(2);
+  SwitchModeResponse s = MustSwitch("pipeline", 1);
+  ASSERT_TRUE(membership_->ReportSwitch(Report(1, 1, s, "ps", "pipeline")).ok());
+  const int64_t waiting_for = membership_->View().version() + 1;
+  absl::StatusOr<ClusterView> seen;
+  std::thread reader([&] {  // whether it blocks before or after the report, it sees it
+    seen = membership_->AwaitView(waiting_for, false, absl::Now() + absl::Minutes(1));
+  });
+  ASSERT_TRUE(membership_->ReportSwitch(Report(0, 1, s, "ps", "pipeline")).ok());
+  reader.join();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->mode(), "pipeline");
+  EXPECT_EQ(seen->switches_size(), 1);
+}
+
+// Workers as threads, stepping as fast as they can while the operator schedules "the next
+// boundary": every worker takes the switch at the step it was given, exactly once.
+TEST_F(MembershipSwitchTest, WorkersRacingTheScheduleAllSwitchAtTheAssignedStep) {
+  constexpr int kWorkers = 4;
+  constexpr int64_t kGateStep = 1000;  // workers wait here until the switch is scheduled
+  Start(kWorkers);
+  absl::Notification scheduled;
+  std::vector<std::vector<int64_t>> taken(kWorkers);  // steps each worker switched at
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    workers.emplace_back([&, rank] {
+      for (int64_t step = 0; step < kGateStep + 10; ++step) {
+        if (step == kGateStep) scheduled.WaitForNotification();
+        absl::StatusOr<PollSwitchResponse> p = membership_->PollSwitch(Poll(rank, 1, step));
+        ASSERT_TRUE(p.ok()) << p.status();
+        if (!p->pending() || p->at_step() != step) continue;
+        taken[rank].push_back(step);
+        SwitchModeResponse s;
+        s.set_switch_id(p->switch_id());
+        s.set_at_step(p->at_step());
+        ASSERT_TRUE(membership_->ReportSwitch(Report(rank, 1, s, "ps", p->mode())).ok());
+      }
+    });
+  }
+  SwitchModeResponse s = MustSwitch("fsdp", 0);
+  scheduled.Notify();
+  for (auto& w : workers) w.join();
+  EXPECT_LE(s.at_step(), kGateStep + 1);
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    EXPECT_THAT(taken[rank], ElementsAre(s.at_step())) << "rank " << rank;
+  }
+  ClusterView v = membership_->View();
+  EXPECT_EQ(v.mode(), "fsdp");
+  ASSERT_EQ(v.switches_size(), 1);
+  EXPECT_EQ(v.switches(0).at_step(), s.at_step());
+}
+
+}  // namespace
+}  // namespace pscluster::coord

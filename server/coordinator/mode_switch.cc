@@ -1,0 +1,163 @@
+#include "server/coordinator/mode_switch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pscluster::coord {
+namespace {
+
+absl::Status CheckKnown(absl::string_view what, absl::string_view mode) {
+  if (std::find(kModes.begin(), kModes.end(), mode) != kModes.end()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " '", mode, "' is unknown; use one of ", absl::StrJoin(kModes, ", ")));
+}
+
+}  // namespace
+
+absl::Status ValidateMode(absl::string_view mode, int num_shards) {
+  if (absl::Status s = CheckKnown("mode", mode); !s.ok()) return s;
+  if (mode == "ps" && num_shards <= 0) {
+    return absl::FailedPreconditionError(
+        "mode 'ps' needs parameter-server shards, and this cluster has none "
+        "(ps_coordinator --num_shards=0)");
+  }
+  return absl::OkStatus();
+}
+
+SwitchSchedule::SwitchSchedule(SwitchScheduleOptions options)
+    : options_(std::move(options)), mode_(options_.initial_mode) {}
+
+absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int64_t step, int64_t horizon) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("polled step ", step, " is negative"));
+  }
+  if (horizon < 0 || horizon > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("poll horizon ", horizon, " is outside [0, 1000000]"));
+  }
+  max_polled_ = std::max(max_polled_, step + std::max<int64_t>(horizon, 1) - 1);
+  PollSwitchResponse response;
+  for (auto it = by_step_.lower_bound(step); it != by_step_.end(); ++it) {
+    if (it->second.done) continue;
+    response.set_pending(true);
+    response.set_switch_id(it->second.record.switch_id());
+    response.set_at_step(it->first);
+    response.set_mode(it->second.record.to_mode());
+    break;
+  }
+  return response;
+}
+
+absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(absl::string_view mode, int64_t at_step,
+                                                            int64_t unix_ms) {
+  if (absl::Status s = ValidateMode(mode, options_.num_shards); !s.ok()) return s;
+  if (at_step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at_step ", at_step, " is negative; use 0 for the next step boundary or a later step"));
+  }
+  if (at_step != 0 && at_step <= max_polled_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", at_step, " already passed: workers are at step ", max_polled_,
+                     "; use a later step or 0 for the next boundary"));
+  }
+  const int64_t step = at_step == 0 ? max_polled_ + 1 : at_step;
+  // The switch in effect at `step`: the last one scheduled at or before it.
+  auto after = by_step_.upper_bound(step);
+  const SwitchRecord* before =
+      after == by_step_.begin() ? nullptr : &std::prev(after)->second.record;
+  SwitchModeResponse response;
+  if ((before != nullptr ? before->to_mode() : options_.initial_mode) == mode) {
+    response.set_no_op(true);
+    response.set_switch_id(before != nullptr ? before->switch_id() : 0);
+    response.set_at_step(before != nullptr ? before->at_step() : 0);
+    return response;
+  }
+  if (before != nullptr && before->at_step() == step) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "switch ", before->switch_id(), " to ", before->to_mode(), " is already scheduled at step ",
+        step, "; one switch per step: pick another step"));
+  }
+  Entry& e = by_step_[step];
+  e.record.set_switch_id(next_id_++);
+  e.record.set_at_step(step);
+  e.record.set_to_mode(std::string(mode));
+  e.record.set_unix_ms(unix_ms);
+  response.set_switch_id(e.record.switch_id());
+  response.set_at_step(step);
+  return response;
+}
+
+SwitchSchedule::Entry* SwitchSchedule::FindById(int64_t switch_id) {
+  for (auto& [step, e] : by_step_) {
+    if (e.record.switch_id() == switch_id) return &e;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<SwitchSchedule::AckResult> SwitchSchedule::Acknowledge(const ReportSwitchRequest& r,
+                                                                      int64_t unix_ms) {
+  Entry* e = FindById(r.switch_id());
+  if (e == nullptr) {
+    return absl::NotFoundError(absl::StrCat("switch ", r.switch_id(), " is unknown; ", next_id_ - 1,
+                                            " switch(es) were scheduled"));
+  }
+  SwitchRecord& rec = e->record;
+  if (r.at_step() != rec.at_step() || r.to_mode() != rec.to_mode()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r.rank(), " reports switch ", r.switch_id(), " to '", r.to_mode(), "' at step ",
+        r.at_step(), ", but it is scheduled to ", rec.to_mode(), " at step ", rec.at_step()));
+  }
+  if (absl::Status s = CheckKnown("from_mode", r.from_mode()); !s.ok()) return s;
+  if (!rec.from_mode().empty() && r.from_mode() != rec.from_mode()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r.rank(), " reports switch ", r.switch_id(), " from ", r.from_mode(),
+                     ", but an earlier report said from ", rec.from_mode()));
+  }
+  if (!std::isfinite(r.handoff_seconds()) || r.handoff_seconds() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handoff_seconds ", r.handoff_seconds(), " must be finite and >= 0"));
+  }
+  AckResult result;
+  result.done = e->done;
+  auto* ranks = rec.mutable_acked_ranks();
+  if (e->done || std::find(ranks->begin(), ranks->end(), r.rank()) != ranks->end()) {
+    return result;  // a repeated report (a retry)
+  }
+  result.changed = true;
+  rec.set_from_mode(r.from_mode());
+  rec.set_handoff_seconds(std::max(rec.handoff_seconds(), r.handoff_seconds()));
+  ranks->Add(r.rank());
+  std::sort(ranks->begin(), ranks->end());
+  if (ranks->size() >= options_.num_workers) {
+    Complete(e, unix_ms);
+    result.done = true;
+  }
+  return result;
+}
+
+void SwitchSchedule::Complete(Entry* e, int64_t unix_ms) {
+  e->done = true;
+  e->record.clear_acked_ranks();
+  e->record.set_unix_ms(unix_ms);
+  done_.push_back(e->record);
+  for (auto it = by_step_.rbegin(); it != by_step_.rend(); ++it) {  // switches may complete
+    if (it->second.done) {                                          // out of order
+      mode_ = it->second.record.to_mode();
+      break;
+    }
+  }
+}
+
+void SwitchSchedule::FillView(ClusterView* view) const {
+  view->set_mode(mode_);
+  for (const SwitchRecord& r : done_) *view->add_switches() = r;
+  for (const auto& [step, e] : by_step_) {
+    if (!e.done) *view->add_pending_switches() = e.record;
+  }
+}
+
+}  // namespace pscluster::coord

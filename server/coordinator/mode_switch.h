@@ -1,0 +1,89 @@
+// The schedule of live mode switches: which switches are pending, at which step, which
+// workers have finished each, and the mode in effect. Workers poll before every step with
+// the step they are about to run; the highest such step (max_polled) bounds where a new
+// switch may go, so no worker can have passed it. A switch is done when every worker rank
+// has reported it. Independent of gRPC and of membership (its owner checks who calls).
+// Not thread-safe: the owner (Membership) guards it with its own mutex.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/coordinator.pb.h"
+
+namespace pscluster::coord {
+
+// The training modes, in the order messages list them.
+inline constexpr std::array<absl::string_view, 4> kModes = {"ps", "allreduce", "fsdp", "pipeline"};
+
+// INVALID_ARGUMENT for a mode not in kModes (listing them); FAILED_PRECONDITION for "ps"
+// in a cluster without parameter-server shards.
+absl::Status ValidateMode(absl::string_view mode, int num_shards);
+
+struct SwitchScheduleOptions {
+  std::string initial_mode = "ps";  // the mode before any switch; must pass ValidateMode
+  int num_shards = 1;               // 0: switching to "ps" is refused
+  int num_workers = 1;              // ranks [0, num_workers) must each report a switch
+};
+
+class SwitchSchedule {
+ public:
+  explicit SwitchSchedule(SwitchScheduleOptions options);
+
+  // A worker is about to run `step` (INVALID_ARGUMENT if negative): records it in
+  // max_polled and answers the earliest pending switch with at_step >= step, if any.
+  // (Not the earliest pending overall: one still waiting for a slow worker's report lies
+  // behind a worker that already took it, and must not hide a later one from it.)
+  // `horizon` (>= 1) steps from `step` on count as reached: the worker polls again only
+  // after them, so no switch may be scheduled among them any more.
+  absl::StatusOr<PollSwitchResponse> Poll(int64_t step, int64_t horizon = 1);
+
+  // Schedules a switch to `mode` at `at_step` (0: max_polled + 1, the next boundary no
+  // worker has reached). INVALID_ARGUMENT for an unknown mode or a negative step;
+  // FAILED_PRECONDITION for "ps" without shards or a step <= max_polled; ALREADY_EXISTS
+  // for a step that has a switch to another mode. When `mode` is already the mode in
+  // effect at that step, schedules nothing and answers no_op with the switch that puts it
+  // in effect (0/0 for the starting mode). `unix_ms`: now, kept until the switch is done.
+  absl::StatusOr<SwitchModeResponse> Schedule(absl::string_view mode, int64_t at_step,
+                                              int64_t unix_ms);
+
+  struct AckResult {
+    bool changed = false;  // a new report was recorded (the view changed)
+    bool done = false;     // the switch is done, by this report or before
+  };
+  // Worker r.rank() (in range: the caller checked) finished switch r.switch_id().
+  // NOT_FOUND for an unknown switch; INVALID_ARGUMENT when at_step or to_mode differ from
+  // the schedule, from_mode is unknown or differs from an earlier report, or
+  // handoff_seconds is negative or not finite. Repeating a report is OK and changes
+  // nothing. The last rank's report completes the switch (`unix_ms` is then its time).
+  absl::StatusOr<AckResult> Acknowledge(const ReportSwitchRequest& r, int64_t unix_ms);
+
+  // The mode of the done switch with the highest at_step, or the starting mode.
+  const std::string& mode() const { return mode_; }
+  // The highest step any worker has polled with; -1 before the first poll.
+  int64_t max_polled() const { return max_polled_; }
+  // Sets view->mode, ->switches and ->pending_switches.
+  void FillView(ClusterView* view) const;
+
+ private:
+  struct Entry {
+    SwitchRecord record;
+    bool done = false;
+  };
+  Entry* FindById(int64_t switch_id);
+  void Complete(Entry* e, int64_t unix_ms);
+
+  const SwitchScheduleOptions options_;
+  std::map<int64_t, Entry> by_step_;  // every switch scheduled, by at_step
+  std::vector<SwitchRecord> done_;    // in the order they completed
+  std::string mode_;
+  int64_t max_polled_ = -1;
+  int64_t next_id_ = 1;
+};
+
+}  // namespace pscluster::coord
