@@ -35,6 +35,11 @@ class Communicator {
   // Point to point; (peer, tag) pairs match sends to receives.
   virtual absl::Status Send(absl::Span<const float> data, int peer, int tag) = 0;
   virtual absl::Status Recv(absl::Span<float> data, int peer, int tag) = 0;
+  // Sends `out` to `to` while receiving `in` from `from`, both posted before either is
+  // waited for: what a pipeline stage needs to exchange activations and gradients with its
+  // neighbours without deadlocking.
+  virtual absl::Status SendRecv(absl::Span<const float> out, int to, int send_tag,
+                                absl::Span<float> in, int from, int recv_tag) = 0;
   virtual absl::Status Barrier() = 0;
 };
 

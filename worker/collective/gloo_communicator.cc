@@ -67,8 +67,10 @@ class GlooCommunicator final : public Communicator {
     for (int s = 0; s + 1 < size() && n > 0; ++s) {
       const int send_block = (rank() - s - 1 + 2 * size()) % size();
       const int recv_block = (rank() - s - 2 + 2 * size()) % size();
-      absl::Status st = Exchange(absl::MakeConstSpan(acc).subspan(send_block * n, n), next,
-                                 absl::MakeSpan(incoming), prev, tag);
+      absl::Status st = Exchange(absl::MakeConstSpan(acc).subspan(send_block * n, n), next, tag,
+                                 absl::MakeSpan(incoming), prev, tag,
+                                 absl::StrCat("reduce-scatter step on rank ", rank(), " (to rank ",
+                                              next, ", from rank ", prev, ")"));
       if (!st.ok()) return st;
       for (size_t i = 0; i < n; ++i) acc[recv_block * n + i] += incoming[i];
     }
@@ -126,6 +128,15 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  absl::Status SendRecv(absl::Span<const float> out, int to, int send_tag, absl::Span<float> in,
+                        int from, int recv_tag) override {
+    if (absl::Status s = CheckPeer(to); !s.ok()) return s;
+    if (absl::Status s = CheckPeer(from); !s.ok()) return s;
+    return Exchange(out, to, send_tag, in, from, recv_tag,
+                    absl::StrCat("send to rank ", to, " (tag ", send_tag,
+                                 ") and receive from rank ", from, " (tag ", recv_tag, ")"));
+  }
+
   absl::Status Barrier() override {
     return Guard(absl::StrCat("barrier on rank ", rank()), [&] {
       gloo::BarrierOptions opts(context_);
@@ -146,20 +157,18 @@ class GlooCommunicator final : public Communicator {
 
   // Sends `out` to `to` while receiving `in` from `from` (both posted before waiting, so
   // a ring of these never deadlocks).
-  absl::Status Exchange(absl::Span<const float> out, int to, absl::Span<float> in, int from,
-                        int tag) {
-    return Guard(absl::StrCat("reduce-scatter step on rank ", rank(), " (to rank ", to,
-                              ", from rank ", from, ")"),
-                 [&] {
-                   auto send = context_->createUnboundBuffer(const_cast<float*>(out.data()),
-                                                             out.size() * sizeof(float));
-                   auto recv = context_->createUnboundBuffer(in.data(), in.size() * sizeof(float));
-                   recv->recv(from, static_cast<uint64_t>(tag));
-                   send->send(to, static_cast<uint64_t>(tag));
-                   if (!recv->waitRecv(nullptr, timeout_) || !send->waitSend(nullptr, timeout_)) {
-                     throw std::runtime_error("aborted");
-                   }
-                 });
+  absl::Status Exchange(absl::Span<const float> out, int to, int send_tag, absl::Span<float> in,
+                        int from, int recv_tag, const std::string& what) {
+    return Guard(what, [&] {
+      auto send =
+          context_->createUnboundBuffer(const_cast<float*>(out.data()), out.size() * sizeof(float));
+      auto recv = context_->createUnboundBuffer(in.data(), in.size() * sizeof(float));
+      recv->recv(from, static_cast<uint64_t>(recv_tag));
+      send->send(to, static_cast<uint64_t>(send_tag));
+      if (!recv->waitRecv(nullptr, timeout_) || !send->waitSend(nullptr, timeout_)) {
+        throw std::runtime_error("aborted");
+      }
+    });
   }
 
   // Collective tags: distinct per call, identical across ranks (same call order), and kept

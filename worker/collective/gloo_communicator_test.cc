@@ -1,6 +1,7 @@
 // Gloo communicators for N = 1..4 ranks as threads in one process (real TCP on loopback,
 // in-memory rendezvous), payloads of 0, 1, odd and large sizes, expected values computed by
 // formula; and a missing peer makes the others fail with a timeout that names it.
+#include <algorithm>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -72,6 +73,13 @@ TEST_P(GlooCommunicatorTest, EveryCollectiveMatchesItsFormulaForEveryPayloadSize
         sender.join();
         for (size_t i = 0; i < len; ++i)
           ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send/recv";
+        // Both directions at once from one thread (a pipeline stage's exchange): send to
+        // the successor, receive from the predecessor.
+        std::fill(got.begin(), got.end(), -1.0f);
+        absl::Status sr = c.SendRecv(own, (r + 1) % n, 9, absl::MakeSpan(got), (r + n - 1) % n, 9);
+        ASSERT_TRUE(sr.ok()) << sr;
+        for (size_t i = 0; i < len; ++i)
+          ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send-recv";
       }
       ASSERT_TRUE(c.Barrier().ok());
     }

@@ -1,0 +1,11 @@
+// CreateNcclCommunicator() for builds without --config=cuda.
+#include "worker/collective/nccl_communicator.h"
+
+namespace pscluster::collective {
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KeyValue*,
+                                                                     const NcclOptions&) {
+  return absl::UnavailableError("built without --config=cuda");
+}
+
+}  // namespace pscluster::collective
