@@ -28,32 +28,64 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpO
   if (max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("Mlp max_batch must be >= 1, got ", max_batch));
   }
+  const int total = static_cast<int>(options.layers.size()) - 1;
+  const int end = options.end_layer < 0 ? total : options.end_layer;
+  if (options.first_layer < 0 || options.first_layer >= end || end > total) {
+    return absl::InvalidArgumentError(absl::StrCat("Mlp layer range [", options.first_layer, ", ",
+                                                   end, ") is not within the ", total, " layers"));
+  }
+  if (options.slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("Mlp slots must be >= 1, got ", options.slots));
+  }
   // Not make_unique: the constructor is private. The destructor frees whatever was
   // allocated should an allocation below fail.
   std::unique_ptr<Mlp> mlp(new Mlp(backend, std::move(options), max_batch));
+  mlp->first_ = mlp->options_.first_layer;
+  mlp->end_ = end;
   const std::vector<int>& layers = mlp->options_.layers;
-  for (int i = 0; i < mlp->num_layers(); ++i) {
+  auto alloc = [&](size_t n) {
+    float* p = backend->Alloc(n);
+    if (p != nullptr) mlp->owned_.push_back(p);
+    return p;
+  };
+  auto exhausted = [&](const std::string& what) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("backend ", backend->name(), " could not allocate ", what));
+  };
+  size_t max_weight = 0, max_bias = 0;
+  for (int i = mlp->first_; i < end; ++i) {
     const size_t in = layers[i], out = layers[i + 1];
     mlp->params_.push_back({absl::StrCat("fc", i, ".weight"), in * out});
     mlp->params_.push_back({absl::StrCat("fc", i, ".bias"), out});
+    max_weight = std::max(max_weight, in * out);
+    max_bias = std::max(max_bias, out);
   }
-  for (const Param& p : mlp->params_) {
-    mlp->values_.push_back(backend->Alloc(p.size));
-    mlp->grads_.push_back(backend->Alloc(p.size));
-    if (mlp->values_.back() == nullptr || mlp->grads_.back() == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("backend ", backend->name(), " could not allocate ", p.name));
+  if (mlp->options_.share_layer_buffers) {  // one layer's weight + bias, reused by every layer
+    float* values = alloc(max_weight + max_bias);
+    float* grads = alloc(max_weight + max_bias);
+    if (values == nullptr || grads == nullptr) return exhausted("the shared layer buffers");
+    for (int i = mlp->first_; i < end; ++i) {
+      mlp->values_.insert(mlp->values_.end(), {values, values + max_weight});
+      mlp->grads_.insert(mlp->grads_.end(), {grads, grads + max_weight});
+    }
+  } else {
+    for (const Param& p : mlp->params_) {
+      mlp->values_.push_back(alloc(p.size));
+      mlp->grads_.push_back(alloc(p.size));
+      if (mlp->values_.back() == nullptr || mlp->grads_.back() == nullptr) return exhausted(p.name);
     }
   }
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const size_t n = static_cast<size_t>(max_batch) * layers[i];
-    mlp->activations_.push_back(backend->Alloc(n));
-    mlp->deltas_.push_back(i == 0 ? nullptr : backend->Alloc(n));
-    if (mlp->activations_.back() == nullptr || (i > 0 && mlp->deltas_.back() == nullptr)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("backend ", backend->name(), " could not allocate activations"));
+  const size_t rows = static_cast<size_t>(max_batch) * mlp->options_.slots;
+  for (int i = mlp->first_; i <= end; ++i) {
+    mlp->activations_.push_back(alloc(rows * layers[i]));
+    mlp->deltas_.push_back(alloc(rows * layers[i]));
+    if (mlp->activations_.back() == nullptr || mlp->deltas_.back() == nullptr) {
+      return exhausted("activations");
     }
   }
+  mlp->ones_ = alloc(max_batch);
+  if (mlp->ones_ == nullptr) return exhausted("activations");
+  backend->Upload(std::vector<float>(max_batch, 1.0f).data(), mlp->ones_, max_batch);
   return mlp;
 }
 
@@ -61,9 +93,7 @@ Mlp::Mlp(compute::Backend* backend, MlpOptions options, int max_batch)
     : backend_(backend), options_(std::move(options)), max_batch_(max_batch) {}
 
 Mlp::~Mlp() {
-  for (auto* buffers : {&values_, &grads_, &activations_, &deltas_}) {
-    for (float* p : *buffers) backend_->Free(p);
-  }
+  for (float* p : owned_) backend_->Free(p);
 }
 
 std::vector<std::vector<float>> Mlp::InitialParams(const MlpOptions& options, uint64_t seed) {
@@ -108,52 +138,131 @@ absl::Status Mlp::CheckLabels(const int32_t* y, int64_t count) const {
   return absl::OkStatus();
 }
 
-void Mlp::Forward(const float* x, int batch) {
-  const std::vector<int>& layers = options_.layers;
-  backend_->Upload(x, activations_[0], static_cast<size_t>(batch) * layers[0]);
-  for (int i = 0; i < num_layers(); ++i) {
-    const int in = layers[i], out = layers[i + 1];
-    float* y = activations_[i + 1];
-    // y[batch x out] = x[batch x in] * W[in x out] + b.
-    backend_->Gemm(false, false, batch, out, in, 1.0f, activations_[i], values_[2 * i], 0.0f, y);
-    backend_->AddRowVector(y, values_[2 * i + 1], batch, out);
-    if (i + 1 < num_layers()) backend_->Relu(y, y, static_cast<size_t>(batch) * out);
-  }
-}
-
-absl::StatusOr<StepResult> Mlp::ForwardBackward(const float* x, const int32_t* y, int batch) {
+absl::Status Mlp::CheckBatch(int batch) const {
   if (batch < 1 || batch > max_batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch ", batch, " is outside [1, max_batch = ", max_batch_, "]"));
   }
-  if (absl::Status s = CheckLabels(y, batch); !s.ok()) return s;
-  Forward(x, batch);
+  return absl::OkStatus();
+}
 
+absl::Status Mlp::Forward(int slot, const float* x, int batch, const LayerHooks* hooks) {
   const std::vector<int>& layers = options_.layers;
-  const int top = num_layers();
+  const int top = static_cast<int>(layers.size()) - 1;
+  backend_->Upload(x, activation(first_, slot), static_cast<size_t>(batch) * layers[first_]);
+  for (int i = first_; i < end_; ++i) {
+    if (hooks != nullptr && hooks->before) {
+      if (absl::Status s = hooks->before(i, /*backward=*/false); !s.ok()) return s;
+    }
+    const int in = layers[i], out = layers[i + 1];
+    float* y = activation(i + 1, slot);
+    // y[batch x out] = x[batch x in] * W[in x out] + b.
+    backend_->Gemm(false, false, batch, out, in, 1.0f, activation(i, slot), value(i, 0), 0.0f, y);
+    backend_->AddRowVector(y, value(i, 1), batch, out);
+    if (i + 1 < top) backend_->Relu(y, y, static_cast<size_t>(batch) * out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulate, bool input_delta,
+                           const LayerHooks* hooks) {
+  const std::vector<int>& layers = options_.layers;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  for (int i = end_ - 1; i >= first_; --i) {
+    if (hooks != nullptr && hooks->before) {
+      if (absl::Status s = hooks->before(i, /*backward=*/true); !s.ok()) return s;
+    }
+    const int in = layers[i], out = layers[i + 1];
+    const float* dy = delta(i + 1, slot);
+    // dW[in x out] = x^T[in x batch] * dy[batch x out]; db = column sums of dy.
+    backend_->Gemm(true, false, in, out, batch, grad_scale, activation(i, slot), dy, beta,
+                   grad(i, 0));
+    if (accumulate || grad_scale != 1.0f) {  // db[1 x out] += scale * ones[1 x batch] * dy
+      backend_->Gemm(false, false, 1, out, batch, grad_scale, ones_, dy, beta, grad(i, 1));
+    } else {
+      backend_->ColumnSums(dy, batch, out, grad(i, 1));
+    }
+    if (i > first_ || (input_delta && i > 0)) {
+      // dx[batch x in] = dy[batch x out] * W^T[out x in], then through the ReLU that made x.
+      float* dx = delta(i, slot);
+      backend_->Gemm(false, true, batch, in, out, 1.0f, dy, value(i, 0), 0.0f, dx);
+      backend_->ReluBackward(activation(i, slot), dx, dx, static_cast<size_t>(batch) * in);
+    }
+    if (hooks != nullptr && hooks->after_backward) {
+      if (absl::Status s = hooks->after_backward(i); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
+                                                const LayerHooks* hooks) {
+  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  if (!first_stage() || !last_stage()) {
+    return absl::FailedPreconditionError("ForwardBackward needs the whole network; use Stage*");
+  }
+  if (options_.share_layer_buffers && hooks == nullptr) {
+    return absl::FailedPreconditionError("shared layer buffers need LayerHooks");
+  }
+  if (absl::Status s = CheckLabels(y, batch); !s.ok()) return s;
+  if (absl::Status s = Forward(0, x, batch, hooks); !s.ok()) return s;
   StepResult result;
   result.examples = batch;
-  result.loss = backend_->SoftmaxCrossEntropy(activations_[top], y, batch, classes(), deltas_[top],
-                                              &result.correct);
-  for (int i = top - 1; i >= 0; --i) {
-    const int in = layers[i], out = layers[i + 1];
-    // dW[in x out] = x^T[in x batch] * dy[batch x out]; db = column sums of dy.
-    backend_->Gemm(true, false, in, out, batch, 1.0f, activations_[i], deltas_[i + 1], 0.0f,
-                   grads_[2 * i]);
-    backend_->ColumnSums(deltas_[i + 1], batch, out, grads_[2 * i + 1]);
-    if (i == 0) break;  // no gradient needed for the input
-    // dx[batch x in] = dy[batch x out] * W^T[out x in], then through the ReLU that made x.
-    backend_->Gemm(false, true, batch, in, out, 1.0f, deltas_[i + 1], values_[2 * i], 0.0f,
-                   deltas_[i]);
-    backend_->ReluBackward(activations_[i], deltas_[i], deltas_[i],
-                           static_cast<size_t>(batch) * in);
+  result.loss = backend_->SoftmaxCrossEntropy(activation(end_, 0), y, batch, classes(),
+                                              delta(end_, 0), &result.correct);
+  if (absl::Status s = Backward(0, batch, 1.0f, false, false, hooks); !s.ok()) return s;
+  return result;
+}
+
+absl::Status Mlp::StageForward(int slot, const float* x, int batch, float* out) {
+  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  if (slot < 0 || slot >= options_.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", options_.slots, ")"));
+  }
+  if (absl::Status s = Forward(slot, x, batch, nullptr); !s.ok()) return s;
+  if (!last_stage()) {
+    backend_->Download(activation(end_, slot), out, static_cast<size_t>(batch) * output_width());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Mlp::StageBackward(int slot, const int32_t* labels, const float* dout,
+                                              int batch, float grad_scale, float* dx) {
+  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  if (slot < 0 || slot >= options_.slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", options_.slots, ")"));
+  }
+  StepResult result;
+  if (last_stage()) {
+    if (absl::Status s = CheckLabels(labels, batch); !s.ok()) return s;
+    result.examples = batch;
+    result.loss = backend_->SoftmaxCrossEntropy(activation(end_, slot), labels, batch, classes(),
+                                                delta(end_, slot), &result.correct);
+  } else {
+    backend_->Upload(dout, delta(end_, slot), static_cast<size_t>(batch) * output_width());
+  }
+  if (absl::Status s = Backward(slot, batch, grad_scale, true, !first_stage(), nullptr); !s.ok())
+    return s;
+  if (!first_stage()) {
+    backend_->Download(delta(first_, slot), dx, static_cast<size_t>(batch) * input_width());
   }
   return result;
+}
+
+void Mlp::ZeroGrads() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    backend_->Upload(std::vector<float>(params_[i].size, 0.0f).data(), grads_[i], params_[i].size);
+  }
 }
 
 absl::StatusOr<StepResult> Mlp::Evaluate(const float* x, const int32_t* y, int64_t count) {
   if (count < 0 || count > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("count ", count, " is outside [0, 2^31)"));
+  }
+  if (!first_stage() || !last_stage() || options_.share_layer_buffers) {
+    return absl::FailedPreconditionError("Evaluate needs the whole network with its own buffers");
   }
   if (absl::Status s = CheckLabels(y, count); !s.ok()) return s;
   StepResult result;
@@ -161,9 +270,9 @@ absl::StatusOr<StepResult> Mlp::Evaluate(const float* x, const int32_t* y, int64
   const size_t width = options_.layers[0];
   for (int64_t start = 0; start < count; start += max_batch_) {
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, count - start));
-    Forward(x + start * width, batch);
+    (void)Forward(0, x + start * width, batch, nullptr);  // no hooks: cannot fail
     int correct = 0;
-    const float loss = backend_->SoftmaxCrossEntropy(activations_.back(), y + start, batch,
+    const float loss = backend_->SoftmaxCrossEntropy(activation(end_, 0), y + start, batch,
                                                      classes(), nullptr, &correct);
     total_loss += static_cast<double>(loss) * batch;
     result.correct += correct;

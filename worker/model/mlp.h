@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,26 @@ namespace pscluster::model {
 struct MlpOptions {
   // Input width, hidden widths..., number of classes.
   std::vector<int> layers = {784, 256, 128, 64, 10};
+  // Pipeline stages: this Mlp computes layers [first_layer, end_layer) of the network only
+  // (end_layer -1: to the last). A stage's parameters are those layers' (names keep the
+  // global layer index); its input is the previous stage's output (after the ReLU).
+  int first_layer = 0;
+  int end_layer = -1;
+  // Pipeline: activations are kept for this many micro-batches in flight (slots), each of
+  // up to max_batch examples.
+  int slots = 1;
+  // FSDP: every layer's parameters and gradients live in ONE buffer pair sized for the
+  // largest layer, filled layer by layer through LayerHooks; only ForwardBackward with
+  // hooks may then be used (not Evaluate).
+  bool share_layer_buffers = false;
+};
+
+// FSDP: called by ForwardBackward around each layer (global layer index). `before` must
+// load the layer's weight and bias with SetParam (backward: true when it is for the
+// layer's backward pass); after_backward may read the layer's gradients with GetGrad.
+struct LayerHooks {
+  std::function<absl::Status(int layer, bool backward)> before;
+  std::function<absl::Status(int layer)> after_backward;
 };
 
 struct StepResult {
@@ -64,7 +85,25 @@ class Mlp {
   // Forward and backward on a host batch (x: batch * layers[0] floats, y: labels in
   // [0, classes)); INVALID_ARGUMENT if batch > max_batch or < 1, or a label is out of
   // range. Gradients of the MEAN loss over the batch, readable with GetGrad.
-  absl::StatusOr<StepResult> ForwardBackward(const float* x, const int32_t* y, int batch);
+  absl::StatusOr<StepResult> ForwardBackward(const float* x, const int32_t* y, int batch,
+                                             const LayerHooks* hooks = nullptr);
+
+  // Pipeline stages (any layer range). StageForward runs micro-batch `slot`'s `batch`
+  // examples (x: batch * input width, host) through the stage; unless the stage ends the
+  // network, `out` receives its output (batch * output width, after the ReLU).
+  // StageBackward for the same slot: the last stage takes the labels (dout null), any
+  // other the gradient of the loss w.r.t. its output (labels null). Gradients are
+  // ACCUMULATED scaled by grad_scale (start a batch with ZeroGrads); unless the stage
+  // starts the network, dx receives the gradient w.r.t. its input, already through the
+  // previous stage's ReLU. The last stage returns the micro-batch's loss and accuracy.
+  absl::Status StageForward(int slot, const float* x, int batch, float* out);
+  absl::StatusOr<StepResult> StageBackward(int slot, const int32_t* labels, const float* dout,
+                                           int batch, float grad_scale, float* dx);
+  void ZeroGrads();
+  bool first_stage() const { return first_ == 0; }
+  bool last_stage() const { return end_ + 1 == static_cast<int>(options_.layers.size()); }
+  int input_width() const { return options_.layers[first_]; }
+  int output_width() const { return options_.layers[end_]; }
   // Copies the gradient of params()[index] from the last ForwardBackward.
   void GetGrad(int index, float* host) const;
 
@@ -77,21 +116,40 @@ class Mlp {
  private:
   Mlp(compute::Backend* backend, MlpOptions options, int max_batch);
 
-  int num_layers() const { return static_cast<int>(options_.layers.size()) - 1; }
+  int num_layers() const { return end_ - first_; }
   int classes() const { return options_.layers.back(); }
   absl::Status CheckLabels(const int32_t* y, int64_t count) const;
-  // Uploads `batch` examples and runs the layers; the logits end in activations_.back().
-  void Forward(const float* x, int batch);
+  absl::Status CheckBatch(int batch) const;
+  // Uploads `batch` examples into slot `slot` and runs the layers (calling hooks->before
+  // when given); the output ends in activation(end_, slot).
+  absl::Status Forward(int slot, const float* x, int batch, const LayerHooks* hooks);
+  // Backward from delta(end_, slot) down to layer first_ (dx: delta(first_) when wanted):
+  // accumulate adds into the gradients, scaled by grad_scale.
+  absl::Status Backward(int slot, int batch, float grad_scale, bool accumulate, bool input_delta,
+                        const LayerHooks* hooks);
+  // Buffers of global layer boundary i for micro-batch slot `slot`.
+  float* activation(int i, int slot) const {
+    return activations_[i - first_] + static_cast<size_t>(slot) * max_batch_ * options_.layers[i];
+  }
+  float* delta(int i, int slot) const {
+    return deltas_[i - first_] + static_cast<size_t>(slot) * max_batch_ * options_.layers[i];
+  }
+  float* value(int layer, int which) const { return values_[2 * (layer - first_) + which]; }
+  float* grad(int layer, int which) const { return grads_[2 * (layer - first_) + which]; }
 
   compute::Backend* const backend_;
   const MlpOptions options_;
   const int max_batch_;
+  int first_ = 0, end_ = 0;  // the layers [first_, end_) this Mlp computes
   std::vector<Param> params_;
+  std::vector<float*> owned_;   // every backend allocation (values_/grads_ may alias)
+  float* ones_ = nullptr;       // max_batch ones: bias gradients by GEMM (accumulating)
   std::vector<float*> values_;  // backend buffers in params() order
   std::vector<float*> grads_;   // same shapes as values_
-  // activations_[0] is the input; activations_[i + 1] the output of layer i (after ReLU
-  // for hidden layers, the logits for the last). deltas_[i] is d(loss)/d(activations_[i])
-  // for i >= 1 (deltas_[0] is unused and null).
+  // activations_[i - first_] is the input of layer i (the output of layer i - 1: after
+  // the ReLU for hidden layers), activations_[end_ - first_] the stage's output (logits on
+  // the last stage); deltas_ alike: d(loss)/d(pre-activation) of the same boundary, after
+  // the ReLU backward. Each holds `slots` micro-batches of max_batch rows.
   std::vector<float*> activations_;
   std::vector<float*> deltas_;
 };

@@ -8,11 +8,19 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/compute/backend.h"
 
 namespace pscluster::model {
 namespace {
+
+#define MLP_CONCAT_INNER(a, b) a##b
+#define MLP_CONCAT(a, b) MLP_CONCAT_INNER(a, b)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr)                                                      \
+  auto MLP_CONCAT(result_, __LINE__) = (expr);                                               \
+  ASSERT_TRUE(MLP_CONCAT(result_, __LINE__).ok()) << MLP_CONCAT(result_, __LINE__).status(); \
+  lhs = std::move(MLP_CONCAT(result_, __LINE__)).value()
 
 using Params = std::vector<std::vector<double>>;
 
@@ -305,6 +313,117 @@ TEST_F(MlpTest, ForwardBackwardAndEvaluateRejectBadBatchesAndLabels) {
   EXPECT_EQ(mlp->ForwardBackward(x.data(), y.data(), 4).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(mlp->ForwardBackward(x.data(), y.data(), 2).ok());
+}
+
+TEST_F(MlpTest, TwoStagesOverMicroBatchesGiveTheWholeBatchGradients) {
+  const MlpOptions whole{{6, 5, 4, 3, 3}};
+  const std::vector<std::vector<float>> params = RandomParams(whole);
+  const int batch = 8, micro = 4, micro_batches = batch / micro;
+  const std::vector<float> x = RandomInputs(batch * 6);
+  const std::vector<int32_t> y = RandomLabels(batch, 3);
+  auto reference = MakeMlp(whole, batch, params);
+  ASSERT_OK_AND_ASSIGN(StepResult ref, reference->ForwardBackward(x.data(), y.data(), batch));
+
+  MlpOptions first = whole, second = whole;
+  first.end_layer = 2;
+  second.first_layer = 2;
+  first.slots = second.slots = micro_batches;
+  auto a = MakeMlp(first, micro, {params.begin(), params.begin() + 4});
+  auto b = MakeMlp(second, micro, {params.begin() + 4, params.end()});
+  ASSERT_EQ(a->params().size(), 4u);
+  EXPECT_EQ(b->params()[0].name, "fc2.weight");
+  EXPECT_TRUE(a->first_stage() && !a->last_stage() && b->last_stage() && !b->first_stage());
+  a->ZeroGrads();
+  b->ZeroGrads();
+  std::vector<float> act(micro * 4), dact(micro * 4);
+  double loss = 0;
+  for (int m = 0; m < micro_batches; ++m) {  // all forwards, then all backwards (GPipe order)
+    ASSERT_TRUE(a->StageForward(m, x.data() + m * micro * 6, micro, act.data()).ok());
+    ASSERT_TRUE(b->StageForward(m, act.data(), micro, nullptr).ok());
+  }
+  for (int m = micro_batches - 1; m >= 0; --m) {
+    ASSERT_OK_AND_ASSIGN(StepResult r, b->StageBackward(m, y.data() + m * micro, nullptr, micro,
+                                                        1.0f / micro_batches, dact.data()));
+    loss += r.loss / micro_batches;
+    ASSERT_TRUE(a->StageBackward(m, nullptr, dact.data(), micro, 1.0f / micro_batches, nullptr)
+                    .status()
+                    .ok());
+  }
+  EXPECT_NEAR(loss, ref.loss, 1e-5);
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<float> want(params[i].size()), got(params[i].size());
+    reference->GetGrad(i, want.data());
+    (i < 4 ? a.get() : b.get())->GetGrad(i % 4, got.data());
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_NEAR(got[k], want[k], 1e-5f * (1 + std::fabs(want[k])))
+          << "param " << i << " [" << k << "]";
+    }
+  }
+}
+
+TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
+  MlpOptions options{{7, 6, 5, 3}};
+  const std::vector<std::vector<float>> params = RandomParams(options);
+  const std::vector<float> x = RandomInputs(5 * 7);
+  const std::vector<int32_t> y = RandomLabels(5, 3);
+  auto reference = MakeMlp(options, 5, params);
+  ASSERT_OK_AND_ASSIGN(StepResult ref, reference->ForwardBackward(x.data(), y.data(), 5));
+
+  options.share_layer_buffers = true;
+  ASSERT_OK_AND_ASSIGN(auto shared, Mlp::Create(backend_.get(), options, 5));
+  EXPECT_EQ(shared->ForwardBackward(x.data(), y.data(), 5).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // needs hooks
+  std::vector<std::vector<float>> grads(params.size());
+  std::vector<std::pair<int, bool>> calls;
+  LayerHooks hooks;
+  hooks.before = [&](int layer, bool backward) {
+    calls.emplace_back(layer, backward);
+    shared->SetParam(2 * layer, params[2 * layer].data());
+    shared->SetParam(2 * layer + 1, params[2 * layer + 1].data());
+    return absl::OkStatus();
+  };
+  hooks.after_backward = [&](int layer) {
+    for (int k : {2 * layer, 2 * layer + 1}) {
+      grads[k].resize(params[k].size());
+      shared->GetGrad(k, grads[k].data());
+    }
+    return absl::OkStatus();
+  };
+  ASSERT_OK_AND_ASSIGN(StepResult r, shared->ForwardBackward(x.data(), y.data(), 5, &hooks));
+  EXPECT_EQ(r.loss, ref.loss);
+  EXPECT_EQ(calls, (std::vector<std::pair<int, bool>>{
+                       {0, false}, {1, false}, {2, false}, {2, true}, {1, true}, {0, true}}));
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<float> want(params[i].size());
+    reference->GetGrad(i, want.data());
+    EXPECT_EQ(grads[i], want) << "param " << i;
+  }
+  hooks.before = [](int layer, bool) {
+    return absl::UnavailableError(absl::StrCat("gather of layer ", layer, " failed"));
+  };
+  EXPECT_EQ(shared->ForwardBackward(x.data(), y.data(), 5, &hooks).status().message(),
+            "gather of layer 0 failed");
+}
+
+TEST_F(MlpTest, StageRangeAndSlotsAreValidated) {
+  MlpOptions options{{5, 4, 3}};
+  options.first_layer = 2;
+  EXPECT_EQ(Mlp::Create(backend_.get(), options, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.first_layer = 1;
+  options.slots = 0;
+  EXPECT_EQ(Mlp::Create(backend_.get(), options, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.slots = 2;
+  ASSERT_OK_AND_ASSIGN(auto stage, Mlp::Create(backend_.get(), options, 4));
+  std::vector<float> x(4 * 4);
+  EXPECT_EQ(stage->StageForward(2, x.data(), 4, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> y(4);
+  EXPECT_EQ(stage->ForwardBackward(x.data(), y.data(), 4).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stage->Evaluate(x.data(), y.data(), 4).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
