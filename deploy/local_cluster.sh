@@ -2,7 +2,8 @@
 # The main job: a local pscluster training the MLP on Fashion-MNIST.
 #
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
-#                           [--mode ps|allreduce] [--optimizer adam] [--lr 0.001]
+#                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
+#                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
@@ -11,11 +12,15 @@
 # DIR (default runs/<timestamp>) gets summary.json, every process's log and the shards'
 # snapshots. Every process it started is stopped on exit, on Ctrl-C, or when one fails.
 # The coordinator checkpoints every shard every epoch's worth of steps and whenever the
-# test accuracy improves; a shard that dies is restarted from the last checkpoint.
+# test accuracy improves (in every mode: the collective modes write their state into the
+# shards at each epoch's end); a shard or worker that dies is restarted and training rolls
+# back to the last checkpoint. --switch schedules live mode switches (psctl switch-mode
+# --at_step) before training starts; summary.json records each one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
+switches="" micro_batches=4
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -25,6 +30,8 @@ while (($#)); do
     --epochs) epochs=$2; shift 2 ;;
     --consistency) consistency=$2; shift 2 ;;
     --mode) mode=$2; shift 2 ;;
+    --switch) switches=$2; shift 2 ;;
+    --micro_batches) micro_batches=$2; shift 2 ;;
     --optimizer) optimizer=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --batch_size) batch_size=$2; shift 2 ;;
@@ -33,15 +40,28 @@ while (($#)); do
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
 done
-[[ $mode == ps || $mode == allreduce ]] || { echo "local_cluster.sh: --mode must be ps or allreduce" >&2; exit 2; }
-[[ $mode == allreduce ]] && shards=0  # replicas on the workers; no parameter server
-for n in "$workers" "$epochs" "$batch_size"; do
+modes_re='^(ps|allreduce|fsdp|pipeline)$'
+[[ $mode =~ $modes_re ]] || { echo "local_cluster.sh: --mode must be ps, allreduce, fsdp or pipeline" >&2; exit 2; }
+if [[ -n $switches ]]; then
+  IFS=, read -r -a switch_list <<<"$switches"
+  for sw in "${switch_list[@]}"; do
+    [[ $sw =~ ^[1-9][0-9]*:(ps|allreduce|fsdp|pipeline)$ ]] \
+      || { echo "local_cluster.sh: --switch entry '$sw' is not STEP:MODE (MODE: ps, allreduce, fsdp, pipeline)" >&2; exit 2; }
+  done
+fi
+[[ $shards =~ ^[0-9]+$ ]] || { echo "local_cluster.sh: --shards '$shards' is not a count" >&2; exit 2; }
+ps_re='(^|,)[0-9]+:ps(,|$)'
+if ((shards == 0)) && { [[ $mode == ps ]] || [[ $switches =~ $ps_re ]]; }; then
+  echo "local_cluster.sh: ps mode needs --shards >= 1" >&2; exit 2
+fi
+for n in "$workers" "$epochs" "$batch_size" "$micro_batches"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "local_cluster.sh: '$n' is not a positive count" >&2; exit 2; }
 done
 
 deploy/install_deps.sh
 echo "== building (bazel -c opt)"
-bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker 2>&1 | tail -n 2
+bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker \
+  //tools/psctl:psctl 2>&1 | tail -n 2
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -78,12 +98,16 @@ address_of() {  # name index
 
 start=$(date +%s)
 # Cluster checkpoints: every epoch's worth of steps and whenever the test accuracy improves.
-"$bin/server/coordinator/ps_coordinator" --port=0 --num_shards="$shards" --num_workers="$workers" \
+"$bin/server/coordinator/ps_coordinator" --port=0 --num_shards="$shards" --num_workers="$workers" --mode="$mode" \
   --data_dir="$out/coordinator" --checkpoint_every_steps=$((60000 / (workers * batch_size))) \
   >"$out/coordinator.log" 2>&1 &
 pids+=($!) names+=("coordinator")
 coordinator=$(address_of coordinator 0)
 echo "== coordinator: $coordinator"
+for sw in ${switch_list[@]+"${switch_list[@]}"}; do
+  "$bin/tools/psctl/psctl" --coordinator="$coordinator" switch-mode --mode="${sw#*:}" --at_step="${sw%%:*}" \
+    || { echo "local_cluster.sh: scheduling the switch $sw failed" >&2; exit 1; }
+done
 for ((s = 0; s < shards; ++s)); do
   "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
     --coordinator="$coordinator" --data_dir="$out/checkpoints" >"$out/shard$s.log" 2>&1 &
@@ -93,10 +117,13 @@ addresses=()
 for ((s = 0; s < shards; ++s)); do addresses+=("$(address_of "shard$s" $((s + 1)))"); done
 ((shards > 0)) && echo "== $shards shard(s): ${addresses[*]}"
 
-for ((r = 0; r < workers; ++r)); do
-  "$bin/worker/ps_worker" --coordinator="$coordinator" --rank=$r --world="$workers" --epochs="$epochs" \
+start_worker() {  # rank
+  "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
-    --mode="$mode" --summary_json="$out/worker$r.json" >"$out/worker$r.log" 2>&1 &
+    --micro_batches="$micro_batches" --summary_json="$out/worker$1.json" >>"$out/worker$1.log" 2>&1 &
+}
+for ((r = 0; r < workers; ++r)); do
+  start_worker $r
   pids+=($!) names+=("worker$r")
 done
 echo "== $workers worker(s) training $epochs epoch(s) in $mode mode, $optimizer lr=$lr (progress of worker 0):"
@@ -125,6 +152,16 @@ while ((remaining > 0)); do
       pids[$i]=$!
       continue
     fi
+    if [[ ${names[$i]} == worker* ]] && ((status >= 128 && restarts < 3)); then
+      # Killed by a signal: start a replacement with the same rank; it joins the others'
+      # rollback to the last checkpoint.
+      restarts=$((restarts + 1))
+      echo "== ${names[$i]} was killed (exit status $status); starting a replacement"
+      start_worker "${names[$i]#worker}"
+      pids[$i]=$!
+      remaining=$((remaining + 1))
+      continue
+    fi
     if [[ ${names[$i]} != worker* || $status -ne 0 ]]; then
       kill "$tail_pid" 2>/dev/null || true
       die_with "${names[$i]}" "exit status $status"
@@ -135,9 +172,9 @@ done
 kill "$tail_pid" 2>/dev/null || true
 wall=$(( $(date +%s) - start ))
 
-python3 - "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" <<'PY'
+python3 - "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" "$micro_batches" <<'PY'
 import json, os, sys
-out, workers, shards, epochs, consistency, wall, mode = sys.argv[1:]
+out, workers, shards, epochs, consistency, wall, mode, micro_batches = sys.argv[1:]
 ws = [json.load(open(f"{out}/worker{r}.json")) for r in range(int(workers))]
 summary = {
     "test_accuracy": ws[0]["test_accuracy"],
@@ -153,6 +190,12 @@ summary = {
     "shards": int(shards),
     "consistency": consistency,
     "mode": mode,
+    "final_mode": ws[0].get("final_mode", mode),
+    "switches": [dict(s, handoff_seconds=max(w["switches"][k]["handoff_seconds"]
+                                  for w in ws if len(w.get("switches", [])) > k))
+                 for k, s in enumerate(ws[0].get("switches", []))],
+    "figures": {f"worker{r}": w.get("figures", {}) for r, w in enumerate(ws)},
+    "micro_batches": int(micro_batches),
     "final_loss": ws[0]["final_loss"],
 }
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)

@@ -1,6 +1,8 @@
-// ps_worker: trains the MLP on Fashion-MNIST in parameter-server mode.
+// ps_worker: trains the MLP on Fashion-MNIST in any of the four modes (parameter server,
+// all-reduce, FSDP, pipeline), switched live by the coordinator.
 //
-//   ps_worker --ps=127.0.0.1:5000,127.0.0.1:5001 --rank=0 --world=2 --epochs=10
+//   ps_worker --coordinator=127.0.0.1:4000 --rank=0 --world=2 --epochs=10
+//   ps_worker --ps=127.0.0.1:5000,127.0.0.1:5001 --rank=0 --world=2   (PS mode only)
 //
 // Prints progress (epoch, step, loss, samples/s, ETA) and the test accuracy after each
 // epoch; --summary_json writes the final figures for scripts.
@@ -19,8 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/collective/coordinator_store.h"
-#include "worker/modes/allreduce_trainer.h"
-#include "worker/modes/ps_trainer.h"
+#include "worker/modes/trainer.h"
 
 ABSL_FLAG(std::vector<std::string>, ps, {},
           "ps_server addresses, in shard-id order (or use --coordinator).");
@@ -46,11 +47,19 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist).");
 ABSL_FLAG(int64_t, synthetic, 0, "Tests: train on this many synthetic examples instead.");
 ABSL_FLAG(std::string, backend, "cpu", "cpu | cuda.");
-ABSL_FLAG(std::string, mode, "ps",
-          "ps: parameters on the shards; allreduce: a replica per worker, gradients averaged by "
-          "a Gloo all-reduce (needs --coordinator for the rendezvous).");
+ABSL_FLAG(std::string, mode, "",
+          "The mode training starts in: ps (parameters on the shards), allreduce (a replica per "
+          "worker), fsdp (parameters and optimizer state sharded over the workers) or pipeline "
+          "(a stage of layers per worker, 1F1B micro-batches). Default: the coordinator's mode "
+          "(ps without one). The collective modes need --coordinator (the rendezvous).");
+ABSL_FLAG(int, micro_batches, 4, "pipeline: micro-batches per global batch.");
+ABSL_FLAG(int, switch_poll_steps, 8,
+          "Ask the coordinator for mode switches every this many steps (a next-boundary switch "
+          "lands at most this far ahead).");
 ABSL_FLAG(std::string, host, "127.0.0.1",
-          "allreduce: the address other workers reach this one at.");
+          "Collective modes: the address other workers reach this one at.");
+ABSL_FLAG(int, collective_timeout_seconds, 120,
+          "A collective that waits this long for a peer fails, naming it.");
 ABSL_FLAG(int, progress_seconds, 5, "Seconds between progress lines.");
 ABSL_FLAG(std::string, summary_json, "", "Write the final figures here as JSON.");
 ABSL_FLAG(int, snapshot_every_epochs, 0,
@@ -104,19 +113,26 @@ absl::StatusOr<ps::ConsistencyConfig> ParseConsistency(const std::string& text) 
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Trains the MLP in parameter-server mode: ps_worker --ps=ADDR,... --rank=R --world=W");
+      "Trains the MLP: ps_worker --coordinator=ADDR --rank=R --world=W [--mode=MODE] "
+      "(or --ps=ADDR,... for PS mode without a coordinator)");
   absl::ParseCommandLine(argc, argv);
-  modes::PsTrainerOptions o;
+  modes::TrainerOptions o;
   o.shards = absl::GetFlag(FLAGS_ps);
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world = absl::GetFlag(FLAGS_world);
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
+  if (o.switch_poll_steps < 1) return Fail("--switch_poll_steps must be >= 1");
   o.progress_every = absl::Seconds(absl::GetFlag(FLAGS_progress_seconds));
   o.snapshot_every_epochs = absl::GetFlag(FLAGS_snapshot_every_epochs);
   o.lr_decay = static_cast<float>(absl::GetFlag(FLAGS_lr_decay));
   if (!(o.lr_decay > 0 && o.lr_decay <= 1)) return Fail("--lr_decay must be in (0, 1]");
+  if (o.world < 1 || o.rank < 0 || o.rank >= o.world) return Fail("--rank must be in [0, --world)");
+  if (o.epochs < 1) return Fail("--epochs must be >= 1");
+  std::string mode = absl::GetFlag(FLAGS_mode);
   std::unique_ptr<CoordinatorClient> coordinator;
   if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
     CoordinatorClientOptions co;
@@ -133,15 +149,30 @@ int main(int argc, char** argv) {
       return Fail(absl::StrCat("--world=", o.world, " but the coordinator expects ",
                                view->num_workers(), " workers"));
     }
-    std::printf("worker %d: cluster complete (view %lld): shards %s\n", o.rank,
-                static_cast<long long>(view->version()),
+    std::printf("worker %d: cluster complete (view %lld, mode %s): shards %s\n", o.rank,
+                static_cast<long long>(view->version()), view->mode().c_str(),
                 absl::StrJoin(view->shard_addresses(), ",").c_str());
+    if (mode.empty()) mode = view->mode();
     o.coordinator = coordinator.get();
+    const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_seconds));
+    const std::string host = absl::GetFlag(FLAGS_host);
+    o.connect = [&coordinator, &o, timeout, host](const std::string& generation)
+        -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+      collective::CoordinatorStore store(coordinator.get(), generation, absl::Minutes(5));
+      return collective::CreateGlooCommunicator(
+          &store, collective::GlooOptions{o.rank, o.world, host, timeout});
+    };
   }
-  if (o.shards.empty() && !o.coordinator)
-    return Fail("give --ps (ps_server addresses) or --coordinator");
-  if (o.world < 1 || o.rank < 0 || o.rank >= o.world) return Fail("--rank must be in [0, --world)");
-  if (o.epochs < 1) return Fail("--epochs must be >= 1");
+  if (mode.empty()) mode = "ps";
+  auto parsed_mode = modes::ParseMode(mode);
+  if (!parsed_mode.ok()) return Fail("--mode: " + std::string(parsed_mode.status().message()));
+  o.mode = *parsed_mode;
+  if (o.mode != modes::Mode::kPs && !coordinator) {
+    return Fail("--mode=" + mode + " needs --coordinator (the workers' rendezvous)");
+  }
+  if (o.shards.empty() && !coordinator) {
+    return Fail("give --coordinator (or --ps with ps_server addresses)");
+  }
   auto optimizer = ParseOptimizer(absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr));
   if (!optimizer.ok()) return Fail(std::string(optimizer.status().message()));
   o.optimizer = *optimizer;
@@ -190,32 +221,17 @@ int main(int argc, char** argv) {
   } else {
     return Fail("--backend must be cpu or cuda");
   }
-  absl::StatusOr<modes::TrainSummary> summary;
-  if (absl::GetFlag(FLAGS_mode) == "allreduce") {
-    if (!coordinator) return Fail("--mode=allreduce needs --coordinator (the rendezvous)");
-    collective::CoordinatorStore store(coordinator.get(), "allreduce/", absl::Minutes(5));
-    auto comm = collective::CreateGlooCommunicator(
-        &store,
-        collective::GlooOptions{o.rank, o.world, absl::GetFlag(FLAGS_host), absl::Minutes(2)});
-    if (!comm.ok()) return Fail(comm.status().ToString());
-    auto trainer =
-        modes::AllReduceTrainer::Create(o, &train, &test, std::move(backend), *std::move(comm));
-    if (!trainer.ok()) return Fail(trainer.status().ToString());
-    summary = (*trainer)->Run();
-  } else if (absl::GetFlag(FLAGS_mode) == "ps") {
-    auto trainer = modes::PsTrainer::Create(o, &train, &test, std::move(backend));
-    if (!trainer.ok()) return Fail(trainer.status().ToString());
-    summary = (*trainer)->Run();
-  } else {
-    return Fail("--mode must be ps or allreduce");
-  }
+  auto trainer = modes::Trainer::Create(o, &train, &test, std::move(backend));
+  if (!trainer.ok()) return Fail(trainer.status().ToString());
+  absl::StatusOr<modes::TrainSummary> summary = (*trainer)->Run();
   if (!summary.ok()) return Fail(summary.status().ToString());
   std::printf("worker %d: done: %lld steps, test accuracy %.4f, %.0f samples/s\n", o.rank,
               static_cast<long long>(summary->steps), summary->test_accuracy,
               summary->samples_per_sec);
   if (const std::string path = absl::GetFlag(FLAGS_summary_json); !path.empty()) {
     std::ofstream f(path);
-    f << absl::StrCat("{\"rank\": ", o.rank, ", \"steps\": ", summary->steps,
+    f << absl::StrCat("{\"rank\": ", o.rank, ", \"mode\": \"", mode, "\", \"final_mode\": \"",
+                      summary->final_mode, "\", \"steps\": ", summary->steps,
                       ", \"epochs\": ", summary->epochs, ", \"final_loss\": ", summary->final_loss,
                       ", \"test_accuracy\": ", summary->test_accuracy,
                       ", \"samples_per_sec\": ", summary->samples_per_sec,
@@ -225,7 +241,19 @@ int main(int argc, char** argv) {
                                     [](std::string* out, const std::pair<int64_t, int64_t>& r) {
                                       absl::StrAppend(out, "[", r.first, ", ", r.second, "]");
                                     }),
-                      "], \"param_crc32c\": ", summary->param_crc32c, "}\n");
+                      "], \"switches\": [",
+                      absl::StrJoin(summary->switches, ", ",
+                                    [](std::string* out, const modes::SwitchDone& s) {
+                                      absl::StrAppend(out, "{\"step\": ", s.step, ", \"from\": \"",
+                                                      s.from, "\", \"to\": \"", s.to,
+                                                      "\", \"handoff_seconds\": ", s.seconds, "}");
+                                    }),
+                      "], \"figures\": {",
+                      absl::StrJoin(summary->figures, ", ",
+                                    [](std::string* out, const std::pair<std::string, double>& f) {
+                                      absl::StrAppend(out, "\"", f.first, "\": ", f.second);
+                                    }),
+                      "}, \"param_crc32c\": ", summary->param_crc32c, "}\n");
     if (!f) return Fail("cannot write --summary_json=" + path);
   }
   return 0;

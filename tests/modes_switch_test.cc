@@ -1,0 +1,95 @@
+// PS mode and live switches through real ps_server processes: two shards, two workers as
+// threads (Gloo on loopback). One and ten PS steps match the single-process reference; a
+// run that switches PS -> ALLREDUCE -> FSDP -> PIPELINE -> PS matches it too; and a state
+// handed to the shards and back (ALLREDUCE -> PS -> ALLREDUCE) keeps every optimizer slot
+// and the update count bitwise.
+#include "tests/ps_cluster_fixture.h"
+#include "worker/modes/mode_testing.h"
+
+namespace pscluster {
+namespace {
+
+using modes::Mode;
+using modes::ModelState;
+using modes::Trainer;
+using modes::TrainerOptions;
+using modes::testing::ExpectNear;
+using modes::testing::OnRanks;
+using modes::testing::Options;
+using modes::testing::Reference;
+
+class ModesSwitchTest : public PsClusterTest {
+ protected:
+  std::function<TrainerOptions(int)> WithShards(Mode mode, ps::OptimizerConfig::Kind kind) {
+    return [this, mode, kind](int r) {
+      TrainerOptions o = Options(mode, r, kWorkers, kind);
+      o.shards = addresses_;
+      o.rpc_timeout = absl::Seconds(60);
+      return o;
+    };
+  }
+};
+
+TEST_F(ModesSwitchTest, PsModeMatchesTheSingleProcessReference) {
+  auto options = WithShards(Mode::kPs, ps::OptimizerConfig::MOMENTUM);
+  const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
+  OnRanks(kWorkers, options, [&](int r, Trainer& t) {
+    for (int64_t step = 0; step < 10; ++step) {
+      auto loss = t.Step(step);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      if (step == 0) {
+        auto state = t.State(1);
+        ASSERT_TRUE(state.ok()) << state.status();
+        ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"));
+      }
+    }
+    auto state = t.State(10);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"));
+  });
+}
+
+TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference) {
+  auto options = WithShards(Mode::kPs, ps::OptimizerConfig::MOMENTUM);
+  const ModelState want = Reference(options(0), 15);
+  OnRanks(kWorkers, options, [&](int r, Trainer& t) {
+    const Mode order[] = {Mode::kPs, Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline, Mode::kPs};
+    for (int64_t step = 0; step < 15; ++step) {
+      if (step % 3 == 0 && step > 0) {
+        absl::Status s = t.SwitchTo(order[step / 3], step);
+        ASSERT_TRUE(s.ok()) << "switch at step " << step << ": " << s;
+      }
+      auto loss = t.Step(step);
+      ASSERT_TRUE(loss.ok()) << "step " << step << " in " << modes::ModeName(t.mode()) << ": "
+                             << loss.status();
+    }
+    ASSERT_EQ(t.mode(), Mode::kPs);
+    auto got = t.State(15);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectNear(*got, want, 2e-6f, absl::StrCat("rank ", r));
+  });
+}
+
+TEST_F(ModesSwitchTest, StateHandedToTheShardsAndBackIsBitwiseTheSame) {
+  auto options = WithShards(Mode::kAllReduce, ps::OptimizerConfig::ADAM);
+  OnRanks(kWorkers, options, [&](int r, Trainer& t) {
+    for (int64_t step = 0; step < 4; ++step) ASSERT_TRUE(t.Step(step).ok());
+    auto before = t.State(4);
+    ASSERT_TRUE(before.ok());
+    ASSERT_TRUE(t.SwitchTo(Mode::kPs, 4).ok());
+    auto in_ps = t.State(4);  // exported from the shards
+    ASSERT_TRUE(in_ps.ok()) << in_ps.status();
+    ExpectNear(*in_ps, *before, 0.0f, absl::StrCat("rank ", r, " in the shards"));
+    ASSERT_TRUE(t.SwitchTo(Mode::kAllReduce, 4).ok());
+    auto back = t.State(4);
+    ASSERT_TRUE(back.ok());
+    ExpectNear(*back, *before, 0.0f, absl::StrCat("rank ", r, " back in allreduce"));
+    // And training goes on from there in PS mode: the shards accept step 4.
+    ASSERT_TRUE(t.SwitchTo(Mode::kPs, 4).ok());
+    auto loss = t.Step(4);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+  });
+}
+
+}  // namespace
+}  // namespace pscluster

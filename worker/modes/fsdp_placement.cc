@@ -1,0 +1,180 @@
+// FSDP: worker r of M owns elements [r*c, (r+1)*c) of every tensor of n elements
+// (c = ceil(n / M), the last owner's share padded), with their optimizer slots. The model
+// keeps ONE layer's parameters and gradients (Mlp share_layer_buffers): before a layer's
+// forward and again before its backward the owners all-gather it; after its backward its
+// gradient is reduce-scattered and every worker steps its own share at once. So a worker
+// holds 1/M of the state plus one layer.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/modes/placement_internal.h"
+
+namespace pscluster::modes::internal {
+namespace {
+
+class FsdpPlacement final : public Placement {
+ public:
+  explicit FsdpPlacement(const PlacementContext& ctx) : ctx_(ctx), m_(ctx.world) {}
+
+  absl::Status Init() {
+    if (ctx_.comm == nullptr || ctx_.optimizer == nullptr) {
+      return absl::FailedPreconditionError("fsdp mode needs a communicator and an optimizer");
+    }
+    model::MlpOptions shared = ctx_.mlp;
+    shared.share_layer_buffers = true;
+    ASSIGN_OR_RETURN(mlp_, model::Mlp::Create(ctx_.backend, shared, ctx_.batch_size));
+    ASSIGN_OR_RETURN(auto batches, DataParallelBatches(ctx_));
+    batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
+    size_t layer_max = 0;
+    for (const auto& p : mlp_->params()) {
+      const size_t chunk = (p.size + m_ - 1) / m_;
+      size_.push_back(p.size);
+      chunk_.push_back(chunk);
+      own_.emplace_back(chunk, 0.0f);
+      slots_.emplace_back(ctx_.optimizer->num_slots(), std::vector<float>(chunk));
+      full_bytes_ += p.size * sizeof(float) * (1 + ctx_.optimizer->num_slots());
+    }
+    for (size_t l = 0; 2 * l < size_.size(); ++l) {
+      layer_max = std::max(layer_max, m_ * (chunk_[2 * l] + chunk_[2 * l + 1]));
+    }
+    gathered_.resize(layer_max);
+    staged_.resize(layer_max);
+    weight_.resize(layer_max);
+    bias_.resize(layer_max);
+    mine_.resize(layer_max / m_);
+    hooks_.before = [this](int layer, bool) { return GatherLayer(layer); };
+    hooks_.after_backward = [this](int layer) { return StepLayer(layer); };
+    return absl::OkStatus();
+  }
+
+  Mode mode() const override { return Mode::kFsdp; }
+
+  absl::Status Load(const ModelState& state, int64_t step) override {
+    RETURN_IF_ERROR(CheckState(state, ctx_.mlp, ctx_.optimizer));
+    for (size_t i = 0; i < size_.size(); ++i) {
+      Slice(state.params[i], i, &own_[i]);
+      for (size_t k = 0; k < slots_[i].size(); ++k) Slice(state.slots[i][k], i, &slots_[i][k]);
+    }
+    updates_ = state.updates;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
+    ModelState state;
+    state.updates = updates_;
+    state.slots.resize(size_.size());
+    for (size_t i = 0; i < size_.size(); ++i) {
+      ASSIGN_OR_RETURN(std::vector<float> p, Unslice(own_[i], i));
+      state.params.push_back(std::move(p));
+      for (size_t k = 0; with_slots && k < slots_[i].size(); ++k) {
+        ASSIGN_OR_RETURN(std::vector<float> s, Unslice(slots_[i][k], i));
+        state.slots[i].push_back(std::move(s));
+      }
+    }
+    return state;
+  }
+
+  absl::StatusOr<float> Step(int64_t step) override {
+    BatchAt(batches_.get(), step, &batch_);
+    update_ = updates_ + 1;
+    ASSIGN_OR_RETURN(model::StepResult r,
+                     mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size, &hooks_));
+    updates_ = update_;
+    return r.loss;
+  }
+
+  std::vector<std::pair<std::string, double>> Figures() const override {
+    size_t own = 0;
+    for (size_t i = 0; i < size_.size(); ++i) own += chunk_[i] * (1 + slots_[i].size());
+    // Host state: the own shards with their slots, plus the one-layer gather/gradient
+    // buffers; the backend holds one layer's parameters and gradients.
+    const double held = (own + gathered_.size() * 5 + mine_.size()) * sizeof(float);
+    return {{"fsdp_state_bytes", static_cast<double>(own * sizeof(float))},
+            {"fsdp_held_bytes", held},
+            {"replica_state_bytes", static_cast<double>(full_bytes_)}};
+  }
+
+ private:
+  // Rank r's share of tensor i, padded with zeros.
+  void Slice(const std::vector<float>& full, size_t i, std::vector<float>* out) const {
+    const size_t begin = std::min(size_[i], ctx_.rank * chunk_[i]);
+    const size_t end = std::min(size_[i], begin + chunk_[i]);
+    std::fill(out->begin(), out->end(), 0.0f);
+    std::copy(full.begin() + begin, full.begin() + end, out->begin());
+  }
+
+  absl::StatusOr<std::vector<float>> Unslice(const std::vector<float>& own, size_t i) {
+    std::vector<float> all(chunk_[i] * m_);
+    RETURN_IF_ERROR(ctx_.comm->AllGather(own, absl::MakeSpan(all)));
+    all.resize(size_[i]);
+    return all;
+  }
+
+  // Layer l's weight and bias from every owner, into the model's one layer buffer.
+  absl::Status GatherLayer(int layer) {
+    const size_t w = 2 * layer, b = w + 1, block = chunk_[w] + chunk_[b];
+    std::copy(own_[w].begin(), own_[w].end(), mine_.begin());
+    std::copy(own_[b].begin(), own_[b].end(), mine_.begin() + chunk_[w]);
+    RETURN_IF_ERROR(ctx_.comm->AllGather(absl::MakeConstSpan(mine_.data(), block),
+                                         absl::MakeSpan(gathered_.data(), block * m_)));
+    for (size_t r = 0; r < m_; ++r) {
+      const float* from = gathered_.data() + r * block;
+      std::copy(from, from + chunk_[w], weight_.begin() + r * chunk_[w]);
+      std::copy(from + chunk_[w], from + block, bias_.begin() + r * chunk_[b]);
+    }
+    mlp_->SetParam(w, weight_.data());
+    mlp_->SetParam(b, bias_.data());
+    return absl::OkStatus();
+  }
+
+  // Layer l's gradient: reduce-scatter to the owners, who step their share at once.
+  absl::Status StepLayer(int layer) {
+    const size_t w = 2 * layer, b = w + 1, block = chunk_[w] + chunk_[b];
+    std::fill(weight_.begin(), weight_.begin() + chunk_[w] * m_, 0.0f);
+    std::fill(bias_.begin(), bias_.begin() + chunk_[b] * m_, 0.0f);
+    mlp_->GetGrad(w, weight_.data());
+    mlp_->GetGrad(b, bias_.data());
+    for (size_t r = 0; r < m_; ++r) {
+      float* to = staged_.data() + r * block;
+      std::copy_n(weight_.begin() + r * chunk_[w], chunk_[w], to);
+      std::copy_n(bias_.begin() + r * chunk_[b], chunk_[b], to + chunk_[w]);
+    }
+    RETURN_IF_ERROR(ctx_.comm->ReduceScatterSum(absl::MakeConstSpan(staged_.data(), block * m_),
+                                                absl::MakeSpan(mine_.data(), block)));
+    const float scale = 1.0f / m_;  // the mean of the workers' gradients
+    for (size_t k = 0; k < block; ++k) mine_[k] *= scale;
+    for (size_t i : {w, b}) {
+      const size_t begin = std::min(size_[i], ctx_.rank * chunk_[i]);
+      const size_t n = std::min(size_[i], begin + chunk_[i]) - begin;  // the real elements
+      std::vector<float*> slots;
+      for (auto& s : slots_[i]) slots.push_back(s.data());
+      ApplyOptimizer(*ctx_.optimizer, own_[i].data(), mine_.data() + (i == w ? 0 : chunk_[w]),
+                     slots, n, update_);
+    }
+    return absl::OkStatus();
+  }
+
+  const PlacementContext ctx_;
+  const size_t m_;  // workers
+  std::unique_ptr<model::Mlp> mlp_;
+  std::unique_ptr<data::BatchIterator> batches_;
+  data::Batch batch_;
+  model::LayerHooks hooks_;
+  std::vector<size_t> size_, chunk_;                    // per tensor: elements, share per worker
+  std::vector<std::vector<float>> own_;                 // per tensor: this worker's share
+  std::vector<std::vector<std::vector<float>>> slots_;  // per tensor, per slot: its share
+  std::vector<float> gathered_, staged_, weight_, bias_, mine_;  // one layer's worth each
+  int64_t updates_ = 0, update_ = 0;
+  size_t full_bytes_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Placement>> MakeFsdpPlacement(const PlacementContext& ctx) {
+  auto p = std::make_unique<FsdpPlacement>(ctx);
+  RETURN_IF_ERROR(p->Init());
+  return std::unique_ptr<Placement>(std::move(p));
+}
+
+}  // namespace pscluster::modes::internal

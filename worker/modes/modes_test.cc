@@ -1,0 +1,142 @@
+// The collective modes against the single-process reference, with ranks as threads (real
+// Gloo over loopback, in-memory rendezvous): from the same initial state and the same
+// global batches, 1 and 10 steps of ALLREDUCE, FSDP and PIPELINE give the reference's
+// parameters within float tolerance; a switch round trip keeps the whole state (optimizer
+// slots and update count included) bitwise; and a run that switches between modes every
+// few steps matches the reference too. (PS mode and switches through the shards:
+// tests/modes_switch_test.cc, with real ps_server processes.)
+#include "worker/modes/mode_testing.h"
+
+namespace pscluster::modes {
+namespace {
+
+using testing::Data;
+using testing::ExpectNear;
+using testing::kBatch;
+using testing::OnRanks;
+using testing::Options;
+using testing::Reference;
+
+struct Case {
+  Mode mode;
+  int world;
+};
+
+class ModeEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+// Momentum SGD: a linear update, so summation-order rounding stays at float epsilon.
+TEST_P(ModeEquivalenceTest, OneAndTenStepsMatchTheSingleProcessReference) {
+  const Case c = GetParam();
+  auto options = [&](int r) { return Options(c.mode, r, c.world, ps::OptimizerConfig::MOMENTUM); };
+  const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
+  OnRanks(c.world, options, [&](int r, Trainer& t) {
+    ASSERT_EQ(t.mode(), c.mode);
+    for (int64_t step = 0; step < 10; ++step) {
+      auto loss = t.Step(step);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE(std::isfinite(*loss));
+      if (step == 0) {
+        auto state = t.State(1);
+        ASSERT_TRUE(state.ok()) << state.status();
+        ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"));
+      }
+    }
+    auto state = t.State(10);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ModeEquivalenceTest,
+                         ::testing::Values(Case{Mode::kAllReduce, 2}, Case{Mode::kFsdp, 2},
+                                           Case{Mode::kFsdp, 3}, Case{Mode::kPipeline, 1},
+                                           Case{Mode::kPipeline, 2}, Case{Mode::kPipeline, 3}),
+                         [](const auto& info) {
+                           return absl::StrCat(ModeName(info.param.mode), "_", info.param.world,
+                                               "_workers");
+                         });
+
+TEST(ModeSwitchTest, RoundTripThroughEveryCollectiveModeKeepsTheStateBitwise) {
+  auto options = [](int r) { return Options(Mode::kAllReduce, r, 2, ps::OptimizerConfig::ADAM); };
+  OnRanks(2, options, [&](int r, Trainer& t) {
+    for (int64_t step = 0; step < 3; ++step) ASSERT_TRUE(t.Step(step).ok());
+    auto before = t.State(3);
+    ASSERT_TRUE(before.ok());
+    ASSERT_EQ(before->slots[0].size(), 2u);  // Adam's m and v
+    for (Mode m : {Mode::kFsdp, Mode::kPipeline, Mode::kAllReduce}) {
+      absl::Status s = t.SwitchTo(m, 3);
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_EQ(t.mode(), m);
+      auto now = t.State(3);
+      ASSERT_TRUE(now.ok()) << now.status();
+      ExpectNear(*now, *before, 0.0f, absl::StrCat("rank ", r, " in ", ModeName(m)));
+    }
+  });
+}
+
+TEST(ModeSwitchTest, RunSwitchingEveryThreeStepsMatchesTheReference) {
+  auto options = [](int r) {
+    return Options(Mode::kAllReduce, r, 2, ps::OptimizerConfig::MOMENTUM);
+  };
+  const ModelState want = Reference(options(0), 12);
+  OnRanks(2, options, [&](int r, Trainer& t) {
+    const Mode order[] = {Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline, Mode::kAllReduce};
+    for (int64_t step = 0; step < 12; ++step) {
+      if (step % 3 == 0 && step > 0) ASSERT_TRUE(t.SwitchTo(order[step / 3], step).ok());
+      ASSERT_TRUE(t.Step(step).ok()) << "step " << step;
+    }
+    auto got = t.State(12);
+    ASSERT_TRUE(got.ok());
+    ExpectNear(*got, want, 2e-6f, absl::StrCat("rank ", r));
+  });
+}
+
+TEST(ModeSwitchTest, AdamRunsAgreeAcrossModesWithinTolerance) {
+  for (Mode m : {Mode::kFsdp, Mode::kPipeline}) {
+    auto options = [m](int r) { return Options(m, r, 2, ps::OptimizerConfig::ADAM); };
+    const ModelState want = Reference(options(0), 10);
+    OnRanks(2, options, [&](int r, Trainer& t) {
+      for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(t.Step(step).ok());
+      auto got = t.State(10);
+      ASSERT_TRUE(got.ok());
+      // Adam divides by sqrt(v): rounding of near-zero gradients moves an element by up
+      // to a fraction of the learning rate, so the bound is looser than for momentum.
+      ExpectNear(*got, want, 2e-4f, absl::StrCat(ModeName(m), " rank ", r));
+    });
+  }
+}
+
+TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) {
+  gloo::rendezvous::HashStore store;
+  TrainerOptions o = Options(Mode::kPipeline, 0, 1, ps::OptimizerConfig::SGD);
+  o.micro_batches = 3;  // does not divide 8
+  o.connect = [&](const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+    return collective::CreateGlooCommunicator(&store, collective::GlooOptions{0, 1});
+  };
+  auto t = Trainer::Create(o, &Data(), nullptr, compute::MakeCpuBackend(1));
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("micro_batches"), std::string::npos) << t.status();
+  // Two stages of a one-layer model, straight through the placement.
+  o.mlp.layers = {12, 3};
+  gloo::rendezvous::HashStore store2;
+  PlacementContext ctx;
+  ctx.mlp = o.mlp;
+  ctx.world = 2;
+  ctx.batch_size = kBatch;
+  ctx.train = &Data();
+  auto backend = compute::MakeCpuBackend(1);
+  ctx.backend = backend.get();
+  auto opt = *ps::MakeOptimizer(o.optimizer);
+  ctx.optimizer = opt.get();
+  auto comm = *collective::CreateGlooCommunicator(&store2, collective::GlooOptions{0, 1});
+  ctx.comm = comm.get();
+  auto p = MakePlacement(Mode::kPipeline, ctx);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(p.status().message().find("at least one layer per worker"), std::string::npos)
+      << p.status();
+  EXPECT_EQ(MakePlacement(Mode::kPs, ctx).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ParseMode("zero").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pscluster::modes

@@ -1,0 +1,252 @@
+// PIPELINE: worker k of K owns layers [k*L/K, (k+1)*L/K) with their optimizer state. The
+// global batch of a step (world * batch_size examples, the union of the data-parallel
+// ranks' batches) is cut into M micro-batches that run in the 1F1B schedule (Narayanan et
+// al. 2021 / Megatron-LM): stage k first runs K-k-1 forwards, then alternates one forward
+// and one backward, then drains the remaining backwards. Activations go forward and
+// gradients backward with paired send/recv (both posted before waiting, so neighbours
+// never deadlock). Gradients accumulate over the micro-batches (each scaled by 1/M, so
+// the sum is the gradient of the global batch's mean loss) and each stage steps at the end.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "worker/modes/placement_internal.h"
+
+namespace pscluster::modes::internal {
+namespace {
+
+// Contiguous stages of the layers that minimise the largest stage's cost (multiply-adds per
+// example, in * out per layer): stage s owns layers [first[s], first[s + 1]).
+std::vector<int> BalancedStages(const std::vector<int>& widths, int stages) {
+  const int layers = static_cast<int>(widths.size()) - 1;
+  std::vector<double> prefix(layers + 1, 0);
+  for (int i = 0; i < layers; ++i)
+    prefix[i + 1] = prefix[i] + double{1} * widths[i] * widths[i + 1];
+  // best[s][j]: the smallest largest-stage cost of layers [0, j) in s stages; cut[s][j]: where
+  // the last of them starts.
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, inf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(layers + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int j = s; j <= layers; ++j) {
+      for (int i = s - 1; i < j; ++i) {
+        const double cost = std::max(best[s - 1][i], prefix[j] - prefix[i]);
+        if (cost < best[s][j]) best[s][j] = cost, cut[s][j] = i;
+      }
+    }
+  }
+  std::vector<int> first(stages + 1, layers);
+  for (int s = stages, j = layers; s > 0; --s) j = first[s - 1] = cut[s][j];
+  return first;
+}
+
+class PipelinePlacement final : public Placement {
+ public:
+  explicit PipelinePlacement(const PlacementContext& ctx)
+      : ctx_(ctx), k_(ctx.rank), stages_(ctx.world), micro_(ctx.micro_batches) {}
+
+  absl::Status Init() {
+    if (ctx_.comm == nullptr || ctx_.optimizer == nullptr) {
+      return absl::FailedPreconditionError("pipeline mode needs a communicator and an optimizer");
+    }
+    const int layers = static_cast<int>(ctx_.mlp.layers.size()) - 1;
+    if (stages_ > layers) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pipeline mode needs at least one layer per worker: ", layers, " layers, ",
+                       stages_, " workers"));
+    }
+    const int global = ctx_.world * ctx_.batch_size;
+    if (micro_ < 1 || global % micro_ != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--micro_batches=", micro_, " must divide the global batch of ", global, " examples"));
+    }
+    rows_ = global / micro_;
+    first_of_ = BalancedStages(ctx_.mlp.layers, stages_);
+    model::MlpOptions stage = ctx_.mlp;
+    stage.first_layer = first_of_[k_];
+    stage.end_layer = first_of_[k_ + 1];
+    stage.slots = std::min(micro_, stages_ - k_);  // micro-batches in flight on this stage
+    ASSIGN_OR_RETURN(mlp_, model::Mlp::Create(ctx_.backend, stage, rows_));
+    // One rank's view of the whole global batch: the data-parallel ranks' batches in order.
+    ASSIGN_OR_RETURN(auto batches,
+                     data::BatchIterator::Create(ctx_.train, 0, 1, global, ctx_.seed));
+    batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
+    in_.resize(static_cast<size_t>(rows_) * mlp_->input_width());
+    dx_.resize(in_.size());
+    out_.resize(static_cast<size_t>(rows_) * mlp_->output_width());
+    dout_.resize(out_.size());
+    return absl::OkStatus();
+  }
+
+  Mode mode() const override { return Mode::kPipeline; }
+
+  absl::Status Load(const ModelState& state, int64_t step) override {
+    RETURN_IF_ERROR(CheckState(state, ctx_.mlp, ctx_.optimizer));
+    params_.clear();
+    slots_.clear();
+    for (int i = 2 * first_of_[k_]; i < 2 * first_of_[k_ + 1]; ++i) {
+      params_.push_back(state.params[i]);
+      slots_.push_back(state.slots[i]);
+      mlp_->SetParam(params_.size() - 1, params_.back().data());
+    }
+    updates_ = state.updates;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
+    ModelState state;
+    state.updates = updates_;
+    const int tensors = 2 * first_of_.back();
+    for (int i = 0; i < tensors; ++i) {  // each tensor broadcast by the stage that owns it
+      const int owner = static_cast<int>(
+          std::upper_bound(first_of_.begin(), first_of_.end(), i / 2) - first_of_.begin() - 1);
+      const bool mine = owner == k_;
+      const size_t local = i - 2 * first_of_[k_];
+      std::vector<float> p =
+          mine ? params_[local] : std::vector<float>(TableFor(ctx_.mlp, i, {}, {}, 0).size());
+      RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(p), owner));
+      state.params.push_back(std::move(p));
+      std::vector<std::vector<float>> slots(with_slots ? ctx_.optimizer->num_slots() : 0);
+      for (size_t s = 0; s < slots.size(); ++s) {
+        slots[s] = mine ? slots_[local][s] : std::vector<float>(state.params.back().size());
+        RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(slots[s]), owner));
+      }
+      state.slots.push_back(std::move(slots));
+    }
+    return state;
+  }
+
+  absl::StatusOr<float> Step(int64_t step) override {
+    const absl::Time start = absl::Now();
+    busy_ = absl::ZeroDuration();
+    if (first() || last()) BatchAt(batches_.get(), step, &batch_);
+    mlp_->ZeroGrads();
+    loss_ = 0;
+    // 1F1B (Megatron-LM's schedule without interleaving).
+    const int warmup = std::min(stages_ - k_ - 1, micro_), steady = micro_ - warmup;
+    for (int m = 0; m < warmup; ++m) {
+      RETURN_IF_ERROR(Exchange(nullptr, kNone, 0, kForward, m));
+      RETURN_IF_ERROR(Forward(m));
+      RETURN_IF_ERROR(Exchange(&out_, kForward, m, kNone, 0));
+    }
+    if (steady > 0) RETURN_IF_ERROR(Exchange(nullptr, kNone, 0, kForward, warmup));
+    for (int i = 0; i < steady; ++i) {
+      const int mf = warmup + i;
+      RETURN_IF_ERROR(Forward(mf));
+      RETURN_IF_ERROR(Exchange(&out_, kForward, mf, kBackward, i));  // out, gradient of i back
+      RETURN_IF_ERROR(Backward(i));
+      if (i + 1 == steady) {
+        RETURN_IF_ERROR(Exchange(&dx_, kBackward, i, kNone, 0));
+      } else {
+        RETURN_IF_ERROR(Exchange(&dx_, kBackward, i, kForward, mf + 1));  // dx, next input
+      }
+    }
+    for (int m = steady; m < micro_; ++m) {
+      RETURN_IF_ERROR(Exchange(nullptr, kNone, 0, kBackward, m));
+      RETURN_IF_ERROR(Backward(m));
+      RETURN_IF_ERROR(Exchange(&dx_, kBackward, m, kNone, 0));
+    }
+    const absl::Time t0 = absl::Now();
+    ++updates_;
+    std::vector<float> grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      grad.resize(params_[i].size());
+      mlp_->GetGrad(i, grad.data());
+      std::vector<float*> slots;
+      for (auto& s : slots_[i]) slots.push_back(s.data());
+      ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots, params_[i].size(),
+                     updates_);
+      mlp_->SetParam(i, params_[i].data());
+    }
+    busy_ += absl::Now() - t0;
+    // Every stage reports the global batch's loss, which only the last stage computed.
+    float loss = static_cast<float>(loss_);
+    RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1));
+    step_time_ += absl::Now() - start;
+    busy_time_ += busy_;
+    return loss;
+  }
+
+  std::vector<std::pair<std::string, double>> Figures() const override {
+    const double step = absl::ToDoubleSeconds(step_time_);
+    return {{"pipeline_stages", static_cast<double>(stages_)},
+            {"pipeline_micro_batches", static_cast<double>(micro_)},
+            // Idle share of this stage's step time (waiting on its neighbours).
+            {"pipeline_bubble", step > 0 ? 1 - absl::ToDoubleSeconds(busy_time_) / step : 0},
+            {"pipeline_bubble_ideal", static_cast<double>(stages_ - 1) / (micro_ + stages_ - 1)}};
+  }
+
+ private:
+  enum Direction { kNone, kForward, kBackward };
+
+  bool first() const { return k_ == 0; }
+  bool last() const { return k_ + 1 == stages_; }
+  int slot(int m) const { return m % std::min(micro_, stages_ - k_); }
+
+  // Posts the send of micro-batch sm (kForward: its output to the next stage; kBackward:
+  // its input gradient to the previous one) and the receive for micro-batch rm (kForward:
+  // its input; kBackward: its output gradient) together. A side whose neighbour does not
+  // exist (the first/last stage) is dropped.
+  absl::Status Exchange(const std::vector<float>* send, Direction send_dir, int sm,
+                        Direction recv_dir, int rm) {
+    const bool do_send = send_dir != kNone && (send_dir == kForward ? !last() : !first());
+    const bool do_recv = recv_dir == kForward ? !first() : (recv_dir == kBackward && !last());
+    const int to = send_dir == kForward ? k_ + 1 : k_ - 1;
+    const int from = recv_dir == kForward ? k_ - 1 : k_ + 1;
+    const int send_tag = 2 * sm + (send_dir == kBackward),
+              recv_tag = 2 * rm + (recv_dir == kBackward);
+    std::vector<float>& in = recv_dir == kForward ? in_ : dout_;
+    if (do_send && do_recv) {
+      return ctx_.comm->SendRecv(*send, to, send_tag, absl::MakeSpan(in), from, recv_tag);
+    }
+    if (do_send) return ctx_.comm->Send(*send, to, send_tag);
+    if (do_recv) return ctx_.comm->Recv(absl::MakeSpan(in), from, recv_tag);
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(int m) {
+    const absl::Time t0 = absl::Now();
+    const float* x = first() ? batch_.x.data() + static_cast<size_t>(m) * rows_ * ctx_.mlp.layers[0]
+                             : in_.data();
+    RETURN_IF_ERROR(mlp_->StageForward(slot(m), x, rows_, out_.data()));
+    busy_ += absl::Now() - t0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(int m) {
+    const absl::Time t0 = absl::Now();
+    const int32_t* labels = last() ? batch_.y.data() + static_cast<size_t>(m) * rows_ : nullptr;
+    ASSIGN_OR_RETURN(model::StepResult r,
+                     mlp_->StageBackward(slot(m), labels, last() ? nullptr : dout_.data(), rows_,
+                                         1.0f / micro_, dx_.data()));
+    loss_ += r.loss / micro_;
+    busy_ += absl::Now() - t0;
+    return absl::OkStatus();
+  }
+
+  const PlacementContext ctx_;
+  const int k_, stages_, micro_;
+  int rows_ = 0;               // examples per micro-batch
+  std::vector<int> first_of_;  // stage s owns layers [first_of_[s], first_of_[s + 1])
+  std::unique_ptr<model::Mlp> mlp_;
+  std::unique_ptr<data::BatchIterator> batches_;
+  data::Batch batch_;
+  std::vector<std::vector<float>> params_;              // this stage's tensors
+  std::vector<std::vector<std::vector<float>>> slots_;  // and their optimizer slots
+  std::vector<float> in_, dx_, out_, dout_;             // one micro-batch each
+  int64_t updates_ = 0;
+  double loss_ = 0;
+  absl::Duration busy_, busy_time_, step_time_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Placement>> MakePipelinePlacement(const PlacementContext& ctx) {
+  auto p = std::make_unique<PipelinePlacement>(ctx);
+  RETURN_IF_ERROR(p->Init());
+  return std::unique_ptr<Placement>(std::move(p));
+}
+
+}  // namespace pscluster::modes::internal

@@ -1,0 +1,296 @@
+// PS and ALLREDUCE placements, and what every placement shares.
+#include "worker/modes/placement.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/concurrent.h"
+#include "common/status_macros.h"
+#include "server/ps/initializer.h"
+#include "server/ps/table.h"
+#include "worker/modes/placement_internal.h"
+
+namespace pscluster::modes {
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kPs:
+      return "ps";
+    case Mode::kAllReduce:
+      return "allreduce";
+    case Mode::kFsdp:
+      return "fsdp";
+    case Mode::kPipeline:
+      return "pipeline";
+  }
+  return "?";
+}
+
+absl::StatusOr<Mode> ParseMode(absl::string_view name) {
+  for (Mode m : {Mode::kPs, Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline}) {
+    if (name == ModeName(m)) return m;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("mode '", name, "' is unknown; use ps, allreduce, fsdp or pipeline"));
+}
+
+ps::TableSpec TableFor(const model::MlpOptions& mlp, int param, const ps::OptimizerConfig& opt,
+                       const ps::ConsistencyConfig& consistency, uint64_t seed) {
+  const int layer = param / 2, in = mlp.layers[layer], out = mlp.layers[layer + 1];
+  ps::TableSpec spec;
+  spec.set_table_id(1 + param);
+  spec.set_name(absl::StrCat("fc", layer, param % 2 == 0 ? ".weight" : ".bias"));
+  spec.set_size(param % 2 == 0 ? static_cast<uint64_t>(in) * out : out);
+  *spec.mutable_optimizer() = opt;
+  *spec.mutable_consistency() = consistency;
+  if (param % 2 == 0) {  // weights: Glorot uniform, seeded per tensor; biases: zero
+    spec.mutable_initializer()->set_kind(ps::InitializerConfig::UNIFORM);
+    spec.mutable_initializer()->set_scale(std::sqrt(6.0f / (in + out)));
+    spec.mutable_initializer()->set_seed(seed * 1000 + param);
+  }
+  return spec;
+}
+
+ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const ps::Optimizer& opt) {
+  ModelState state;
+  const int params = 2 * (static_cast<int>(mlp.layers.size()) - 1);
+  for (int i = 0; i < params; ++i) {
+    const ps::TableSpec spec = TableFor(mlp, i, {}, {}, seed);
+    std::vector<float> values(spec.size(), 0.0f);
+    if (spec.has_initializer()) ps::InitDense(spec.initializer(), 0, absl::MakeSpan(values));
+    std::vector<std::vector<float>> slots;
+    for (int k = 0; k < opt.num_slots(); ++k) {
+      slots.emplace_back(values.size(), opt.slot_initial_value(k));
+    }
+    state.params.push_back(std::move(values));
+    state.slots.push_back(std::move(slots));
+  }
+  return state;
+}
+
+namespace internal {
+
+absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
+                        const ps::Optimizer* opt) {
+  const size_t params = 2 * (mlp.layers.size() - 1);
+  if (state.params.size() != params || state.slots.size() != params) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the state holds ", state.params.size(), " tensors, the model ", params));
+  }
+  for (size_t i = 0; i < params; ++i) {
+    const size_t n = TableFor(mlp, i, {}, {}, 0).size();
+    if (state.params[i].size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, " holds ", state.params[i].size(), " floats, not ", n));
+    }
+    if (opt != nullptr && state.slots[i].size() != static_cast<size_t>(opt->num_slots())) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has ", state.slots[i].size(),
+                                                     " optimizer slots, the optimizer ",
+                                                     opt->num_slots()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g, std::vector<float*> slots,
+                    size_t n, int64_t update) {
+  opt.Apply(w, g, slots.empty() ? nullptr : slots.data(), n, update);
+}
+
+absl::StatusOr<data::BatchIterator> DataParallelBatches(const PlacementContext& ctx) {
+  return data::BatchIterator::Create(ctx.train, ctx.rank, ctx.world, ctx.batch_size, ctx.seed);
+}
+
+void BatchAt(data::BatchIterator* it, int64_t step, data::Batch* out) {
+  const int64_t per_epoch = it->batches_per_epoch();
+  (void)it->Seek({step / per_epoch, step % per_epoch});  // in range by construction
+  it->Next(out);
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::BatchAt;
+
+// PS: the shards hold the state; every step pulls, computes and pushes.
+class PsPlacement final : public Placement {
+ public:
+  static absl::StatusOr<std::unique_ptr<Placement>> Create(const PlacementContext& ctx) {
+    if (ctx.ps == nullptr) {
+      return absl::FailedPreconditionError("ps mode needs parameter-server shards");
+    }
+    auto p = std::unique_ptr<PsPlacement>(new PsPlacement(ctx));
+    ASSIGN_OR_RETURN(p->mlp_, model::Mlp::Create(ctx.backend, ctx.mlp, ctx.batch_size));
+    ASSIGN_OR_RETURN(auto batches, internal::DataParallelBatches(ctx));
+    p->batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
+    for (const auto& param : p->mlp_->params()) p->host_.emplace_back(param.size);
+    return std::unique_ptr<Placement>(std::move(p));
+  }
+
+  Mode mode() const override { return Mode::kPs; }
+
+  absl::Status Load(const ModelState& state, int64_t step) override {
+    RETURN_IF_ERROR(internal::CheckState(state, ctx_.mlp, nullptr));
+    if (ctx_.rank == 0) {  // one writer; the tables then stand at `step`
+      RETURN_IF_ERROR(RunConcurrently(state.params.size(), [&](int i) {
+        std::vector<absl::Span<const float>> slots;
+        for (const auto& s : state.slots[i]) slots.emplace_back(s);
+        return ctx_.ps->ImportDense(1 + i, step, state.updates, state.params[i], slots);
+      }));
+    }
+    // Nobody pulls step `step` before the import landed.
+    return ctx_.comm != nullptr ? ctx_.comm->Barrier() : absl::OkStatus();
+  }
+
+  absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
+    ModelState state;
+    state.params = host_;
+    state.slots.resize(host_.size());
+    if (!with_slots) {
+      RETURN_IF_ERROR(Pull(step));
+      state.params = host_;
+      return state;
+    }
+    std::vector<int64_t> updates(host_.size());
+    RETURN_IF_ERROR(RunConcurrently(host_.size(), [&](int i) -> absl::Status {
+      ASSIGN_OR_RETURN(ps::TableSpec spec, Spec(i));
+      ASSIGN_OR_RETURN(auto opt, ps::MakeOptimizer(spec.optimizer()));
+      state.slots[i].assign(opt->num_slots(), std::vector<float>(host_[i].size()));
+      std::vector<absl::Span<float>> slots;
+      for (auto& s : state.slots[i]) slots.emplace_back(absl::MakeSpan(s));
+      return ctx_.ps->ExportDense(1 + i, step, absl::MakeSpan(state.params[i]), slots, &updates[i]);
+    }));
+    state.updates = updates[0];
+    return state;
+  }
+
+  absl::StatusOr<float> Step(int64_t step) override {
+    RETURN_IF_ERROR(Pull(step));
+    BatchAt(batches_.get(), step, &batch_);
+    ASSIGN_OR_RETURN(model::StepResult r,
+                     mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size));
+    const float scale = 1.0f / ctx_.world;  // the shards sum the workers' gradients
+    for (size_t i = 0; i < host_.size(); ++i) {
+      mlp_->GetGrad(i, host_[i].data());
+      for (float& g : host_[i]) g *= scale;
+    }
+    RETURN_IF_ERROR(RunConcurrently(
+        host_.size(), [&](int i) { return ctx_.ps->PushDense(1 + i, step, host_[i]); }));
+    return r.loss;
+  }
+
+ private:
+  explicit PsPlacement(const PlacementContext& ctx) : ctx_(ctx) {}
+
+  absl::Status Pull(int64_t step) {
+    RETURN_IF_ERROR(RunConcurrently(host_.size(), [&](int i) {
+      return ctx_.ps->PullDense(1 + i, step, absl::MakeSpan(host_[i]));
+    }));
+    for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ps::TableSpec> Spec(int i) {
+    ASSIGN_OR_RETURN(std::vector<ps::TableInfo> info, ctx_.ps->DescribeTable(1 + i));
+    if (info.empty()) return absl::NotFoundError(absl::StrCat("table ", 1 + i, " has no shards"));
+    return info[0].spec();
+  }
+
+  const PlacementContext ctx_;
+  std::unique_ptr<model::Mlp> mlp_;
+  std::unique_ptr<data::BatchIterator> batches_;
+  data::Batch batch_;
+  std::vector<std::vector<float>> host_;  // per parameter: pulled values, then gradients
+};
+
+// ALLREDUCE: a replica per worker; one flat all-reduce of the gradients per step.
+class AllReducePlacement final : public Placement {
+ public:
+  static absl::StatusOr<std::unique_ptr<Placement>> Create(const PlacementContext& ctx) {
+    if (ctx.comm == nullptr || ctx.optimizer == nullptr) {
+      return absl::FailedPreconditionError("allreduce mode needs a communicator and an optimizer");
+    }
+    auto p = std::unique_ptr<AllReducePlacement>(new AllReducePlacement(ctx));
+    ASSIGN_OR_RETURN(p->mlp_, model::Mlp::Create(ctx.backend, ctx.mlp, ctx.batch_size));
+    ASSIGN_OR_RETURN(auto batches, internal::DataParallelBatches(ctx));
+    p->batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
+    return std::unique_ptr<Placement>(std::move(p));
+  }
+
+  Mode mode() const override { return Mode::kAllReduce; }
+
+  absl::Status Load(const ModelState& state, int64_t step) override {
+    RETURN_IF_ERROR(internal::CheckState(state, ctx_.mlp, ctx_.optimizer));
+    state_ = state;
+    size_t total = 0;
+    for (size_t i = 0; i < state_.params.size(); ++i) {
+      mlp_->SetParam(i, state_.params[i].data());
+      total += state_.params[i].size();
+    }
+    flat_.resize(total);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
+    if (with_slots) return state_;
+    ModelState params;
+    params.params = state_.params;
+    params.slots.resize(state_.params.size());
+    params.updates = state_.updates;
+    return params;
+  }
+
+  absl::StatusOr<float> Step(int64_t step) override {
+    BatchAt(batches_.get(), step, &batch_);
+    ASSIGN_OR_RETURN(model::StepResult r,
+                     mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size));
+    size_t at = 0;
+    for (size_t i = 0; i < state_.params.size(); ++i) {
+      mlp_->GetGrad(i, flat_.data() + at);
+      at += state_.params[i].size();
+    }
+    RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(flat_)));
+    const float scale = 1.0f / ctx_.world;  // the mean of the workers' gradients
+    for (float& g : flat_) g *= scale;
+    ++state_.updates;
+    at = 0;
+    for (size_t i = 0; i < state_.params.size(); ++i) {
+      std::vector<float*> slots;
+      for (auto& s : state_.slots[i]) slots.push_back(s.data());
+      internal::ApplyOptimizer(*ctx_.optimizer, state_.params[i].data(), flat_.data() + at, slots,
+                               state_.params[i].size(), state_.updates);
+      mlp_->SetParam(i, state_.params[i].data());
+      at += state_.params[i].size();
+    }
+    return r.loss;
+  }
+
+ private:
+  explicit AllReducePlacement(const PlacementContext& ctx) : ctx_(ctx) {}
+
+  const PlacementContext ctx_;
+  std::unique_ptr<model::Mlp> mlp_;
+  std::unique_ptr<data::BatchIterator> batches_;
+  data::Batch batch_;
+  ModelState state_;         // the replica
+  std::vector<float> flat_;  // all gradients, for one all-reduce
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Placement>> MakePlacement(Mode mode, const PlacementContext& ctx) {
+  switch (mode) {
+    case Mode::kPs:
+      return PsPlacement::Create(ctx);
+    case Mode::kAllReduce:
+      return AllReducePlacement::Create(ctx);
+    case Mode::kFsdp:
+      return internal::MakeFsdpPlacement(ctx);
+    case Mode::kPipeline:
+      return internal::MakePipelinePlacement(ctx);
+  }
+  return absl::InvalidArgumentError("unknown mode");
+}
+
+}  // namespace pscluster::modes

@@ -1,0 +1,90 @@
+// The four ways a worker group trains the same model, as "placements" of its training
+// state (parameters, optimizer slots, update count) across workers and shards:
+//
+//   PS         the shards hold everything; workers pull, compute, push (BSP/SSP/ASP).
+//   ALLREDUCE  every worker holds a replica; gradients are averaged by an all-reduce.
+//   FSDP       worker r of M holds 1/M of every tensor and of its optimizer state; each
+//              layer is all-gathered before its forward and backward, its gradient
+//              reduce-scattered, and each worker steps its own shard.
+//   PIPELINE   worker k holds a contiguous stage of layers; the global batch runs as
+//              micro-batches in a 1F1B schedule, activations and gradients by send/recv.
+//
+// All of them see the same global batch per step (the union of the ranks' batches of the
+// data-parallel order), average the same gradient and apply the server's optimizer code
+// (server/ps/optimizer.h), so they compute the same training run up to float rounding.
+// A live switch gathers the full state on every worker (Gather) and hands it to the new
+// placement (Load) at a step boundary.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/ps.pb.h"
+#include "server/ps/optimizer.h"
+#include "worker/client/ps_client.h"
+#include "worker/collective/communicator.h"
+#include "worker/compute/backend.h"
+#include "worker/data/batches.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+
+namespace pscluster::modes {
+
+enum class Mode { kPs, kAllReduce, kFsdp, kPipeline };
+// "ps", "allreduce", "fsdp", "pipeline".
+const char* ModeName(Mode mode);
+absl::StatusOr<Mode> ParseMode(absl::string_view name);
+
+// The whole training state at a step boundary, in Mlp::params() order.
+struct ModelState {
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<std::vector<float>>> slots;  // [param][optimizer slot]
+  int64_t updates = 0;  // optimizer updates applied so far (Adam's bias correction, lr decay)
+};
+
+// The state every mode starts from: the PS tables' initializers (Glorot-uniform weights
+// seeded per tensor, zero biases) and the optimizer's initial slots.
+ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const ps::Optimizer& opt);
+
+// The PS tables of the model: table 1 + i holds Mlp::params()[i].
+ps::TableSpec TableFor(const model::MlpOptions& mlp, int param, const ps::OptimizerConfig& opt,
+                       const ps::ConsistencyConfig& consistency, uint64_t seed);
+
+// What a placement works with; owned by the caller and outliving the placement.
+struct PlacementContext {
+  model::MlpOptions mlp;
+  int rank = 0;
+  int world = 1;
+  int batch_size = 64;  // per worker; the global batch is world * batch_size
+  uint64_t seed = 1;
+  int micro_batches = 4;  // PIPELINE: micro-batches per global batch
+  const data::Dataset* train = nullptr;
+  compute::Backend* backend = nullptr;
+  collective::Communicator* comm = nullptr;  // collective modes (size() == world)
+  PsClient* ps = nullptr;                    // PS mode
+  const ps::Optimizer* optimizer = nullptr;  // collective modes (PS: the tables' own)
+};
+
+class Placement {
+ public:
+  virtual ~Placement() = default;
+  virtual Mode mode() const = 0;
+  // Takes over `state` (the same on every rank) as the state before step `step`.
+  virtual absl::Status Load(const ModelState& state, int64_t step) = 0;
+  // The whole state before step `step`, on every rank (collective: every rank calls it).
+  // Without slots: parameters only (for evaluation and checksums).
+  virtual absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) = 0;
+  // Trains step `step` on the global batch of that step; returns this worker's view of the
+  // training loss (data-parallel modes: of its own batch; PIPELINE: of the global batch).
+  virtual absl::StatusOr<float> Step(int64_t step) = 0;
+  // Mode-specific figures for the summary (e.g. "bubble": measured pipeline bubble).
+  virtual std::vector<std::pair<std::string, double>> Figures() const { return {}; }
+};
+
+absl::StatusOr<std::unique_ptr<Placement>> MakePlacement(Mode mode, const PlacementContext& ctx);
+
+}  // namespace pscluster::modes

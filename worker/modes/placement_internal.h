@@ -1,0 +1,27 @@
+// Pieces the placements share; not part of the modes' interface.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/modes/placement.h"
+
+namespace pscluster::modes::internal {
+
+// INVALID_ARGUMENT unless `state` has the model's tensors (and, given an optimizer, its
+// number of slots per tensor).
+absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
+                        const ps::Optimizer* opt);
+// One optimizer update of n elements (slots: one pointer per optimizer slot).
+void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g, std::vector<float*> slots,
+                    size_t n, int64_t update);
+// This rank's share of every global batch (the data-parallel order).
+absl::StatusOr<data::BatchIterator> DataParallelBatches(const PlacementContext& ctx);
+// The batch `it` serves at `step`.
+void BatchAt(data::BatchIterator* it, int64_t step, data::Batch* out);
+
+absl::StatusOr<std::unique_ptr<Placement>> MakeFsdpPlacement(const PlacementContext& ctx);
+absl::StatusOr<std::unique_ptr<Placement>> MakePipelinePlacement(const PlacementContext& ctx);
+
+}  // namespace pscluster::modes::internal

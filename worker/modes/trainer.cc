@@ -1,0 +1,366 @@
+#include "worker/modes/trainer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/concurrent.h"
+#include "common/crc32c.h"
+#include "common/status_macros.h"
+#include "server/ps/table.h"
+
+namespace pscluster::modes {
+namespace {
+
+std::string FormatEta(double seconds) {
+  int s = static_cast<int>(seconds);
+  return absl::StrCat(s / 60, "m", s % 60 < 10 ? "0" : "", s % 60, "s");
+}
+
+// Failures another process caused: a shard or a worker went away or stopped answering.
+bool PeerFailure(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kCancelled;
+}
+
+}  // namespace
+
+std::string Generation(const coord::ClusterView& view) {
+  std::string gen;
+  for (const auto& m : view.members()) {
+    absl::StrAppend(&gen, m.role() == coord::SHARD ? "s" : "w", m.id(), ".", m.incarnation(), "-");
+  }
+  return gen;
+}
+
+Trainer::Trainer(TrainerOptions options, const data::Dataset* train, const data::Dataset* test)
+    : options_(std::move(options)), train_(train), test_(test) {}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    TrainerOptions options, const data::Dataset* train, const data::Dataset* test,
+    std::unique_ptr<compute::Backend> backend) {
+  std::unique_ptr<Trainer> t(new Trainer(std::move(options), train, test));
+  const TrainerOptions& o = t->options_;
+  t->backend_ = std::move(backend);
+  ASSIGN_OR_RETURN(auto batches,
+                   data::BatchIterator::Create(train, o.rank, o.world, o.batch_size, o.seed));
+  t->per_epoch_ = batches.batches_per_epoch();
+  t->optimizer_config_ = o.optimizer;
+  if (o.lr_decay < 1.0f) {
+    // Tables count updates: one per step under BSP (and in every collective mode), one per
+    // worker push otherwise.
+    const int64_t updates = t->per_epoch_ * o.epochs *
+                            (o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world);
+    t->optimizer_config_.set_lr_decay_rate(o.lr_decay);
+    t->optimizer_config_.set_lr_decay_steps(std::max<int64_t>(1, updates));
+  }
+  ASSIGN_OR_RETURN(t->optimizer_, ps::MakeOptimizer(t->optimizer_config_));
+  std::vector<std::string> shards = o.shards;
+  if (o.coordinator != nullptr) {
+    ASSIGN_OR_RETURN(t->view_, o.coordinator->AwaitView(0, /*complete=*/true, o.recovery_timeout));
+    shards.assign(t->view_.shard_addresses().begin(), t->view_.shard_addresses().end());
+  }
+  if (!shards.empty()) {
+    RETURN_IF_ERROR(t->Connect(shards));
+    RETURN_IF_ERROR(t->CreateTables());
+    RETURN_IF_ERROR(t->client_->AwaitWorkers(o.world, o.rpc_timeout));
+  }
+  ASSIGN_OR_RETURN(t->start_step_, t->Start());
+  return t;
+}
+
+absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
+  PsClientOptions co;
+  co.shard_addresses = shards;
+  co.worker_id = options_.rank;
+  co.rpc_timeout = options_.rpc_timeout;
+  ASSIGN_OR_RETURN(client_, PsClient::Create(co));
+  return client_->RegisterWorker();
+}
+
+absl::Status Trainer::CreateTables() {  // idempotent across workers
+  for (size_t i = 0; i < 2 * (options_.mlp.layers.size() - 1); ++i) {
+    RETURN_IF_ERROR(client_->CreateTable(
+        TableFor(options_.mlp, i, optimizer_config_, options_.consistency, options_.seed)));
+  }
+  return absl::OkStatus();
+}
+
+PlacementContext Trainer::Context() const {
+  PlacementContext c;
+  c.mlp = options_.mlp;
+  c.rank = options_.rank;
+  c.world = options_.world;
+  c.batch_size = options_.batch_size;
+  c.seed = options_.seed;
+  c.micro_batches = options_.micro_batches;
+  c.train = train_;
+  c.backend = backend_.get();
+  c.comm = comm_.get();
+  c.ps = client_.get();
+  c.optimizer = optimizer_.get();
+  return c;
+}
+
+absl::StatusOr<int64_t> Trainer::Start() {
+  CoordinatorClient* c = options_.coordinator;
+  if (c != nullptr) {
+    // A worker that replaces a failed one finds the run started: it joins the rollback.
+    auto started = c->KvGet("run/started", /*wait=*/false, options_.rpc_timeout);
+    if (started.ok()) return Rejoin(Generation(view_));
+    if (started.status().code() != absl::StatusCode::kNotFound) return started.status();
+  }
+  if (options_.connect) {
+    ASSIGN_OR_RETURN(comm_, options_.connect(absl::StrCat("gen/", Generation(view_), "/")));
+  }
+  ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
+  if (options_.mode != Mode::kPs) {  // the PS tables start from the same initializers
+    RETURN_IF_ERROR(placement_->Load(InitialState(options_.mlp, options_.seed, *optimizer_), 0));
+  }
+  if (c != nullptr && options_.rank == 0) RETURN_IF_ERROR(c->KvPut("run/started", "1"));
+  return 0;
+}
+
+absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
+  CoordinatorClient* c = options_.coordinator;
+  const int rank = options_.rank;
+  const std::string prefix = absl::StrCat("gen/", gen, "/");
+  placement_.reset();
+  comm_.reset();
+  RETURN_IF_ERROR(c->KvPut(absl::StrCat(prefix, "stopped/", rank), ""));
+  if (!view_.shard_addresses().empty()) {
+    RETURN_IF_ERROR(Connect({view_.shard_addresses().begin(), view_.shard_addresses().end()}));
+  }
+  int64_t back_to = 0;
+  if (rank == 0) {  // once every worker has stopped, roll every shard back
+    for (int r = 0; r < options_.world; ++r) {
+      RETURN_IF_ERROR(
+          c->KvGet(absl::StrCat(prefix, "stopped/", r), true, options_.recovery_timeout).status());
+    }
+    if (client_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
+          "a coordinator --data_dir to survive a worker failure)");
+    }
+    auto latest = client_->LatestCompleteSnapshot();
+    if (!latest.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("no checkpoint to roll back to (", latest.status().message(),
+                       "); run with --snapshot_every_epochs or a coordinator --data_dir"));
+    }
+    back_to = *latest;
+    RETURN_IF_ERROR(client_->Restore(back_to));
+    RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
+  } else {
+    ASSIGN_OR_RETURN(std::string value, c->KvGet(prefix + "step", true, options_.recovery_timeout));
+    if (!absl::SimpleAtoi(value, &back_to)) {
+      return absl::DataLossError("bad rollback step " + value);
+    }
+  }
+  if (options_.connect) {
+    ASSIGN_OR_RETURN(comm_, options_.connect(prefix));
+  }
+  // The cluster's mode (a replacement worker learns it here), loaded from the checkpoint.
+  Mode mode = options_.mode;
+  if (!view_.mode().empty()) {
+    ASSIGN_OR_RETURN(mode, ParseMode(view_.mode()));
+  }
+  ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
+  if (mode != Mode::kPs) {
+    ASSIGN_OR_RETURN(auto from_shards, MakePlacement(Mode::kPs, Context()));
+    ASSIGN_OR_RETURN(ModelState state, from_shards->Gather(back_to, /*with_slots=*/true));
+    RETURN_IF_ERROR(placement_->Load(state, back_to));
+  }
+  return back_to;
+}
+
+absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
+  const std::string before = Generation(view_);
+  const absl::Time deadline = absl::Now() + options_.recovery_timeout;
+  int64_t version = view_.version();
+  while (true) {  // each AwaitView blocks until the next change of the view
+    ASSIGN_OR_RETURN(coord::ClusterView v,
+                     options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now()));
+    if (v.complete() && Generation(v) != before) return v;
+    version = v.version();
+  }
+}
+
+absl::StatusOr<int64_t> Trainer::Recover(int64_t failed_step, const absl::Status& cause) {
+  std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
+              options_.rank, static_cast<long long>(failed_step), cause.ToString().c_str());
+  std::fflush(stdout);
+  const Mode mode = placement_->mode();
+  ASSIGN_OR_RETURN(view_, AwaitHealedView());
+  placement_.reset();
+  // Keep this worker's mode: the view's is the same once every switch was acknowledged.
+  coord::ClusterView view = view_;
+  view_.set_mode(ModeName(mode));
+  ASSIGN_OR_RETURN(int64_t back_to, Rejoin(Generation(view)));
+  view_ = view;
+  std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
+              options_.rank, static_cast<long long>(failed_step), static_cast<long long>(back_to));
+  std::fflush(stdout);
+  return back_to;
+}
+
+absl::Status Trainer::SwitchTo(Mode mode, int64_t step, double* seconds) {
+  const absl::Time start = absl::Now();
+  // Every worker has finished step - 1 (its pushes included) before anyone reads state.
+  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->Barrier());
+  ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
+  placement_.reset();  // the old placement's buffers go before the new ones come
+  ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
+  RETURN_IF_ERROR(placement_->Load(state, step));
+  if (seconds != nullptr) *seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::MaybeSwitch(int64_t step, TrainSummary* summary) {
+  CoordinatorClient* c = options_.coordinator;
+  if (c == nullptr || !options_.connect) return absl::OkStatus();
+  if (step >= next_poll_ || step < polled_at_) {  // the last answer covers [polled_at_, next_poll_)
+    ASSIGN_OR_RETURN(PendingSwitch pending, c->PollSwitch(step, options_.switch_poll_steps));
+    polled_at_ = step;
+    next_poll_ = step + std::max(1, options_.switch_poll_steps);
+    known_ =
+        pending.pending && pending.at_step < next_poll_ ? std::optional(pending) : std::nullopt;
+  }
+  if (!known_ || known_->at_step != step) return absl::OkStatus();
+  const PendingSwitch pending = *known_;
+  known_.reset();
+  next_poll_ = step + 1;  // another switch may follow within the polled window
+  ASSIGN_OR_RETURN(Mode to, ParseMode(pending.mode));
+  const Mode from = placement_->mode();
+  double seconds = 0;
+  if (to != from) RETURN_IF_ERROR(SwitchTo(to, step, &seconds));
+  summary->switches.push_back({step, ModeName(from), ModeName(to), seconds});
+  std::printf("worker %d: step %lld: switched from %s to %s (hand-over %.3f s)\n", options_.rank,
+              static_cast<long long>(step), ModeName(from), ModeName(to), seconds);
+  std::fflush(stdout);
+  return c->ReportSwitch(pending, ModeName(from), seconds).status();
+}
+
+absl::Status Trainer::Publish(int64_t step) {
+  if (placement_->mode() == Mode::kPs || client_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
+  if (options_.rank != 0) return absl::OkStatus();
+  return RunConcurrently(state.params.size(), [&](int i) {
+    std::vector<absl::Span<const float>> slots;
+    for (const auto& s : state.slots[i]) slots.emplace_back(s);
+    return client_->ImportDense(1 + i, step, state.updates, state.params[i], slots);
+  });
+}
+
+absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
+  ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/false));
+  ASSIGN_OR_RETURN(auto mlp, model::Mlp::Create(backend_.get(), options_.mlp, 1024));
+  for (size_t i = 0; i < state.params.size(); ++i) mlp->SetParam(i, state.params[i].data());
+  ASSIGN_OR_RETURN(model::StepResult r,
+                   mlp->Evaluate(test_->x.data(), test_->y.data(), test_->size));
+  return static_cast<double>(r.correct) / r.examples;
+}
+
+void Trainer::ReportProgress(int64_t step, double loss, double rate) {
+  if (options_.coordinator == nullptr) return;
+  absl::Status s = options_.coordinator->ReportProgress(view_.version(), step, loss, rate);
+  if (!s.ok())
+    std::fprintf(stderr, "worker %d: progress report: %s\n", options_.rank, s.ToString().c_str());
+}
+
+absl::StatusOr<TrainSummary> Trainer::Run() {
+  TrainSummary summary;
+  const int64_t total = per_epoch_ * options_.epochs;
+  absl::Time start = absl::Now(), last_report = start;
+  absl::Duration eval_time;
+  double epoch_loss = 0;
+  int64_t epoch_steps = 0;
+  // One step: a switch if one is due, the step, and at an epoch's end checkpoint and
+  // evaluation.
+  auto run_step = [&](int64_t step) -> absl::Status {
+    RETURN_IF_ERROR(MaybeSwitch(step, &summary));
+    ASSIGN_OR_RETURN(float loss, placement_->Step(step));
+    epoch_loss += loss;
+    ++epoch_steps;
+    const absl::Time now = absl::Now();
+    if (now - last_report >= options_.progress_every || step + 1 == total) {
+      double seconds = absl::ToDoubleSeconds(now - start - eval_time);
+      double rate = (step + 1 - start_step_) * static_cast<double>(options_.batch_size) / seconds;
+      std::printf("worker %d (%s): epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n",
+                  options_.rank, ModeName(placement_->mode()),
+                  static_cast<long long>(step / per_epoch_ + 1), options_.epochs,
+                  static_cast<long long>(step + 1), static_cast<long long>(total),
+                  epoch_loss / epoch_steps, rate,
+                  FormatEta((total - step - 1) * options_.batch_size / rate).c_str());
+      std::fflush(stdout);
+      ReportProgress(step + 1, epoch_loss / epoch_steps, rate);
+      last_report = now;
+    }
+    if ((step + 1) % per_epoch_ != 0) return absl::OkStatus();
+    summary.final_loss = epoch_loss / epoch_steps;
+    epoch_loss = 0;
+    epoch_steps = 0;
+    const int64_t epoch = (step + 1) / per_epoch_;
+    const absl::Time t0 = absl::Now();
+    if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
+    if (options_.rank == 0 && client_ != nullptr && options_.snapshot_every_epochs > 0 &&
+        epoch % options_.snapshot_every_epochs == 0) {
+      // Captured at step + 1 and written in the background. A failure (say, another
+      // snapshot still being written) costs this checkpoint, not the training run.
+      if (absl::Status s = client_->Snapshot(step + 1); s.ok()) {
+        summary.snapshots.push_back(step + 1);
+      } else {
+        std::printf("worker %d: snapshot of step %lld skipped: %s\n", options_.rank,
+                    static_cast<long long>(step + 1), s.ToString().c_str());
+      }
+    }
+    if (options_.evaluate && test_ != nullptr) {
+      ASSIGN_OR_RETURN(summary.test_accuracy, Evaluate(step + 1));
+      std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
+                  static_cast<long long>(epoch), summary.test_accuracy);
+      std::fflush(stdout);
+      if (options_.coordinator != nullptr) {  // feeds keep-the-best checkpoints
+        absl::Status r = options_.coordinator->ReportProgress(
+            view_.version(), step + 1, summary.final_loss, 0, summary.test_accuracy);
+        if (!r.ok())
+          std::fprintf(stderr, "worker %d: metric report: %s\n", options_.rank,
+                       r.ToString().c_str());
+      }
+    }
+    eval_time += absl::Now() - t0;
+    return absl::OkStatus();
+  };
+  for (int64_t step = start_step_; step < total;) {
+    absl::Status s = run_step(step);
+    if (s.ok()) {
+      ++step;
+      continue;
+    }
+    if (options_.coordinator == nullptr || !PeerFailure(s)) return s;
+    ASSIGN_OR_RETURN(int64_t back_to, Recover(step, s));
+    summary.rollbacks.emplace_back(step, back_to);
+    step = back_to;
+    epoch_loss = 0;
+    epoch_steps = 0;
+  }
+  const absl::Duration train_time = absl::Now() - start - eval_time;
+  ASSIGN_OR_RETURN(ModelState final_state, placement_->Gather(total, /*with_slots=*/false));
+  for (const auto& p : final_state.params) {
+    summary.param_crc32c = crc32c::Extend(summary.param_crc32c, p.data(), p.size() * sizeof(float));
+  }
+  summary.figures = placement_->Figures();
+  summary.final_mode = ModeName(placement_->mode());
+  summary.steps = total;
+  summary.epochs = options_.epochs;
+  summary.train_seconds = absl::ToDoubleSeconds(train_time);
+  summary.samples_per_sec =
+      (total - start_step_) * static_cast<double>(options_.batch_size) / summary.train_seconds;
+  return summary;
+}
+
+}  // namespace pscluster::modes

@@ -1,0 +1,161 @@
+// A worker's training loop, in any of the four modes (placement.h), switched live.
+//
+// Each step boundary, the worker asks the coordinator whether a mode switch is scheduled
+// for it (the coordinator makes every worker switch at the same step); if so the workers
+// barrier, gather the whole state (parameters, optimizer slots, update count) from the
+// old placement, hand it to the new one, acknowledge, and run the step in the new mode.
+// No process restarts.
+//
+// Failures: with a coordinator, a shard or worker that dies is survived. The others stop
+// (a collective fails naming the peer, or an RPC fails), wait until the cluster view is
+// complete again with the replacement, rank 0 rolls every shard back to the newest
+// checkpoint complete on all of them, and every worker (the replacement included) loads
+// that checkpoint into the current mode and resumes from its step (data order included).
+// Checkpoints are PS snapshots; in the collective modes rank 0 writes the state into the
+// shards at every epoch's end so the coordinator can snapshot it: a checkpoint taken in
+// one mode restores in any other.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+#include "worker/client/coordinator_client.h"
+#include "worker/client/ps_client.h"
+#include "worker/collective/communicator.h"
+#include "worker/compute/backend.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+#include "worker/modes/placement.h"
+
+namespace pscluster::modes {
+
+struct TrainerOptions {
+  Mode mode = Mode::kPs;            // the mode training starts in
+  std::vector<std::string> shards;  // ps_server addresses, index = shard id (or coordinator's)
+  int rank = 0;
+  int world = 1;
+  int batch_size = 64;  // per worker
+  int epochs = 10;
+  uint64_t seed = 1;              // data order and initial parameters
+  ps::OptimizerConfig optimizer;  // the shards' and the workers' optimizer
+  // The learning rate decays exponentially to this fraction of itself by the last step
+  // (1: constant).
+  float lr_decay = 1.0f;
+  ps::ConsistencyConfig consistency;  // PS mode's tables
+  model::MlpOptions mlp;
+  int micro_batches = 4;  // PIPELINE
+  // Workers ask the coordinator for switches every this many steps (the coordinator then
+  // schedules a next-boundary switch at least this far ahead): a step's RPC saved.
+  int switch_poll_steps = 8;
+  absl::Duration progress_every = absl::Seconds(5);
+  bool evaluate = true;  // test-set accuracy after each epoch
+  absl::Duration rpc_timeout = absl::Minutes(2);
+  // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never);
+  // for clusters whose coordinator runs without --data_dir (no cluster checkpoints).
+  int snapshot_every_epochs = 0;
+  // With a coordinator (not owned): progress and metrics are reported to it, switches are
+  // taken from it, and failures are survived (see above). Without one, a failure ends Run.
+  CoordinatorClient* coordinator = nullptr;
+  absl::Duration recovery_timeout = absl::Minutes(10);
+  // Connects this worker's communicator for the generation named (ranks connecting under
+  // the same name form a group); needed by the collective modes and by switching. Null:
+  // PS mode only.
+  std::function<absl::StatusOr<std::unique_ptr<collective::Communicator>>(
+      const std::string& generation)>
+      connect;
+};
+
+struct SwitchDone {
+  int64_t step = 0;
+  std::string from, to;
+  double seconds = 0;  // hand-over time on this worker
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int epochs = 0;
+  double final_loss = 0;       // mean training loss over the last epoch
+  double test_accuracy = -1;   // after the last epoch, -1 if not evaluated
+  double samples_per_sec = 0;  // this worker's training examples / training seconds
+  double train_seconds = 0;
+  std::vector<int64_t> snapshots;  // steps of the snapshots this worker requested
+  std::vector<std::pair<int64_t, int64_t>> rollbacks;  // (failed step, checkpoint step)
+  std::vector<SwitchDone> switches;
+  std::vector<std::pair<std::string, double>> figures;  // the last placement's (placement.h)
+  std::string final_mode;
+  uint32_t param_crc32c = 0;  // CRC-32C of the final parameters, in table order
+};
+
+class Trainer {
+ public:
+  // Connects (coordinator view, shards, communicator), creates the PS tables when there
+  // are shards, and sets up the starting mode at step 0 (or, for a worker that replaces a
+  // failed one, joins the others' rollback).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options,
+                                                         const data::Dataset* train,
+                                                         const data::Dataset* test,
+                                                         std::unique_ptr<compute::Backend> backend);
+  ~Trainer();
+
+  absl::StatusOr<TrainSummary> Run();
+
+  // For tests and tools: one step in the current mode; a switch at boundary `step`; the
+  // whole state before `step`. Collective: every rank must make the same calls.
+  absl::StatusOr<float> Step(int64_t step) { return placement_->Step(step); }
+  absl::Status SwitchTo(Mode mode, int64_t step, double* seconds = nullptr);
+  absl::StatusOr<ModelState> State(int64_t step, bool with_slots = true) {
+    return placement_->Gather(step, with_slots);
+  }
+  Mode mode() const { return placement_->mode(); }
+  int64_t steps_per_epoch() const { return per_epoch_; }
+
+ private:
+  Trainer(TrainerOptions options, const data::Dataset* train, const data::Dataset* test);
+  absl::Status Connect(const std::vector<std::string>& shards);
+  absl::Status CreateTables();
+  PlacementContext Context() const;
+  // The step to start from: 0 for a fresh run; for a worker replacing a failed one, the
+  // rollback step it agreed on with the others.
+  absl::StatusOr<int64_t> Start();
+  // Stops, agrees on the newest complete checkpoint with the others (generation `gen`),
+  // rolls back to it and loads it into the current mode. Returns its step.
+  absl::StatusOr<int64_t> Rejoin(const std::string& gen);
+  absl::StatusOr<coord::ClusterView> AwaitHealedView();
+  absl::StatusOr<int64_t> Recover(int64_t failed_step, const absl::Status& cause);
+  // Steps from the coordinator's schedule that are due at boundary `step`.
+  absl::Status MaybeSwitch(int64_t step, TrainSummary* summary);
+  // The collective modes' checkpoint path: the state before `step` into the shards.
+  absl::Status Publish(int64_t step);
+  absl::StatusOr<double> Evaluate(int64_t step);
+  void ReportProgress(int64_t step, double loss, double rate);
+
+  const TrainerOptions options_;
+  const data::Dataset* const train_;
+  const data::Dataset* const test_;
+  std::unique_ptr<compute::Backend> backend_;
+  std::unique_ptr<ps::Optimizer> optimizer_;  // the collective modes' (the shards' config)
+  ps::OptimizerConfig optimizer_config_;      // with the lr decay
+  std::unique_ptr<PsClient> client_;          // null without shards
+  std::unique_ptr<collective::Communicator> comm_;
+  std::unique_ptr<Placement> placement_;
+  coord::ClusterView view_;  // with a coordinator: the view training uses
+  int64_t per_epoch_ = 0;
+  int64_t start_step_ = 0;
+  // Switch polling: the last answer covers boundaries [polled_at_, next_poll_).
+  int64_t polled_at_ = 0, next_poll_ = 0;
+  std::optional<PendingSwitch> known_;
+};
+
+// The generation of a cluster view: every member's incarnation, so the workers of one
+// (re)formed cluster agree on names for their rendezvous.
+std::string Generation(const coord::ClusterView& view);
+
+}  // namespace pscluster::modes
