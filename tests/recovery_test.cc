@@ -1,10 +1,14 @@
 // Recovery with real processes: a coordinator, 2 shards with snapshots and 2 workers train
-// (BSP, synthetic data); one shard is killed with SIGKILL after a checkpoint and restarted
-// with --restore=latest; the workers stop, wait, roll every shard back to the checkpoint
-// and finish. Determinism: the final parameters are bitwise those of an uninterrupted run.
+// (synthetic data). A shard killed with SIGKILL after a checkpoint is restarted with
+// --restore=latest; a worker killed in the middle of ALLREDUCE training (inside a
+// collective) is replaced. Either way the others stop with an error naming what failed,
+// wait, roll every shard back to the checkpoint, load it into the current mode and finish.
+// Determinism: the final parameters are bitwise those of an uninterrupted run.
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -37,12 +41,16 @@ class Cluster {
  public:
   // coordinator_checkpoints: the coordinator checkpoints every 100 steps and on a better
   // metric; otherwise rank 0 snapshots every epoch.
-  explicit Cluster(const std::string& dir, bool coordinator_checkpoints = false) : dir_(dir) {
+  // mode: the workers' training mode (the coordinator's --mode).
+  explicit Cluster(const std::string& dir, bool coordinator_checkpoints = false,
+                   const std::string& mode = "ps")
+      : dir_(dir), mode_(mode), coordinator_checkpoints_(coordinator_checkpoints) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     std::vector<std::string> coordinator = {
-        "server/coordinator/ps_coordinator", "--port=0", absl::StrCat("--num_shards=", kShards),
-        absl::StrCat("--num_workers=", kWorkers), "--heartbeat_timeout_ms=500"};
+        "server/coordinator/ps_coordinator",    "--port=0",
+        absl::StrCat("--num_shards=", kShards), absl::StrCat("--num_workers=", kWorkers),
+        "--heartbeat_timeout_ms=500",           "--mode=" + mode};
     if (coordinator_checkpoints) {
       coordinator.push_back("--data_dir=" + dir + "/coordinator");
       coordinator.push_back("--checkpoint_every_steps=100");
@@ -52,16 +60,21 @@ class Cluster {
     coordinator_ = AddressIn(c->WaitForLine("listening on", absl::Seconds(60)).value_or(""));
     processes_.push_back(*std::move(c));
     for (int s = 0; s < kShards; ++s) StartShard(s, false);
-    for (int r = 0; r < kWorkers; ++r) {
-      auto w = testing::Subprocess::Start(
-          {"worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
-           absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4",
-           "--epochs=4", "--batch_size=32", "--lr=0.01",
-           coordinator_checkpoints ? "--snapshot_every_epochs=0" : "--snapshot_every_epochs=1",
-           "--progress_seconds=1", absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
-      EXPECT_TRUE(w.ok());
-      workers_.push_back(*std::move(w));
-    }
+    for (int r = 0; r < kWorkers; ++r) StartWorker(r);
+  }
+
+  // Starts (or, after a kill, replaces) worker r.
+  void StartWorker(int r) {
+    auto w = testing::Subprocess::Start(
+        {"worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
+         absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4", "--epochs=4",
+         "--batch_size=32", "--lr=0.01",
+         coordinator_checkpoints_ ? "--snapshot_every_epochs=0" : "--snapshot_every_epochs=1",
+         "--collective_timeout_seconds=20", "--progress_seconds=1",
+         absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
+    EXPECT_TRUE(w.ok());
+    worker_[r] = workers_.size();
+    workers_.push_back(*std::move(w));
   }
   ~Cluster() {
     for (auto& p : processes_) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
@@ -81,12 +94,13 @@ class Cluster {
   }
 
   testing::Subprocess& shard(int s) { return processes_[shard_[s]]; }
+  testing::Subprocess& worker(int r) { return workers_[worker_[r]]; }
 
   // Waits for every worker to finish; returns their summaries.
   std::vector<std::string> Finish() {
     std::vector<std::string> out;
     for (int r = 0; r < kWorkers; ++r) {
-      auto status = workers_[r].Wait(absl::Minutes(5));
+      auto status = worker(r).Wait(absl::Minutes(5));
       EXPECT_TRUE(status.ok()) << status.status();
       EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
           << "worker " << r << " failed";
@@ -96,9 +110,11 @@ class Cluster {
   }
 
  private:
-  std::string dir_, coordinator_;
-  std::vector<testing::Subprocess> processes_, workers_;
-  std::map<int, size_t> shard_;
+  std::string dir_, mode_, coordinator_;
+  bool coordinator_checkpoints_;
+  std::vector<testing::Subprocess> processes_;
+  std::deque<testing::Subprocess> workers_;  // replacements are appended
+  std::map<int, size_t> shard_, worker_;
 };
 
 std::string Field(const std::string& json, const std::string& key) {
@@ -134,6 +150,39 @@ TEST(RecoveryTest, KilledShardIsRestoredAndTrainingEndsBitwiseAsIfUninterrupted)
         << "the rollback did not go to the checkpoint of step " << kStepsPerEpoch;
     EXPECT_EQ(Field(recovered[r], "param_crc32c"), Field(clean[r], "param_crc32c"))
         << "the recovered run's final parameters differ from the uninterrupted run's";
+    EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
+  }
+}
+
+TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIfUninterrupted) {
+  const std::string dir = ::testing::TempDir() + "/worker_killed";
+  std::vector<std::string> clean = Cluster(dir + "/clean", false, "allreduce").Finish();
+  ASSERT_EQ(Field(clean[0], "rollbacks"), "[]") << clean[0];
+
+  std::vector<std::string> recovered;
+  {
+    Cluster cluster(dir + "/killed", false, "allreduce");
+    ASSERT_TRUE(cluster.shard(1)
+                    .WaitForLine(absl::StrCat("snapshot of step ", kStepsPerEpoch, " complete"),
+                                 absl::Minutes(2))
+                    .ok());
+    // Every step is an all-reduce: rank 1 dies inside one (or between two).
+    ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+    auto failed = cluster.worker(0).WaitForLine("failed (", absl::Minutes(1));
+    ASSERT_TRUE(failed.ok()) << "rank 0 did not notice rank 1's death: " << failed.status();
+    auto named = cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1));
+    ASSERT_TRUE(named.ok()) << "rank 0 did not name the failed worker: " << named.status();
+    std::printf("rank 0 said: %s\nrank 0 said: %s\n", failed->c_str(), named->c_str());
+    cluster.StartWorker(1);
+    recovered = cluster.Finish();
+  }
+  SCOPED_TRACE(recovered[0]);
+  EXPECT_THAT(Field(recovered[0], "rollbacks"),
+              ::testing::HasSubstr(absl::StrCat(", ", kStepsPerEpoch, "]")))
+      << "rank 0 did not roll back to the checkpoint of step " << kStepsPerEpoch;
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(Field(recovered[r], "param_crc32c"), Field(clean[r], "param_crc32c"))
+        << "rank " << r << ": the recovered run's final parameters differ from the clean run's";
     EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
   }
 }

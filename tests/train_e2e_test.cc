@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gmock/gmock.h"
 #include "tests/ps_cluster_fixture.h"
 
 namespace pscluster {
@@ -83,6 +84,86 @@ TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
     json << f.rdbuf();
     EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9) << json.str();
   }
+  c->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+}
+
+// Live switching through the real binaries: a coordinator, two shards and two workers;
+// psctl schedules PS -> ALLREDUCE -> FSDP -> PIPELINE -> PS before training starts; every
+// switch happens at its step on both workers, the coordinator records them, and training
+// finishes with a high held-out accuracy.
+TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
+  auto address = [](testing::Subprocess& p) -> std::string {
+    auto line = p.WaitForLine("listening on", absl::Seconds(60));
+    EXPECT_TRUE(line.ok()) << line.status();
+    return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
+  };
+  const std::string dir = ::testing::TempDir() + "/switch";
+  auto c = testing::Subprocess::Start(
+      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=2", "--num_workers=2",
+       "--mode=ps", "--data_dir=" + dir + "/coordinator", "--checkpoint_every_steps=62"});
+  ASSERT_TRUE(c.ok());
+  const std::string coordinator = address(*c);
+  std::vector<testing::Subprocess> shards, workers;
+  for (int s = 0; s < 2; ++s) {
+    auto p = testing::Subprocess::Start(
+        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
+         "--coordinator=" + coordinator, "--data_dir=" + dir + "/ckpt"});
+    ASSERT_TRUE(p.ok());
+    address(*p);
+    shards.push_back(*std::move(p));
+  }
+  auto psctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"tools/psctl/psctl", "--coordinator=" + coordinator});
+    auto p = testing::Subprocess::Start(args);
+    EXPECT_TRUE(p.ok());
+    std::string out;
+    for (auto line = p->WaitForLine("", absl::Seconds(30)); line.ok();
+         line = p->WaitForLine("", absl::Seconds(30))) {
+      out += *line + "\n";
+    }
+    auto status = p->Wait(absl::Seconds(30));
+    EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << out;
+    return out;
+  };
+  const std::vector<std::pair<int, std::string>> plan = {
+      {100, "allreduce"}, {200, "fsdp"}, {300, "pipeline"}, {400, "ps"}};
+  for (const auto& [step, mode] : plan) {
+    EXPECT_THAT(psctl({"switch-mode", "--mode=" + mode, absl::StrCat("--at_step=", step)}),
+                ::testing::HasSubstr(absl::StrCat("scheduled at step ", step)));
+  }
+  for (int r = 0; r < 2; ++r) {  // 4000 examples / (2 x 32) = 62 steps per epoch
+    auto p = testing::Subprocess::Start(
+        {"worker/ps_worker", "--coordinator=" + coordinator, absl::StrCat("--rank=", r),
+         "--world=2", "--synthetic=4000", "--layers=20,32,16,4", "--epochs=8", "--batch_size=32",
+         "--lr=0.01", "--micro_batches=4",
+         absl::StrCat("--summary_json=", dir, "/worker", r, ".json")});
+    ASSERT_TRUE(p.ok());
+    workers.push_back(*std::move(p));
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto status = workers[r].Wait(absl::Minutes(5));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << workers[r].name();
+    std::ifstream f(absl::StrCat(dir, "/worker", r, ".json"));
+    std::stringstream json;
+    json << f.rdbuf();
+    SCOPED_TRACE(json.str());
+    EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9);
+    EXPECT_THAT(json.str(), ::testing::HasSubstr("\"final_mode\": \"ps\""));
+    std::string from = "ps";
+    for (const auto& [step, mode] : plan) {
+      EXPECT_THAT(json.str(),
+                  ::testing::HasSubstr(absl::StrCat("{\"step\": ", step, ", \"from\": \"", from,
+                                                    "\", \"to\": \"", mode, "\"")));
+      from = mode;
+    }
+  }
+  const std::string status = psctl({"status"});
+  EXPECT_THAT(status, ::testing::HasSubstr("ps"));
+  for (const auto& [step, mode] : plan) {
+    EXPECT_THAT(status, ::testing::HasSubstr(absl::StrCat(step))) << "switch history";
+  }
+  for (auto& s : shards) s.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
   c->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 

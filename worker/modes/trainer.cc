@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -183,9 +184,16 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
   const std::string before = Generation(view_);
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
   int64_t version = view_.version();
-  while (true) {  // each AwaitView blocks until the next change of the view
+  std::set<std::pair<int, int>> named;  // members already reported down
+  while (true) {                        // each AwaitView blocks until the next change of the view
     ASSIGN_OR_RETURN(coord::ClusterView v,
                      options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now()));
+    for (const auto& m : v.members()) {  // name what failed, as the coordinator saw it
+      if (m.alive() || !named.insert({m.role(), m.id()}).second) continue;
+      std::printf("worker %d: %s %d is down (its heartbeats stopped); waiting for a replacement\n",
+                  options_.rank, m.role() == coord::SHARD ? "shard" : "worker rank", m.id());
+      std::fflush(stdout);
+    }
     if (v.complete() && Generation(v) != before) return v;
     version = v.version();
   }
