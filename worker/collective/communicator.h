@@ -1,7 +1,7 @@
 // Collective communication among the `size()` ranks of one group: what the all-reduce,
-// FSDP and pipeline modes are built on. Implementations: Gloo (CPU, TCP); NCCL (GPU) to
-// come. Every call has a timeout; errors name the operation and, where one is known, the
-// peer rank waited for. All ranks must make the same collective calls in the same order.
+// FSDP and pipeline modes are built on. Implementations: Gloo (CPU, TCP; below) and NCCL
+// (GPU, device buffers; nccl_communicator.h). Every call has a timeout; errors name the
+// operation and, where one is known, the peer rank waited for. All ranks must make the same collective calls in the same order.
 // Not thread-safe: one caller per communicator.
 #pragma once
 

@@ -39,11 +39,13 @@ class FsdpPlacement final : public Placement {
       layer_max = std::max(layer_max, m_ * (chunk_[2 * l] + chunk_[2 * l + 1]));
     }
     gathered_.resize(layer_max);
-    staged_.resize(layer_max);
-    weight_.resize(layer_max);
-    bias_.resize(layer_max);
+    layer_.resize(layer_max);
     mine_.resize(layer_max / m_);
-    hooks_.before = [this](int layer, bool) { return GatherLayer(layer); };
+    // The top layer's backward follows its forward at once: its gathered copy is still
+    // loaded, so only the other layers are gathered again.
+    hooks_.before = [this](int layer, bool) {
+      return layer == loaded_ ? absl::OkStatus() : GatherLayer(layer);
+    };
     hooks_.after_backward = [this](int layer) { return StepLayer(layer); };
     return absl::OkStatus();
   }
@@ -78,6 +80,7 @@ class FsdpPlacement final : public Placement {
   absl::StatusOr<float> Step(int64_t step) override {
     BatchAt(batches_.get(), step, &batch_);
     update_ = updates_ + 1;
+    loaded_ = -1;  // the own shards changed at the last step
     ASSIGN_OR_RETURN(model::StepResult r,
                      mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size, &hooks_));
     updates_ = update_;
@@ -89,7 +92,7 @@ class FsdpPlacement final : public Placement {
     for (size_t i = 0; i < size_.size(); ++i) own += chunk_[i] * (1 + slots_[i].size());
     // Host state: the own shards with their slots, plus the one-layer gather/gradient
     // buffers; the backend holds one layer's parameters and gradients.
-    const double held = (own + gathered_.size() * 5 + mine_.size()) * sizeof(float);
+    const double held = (own + gathered_.size() + layer_.size() + mine_.size()) * sizeof(float);
     return {{"fsdp_state_bytes", static_cast<double>(own * sizeof(float))},
             {"fsdp_held_bytes", held},
             {"replica_state_bytes", static_cast<double>(full_bytes_)}};
@@ -118,29 +121,33 @@ class FsdpPlacement final : public Placement {
     std::copy(own_[b].begin(), own_[b].end(), mine_.begin() + chunk_[w]);
     RETURN_IF_ERROR(ctx_.comm->AllGather(absl::MakeConstSpan(mine_.data(), block),
                                          absl::MakeSpan(gathered_.data(), block * m_)));
+    float* weight = layer_.data();
+    float* bias = weight + chunk_[w] * m_;
     for (size_t r = 0; r < m_; ++r) {
       const float* from = gathered_.data() + r * block;
-      std::copy(from, from + chunk_[w], weight_.begin() + r * chunk_[w]);
-      std::copy(from + chunk_[w], from + block, bias_.begin() + r * chunk_[b]);
+      std::copy(from, from + chunk_[w], weight + r * chunk_[w]);
+      std::copy(from + chunk_[w], from + block, bias + r * chunk_[b]);
     }
-    mlp_->SetParam(w, weight_.data());
-    mlp_->SetParam(b, bias_.data());
+    mlp_->SetParam(w, weight);
+    mlp_->SetParam(b, bias);
+    loaded_ = layer;
     return absl::OkStatus();
   }
 
   // Layer l's gradient: reduce-scatter to the owners, who step their share at once.
   absl::Status StepLayer(int layer) {
     const size_t w = 2 * layer, b = w + 1, block = chunk_[w] + chunk_[b];
-    std::fill(weight_.begin(), weight_.begin() + chunk_[w] * m_, 0.0f);
-    std::fill(bias_.begin(), bias_.begin() + chunk_[b] * m_, 0.0f);
-    mlp_->GetGrad(w, weight_.data());
-    mlp_->GetGrad(b, bias_.data());
-    for (size_t r = 0; r < m_; ++r) {
-      float* to = staged_.data() + r * block;
-      std::copy_n(weight_.begin() + r * chunk_[w], chunk_[w], to);
-      std::copy_n(bias_.begin() + r * chunk_[b], chunk_[b], to + chunk_[w]);
+    float* weight = layer_.data();
+    float* bias = weight + chunk_[w] * m_;
+    std::fill(layer_.begin(), layer_.begin() + block * m_, 0.0f);  // the padding
+    mlp_->GetGrad(w, weight);
+    mlp_->GetGrad(b, bias);
+    for (size_t r = 0; r < m_; ++r) {  // owner-major: owner r's weight share, then its bias share
+      float* to = gathered_.data() + r * block;
+      std::copy_n(weight + r * chunk_[w], chunk_[w], to);
+      std::copy_n(bias + r * chunk_[b], chunk_[b], to + chunk_[w]);
     }
-    RETURN_IF_ERROR(ctx_.comm->ReduceScatterSum(absl::MakeConstSpan(staged_.data(), block * m_),
+    RETURN_IF_ERROR(ctx_.comm->ReduceScatterSum(absl::MakeConstSpan(gathered_.data(), block * m_),
                                                 absl::MakeSpan(mine_.data(), block)));
     const float scale = 1.0f / m_;  // the mean of the workers' gradients
     for (size_t k = 0; k < block; ++k) mine_[k] *= scale;
@@ -164,7 +171,10 @@ class FsdpPlacement final : public Placement {
   std::vector<size_t> size_, chunk_;                    // per tensor: elements, share per worker
   std::vector<std::vector<float>> own_;                 // per tensor: this worker's share
   std::vector<std::vector<std::vector<float>>> slots_;  // per tensor, per slot: its share
-  std::vector<float> gathered_, staged_, weight_, bias_, mine_;  // one layer's worth each
+  // One layer's worth each: the owners' shares (all-gather output, reduce-scatter input),
+  // the layer's weight then bias, and this worker's share of it.
+  std::vector<float> gathered_, layer_, mine_;
+  int loaded_ = -1;  // the layer whose parameters the model holds (-1: none current)
   int64_t updates_ = 0, update_ = 0;
   size_t full_bytes_ = 0;
 };
