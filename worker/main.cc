@@ -6,6 +6,7 @@
 //
 // Prints progress (epoch, step, loss, samples/s, ETA) and the test accuracy after each
 // epoch; --summary_json writes the final figures for scripts.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -116,6 +117,8 @@ int main(int argc, char** argv) {
       "Trains the MLP: ps_worker --coordinator=ADDR --rank=R --world=W [--mode=MODE] "
       "(or --ps=ADDR,... for PS mode without a coordinator)");
   absl::ParseCommandLine(argc, argv);
+  // Gloo writes to sockets with writev: a peer that died must be an error, not SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   modes::TrainerOptions o;
   o.shards = absl::GetFlag(FLAGS_ps);
   o.rank = absl::GetFlag(FLAGS_rank);

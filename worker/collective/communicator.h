@@ -2,7 +2,8 @@
 // FSDP and pipeline modes are built on. Implementations: Gloo (CPU, TCP; below) and NCCL
 // (GPU, device buffers; nccl_communicator.h). Every call has a timeout; errors name the
 // operation and, where one is known, the peer rank waited for. All ranks must make the same collective calls in the same order.
-// Not thread-safe: one caller per communicator.
+// Not thread-safe: one caller per communicator. The process should ignore SIGPIPE (Gloo
+// writes with writev; a peer that died is then an error naming it, not a signal).
 #pragma once
 
 #include <memory>

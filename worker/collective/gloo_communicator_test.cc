@@ -1,6 +1,8 @@
 // Gloo communicators for N = 1..4 ranks as threads in one process (real TCP on loopback,
 // in-memory rendezvous), payloads of 0, 1, odd and large sizes, expected values computed by
 // formula; and a missing peer makes the others fail with a timeout that names it.
+#include <signal.h>
+
 #include <algorithm>
 #include <functional>
 #include <thread>
@@ -102,6 +104,26 @@ TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
   absl::Status s = comms[0]->Recv(absl::MakeSpan(data), 1, 3);  // rank 1 never sends
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1"));
+}
+
+// A peer that goes away in the middle of a large (synchronous ring) all-reduce: the
+// survivor fails at once, naming the rank, instead of waiting out its timeout.
+TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {
+  signal(SIGPIPE, SIG_IGN);  // as ps_worker does: a write to a closed socket is an error
+  gloo::rendezvous::HashStore store;
+  std::unique_ptr<Communicator> comms[2];
+  std::thread t1([&] {
+    comms[1] = *CreateGlooCommunicator(&store, GlooOptions{1, 2, "127.0.0.1", absl::Seconds(30)});
+  });
+  comms[0] = *CreateGlooCommunicator(&store, GlooOptions{0, 2, "127.0.0.1", absl::Seconds(30)});
+  t1.join();
+  comms[1].reset();  // rank 1 leaves: its sockets close
+  std::vector<float> data(1 << 18, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status s = comms[0]->AllReduceSum(absl::MakeSpan(data));
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "waited for the timeout";
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("rank 1")) << s;
 }
 
 TEST(GlooCommunicatorErrorsTest, BadArgumentsAreInvalidArgument) {
