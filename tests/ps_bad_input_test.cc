@@ -275,5 +275,47 @@ TEST_F(BadInputTest, TooManySparseRowsInOnePullIsResourceExhausted) {
   ExpectError(Sparse(false, req), grpc::StatusCode::RESOURCE_EXHAUSTED, "split the keys");
 }
 
+// A batch push is checked whole before any chunk is applied: one bad chunk (an unknown
+// table, a NaN, a range off the shard, a table twice) and the good ones are not applied.
+TEST_F(BadInputTest, BatchPushWithOneBadChunkAppliesNothing) {
+  auto push = [&](std::vector<DenseChunk> chunks) {
+    ps::DenseBatch batch;
+    for (auto& c : chunks) *batch.add_chunks() = std::move(c);
+    grpc::ClientContext ctx;
+    ps::PushDenseBatchResponse r;
+    return shard0()->PushDenseBatch(&ctx, batch, &r);
+  };
+  const DenseChunk good = Chunk(kSkip, 0, std::vector<float>(500, 0.25f));
+  ExpectError(push({good, Chunk(99, 0, {1.0f})}), grpc::StatusCode::NOT_FOUND,
+              "chunk 1 of the batch (table 99)");
+  ExpectError(push({good, Chunk(kDense, 0, {NAN})}), grpc::StatusCode::INVALID_ARGUMENT,
+              "nothing in the batch was applied");
+  ExpectError(push({good, Chunk(kDense, 499, {1.0f, 2.0f})}), grpc::StatusCode::OUT_OF_RANGE,
+              "chunk 1 of the batch");
+  ExpectError(push({good, good}), grpc::StatusCode::INVALID_ARGUMENT, "appears twice");
+}
+
+TEST_F(BadInputTest, BatchPullOfAnUnknownTableOrTooMuchIsRejected) {
+  auto pull = [&](std::vector<std::pair<uint32_t, uint64_t>> tables) {
+    ps::PullDenseBatchRequest req;
+    for (auto [table, length] : tables) {
+      ps::PullDenseRequest* p = req.add_pulls();
+      p->set_worker_id(0);
+      p->set_step(1);
+      p->set_table_id(table);
+      p->set_length(length);
+    }
+    grpc::ClientContext ctx;
+    ps::DenseBatch r;
+    return shard0()->PullDenseBatch(&ctx, req, &r);
+  };
+  EXPECT_TRUE(pull({{kDense, 500}}).ok());
+  ExpectError(pull({{kDense, 500}, {77, 1}}), grpc::StatusCode::NOT_FOUND,
+              "pull 1 of the batch (table 77)");
+  // --max_chunk_bytes is 4 MiB: 2100 pulls of 500 floats are over it.
+  ExpectError(pull(std::vector<std::pair<uint32_t, uint64_t>>(2100, {kDense, 500})),
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "unary limit");
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -76,6 +76,49 @@ TEST_F(PsClusterTest, DenseTablesMatchReferenceForEveryOptimizer) {
   }
 }
 
+// PullDenseMany/PushDenseMany: several tables per RPC (one per shard), and the per-table
+// fallback for a share over the client's chunk size (64 KiB here), bitwise like the
+// single-table calls.
+TEST_F(PsClusterTest, ManyTablesPerCallMatchReference) {
+  const OptimizerConfig opt = AllOptimizers()[3];  // Adam
+  const std::vector<uint64_t> sizes = {37, 1001, 300001, 5};
+  std::vector<uint32_t> ids;
+  std::vector<Reference> refs;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    TableSpec spec = Spec(100 + k, TableSpec::DENSE, opt);
+    spec.set_size(sizes[k]);
+    OnAllWorkers([&](int w) { ASSERT_TRUE(clients_[w]->CreateTable(spec).ok()); });
+    ids.push_back(spec.table_id());
+    refs.emplace_back(opt, sizes[k]);
+    ps::InitDense(spec.initializer(), 0, absl::MakeSpan(refs.back().values));
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    OnAllWorkers([&](int w) {
+      std::vector<std::vector<float>> pulled, grads;
+      std::vector<absl::Span<float>> out;
+      std::vector<absl::Span<const float>> in;
+      for (uint64_t n : sizes) pulled.emplace_back(n), grads.emplace_back(n);
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        out.emplace_back(absl::MakeSpan(pulled[k]));
+        for (uint64_t i = 0; i < sizes[k]; ++i) grads[k][i] = Grad(w, t, i + k);
+        in.emplace_back(grads[k]);
+      }
+      absl::Status s = clients_[w]->PullDenseMany(t, ids, out);
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        ASSERT_EQ(pulled[k], refs[k].values) << "table " << ids[k] << " step " << t;
+      }
+      s = clients_[w]->PushDenseMany(t, ids, in);
+      ASSERT_TRUE(s.ok()) << s;
+    });
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<float> sum(sizes[k]);
+      for (uint64_t i = 0; i < sizes[k]; ++i) sum[i] = Grad(0, t, i + k) + Grad(1, t, i + k);
+      refs[k].Apply(0, sum.data(), sizes[k], t + 1);
+    }
+  }
+}
+
 TEST_F(PsClusterTest, SparseTablesMatchReferenceForEveryOptimizer) {
   constexpr uint32_t kDim = 8;
   uint32_t id = 100;

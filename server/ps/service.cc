@@ -133,6 +133,91 @@ grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
       req->offset(), absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)));
 }
 
+grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
+                                                    const PullDenseBatchRequest* req,
+                                                    DenseBatch* resp) {
+  Scope scope(this);
+  uint64_t total = 0;
+  for (int i = 0; i < req->pulls_size(); ++i) {
+    const PullDenseRequest& pull = req->pulls(i);
+    uint64_t length = 0;
+    auto table = PreparePull(ctx, pull, &length);
+    if (!table.ok()) {
+      return ToGrpcStatus(absl::Status(
+          table.status().code(), absl::StrCat("pull ", i, " of the batch (table ", pull.table_id(),
+                                              "): ", table.status().message())));
+    }
+    total += length;
+    if (total * sizeof(float) > options_.max_chunk_bytes) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("the batch's pulls exceed the unary limit of ", options_.max_chunk_bytes,
+                       " bytes at pull ", i, "; pull the large tables one by one")));
+    }
+    DenseChunk* chunk = resp->add_chunks();
+    chunk->set_table_id(pull.table_id());
+    chunk->set_step(pull.step());
+    chunk->set_offset(pull.offset());
+    chunk->set_begin(pull.offset());
+    chunk->set_total_length(length);
+    std::string* data = chunk->mutable_data();
+    data->resize(length * sizeof(float));
+    absl::Status s = (*table)->Read(pull.offset(),
+                                    absl::MakeSpan(reinterpret_cast<float*>(data->data()), length));
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext*, const DenseBatch* req,
+                                                    PushDenseBatchResponse* resp) {
+  Scope scope(this);
+  std::vector<DenseTable*> tables;
+  std::vector<bool> nonfinite;
+  for (int i = 0; i < req->chunks_size(); ++i) {  // all checked before any is applied
+    const DenseChunk& c = req->chunks(i);
+    auto fail = [&](const absl::Status& s) {
+      return ToGrpcStatus(absl::Status(
+          s.code(), absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
+                                 "): ", s.message(), "; nothing in the batch was applied")));
+    };
+    if (absl::Status s = CheckFloatBytes(c.data(), "data"); !s.ok()) return fail(s);
+    auto table = shard_->GetDense(c.table_id(), c.worker_id());
+    if (!table.ok()) return fail(table.status());
+    if (absl::Status s = (*table)->CheckRange(c.offset(), c.data().size() / sizeof(float));
+        !s.ok()) {
+      return fail(s);
+    }
+    for (int j = 0; j < i; ++j) {
+      if (req->chunks(j).table_id() == c.table_id()) {
+        return fail(absl::InvalidArgumentError("the table appears twice in the batch"));
+      }
+    }
+    bool has_nonfinite = false;
+    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &has_nonfinite);
+        !s.ok()) {
+      return fail(s);
+    }
+    tables.push_back(*table);
+    nonfinite.push_back(has_nonfinite);
+  }
+  for (int i = 0; i < req->chunks_size(); ++i) {
+    const DenseChunk& c = req->chunks(i);
+    bool skipped = false;
+    absl::Status s = tables[i]->Push(
+        c.worker_id(), c.step(), c.offset(), {AsFloats(c.data())}, &skipped,
+        nonfinite[i] ? DenseTable::Scanned::kHasNonFinite : DenseTable::Scanned::kAllFinite);
+    PushDenseResponse* r = resp->add_results();
+    r->set_values_received(c.data().size() / sizeof(float));
+    r->set_skipped_nonfinite(skipped);
+    if (!s.ok()) {
+      return ToGrpcStatus(absl::Status(
+          s.code(), absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(), "): ",
+                                 s.message(), "; the ", i, " chunk(s) before it were applied")));
+    }
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
                                                      const PullDenseRequest* req,
                                                      grpc::ServerWriter<DenseChunk>* writer) {

@@ -48,6 +48,10 @@ class ParameterServerService final : public ParameterServer::Service {
                                grpc::ServerWriter<DenseChunk>* writer) override;
   grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
                                PushDenseResponse* resp) override;
+  grpc::Status PullDenseBatch(grpc::ServerContext* ctx, const PullDenseBatchRequest* req,
+                              DenseBatch* resp) override;
+  grpc::Status PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
+                              PushDenseBatchResponse* resp) override;
   grpc::Status PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                           PullSparseResponse* resp) override;
   grpc::Status PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,

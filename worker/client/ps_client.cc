@@ -7,6 +7,7 @@
 #include "common/concurrent.h"
 #include "common/grpc_status.h"
 #include "common/sharding.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pscluster {
@@ -171,6 +172,107 @@ absl::Status PsClient::PullDense(uint32_t table_id, int64_t step, absl::Span<flo
   return RunConcurrently(num_shards(), [&](int s) {
     Range r = DenseShardRange(out.size(), s, num_shards());
     return PullDenseShard(s, table_id, step, r.begin, out.subspan(r.begin, r.size()));
+  });
+}
+
+absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
+                                     absl::Span<const absl::Span<float>> out) {
+  if (tables.size() != out.size()) {
+    return absl::InvalidArgumentError("PullDenseMany: one output per table");
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    auto spec = Spec(tables[i]);
+    if (!spec.ok()) return spec.status();
+    if (absl::Status s = CheckDense(*spec, out[i].size()); !s.ok()) return s;
+  }
+  return RunConcurrently(num_shards(), [&](int shard) -> absl::Status {
+    ps::PullDenseBatchRequest req;
+    uint64_t total = 0;
+    std::vector<size_t> order;
+    for (size_t i = 0; i < tables.size(); ++i) {
+      Range r = DenseShardRange(out[i].size(), shard, num_shards());
+      if (r.size() == 0) continue;
+      ps::PullDenseRequest* p = req.add_pulls();
+      p->set_worker_id(options_.worker_id);
+      p->set_step(step);
+      p->set_table_id(tables[i]);
+      p->set_offset(r.begin);
+      p->set_length(r.size());
+      total += r.size();
+      order.push_back(i);
+    }
+    if (total * sizeof(float) > options_.chunk_bytes) {  // too big for one message
+      for (size_t i : order) {
+        Range r = DenseShardRange(out[i].size(), shard, num_shards());
+        RETURN_IF_ERROR(
+            PullDenseShard(shard, tables[i], step, r.begin, out[i].subspan(r.begin, r.size())));
+      }
+      return absl::OkStatus();
+    }
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::DenseBatch resp;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stubs_[shard]->PullDenseBatch(&ctx, req, &resp), ShardName(shard)));
+    if (resp.chunks_size() != static_cast<int>(order.size())) {
+      return absl::InternalError(absl::StrCat(ShardName(shard), " answered ", resp.chunks_size(),
+                                              " chunks for ", order.size(), " pulls"));
+    }
+    for (size_t k = 0; k < order.size(); ++k) {
+      const size_t i = order[k];
+      Range r = DenseShardRange(out[i].size(), shard, num_shards());
+      const std::string& data = resp.chunks(k).data();
+      if (data.size() != r.size() * sizeof(float)) {
+        return absl::InternalError(absl::StrCat(ShardName(shard), " answered ", data.size(),
+                                                " bytes for table ", tables[i], ", expected ",
+                                                r.size() * sizeof(float)));
+      }
+      std::memcpy(out[i].data() + r.begin, data.data(), data.size());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PsClient::PushDenseMany(int64_t step, absl::Span<const uint32_t> tables,
+                                     absl::Span<const absl::Span<const float>> grads) {
+  if (tables.size() != grads.size()) {
+    return absl::InvalidArgumentError("PushDenseMany: one gradient per table");
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    auto spec = Spec(tables[i]);
+    if (!spec.ok()) return spec.status();
+    if (absl::Status s = CheckDense(*spec, grads[i].size()); !s.ok()) return s;
+  }
+  return RunConcurrently(num_shards(), [&](int shard) -> absl::Status {
+    ps::DenseBatch batch;
+    uint64_t total = 0;
+    for (size_t i = 0; i < tables.size(); ++i)
+      total += DenseShardRange(grads[i].size(), shard, num_shards()).size();
+    if (total * sizeof(float) > options_.chunk_bytes) {  // too big for one message
+      for (size_t i = 0; i < tables.size(); ++i) {
+        Range r = DenseShardRange(grads[i].size(), shard, num_shards());
+        if (r.size() == 0) continue;
+        RETURN_IF_ERROR(
+            PushDenseShard(shard, tables[i], step, r.begin, grads[i].subspan(r.begin, r.size())));
+      }
+      return absl::OkStatus();
+    }
+    for (size_t i = 0; i < tables.size(); ++i) {
+      Range r = DenseShardRange(grads[i].size(), shard, num_shards());
+      if (r.size() == 0) continue;
+      ps::DenseChunk* c = batch.add_chunks();
+      c->set_worker_id(options_.worker_id);
+      c->set_step(step);
+      c->set_table_id(tables[i]);
+      c->set_offset(r.begin);
+      c->set_begin(r.begin);
+      c->set_total_length(r.size());
+      c->set_data(grads[i].data() + r.begin, r.size() * sizeof(float));
+    }
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    ps::PushDenseBatchResponse resp;
+    return FromGrpcStatus(stubs_[shard]->PushDenseBatch(&ctx, batch, &resp), ShardName(shard));
   });
 }
 

@@ -53,6 +53,15 @@ class PsClient {
   absl::Status PushDense(uint32_t table_id, int64_t step, absl::Span<const float> grad);
   absl::Status PullDense(uint32_t table_id, int64_t step, absl::Span<float> out);
 
+  // Many dense tables at once, for a model's tensors each step: one RPC per shard (each
+  // holding every table's range on it) instead of one per table and shard. tables[i] is
+  // read into / pushed from data[i] (the whole tensor). Falls back to the per-table calls
+  // for a shard whose share exceeds chunk_bytes.
+  absl::Status PullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
+                             absl::Span<const absl::Span<float>> out);
+  absl::Status PushDenseMany(int64_t step, absl::Span<const uint32_t> tables,
+                             absl::Span<const absl::Span<const float>> grads);
+
   // A dense table's full state at `step`, for leaving PS mode. Waits (bounded by
   // rpc_timeout) until every shard can be read at `step`, as a pull at `step` would (BSP:
   // steps < step applied; FAILED_PRECONDITION when step itself already is), then gathers

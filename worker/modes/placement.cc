@@ -124,7 +124,10 @@ class PsPlacement final : public Placement {
     ASSIGN_OR_RETURN(p->mlp_, model::Mlp::Create(ctx.backend, ctx.mlp, ctx.batch_size));
     ASSIGN_OR_RETURN(auto batches, internal::DataParallelBatches(ctx));
     p->batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
-    for (const auto& param : p->mlp_->params()) p->host_.emplace_back(param.size);
+    for (const auto& param : p->mlp_->params()) {
+      p->tables_.push_back(1 + p->host_.size());
+      p->host_.emplace_back(param.size);
+    }
     return std::unique_ptr<Placement>(std::move(p));
   }
 
@@ -171,12 +174,13 @@ class PsPlacement final : public Placement {
     ASSIGN_OR_RETURN(model::StepResult r,
                      mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size));
     const float scale = 1.0f / ctx_.world;  // the shards sum the workers' gradients
+    std::vector<absl::Span<const float>> grads;
     for (size_t i = 0; i < host_.size(); ++i) {
       mlp_->GetGrad(i, host_[i].data());
       for (float& g : host_[i]) g *= scale;
+      grads.emplace_back(host_[i]);
     }
-    RETURN_IF_ERROR(RunConcurrently(
-        host_.size(), [&](int i) { return ctx_.ps->PushDense(1 + i, step, host_[i]); }));
+    RETURN_IF_ERROR(ctx_.ps->PushDenseMany(step, tables_, grads));  // one RPC per shard
     return r.loss;
   }
 
@@ -184,9 +188,9 @@ class PsPlacement final : public Placement {
   explicit PsPlacement(const PlacementContext& ctx) : ctx_(ctx) {}
 
   absl::Status Pull(int64_t step) {
-    RETURN_IF_ERROR(RunConcurrently(host_.size(), [&](int i) {
-      return ctx_.ps->PullDense(1 + i, step, absl::MakeSpan(host_[i]));
-    }));
+    std::vector<absl::Span<float>> out;
+    for (auto& h : host_) out.emplace_back(absl::MakeSpan(h));
+    RETURN_IF_ERROR(ctx_.ps->PullDenseMany(step, tables_, out));  // one RPC per shard
     for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
     return absl::OkStatus();
   }
@@ -202,6 +206,7 @@ class PsPlacement final : public Placement {
   std::unique_ptr<data::BatchIterator> batches_;
   data::Batch batch_;
   std::vector<std::vector<float>> host_;  // per parameter: pulled values, then gradients
+  std::vector<uint32_t> tables_;          // the parameters' table ids
 };
 
 // ALLREDUCE: a replica per worker; one flat all-reduce of the gradients per step.
