@@ -115,6 +115,8 @@ class Trainer {
     return placement_->Gather(step, with_slots);
   }
   Mode mode() const { return placement_->mode(); }
+  // The current placement's figures (placement.h), measured over the steps it ran.
+  std::vector<std::pair<std::string, double>> Figures() const { return placement_->Figures(); }
   int64_t steps_per_epoch() const { return per_epoch_; }
 
  private:

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Training throughput of every mode against PyTorch DDP (gloo) on the same 2 processes:
+# the same MLP (784-256-128-64-10), Adam, batch 64 per worker, Fashion-MNIST, 1 OpenBLAS
+# thread per process. Each round runs DDP (bench/ddp_torch.py) and then each of our modes
+# (deploy/local_cluster.sh: 2 workers, 2 shards, a coordinator); the rounds interleave so
+# machine noise hits all alike. Prints the median samples/s (summed over the 2 workers,
+# training time only) and the ratio to DDP's median, plus each run's test accuracy.
+#   bench/modes_compare.sh [ROUNDS=3] [EPOCHS=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3} epochs=${2:-3}
+modes=(ps allreduce fsdp pipeline)
+tmp=$(mktemp -d /tmp/modes_compare.XXXXXX)
+echo "runs under $tmp"
+for ((r = 0; r < rounds; ++r)); do
+  OMP_NUM_THREADS=1 /usr/bin/python3 bench/ddp_torch.py --world 2 --epochs "$epochs" \
+    | tail -n 1 >"$tmp/ddp$r.json"
+  for m in "${modes[@]}"; do
+    deploy/local_cluster.sh --mode "$m" --epochs "$epochs" --out "$tmp/$m$r" >/dev/null 2>&1 \
+      || { echo "modes_compare.sh: $m round $r failed; see $tmp/$m$r" >&2; exit 1; }
+  done
+  echo "round $((r + 1))/$rounds done"
+done
+python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
+import json, statistics, sys
+tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+ddp = [json.load(open(f"{tmp}/ddp{r}.json")) for r in range(rounds)]
+base = statistics.median(d["samples_per_sec"] for d in ddp)
+print("| run | samples/s (median) | runs | **/ DDP** | test accuracy |")
+print("|---|---|---|---|---|")
+print(f"| PyTorch DDP (gloo) | {base:,.0f} | {rounds} | 1.00 | "
+      f"{', '.join(str(d['test_accuracy']) for d in ddp)} |")
+for m in modes:
+    runs = [json.load(open(f"{tmp}/{m}{r}/summary.json")) for r in range(rounds)]
+    med = statistics.median(x["samples_per_sec"] for x in runs)
+    acc = ", ".join(str(x["test_accuracy"]) for x in runs)
+    print(f"| {m} | {med:,.0f} | {rounds} | **{med / base:.2f}** | {acc} |")
+PY
