@@ -41,9 +41,10 @@ class Cluster {
  public:
   // coordinator_checkpoints: the coordinator checkpoints every 100 steps and on a better
   // metric; otherwise rank 0 snapshots every epoch.
-  // mode: the workers' training mode (the coordinator's --mode).
+  // mode: the workers' training mode (the coordinator's --mode); switches: "STEP:MODE"
+  // scheduled with psctl before the workers start.
   explicit Cluster(const std::string& dir, bool coordinator_checkpoints = false,
-                   const std::string& mode = "ps")
+                   const std::string& mode = "ps", const std::vector<std::string>& switches = {})
       : dir_(dir), mode_(mode), coordinator_checkpoints_(coordinator_checkpoints) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
@@ -60,6 +61,14 @@ class Cluster {
     coordinator_ = AddressIn(c->WaitForLine("listening on", absl::Seconds(60)).value_or(""));
     processes_.push_back(*std::move(c));
     for (int s = 0; s < kShards; ++s) StartShard(s, false);
+    for (const std::string& sw : switches) {
+      auto psctl = testing::Subprocess::Start(
+          {"tools/psctl/psctl", "--coordinator=" + coordinator_, "switch-mode",
+           "--mode=" + sw.substr(sw.find(':') + 1), "--at_step=" + sw.substr(0, sw.find(':'))});
+      EXPECT_TRUE(psctl.ok());
+      auto status = psctl->Wait(absl::Seconds(30));
+      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << sw;
+    }
     for (int r = 0; r < kWorkers; ++r) StartWorker(r);
   }
 
@@ -183,6 +192,35 @@ TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIf
   for (int r = 0; r < kWorkers; ++r) {
     EXPECT_EQ(Field(recovered[r], "param_crc32c"), Field(clean[r], "param_crc32c"))
         << "rank " << r << ": the recovered run's final parameters differ from the clean run's";
+    EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
+  }
+}
+
+// A checkpoint taken in one mode restores in another: the cluster trains in FSDP, takes
+// the checkpoint of step kStepsPerEpoch, switches to PIPELINE at kStepsPerEpoch + 10; a
+// worker killed after the switch makes everyone roll back to the FSDP-mode checkpoint,
+// which they (the replacement too) load into the cluster's current mode, PIPELINE.
+TEST(RecoveryTest, CheckpointTakenInOneModeRestoresInAnother) {
+  std::vector<std::string> recovered;
+  {
+    Cluster cluster(::testing::TempDir() + "/cross_mode", false, "fsdp",
+                    {absl::StrCat(kStepsPerEpoch + 10, ":pipeline")});
+    ASSERT_TRUE(cluster.shard(1)
+                    .WaitForLine(absl::StrCat("snapshot of step ", kStepsPerEpoch, " complete"),
+                                 absl::Minutes(2))
+                    .ok());
+    ASSERT_TRUE(
+        cluster.worker(0).WaitForLine("switched from fsdp to pipeline", absl::Minutes(1)).ok());
+    ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+    ASSERT_TRUE(cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1)).ok());
+    cluster.StartWorker(1);
+    recovered = cluster.Finish();
+  }
+  SCOPED_TRACE(recovered[0]);
+  EXPECT_THAT(Field(recovered[0], "rollbacks"),
+              ::testing::HasSubstr(absl::StrCat(", ", kStepsPerEpoch, "]")));
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_THAT(recovered[r], ::testing::HasSubstr("\"final_mode\": \"pipeline\""));
     EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
   }
 }

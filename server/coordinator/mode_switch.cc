@@ -41,8 +41,9 @@ absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int64_t step, int64_t ho
   }
   max_polled_ = std::max(max_polled_, step + std::max<int64_t>(horizon, 1) - 1);
   PollSwitchResponse response;
+  // Done switches count too: workers that rolled back to a checkpoint before one replay it
+  // (their reports repeat, harmlessly) and so run every later step in the same mode again.
   for (auto it = by_step_.lower_bound(step); it != by_step_.end(); ++it) {
-    if (it->second.done) continue;
     response.set_pending(true);
     response.set_switch_id(it->second.record.switch_id());
     response.set_at_step(it->first);

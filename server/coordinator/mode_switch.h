@@ -36,7 +36,8 @@ class SwitchSchedule {
   explicit SwitchSchedule(SwitchScheduleOptions options);
 
   // A worker is about to run `step` (INVALID_ARGUMENT if negative): records it in
-  // max_polled and answers the earliest pending switch with at_step >= step, if any.
+  // max_polled and answers the earliest switch with at_step >= step, if any — done ones
+  // included, for workers that rolled back to a checkpoint before it and replay it.
   // (Not the earliest pending overall: one still waiting for a slow worker's report lies
   // behind a worker that already took it, and must not hide a later one from it.)
   // `horizon` (>= 1) steps from `step` on count as reached: the worker polls again only

@@ -283,13 +283,20 @@ TEST_F(SwitchScheduleTest, ASwitchWaitingForASlowWorkerDoesNotHideTheNextOne) {
   EXPECT_EQ(p.at_step(), 11);
 }
 
-TEST_F(SwitchScheduleTest, PollAfterTheSwitchIsDoneAnswersNothingPending) {
+// After a switch is done, a poll past it answers nothing; a poll before it (a worker that
+// rolled back to an earlier checkpoint) answers it again, and the repeated report is fine.
+TEST_F(SwitchScheduleTest, DoneSwitchIsAnsweredOnlyToAWorkerReplayingItsStep) {
   SwitchSchedule s(Options(1));
   SwitchModeResponse r = MustSchedule(s, "fsdp", 10);
   MustPoll(s, 10);
   MustAck(s, Report(0, r, "ps", "fsdp"));
-  EXPECT_FALSE(MustPoll(s, 10).pending());
   EXPECT_FALSE(MustPoll(s, 11).pending());
+  PollSwitchResponse replay = MustPoll(s, 4);
+  EXPECT_TRUE(replay.pending());
+  EXPECT_EQ(replay.at_step(), 10);
+  EXPECT_EQ(replay.mode(), "fsdp");
+  MustAck(s, Report(0, r, "ps", "fsdp"));
+  EXPECT_EQ(View(s).switches_size(), 1) << "a replayed switch is recorded once";
 }
 
 // ---------------------------------------------------------------------------------------

@@ -138,5 +138,25 @@ TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) 
   EXPECT_EQ(ParseMode("zero").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ModeAtTest, TheLastSwitchBeforeTheStepDecidesDoneOrPending) {
+  coord::ClusterView v;
+  v.set_mode("allreduce");  // after the done switch below
+  auto add = [](auto* list, int64_t at, const std::string& from, const std::string& to) {
+    coord::SwitchRecord* r = list->Add();
+    r->set_at_step(at);
+    r->set_from_mode(from);
+    r->set_to_mode(to);
+  };
+  EXPECT_EQ(*ModeAt(v, 5, Mode::kPs), Mode::kAllReduce) << "no switches: the view's mode";
+  add(v.mutable_switches(), 100, "fsdp", "allreduce");
+  add(v.mutable_pending_switches(), 200, "", "pipeline");  // nobody has reported it yet
+  EXPECT_EQ(*ModeAt(v, 100, Mode::kPs), Mode::kFsdp) << "a switch at the step comes after it";
+  EXPECT_EQ(*ModeAt(v, 101, Mode::kPs), Mode::kAllReduce);
+  EXPECT_EQ(*ModeAt(v, 250, Mode::kPs), Mode::kPipeline);
+  v.set_mode("bogus");
+  v.clear_switches();
+  EXPECT_EQ(ModeAt(v, 1, Mode::kPs).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pscluster::modes

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,23 @@ bool PeerFailure(const absl::Status& s) {
 }
 
 }  // namespace
+
+absl::StatusOr<Mode> ModeAt(const coord::ClusterView& view, int64_t step, Mode start) {
+  std::vector<const coord::SwitchRecord*> all;
+  for (const auto& r : view.switches()) all.push_back(&r);
+  for (const auto& r : view.pending_switches()) all.push_back(&r);
+  std::sort(all.begin(), all.end(),
+            [](const auto* a, const auto* b) { return a->at_step() < b->at_step(); });
+  // Before the first switch: the mode it left (once a worker reported it), else the
+  // view's (no switch done yet), else the mode this worker was started in.
+  std::string mode = !all.empty() && !all[0]->from_mode().empty()        ? all[0]->from_mode()
+                     : view.switches_size() == 0 && !view.mode().empty() ? view.mode()
+                                                                         : ModeName(start);
+  for (const auto* r : all) {
+    if (r->at_step() < step) mode = r->to_mode();  // a switch at `step` happens before it
+  }
+  return ParseMode(mode);
+}
 
 std::string Generation(const coord::ClusterView& view) {
   std::string gen;
@@ -166,11 +184,9 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   if (options_.connect) {
     ASSIGN_OR_RETURN(comm_, options_.connect(prefix));
   }
-  // The cluster's mode (a replacement worker learns it here), loaded from the checkpoint.
-  Mode mode = options_.mode;
-  if (!view_.mode().empty()) {
-    ASSIGN_OR_RETURN(mode, ParseMode(view_.mode()));
-  }
+  // The mode the cluster trained the checkpoint's step in (every worker reads the same
+  // switch history); the switches after it are replayed as the steps come round again.
+  ASSIGN_OR_RETURN(const Mode mode, ModeAt(view_, back_to, options_.mode));
   ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
   if (mode != Mode::kPs) {
     ASSIGN_OR_RETURN(auto from_shards, MakePlacement(Mode::kPs, Context()));
@@ -203,14 +219,10 @@ absl::StatusOr<int64_t> Trainer::Recover(int64_t failed_step, const absl::Status
   std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
               options_.rank, static_cast<long long>(failed_step), cause.ToString().c_str());
   std::fflush(stdout);
-  const Mode mode = placement_->mode();
   ASSIGN_OR_RETURN(view_, AwaitHealedView());
   placement_.reset();
-  // Keep this worker's mode: the view's is the same once every switch was acknowledged.
-  coord::ClusterView view = view_;
-  view_.set_mode(ModeName(mode));
-  ASSIGN_OR_RETURN(int64_t back_to, Rejoin(Generation(view)));
-  view_ = view;
+  ASSIGN_OR_RETURN(int64_t back_to, Rejoin(Generation(view_)));
+  known_.reset();  // the switches from the checkpoint on are asked for again
   std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
               options_.rank, static_cast<long long>(failed_step), static_cast<long long>(back_to));
   std::fflush(stdout);

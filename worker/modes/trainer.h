@@ -156,6 +156,11 @@ class Trainer {
   std::optional<PendingSwitch> known_;
 };
 
+// The mode the cluster trained step `step` in, from the view's switch history (done and
+// pending): what a rollback to a checkpoint of that step loads the state into. `start`:
+// when the view says nothing (no coordinator mode, no switch reported).
+absl::StatusOr<Mode> ModeAt(const coord::ClusterView& view, int64_t step, Mode start);
+
 // The generation of a cluster view: every member's incarnation, so the workers of one
 // (re)formed cluster agree on names for their rendezvous.
 std::string Generation(const coord::ClusterView& view);
