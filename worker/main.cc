@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, mode, "",
           "(a stage of layers per worker, 1F1B micro-batches). Default: the coordinator's mode "
           "(ps without one). The collective modes need --coordinator (the rendezvous).");
 ABSL_FLAG(int, micro_batches, 4, "pipeline: micro-batches per global batch.");
+ABSL_FLAG(double, bucket_mb, 25,
+          "allreduce: gradients are all-reduced in buckets of at most this many MiB, each as "
+          "soon as the backward pass filled it.");
 ABSL_FLAG(int, switch_poll_steps, 8,
           "Ask the coordinator for mode switches every this many steps (a next-boundary switch "
           "lands at most this far ahead).");
@@ -127,6 +130,8 @@ int main(int argc, char** argv) {
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (!(absl::GetFlag(FLAGS_bucket_mb) > 0)) return Fail("--bucket_mb must be > 0");
+  o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
   o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
   if (o.switch_poll_steps < 1) return Fail("--switch_poll_steps must be >= 1");
   o.progress_every = absl::Seconds(absl::GetFlag(FLAGS_progress_seconds));

@@ -56,6 +56,26 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeEquivalenceTest,
                                                "_workers");
                          });
 
+// ALLREDUCE in small buckets, each all-reduced as the backward pass fills it (a 160-float
+// cap cuts the tensors, last layer first, into 3 buckets), matches the reference too.
+TEST(ModeEquivalenceTest, AllReduceInSmallBucketsMatchesTheReference) {
+  auto options = [](int r) {
+    TrainerOptions o = Options(Mode::kAllReduce, r, 3, ps::OptimizerConfig::MOMENTUM);
+    o.bucket_bytes = 160 * sizeof(float);
+    return o;
+  };
+  const ModelState ten = Reference(options(0), 10);
+  OnRanks(3, options, [&](int r, Trainer& t) {
+    for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(t.Step(step).ok());
+    auto figures = t.Figures();
+    ASSERT_EQ(figures.size(), 1u);
+    EXPECT_GT(figures[0].second, 2) << "expected several buckets";
+    auto state = t.State(10);
+    ASSERT_TRUE(state.ok());
+    ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r));
+  });
+}
+
 TEST(ModeSwitchTest, RoundTripThroughEveryCollectiveModeKeepsTheStateBitwise) {
   auto options = [](int r) { return Options(Mode::kAllReduce, r, 2, ps::OptimizerConfig::ADAM); };
   OnRanks(2, options, [&](int r, Trainer& t) {

@@ -220,20 +220,36 @@ class AllReducePlacement final : public Placement {
     ASSIGN_OR_RETURN(p->mlp_, model::Mlp::Create(ctx.backend, ctx.mlp, ctx.batch_size));
     ASSIGN_OR_RETURN(auto batches, internal::DataParallelBatches(ctx));
     p->batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
+    // Gradients in backward order (the last layer's first), cut into buckets of at most
+    // bucket_bytes at tensor boundaries (a larger tensor is a bucket of its own).
+    const auto& params = p->mlp_->params();
+    size_t at = 0, bucket_begin = 0;
+    p->offset_.resize(params.size());
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+      if (at > bucket_begin && (at + params[i].size - bucket_begin) * sizeof(float) >
+                                   std::max<size_t>(ctx.bucket_bytes, 1)) {
+        p->buckets_.push_back({bucket_begin, at});
+        bucket_begin = at;
+      }
+      p->offset_[i] = at;
+      at += params[i].size;
+    }
+    p->buckets_.push_back({bucket_begin, at});
+    p->flat_.resize(at);
+    p->hooks_.after_backward = [raw = p.get()](int layer) { return raw->BucketsReady(layer); };
     return std::unique_ptr<Placement>(std::move(p));
   }
 
   Mode mode() const override { return Mode::kAllReduce; }
 
+  std::vector<std::pair<std::string, double>> Figures() const override {
+    return {{"allreduce_buckets", static_cast<double>(buckets_.size())}};
+  }
+
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(internal::CheckState(state, ctx_.mlp, ctx_.optimizer));
     state_ = state;
-    size_t total = 0;
-    for (size_t i = 0; i < state_.params.size(); ++i) {
-      mlp_->SetParam(i, state_.params[i].data());
-      total += state_.params[i].size();
-    }
-    flat_.resize(total);
+    for (size_t i = 0; i < state_.params.size(); ++i) mlp_->SetParam(i, state_.params[i].data());
     return absl::OkStatus();
   }
 
@@ -248,25 +264,20 @@ class AllReducePlacement final : public Placement {
 
   absl::StatusOr<float> Step(int64_t step) override {
     BatchAt(batches_.get(), step, &batch_);
+    next_bucket_ = 0;
+    // Each bucket is all-reduced as soon as the backward pass has filled it.
     ASSIGN_OR_RETURN(model::StepResult r,
-                     mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size));
-    size_t at = 0;
-    for (size_t i = 0; i < state_.params.size(); ++i) {
-      mlp_->GetGrad(i, flat_.data() + at);
-      at += state_.params[i].size();
-    }
-    RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(flat_)));
+                     mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size, &hooks_));
+    if (next_bucket_ != buckets_.size()) return absl::InternalError("a bucket was not reduced");
     const float scale = 1.0f / ctx_.world;  // the mean of the workers' gradients
     for (float& g : flat_) g *= scale;
     ++state_.updates;
-    at = 0;
     for (size_t i = 0; i < state_.params.size(); ++i) {
       std::vector<float*> slots;
       for (auto& s : state_.slots[i]) slots.push_back(s.data());
-      internal::ApplyOptimizer(*ctx_.optimizer, state_.params[i].data(), flat_.data() + at, slots,
-                               state_.params[i].size(), state_.updates);
+      internal::ApplyOptimizer(*ctx_.optimizer, state_.params[i].data(), flat_.data() + offset_[i],
+                               slots, state_.params[i].size(), state_.updates);
       mlp_->SetParam(i, state_.params[i].data());
-      at += state_.params[i].size();
     }
     return r.loss;
   }
@@ -274,12 +285,29 @@ class AllReducePlacement final : public Placement {
  private:
   explicit AllReducePlacement(const PlacementContext& ctx) : ctx_(ctx) {}
 
+  // Layer `layer`'s backward is done: its gradients into flat_, then every bucket that is
+  // now complete (flat_ holds the layers top down) all-reduced.
+  absl::Status BucketsReady(int layer) {
+    for (int i : {2 * layer + 1, 2 * layer}) mlp_->GetGrad(i, flat_.data() + offset_[i]);
+    const size_t filled = offset_[2 * layer] + mlp_->params()[2 * layer].size;
+    for (; next_bucket_ < buckets_.size() && buckets_[next_bucket_].second <= filled;
+         ++next_bucket_) {
+      const auto [begin, end] = buckets_[next_bucket_];
+      RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(flat_.data() + begin, end - begin)));
+    }
+    return absl::OkStatus();
+  }
+
   const PlacementContext ctx_;
   std::unique_ptr<model::Mlp> mlp_;
   std::unique_ptr<data::BatchIterator> batches_;
   data::Batch batch_;
-  ModelState state_;         // the replica
-  std::vector<float> flat_;  // all gradients, for one all-reduce
+  ModelState state_;            // the replica
+  std::vector<float> flat_;     // every gradient, the last layer's first
+  std::vector<size_t> offset_;  // per parameter: where its gradient starts in flat_
+  std::vector<std::pair<size_t, size_t>> buckets_;  // [begin, end) in flat_, in order
+  size_t next_bucket_ = 0;
+  model::LayerHooks hooks_;
 };
 
 }  // namespace

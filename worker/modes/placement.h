@@ -62,6 +62,9 @@ struct PlacementContext {
   int batch_size = 64;  // per worker; the global batch is world * batch_size
   uint64_t seed = 1;
   int micro_batches = 4;  // PIPELINE: micro-batches per global batch
+  // ALLREDUCE: gradients are all-reduced in buckets of at most this many bytes, each as
+  // soon as the backward pass has filled it (PyTorch DDP's default cap: 25 MiB).
+  size_t bucket_bytes = size_t{25} << 20;
   const data::Dataset* train = nullptr;
   compute::Backend* backend = nullptr;
   collective::Communicator* comm = nullptr;  // collective modes (size() == world)

@@ -118,6 +118,7 @@ PlacementContext Trainer::Context() const {
   c.batch_size = options_.batch_size;
   c.seed = options_.seed;
   c.micro_batches = options_.micro_batches;
+  c.bucket_bytes = options_.bucket_bytes;
   c.train = train_;
   c.backend = backend_.get();
   c.comm = comm_.get();

@@ -51,7 +51,8 @@ struct TrainerOptions {
   float lr_decay = 1.0f;
   ps::ConsistencyConfig consistency;  // PS mode's tables
   model::MlpOptions mlp;
-  int micro_batches = 4;  // PIPELINE
+  int micro_batches = 4;                   // PIPELINE
+  size_t bucket_bytes = size_t{25} << 20;  // ALLREDUCE (placement.h)
   // Workers ask the coordinator for switches every this many steps (the coordinator then
   // schedules a next-boundary switch at least this far ahead): a step's RPC saved.
   int switch_poll_steps = 8;
