@@ -179,6 +179,7 @@ TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIf
     ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
     auto failed = cluster.worker(0).WaitForLine("failed (", absl::Minutes(1));
     ASSERT_TRUE(failed.ok()) << "rank 0 did not notice rank 1's death: " << failed.status();
+    EXPECT_THAT(*failed, ::testing::ContainsRegex("(to|from) rank 1"));
     auto named = cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1));
     ASSERT_TRUE(named.ok()) << "rank 0 did not name the failed worker: " << named.status();
     std::printf("rank 0 said: %s\nrank 0 said: %s\n", failed->c_str(), named->c_str());

@@ -6,10 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gloo/allreduce.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
-#include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
@@ -132,20 +130,9 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllReduceSum(absl::Span<float> data) override {
     if (data.empty() || size() == 1) return absl::OkStatus();
-    if (data.size() >= kRingMin) {
-      return Guard(absl::StrCat("all-reduce of ", data.size(), " floats on rank ", rank()), [&] {
-        ring_.ReduceScatter(data.data(), data.size());
-        ring_.AllGather(data.data(), data.size());
-      });
-    }
     return Guard(absl::StrCat("all-reduce of ", data.size(), " floats on rank ", rank()), [&] {
-      gloo::AllreduceOptions opts(context_);
-      opts.setOutput(data.data(), data.size());
-      opts.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::allreduce(opts);
+      ring_.ReduceScatter(data.data(), data.size());
+      ring_.AllGather(data.data(), data.size());
     });
   }
 
@@ -260,11 +247,8 @@ class GlooCommunicator final : public Communicator {
   // apart from user tags of Send/Recv by the high bit.
   uint32_t NextTag() { return 0x80000000u | (tag_++ & 0x7fffffffu); }
 
-  // All-reduces of at least this many floats run as a synchronous ring (SyncRing); smaller
-  // ones, latency-bound, as Gloo's.
-  static constexpr size_t kRingMin = 4096;
   std::shared_ptr<gloo::Context> context_;
-  SyncRing ring_;  // reduce-scatter, all-gather, large all-reduces
+  SyncRing ring_;  // all-reduce, reduce-scatter, all-gather
   std::vector<float> acc_;
   const std::chrono::milliseconds timeout_;
   uint32_t tag_ = 0;

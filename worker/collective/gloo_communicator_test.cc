@@ -106,6 +106,23 @@ TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1"));
 }
 
+// A peer that is alive but never joins the all-reduce: the others time out, naming it.
+TEST(GlooCommunicatorErrorsTest, HungPeerInAnAllReduceTimesOutNamingIt) {
+  gloo::rendezvous::HashStore store;
+  std::unique_ptr<Communicator> comms[2];
+  std::thread t1([&] {
+    comms[1] =
+        *CreateGlooCommunicator(&store, GlooOptions{1, 2, "127.0.0.1", absl::Milliseconds(300)});
+  });
+  comms[0] =
+      *CreateGlooCommunicator(&store, GlooOptions{0, 2, "127.0.0.1", absl::Milliseconds(300)});
+  t1.join();
+  std::vector<float> data(1000, 1.0f);
+  absl::Status s = comms[0]->AllReduceSum(absl::MakeSpan(data));  // rank 1 never calls it
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1")) << s;
+}
+
 // A peer that goes away in the middle of a large (synchronous ring) all-reduce: the
 // survivor fails at once, naming the rank, instead of waiting out its timeout.
 TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {
