@@ -76,8 +76,8 @@ TEST_F(PsClusterTest, DenseTablesMatchReferenceForEveryOptimizer) {
   }
 }
 
-// PullDenseMany/PushDenseMany: several tables per RPC (one per shard), and the per-table
-// fallback for a share over the client's chunk size (64 KiB here), bitwise like the
+// PullDenseMany/PushDenseMany/PushPullDenseMany: several tables per RPC (one per shard), and the
+// per-table fallback for a share over the client's chunk size (64 KiB here), bitwise like the
 // single-table calls.
 TEST_F(PsClusterTest, ManyTablesPerCallMatchReference) {
   const OptimizerConfig opt = AllOptimizers()[3];  // Adam
@@ -115,6 +115,30 @@ TEST_F(PsClusterTest, ManyTablesPerCallMatchReference) {
       std::vector<float> sum(sizes[k]);
       for (uint64_t i = 0; i < sizes[k]; ++i) sum[i] = Grad(0, t, i + k) + Grad(1, t, i + k);
       refs[k].Apply(0, sum.data(), sizes[k], t + 1);
+    }
+  }
+  // PushPullDenseMany: step t's push and step t + 1's values in one call (in place).
+  for (int t = kSteps; t < kSteps + 2; ++t) {
+    std::vector<std::vector<std::vector<float>>> got(kWorkers);
+    OnAllWorkers([&](int w) {
+      std::vector<absl::Span<const float>> in;
+      std::vector<absl::Span<float>> out;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        got[w].emplace_back(sizes[k]);
+        for (uint64_t i = 0; i < sizes[k]; ++i) got[w][k][i] = Grad(w, t, i + k);
+        in.emplace_back(got[w][k]);
+        out.emplace_back(absl::MakeSpan(got[w][k]));
+      }
+      absl::Status s = clients_[w]->PushPullDenseMany(t, ids, in, out);
+      ASSERT_TRUE(s.ok()) << s;
+    });
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<float> sum(sizes[k]);
+      for (uint64_t i = 0; i < sizes[k]; ++i) sum[i] = Grad(0, t, i + k) + Grad(1, t, i + k);
+      refs[k].Apply(0, sum.data(), sizes[k], t + 1);
+      for (int w = 0; w < kWorkers; ++w) {
+        ASSERT_EQ(got[w][k], refs[k].values) << "table " << ids[k] << " after step " << t;
+      }
     }
   }
 }

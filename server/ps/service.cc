@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 
 namespace pscluster::ps {
 namespace {
@@ -137,21 +138,27 @@ grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
                                                     const PullDenseBatchRequest* req,
                                                     DenseBatch* resp) {
   Scope scope(this);
+  return ToGrpcStatus(PullBatch(ctx, req->pulls(), resp));
+}
+
+absl::Status ParameterServerService::PullBatch(
+    const grpc::ServerContext* ctx,
+    const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls, DenseBatch* resp) {
   uint64_t total = 0;
-  for (int i = 0; i < req->pulls_size(); ++i) {
-    const PullDenseRequest& pull = req->pulls(i);
+  for (int i = 0; i < pulls.size(); ++i) {
+    const PullDenseRequest& pull = pulls[i];
     uint64_t length = 0;
     auto table = PreparePull(ctx, pull, &length);
     if (!table.ok()) {
-      return ToGrpcStatus(absl::Status(
-          table.status().code(), absl::StrCat("pull ", i, " of the batch (table ", pull.table_id(),
-                                              "): ", table.status().message())));
+      return absl::Status(table.status().code(),
+                          absl::StrCat("pull ", i, " of the batch (table ", pull.table_id(),
+                                       "): ", table.status().message()));
     }
     total += length;
     if (total * sizeof(float) > options_.max_chunk_bytes) {
-      return ToGrpcStatus(absl::ResourceExhaustedError(
+      return absl::ResourceExhaustedError(
           absl::StrCat("the batch's pulls exceed the unary limit of ", options_.max_chunk_bytes,
-                       " bytes at pull ", i, "; pull the large tables one by one")));
+                       " bytes at pull ", i, "; pull the large tables one by one"));
     }
     DenseChunk* chunk = resp->add_chunks();
     chunk->set_table_id(pull.table_id());
@@ -161,24 +168,48 @@ grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
     chunk->set_total_length(length);
     std::string* data = chunk->mutable_data();
     data->resize(length * sizeof(float));
-    absl::Status s = (*table)->Read(pull.offset(),
-                                    absl::MakeSpan(reinterpret_cast<float*>(data->data()), length));
-    if (!s.ok()) return ToGrpcStatus(s);
+    RETURN_IF_ERROR((*table)->Read(pull.offset(),
+                                   absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext*, const DenseBatch* req,
                                                     PushDenseBatchResponse* resp) {
   Scope scope(this);
+  return ToGrpcStatus(PushBatch(*req, resp));
+}
+
+// A step's push and the next step's pull in one round trip: push the batch, then wait (as a
+// pull would) until step + 1 is readable and answer the same ranges.
+grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx,
+                                                        const DenseBatch* req, DenseBatch* resp) {
+  Scope scope(this);
+  PushDenseBatchResponse pushed;
+  if (absl::Status s = PushBatch(*req, &pushed); !s.ok()) return ToGrpcStatus(s);
+  google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
+  for (const DenseChunk& c : req->chunks()) {
+    PullDenseRequest* p = pulls.Add();
+    p->set_worker_id(c.worker_id());
+    p->set_step(c.step() + 1);
+    p->set_table_id(c.table_id());
+    p->set_offset(c.offset());
+    p->set_length(c.data().size() / sizeof(float));
+  }
+  return ToGrpcStatus(PullBatch(ctx, pulls, resp));
+}
+
+absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
+                                               PushDenseBatchResponse* resp) {
+  const DenseBatch* req = &batch;
   std::vector<DenseTable*> tables;
   std::vector<bool> nonfinite;
   for (int i = 0; i < req->chunks_size(); ++i) {  // all checked before any is applied
     const DenseChunk& c = req->chunks(i);
     auto fail = [&](const absl::Status& s) {
-      return ToGrpcStatus(absl::Status(
-          s.code(), absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
-                                 "): ", s.message(), "; nothing in the batch was applied")));
+      return absl::Status(s.code(),
+                          absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
+                                       "): ", s.message(), "; nothing in the batch was applied"));
     };
     if (absl::Status s = CheckFloatBytes(c.data(), "data"); !s.ok()) return fail(s);
     auto table = shard_->GetDense(c.table_id(), c.worker_id());
@@ -210,12 +241,12 @@ grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext*, const 
     r->set_values_received(c.data().size() / sizeof(float));
     r->set_skipped_nonfinite(skipped);
     if (!s.ok()) {
-      return ToGrpcStatus(absl::Status(
-          s.code(), absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(), "): ",
-                                 s.message(), "; the ", i, " chunk(s) before it were applied")));
+      return absl::Status(s.code(), absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
+                                                 "): ", s.message(), "; the ", i,
+                                                 " chunk(s) before it were applied"));
     }
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,

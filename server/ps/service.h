@@ -52,6 +52,8 @@ class ParameterServerService final : public ParameterServer::Service {
                               DenseBatch* resp) override;
   grpc::Status PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
                               PushDenseBatchResponse* resp) override;
+  grpc::Status PushPullDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
+                                  DenseBatch* resp) override;
   grpc::Status PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                           PullSparseResponse* resp) override;
   grpc::Status PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
@@ -75,6 +77,11 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
   // Validates a pull and waits for its consistency bound; returns the table and the
   // resolved length (0 in the request = to the end of this shard's range).
+  // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.
+  absl::Status PushBatch(const DenseBatch& batch, PushDenseBatchResponse* resp);
+  absl::Status PullBatch(const grpc::ServerContext* ctx,
+                         const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
+                         DenseBatch* resp);
   absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx,
                                           const PullDenseRequest& req, uint64_t* length);
 

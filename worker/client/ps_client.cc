@@ -214,27 +214,33 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
     ps::DenseBatch resp;
     RETURN_IF_ERROR(
         FromGrpcStatus(stubs_[shard]->PullDenseBatch(&ctx, req, &resp), ShardName(shard)));
-    if (resp.chunks_size() != static_cast<int>(order.size())) {
-      return absl::InternalError(absl::StrCat(ShardName(shard), " answered ", resp.chunks_size(),
-                                              " chunks for ", order.size(), " pulls"));
-    }
-    for (size_t k = 0; k < order.size(); ++k) {
-      const size_t i = order[k];
-      Range r = DenseShardRange(out[i].size(), shard, num_shards());
-      const std::string& data = resp.chunks(k).data();
-      if (data.size() != r.size() * sizeof(float)) {
-        return absl::InternalError(absl::StrCat(ShardName(shard), " answered ", data.size(),
-                                                " bytes for table ", tables[i], ", expected ",
-                                                r.size() * sizeof(float)));
-      }
-      std::memcpy(out[i].data() + r.begin, data.data(), data.size());
-    }
-    return absl::OkStatus();
+    return CopyBatch(shard, resp, order, tables, out);
   });
 }
 
 absl::Status PsClient::PushDenseMany(int64_t step, absl::Span<const uint32_t> tables,
                                      absl::Span<const absl::Span<const float>> grads) {
+  return PushMany(step, tables, grads, {});
+}
+
+absl::Status PsClient::PushPullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
+                                         absl::Span<const absl::Span<const float>> grads,
+                                         absl::Span<const absl::Span<float>> out) {
+  if (out.size() != tables.size()) {
+    return absl::InvalidArgumentError("PushPullDenseMany: one output per table");
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (out[i].size() != grads[i].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("PushPullDenseMany: table ", tables[i],
+                                                     "'s output and gradient sizes differ"));
+    }
+  }
+  return PushMany(step, tables, grads, out);
+}
+
+absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
+                                absl::Span<const absl::Span<const float>> grads,
+                                absl::Span<const absl::Span<float>> out) {
   if (tables.size() != grads.size()) {
     return absl::InvalidArgumentError("PushDenseMany: one gradient per table");
   }
@@ -243,17 +249,26 @@ absl::Status PsClient::PushDenseMany(int64_t step, absl::Span<const uint32_t> ta
     if (!spec.ok()) return spec.status();
     if (absl::Status s = CheckDense(*spec, grads[i].size()); !s.ok()) return s;
   }
+  const bool pull = !out.empty();
   return RunConcurrently(num_shards(), [&](int shard) -> absl::Status {
     ps::DenseBatch batch;
+    std::vector<size_t> order;
     uint64_t total = 0;
-    for (size_t i = 0; i < tables.size(); ++i)
+    for (size_t i = 0; i < tables.size(); ++i) {
       total += DenseShardRange(grads[i].size(), shard, num_shards()).size();
+    }
     if (total * sizeof(float) > options_.chunk_bytes) {  // too big for one message
       for (size_t i = 0; i < tables.size(); ++i) {
         Range r = DenseShardRange(grads[i].size(), shard, num_shards());
         if (r.size() == 0) continue;
         RETURN_IF_ERROR(
             PushDenseShard(shard, tables[i], step, r.begin, grads[i].subspan(r.begin, r.size())));
+      }
+      for (size_t i = 0; pull && i < tables.size(); ++i) {
+        Range r = DenseShardRange(out[i].size(), shard, num_shards());
+        if (r.size() == 0) continue;
+        RETURN_IF_ERROR(
+            PullDenseShard(shard, tables[i], step + 1, r.begin, out[i].subspan(r.begin, r.size())));
       }
       return absl::OkStatus();
     }
@@ -268,12 +283,41 @@ absl::Status PsClient::PushDenseMany(int64_t step, absl::Span<const uint32_t> ta
       c->set_begin(r.begin);
       c->set_total_length(r.size());
       c->set_data(grads[i].data() + r.begin, r.size() * sizeof(float));
+      order.push_back(i);
     }
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    ps::PushDenseBatchResponse resp;
-    return FromGrpcStatus(stubs_[shard]->PushDenseBatch(&ctx, batch, &resp), ShardName(shard));
+    if (!pull) {
+      ps::PushDenseBatchResponse resp;
+      return FromGrpcStatus(stubs_[shard]->PushDenseBatch(&ctx, batch, &resp), ShardName(shard));
+    }
+    ps::DenseBatch resp;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stubs_[shard]->PushPullDenseBatch(&ctx, batch, &resp), ShardName(shard)));
+    return CopyBatch(shard, resp, order, tables, out);
   });
+}
+
+absl::Status PsClient::CopyBatch(int shard, const ps::DenseBatch& resp,
+                                 const std::vector<size_t>& order,
+                                 absl::Span<const uint32_t> tables,
+                                 absl::Span<const absl::Span<float>> out) {
+  if (resp.chunks_size() != static_cast<int>(order.size())) {
+    return absl::InternalError(absl::StrCat(ShardName(shard), " answered ", resp.chunks_size(),
+                                            " chunks for ", order.size(), " tables"));
+  }
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    Range r = DenseShardRange(out[i].size(), shard, num_shards());
+    const std::string& data = resp.chunks(k).data();
+    if (data.size() != r.size() * sizeof(float)) {
+      return absl::InternalError(absl::StrCat(ShardName(shard), " answered ", data.size(),
+                                              " bytes for table ", tables[i], ", expected ",
+                                              r.size() * sizeof(float)));
+    }
+    std::memcpy(out[i].data() + r.begin, data.data(), data.size());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,

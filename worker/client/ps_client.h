@@ -61,6 +61,11 @@ class PsClient {
                              absl::Span<const absl::Span<float>> out);
   absl::Status PushDenseMany(int64_t step, absl::Span<const uint32_t> tables,
                              absl::Span<const absl::Span<const float>> grads);
+  // PushDenseMany of step `step`, then PullDenseMany of step + 1 into `out`, in one round
+  // trip per shard (out may alias grads: the gradients are sent before anything arrives).
+  absl::Status PushPullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
+                                 absl::Span<const absl::Span<const float>> grads,
+                                 absl::Span<const absl::Span<float>> out);
 
   // A dense table's full state at `step`, for leaving PS mode. Waits (bounded by
   // rpc_timeout) until every shard can be read at `step`, as a pull at `step` would (BSP:
@@ -118,6 +123,14 @@ class PsClient {
   absl::StatusOr<size_t> SparseDim(uint32_t table_id, size_t keys, size_t values);
   // One empty request per shard, addressed to table_id at step.
   std::vector<ps::SparseRequest> SparseRequests(uint32_t table_id, int64_t step) const;
+  // PushDenseMany and PushPullDenseMany (out non-empty: pull step + 1 into it).
+  absl::Status PushMany(int64_t step, absl::Span<const uint32_t> tables,
+                        absl::Span<const absl::Span<const float>> grads,
+                        absl::Span<const absl::Span<float>> out);
+  // The chunks of a batch answer, in `order` (indices into tables/out), into out.
+  absl::Status CopyBatch(int shard, const ps::DenseBatch& resp, const std::vector<size_t>& order,
+                         absl::Span<const uint32_t> tables,
+                         absl::Span<const absl::Span<float>> out);
   absl::Status PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                               absl::Span<const float> grad);
   absl::Status PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,

@@ -135,6 +135,7 @@ class PsPlacement final : public Placement {
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(internal::CheckState(state, ctx_.mlp, nullptr));
+    pulled_ = -1;
     if (ctx_.rank == 0) {  // one writer; the tables then stand at `step`
       RETURN_IF_ERROR(RunConcurrently(state.params.size(), [&](int i) {
         std::vector<absl::Span<const float>> slots;
@@ -169,18 +170,24 @@ class PsPlacement final : public Placement {
   }
 
   absl::StatusOr<float> Step(int64_t step) override {
-    RETURN_IF_ERROR(Pull(step));
+    if (pulled_ != step) RETURN_IF_ERROR(Pull(step));  // else the last push brought them
     BatchAt(batches_.get(), step, &batch_);
     ASSIGN_OR_RETURN(model::StepResult r,
                      mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size));
     const float scale = 1.0f / ctx_.world;  // the shards sum the workers' gradients
     std::vector<absl::Span<const float>> grads;
+    std::vector<absl::Span<float>> next;
     for (size_t i = 0; i < host_.size(); ++i) {
       mlp_->GetGrad(i, host_[i].data());
       for (float& g : host_[i]) g *= scale;
       grads.emplace_back(host_[i]);
+      next.emplace_back(absl::MakeSpan(host_[i]));
     }
-    RETURN_IF_ERROR(ctx_.ps->PushDenseMany(step, tables_, grads));  // one RPC per shard
+    // One round trip per shard: this step's gradients out, the next step's parameters back.
+    pulled_ = -1;
+    RETURN_IF_ERROR(ctx_.ps->PushPullDenseMany(step, tables_, grads, next));
+    for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
+    pulled_ = step + 1;
     return r.loss;
   }
 
@@ -192,6 +199,7 @@ class PsPlacement final : public Placement {
     for (auto& h : host_) out.emplace_back(absl::MakeSpan(h));
     RETURN_IF_ERROR(ctx_.ps->PullDenseMany(step, tables_, out));  // one RPC per shard
     for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
+    pulled_ = step;
     return absl::OkStatus();
   }
 
@@ -207,6 +215,7 @@ class PsPlacement final : public Placement {
   data::Batch batch_;
   std::vector<std::vector<float>> host_;  // per parameter: pulled values, then gradients
   std::vector<uint32_t> tables_;          // the parameters' table ids
+  int64_t pulled_ = -1;  // the step whose parameters the model holds (-1: none known)
 };
 
 // ALLREDUCE: a replica per worker; one flat all-reduce of the gradients per step.
