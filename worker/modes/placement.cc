@@ -149,13 +149,13 @@ class PsPlacement final : public Placement {
 
   absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
     ModelState state;
-    state.params = host_;
     state.slots.resize(host_.size());
-    if (!with_slots) {
-      RETURN_IF_ERROR(Pull(step));
+    if (!with_slots) {  // a pull at `step` (BSP: waits until the step is applied)
+      if (pulled_ != step) RETURN_IF_ERROR(Pull(step));
       state.params = host_;
       return state;
     }
+    for (const auto& h : host_) state.params.emplace_back(h.size());
     std::vector<int64_t> updates(host_.size());
     RETURN_IF_ERROR(RunConcurrently(host_.size(), [&](int i) -> absl::Status {
       ASSIGN_OR_RETURN(ps::TableSpec spec, Spec(i));
