@@ -1,5 +1,5 @@
-// Gloo's rendezvous store on the coordinator's key-value store: how the ranks of a
-// cluster find each other for collectives. Keys are namespaced by `prefix` (e.g. the mode
+// Gloo's rendezvous store (and NCCL's, below) on the coordinator's key-value store: how the ranks
+// of a cluster find each other for collectives. Keys are namespaced by `prefix` (e.g. the mode
 // switch's generation). Thread-compatible, like Gloo's other stores.
 #pragma once
 
@@ -8,6 +8,7 @@
 
 #include "gloo/rendezvous/store.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/collective/nccl_communicator.h"
 
 namespace pscluster::collective {
 
@@ -30,6 +31,21 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
   CoordinatorClient* const client_;
   const std::string prefix_;
   const absl::Duration timeout_;
+};
+
+// NCCL's rendezvous (rank 0 publishes the unique id) on the coordinator's key-value store.
+class CoordinatorKeyValue final : public KeyValue {
+ public:
+  explicit CoordinatorKeyValue(CoordinatorClient* client) : client_(client) {}
+  absl::Status Put(const std::string& key, const std::string& value) override {
+    return client_->KvPut(key, value);
+  }
+  absl::StatusOr<std::string> WaitGet(const std::string& key, absl::Duration timeout) override {
+    return client_->KvGet(key, /*wait=*/true, timeout);
+  }
+
+ private:
+  CoordinatorClient* const client_;
 };
 
 }  // namespace pscluster::collective

@@ -48,5 +48,45 @@ TEST(CoordinatorStoreTest, RanksRendezvousThroughTheCoordinatorAndAllReduce) {
   server->Shutdown();
 }
 
+// NCCL's rendezvous on the coordinator: a value put by one rank is what another waits for.
+TEST(CoordinatorStoreTest, NcclKeyValueWaitsForTheValueAnotherRankPuts) {
+  coord::Membership membership(coord::MembershipOptions{1, 2});
+  coord::KvStore kv;
+  coord::CoordinatorService service(&membership, &kv, absl::Minutes(1));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  std::unique_ptr<CoordinatorClient> clients[2];
+  for (int r = 0; r < 2; ++r) {
+    CoordinatorClientOptions o;
+    o.coordinator = absl::StrCat("127.0.0.1:", port);
+    o.role = coord::WORKER;
+    o.id = r;
+    auto c = CoordinatorClient::Register(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients[r] = *std::move(c);
+  }
+  std::string got;
+  std::thread waiter([&] {
+    CoordinatorKeyValue kv1(clients[1].get());
+    auto v = kv1.WaitGet("nccl/g1/unique_id", absl::Seconds(30));
+    ASSERT_TRUE(v.ok()) << v.status();
+    got = *v;
+  });
+  CoordinatorKeyValue kv0(clients[0].get());
+  const std::string id(128, '\x07');  // an ncclUniqueId's size, bytes that are not text
+  ASSERT_TRUE(kv0.Put("nccl/g1/unique_id", id).ok());
+  waiter.join();
+  EXPECT_EQ(got, id);
+  EXPECT_EQ(kv0.WaitGet("nccl/absent", absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  clients[0].reset();
+  clients[1].reset();
+  server->Shutdown();
+}
+
 }  // namespace
 }  // namespace pscluster::collective
