@@ -20,8 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/collective/coordinator_store.h"
+#include "worker/collective/staging_communicator.h"
+#include "worker/compute/cuda_device.h"
 #include "worker/modes/trainer.h"
 
 ABSL_FLAG(std::vector<std::string>, ps, {},
@@ -62,6 +65,10 @@ ABSL_FLAG(int, switch_poll_steps, 8,
           "lands at most this far ahead).");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Collective modes: the address other workers reach this one at.");
+ABSL_FLAG(std::string, collectives, "gloo",
+          "gloo (TCP) | nccl (GPUs; needs --backend=cuda and a --config=cuda build): the "
+          "collective modes' communicator. NCCL is staged through device buffers.");
+ABSL_FLAG(int, cuda_device, -1, "--backend=cuda: the GPU to use (-1: rank modulo the GPUs).");
 ABSL_FLAG(int, collective_timeout_seconds, 120,
           "A collective that waits this long for a peer fails, naming it.");
 ABSL_FLAG(int, progress_seconds, 5, "Seconds between progress lines.");
@@ -72,6 +79,13 @@ ABSL_FLAG(int, snapshot_every_epochs, 0,
 namespace {
 
 using namespace pscluster;
+
+// --cuda_device, or this rank's GPU when there are several (workers of a node share them).
+int CudaDevice(int rank) {
+  if (const int d = absl::GetFlag(FLAGS_cuda_device); d >= 0) return d;
+  auto gpus = compute::CudaDevices();
+  return gpus.ok() && !gpus->empty() ? rank % static_cast<int>(gpus->size()) : 0;
+}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "ps_worker: %s\n", message.c_str());
@@ -140,6 +154,11 @@ int main(int argc, char** argv) {
   if (!(o.lr_decay > 0 && o.lr_decay <= 1)) return Fail("--lr_decay must be in (0, 1]");
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world) return Fail("--rank must be in [0, --world)");
   if (o.epochs < 1) return Fail("--epochs must be >= 1");
+  if (const std::string c = absl::GetFlag(FLAGS_collectives); c != "gloo" && c != "nccl") {
+    return Fail("--collectives must be gloo or nccl");
+  } else if (c == "nccl" && absl::GetFlag(FLAGS_backend) != "cuda") {
+    return Fail("--collectives=nccl needs --backend=cuda");
+  }
   std::string mode = absl::GetFlag(FLAGS_mode);
   std::unique_ptr<CoordinatorClient> coordinator;
   if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
@@ -164,8 +183,21 @@ int main(int argc, char** argv) {
     o.coordinator = coordinator.get();
     const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_seconds));
     const std::string host = absl::GetFlag(FLAGS_host);
-    o.connect = [&coordinator, &o, timeout, host](const std::string& generation)
+    const std::string collectives = absl::GetFlag(FLAGS_collectives);
+    o.connect = [&coordinator, &o, timeout, host, collectives](const std::string& generation)
         -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+      if (collectives == "nccl") {
+        collective::CoordinatorKeyValue kv(coordinator.get());
+        collective::NcclOptions n;
+        n.rank = o.rank;
+        n.size = o.world;
+        n.device = CudaDevice(o.rank);
+        n.timeout = timeout;
+        n.key_prefix = generation + "nccl/";
+        ASSIGN_OR_RETURN(auto nccl, collective::CreateNcclCommunicator(&kv, n));
+        ASSIGN_OR_RETURN(auto staging, compute::MakeCudaBackend(n.device));
+        return collective::MakeStagingCommunicator(std::move(nccl), std::move(staging));
+      }
       collective::CoordinatorStore store(coordinator.get(), generation, absl::Minutes(5));
       return collective::CreateGlooCommunicator(
           &store, collective::GlooOptions{o.rank, o.world, host, timeout});
@@ -221,7 +253,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<compute::Backend> backend;
   if (absl::GetFlag(FLAGS_backend) == "cuda") {
-    auto cuda = compute::MakeCudaBackend(0);
+    auto cuda = compute::MakeCudaBackend(CudaDevice(o.rank));
     if (!cuda.ok()) return Fail("--backend=cuda: " + cuda.status().ToString());
     backend = *std::move(cuda);
   } else if (absl::GetFlag(FLAGS_backend) == "cpu") {
