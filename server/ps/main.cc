@@ -5,6 +5,8 @@
 // Prints "ps_server shard S/N listening on HOST:PORT" once it serves (with --port=0 the
 // kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, let RPCs in progress
 // finish (up to 5 s), close every connection, exit 0.
+#include <malloc.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -54,6 +56,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
   absl::ParseCommandLine(argc, argv);
+  // Every push and pull allocates and frees message and staging buffers of the same sizes:
+  // keep them in the heap instead of fresh mmaps whose pages fault in again each time.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   pscluster::ps::ShardOptions shard_options;
   shard_options.shard_id = absl::GetFlag(FLAGS_shard_id);
   shard_options.num_shards = absl::GetFlag(FLAGS_num_shards);
