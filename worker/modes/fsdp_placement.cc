@@ -154,10 +154,8 @@ class FsdpPlacement final : public Placement {
     for (size_t i : {w, b}) {
       const size_t begin = std::min(size_[i], ctx_.rank * chunk_[i]);
       const size_t n = std::min(size_[i], begin + chunk_[i]) - begin;  // the real elements
-      std::vector<float*> slots;
-      for (auto& s : slots_[i]) slots.push_back(s.data());
       ApplyOptimizer(*ctx_.optimizer, own_[i].data(), mine_.data() + (i == w ? 0 : chunk_[w]),
-                     slots, n, update_);
+                     slots_[i], n, update_);
     }
     return absl::OkStatus();
   }

@@ -154,9 +154,7 @@ class PipelinePlacement final : public Placement {
     for (size_t i = 0; i < params_.size(); ++i) {
       grad.resize(params_[i].size());
       mlp_->GetGrad(i, grad.data());
-      std::vector<float*> slots;
-      for (auto& s : slots_[i]) slots.push_back(s.data());
-      ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots, params_[i].size(),
+      ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots_[i], params_[i].size(),
                      updates_);
       mlp_->SetParam(i, params_[i].data());
     }

@@ -68,6 +68,14 @@ ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const ps::O
   return state;
 }
 
+absl::Status ImportState(PsClient* ps, const ModelState& state, int64_t step) {
+  return RunConcurrently(state.params.size(), [&](int i) {
+    std::vector<absl::Span<const float>> slots;
+    for (const auto& s : state.slots[i]) slots.emplace_back(s);
+    return ps->ImportDense(1 + i, step, state.updates, state.params[i], slots);
+  });
+}
+
 namespace internal {
 
 absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
@@ -92,9 +100,11 @@ absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
   return absl::OkStatus();
 }
 
-void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g, std::vector<float*> slots,
-                    size_t n, int64_t update) {
-  opt.Apply(w, g, slots.empty() ? nullptr : slots.data(), n, update);
+void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g,
+                    std::vector<std::vector<float>>& slots, size_t n, int64_t update) {
+  std::vector<float*> ptrs;
+  for (auto& s : slots) ptrs.push_back(s.data());
+  opt.Apply(w, g, ptrs.empty() ? nullptr : ptrs.data(), n, update);
 }
 
 absl::StatusOr<data::BatchIterator> DataParallelBatches(const PlacementContext& ctx) {
@@ -117,8 +127,9 @@ using internal::BatchAt;
 class PsPlacement final : public Placement {
  public:
   static absl::StatusOr<std::unique_ptr<Placement>> Create(const PlacementContext& ctx) {
-    if (ctx.ps == nullptr) {
-      return absl::FailedPreconditionError("ps mode needs parameter-server shards");
+    if (ctx.ps == nullptr || ctx.optimizer == nullptr) {
+      return absl::FailedPreconditionError(
+          "ps mode needs parameter-server shards and the tables' optimizer");
     }
     auto p = std::unique_ptr<PsPlacement>(new PsPlacement(ctx));
     ASSIGN_OR_RETURN(p->mlp_, model::Mlp::Create(ctx.backend, ctx.mlp, ctx.batch_size));
@@ -137,11 +148,7 @@ class PsPlacement final : public Placement {
     RETURN_IF_ERROR(internal::CheckState(state, ctx_.mlp, nullptr));
     pulled_ = -1;
     if (ctx_.rank == 0) {  // one writer; the tables then stand at `step`
-      RETURN_IF_ERROR(RunConcurrently(state.params.size(), [&](int i) {
-        std::vector<absl::Span<const float>> slots;
-        for (const auto& s : state.slots[i]) slots.emplace_back(s);
-        return ctx_.ps->ImportDense(1 + i, step, state.updates, state.params[i], slots);
-      }));
+      RETURN_IF_ERROR(ImportState(ctx_.ps, state, step));
     }
     // Nobody pulls step `step` before the import landed.
     return ctx_.comm != nullptr ? ctx_.comm->Barrier() : absl::OkStatus();
@@ -158,9 +165,8 @@ class PsPlacement final : public Placement {
     for (const auto& h : host_) state.params.emplace_back(h.size());
     std::vector<int64_t> updates(host_.size());
     RETURN_IF_ERROR(RunConcurrently(host_.size(), [&](int i) -> absl::Status {
-      ASSIGN_OR_RETURN(ps::TableSpec spec, Spec(i));
-      ASSIGN_OR_RETURN(auto opt, ps::MakeOptimizer(spec.optimizer()));
-      state.slots[i].assign(opt->num_slots(), std::vector<float>(host_[i].size()));
+      // The tables were created with this optimizer (a shard with another refuses the export).
+      state.slots[i].assign(ctx_.optimizer->num_slots(), std::vector<float>(host_[i].size()));
       std::vector<absl::Span<float>> slots;
       for (auto& s : state.slots[i]) slots.emplace_back(absl::MakeSpan(s));
       return ctx_.ps->ExportDense(1 + i, step, absl::MakeSpan(state.params[i]), slots, &updates[i]);
@@ -201,12 +207,6 @@ class PsPlacement final : public Placement {
     for (size_t i = 0; i < host_.size(); ++i) mlp_->SetParam(i, host_[i].data());
     pulled_ = step;
     return absl::OkStatus();
-  }
-
-  absl::StatusOr<ps::TableSpec> Spec(int i) {
-    ASSIGN_OR_RETURN(std::vector<ps::TableInfo> info, ctx_.ps->DescribeTable(1 + i));
-    if (info.empty()) return absl::NotFoundError(absl::StrCat("table ", 1 + i, " has no shards"));
-    return info[0].spec();
   }
 
   const PlacementContext ctx_;
@@ -282,10 +282,8 @@ class AllReducePlacement final : public Placement {
     for (float& g : flat_) g *= scale;
     ++state_.updates;
     for (size_t i = 0; i < state_.params.size(); ++i) {
-      std::vector<float*> slots;
-      for (auto& s : state_.slots[i]) slots.push_back(s.data());
       internal::ApplyOptimizer(*ctx_.optimizer, state_.params[i].data(), flat_.data() + offset_[i],
-                               slots, state_.params[i].size(), state_.updates);
+                               state_.slots[i], state_.params[i].size(), state_.updates);
       mlp_->SetParam(i, state_.params[i].data());
     }
     return r.loss;

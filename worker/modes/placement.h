@@ -50,6 +50,10 @@ struct ModelState {
 // seeded per tensor, zero biases) and the optimizer's initial slots.
 ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const ps::Optimizer& opt);
 
+// Writes the whole state into the PS tables as the state before `step` (ImportDense on
+// every table, concurrently): entering PS mode, and the collective modes' checkpoints.
+absl::Status ImportState(PsClient* ps, const ModelState& state, int64_t step);
+
 // The PS tables of the model: table 1 + i holds Mlp::params()[i].
 ps::TableSpec TableFor(const model::MlpOptions& mlp, int param, const ps::OptimizerConfig& opt,
                        const ps::ConsistencyConfig& consistency, uint64_t seed);

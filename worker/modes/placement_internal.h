@@ -13,9 +13,10 @@ namespace pscluster::modes::internal {
 // number of slots per tensor).
 absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
                         const ps::Optimizer* opt);
-// One optimizer update of n elements (slots: one pointer per optimizer slot).
-void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g, std::vector<float*> slots,
-                    size_t n, int64_t update);
+// One optimizer update of n elements (slots: one array per optimizer slot, n floats used).
+void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g,
+                    std::vector<std::vector<float>>& slots, size_t n, int64_t update);
+
 // This rank's share of every global batch (the data-parallel order).
 absl::StatusOr<data::BatchIterator> DataParallelBatches(const PlacementContext& ctx);
 // The batch `it` serves at `step`.

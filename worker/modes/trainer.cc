@@ -8,7 +8,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/concurrent.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "server/ps/table.h"
@@ -271,11 +270,7 @@ absl::Status Trainer::Publish(int64_t step) {
   if (placement_->mode() == Mode::kPs || client_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
   if (options_.rank != 0) return absl::OkStatus();
-  return RunConcurrently(state.params.size(), [&](int i) {
-    std::vector<absl::Span<const float>> slots;
-    for (const auto& s : state.slots[i]) slots.emplace_back(s);
-    return client_->ImportDense(1 + i, step, state.updates, state.params[i], slots);
-  });
+  return ImportState(client_.get(), state, step);
 }
 
 absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
