@@ -123,15 +123,19 @@ grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
         absl::StrCat("length ", length, " values exceeds the unary limit of ",
                      options_.max_chunk_bytes, " bytes; use PullDenseStream")));
   }
-  resp->set_table_id(req->table_id());
-  resp->set_step(req->step());
-  resp->set_offset(req->offset());
-  resp->set_begin(req->offset());
-  resp->set_total_length(length);
-  std::string* data = resp->mutable_data();
+  return ToGrpcStatus(ReadChunk(**table, *req, length, resp));
+}
+
+absl::Status ParameterServerService::ReadChunk(const DenseTable& table, const PullDenseRequest& req,
+                                               uint64_t length, DenseChunk* chunk) {
+  chunk->set_table_id(req.table_id());
+  chunk->set_step(req.step());
+  chunk->set_offset(req.offset());
+  chunk->set_begin(req.offset());
+  chunk->set_total_length(length);
+  std::string* data = chunk->mutable_data();
   data->resize(length * sizeof(float));
-  return ToGrpcStatus((*table)->Read(
-      req->offset(), absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)));
+  return table.Read(req.offset(), absl::MakeSpan(reinterpret_cast<float*>(data->data()), length));
 }
 
 grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
@@ -160,16 +164,7 @@ absl::Status ParameterServerService::PullBatch(
           absl::StrCat("the batch's pulls exceed the unary limit of ", options_.max_chunk_bytes,
                        " bytes at pull ", i, "; pull the large tables one by one"));
     }
-    DenseChunk* chunk = resp->add_chunks();
-    chunk->set_table_id(pull.table_id());
-    chunk->set_step(pull.step());
-    chunk->set_offset(pull.offset());
-    chunk->set_begin(pull.offset());
-    chunk->set_total_length(length);
-    std::string* data = chunk->mutable_data();
-    data->resize(length * sizeof(float));
-    RETURN_IF_ERROR((*table)->Read(pull.offset(),
-                                   absl::MakeSpan(reinterpret_cast<float*>(data->data()), length)));
+    RETURN_IF_ERROR(ReadChunk(**table, pull, length, resp->add_chunks()));
   }
   return absl::OkStatus();
 }

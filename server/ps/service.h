@@ -82,6 +82,9 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::Status PullBatch(const grpc::ServerContext* ctx,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
                          DenseBatch* resp);
+  // `length` values of `table` from req.offset() into `chunk` (a unary pull's answer).
+  static absl::Status ReadChunk(const DenseTable& table, const PullDenseRequest& req,
+                                uint64_t length, DenseChunk* chunk);
   absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx,
                                           const PullDenseRequest& req, uint64_t* length);
 

@@ -214,12 +214,17 @@ absl::StatusOr<StepResult> Mlp::ForwardBackward(const float* x, const int32_t* y
   return result;
 }
 
-absl::Status Mlp::StageForward(int slot, const float* x, int batch, float* out) {
+absl::Status Mlp::CheckStage(int slot, int batch) const {
   if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
   if (slot < 0 || slot >= options_.slots) {
     return absl::InvalidArgumentError(
         absl::StrCat("slot ", slot, " is outside [0, ", options_.slots, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::StageForward(int slot, const float* x, int batch, float* out) {
+  if (absl::Status s = CheckStage(slot, batch); !s.ok()) return s;
   if (absl::Status s = Forward(slot, x, batch, nullptr); !s.ok()) return s;
   if (!last_stage()) {
     backend_->Download(activation(end_, slot), out, static_cast<size_t>(batch) * output_width());
@@ -229,11 +234,7 @@ absl::Status Mlp::StageForward(int slot, const float* x, int batch, float* out) 
 
 absl::StatusOr<StepResult> Mlp::StageBackward(int slot, const int32_t* labels, const float* dout,
                                               int batch, float grad_scale, float* dx) {
-  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
-  if (slot < 0 || slot >= options_.slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, " is outside [0, ", options_.slots, ")"));
-  }
+  if (absl::Status s = CheckStage(slot, batch); !s.ok()) return s;
   StepResult result;
   if (last_stage()) {
     if (absl::Status s = CheckLabels(labels, batch); !s.ok()) return s;

@@ -120,6 +120,7 @@ class Mlp {
   int classes() const { return options_.layers.back(); }
   absl::Status CheckLabels(const int32_t* y, int64_t count) const;
   absl::Status CheckBatch(int batch) const;
+  absl::Status CheckStage(int slot, int batch) const;  // CheckBatch, and a slot in range
   // Uploads `batch` examples into slot `slot` and runs the layers (calling hooks->before
   // when given); the output ends in activation(end_, slot).
   absl::Status Forward(int slot, const float* x, int batch, const LayerHooks* hooks);
