@@ -33,20 +33,8 @@ class ModesSwitchTest : public PsClusterTest {
 TEST_F(ModesSwitchTest, PsModeMatchesTheSingleProcessReference) {
   auto options = WithShards(Mode::kPs, ps::OptimizerConfig::MOMENTUM);
   const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
-  OnRanks(kWorkers, options, [&](int r, Trainer& t) {
-    for (int64_t step = 0; step < 10; ++step) {
-      auto loss = t.Step(step);
-      ASSERT_TRUE(loss.ok()) << loss.status();
-      if (step == 0) {
-        auto state = t.State(1);
-        ASSERT_TRUE(state.ok()) << state.status();
-        ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"));
-      }
-    }
-    auto state = t.State(10);
-    ASSERT_TRUE(state.ok()) << state.status();
-    ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"));
-  });
+  OnRanks(kWorkers, options,
+          [&](int r, Trainer& t) { modes::testing::ExpectOneAndTenStepsMatch(t, r, one, ten); });
 }
 
 TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference) {

@@ -22,6 +22,29 @@ double JsonNumber(const std::string& json, const std::string& key) {
   return at == std::string::npos ? NAN : std::stod(json.substr(at + key.size() + 3));
 }
 
+// The whole of a file (a worker's summary JSON).
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The address a process prints once it serves ("... listening on HOST:PORT ...").
+std::string ListeningOn(testing::Subprocess& p) {
+  auto line = p.WaitForLine("listening on", absl::Seconds(60));
+  EXPECT_TRUE(line.ok()) << line.status();
+  return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
+}
+
+// Waits for a worker to end; it must exit 0. Returns its summary JSON.
+std::string FinishedSummary(testing::Subprocess& worker, const std::string& summary_path) {
+  auto status = worker.Wait(absl::Minutes(5));
+  EXPECT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << worker.name();
+  return ReadFile(summary_path);
+}
+
 class TrainE2eTest : public PsClusterTest {};
 
 TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
@@ -45,12 +68,10 @@ TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << w.name();
   }
   for (int r = 0; r < kWorkers; ++r) {
-    std::ifstream f(absl::StrCat(dir, "/worker", r, ".json"));
-    std::stringstream json;
-    json << f.rdbuf();
-    EXPECT_LT(JsonNumber(json.str(), "final_loss"), 0.5 * std::log(4.0)) << json.str();
-    EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9) << json.str();
-    EXPECT_EQ(JsonNumber(json.str(), "steps"), 3 * (4000 / (32 * kWorkers))) << json.str();
+    const std::string json = ReadFile(absl::StrCat(dir, "/worker", r, ".json"));
+    EXPECT_LT(JsonNumber(json, "final_loss"), 0.5 * std::log(4.0)) << json;
+    EXPECT_GT(JsonNumber(json, "test_accuracy"), 0.9) << json;
+    EXPECT_EQ(JsonNumber(json, "steps"), 3 * (4000 / (32 * kWorkers))) << json;
   }
 }
 
@@ -60,10 +81,7 @@ TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
   auto c = testing::Subprocess::Start(
       {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=0", "--num_workers=2"});
   ASSERT_TRUE(c.ok());
-  auto line = c->WaitForLine("listening on", absl::Seconds(60));
-  ASSERT_TRUE(line.ok()) << line.status();
-  std::string coordinator = line->substr(line->find("listening on ") + 13);
-  coordinator = coordinator.substr(0, coordinator.find(' '));
+  const std::string coordinator = ListeningOn(*c);
   const std::string dir = ::testing::TempDir();
   std::vector<testing::Subprocess> workers;
   for (int r = 0; r < 2; ++r) {
@@ -76,13 +94,9 @@ TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
     workers.push_back(*std::move(p));
   }
   for (int r = 0; r < 2; ++r) {
-    auto status = workers[r].Wait(absl::Minutes(5));
-    ASSERT_TRUE(status.ok()) << status.status();
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << workers[r].name();
-    std::ifstream f(absl::StrCat(dir, "/allreduce", r, ".json"));
-    std::stringstream json;
-    json << f.rdbuf();
-    EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9) << json.str();
+    const std::string json =
+        FinishedSummary(workers[r], absl::StrCat(dir, "/allreduce", r, ".json"));
+    EXPECT_GT(JsonNumber(json, "test_accuracy"), 0.9) << json;
   }
   c->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
@@ -92,24 +106,19 @@ TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
 // switch happens at its step on both workers, the coordinator records them, and training
 // finishes with a high held-out accuracy.
 TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
-  auto address = [](testing::Subprocess& p) -> std::string {
-    auto line = p.WaitForLine("listening on", absl::Seconds(60));
-    EXPECT_TRUE(line.ok()) << line.status();
-    return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
-  };
   const std::string dir = ::testing::TempDir() + "/switch";
   auto c = testing::Subprocess::Start(
       {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=2", "--num_workers=2",
        "--mode=ps", "--data_dir=" + dir + "/coordinator", "--checkpoint_every_steps=62"});
   ASSERT_TRUE(c.ok());
-  const std::string coordinator = address(*c);
+  const std::string coordinator = ListeningOn(*c);
   std::vector<testing::Subprocess> shards, workers;
   for (int s = 0; s < 2; ++s) {
     auto p = testing::Subprocess::Start(
         {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
          "--coordinator=" + coordinator, "--data_dir=" + dir + "/ckpt"});
     ASSERT_TRUE(p.ok());
-    address(*p);
+    ListeningOn(*p);
     shards.push_back(*std::move(p));
   }
   auto psctl = [&](std::vector<std::string> args) {
@@ -141,20 +150,14 @@ TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
     workers.push_back(*std::move(p));
   }
   for (int r = 0; r < 2; ++r) {
-    auto status = workers[r].Wait(absl::Minutes(5));
-    ASSERT_TRUE(status.ok()) << status.status();
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << workers[r].name();
-    std::ifstream f(absl::StrCat(dir, "/worker", r, ".json"));
-    std::stringstream json;
-    json << f.rdbuf();
-    SCOPED_TRACE(json.str());
-    EXPECT_GT(JsonNumber(json.str(), "test_accuracy"), 0.9);
-    EXPECT_THAT(json.str(), ::testing::HasSubstr("\"final_mode\": \"ps\""));
+    const std::string json = FinishedSummary(workers[r], absl::StrCat(dir, "/worker", r, ".json"));
+    SCOPED_TRACE(json);
+    EXPECT_GT(JsonNumber(json, "test_accuracy"), 0.9);
+    EXPECT_THAT(json, ::testing::HasSubstr("\"final_mode\": \"ps\""));
     std::string from = "ps";
     for (const auto& [step, mode] : plan) {
-      EXPECT_THAT(json.str(),
-                  ::testing::HasSubstr(absl::StrCat("{\"step\": ", step, ", \"from\": \"", from,
-                                                    "\", \"to\": \"", mode, "\"")));
+      EXPECT_THAT(json, ::testing::HasSubstr(absl::StrCat("{\"step\": ", step, ", \"from\": \"",
+                                                          from, "\", \"to\": \"", mode, "\"")));
       from = mode;
     }
   }

@@ -14,23 +14,33 @@
 namespace pscluster::collective {
 namespace {
 
+// A coordinator service for `workers` workers (one shard expected) on a free loopback port.
+struct Coordinator {
+  explicit Coordinator(int workers) : membership(coord::MembershipOptions{1, workers}) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~Coordinator() { server->Shutdown(); }
+
+  coord::Membership membership;
+  coord::KvStore kv;
+  coord::CoordinatorService service{&membership, &kv, absl::Minutes(1)};
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
 TEST(CoordinatorStoreTest, RanksRendezvousThroughTheCoordinatorAndAllReduce) {
   constexpr int kRanks = 3;
-  coord::Membership membership(coord::MembershipOptions{1, kRanks});
-  coord::KvStore kv;
-  coord::CoordinatorService service(&membership, &kv, absl::Minutes(1));
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
+  Coordinator coordinator(kRanks);
+  ASSERT_NE(coordinator.port, 0);
 
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
       CoordinatorClientOptions o;
-      o.coordinator = absl::StrCat("127.0.0.1:", port);
+      o.coordinator = absl::StrCat("127.0.0.1:", coordinator.port);
       o.role = coord::WORKER;
       o.id = r;
       o.address = absl::StrCat("rank-", r);
@@ -45,24 +55,16 @@ TEST(CoordinatorStoreTest, RanksRendezvousThroughTheCoordinatorAndAllReduce) {
     });
   }
   for (auto& t : threads) t.join();
-  server->Shutdown();
 }
 
 // NCCL's rendezvous on the coordinator: a value put by one rank is what another waits for.
 TEST(CoordinatorStoreTest, NcclKeyValueWaitsForTheValueAnotherRankPuts) {
-  coord::Membership membership(coord::MembershipOptions{1, 2});
-  coord::KvStore kv;
-  coord::CoordinatorService service(&membership, &kv, absl::Minutes(1));
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
+  Coordinator coordinator(2);
+  ASSERT_NE(coordinator.port, 0);
   std::unique_ptr<CoordinatorClient> clients[2];
   for (int r = 0; r < 2; ++r) {
     CoordinatorClientOptions o;
-    o.coordinator = absl::StrCat("127.0.0.1:", port);
+    o.coordinator = absl::StrCat("127.0.0.1:", coordinator.port);
     o.role = coord::WORKER;
     o.id = r;
     auto c = CoordinatorClient::Register(o);
@@ -85,7 +87,6 @@ TEST(CoordinatorStoreTest, NcclKeyValueWaitsForTheValueAnotherRankPuts) {
             absl::StatusCode::kDeadlineExceeded);
   clients[0].reset();
   clients[1].reset();
-  server->Shutdown();
 }
 
 }  // namespace

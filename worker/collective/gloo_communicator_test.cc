@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -35,6 +36,18 @@ void OnRanks(int n, const std::function<void(Communicator&)>& fn) {
 }
 
 class GlooCommunicatorTest : public ::testing::TestWithParam<int> {};
+
+// Two ranks connected through `store`, each op bounded by `timeout`.
+std::array<std::unique_ptr<Communicator>, 2> ConnectPair(gloo::rendezvous::Store* store,
+                                                         absl::Duration timeout) {
+  std::array<std::unique_ptr<Communicator>, 2> comms;
+  std::thread t1([&] {
+    comms[1] = *CreateGlooCommunicator(store, GlooOptions{1, 2, "127.0.0.1", timeout});
+  });
+  comms[0] = *CreateGlooCommunicator(store, GlooOptions{0, 2, "127.0.0.1", timeout});
+  t1.join();
+  return comms;
+}
 
 TEST_P(GlooCommunicatorTest, EveryCollectiveMatchesItsFormulaForEveryPayloadSize) {
   const int n = GetParam();
@@ -92,14 +105,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCommunicatorTest, ::testing::Values(1, 
 
 TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
   gloo::rendezvous::HashStore store;
-  std::unique_ptr<Communicator> comms[2];
-  std::thread t1([&] {
-    comms[1] =
-        *CreateGlooCommunicator(&store, GlooOptions{1, 2, "127.0.0.1", absl::Milliseconds(300)});
-  });
-  comms[0] =
-      *CreateGlooCommunicator(&store, GlooOptions{0, 2, "127.0.0.1", absl::Milliseconds(300)});
-  t1.join();
+  auto comms = ConnectPair(&store, absl::Milliseconds(300));
   std::vector<float> data(10);
   absl::Status s = comms[0]->Recv(absl::MakeSpan(data), 1, 3);  // rank 1 never sends
   EXPECT_FALSE(s.ok());
@@ -109,14 +115,7 @@ TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
 // A peer that is alive but never joins the all-reduce: the others time out, naming it.
 TEST(GlooCommunicatorErrorsTest, HungPeerInAnAllReduceTimesOutNamingIt) {
   gloo::rendezvous::HashStore store;
-  std::unique_ptr<Communicator> comms[2];
-  std::thread t1([&] {
-    comms[1] =
-        *CreateGlooCommunicator(&store, GlooOptions{1, 2, "127.0.0.1", absl::Milliseconds(300)});
-  });
-  comms[0] =
-      *CreateGlooCommunicator(&store, GlooOptions{0, 2, "127.0.0.1", absl::Milliseconds(300)});
-  t1.join();
+  auto comms = ConnectPair(&store, absl::Milliseconds(300));
   std::vector<float> data(1000, 1.0f);
   absl::Status s = comms[0]->AllReduceSum(absl::MakeSpan(data));  // rank 1 never calls it
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -128,12 +127,7 @@ TEST(GlooCommunicatorErrorsTest, HungPeerInAnAllReduceTimesOutNamingIt) {
 TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {
   signal(SIGPIPE, SIG_IGN);  // as ps_worker does: a write to a closed socket is an error
   gloo::rendezvous::HashStore store;
-  std::unique_ptr<Communicator> comms[2];
-  std::thread t1([&] {
-    comms[1] = *CreateGlooCommunicator(&store, GlooOptions{1, 2, "127.0.0.1", absl::Seconds(30)});
-  });
-  comms[0] = *CreateGlooCommunicator(&store, GlooOptions{0, 2, "127.0.0.1", absl::Seconds(30)});
-  t1.join();
+  auto comms = ConnectPair(&store, absl::Seconds(30));
   comms[1].reset();  // rank 1 leaves: its sockets close
   std::vector<float> data(1 << 18, 1.0f);
   const absl::Time start = absl::Now();

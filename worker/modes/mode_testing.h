@@ -109,4 +109,23 @@ inline void ExpectNear(const ModelState& got, const ModelState& want, float tole
   }
 }
 
+// Ten steps of `t` (rank r): after the first its state is `one` within 1e-6, after the
+// tenth `ten` within 2e-6 (summation-order rounding of a linear optimizer).
+inline void ExpectOneAndTenStepsMatch(Trainer& t, int r, const ModelState& one,
+                                      const ModelState& ten) {
+  for (int64_t step = 0; step < 10; ++step) {
+    auto loss = t.Step(step);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(std::isfinite(*loss));
+    if (step == 0) {
+      auto state = t.State(1);
+      ASSERT_TRUE(state.ok()) << state.status();
+      ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"));
+    }
+  }
+  auto state = t.State(10);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"));
+}
+
 }  // namespace pscluster::modes::testing

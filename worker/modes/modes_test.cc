@@ -12,6 +12,7 @@ namespace {
 
 using testing::Data;
 using testing::ExpectNear;
+using testing::ExpectOneAndTenStepsMatch;
 using testing::kBatch;
 using testing::OnRanks;
 using testing::Options;
@@ -31,19 +32,7 @@ TEST_P(ModeEquivalenceTest, OneAndTenStepsMatchTheSingleProcessReference) {
   const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
   OnRanks(c.world, options, [&](int r, Trainer& t) {
     ASSERT_EQ(t.mode(), c.mode);
-    for (int64_t step = 0; step < 10; ++step) {
-      auto loss = t.Step(step);
-      ASSERT_TRUE(loss.ok()) << loss.status();
-      ASSERT_TRUE(std::isfinite(*loss));
-      if (step == 0) {
-        auto state = t.State(1);
-        ASSERT_TRUE(state.ok()) << state.status();
-        ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"));
-      }
-    }
-    auto state = t.State(10);
-    ASSERT_TRUE(state.ok()) << state.status();
-    ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"));
+    ExpectOneAndTenStepsMatch(t, r, one, ten);
   });
 }
 
