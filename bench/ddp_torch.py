@@ -13,7 +13,7 @@ What matches our workers (worker/main.cc, worker/modes/*, worker/data/*, worker/
     softmax cross-entropy over the batch; the gradient is the mean over the ranks (DDP's
     all-reduce average = AllReduceTrainer's sum * 1/world).
   - optimizer: Adam, lr 1e-3, betas (0.9, 0.999), eps 1e-8 (PyTorch's defaults, the same
-    float32 update as server/ps/optimizer.cc).
+    float32 update as core/optimizer/optimizer.cc).
   - initial parameters: bit-for-bit those of AllReduceTrainer::InitialParams /
     PsTrainer::CreateTables: weights Glorot uniform from ps::InitDense (seed*1000 + 2l,
     SplitMix hash per element), biases zero.

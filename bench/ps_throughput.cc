@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/raw.grpc.pb.h"
+#include "client/ps/ps_client.h"
 #include "common/sharding.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/service.h"
-#include "worker/client/ps_client.h"
 
 ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");
 ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20, "Stream chunk size, PS and raw alike.");

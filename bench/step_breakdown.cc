@@ -10,7 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
-#include "server/ps/table.h"
+#include "core/optimizer/optimizer_config.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
 #include "worker/model/mlp.h"
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   ps::OptimizerConfig adam;
   adam.set_kind(ps::OptimizerConfig::ADAM);
   adam.set_learning_rate(1e-3f);
-  auto opt = *ps::MakeOptimizer(adam);
+  auto opt = *core::MakeOptimizer(adam);
   modes::ModelState state = modes::InitialState(mlp_options, 1, *opt);
   data::Dataset data = data::MakeSynthetic(batch, 784, 10, 1);
   std::vector<std::vector<float>> grads;
@@ -47,9 +47,8 @@ int main(int argc, char** argv) {
   total += time("set parameters (host -> model)", [&](int) {
     for (size_t i = 0; i < state.params.size(); ++i) mlp->SetParam(i, state.params[i].data());
   });
-  total += time("forward + backward", [&](int) {
-    (void)mlp->ForwardBackward(data.x.data(), data.y.data(), batch);
-  });
+  total += time("forward + backward",
+                [&](int) { (void)mlp->ForwardBackward(data.x.data(), data.y.data(), batch); });
   total += time("get gradients (model -> host)", [&](int) {
     for (size_t i = 0; i < grads.size(); ++i) mlp->GetGrad(i, grads[i].data());
   });
@@ -59,7 +58,7 @@ int main(int argc, char** argv) {
       opt->Apply(state.params[p].data(), grads[p].data(), slots, state.params[p].size(), i + 1);
     }
   });
-  std::printf("%-34s %8.3f ms/step (%.0f samples/s per worker before communication)\n",
-              "sum", total, batch / total * 1e3);
+  std::printf("%-34s %8.3f ms/step (%.0f samples/s per worker before communication)\n", "sum",
+              total, batch / total * 1e3);
   return 0;
 }

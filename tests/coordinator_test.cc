@@ -15,12 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/coordinator/coordinator_client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tests/subprocess.h"
-#include "worker/client/coordinator_client.h"
 
 namespace pscluster {
 namespace {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/ps/ps_client.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
-#include "worker/client/ps_client.h"
 
 namespace pscluster {
 

@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/ps/ps_client.h"
+#include "core/init/initializer.h"
+#include "core/optimizer/optimizer_config.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/ps/initializer.h"
-#include "server/ps/table.h"
 #include "tests/ps_cluster_fixture.h"
 #include "tests/test_tables.h"
-#include "worker/client/ps_client.h"
 
 namespace pscluster {
 namespace {
@@ -30,7 +30,7 @@ using ::testing::HasSubstr;
 // The reference: one optimizer over plain vectors, fed the BSP sum (worker-id order).
 struct Reference {
   explicit Reference(const OptimizerConfig& c, size_t n) : values(n) {
-    opt = *ps::MakeOptimizer(c);
+    opt = *core::MakeOptimizer(c);
     for (int k = 0; k < opt->num_slots(); ++k) slots.emplace_back(n, opt->slot_initial_value(k));
   }
   void Apply(size_t at, const float* g, size_t n, int64_t step) {
@@ -38,7 +38,7 @@ struct Reference {
     for (size_t k = 0; k < slots.size(); ++k) s[k] = slots[k].data() + at;
     opt->Apply(values.data() + at, g, s, n, step);
   }
-  std::unique_ptr<ps::Optimizer> opt;
+  std::unique_ptr<core::Optimizer> opt;
   std::vector<float> values;
   std::vector<std::vector<float>> slots;
 };
@@ -53,7 +53,7 @@ TEST_F(PsClusterTest, DenseTablesMatchReferenceForEveryOptimizer) {
       spec.set_size(size);
       OnAllWorkers([&](int w) { ASSERT_TRUE(clients_[w]->CreateTable(spec).ok()); });
       Reference ref(opt, size);
-      ps::InitDense(spec.initializer(), 0, absl::MakeSpan(ref.values));
+      core::InitDense(spec.initializer(), 0, absl::MakeSpan(ref.values));
       for (int t = 0; t < kSteps; ++t) {
         std::vector<std::vector<float>> pulled(kWorkers, std::vector<float>(size));
         OnAllWorkers([&](int w) {
@@ -90,7 +90,7 @@ TEST_F(PsClusterTest, ManyTablesPerCallMatchReference) {
     OnAllWorkers([&](int w) { ASSERT_TRUE(clients_[w]->CreateTable(spec).ok()); });
     ids.push_back(spec.table_id());
     refs.emplace_back(opt, sizes[k]);
-    ps::InitDense(spec.initializer(), 0, absl::MakeSpan(refs.back().values));
+    core::InitDense(spec.initializer(), 0, absl::MakeSpan(refs.back().values));
   }
   for (int t = 0; t < kSteps; ++t) {
     OnAllWorkers([&](int w) {
@@ -165,7 +165,7 @@ TEST_F(PsClusterTest, SparseTablesMatchReferenceForEveryOptimizer) {
       auto it = rows.find(key);
       if (it == rows.end()) {
         it = rows.emplace(key, Reference(opt, kDim)).first;
-        ps::InitSparseRow(spec.initializer(), key, absl::MakeSpan(it->second.values));
+        core::InitSparseRow(spec.initializer(), key, absl::MakeSpan(it->second.values));
       }
       return it->second;
     };

@@ -12,15 +12,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/ps/ps_client.h"
+#include "core/init/initializer.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/ps/dense_table.h"
-#include "server/ps/initializer.h"
 #include "server/ps/table.h"
 #include "tests/ps_cluster_fixture.h"
 #include "tests/test_tables.h"
-#include "worker/client/ps_client.h"
 
 namespace pscluster {
 namespace {
@@ -49,7 +49,7 @@ OptimizerConfig Momentum() {
   return c;
 }
 
-int NumSlots(const OptimizerConfig& c) { return (*ps::MakeOptimizer(c))->num_slots(); }
+int NumSlots(const OptimizerConfig& c) { return (*core::MakeOptimizer(c))->num_slots(); }
 
 // A table's full state as the client sees it.
 struct State {
@@ -73,11 +73,11 @@ struct State {
   int64_t updates = -1;
 };
 
-// The reference: one ps::Optimizer over plain vectors, fed the BSP sum (worker-id order).
+// The reference: one core::Optimizer over plain vectors, fed the BSP sum (worker-id order).
 struct Reference {
   explicit Reference(const TableSpec& spec) : state(spec.size(), NumSlots(spec.optimizer())) {
-    opt = *ps::MakeOptimizer(spec.optimizer());
-    ps::InitDense(spec.initializer(), 0, absl::MakeSpan(state.values));
+    opt = *core::MakeOptimizer(spec.optimizer());
+    core::InitDense(spec.initializer(), 0, absl::MakeSpan(state.values));
     for (int k = 0; k < opt->num_slots(); ++k) {
       state.slots[k].assign(spec.size(), opt->slot_initial_value(k));
     }
@@ -93,7 +93,7 @@ struct Reference {
     opt->Apply(state.values.data(), sum.data(), s, n, ++state.updates);
   }
 
-  std::unique_ptr<ps::Optimizer> opt;
+  std::unique_ptr<core::Optimizer> opt;
   State state;
 };
 

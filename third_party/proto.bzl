@@ -1,9 +1,10 @@
 """Protobuf + gRPC C++ code generation with Debian's protoc and grpc_cpp_plugin."""
 
 def cc_grpc_proto_library(name, srcs, deps = [], visibility = None):
-    """Generates <src>.pb.{h,cc} and <src>.grpc.pb.{h,cc} and wraps them in a cc_library.
+    """Generates <src>.pb.{h,cc} and <src>.grpc.pb.{h,cc}: the messages in a cc_library
+    `<name minus _proto>_cc_proto` (protobuf only, no gRPC) and the services in `name`.
 
-    Code includes them as "proto/foo.grpc.pb.h". `deps` are other targets of this macro
+    Code includes them as "proto/foo.pb.h" and "proto/foo.grpc.pb.h". `deps` are other targets of this macro
     whose .proto files the srcs import.
     """
     bases = [s[:-len(".proto")] for s in srcs]
@@ -20,10 +21,18 @@ def cc_grpc_proto_library(name, srcs, deps = [], visibility = None):
                "--plugin=protoc-gen-grpc=/usr/bin/grpc_cpp_plugin " +
                " ".join(["$(location %s)" % s for s in srcs])),
     )
+    messages = name[:-len("_proto")] + "_cc_proto" if name.endswith("_proto") else name + "_cc"
+    native.cc_library(
+        name = messages,
+        srcs = [o for o in outs if o.endswith(".pb.cc") and not o.endswith(".grpc.pb.cc")],
+        hdrs = [o for o in outs if o.endswith(".pb.h") and not o.endswith(".grpc.pb.h")],
+        deps = [d[:-len("_proto")] + "_cc_proto" for d in deps] + ["//third_party:protobuf"],
+        visibility = visibility,
+    )
     native.cc_library(
         name = name,
-        srcs = [o for o in outs if o.endswith(".cc")],
-        hdrs = [o for o in outs if o.endswith(".h")],
-        deps = deps + ["//third_party:grpc"],
+        srcs = [o for o in outs if o.endswith(".grpc.pb.cc")],
+        hdrs = [o for o in outs if o.endswith(".grpc.pb.h")],
+        deps = [":" + messages] + deps + ["//third_party:grpc"],
         visibility = visibility,
     )

@@ -21,8 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/coordinator/coordinator_client.h"
 #include "common/status_macros.h"
-#include "worker/client/coordinator_client.h"
+#include "core/optimizer/optimizer_config.h"
 #include "worker/collective/coordinator_store.h"
 #include "worker/collective/staging_communicator.h"
 #include "worker/compute/cuda_device.h"
@@ -100,12 +101,7 @@ absl::StatusOr<ps::OptimizerConfig> ParseOptimizer(const std::string& name, doub
     return absl::InvalidArgumentError(
         "--optimizer=" + name + " is unknown; use sgd, momentum, adagrad, adam, adamw or ftrl");
   }
-  c.set_kind(kind);
-  c.set_learning_rate(static_cast<float>(lr));
-  if (kind == ps::OptimizerConfig::MOMENTUM) c.set_momentum(0.9f);
-  if (kind == ps::OptimizerConfig::ADAGRAD || kind == ps::OptimizerConfig::FTRL) {
-    c.set_initial_accumulator(0.1f);
-  }
+  c = core::DefaultOptimizerConfig(kind, static_cast<float>(lr));
   return c;
 }
 

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "worker/client/ps_client.h"
+#include "client/ps/ps_client.h"
 
 namespace pscluster::coord {
 namespace {

@@ -9,19 +9,20 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "server/ps/initializer.h"
+#include "core/init/initializer.h"
 
 namespace pscluster::ps {
 
 absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const TableSpec& spec, Range range) {
-  auto optimizer = MakeOptimizer(spec.optimizer());
+  auto optimizer = core::MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
   return std::unique_ptr<DenseTable>(new DenseTable(spec, *std::move(optimizer), range));
 }
 
-DenseTable::DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, Range range)
+DenseTable::DenseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
+                       Range range)
     : Table(spec, std::move(optimizer)), range_(range), values_(range.size()) {
-  InitDense(spec.initializer(), range.begin, absl::MakeSpan(values_));
+  core::InitDense(spec.initializer(), range.begin, absl::MakeSpan(values_));
   for (int k = 0; k < optimizer_->num_slots(); ++k) {
     slots_.emplace_back(range.size(), optimizer_->slot_initial_value(k));
   }
@@ -82,7 +83,7 @@ uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
   std::atomic<uint64_t> first{UINT64_MAX};
   ForEachPart(pieces, total, [&](const std::vector<Piece>& part) {
     for (const Piece& p : part) {
-      if (size_t bad = ps::FirstNonFinite(p.grad); bad < p.grad.size()) {
+      if (size_t bad = core::FirstNonFinite(p.grad); bad < p.grad.size()) {
         uint64_t at = p.at + bad, seen = first.load();
         while (at < seen && !first.compare_exchange_weak(seen, at)) {
         }
@@ -97,7 +98,7 @@ uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
 
 absl::Status DenseTable::ScanChunk(uint64_t first_index, absl::Span<const float> chunk,
                                    bool* has_nonfinite) const {
-  size_t bad = ps::FirstNonFinite(chunk);
+  size_t bad = core::FirstNonFinite(chunk);
   if (bad == chunk.size()) return absl::OkStatus();
   if (!spec_.skip_nonfinite()) return NonFinite(chunk[bad], first_index + bad);
   *has_nonfinite = true;
@@ -305,7 +306,7 @@ namespace {
 // INVALID_ARGUMENT naming `what` and the global index of its first NaN/Inf, if any.
 absl::Status CheckFinite(uint32_t table, absl::string_view what, uint64_t first_index,
                          absl::Span<const float> values) {
-  size_t bad = ps::FirstNonFinite(values);
+  size_t bad = core::FirstNonFinite(values);
   if (bad == values.size()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("table ", table, ": imported ", what,
                                                  " holds a non-finite value (", values[bad],

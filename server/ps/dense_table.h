@@ -103,7 +103,7 @@ class DenseTable final : public Table {
   absl::Status ImportState(int64_t step, DenseState state);
 
  private:
-  DenseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, Range range);
+  DenseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, Range range);
   // Applies the optimizer to each piece (a gradient for local index `at` on), spread over
   // threads when large.
   void ApplyLocked(const std::vector<Piece>& pieces, uint64_t total)

@@ -557,7 +557,7 @@ TEST(DenseTableTest, LargeMultiChunkPushAppliedInParallelMatchesSerialAdamBitwis
   bool skipped = false;
   for (int step = 0; step < 2; ++step) ASSERT_TRUE(table->Push(0, step, 0, chunks, &skipped).ok());
 
-  auto optimizer = MakeOptimizer(spec.optimizer()).value();
+  auto optimizer = core::MakeOptimizer(spec.optimizer()).value();
   std::vector<float> w(kSize, kInit), m(kSize, 0.0f), v(kSize, 0.0f);
   float* slots[] = {m.data(), v.data()};
   for (int64_t t = 1; t <= 2; ++t) optimizer->Apply(w.data(), grad.data(), slots, kSize, t);

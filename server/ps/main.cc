@@ -15,9 +15,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "client/coordinator/coordinator_client.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/service.h"
-#include "worker/client/coordinator_client.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");

@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/init/initializer.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "server/ps/initializer.h"
 
 namespace pscluster::ps {
 
@@ -27,8 +27,8 @@ absl::Status ValidateTableSpec(const TableSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.consistency.staleness must be >= 0, got ", c.staleness()));
   }
-  if (absl::Status s = ValidateInitializer(spec.initializer()); !s.ok()) return s;
-  auto optimizer = MakeOptimizer(spec.optimizer());
+  if (absl::Status s = core::ValidateInitializer(spec.initializer()); !s.ok()) return s;
+  auto optimizer = core::MakeOptimizer(spec.optimizer());
   return optimizer.ok() ? absl::OkStatus() : optimizer.status();
 }
 
@@ -53,7 +53,7 @@ absl::Status Shard::CheckSize(const TableSpec& spec) const {
     }
     return absl::OkStatus();
   }
-  auto optimizer = MakeOptimizer(spec.optimizer());
+  auto optimizer = core::MakeOptimizer(spec.optimizer());
   uint64_t values = DenseShardRange(spec.size(), options_.shard_id, options_.num_shards).size();
   long double bytes = static_cast<long double>(values) * 4 * (1 + (*optimizer)->num_slots());
   if (bytes > options_.max_table_bytes) {

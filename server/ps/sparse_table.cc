@@ -5,20 +5,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sharding.h"
-#include "server/ps/initializer.h"
+#include "core/init/initializer.h"
 
 namespace pscluster::ps {
 
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec& spec,
                                                                  uint32_t shard_id,
                                                                  uint32_t num_shards) {
-  auto optimizer = MakeOptimizer(spec.optimizer());
+  auto optimizer = core::MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
   return std::unique_ptr<SparseTable>(
       new SparseTable(spec, *std::move(optimizer), shard_id, num_shards));
 }
 
-SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer,
+SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
                          uint32_t shard_id, uint32_t num_shards)
     : Table(spec, std::move(optimizer)),
       shard_id_(shard_id),
@@ -50,7 +50,7 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
                      keys.size(), ") x dim (", dim_, ") = ", keys.size() * dim_)));
   }
   if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
-  const size_t bad = FirstNonFinite(grads);
+  const size_t bad = core::FirstNonFinite(grads);
   const bool finite = bad == grads.size();
   if (!finite && !spec_.skip_nonfinite()) return NonFinite(grads[bad], bad);
   Grads merged;  // duplicate keys summed in request order
@@ -82,7 +82,7 @@ SparseTable::Row& SparseTable::RowLocked(uint64_t key) {
   if (inserted) {
     Row& row = it->second;
     row.data.resize(dim_ * (1 + optimizer_->num_slots()));
-    InitSparseRow(spec_.initializer(), key, absl::MakeSpan(row.data.data(), dim_));
+    core::InitSparseRow(spec_.initializer(), key, absl::MakeSpan(row.data.data(), dim_));
     for (int k = 0; k < optimizer_->num_slots(); ++k) {
       std::fill_n(row.data.begin() + dim_ * (1 + k), dim_, optimizer_->slot_initial_value(k));
     }

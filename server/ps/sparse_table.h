@@ -42,7 +42,7 @@ class SparseTable final : public Table {
   };
   using Grads = std::map<uint64_t, std::vector<float>>;
 
-  SparseTable(const TableSpec& spec, std::unique_ptr<Optimizer> optimizer, uint32_t shard_id,
+  SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
               uint32_t num_shards);
   Row& RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(uint64_t key, const std::vector<float>& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

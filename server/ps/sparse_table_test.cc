@@ -11,10 +11,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/sharding.h"
+#include "core/init/initializer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
-#include "server/ps/initializer.h"
 #include "server/ps/shard.h"
 
 namespace pscluster::ps {
@@ -80,7 +80,7 @@ uint64_t KeyOnShard(uint32_t shard, uint32_t num_shards, uint64_t from = 0) {
 
 std::vector<float> InitRow(const TableSpec& spec, uint64_t key) {
   std::vector<float> row(spec.dim());
-  InitSparseRow(spec.initializer(), key, absl::MakeSpan(row));
+  core::InitSparseRow(spec.initializer(), key, absl::MakeSpan(row));
   return row;
 }
 

@@ -7,73 +7,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace pscluster::ps {
-namespace {
-
-float OrDefault(float v, float d) { return v == 0.0f ? d : v; }
-
-}  // namespace
-
-size_t FirstNonFinite(absl::Span<const float> values) {
-  constexpr size_t kBlock = 1024;
-  for (size_t start = 0; start < values.size(); start += kBlock) {
-    const size_t n = std::min(kBlock, values.size() - start);
-    const float* v = values.data() + start;
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n; ++i) {  // exponent all ones <=> Inf or NaN
-      uint32_t bits;
-      std::memcpy(&bits, v + i, sizeof(bits));
-      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    if (bad) {
-      for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(v[i])) return start + i;
-      }
-    }
-  }
-  return values.size();
-}
-
-absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& c) {
-  OptimizerOptions o;
-  switch (c.kind()) {
-    case OptimizerConfig::SGD:
-      o.kind = OptimizerOptions::Kind::kSgd;
-      break;
-    case OptimizerConfig::MOMENTUM:
-      o.kind = OptimizerOptions::Kind::kMomentum;
-      break;
-    case OptimizerConfig::ADAGRAD:
-      o.kind = OptimizerOptions::Kind::kAdagrad;
-      break;
-    case OptimizerConfig::ADAM:
-      o.kind = OptimizerOptions::Kind::kAdam;
-      break;
-    case OptimizerConfig::ADAMW:
-      o.kind = OptimizerOptions::Kind::kAdamW;
-      break;
-    case OptimizerConfig::FTRL:
-      o.kind = OptimizerOptions::Kind::kFtrl;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("optimizer.kind ", c.kind(), " is unknown"));
-  }
-  o.learning_rate = c.learning_rate();
-  o.momentum = c.momentum();
-  o.nesterov = c.nesterov();
-  o.beta1 = OrDefault(c.beta1(), 0.9f);
-  o.beta2 = OrDefault(c.beta2(), 0.999f);
-  o.epsilon = OrDefault(c.epsilon(), 1e-8f);
-  o.weight_decay = c.weight_decay();
-  o.initial_accumulator = c.initial_accumulator();
-  o.l1 = c.l1();
-  o.l2 = c.l2();
-  o.ftrl_beta = OrDefault(c.ftrl_beta(), 1.0f);
-  o.lr_decay_rate = OrDefault(c.lr_decay_rate(), 1.0f);
-  o.lr_decay_steps = c.lr_decay_steps();
-  return Optimizer::Create(o);
-}
-
-Table::Table(TableSpec spec, std::unique_ptr<Optimizer> optimizer)
+Table::Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer)
     : spec_(std::move(spec)), optimizer_(std::move(optimizer)) {}
 
 void Table::AddWorker(int32_t worker_id) {

@@ -18,22 +18,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "core/optimizer/optimizer.h"
+#include "core/optimizer/optimizer_config.h"
+#include "core/tensor/non_finite.h"
 #include "proto/ps.pb.h"
 #include "proto/snapshot.pb.h"
-#include "server/ps/optimizer.h"
 #include "server/ps/staging_allocator.h"
 
 namespace pscluster::ps {
 
 // Under BSP a worker may push at most this many steps beyond the oldest unapplied step.
 inline constexpr int64_t kMaxBspStepsAhead = 4;
-
-// Index of the first NaN/Inf in `values`, or values.size() when all are finite. Scans in
-// vectorisable blocks (integer exponent test), so it runs near memory bandwidth.
-size_t FirstNonFinite(absl::Span<const float> values);
-
-// Maps the wire optimizer config (zeros meaning defaults) to validated options.
-absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);
 
 // A table's state frozen at one step: what a snapshot stores.
 struct TableImage {
@@ -88,7 +83,7 @@ class Table {
   void RestoreClocks(const TableSnapshotHeader& header);
 
  protected:
-  Table(TableSpec spec, std::unique_ptr<Optimizer> optimizer);
+  Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer);
 
   // Push bookkeeping, in this order under mu_: CheckPushLocked (stale, duplicate or
   // too-far-ahead steps) before touching state, then RecordPushLocked, which advances the
@@ -124,7 +119,7 @@ class Table {
 
   mutable absl::Mutex mu_;
   const TableSpec spec_;
-  const std::unique_ptr<Optimizer> optimizer_;
+  const std::unique_ptr<core::Optimizer> optimizer_;
 
   mutable std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0},
       nonfinite_skipped_{0}, rejected_{0};

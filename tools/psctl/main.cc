@@ -28,9 +28,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/ps/ps_client.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
-#include "worker/client/ps_client.h"
 
 ABSL_FLAG(std::string, coordinator, "", "ps_coordinator address (host:port).");
 ABSL_FLAG(int, timeout_seconds, 10, "Deadline of each RPC (checkpoint: of the whole write).");

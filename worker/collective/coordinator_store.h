@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "client/coordinator/coordinator_client.h"
 #include "gloo/rendezvous/store.h"
-#include "worker/client/coordinator_client.h"
 #include "worker/collective/nccl_communicator.h"
 
 namespace pscluster::collective {

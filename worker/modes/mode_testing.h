@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/optimizer/optimizer_config.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gtest/gtest.h"
-#include "server/ps/table.h"
 #include "worker/modes/trainer.h"
 
 namespace pscluster::modes::testing {
@@ -69,7 +69,7 @@ inline ModelState Reference(const TrainerOptions& o, int64_t steps) {
   auto backend = compute::MakeCpuBackend(1);
   const int global = o.world * o.batch_size;
   auto mlp = *model::Mlp::Create(backend.get(), o.mlp, global);
-  auto opt = *ps::MakeOptimizer(o.optimizer);
+  auto opt = *core::MakeOptimizer(o.optimizer);
   ModelState s = InitialState(o.mlp, o.seed, *opt);
   auto batches = *data::BatchIterator::Create(&Data(), 0, 1, global, o.seed);
   data::Batch b;

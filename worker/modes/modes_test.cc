@@ -135,7 +135,7 @@ TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) 
   ctx.train = &Data();
   auto backend = compute::MakeCpuBackend(1);
   ctx.backend = backend.get();
-  auto opt = *ps::MakeOptimizer(o.optimizer);
+  auto opt = *core::MakeOptimizer(o.optimizer);
   ctx.optimizer = opt.get();
   auto comm = *collective::CreateGlooCommunicator(&store2, collective::GlooOptions{0, 1});
   ctx.comm = comm.get();

@@ -6,8 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/concurrent.h"
 #include "common/status_macros.h"
-#include "server/ps/initializer.h"
-#include "server/ps/table.h"
+#include "core/init/initializer.h"
 #include "worker/modes/placement_internal.h"
 
 namespace pscluster::modes {
@@ -51,13 +50,13 @@ ps::TableSpec TableFor(const model::MlpOptions& mlp, int param, const ps::Optimi
   return spec;
 }
 
-ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const ps::Optimizer& opt) {
+ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const core::Optimizer& opt) {
   ModelState state;
   const int params = 2 * (static_cast<int>(mlp.layers.size()) - 1);
   for (int i = 0; i < params; ++i) {
     const ps::TableSpec spec = TableFor(mlp, i, {}, {}, seed);
     std::vector<float> values(spec.size(), 0.0f);
-    if (spec.has_initializer()) ps::InitDense(spec.initializer(), 0, absl::MakeSpan(values));
+    if (spec.has_initializer()) core::InitDense(spec.initializer(), 0, absl::MakeSpan(values));
     std::vector<std::vector<float>> slots;
     for (int k = 0; k < opt.num_slots(); ++k) {
       slots.emplace_back(values.size(), opt.slot_initial_value(k));
@@ -79,7 +78,7 @@ absl::Status ImportState(PsClient* ps, const ModelState& state, int64_t step) {
 namespace internal {
 
 absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
-                        const ps::Optimizer* opt) {
+                        const core::Optimizer* opt) {
   const size_t params = 2 * (mlp.layers.size() - 1);
   if (state.params.size() != params || state.slots.size() != params) {
     return absl::InvalidArgumentError(
@@ -100,7 +99,7 @@ absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
   return absl::OkStatus();
 }
 
-void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g,
+void ApplyOptimizer(const core::Optimizer& opt, float* w, const float* g,
                     std::vector<std::vector<float>>& slots, size_t n, int64_t update) {
   std::vector<float*> ptrs;
   for (auto& s : slots) ptrs.push_back(s.data());

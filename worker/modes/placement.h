@@ -11,7 +11,7 @@
 //
 // All of them see the same global batch per step (the union of the ranks' batches of the
 // data-parallel order), average the same gradient and apply the server's optimizer code
-// (server/ps/optimizer.h), so they compute the same training run up to float rounding.
+// (core/optimizer/optimizer.h), so they compute the same training run up to float rounding.
 // A live switch gathers the full state on every worker (Gather) and hands it to the new
 // placement (Load) at a step boundary.
 #pragma once
@@ -23,9 +23,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/ps/ps_client.h"
+#include "core/optimizer/optimizer.h"
 #include "proto/ps.pb.h"
-#include "server/ps/optimizer.h"
-#include "worker/client/ps_client.h"
 #include "worker/collective/communicator.h"
 #include "worker/compute/backend.h"
 #include "worker/data/batches.h"
@@ -48,7 +48,7 @@ struct ModelState {
 
 // The state every mode starts from: the PS tables' initializers (Glorot-uniform weights
 // seeded per tensor, zero biases) and the optimizer's initial slots.
-ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const ps::Optimizer& opt);
+ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const core::Optimizer& opt);
 
 // Writes the whole state into the PS tables as the state before `step` (ImportDense on
 // every table, concurrently): entering PS mode, and the collective modes' checkpoints.
@@ -71,9 +71,9 @@ struct PlacementContext {
   size_t bucket_bytes = size_t{25} << 20;
   const data::Dataset* train = nullptr;
   compute::Backend* backend = nullptr;
-  collective::Communicator* comm = nullptr;  // collective modes (size() == world)
-  PsClient* ps = nullptr;                    // PS mode
-  const ps::Optimizer* optimizer = nullptr;  // collective modes (PS: the tables' own)
+  collective::Communicator* comm = nullptr;    // collective modes (size() == world)
+  PsClient* ps = nullptr;                      // PS mode
+  const core::Optimizer* optimizer = nullptr;  // collective modes (PS: the tables' own)
 };
 
 class Placement {

@@ -12,9 +12,9 @@ namespace pscluster::modes::internal {
 // INVALID_ARGUMENT unless `state` has the model's tensors (and, given an optimizer, its
 // number of slots per tensor).
 absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
-                        const ps::Optimizer* opt);
+                        const core::Optimizer* opt);
 // One optimizer update of n elements (slots: one array per optimizer slot, n floats used).
-void ApplyOptimizer(const ps::Optimizer& opt, float* w, const float* g,
+void ApplyOptimizer(const core::Optimizer& opt, float* w, const float* g,
                     std::vector<std::vector<float>>& slots, size_t n, int64_t update);
 
 // This rank's share of every global batch (the data-parallel order).

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
-#include "server/ps/table.h"
+#include "core/optimizer/optimizer_config.h"
 
 namespace pscluster::modes {
 namespace {
@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     t->optimizer_config_.set_lr_decay_rate(o.lr_decay);
     t->optimizer_config_.set_lr_decay_steps(std::max<int64_t>(1, updates));
   }
-  ASSIGN_OR_RETURN(t->optimizer_, ps::MakeOptimizer(t->optimizer_config_));
+  ASSIGN_OR_RETURN(t->optimizer_, core::MakeOptimizer(t->optimizer_config_));
   std::vector<std::string> shards = o.shards;
   if (o.coordinator != nullptr) {
     ASSIGN_OR_RETURN(t->view_, o.coordinator->AwaitView(0, /*complete=*/true, o.recovery_timeout));

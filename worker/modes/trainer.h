@@ -26,9 +26,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/coordinator/coordinator_client.h"
+#include "client/ps/ps_client.h"
 #include "proto/ps.pb.h"
-#include "worker/client/coordinator_client.h"
-#include "worker/client/ps_client.h"
 #include "worker/collective/communicator.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
@@ -144,9 +144,9 @@ class Trainer {
   const data::Dataset* const train_;
   const data::Dataset* const test_;
   std::unique_ptr<compute::Backend> backend_;
-  std::unique_ptr<ps::Optimizer> optimizer_;  // the collective modes' (the shards' config)
-  ps::OptimizerConfig optimizer_config_;      // with the lr decay
-  std::unique_ptr<PsClient> client_;          // null without shards
+  std::unique_ptr<core::Optimizer> optimizer_;  // the collective modes' (the shards' config)
+  ps::OptimizerConfig optimizer_config_;        // with the lr decay
+  std::unique_ptr<PsClient> client_;            // null without shards
   std::unique_ptr<collective::Communicator> comm_;
   std::unique_ptr<Placement> placement_;
   coord::ClusterView view_;  // with a coordinator: the view training uses

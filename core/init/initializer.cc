@@ -1,23 +1,23 @@
-#include "server/ps/initializer.h"
+#include "core/init/initializer.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/sharding.h"
 
-namespace pscluster::ps {
+namespace pscluster::core {
 namespace {
 
 // Uniform in [0, 1) from the top 24 bits of a hash.
 float Unit(uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
 
-float ValueAt(const InitializerConfig& c, uint64_t stream, uint64_t index) {
+float ValueAt(const ps::InitializerConfig& c, uint64_t stream, uint64_t index) {
   switch (c.kind()) {
-    case InitializerConfig::CONSTANT:
+    case ps::InitializerConfig::CONSTANT:
       return c.value();
-    case InitializerConfig::UNIFORM:
+    case ps::InitializerConfig::UNIFORM:
       return c.scale() * (2.0f * Unit(Mix64(stream ^ Mix64(index))) - 1.0f);
-    case InitializerConfig::NORMAL: {
+    case ps::InitializerConfig::NORMAL: {
       // Box-Muller from two independent hashes of the same position.
       uint64_t h = Mix64(stream ^ Mix64(index));
       float u1 = 1.0f - Unit(h);  // (0, 1]
@@ -31,7 +31,7 @@ float ValueAt(const InitializerConfig& c, uint64_t stream, uint64_t index) {
 
 }  // namespace
 
-absl::Status ValidateInitializer(const InitializerConfig& c) {
+absl::Status ValidateInitializer(const ps::InitializerConfig& c) {
   if (!std::isfinite(c.value())) {
     return absl::InvalidArgumentError(
         absl::StrCat("initializer.value must be finite, got ", c.value()));
@@ -40,20 +40,20 @@ absl::Status ValidateInitializer(const InitializerConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("initializer.scale must be finite and >= 0, got ", c.scale()));
   }
-  if (!InitializerConfig::Kind_IsValid(c.kind())) {
+  if (!ps::InitializerConfig::Kind_IsValid(c.kind())) {
     return absl::InvalidArgumentError(absl::StrCat("initializer.kind ", c.kind(), " is unknown"));
   }
   return absl::OkStatus();
 }
 
-void InitDense(const InitializerConfig& c, uint64_t first_index, absl::Span<float> out) {
+void InitDense(const ps::InitializerConfig& c, uint64_t first_index, absl::Span<float> out) {
   uint64_t stream = Mix64(c.seed());
   for (size_t i = 0; i < out.size(); ++i) out[i] = ValueAt(c, stream, first_index + i);
 }
 
-void InitSparseRow(const InitializerConfig& c, uint64_t key, absl::Span<float> out) {
+void InitSparseRow(const ps::InitializerConfig& c, uint64_t key, absl::Span<float> out) {
   uint64_t stream = Mix64(c.seed() ^ Mix64(key));
   for (size_t i = 0; i < out.size(); ++i) out[i] = ValueAt(c, stream, i);
 }
 
-}  // namespace pscluster::ps
+}  // namespace pscluster::core

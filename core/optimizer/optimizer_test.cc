@@ -1,4 +1,4 @@
-#include "server/ps/optimizer.h"
+#include "core/optimizer/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace pscluster::ps {
+namespace pscluster::core {
 namespace {
 
 using Kind = OptimizerOptions::Kind;
@@ -537,4 +537,4 @@ TEST(LearningRateDecayTest, RejectsRateOutsideUnitIntervalAndNegativeSteps) {
   EXPECT_THAT(std::string(Optimizer::Create(o).status().message()), HasSubstr("lr_decay_steps"));
 }
 
-}  // namespace pscluster::ps
+}  // namespace pscluster::core

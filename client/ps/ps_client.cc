@@ -1,4 +1,4 @@
-#include "worker/client/ps_client.h"
+#include "client/ps/ps_client.h"
 
 #include <algorithm>
 #include <cstring>

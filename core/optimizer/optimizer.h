@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace pscluster::ps {
+namespace pscluster::core {
 
 // Typed options with documented defaults. Fields that do not apply to the
 // selected kind are ignored by the update rule, but every field is still
@@ -95,4 +95,4 @@ class Optimizer {
                      int64_t step) const = 0;
 };
 
-}  // namespace pscluster::ps
+}  // namespace pscluster::core

@@ -1,4 +1,4 @@
-#include "worker/client/coordinator_client.h"
+#include "client/coordinator/coordinator_client.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "server/ps/optimizer.h"
+#include "core/optimizer/optimizer.h"
 
 #include <cmath>
 #include <cstddef>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace pscluster::ps {
+namespace pscluster::core {
 namespace {
 
 using Kind = OptimizerOptions::Kind;
@@ -250,4 +250,4 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOpti
       absl::StrCat("kind has unknown value ", static_cast<int>(options.kind)));
 }
 
-}  // namespace pscluster::ps
+}  // namespace pscluster::core

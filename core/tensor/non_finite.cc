@@ -1,0 +1,30 @@
+#include "core/tensor/non_finite.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace pscluster::core {
+
+size_t FirstNonFinite(absl::Span<const float> values) {
+  constexpr size_t kBlock = 1024;
+  for (size_t start = 0; start < values.size(); start += kBlock) {
+    const size_t n = std::min(kBlock, values.size() - start);
+    const float* v = values.data() + start;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {  // exponent all ones <=> Inf or NaN
+      uint32_t bits;
+      std::memcpy(&bits, v + i, sizeof(bits));
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(v[i])) return start + i;
+      }
+    }
+  }
+  return values.size();
+}
+
+}  // namespace pscluster::core

@@ -1,0 +1,14 @@
+// The non-finite scan both sides run on gradients and imported values.
+#pragma once
+
+#include <cstddef>
+
+#include "absl/types/span.h"
+
+namespace pscluster::core {
+
+// Index of the first NaN/Inf in `values`, or values.size() when all are finite. Scans in
+// vectorisable blocks (integer exponent test), so it runs near memory bandwidth.
+size_t FirstNonFinite(absl::Span<const float> values);
+
+}  // namespace pscluster::core

@@ -1,0 +1,33 @@
+#include "core/tensor/non_finite.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pscluster::core {
+namespace {
+
+TEST(NonFiniteTest, EmptyAndAllFiniteGiveTheSize) {
+  EXPECT_EQ(FirstNonFinite({}), 0u);
+  std::vector<float> v(3001, 1.5f);
+  v[7] = std::numeric_limits<float>::max();
+  v[8] = -std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(FirstNonFinite(v), v.size());
+}
+
+TEST(NonFiniteTest, FindsTheFirstNanOrInfAcrossBlocks) {
+  for (size_t at : {size_t{0}, size_t{1023}, size_t{1024}, size_t{2999}}) {
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> v(3000, 0.25f);
+      v[at] = bad;
+      v.back() = bad;  // a later one does not hide the first
+      EXPECT_EQ(FirstNonFinite(v), at) << "at " << at << " value " << bad;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pscluster::core
