@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
         o.world = world;
         o.batch_size = 64;
         o.epochs = 100;
-        o.mlp.layers = {width, width, width, width, 10};
+        o.model.mlp.layers = {width, width, width, width, 10};
         o.optimizer.set_kind(ps::OptimizerConfig::ADAM);
         o.optimizer.set_learning_rate(1e-3f);
         o.micro_batches = micro;

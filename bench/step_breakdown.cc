@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   adam.set_kind(ps::OptimizerConfig::ADAM);
   adam.set_learning_rate(1e-3f);
   auto opt = *core::MakeOptimizer(adam);
-  modes::ModelState state = modes::InitialState(mlp_options, 1, *opt);
+  modes::ModelState state = modes::InitialState(model::MlpSpec(mlp_options, 1), *opt);
   data::Dataset data = data::MakeSynthetic(batch, 784, 10, 1);
   std::vector<std::vector<float>> grads;
   for (const auto& p : state.params) grads.emplace_back(p.size());

@@ -3,8 +3,11 @@
 // run that switches PS -> ALLREDUCE -> FSDP -> PIPELINE -> PS matches it too; and a state
 // handed to the shards and back (ALLREDUCE -> PS -> ALLREDUCE) keeps every optimizer slot
 // and the update count bitwise.
+#include <set>
+
 #include "tests/ps_cluster_fixture.h"
 #include "worker/modes/mode_testing.h"
+#include "worker/modes/model_tables.h"
 
 namespace pscluster {
 namespace {
@@ -35,6 +38,73 @@ TEST_F(ModesSwitchTest, PsModeMatchesTheSingleProcessReference) {
   const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
   OnRanks(kWorkers, options,
           [&](int r, Trainer& t) { modes::testing::ExpectOneAndTenStepsMatch(t, r, one, ten); });
+}
+
+// The embedding test model in PS mode: its table is a sparse table on the shards; each step
+// pulls the rows the batch touches and pushes their gradients, and the run matches the
+// single-process reference (which steps a row only when the global batch touches it).
+TEST_F(ModesSwitchTest, EmbeddingModelInPsModeMatchesTheSingleProcessReference) {
+  auto options = [this](int r) {
+    TrainerOptions o =
+        modes::testing::EmbeddingOptions(Mode::kPs, r, kWorkers, ps::OptimizerConfig::MOMENTUM);
+    o.shards = addresses_;
+    o.rpc_timeout = absl::Seconds(60);
+    return o;
+  };
+  const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
+  OnRanks(kWorkers, options, [&](int r, Trainer& t) {
+    modes::testing::ExpectOneAndTenStepsMatch(t, r, one, ten, /*with_slots=*/false);
+  });
+}
+
+// PS mode pulls only the rows a batch touches: the shards served exactly the rows of each
+// worker's batches, step by step, and materialised only the rows some batch touched.
+TEST_F(ModesSwitchTest, EmbeddingModelInPsModePullsOnlyTheRowsABatchTouches) {
+  constexpr int kSteps = 10;
+  auto options = [this](int r) {
+    TrainerOptions o =
+        modes::testing::EmbeddingOptions(Mode::kPs, r, kWorkers, ps::OptimizerConfig::ADAGRAD);
+    o.model.embedding.buckets = 64;  // 256 rows: the tails stay untouched
+    o.shards = addresses_;
+    o.rpc_timeout = absl::Seconds(60);
+    return o;
+  };
+  OnRanks(kWorkers, options, [&](int, Trainer& t) {
+    for (int64_t step = 0; step < kSteps; ++step) ASSERT_TRUE(t.Step(step).ok());
+  });
+  // The rows each (worker, step) touches, from the model itself.
+  const TrainerOptions o = options(0);
+  auto def = *model::MakeModelDef(o.model, o.seed);
+  auto backend = compute::MakeCpuBackend(1);
+  auto m = *def->Create(backend.get(), model::WholeModel(o.batch_size));
+  uint64_t rows_pulled = 0;
+  std::set<uint64_t> touched;
+  for (int r = 0; r < kWorkers; ++r) {
+    auto it =
+        *data::BatchIterator::Create(&modes::testing::Data(), r, kWorkers, o.batch_size, o.seed);
+    data::Batch b;
+    for (int step = 0; step < kSteps; ++step) {
+      it.Next(&b);
+      const std::vector<uint64_t> keys = m->Keys(0, b.x.data(), b.size);
+      rows_pulled += keys.size();
+      touched.insert(keys.begin(), keys.end());
+    }
+  }
+  const model::EmbeddingSpec& emb = def->spec().embeddings[0];
+  ASSERT_LT(touched.size(), emb.vocab) << "pick data whose batches leave some rows untouched";
+  const uint32_t table = modes::ModelTables(def->spec()).sparse(0);
+  auto stats = clients_[0]->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  uint64_t bytes = 0, rows = 0;
+  for (const ps::StatsResponse& shard : *stats) {
+    for (const ps::TableStats& ts : shard.tables()) {
+      if (ts.info().spec().table_id() != table) continue;
+      bytes += ts.bytes_pulled();
+      rows += ts.info().num_rows();
+    }
+  }
+  EXPECT_EQ(bytes, rows_pulled * emb.dim * sizeof(float));
+  EXPECT_EQ(rows, touched.size());
 }
 
 TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference) {

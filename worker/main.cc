@@ -46,6 +46,9 @@ ABSL_FLAG(
     double, lr_decay, 0.1,
     "The learning rate decays exponentially to this fraction by the last step (1: constant).");
 ABSL_FLAG(std::string, consistency, "bsp", "bsp | ssp:<staleness> | asp.");
+ABSL_FLAG(std::string, model, "mlp",
+          "The model: mlp (--layers), or embedding (an embedding table of bucketed input "
+          "features under the same MLP).");
 ABSL_FLAG(std::vector<std::string>, layers,
           std::vector<std::string>({"784", "256", "128", "64", "10"}),
           "MLP layer sizes: input, hidden..., classes.");
@@ -220,16 +223,24 @@ int main(int argc, char** argv) {
   auto consistency = ParseConsistency(absl::GetFlag(FLAGS_consistency));
   if (!consistency.ok()) return Fail(std::string(consistency.status().message()));
   o.consistency = *consistency;
-  o.mlp.layers.clear();
+  o.model.name = absl::GetFlag(FLAGS_model);
+  o.model.mlp.layers.clear();
   for (const std::string& l : absl::GetFlag(FLAGS_layers)) {
     int n = 0;
     if (!absl::SimpleAtoi(l, &n) || n < 1) return Fail("--layers holds '" + l + "', not a size");
-    o.mlp.layers.push_back(n);
+    o.model.mlp.layers.push_back(n);
+  }
+  if (o.model.mlp.layers.size() >= 2) {  // --model=embedding: the same input, hidden, classes
+    o.model.embedding.features = o.model.mlp.layers.front();
+    o.model.embedding.classes = o.model.mlp.layers.back();
+    o.model.embedding.hidden.assign(o.model.mlp.layers.begin() + 1, o.model.mlp.layers.end() - 1);
+    o.model.embedding.range_lo = 0;  // Fashion-MNIST pixels are in [0, 1]
+    o.model.embedding.range_hi = 1;
   }
 
   data::Dataset train, test;
   if (int64_t n = absl::GetFlag(FLAGS_synthetic); n > 0) {
-    const int dim = o.mlp.layers.front(), classes = o.mlp.layers.back();
+    const int dim = o.model.mlp.layers.front(), classes = o.model.mlp.layers.back();
     // One draw, split: the held-out examples come from the same class centroids.
     const int64_t held_out = n / 5 + 1;
     data::Dataset all = data::MakeSynthetic(n + held_out, dim, classes, /*seed=*/7);

@@ -12,9 +12,7 @@
 
 namespace pscluster::model {
 
-absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpOptions options,
-                                                 int max_batch) {
-  if (backend == nullptr) return absl::InvalidArgumentError("Mlp needs a backend");
+absl::Status Mlp::Validate(const MlpOptions& options, int max_batch) {
   if (options.layers.size() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Mlp needs at least 2 layer sizes (input and classes), got ", options.layers.size()));
@@ -37,6 +35,15 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpO
   if (options.slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("Mlp slots must be >= 1, got ", options.slots));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpOptions options,
+                                                 int max_batch) {
+  if (backend == nullptr) return absl::InvalidArgumentError("Mlp needs a backend");
+  if (absl::Status s = Validate(options, max_batch); !s.ok()) return s;
+  const int total = static_cast<int>(options.layers.size()) - 1;
+  const int end = options.end_layer < 0 ? total : options.end_layer;
   // Not make_unique: the constructor is private. The destructor frees whatever was
   // allocated should an allocation below fail.
   std::unique_ptr<Mlp> mlp(new Mlp(backend, std::move(options), max_batch));
@@ -55,8 +62,8 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpO
   size_t max_weight = 0, max_bias = 0;
   for (int i = mlp->first_; i < end; ++i) {
     const size_t in = layers[i], out = layers[i + 1];
-    mlp->params_.push_back({absl::StrCat("fc", i, ".weight"), in * out});
-    mlp->params_.push_back({absl::StrCat("fc", i, ".bias"), out});
+    mlp->params_.push_back({absl::StrCat("fc", i, ".weight"), in * out, 2 * i});
+    mlp->params_.push_back({absl::StrCat("fc", i, ".bias"), out, 2 * i + 1});
     max_weight = std::max(max_weight, in * out);
     max_bias = std::max(max_bias, out);
   }
@@ -123,6 +130,11 @@ void Mlp::GetParam(int index, float* host) const {
   backend_->Download(values_[index], host, params_[index].size);
 }
 
+void Mlp::GetInputGrad(float* host, int batch) const {
+  assert(options_.input_gradient && first_ == 0);
+  backend_->Download(delta(0, 0), host, static_cast<size_t>(batch) * options_.layers[0]);
+}
+
 void Mlp::GetGrad(int index, float* host) const {
   assert(index >= 0 && index < static_cast<int>(params_.size()));
   backend_->Download(grads_[index], host, params_[index].size);
@@ -182,7 +194,7 @@ absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulat
     } else {
       backend_->ColumnSums(dy, batch, out, grad(i, 1));
     }
-    if (i > first_ || (input_delta && i > 0)) {
+    if (i > first_ || input_delta) {
       // dx[batch x in] = dy[batch x out] * W^T[out x in], then through the ReLU that made x.
       float* dx = delta(i, slot);
       backend_->Gemm(false, true, batch, in, out, 1.0f, dy, value(i, 0), 0.0f, dx);
@@ -210,7 +222,8 @@ absl::StatusOr<StepResult> Mlp::ForwardBackward(const float* x, const int32_t* y
   result.examples = batch;
   result.loss = backend_->SoftmaxCrossEntropy(activation(end_, 0), y, batch, classes(),
                                               delta(end_, 0), &result.correct);
-  if (absl::Status s = Backward(0, batch, 1.0f, false, false, hooks); !s.ok()) return s;
+  if (absl::Status s = Backward(0, batch, 1.0f, false, options_.input_gradient, hooks); !s.ok())
+    return s;
   return result;
 }
 
@@ -281,6 +294,56 @@ absl::StatusOr<StepResult> Mlp::Evaluate(const float* x, const int32_t* y, int64
   result.examples = static_cast<int>(count);
   result.loss = count > 0 ? static_cast<float>(total_loss / count) : 0.0f;
   return result;
+}
+
+namespace {
+
+class MlpDef final : public ModelDef {
+ public:
+  MlpDef(MlpOptions options, uint64_t seed)
+      : options_(std::move(options)), spec_(MlpSpec(options_, seed)) {}
+  const ModelSpec& spec() const override { return spec_; }
+  absl::StatusOr<std::unique_ptr<Model>> Create(compute::Backend* backend,
+                                                const InstanceOptions& o) const override {
+    MlpOptions options = options_;
+    options.first_layer = o.first_layer;
+    options.end_layer = o.end_layer;
+    options.slots = o.slots;
+    options.share_layer_buffers = o.share_layer_buffers;
+    absl::StatusOr<std::unique_ptr<Mlp>> mlp = Mlp::Create(backend, options, o.max_batch);
+    if (!mlp.ok()) return mlp.status();
+    return std::unique_ptr<Model>(*std::move(mlp));
+  }
+
+ private:
+  const MlpOptions options_;
+  const ModelSpec spec_;
+};
+
+}  // namespace
+
+ModelSpec MlpSpec(const MlpOptions& options, uint64_t seed) {
+  ModelSpec spec;
+  spec.kind = "mlp";
+  const std::vector<int>& w = options.layers;
+  spec.input_width = w.empty() ? 0 : w.front();
+  spec.classes = w.empty() ? 0 : w.back();
+  for (size_t i = 0; i + 1 < w.size(); ++i) {
+    TensorSpec weight{absl::StrCat("fc", i, ".weight"), {w[i], w[i + 1]}, {}};
+    weight.init.set_kind(ps::InitializerConfig::UNIFORM);  // Glorot uniform
+    weight.init.set_scale(std::sqrt(6.0f / (w[i] + w[i + 1])));
+    weight.init.set_seed(seed * 1000 + 2 * i);
+    spec.params.push_back(std::move(weight));
+    spec.params.push_back({absl::StrCat("fc", i, ".bias"), {w[i + 1]}, {}});  // zeros
+    spec.layer_params.push_back({static_cast<int>(2 * i), static_cast<int>(2 * i + 1)});
+    spec.layer_costs.push_back(double{1} * w[i] * w[i + 1]);
+  }
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<ModelDef>> MakeMlpDef(const MlpOptions& options, uint64_t seed) {
+  if (absl::Status s = Mlp::Validate(options, 1); !s.ok()) return s;
+  return std::unique_ptr<ModelDef>(new MlpDef(options, seed));
 }
 
 }  // namespace pscluster::model

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/compute/backend.h"
+#include "worker/model/model.h"
 
 namespace pscluster::model {
 
@@ -31,20 +32,9 @@ struct MlpOptions {
   // largest layer, filled layer by layer through LayerHooks; only ForwardBackward with
   // hooks may then be used (not Evaluate).
   bool share_layer_buffers = false;
-};
-
-// FSDP: called by ForwardBackward around each layer (global layer index). `before` must
-// load the layer's weight and bias with SetParam (backward: true when it is for the
-// layer's backward pass); after_backward may read the layer's gradients with GetGrad.
-struct LayerHooks {
-  std::function<absl::Status(int layer, bool backward)> before;
-  std::function<absl::Status(int layer)> after_backward;
-};
-
-struct StepResult {
-  float loss = 0;   // mean softmax cross-entropy over the examples
-  int correct = 0;  // examples whose argmax logit is the label
-  int examples = 0;
+  // ForwardBackward also computes the gradient w.r.t. the input, through a ReLU on the
+  // input (the input must be a ReLU's output or non-negative), for GetInputGrad.
+  bool input_gradient = false;
 };
 
 // A multi-layer perceptron on a compute Backend. Parameters: for each layer i,
@@ -53,21 +43,19 @@ struct StepResult {
 // (for instance from InitialParams). The backend must outlive the Mlp, which holds all its
 // buffers (parameters, gradients, activations for max_batch examples) from Create on.
 // Not thread-safe.
-class Mlp {
+class Mlp final : public Model {
  public:
   // INVALID_ARGUMENT for a null backend, fewer than 2 layers, a layer size < 1, or
   // max_batch < 1; RESOURCE_EXHAUSTED if the backend cannot allocate.
   static absl::StatusOr<std::unique_ptr<Mlp>> Create(compute::Backend* backend, MlpOptions options,
                                                      int max_batch);
-  ~Mlp();
+  // The checks of Create without allocating anything.
+  static absl::Status Validate(const MlpOptions& options, int max_batch);
+  ~Mlp() override;
   Mlp(const Mlp&) = delete;
   Mlp& operator=(const Mlp&) = delete;
 
-  struct Param {
-    std::string name;
-    size_t size;
-  };
-  const std::vector<Param>& params() const { return params_; }
+  const std::vector<Param>& params() const override { return params_; }
   const MlpOptions& options() const { return options_; }
   int max_batch() const { return max_batch_; }
 
@@ -79,14 +67,17 @@ class Mlp {
 
   // Copies params()[index].size floats in (SetParam) or out (GetParam). index must be in
   // [0, params().size()).
-  void SetParam(int index, const float* host);
-  void GetParam(int index, float* host) const;
+  void SetParam(int index, const float* host) override;
+  void GetParam(int index, float* host) const override;
 
   // Forward and backward on a host batch (x: batch * layers[0] floats, y: labels in
   // [0, classes)); INVALID_ARGUMENT if batch > max_batch or < 1, or a label is out of
   // range. Gradients of the MEAN loss over the batch, readable with GetGrad.
   absl::StatusOr<StepResult> ForwardBackward(const float* x, const int32_t* y, int batch,
-                                             const LayerHooks* hooks = nullptr);
+                                             const LayerHooks* hooks = nullptr) override;
+  // With input_gradient: the gradient of the last ForwardBackward's mean loss w.r.t. its
+  // input (batch * input_width floats).
+  void GetInputGrad(float* host, int batch) const;
 
   // Pipeline stages (any layer range). StageForward runs micro-batch `slot`'s `batch`
   // examples (x: batch * input width, host) through the stage; unless the stage ends the
@@ -96,27 +87,26 @@ class Mlp {
   // ACCUMULATED scaled by grad_scale (start a batch with ZeroGrads); unless the stage
   // starts the network, dx receives the gradient w.r.t. its input, already through the
   // previous stage's ReLU. The last stage returns the micro-batch's loss and accuracy.
-  absl::Status StageForward(int slot, const float* x, int batch, float* out);
+  absl::Status StageForward(int slot, const float* x, int batch, float* out) override;
   absl::StatusOr<StepResult> StageBackward(int slot, const int32_t* labels, const float* dout,
-                                           int batch, float grad_scale, float* dx);
-  void ZeroGrads();
-  bool first_stage() const { return first_ == 0; }
-  bool last_stage() const { return end_ + 1 == static_cast<int>(options_.layers.size()); }
-  int input_width() const { return options_.layers[first_]; }
-  int output_width() const { return options_.layers[end_]; }
+                                           int batch, float grad_scale, float* dx) override;
+  void ZeroGrads() override;
+  bool first_stage() const override { return first_ == 0; }
+  bool last_stage() const override { return end_ + 1 == static_cast<int>(options_.layers.size()); }
+  int input_width() const override { return options_.layers[first_]; }
+  int output_width() const override { return options_.layers[end_]; }
   // Copies the gradient of params()[index] from the last ForwardBackward.
-  void GetGrad(int index, float* host) const;
+  void GetGrad(int index, float* host) const override;
 
   // Forward only, over any number of examples (processed in max_batch chunks; gradients
   // untouched). The loss is the mean over all `count`. count == 0 gives an all-zero
   // result; INVALID_ARGUMENT for count < 0, count >= 2^31 (StepResult counts are int) or a
   // label out of range.
-  absl::StatusOr<StepResult> Evaluate(const float* x, const int32_t* y, int64_t count);
+  absl::StatusOr<StepResult> Evaluate(const float* x, const int32_t* y, int64_t count) override;
 
  private:
   Mlp(compute::Backend* backend, MlpOptions options, int max_batch);
 
-  int num_layers() const { return end_ - first_; }
   int classes() const { return options_.layers.back(); }
   absl::Status CheckLabels(const int32_t* y, int64_t count) const;
   absl::Status CheckBatch(int batch) const;
@@ -154,5 +144,12 @@ class Mlp {
   std::vector<float*> activations_;
   std::vector<float*> deltas_;
 };
+
+// The MLP's spec: for each layer i, "fc<i>.weight" ({in, out}, Glorot-uniform seeded by
+// seed * 1000 + 2i) and "fc<i>.bias" ({out}, zeros); layer i's cost in * out.
+ModelSpec MlpSpec(const MlpOptions& options, uint64_t seed);
+
+// The MLP as a ModelDef (InstanceOptions override the stage fields of `options`).
+absl::StatusOr<std::unique_ptr<ModelDef>> MakeMlpDef(const MlpOptions& options, uint64_t seed);
 
 }  // namespace pscluster::model

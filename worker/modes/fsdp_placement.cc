@@ -1,7 +1,7 @@
 // FSDP: worker r of M owns elements [r*c, (r+1)*c) of every tensor of n elements
 // (c = ceil(n / M), the last owner's share padded), with their optimizer slots. The model
-// keeps ONE layer's parameters and gradients (Mlp share_layer_buffers): before a layer's
-// forward and again before its backward the owners all-gather it; after its backward its
+// keeps ONE layer's parameters and gradients (InstanceOptions::share_layer_buffers): before a
+// layer's forward and again before its backward the owners all-gather it; after its backward its
 // gradient is reduce-scattered and every worker steps its own share at once. So a worker
 // holds 1/M of the state plus one layer.
 #include <algorithm>
@@ -15,19 +15,21 @@ namespace {
 
 class FsdpPlacement final : public Placement {
  public:
-  explicit FsdpPlacement(const PlacementContext& ctx) : ctx_(ctx), m_(ctx.world) {}
+  explicit FsdpPlacement(const PlacementContext& ctx)
+      : ctx_(ctx), spec_(ctx.model->spec()), m_(ctx.world) {}
 
   absl::Status Init() {
-    if (ctx_.comm == nullptr || ctx_.optimizer == nullptr) {
-      return absl::FailedPreconditionError("fsdp mode needs a communicator and an optimizer");
+    if (!spec_.embeddings.empty()) {
+      return absl::FailedPreconditionError(
+          "fsdp mode does not support models with embedding tables yet");
     }
-    model::MlpOptions shared = ctx_.mlp;
+    model::InstanceOptions shared = model::WholeModel(ctx_.batch_size);
     shared.share_layer_buffers = true;
-    ASSIGN_OR_RETURN(mlp_, model::Mlp::Create(ctx_.backend, shared, ctx_.batch_size));
+    ASSIGN_OR_RETURN(model_, NewModel(ctx_, shared));
     ASSIGN_OR_RETURN(auto batches, DataParallelBatches(ctx_));
     batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
     size_t layer_max = 0;
-    for (const auto& p : mlp_->params()) {
+    for (const auto& p : model_->params()) {
       const size_t chunk = (p.size + m_ - 1) / m_;
       size_.push_back(p.size);
       chunk_.push_back(chunk);
@@ -35,9 +37,7 @@ class FsdpPlacement final : public Placement {
       slots_.emplace_back(ctx_.optimizer->num_slots(), std::vector<float>(chunk));
       full_bytes_ += p.size * sizeof(float) * (1 + ctx_.optimizer->num_slots());
     }
-    for (size_t l = 0; 2 * l < size_.size(); ++l) {
-      layer_max = std::max(layer_max, m_ * (chunk_[2 * l] + chunk_[2 * l + 1]));
-    }
+    for (int l = 0; l < spec_.num_layers(); ++l) layer_max = std::max(layer_max, m_ * Block(l));
     gathered_.resize(layer_max);
     layer_.resize(layer_max);
     mine_.resize(layer_max / m_);
@@ -53,7 +53,7 @@ class FsdpPlacement final : public Placement {
   Mode mode() const override { return Mode::kFsdp; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
-    RETURN_IF_ERROR(CheckState(state, ctx_.mlp, ctx_.optimizer));
+    RETURN_IF_ERROR(CheckState(state, spec_, ctx_.optimizer));
     for (size_t i = 0; i < size_.size(); ++i) {
       Slice(state.params[i], i, &own_[i]);
       for (size_t k = 0; k < slots_[i].size(); ++k) Slice(state.slots[i][k], i, &slots_[i][k]);
@@ -81,8 +81,8 @@ class FsdpPlacement final : public Placement {
     BatchAt(batches_.get(), step, &batch_);
     update_ = updates_ + 1;
     loaded_ = -1;  // the own shards changed at the last step
-    ASSIGN_OR_RETURN(model::StepResult r,
-                     mlp_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size, &hooks_));
+    ASSIGN_OR_RETURN(model::StepResult r, model_->ForwardBackward(batch_.x.data(), batch_.y.data(),
+                                                                  batch_.size, &hooks_));
     updates_ = update_;
     return r.loss;
   }
@@ -114,55 +114,81 @@ class FsdpPlacement final : public Placement {
     return all;
   }
 
-  // Layer l's weight and bias from every owner, into the model's one layer buffer.
+  // Layer l's tensors' shares, one after the other: the floats one owner holds of it.
+  size_t Block(int layer) const {
+    size_t block = 0;
+    for (int i : spec_.layer_params[layer]) block += chunk_[i];
+    return block;
+  }
+
+  // Layer l's tensors from every owner, into the model's one layer buffer. Owner r's block
+  // holds its share of each of the layer's tensors in turn; the layer buffer holds the
+  // tensors whole, one after the other (each padded to m_ shares).
   absl::Status GatherLayer(int layer) {
-    const size_t w = 2 * layer, b = w + 1, block = chunk_[w] + chunk_[b];
-    std::copy(own_[w].begin(), own_[w].end(), mine_.begin());
-    std::copy(own_[b].begin(), own_[b].end(), mine_.begin() + chunk_[w]);
+    const std::vector<int>& tensors = spec_.layer_params[layer];
+    const size_t block = Block(layer);
+    size_t at = 0;
+    for (int i : tensors) {
+      std::copy(own_[i].begin(), own_[i].end(), mine_.begin() + at);
+      at += chunk_[i];
+    }
     RETURN_IF_ERROR(ctx_.comm->AllGather(absl::MakeConstSpan(mine_.data(), block),
                                          absl::MakeSpan(gathered_.data(), block * m_)));
-    float* weight = layer_.data();
-    float* bias = weight + chunk_[w] * m_;
     for (size_t r = 0; r < m_; ++r) {
       const float* from = gathered_.data() + r * block;
-      std::copy(from, from + chunk_[w], weight + r * chunk_[w]);
-      std::copy(from + chunk_[w], from + block, bias + r * chunk_[b]);
+      float* to = layer_.data();
+      for (int i : tensors) {
+        std::copy_n(from, chunk_[i], to + r * chunk_[i]);
+        from += chunk_[i];
+        to += chunk_[i] * m_;
+      }
     }
-    mlp_->SetParam(w, weight);
-    mlp_->SetParam(b, bias);
+    float* whole = layer_.data();
+    for (int i : tensors) {
+      model_->SetParam(i, whole);
+      whole += chunk_[i] * m_;
+    }
     loaded_ = layer;
     return absl::OkStatus();
   }
 
   // Layer l's gradient: reduce-scatter to the owners, who step their share at once.
   absl::Status StepLayer(int layer) {
-    const size_t w = 2 * layer, b = w + 1, block = chunk_[w] + chunk_[b];
-    float* weight = layer_.data();
-    float* bias = weight + chunk_[w] * m_;
+    const std::vector<int>& tensors = spec_.layer_params[layer];
+    const size_t block = Block(layer);
     std::fill(layer_.begin(), layer_.begin() + block * m_, 0.0f);  // the padding
-    mlp_->GetGrad(w, weight);
-    mlp_->GetGrad(b, bias);
-    for (size_t r = 0; r < m_; ++r) {  // owner-major: owner r's weight share, then its bias share
+    float* whole = layer_.data();
+    for (int i : tensors) {
+      model_->GetGrad(i, whole);
+      whole += chunk_[i] * m_;
+    }
+    for (size_t r = 0; r < m_; ++r) {  // owner-major: owner r's share of each tensor in turn
       float* to = gathered_.data() + r * block;
-      std::copy_n(weight + r * chunk_[w], chunk_[w], to);
-      std::copy_n(bias + r * chunk_[b], chunk_[b], to + chunk_[w]);
+      const float* from = layer_.data();
+      for (int i : tensors) {
+        std::copy_n(from + r * chunk_[i], chunk_[i], to);
+        to += chunk_[i];
+        from += chunk_[i] * m_;
+      }
     }
     RETURN_IF_ERROR(ctx_.comm->ReduceScatterSum(absl::MakeConstSpan(gathered_.data(), block * m_),
                                                 absl::MakeSpan(mine_.data(), block)));
     const float scale = 1.0f / m_;  // the mean of the workers' gradients
     for (size_t k = 0; k < block; ++k) mine_[k] *= scale;
-    for (size_t i : {w, b}) {
+    size_t at = 0;
+    for (int i : tensors) {
       const size_t begin = std::min(size_[i], ctx_.rank * chunk_[i]);
       const size_t n = std::min(size_[i], begin + chunk_[i]) - begin;  // the real elements
-      ApplyOptimizer(*ctx_.optimizer, own_[i].data(), mine_.data() + (i == w ? 0 : chunk_[w]),
-                     slots_[i], n, update_);
+      ApplyOptimizer(*ctx_.optimizer, own_[i].data(), mine_.data() + at, slots_[i], n, update_);
+      at += chunk_[i];
     }
     return absl::OkStatus();
   }
 
   const PlacementContext ctx_;
+  const model::ModelSpec& spec_;
   const size_t m_;  // workers
-  std::unique_ptr<model::Mlp> mlp_;
+  std::unique_ptr<model::Model> model_;
   std::unique_ptr<data::BatchIterator> batches_;
   data::Batch batch_;
   model::LayerHooks hooks_;
@@ -180,6 +206,10 @@ class FsdpPlacement final : public Placement {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Placement>> MakeFsdpPlacement(const PlacementContext& ctx) {
+  if (ctx.comm == nullptr || ctx.optimizer == nullptr || ctx.model == nullptr) {
+    return absl::FailedPreconditionError(
+        "fsdp mode needs a communicator, an optimizer and a model");
+  }
   auto p = std::make_unique<FsdpPlacement>(ctx);
   RETURN_IF_ERROR(p->Init());
   return std::unique_ptr<Placement>(std::move(p));

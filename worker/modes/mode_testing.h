@@ -27,12 +27,20 @@ inline TrainerOptions Options(Mode mode, int rank, int world, ps::OptimizerConfi
   o.batch_size = kBatch;
   o.epochs = 2;
   o.seed = 3;
-  o.mlp.layers = {12, 16, 8, 3};  // three layers: up to three pipeline stages
+  o.model.mlp.layers = {12, 16, 8, 3};  // three layers: up to three pipeline stages
   o.optimizer.set_kind(kind);
   o.optimizer.set_learning_rate(kind == ps::OptimizerConfig::ADAM ? 0.01f : 0.05f);
   if (kind == ps::OptimizerConfig::MOMENTUM) o.optimizer.set_momentum(0.9f);
   o.micro_batches = 4;
   o.evaluate = false;
+  return o;
+}
+
+// Options() with the embedding test model (worker/model/embedding_mlp.h) on the same data.
+inline TrainerOptions EmbeddingOptions(Mode mode, int rank, int world,
+                                       ps::OptimizerConfig::Kind kind) {
+  TrainerOptions o = Options(mode, rank, world, kind);
+  o.model.name = "embedding";  // 12 features (4 bucketed into ids), 3 classes
   return o;
 }
 
@@ -64,34 +72,60 @@ inline void OnRanks(int world, const std::function<TrainerOptions(int rank)>& op
 }
 
 // The single-process reference: the whole global batch of each step (the union of the
-// ranks' batches) through one model, its mean gradient, the server's optimizer code.
+// ranks' batches) through one model, its mean gradient, the server's optimizer code; an
+// embedding row is stepped (with its own update count) only when the batch touches it,
+// as the shards' sparse tables do.
 inline ModelState Reference(const TrainerOptions& o, int64_t steps) {
   auto backend = compute::MakeCpuBackend(1);
   const int global = o.world * o.batch_size;
-  auto mlp = *model::Mlp::Create(backend.get(), o.mlp, global);
+  auto def = *model::MakeModelDef(o.model, o.seed);
+  auto m = *def->Create(backend.get(), model::WholeModel(global));
   auto opt = *core::MakeOptimizer(o.optimizer);
-  ModelState s = InitialState(o.mlp, o.seed, *opt);
+  ModelState s = InitialState(def->spec(), *opt);
   auto batches = *data::BatchIterator::Create(&Data(), 0, 1, global, o.seed);
   data::Batch b;
+  auto apply = [&](float* w, const float* g, std::vector<float*> slots, size_t n, int64_t t) {
+    opt->Apply(w, g, slots.empty() ? nullptr : slots.data(), n, t);
+  };
   for (int64_t step = 0; step < steps; ++step) {
     batches.Next(&b);
-    for (size_t i = 0; i < s.params.size(); ++i) mlp->SetParam(i, s.params[i].data());
-    EXPECT_TRUE(mlp->ForwardBackward(b.x.data(), b.y.data(), b.size).ok());
+    for (size_t i = 0; i < s.params.size(); ++i) m->SetParam(i, s.params[i].data());
+    for (size_t e = 0; e < s.embeddings.size(); ++e) {
+      std::vector<uint64_t> all(def->spec().embeddings[e].vocab);
+      for (uint64_t k = 0; k < all.size(); ++k) all[k] = k;
+      EXPECT_TRUE(m->SetRows(e, all, s.embeddings[e].values).ok());
+    }
+    EXPECT_TRUE(m->ForwardBackward(b.x.data(), b.y.data(), b.size).ok());
     ++s.updates;
     for (size_t i = 0; i < s.params.size(); ++i) {
       std::vector<float> g(s.params[i].size());
-      mlp->GetGrad(i, g.data());
+      m->GetGrad(i, g.data());
       std::vector<float*> slots;
       for (auto& v : s.slots[i]) slots.push_back(v.data());
-      opt->Apply(s.params[i].data(), g.data(), slots.data(), g.size(), s.updates);
+      apply(s.params[i].data(), g.data(), slots, g.size(), s.updates);
+    }
+    for (size_t e = 0; e < s.embeddings.size(); ++e) {
+      const int dim = def->spec().embeddings[e].dim;
+      const std::vector<uint64_t> keys = m->Keys(e, b.x.data(), b.size);
+      std::vector<float> g(keys.size() * dim);
+      m->GetRowGrads(e, absl::MakeSpan(g));
+      RowsState& rows = s.embeddings[e];
+      for (size_t k = 0; k < keys.size(); ++k) {
+        std::vector<float*> slots;
+        for (auto& v : rows.slots) slots.push_back(v.data() + keys[k] * dim);
+        apply(rows.values.data() + keys[k] * dim, g.data() + k * dim, slots, dim,
+              ++rows.updates[keys[k]]);
+      }
     }
   }
   return s;
 }
 
+// `got` matches `want` within `tolerance`; with_slots false: the parameters only (a state
+// gathered without optimizer slots).
 inline void ExpectNear(const ModelState& got, const ModelState& want, float tolerance,
-                       const std::string& what) {
-  ASSERT_EQ(got.updates, want.updates) << what;
+                       const std::string& what, bool with_slots = true) {
+  if (with_slots) ASSERT_EQ(got.updates, want.updates) << what;
   ASSERT_EQ(got.params.size(), want.params.size()) << what;
   for (size_t i = 0; i < want.params.size(); ++i) {
     ASSERT_EQ(got.params[i].size(), want.params[i].size());
@@ -99,6 +133,7 @@ inline void ExpectNear(const ModelState& got, const ModelState& want, float tole
       ASSERT_NEAR(got.params[i][j], want.params[i][j], tolerance)
           << what << ": tensor " << i << " element " << j;
     }
+    if (!with_slots) continue;
     ASSERT_EQ(got.slots[i].size(), want.slots[i].size()) << what;
     for (size_t k = 0; k < want.slots[i].size(); ++k) {
       for (size_t j = 0; j < want.slots[i][k].size(); ++j) {
@@ -107,25 +142,44 @@ inline void ExpectNear(const ModelState& got, const ModelState& want, float tole
       }
     }
   }
+  ASSERT_EQ(got.embeddings.size(), want.embeddings.size()) << what;
+  for (size_t e = 0; e < want.embeddings.size(); ++e) {
+    const RowsState &g = got.embeddings[e], &w = want.embeddings[e];
+    ASSERT_EQ(g.values.size(), w.values.size()) << what;
+    for (size_t j = 0; j < w.values.size(); ++j) {
+      ASSERT_NEAR(g.values[j], w.values[j], tolerance) << what << ": embedding " << e << " " << j;
+    }
+    if (!g.updates.empty()) {  // ps mode gathers the values only
+      ASSERT_EQ(g.updates, w.updates) << what << ": embedding " << e << " row updates";
+    }
+    if (!with_slots) continue;
+    ASSERT_EQ(g.slots.size(), w.slots.size()) << what;
+    for (size_t k = 0; k < w.slots.size(); ++k) {
+      for (size_t j = 0; j < w.slots[k].size(); ++j) {
+        ASSERT_NEAR(g.slots[k][j], w.slots[k][j], tolerance)
+            << what << ": embedding " << e << " slot " << k << " element " << j;
+      }
+    }
+  }
 }
 
 // Ten steps of `t` (rank r): after the first its state is `one` within 1e-6, after the
 // tenth `ten` within 2e-6 (summation-order rounding of a linear optimizer).
 inline void ExpectOneAndTenStepsMatch(Trainer& t, int r, const ModelState& one,
-                                      const ModelState& ten) {
+                                      const ModelState& ten, bool with_slots = true) {
   for (int64_t step = 0; step < 10; ++step) {
     auto loss = t.Step(step);
     ASSERT_TRUE(loss.ok()) << loss.status();
     ASSERT_TRUE(std::isfinite(*loss));
     if (step == 0) {
-      auto state = t.State(1);
+      auto state = t.State(1, with_slots);
       ASSERT_TRUE(state.ok()) << state.status();
-      ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"));
+      ExpectNear(*state, one, 1e-6f, absl::StrCat("rank ", r, " after 1 step"), with_slots);
     }
   }
-  auto state = t.State(10);
+  auto state = t.State(10, with_slots);
   ASSERT_TRUE(state.ok()) << state.status();
-  ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"));
+  ExpectNear(*state, ten, 2e-6f, absl::StrCat("rank ", r, " after 10 steps"), with_slots);
 }
 
 }  // namespace pscluster::modes::testing

@@ -126,10 +126,11 @@ TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) 
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("micro_batches"), std::string::npos) << t.status();
   // Two stages of a one-layer model, straight through the placement.
-  o.mlp.layers = {12, 3};
+  o.model.mlp.layers = {12, 3};
   gloo::rendezvous::HashStore store2;
+  auto def = *model::MakeMlpDef(o.model.mlp, o.seed);
   PlacementContext ctx;
-  ctx.mlp = o.mlp;
+  ctx.model = def.get();
   ctx.world = 2;
   ctx.batch_size = kBatch;
   ctx.train = &Data();
@@ -145,6 +146,31 @@ TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) 
       << p.status();
   EXPECT_EQ(MakePlacement(Mode::kPs, ctx).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ParseMode("zero").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The embedding test model: ALLREDUCE holds the table whole, steps only the rows some
+// worker touched (each with its own update count), and matches the reference.
+TEST(EmbeddingModelTest, AllReduceMatchesTheSingleProcessReference) {
+  for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
+    auto options = [&](int r) { return testing::EmbeddingOptions(Mode::kAllReduce, r, 2, kind); };
+    const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
+    ASSERT_EQ(ten.embeddings.size(), 1u);
+    OnRanks(2, options, [&](int r, Trainer& t) { ExpectOneAndTenStepsMatch(t, r, one, ten); });
+  }
+}
+
+TEST(EmbeddingModelTest, ModesThatCannotHoldEmbeddingsRefuseNamingTheReason) {
+  for (Mode mode : {Mode::kFsdp, Mode::kPipeline}) {
+    gloo::rendezvous::HashStore store;
+    TrainerOptions o = testing::EmbeddingOptions(mode, 0, 1, ps::OptimizerConfig::SGD);
+    o.connect =
+        [&](const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+      return collective::CreateGlooCommunicator(&store, collective::GlooOptions{0, 1});
+    };
+    auto t = Trainer::Create(o, &Data(), nullptr, compute::MakeCpuBackend(1));
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << ModeName(mode);
+    EXPECT_NE(t.status().message().find("embedding"), std::string::npos) << t.status();
+  }
 }
 
 TEST(ModeAtTest, TheLastSwitchBeforeTheStepDecidesDoneOrPending) {

@@ -7,6 +7,7 @@
 // never deadlock). Gradients accumulate over the micro-batches (each scaled by 1/M, so
 // the sum is the gradient of the global batch's mean loss) and each stage steps at the end.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -16,13 +17,12 @@
 namespace pscluster::modes::internal {
 namespace {
 
-// Contiguous stages of the layers that minimise the largest stage's cost (multiply-adds per
-// example, in * out per layer): stage s owns layers [first[s], first[s + 1]).
-std::vector<int> BalancedStages(const std::vector<int>& widths, int stages) {
-  const int layers = static_cast<int>(widths.size()) - 1;
+// Contiguous stages of the layers that minimise the largest stage's cost (the spec's cost
+// per layer): stage s owns layers [first[s], first[s + 1]).
+std::vector<int> BalancedStages(const std::vector<double>& costs, int stages) {
+  const int layers = static_cast<int>(costs.size());
   std::vector<double> prefix(layers + 1, 0);
-  for (int i = 0; i < layers; ++i)
-    prefix[i + 1] = prefix[i] + double{1} * widths[i] * widths[i + 1];
+  for (int i = 0; i < layers; ++i) prefix[i + 1] = prefix[i] + costs[i];
   // best[s][j]: the smallest largest-stage cost of layers [0, j) in s stages; cut[s][j]: where
   // the last of them starts.
   const double inf = 1e300;
@@ -45,13 +45,18 @@ std::vector<int> BalancedStages(const std::vector<int>& widths, int stages) {
 class PipelinePlacement final : public Placement {
  public:
   explicit PipelinePlacement(const PlacementContext& ctx)
-      : ctx_(ctx), k_(ctx.rank), stages_(ctx.world), micro_(ctx.micro_batches) {}
+      : ctx_(ctx),
+        spec_(ctx.model->spec()),
+        k_(ctx.rank),
+        stages_(ctx.world),
+        micro_(ctx.micro_batches) {}
 
   absl::Status Init() {
-    if (ctx_.comm == nullptr || ctx_.optimizer == nullptr) {
-      return absl::FailedPreconditionError("pipeline mode needs a communicator and an optimizer");
+    if (!spec_.embeddings.empty()) {
+      return absl::FailedPreconditionError(
+          "pipeline mode does not support models with embedding tables yet");
     }
-    const int layers = static_cast<int>(ctx_.mlp.layers.size()) - 1;
+    const int layers = spec_.num_layers();
     if (stages_ > layers) {
       return absl::FailedPreconditionError(
           absl::StrCat("pipeline mode needs at least one layer per worker: ", layers, " layers, ",
@@ -63,19 +68,22 @@ class PipelinePlacement final : public Placement {
           "--micro_batches=", micro_, " must divide the global batch of ", global, " examples"));
     }
     rows_ = global / micro_;
-    first_of_ = BalancedStages(ctx_.mlp.layers, stages_);
-    model::MlpOptions stage = ctx_.mlp;
+    first_of_ = BalancedStages(spec_.layer_costs, stages_);
+    model::InstanceOptions stage = model::WholeModel(rows_);
     stage.first_layer = first_of_[k_];
     stage.end_layer = first_of_[k_ + 1];
     stage.slots = std::min(micro_, stages_ - k_);  // micro-batches in flight on this stage
-    ASSIGN_OR_RETURN(mlp_, model::Mlp::Create(ctx_.backend, stage, rows_));
+    ASSIGN_OR_RETURN(model_, NewModel(ctx_, stage));
+    for (int l = 0; l < layers; ++l) {
+      for (int i : spec_.layer_params[l]) layer_of_[i] = l;
+    }
     // One rank's view of the whole global batch: the data-parallel ranks' batches in order.
     ASSIGN_OR_RETURN(auto batches,
                      data::BatchIterator::Create(ctx_.train, 0, 1, global, ctx_.seed));
     batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
-    in_.resize(static_cast<size_t>(rows_) * mlp_->input_width());
+    in_.resize(static_cast<size_t>(rows_) * model_->input_width());
     dx_.resize(in_.size());
-    out_.resize(static_cast<size_t>(rows_) * mlp_->output_width());
+    out_.resize(static_cast<size_t>(rows_) * model_->output_width());
     dout_.resize(out_.size());
     return absl::OkStatus();
   }
@@ -83,13 +91,13 @@ class PipelinePlacement final : public Placement {
   Mode mode() const override { return Mode::kPipeline; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
-    RETURN_IF_ERROR(CheckState(state, ctx_.mlp, ctx_.optimizer));
+    RETURN_IF_ERROR(CheckState(state, spec_, ctx_.optimizer));
     params_.clear();
     slots_.clear();
-    for (int i = 2 * first_of_[k_]; i < 2 * first_of_[k_ + 1]; ++i) {
-      params_.push_back(state.params[i]);
-      slots_.push_back(state.slots[i]);
-      mlp_->SetParam(params_.size() - 1, params_.back().data());
+    for (const model::Model::Param& p : model_->params()) {  // this stage's tensors, in order
+      params_.push_back(state.params[p.index]);
+      slots_.push_back(state.slots[p.index]);
+      model_->SetParam(params_.size() - 1, params_.back().data());
     }
     updates_ = state.updates;
     return absl::OkStatus();
@@ -98,14 +106,13 @@ class PipelinePlacement final : public Placement {
   absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
     ModelState state;
     state.updates = updates_;
-    const int tensors = 2 * first_of_.back();
-    for (int i = 0; i < tensors; ++i) {  // each tensor broadcast by the stage that owns it
-      const int owner = static_cast<int>(
-          std::upper_bound(first_of_.begin(), first_of_.end(), i / 2) - first_of_.begin() - 1);
+    size_t local = 0;                                   // the next of this stage's tensors
+    for (size_t i = 0; i < spec_.params.size(); ++i) {  // each broadcast by the owning stage
+      const int owner =
+          static_cast<int>(std::upper_bound(first_of_.begin(), first_of_.end(), layer_of_.at(i)) -
+                           first_of_.begin() - 1);
       const bool mine = owner == k_;
-      const size_t local = i - 2 * first_of_[k_];
-      std::vector<float> p =
-          mine ? params_[local] : std::vector<float>(TableFor(ctx_.mlp, i, {}, {}, 0).size());
+      std::vector<float> p = mine ? params_[local] : std::vector<float>(spec_.params[i].size());
       RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(p), owner));
       state.params.push_back(std::move(p));
       std::vector<std::vector<float>> slots(with_slots ? ctx_.optimizer->num_slots() : 0);
@@ -114,6 +121,7 @@ class PipelinePlacement final : public Placement {
         RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(slots[s]), owner));
       }
       state.slots.push_back(std::move(slots));
+      if (mine) ++local;
     }
     return state;
   }
@@ -122,7 +130,7 @@ class PipelinePlacement final : public Placement {
     const absl::Time start = absl::Now();
     busy_ = absl::ZeroDuration();
     if (first() || last()) BatchAt(batches_.get(), step, &batch_);
-    mlp_->ZeroGrads();
+    model_->ZeroGrads();
     loss_ = 0;
     // 1F1B (Megatron-LM's schedule without interleaving).
     const int warmup = std::min(stages_ - k_ - 1, micro_), steady = micro_ - warmup;
@@ -153,10 +161,10 @@ class PipelinePlacement final : public Placement {
     std::vector<float> grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       grad.resize(params_[i].size());
-      mlp_->GetGrad(i, grad.data());
+      model_->GetGrad(i, grad.data());
       ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots_[i], params_[i].size(),
                      updates_);
-      mlp_->SetParam(i, params_[i].data());
+      model_->SetParam(i, params_[i].data());
     }
     busy_ += absl::Now() - t0;
     // Every stage reports the global batch's loss, which only the last stage computed.
@@ -206,9 +214,9 @@ class PipelinePlacement final : public Placement {
 
   absl::Status Forward(int m) {
     const absl::Time t0 = absl::Now();
-    const float* x = first() ? batch_.x.data() + static_cast<size_t>(m) * rows_ * ctx_.mlp.layers[0]
-                             : in_.data();
-    RETURN_IF_ERROR(mlp_->StageForward(slot(m), x, rows_, out_.data()));
+    const float* x =
+        first() ? batch_.x.data() + static_cast<size_t>(m) * rows_ * spec_.input_width : in_.data();
+    RETURN_IF_ERROR(model_->StageForward(slot(m), x, rows_, out_.data()));
     busy_ += absl::Now() - t0;
     return absl::OkStatus();
   }
@@ -217,18 +225,20 @@ class PipelinePlacement final : public Placement {
     const absl::Time t0 = absl::Now();
     const int32_t* labels = last() ? batch_.y.data() + static_cast<size_t>(m) * rows_ : nullptr;
     ASSIGN_OR_RETURN(model::StepResult r,
-                     mlp_->StageBackward(slot(m), labels, last() ? nullptr : dout_.data(), rows_,
-                                         1.0f / micro_, dx_.data()));
+                     model_->StageBackward(slot(m), labels, last() ? nullptr : dout_.data(), rows_,
+                                           1.0f / micro_, dx_.data()));
     loss_ += r.loss / micro_;
     busy_ += absl::Now() - t0;
     return absl::OkStatus();
   }
 
   const PlacementContext ctx_;
+  const model::ModelSpec& spec_;
   const int k_, stages_, micro_;
-  int rows_ = 0;               // examples per micro-batch
-  std::vector<int> first_of_;  // stage s owns layers [first_of_[s], first_of_[s + 1])
-  std::unique_ptr<model::Mlp> mlp_;
+  int rows_ = 0;                 // examples per micro-batch
+  std::vector<int> first_of_;    // stage s owns layers [first_of_[s], first_of_[s + 1])
+  std::map<int, int> layer_of_;  // tensor index -> its layer
+  std::unique_ptr<model::Model> model_;
   std::unique_ptr<data::BatchIterator> batches_;
   data::Batch batch_;
   std::vector<std::vector<float>> params_;              // this stage's tensors
@@ -242,6 +252,10 @@ class PipelinePlacement final : public Placement {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Placement>> MakePipelinePlacement(const PlacementContext& ctx) {
+  if (ctx.comm == nullptr || ctx.optimizer == nullptr || ctx.model == nullptr) {
+    return absl::FailedPreconditionError(
+        "pipeline mode needs a communicator, an optimizer and a model");
+  }
   auto p = std::make_unique<PipelinePlacement>(ctx);
   RETURN_IF_ERROR(p->Init());
   return std::unique_ptr<Placement>(std::move(p));

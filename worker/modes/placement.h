@@ -11,7 +11,9 @@
 //
 // All of them see the same global batch per step (the union of the ranks' batches of the
 // data-parallel order), average the same gradient and apply the server's optimizer code
-// (core/optimizer/optimizer.h), so they compute the same training run up to float rounding.
+// (core/optimizer), so they compute the same training run up to float rounding. They
+// are written against the model interface (worker/model/model.h); which PS table holds
+// which tensor is model_tables.h's rule.
 // A live switch gathers the full state on every worker (Gather) and hands it to the new
 // placement (Load) at a step boundary.
 #pragma once
@@ -30,7 +32,7 @@
 #include "worker/compute/backend.h"
 #include "worker/data/batches.h"
 #include "worker/data/dataset.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace pscluster::modes {
 
@@ -39,28 +41,41 @@ enum class Mode { kPs, kAllReduce, kFsdp, kPipeline };
 const char* ModeName(Mode mode);
 absl::StatusOr<Mode> ParseMode(absl::string_view name);
 
-// The whole training state at a step boundary, in Mlp::params() order.
+// An embedding table's whole state, dense over its vocabulary (the collective modes hold
+// it so; the shards create rows on first touch from the same initializer).
+struct RowsState {
+  std::vector<float> values;              // vocab x dim
+  std::vector<std::vector<float>> slots;  // [optimizer slot] vocab x dim
+  std::vector<int64_t> updates;           // per row: optimizer updates applied to it
+};
+
+// The whole training state at a step boundary: dense tensors in ModelSpec::params order,
+// embedding tables in ModelSpec::embeddings order.
 struct ModelState {
   std::vector<std::vector<float>> params;
   std::vector<std::vector<std::vector<float>>> slots;  // [param][optimizer slot]
   int64_t updates = 0;  // optimizer updates applied so far (Adam's bias correction, lr decay)
+  std::vector<RowsState> embeddings;
 };
 
-// The state every mode starts from: the PS tables' initializers (Glorot-uniform weights
-// seeded per tensor, zero biases) and the optimizer's initial slots.
-ModelState InitialState(const model::MlpOptions& mlp, uint64_t seed, const core::Optimizer& opt);
+// The state every mode starts from: the spec's initializers and the optimizer's initial
+// slots (rows as the shards would create them on first touch).
+ModelState InitialState(const model::ModelSpec& spec, const core::Optimizer& opt);
+
+// True when no row of any embedding table has been updated (the state the shards' sparse
+// tables are in before training: they create rows on first touch).
+bool EmbeddingsUntouched(const ModelState& state);
 
 // Writes the whole state into the PS tables as the state before `step` (ImportDense on
-// every table, concurrently): entering PS mode, and the collective modes' checkpoints.
-absl::Status ImportState(PsClient* ps, const ModelState& state, int64_t step);
-
-// The PS tables of the model: table 1 + i holds Mlp::params()[i].
-ps::TableSpec TableFor(const model::MlpOptions& mlp, int param, const ps::OptimizerConfig& opt,
-                       const ps::ConsistencyConfig& consistency, uint64_t seed);
+// every dense table, concurrently): entering PS mode, and the collective modes'
+// checkpoints. UNIMPLEMENTED when an embedding table has updated rows (the shards cannot
+// import sparse tables yet).
+absl::Status ImportState(PsClient* ps, const model::ModelSpec& spec, const ModelState& state,
+                         int64_t step);
 
 // What a placement works with; owned by the caller and outliving the placement.
 struct PlacementContext {
-  model::MlpOptions mlp;
+  const model::ModelDef* model = nullptr;
   int rank = 0;
   int world = 1;
   int batch_size = 64;  // per worker; the global batch is world * batch_size

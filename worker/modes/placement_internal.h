@@ -11,7 +11,7 @@ namespace pscluster::modes::internal {
 
 // INVALID_ARGUMENT unless `state` has the model's tensors (and, given an optimizer, its
 // number of slots per tensor).
-absl::Status CheckState(const ModelState& state, const model::MlpOptions& mlp,
+absl::Status CheckState(const ModelState& state, const model::ModelSpec& spec,
                         const core::Optimizer* opt);
 // One optimizer update of n elements (slots: one array per optimizer slot, n floats used).
 void ApplyOptimizer(const core::Optimizer& opt, float* w, const float* g,
@@ -22,6 +22,12 @@ absl::StatusOr<data::BatchIterator> DataParallelBatches(const PlacementContext& 
 // The batch `it` serves at `step`.
 void BatchAt(data::BatchIterator* it, int64_t step, data::Batch* out);
 
+// An instance of the context's model with `options` (FAILED_PRECONDITION without a model).
+absl::StatusOr<std::unique_ptr<model::Model>> NewModel(const PlacementContext& ctx,
+                                                       const model::InstanceOptions& options);
+
+absl::StatusOr<std::unique_ptr<Placement>> MakePsPlacement(const PlacementContext& ctx);
+absl::StatusOr<std::unique_ptr<Placement>> MakeAllReducePlacement(const PlacementContext& ctx);
 absl::StatusOr<std::unique_ptr<Placement>> MakeFsdpPlacement(const PlacementContext& ctx);
 absl::StatusOr<std::unique_ptr<Placement>> MakePipelinePlacement(const PlacementContext& ctx);
 

@@ -11,6 +11,7 @@
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
+#include "worker/modes/model_tables.h"
 
 namespace pscluster::modes {
 namespace {
@@ -78,6 +79,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     t->optimizer_config_.set_lr_decay_steps(std::max<int64_t>(1, updates));
   }
   ASSIGN_OR_RETURN(t->optimizer_, core::MakeOptimizer(t->optimizer_config_));
+  ASSIGN_OR_RETURN(t->model_, model::MakeModelDef(o.model, o.seed));
   std::vector<std::string> shards = o.shards;
   if (o.coordinator != nullptr) {
     ASSIGN_OR_RETURN(t->view_, o.coordinator->AwaitView(0, /*complete=*/true, o.recovery_timeout));
@@ -102,16 +104,16 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
 }
 
 absl::Status Trainer::CreateTables() {  // idempotent across workers
-  for (size_t i = 0; i < 2 * (options_.mlp.layers.size() - 1); ++i) {
-    RETURN_IF_ERROR(client_->CreateTable(
-        TableFor(options_.mlp, i, optimizer_config_, options_.consistency, options_.seed)));
+  for (const ps::TableSpec& spec :
+       ModelTables(model_->spec()).Specs(optimizer_config_, options_.consistency)) {
+    RETURN_IF_ERROR(client_->CreateTable(spec));
   }
   return absl::OkStatus();
 }
 
 PlacementContext Trainer::Context() const {
   PlacementContext c;
-  c.mlp = options_.mlp;
+  c.model = model_.get();
   c.rank = options_.rank;
   c.world = options_.world;
   c.batch_size = options_.batch_size;
@@ -139,7 +141,7 @@ absl::StatusOr<int64_t> Trainer::Start() {
   }
   ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
   if (options_.mode != Mode::kPs) {  // the PS tables start from the same initializers
-    RETURN_IF_ERROR(placement_->Load(InitialState(options_.mlp, options_.seed, *optimizer_), 0));
+    RETURN_IF_ERROR(placement_->Load(InitialState(model_->spec(), *optimizer_), 0));
   }
   if (c != nullptr && options_.rank == 0) RETURN_IF_ERROR(c->KvPut("run/started", "1"));
   return 0;
@@ -270,15 +272,20 @@ absl::Status Trainer::Publish(int64_t step) {
   if (placement_->mode() == Mode::kPs || client_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
   if (options_.rank != 0) return absl::OkStatus();
-  return ImportState(client_.get(), state, step);
+  return ImportState(client_.get(), model_->spec(), state, step);
 }
 
 absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/false));
-  ASSIGN_OR_RETURN(auto mlp, model::Mlp::Create(backend_.get(), options_.mlp, 1024));
-  for (size_t i = 0; i < state.params.size(); ++i) mlp->SetParam(i, state.params[i].data());
+  ASSIGN_OR_RETURN(auto model, model_->Create(backend_.get(), model::WholeModel(1024)));
+  for (size_t i = 0; i < state.params.size(); ++i) model->SetParam(i, state.params[i].data());
+  for (size_t e = 0; e < state.embeddings.size(); ++e) {
+    std::vector<uint64_t> all(model_->spec().embeddings[e].vocab);
+    for (uint64_t k = 0; k < all.size(); ++k) all[k] = k;
+    RETURN_IF_ERROR(model->SetRows(e, all, state.embeddings[e].values));
+  }
   ASSIGN_OR_RETURN(model::StepResult r,
-                   mlp->Evaluate(test_->x.data(), test_->y.data(), test_->size));
+                   model->Evaluate(test_->x.data(), test_->y.data(), test_->size));
   return static_cast<double>(r.correct) / r.examples;
 }
 

@@ -32,7 +32,7 @@
 #include "worker/collective/communicator.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
-#include "worker/model/mlp.h"
+#include "worker/model/registry.h"
 #include "worker/modes/placement.h"
 
 namespace pscluster::modes {
@@ -49,8 +49,8 @@ struct TrainerOptions {
   // The learning rate decays exponentially to this fraction of itself by the last step
   // (1: constant).
   float lr_decay = 1.0f;
-  ps::ConsistencyConfig consistency;  // PS mode's tables
-  model::MlpOptions mlp;
+  ps::ConsistencyConfig consistency;       // PS mode's tables
+  model::ModelConfig model;                // --model and its sizes
   int micro_batches = 4;                   // PIPELINE
   size_t bucket_bytes = size_t{25} << 20;  // ALLREDUCE (placement.h)
   // Workers ask the coordinator for switches every this many steps (the coordinator then
@@ -144,6 +144,7 @@ class Trainer {
   const data::Dataset* const train_;
   const data::Dataset* const test_;
   std::unique_ptr<compute::Backend> backend_;
+  std::unique_ptr<model::ModelDef> model_;
   std::unique_ptr<core::Optimizer> optimizer_;  // the collective modes' (the shards' config)
   ps::OptimizerConfig optimizer_config_;        // with the lr decay
   std::unique_ptr<PsClient> client_;            // null without shards

@@ -1,0 +1,11 @@
+#include "worker/model/registry.h"
+
+namespace pscluster::model {
+
+absl::StatusOr<std::unique_ptr<ModelDef>> MakeModelDef(const ModelConfig& config, uint64_t seed) {
+  if (config.name == "mlp") return MakeMlpDef(config.mlp, seed);
+  if (config.name == "embedding") return MakeEmbeddingMlpDef(config.embedding, seed);
+  return absl::InvalidArgumentError("model '" + config.name + "' is unknown; use mlp or embedding");
+}
+
+}  // namespace pscluster::model
