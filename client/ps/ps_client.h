@@ -1,7 +1,10 @@
 // PsClient: one worker's view of a sharded parameter server. It splits dense tensors by
 // range and sparse keys by hash (common/sharding.h), talks to every shard in parallel with
 // a deadline on each RPC, and reassembles the answers. Large dense slices travel as
-// streams of bounded chunks.
+// streams of bounded chunks. The implementation is in one file per protocol: ps_client.cc
+// (registration, tables, sparse rows), dense.cc (dense tensors), table_state.cc (whole
+// table state for mode switches), snapshots.cc (statistics, snapshots, restore); what
+// every call shares is internal/shard_calls.h.
 //
 // Thread-safe: concurrent calls from several threads are fine.
 #pragma once
@@ -17,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/ps/internal/shard_calls.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace pscluster {
@@ -36,7 +40,7 @@ class PsClient {
   PsClient(const PsClient&) = delete;
   PsClient& operator=(const PsClient&) = delete;
 
-  int num_shards() const { return static_cast<int>(stubs_.size()); }
+  int num_shards() const { return calls_.size(); }
   int32_t worker_id() const { return options_.worker_id; }
 
   // Registers this worker with every shard (needed before any push or pull).
@@ -112,7 +116,7 @@ class PsClient {
   absl::Status Restore(int64_t step);
 
   // The stub of one shard, for callers that need an RPC this class does not wrap.
-  ps::ParameterServer::Stub* stub(int shard) { return stubs_[shard].get(); }
+  ps::ParameterServer::Stub* stub(int shard) { return calls_.stub(shard); }
 
  private:
   explicit PsClient(PsClientOptions options);
@@ -143,11 +147,10 @@ class PsClient {
   absl::Status ImportDenseShard(int shard, uint32_t table_id, int64_t step, int64_t updates,
                                 uint64_t begin, absl::Span<const float> values,
                                 const std::vector<absl::Span<const float>>& slots);
-  void SetDeadline(grpc::ClientContext* ctx) const;
-  std::string ShardName(int shard) const;
+  using Stub = ps::ParameterServer::Stub;
 
   const PsClientOptions options_;
-  std::vector<std::unique_ptr<ps::ParameterServer::Stub>> stubs_;
+  internal::ShardCalls calls_;
   absl::Mutex mu_;
   std::map<uint32_t, ps::TableSpec> specs_ ABSL_GUARDED_BY(mu_);
 };

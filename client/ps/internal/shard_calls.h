@@ -1,0 +1,89 @@
+// What every PsClient call to the shards shares: one stub per shard, the client-wide
+// deadline, the conversion of gRPC status into absl::Status naming the shard, and the
+// fan-out to every shard on a thread pool (not a thread per shard per call).
+// Thread-safe.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/executor.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace pscluster::internal {
+
+class ShardCalls {
+ public:
+  using Stub = ps::ParameterServer::Stub;
+
+  ShardCalls(const std::vector<std::string>& addresses, absl::Duration rpc_timeout,
+             int max_message_bytes)
+      : addresses_(addresses), rpc_timeout_(rpc_timeout), pool_(addresses.size() - 1) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(max_message_bytes);
+    args.SetMaxSendMessageSize(max_message_bytes);
+    for (const std::string& address : addresses_) {
+      stubs_.push_back(ps::ParameterServer::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+
+  int size() const { return static_cast<int>(stubs_.size()); }
+  Stub* stub(int shard) const { return stubs_[shard].get(); }
+  std::string Name(int shard) const {
+    return absl::StrCat("shard ", shard, " (", addresses_[shard], ")");
+  }
+  // A context carrying the deadline, for streams.
+  void SetDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  }
+  // gRPC status of a call on `shard` -> absl::Status naming it.
+  absl::Status Status(int shard, const grpc::Status& s) const {
+    return FromGrpcStatus(s, Name(shard));
+  }
+
+  // One unary call on `shard` with the deadline.
+  template <typename Req, typename Resp>
+  absl::Status Unary(int shard,
+                     grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                     const Req& req, Resp* resp) const {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    return Status(shard, (stubs_[shard].get()->*method)(&ctx, req, resp));
+  }
+
+  // fn(shard) for every shard concurrently; the first error in shard order.
+  absl::Status ForEach(const std::function<absl::Status(int)>& fn) {
+    return pool_.ParallelFor(size(), fn);
+  }
+  // fn(i) for i in [0, n) concurrently (e.g. one per tensor, each fanning out again).
+  absl::Status ParallelFor(int n, const std::function<absl::Status(int)>& fn) {
+    return pool_.ParallelFor(n, fn);
+  }
+
+  // The same request to every shard; their answers by shard id.
+  template <typename Req, typename Resp>
+  absl::StatusOr<std::vector<Resp>> All(grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                                     const Req&, Resp*),
+                                        const Req& req) {
+    std::vector<Resp> out(size());
+    absl::Status st = ForEach([&](int s) { return Unary(s, method, req, &out[s]); });
+    if (!st.ok()) return st;
+    return out;
+  }
+
+ private:
+  const std::vector<std::string> addresses_;
+  const absl::Duration rpc_timeout_;
+  std::vector<std::unique_ptr<Stub>> stubs_;
+  Executor pool_;  // the caller runs one shard's call itself
+};
+
+}  // namespace pscluster::internal

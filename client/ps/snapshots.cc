@@ -1,0 +1,79 @@
+// PsClient: shard statistics, snapshots and restore.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/ps/ps_client.h"
+#include "common/sharding.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pscluster {
+
+absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats() {
+  return calls_.All(&Stub::Stats, ps::StatsRequest());
+}
+
+absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) {
+  ps::SnapshotRequest req = extra;
+  req.set_step(step);
+  return calls_.All(&Stub::Snapshot, req).status();
+}
+
+absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> PsClient::SnapshotStatus(
+    bool wait_until_idle) {
+  ps::SnapshotStatusRequest req;
+  req.set_wait_until_idle(wait_until_idle);
+  return calls_.All(&Stub::SnapshotStatus, req);
+}
+
+absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> PsClient::ListSnapshots() {
+  return calls_.All(&Stub::ListSnapshots, ps::ListSnapshotsRequest());
+}
+
+absl::StatusOr<std::vector<ps::SnapshotInfo>> PsClient::CompleteSnapshots() {
+  auto lists = ListSnapshots();
+  if (!lists.ok()) return lists.status();
+  std::map<int64_t, std::pair<int, ps::SnapshotInfo>> by_step;  // shards holding it, summary
+  for (const auto& list : *lists) {
+    for (const auto& s : list.snapshots()) {
+      if (!s.complete()) continue;
+      auto& [count, info] = by_step[s.step()];
+      if (count++ == 0) {
+        info = s;
+      } else {
+        info.set_bytes(info.bytes() + s.bytes());
+      }
+    }
+  }
+  std::vector<ps::SnapshotInfo> out;
+  for (const auto& [step, entry] : by_step) {
+    if (entry.first == num_shards()) out.push_back(entry.second);
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> PsClient::LatestCompleteSnapshot() {
+  auto complete = CompleteSnapshots();
+  if (!complete.ok()) return complete.status();
+  if (complete->empty()) return absl::NotFoundError("no snapshot is complete on every shard");
+  return complete->back().step();
+}
+
+absl::StatusOr<int64_t> PsClient::FurthestAppliedStep() {
+  auto stats = Stats();
+  if (!stats.ok()) return stats.status();
+  int64_t step = 0;
+  for (const auto& shard : *stats) {
+    for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
+  }
+  return step;
+}
+
+absl::Status PsClient::Restore(int64_t step) {
+  ps::RestoreRequest req;
+  req.set_step(step);
+  return calls_.All(&Stub::Restore, req).status();
+}
+
+}  // namespace pscluster

@@ -1,0 +1,192 @@
+// ParameterServerService: statistics, snapshots and restore, and a dense table's whole
+// state out of and into the shard (mode switches).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "server/ps/service.h"
+
+namespace pscluster::ps {
+namespace {
+
+// The header fields every chunk of one import stream must repeat unchanged.
+absl::Status CheckSameState(const TableStateChunk& first, const TableStateChunk& c,
+                            uint64_t index) {
+  auto differs = [&](absl::string_view field, auto was, auto now) {
+    return absl::InvalidArgumentError(absl::StrCat("import chunk ", index, " changes ", field,
+                                                   " from ", was, " to ", now,
+                                                   " within one stream"));
+  };
+  if (c.table_id() != first.table_id()) return differs("table_id", first.table_id(), c.table_id());
+  if (c.step() != first.step()) return differs("step", first.step(), c.step());
+  if (c.updates() != first.updates()) return differs("updates", first.updates(), c.updates());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest*,
+                                           StatsResponse* resp) {
+  Scope scope(this);
+  *resp = shard_->Stats();
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::CheckSnapshotter() const {
+  if (snapshotter_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this ps_server has no snapshot directory; restart it with --data_dir=DIR");
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                                              SnapshotResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  auto r = snapshotter_->Snapshot(*req, Deadline(ctx));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*,
+                                                   const ListSnapshotsRequest*,
+                                                   ListSnapshotsResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  auto r = snapshotter_->List();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::SnapshotStatus(grpc::ServerContext* ctx,
+                                                    const SnapshotStatusRequest* req,
+                                                    SnapshotStatusResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (req->wait_until_idle() && !snapshotter_->AwaitIdle(Deadline(ctx))) {
+    return ToGrpcStatus(absl::DeadlineExceededError("snapshot write still in progress"));
+  }
+  *resp = snapshotter_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const RestoreRequest* req,
+                                             RestoreResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  shard_->Shutdown();                           // waiting pulls fail now ...
+  absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
+  shard_->Reset();
+  auto step = snapshotter_->Restore(absl::StrCat(req->step()));
+  if (!step.ok()) {
+    return ToGrpcStatus(
+        absl::Status(step.status().code(),
+                     absl::StrCat(step.status().message(), " (the shard now holds no tables)")));
+  }
+  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
+              static_cast<long long>(*step));
+  std::fflush(stdout);
+  resp->set_step(*step);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<DenseTable*> ParameterServerService::DenseForState(uint32_t table_id) const {
+  auto table = shard_->GetTable(table_id);
+  if (!table.ok()) return table.status();
+  if ((*table)->spec().kind() != TableSpec::DENSE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table_id ", table_id, " is a SPARSE table; ExportDense/ImportDense move dense tables"));
+  }
+  return static_cast<DenseTable*>(*table);
+}
+
+grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
+                                                 const ExportDenseRequest* req,
+                                                 grpc::ServerWriter<TableStateChunk>* writer) {
+  Scope scope(this);
+  auto table = DenseForState(req->table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  auto state = (*table)->ExportState(req->step(), Deadline(ctx));  // copied under the lock
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  const size_t num_slots = state->slots.size();
+  const uint64_t per_chunk =
+      std::max<uint64_t>(1, options_.max_chunk_bytes / (sizeof(float) * (1 + num_slots)));
+  const uint64_t size = state->values.size();
+  TableStateChunk chunk;  // reused: its buffers are allocated once
+  chunk.set_table_id(req->table_id());
+  chunk.set_step(req->step());
+  chunk.set_updates(state->updates);
+  chunk.set_num_slots(num_slots);
+  for (uint64_t done = 0; done < size || done == 0;) {  // an empty range sends one chunk
+    const uint64_t n = std::min(per_chunk, size - done);
+    chunk.set_begin(state->range.begin + done);
+    chunk.clear_values();
+    chunk.mutable_values()->Add(state->values.begin() + done, state->values.begin() + done + n);
+    chunk.clear_slots();
+    for (const std::vector<float>& slot : state->slots) {
+      chunk.mutable_slots()->Add(slot.begin() + done, slot.begin() + done + n);
+    }
+    if (!writer->Write(chunk)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the export stream");
+    }
+    done += n;
+    if (size == 0) break;
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
+    DenseTable* table, const TableStateChunk& first,
+    grpc::ServerReader<TableStateChunk>* reader) const {
+  DenseStateBuilder builder = table->StateBuilder();
+  TableStateChunk chunk;
+  uint64_t index = 0;
+  for (const TableStateChunk* c = &first; c != nullptr;
+       c = reader->Read(&chunk) ? &chunk : nullptr, ++index) {
+    if (absl::Status s = CheckSameState(first, *c, index); !s.ok()) return s;
+    const uint64_t bytes = (uint64_t{1} * c->values_size() + c->slots_size()) * sizeof(float);
+    if (bytes > options_.max_chunk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("import chunk ", index, " holds ", bytes,
+                                                       " bytes of floats; the limit is ",
+                                                       options_.max_chunk_bytes));
+    }
+    if (absl::Status s = builder.Add(c->begin(), c->values(), c->num_slots(), c->slots());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return builder.Finish(first.updates());
+}
+
+grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
+                                                 grpc::ServerReader<TableStateChunk>* reader,
+                                                 ImportDenseResponse* resp) {
+  Scope scope(this);
+  TableStateChunk first;
+  if (!reader->Read(&first)) {
+    return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));
+  }
+  auto table = DenseForState(first.table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  // Everything is received and checked before the table is touched: all or nothing.
+  auto state = ReceiveState(*table, first, reader);
+  absl::Status s = state.status();
+  const uint64_t received = state.ok() ? state->values.size() : 0;
+  if (s.ok()) s = (*table)->ImportState(first.step(), *std::move(state));
+  if (!s.ok()) {
+    return ToGrpcStatus(
+        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
+  }
+  resp->set_values_received(received);
+  resp->set_step(first.step());
+  return grpc::Status::OK;
+}
+
+}  // namespace pscluster::ps
