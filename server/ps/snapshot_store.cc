@@ -136,20 +136,10 @@ absl::Status SnapshotStore::RemovePartial() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SnapshotManifest> SnapshotStore::Write(
-    int64_t step, const std::vector<std::unique_ptr<TableImage>>& images,
-    const WriteOptions& options) {
-  SnapshotManifest manifest;
-  manifest.set_format_version(kSnapshotFormatVersion);
-  manifest.set_step(step);
-  manifest.set_shard_id(options.shard_id);
-  manifest.set_num_shards(options.num_shards);
-  manifest.set_has_metric(options.has_metric);
-  manifest.set_metric(options.metric);
-  manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
-
-  // Refuse up front when the disk cannot hold it: Debian's RocksDB is built with
-  // assertions, and an SST writer that hits ENOSPC aborts the process when destroyed.
+// Refuses up front when the disk cannot hold the snapshot: Debian's RocksDB is built with
+// assertions, and an SST writer that hits ENOSPC aborts the process when destroyed.
+absl::Status SnapshotStore::CheckSpace(int64_t step,
+                                       const std::vector<std::unique_ptr<TableImage>>& images) {
   uint64_t needed = 0;
   for (const auto& i : images) needed += i->bytes();
   needed += needed / 16 + (uint64_t{16} << 20);
@@ -162,6 +152,22 @@ absl::StatusOr<SnapshotManifest> SnapshotStore::Write(
         "space or keep fewer snapshots (--snapshot_keep_last)",
         step, needed / 1e6, dir_, space.available / 1e6));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SnapshotManifest> SnapshotStore::Write(
+    int64_t step, const std::vector<std::unique_ptr<TableImage>>& images,
+    const WriteOptions& options) {
+  SnapshotManifest manifest;
+  manifest.set_format_version(kSnapshotFormatVersion);
+  manifest.set_step(step);
+  manifest.set_shard_id(options.shard_id);
+  manifest.set_num_shards(options.num_shards);
+  manifest.set_has_metric(options.has_metric);
+  manifest.set_metric(options.metric);
+  manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+
+  if (absl::Status space = CheckSpace(step, images); !space.ok()) return space;
   const std::string sst = (fs::path(dir_) / "staging" / absl::StrCat(step, ".sst")).string();
   rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), DbOptions());
   // No tables, no file: an opened writer that is never finished leaves it in staging.

@@ -81,6 +81,7 @@ class SnapshotStore {
   absl::Status Read(int64_t step, Visitor* visitor) const;
 
  private:
+  absl::Status CheckSpace(int64_t step, const std::vector<std::unique_ptr<TableImage>>& images);
   SnapshotStore(std::string dir, rocksdb::DB* db);
   absl::Status RemovePartial();
 

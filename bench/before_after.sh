@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A refactoring's cost, measured: training throughput per mode (deploy/local_cluster.sh,
+# 2 workers, 2 shards, the MLP) and PS push/pull goodput (bench/ps_throughput) of a BASE
+# checkout against this one, in one sitting, interleaved (base, new, base, new, ...) so
+# machine noise hits both alike. Prints medians and new/base ratios.
+#   bench/before_after.sh BASE_DIR [ROUNDS=3] [EPOCHS=3]
+# BASE_DIR: another checkout, e.g. `git worktree add --detach /tmp/base <commit>`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=$(cd "${1:?usage: bench/before_after.sh BASE_DIR [ROUNDS] [EPOCHS]}" && pwd)
+new=$(pwd)
+rounds=${2:-3} epochs=${3:-3}
+modes=(ps allreduce fsdp pipeline)
+tmp=$(mktemp -d /tmp/before_after.XXXXXX)
+echo "runs under $tmp"
+for tree in "$base" "$new"; do
+  (cd "$tree" && bazel build -c opt //bench:ps_throughput //server/ps:ps_server \
+    //server/coordinator:ps_coordinator //worker:ps_worker //tools/psctl:psctl 2>&1 | tail -n 1)
+done
+for ((r = 0; r < rounds; ++r)); do
+  for m in "${modes[@]}"; do
+    for side in base new; do
+      tree=$base; [[ $side == new ]] && tree=$new
+      (cd "$tree" && deploy/local_cluster.sh --mode "$m" --epochs "$epochs" \
+        --out "$tmp/$side-$m$r" >/dev/null 2>&1) \
+        || { echo "before_after.sh: $side $m round $r failed; see $tmp/$side-$m$r" >&2; exit 1; }
+    done
+  done
+  for side in base new; do
+    tree=$base; [[ $side == new ]] && tree=$new
+    bin=$(cd "$tree" && bazel info -c opt bazel-bin 2>/dev/null)
+    "$bin/bench/ps_throughput" --reps=5 --rounds=1 --json="$tmp/$side-ps$r.json" >/dev/null
+  done
+  echo "round $((r + 1))/$rounds done"
+done
+python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
+import json, statistics, sys
+tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+med = statistics.median
+print("| training (samples/s, median) | base | new | new / base |")
+print("|---|---|---|---|")
+for m in modes:
+    b = med(json.load(open(f"{tmp}/base-{m}{r}/summary.json"))["samples_per_sec"] for r in range(rounds))
+    n = med(json.load(open(f"{tmp}/new-{m}{r}/summary.json"))["samples_per_sec"] for r in range(rounds))
+    print(f"| {m} | {b:,.0f} | {n:,.0f} | **{n / b:.2f}** |")
+print()
+print("| ps_throughput (GB/s, median) | base | new | new / base |")
+print("|---|---|---|---|")
+runs = {s: [json.load(open(f"{tmp}/{s}-ps{r}.json")) for r in range(rounds)] for s in ("base", "new")}
+for i, row in enumerate(runs["base"][0]):
+    for k in ("push_gbps", "pull_gbps"):
+        b = med(run[i][k] for run in runs["base"])
+        n = med(run[i][k] for run in runs["new"])
+        print(f"| {row['shards']} shard(s), {row['bytes'] >> 10} KiB, {k[:4]} | {b:.3f} | {n:.3f} | **{n / b:.2f}** |")
+PY
