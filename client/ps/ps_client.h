@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/ps/internal/shard_calls.h"
+#include "client/ps/parameter_store.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace pscluster {
@@ -33,7 +34,7 @@ struct PsClientOptions {
   uint64_t max_message_bytes = (uint64_t{4} << 20) + (64 << 10);  // gRPC limit, both ways
 };
 
-class PsClient {
+class PsClient final : public ParameterStore {
  public:
   // Connects lazily (channels are created, nothing is sent).
   static absl::StatusOr<std::unique_ptr<PsClient>> Create(PsClientOptions options);
@@ -62,14 +63,14 @@ class PsClient {
   // read into / pushed from data[i] (the whole tensor). Falls back to the per-table calls
   // for a shard whose share exceeds chunk_bytes.
   absl::Status PullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
-                             absl::Span<const absl::Span<float>> out);
+                             absl::Span<const absl::Span<float>> out) override;
   absl::Status PushDenseMany(int64_t step, absl::Span<const uint32_t> tables,
                              absl::Span<const absl::Span<const float>> grads);
   // PushDenseMany of step `step`, then PullDenseMany of step + 1 into `out`, in one round
   // trip per shard (out may alias grads: the gradients are sent before anything arrives).
   absl::Status PushPullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
                                  absl::Span<const absl::Span<const float>> grads,
-                                 absl::Span<const absl::Span<float>> out);
+                                 absl::Span<const absl::Span<float>> out) override;
 
   // A dense table's full state at `step`, for leaving PS mode. Waits (bounded by
   // rpc_timeout) until every shard can be read at `step`, as a pull at `step` would (BSP:
@@ -80,7 +81,7 @@ class PsClient {
   // else INVALID_ARGUMENT. FAILED_PRECONDITION when shards disagree on the update count
   // (a skip_nonfinite push dropped on some shards only).
   absl::Status ExportDense(uint32_t table_id, int64_t step, absl::Span<float> values,
-                           std::vector<absl::Span<float>> slots, int64_t* updates);
+                           std::vector<absl::Span<float>> slots, int64_t* updates) override;
   // Installs a dense table's full state, for entering PS mode at `step` (e.g. what
   // ExportDense returned). Sends each shard its range concurrently; each shard checks it
   // (slot count, finite values, step and updates >= 0) and then, all or nothing, replaces
@@ -90,13 +91,13 @@ class PsClient {
   // state the others may already hold it; repeating the import is safe.
   absl::Status ImportDense(uint32_t table_id, int64_t step, int64_t updates,
                            absl::Span<const float> values,
-                           const std::vector<absl::Span<const float>>& slots);
+                           const std::vector<absl::Span<const float>>& slots) override;
 
   // Rows of `keys` (out / grads hold keys.size() * dim values, row-major, in key order).
   absl::Status PushSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
-                          absl::Span<const float> grads);
+                          absl::Span<const float> grads) override;
   absl::Status PullSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
-                          absl::Span<float> out);
+                          absl::Span<float> out) override;
 
   absl::StatusOr<std::vector<ps::StatsResponse>> Stats();
 

@@ -70,7 +70,7 @@ bool EmbeddingsUntouched(const ModelState& state) {
   return true;
 }
 
-absl::Status ImportState(PsClient* ps, const model::ModelSpec& spec, const ModelState& state,
+absl::Status ImportState(ParameterStore* ps, const model::ModelSpec& spec, const ModelState& state,
                          int64_t step) {
   if (!EmbeddingsUntouched(state)) {
     return absl::UnimplementedError(

@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "client/ps/ps_client.h"
+#include "client/ps/parameter_store.h"
 #include "core/optimizer/optimizer.h"
 #include "proto/ps.pb.h"
 #include "worker/collective/communicator.h"
@@ -70,7 +70,7 @@ bool EmbeddingsUntouched(const ModelState& state);
 // every dense table, concurrently): entering PS mode, and the collective modes'
 // checkpoints. UNIMPLEMENTED when an embedding table has updated rows (the shards cannot
 // import sparse tables yet).
-absl::Status ImportState(PsClient* ps, const model::ModelSpec& spec, const ModelState& state,
+absl::Status ImportState(ParameterStore* ps, const model::ModelSpec& spec, const ModelState& state,
                          int64_t step);
 
 // What a placement works with; owned by the caller and outliving the placement.
@@ -87,7 +87,7 @@ struct PlacementContext {
   const data::Dataset* train = nullptr;
   compute::Backend* backend = nullptr;
   collective::Communicator* comm = nullptr;    // collective modes (size() == world)
-  PsClient* ps = nullptr;                      // PS mode
+  ParameterStore* ps = nullptr;                // PS mode (PsClient; in-process in tests)
   const core::Optimizer* optimizer = nullptr;  // collective modes (PS: the tables' own)
 };
 

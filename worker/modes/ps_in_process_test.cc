@@ -1,0 +1,77 @@
+// PS mode with the parameter store in this process (client/testing: a real shard's tables,
+// clocks and optimizers, no gRPC), ranks as threads: the MLP and the embedding test model
+// match the single-process reference after 1 and 10 BSP steps, as through real ps_server
+// processes (tests/modes_switch_test.cc).
+#include "client/testing/in_process_parameter_store.h"
+#include "worker/modes/mode_testing.h"
+#include "worker/modes/model_tables.h"
+
+namespace pscluster::modes {
+namespace {
+
+using testing::Data;
+using testing::ExpectNear;
+using testing::Reference;
+
+// `world` PS placements over one in-process shard; checks 1 and 10 steps against the
+// reference (parameters and embedding rows: a PS gather carries no optimizer slots).
+void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
+  const ModelState one = Reference(o, 1), ten = Reference(o, 10);
+  auto def = *model::MakeModelDef(o.model, o.seed);
+  auto opt = *core::MakeOptimizer(o.optimizer);
+  ps::Shard shard({});
+  for (const ps::TableSpec& spec : ModelTables(def->spec()).Specs(o.optimizer, o.consistency)) {
+    ASSERT_TRUE(shard.CreateTable(spec).ok());
+  }
+  std::vector<std::unique_ptr<ParameterStore>> stores;
+  for (int r = 0; r < world; ++r) {  // every worker registered before anyone steps (BSP)
+    stores.push_back(std::make_unique<pscluster::testing::InProcessParameterStore>(&shard, r));
+  }
+  gloo::rendezvous::HashStore hash;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = collective::CreateGlooCommunicator(&hash, collective::GlooOptions{r, world});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      auto backend = compute::MakeCpuBackend(1);
+      PlacementContext ctx;
+      ctx.model = def.get();
+      ctx.rank = r;
+      ctx.world = world;
+      ctx.batch_size = o.batch_size;
+      ctx.seed = o.seed;
+      ctx.train = &Data();
+      ctx.backend = backend.get();
+      ctx.comm = comm->get();
+      ctx.ps = stores[r].get();
+      ctx.optimizer = opt.get();
+      auto p = MakePlacement(Mode::kPs, ctx);
+      ASSERT_TRUE(p.ok()) << p.status();
+      ASSERT_TRUE((*p)->Load(InitialState(def->spec(), *opt), 0).ok());
+      for (int64_t step = 0; step < 10; ++step) {
+        auto loss = (*p)->Step(step);
+        ASSERT_TRUE(loss.ok()) << "rank " << r << " step " << step << ": " << loss.status();
+        if (step == 0 || step == 9) {
+          auto got = (*p)->Gather(step + 1, /*with_slots=*/false);
+          ASSERT_TRUE(got.ok()) << got.status();
+          ExpectNear(*got, step == 0 ? one : ten, step == 0 ? 1e-6f : 2e-6f,
+                     absl::StrCat("rank ", r, " after ", step + 1, " steps"), false);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(PsInProcessTest, MlpMatchesTheSingleProcessReference) {
+  ExpectPsMatchesReference(testing::Options(Mode::kPs, 0, 2, ps::OptimizerConfig::MOMENTUM), 2);
+}
+
+TEST(PsInProcessTest, EmbeddingModelMatchesTheSingleProcessReference) {
+  for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
+    ExpectPsMatchesReference(testing::EmbeddingOptions(Mode::kPs, 0, 2, kind), 2);
+  }
+}
+
+}  // namespace
+}  // namespace pscluster::modes
