@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "common/sharding.h"
 #include "core/init/initializer.h"
+#include "core/optimizer/adam_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -84,20 +85,7 @@ std::vector<float> InitRow(const TableSpec& spec, uint64_t key) {
   return row;
 }
 
-// Textbook Adam on one element (double precision), defaults beta1 0.9, beta2 0.999, eps 1e-8.
-struct AdamRef {
-  double w, m = 0, v = 0;
-  int t = 0;
-  void Step(double g, double lr) {
-    const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
-    ++t;
-    m = b1 * m + (1 - b1) * g;
-    v = b2 * v + (1 - b2) * g * g;
-    const double mhat = m / (1 - std::pow(b1, t));
-    const double vhat = v / (1 - std::pow(b2, t));
-    w -= lr * mhat / (std::sqrt(vhat) + eps);
-  }
-};
+using core::testing::AdamRef;
 
 TEST(SparseTableTest, RowsAreCreatedOnFirstReadFromTheSeededInitializer) {
   const TableSpec spec = UniformSpec(4, 7);

@@ -1,5 +1,6 @@
-// A table held by one shard: parameters, optimizer state next to them, and the consistency
-// clock of every registered worker. DenseTable and SparseTable add the storage.
+// A table held by one shard: parameters, optimizer state next to them, and its consistency
+// clock (consistency_clock.h). DenseTable and SparseTable add the storage; this class
+// owns the lock, the waits, the snapshot hold/capture protocol and the counters.
 //
 // Thread-safe: every public method may be called concurrently.
 #pragma once
@@ -23,12 +24,10 @@
 #include "core/tensor/non_finite.h"
 #include "proto/ps.pb.h"
 #include "proto/snapshot.pb.h"
+#include "server/ps/consistency_clock.h"
 #include "server/ps/staging_allocator.h"
 
 namespace pscluster::ps {
-
-// Under BSP a worker may push at most this many steps beyond the oldest unapplied step.
-inline constexpr int64_t kMaxBspStepsAhead = 4;
 
 // A table's state frozen at one step: what a snapshot stores.
 struct TableImage {
@@ -90,7 +89,7 @@ class Table {
   // worker's clock and, under BSP, applies every step all workers have pushed.
   absl::Status CheckPushLocked(int32_t worker, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPushLocked(int32_t worker, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool bsp() const { return spec_.consistency().mode() == ConsistencyConfig::BSP; }
+  bool bsp() const { return clock_.bsp(); }
 
   // BSP: sums the gradients pending for `step` in worker-id order, applies them, frees them.
   virtual void ApplyBspStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
@@ -111,7 +110,7 @@ class Table {
   // registered worker had pushed exactly the steps before it and (BSP) all were applied:
   // clocks = step, applied_steps = step, no step pushed beyond. Holds taken for a snapshot
   // stay. Pulls waiting for `step` proceed once mu_ is released.
-  void ResetClocksLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResetClocksLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { clock_.Reset(step); }
 
   // Error helpers that also count the rejection.
   absl::Status Reject(absl::Status status) const;
@@ -125,7 +124,6 @@ class Table {
       nonfinite_skipped_{0}, rejected_{0};
 
  private:
-  bool PullableLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Waits (mu_ held) until PullableLocked(step); DEADLINE_EXCEEDED names `what` and the
   // workers waited for, UNAVAILABLE on shutdown.
   absl::Status AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what)
@@ -133,13 +131,8 @@ class Table {
   // BSP: applies, in order, every step that all workers have pushed, stopping before a
   // step a capture is waiting for.
   void DrainBspLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string DescribeLaggardsLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  std::map<int32_t, int64_t> clocks_ ABSL_GUARDED_BY(mu_);  // worker -> steps pushed
-  std::map<int64_t, std::set<int32_t>> bsp_pushed_ ABSL_GUARDED_BY(mu_);
-  int64_t applied_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  std::multiset<int64_t> capture_at_ ABSL_GUARDED_BY(mu_);  // BSP steps held for a capture
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  ConsistencyClock clock_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::ps

@@ -1,0 +1,125 @@
+#include "server/ps/consistency_clock.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pscluster::ps {
+
+void ConsistencyClock::AddWorker(int32_t worker) {
+  if (clocks_.count(worker)) return;
+  int64_t start = applied_steps_;
+  if (!bsp() && !clocks_.empty()) {
+    start = std::min_element(clocks_.begin(), clocks_.end(), [](auto& a, auto& b) {
+              return a.second < b.second;
+            })->second;
+  }
+  clocks_[worker] = start;
+}
+
+absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step));
+  if (!bsp()) return absl::OkStatus();
+  if (step < applied_steps_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", table_id_, ": step ", step, " is already applied (BSP applied_steps=",
+        applied_steps_, "); pull the current parameters and push step ", applied_steps_));
+  }
+  if (step >= applied_steps_ + kMaxBspStepsAhead) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", table_id_, ": step ", step, " is more than ", kMaxBspStepsAhead,
+                     " steps ahead of the oldest unapplied BSP step ", applied_steps_));
+  }
+  auto it = pushed_.find(step);
+  if (it != pushed_.end() && it->second.count(worker)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", table_id_, ": worker ", worker, " already pushed step ", step));
+  }
+  return absl::OkStatus();
+}
+
+void ConsistencyClock::RecordPush(int32_t worker, int64_t step) {
+  int64_t& clock = clocks_[worker];
+  clock = std::max(clock, step + 1);
+  if (bsp()) pushed_[step].insert(worker);
+}
+
+bool ConsistencyClock::NextStepReady() const {
+  if (!bsp() || capture_at_.count(applied_steps_)) return false;
+  auto it = pushed_.find(applied_steps_);
+  if (it == pushed_.end()) return false;
+  for (const auto& [w, unused] : clocks_) {
+    if (!it->second.count(w)) return false;
+  }
+  return true;
+}
+
+void ConsistencyClock::StepApplied() {
+  pushed_.erase(applied_steps_);
+  ++applied_steps_;
+}
+
+bool ConsistencyClock::Pullable(int64_t step) const {
+  if (shutdown_) return true;
+  switch (config_.mode()) {
+    case ConsistencyConfig::BSP:
+      return applied_steps_ >= step;
+    case ConsistencyConfig::SSP:
+      for (const auto& [w, clock] : clocks_) {
+        if (clock < step - config_.staleness()) return false;
+      }
+      return true;
+    default:
+      return true;
+  }
+}
+
+std::string ConsistencyClock::DescribeLaggards(int64_t step) const {
+  const int64_t need = bsp() ? step : step - config_.staleness();
+  std::string out;
+  for (const auto& [w, clock] : clocks_) {
+    if (clock < need)
+      absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock, ")");
+  }
+  return absl::StrCat(out, bsp() ? absl::StrCat("; BSP applied_steps=", applied_steps_) : "");
+}
+
+absl::Status ConsistencyClock::Hold(int64_t step) {
+  if (!bsp()) return absl::OkStatus();
+  if (applied_steps_ > step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", table_id_, " has already applied step ", step,
+                     " (applied_steps=", applied_steps_, "); snapshot a step >= ", applied_steps_));
+  }
+  capture_at_.insert(step);
+  return absl::OkStatus();
+}
+
+bool ConsistencyClock::Release(int64_t step) {
+  auto it = capture_at_.find(step);
+  if (it == capture_at_.end()) return false;
+  capture_at_.erase(it);
+  return true;
+}
+
+void ConsistencyClock::Reset(int64_t step) {
+  for (auto& [w, clock] : clocks_) clock = step;
+  applied_steps_ = step;
+  pushed_.clear();
+}
+
+void ConsistencyClock::Restore(const TableSnapshotHeader& header) {
+  applied_steps_ = header.applied_steps();
+  for (const WorkerClock& c : header.clocks()) clocks_[c.worker_id()] = c.clock();
+}
+
+void ConsistencyClock::Fill(TableSnapshotHeader* header) const {
+  header->set_applied_steps(applied_steps_);
+  for (const auto& [w, clock] : clocks_) {
+    WorkerClock* c = header->add_clocks();
+    c->set_worker_id(w);
+    c->set_clock(clock);
+  }
+}
+
+}  // namespace pscluster::ps

@@ -1,0 +1,82 @@
+#include "server/ps/consistency_clock.h"
+
+#include "gtest/gtest.h"
+
+namespace pscluster::ps {
+namespace {
+
+ConsistencyConfig Mode(ConsistencyConfig::Mode mode, int staleness = 0) {
+  ConsistencyConfig c;
+  c.set_mode(mode);
+  c.set_staleness(staleness);
+  return c;
+}
+
+TEST(ConsistencyClockTest, BspStepIsReadyOnlyWhenEveryWorkerPushedItAndNoHoldStopsIt) {
+  ConsistencyClock clock(7, Mode(ConsistencyConfig::BSP));
+  clock.AddWorker(0);
+  clock.AddWorker(1);
+  EXPECT_FALSE(clock.Pullable(1));
+  clock.RecordPush(0, 0);
+  EXPECT_FALSE(clock.NextStepReady());
+  ASSERT_TRUE(clock.Hold(0).ok());
+  clock.RecordPush(1, 0);
+  EXPECT_FALSE(clock.NextStepReady()) << "a snapshot holds step 0";
+  EXPECT_TRUE(clock.Release(0));
+  EXPECT_FALSE(clock.Release(0)) << "one hold, released once";
+  ASSERT_TRUE(clock.NextStepReady());
+  clock.StepApplied();
+  EXPECT_EQ(clock.applied_steps(), 1);
+  EXPECT_TRUE(clock.Pullable(1));
+  EXPECT_FALSE(clock.Pullable(2));
+  EXPECT_EQ(clock.Hold(0).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ConsistencyClockTest, BspRefusesStaleDuplicateAndFarAheadPushes) {
+  ConsistencyClock clock(7, Mode(ConsistencyConfig::BSP));
+  clock.AddWorker(0);
+  EXPECT_EQ(clock.CheckPush(0, -1).code(), absl::StatusCode::kInvalidArgument);
+  clock.RecordPush(0, 0);
+  EXPECT_EQ(clock.CheckPush(0, 0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(clock.CheckPush(0, kMaxBspStepsAhead).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(clock.CheckPush(0, kMaxBspStepsAhead - 1).ok());
+  clock.StepApplied();
+  absl::Status stale = clock.CheckPush(0, 0);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.message().find("table 7"), absl::string_view::npos) << stale;
+}
+
+TEST(ConsistencyClockTest, SspLetsAReaderRunAtMostStalenessStepsAheadOfTheSlowest) {
+  ConsistencyClock clock(1, Mode(ConsistencyConfig::SSP, 2));
+  clock.AddWorker(0);
+  clock.AddWorker(1);
+  for (int64_t s = 0; s < 5; ++s) clock.RecordPush(0, s);  // worker 0 at clock 5, worker 1 at 0
+  EXPECT_TRUE(clock.Pullable(2));
+  EXPECT_FALSE(clock.Pullable(3));
+  EXPECT_NE(clock.DescribeLaggards(3).find("worker 1 (clock 0)"), std::string::npos);
+  clock.AddWorker(2);  // a late joiner starts at the slowest clock
+  EXPECT_EQ(clock.clocks().at(2), 0);
+  clock.Shutdown();
+  EXPECT_TRUE(clock.Pullable(100)) << "waits end on shutdown";
+}
+
+TEST(ConsistencyClockTest, ResetAndRestoreSetClocksAndAppliedSteps) {
+  ConsistencyClock clock(1, Mode(ConsistencyConfig::BSP));
+  clock.AddWorker(0);
+  clock.AddWorker(3);
+  clock.RecordPush(0, 0);
+  clock.Reset(9);
+  EXPECT_EQ(clock.applied_steps(), 9);
+  EXPECT_EQ(clock.clocks().at(0), 9);
+  EXPECT_EQ(clock.clocks().at(3), 9);
+  EXPECT_TRUE(clock.CheckPush(0, 9).ok()) << "the step pushed before the reset is forgotten";
+  TableSnapshotHeader h;
+  clock.Fill(&h);
+  ConsistencyClock restored(1, Mode(ConsistencyConfig::BSP));
+  restored.Restore(h);
+  EXPECT_EQ(restored.applied_steps(), 9);
+  EXPECT_EQ(restored.clocks(), clock.clocks());
+}
+
+}  // namespace
+}  // namespace pscluster::ps
