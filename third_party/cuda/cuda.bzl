@@ -9,18 +9,19 @@ NVCC_FLAGS = " ".join([
     "-I.",
 ])
 
-def cuda_library(name, srcs, hdrs = [], deps = [], **kw):
+def cuda_library(name, srcs, hdrs = [], deps = [], nvcc_hdrs = [], **kw):
     """A cc_library over objects nvcc builds from `srcs` (.cu), linked with cudart.
 
     `hdrs` may be included by the .cu files and by C++ users. Without --config=cuda the
     library is empty, so depend on it only through select() on //third_party:cuda_enabled.
+    `nvcc_hdrs`: headers of other packages the .cu files include (nvcc sees only these).
     """
     objs = []
     for src in srcs:
         obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
         native.genrule(
             name = obj + "_nvcc",
-            srcs = [src] + hdrs,
+            srcs = [src] + hdrs + nvcc_hdrs,
             outs = [obj],
             cmd = "/usr/local/cuda/bin/nvcc %s -I/usr/local/cuda/include -c $(location %s) -o $@" % (NVCC_FLAGS, src),
             target_compatible_with = select({

@@ -17,27 +17,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 
 namespace pscluster::collective {
 namespace {
 
-// The one adapter from cudaError_t.
-absl::Status CudaStatus(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  const std::string msg =
-      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-  switch (e) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-      return absl::UnavailableError(msg);
-    case cudaErrorInvalidDevice:
-      return absl::InvalidArgumentError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
+using ::pscluster::CudaStatus;
 
 // The one adapter from ncclResult_t. `comm` (may be null) supplies NCCL's last message.
 absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {

@@ -36,17 +36,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/cuda_status.h"
 #include "worker/compute/backend.h"
 
 namespace pscluster::compute {
 namespace {
 
-// The one cudaError_t -> absl::Status adapter: UNAVAILABLE "<what>: <name> (<text>)".
-absl::Status CudaStatus(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
-                                ")");
-}
+using ::pscluster::CudaStatus;
 
 // The one cublasStatus_t -> absl::Status adapter: UNAVAILABLE "<what>: <name> (<text>)".
 absl::Status CublasStatus(cublasStatus_t s, const std::string& what) {

@@ -2,16 +2,13 @@
 
 #include <string>
 
+#include "common/cuda_status.h"
 #include "worker/compute/cuda_device.h"
 
 namespace pscluster::compute {
 namespace {
 
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(std::string(what) + ": " + cudaGetErrorName(e) + " (" +
-                                cudaGetErrorString(e) + ")");
-}
+using ::pscluster::CudaStatus;
 
 __global__ void AxpyKernel(float a, const float* x, const float* y, float* out, size_t n) {
   size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
