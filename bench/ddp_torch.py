@@ -11,10 +11,10 @@ Run it with Debian's interpreter and PyTorch (python3-torch 1.13) on OpenBLAS
 What matches our workers (worker/main.cc, worker/modes/*, worker/data/*, worker/model/*):
   - model: MLP --layers (default 784-256-128-64-10), Linear + ReLU between layers, mean
     softmax cross-entropy over the batch; the gradient is the mean over the ranks (DDP's
-    all-reduce average = AllReduceTrainer's sum * 1/world).
+    all-reduce average = the ALLREDUCE placement's sum * 1/world).
   - optimizer: Adam, lr 1e-3, betas (0.9, 0.999), eps 1e-8 (PyTorch's defaults, the same
     float32 update as core/optimizer/optimizer.cc).
-  - initial parameters: bit-for-bit those of AllReduceTrainer::InitialParams /
+  - initial parameters: bit-for-bit those of modes::InitialState (core/init's uniform initializer) /
     PsTrainer::CreateTables: weights Glorot uniform from ps::InitDense (seed*1000 + 2l,
     SplitMix hash per element), biases zero.
   - data: the IDX .gz files of /usr/share/datasets/fashion-mnist read with gzip + numpy,
@@ -185,7 +185,7 @@ def epoch_permutation(size, seed, epoch):
 
 
 def initial_params(layers, seed):
-    """AllReduceTrainer::InitialParams: W[in x out] = scale*(2*Unit(Mix64(stream ^ Mix64(k))) - 1),
+    """modes::InitialState (core/init's uniform initializer): W[in x out] = scale*(2*Unit(Mix64(stream ^ Mix64(k))) - 1),
     stream = Mix64(seed*1000 + 2l), scale = sqrtf(6/(in+out)), Mix64 = common/sharding.cc's."""
     import numpy as np
     u = np.uint64

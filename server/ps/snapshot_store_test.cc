@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -250,19 +251,13 @@ void ExpectSameImage(const TableImage& want, const TableImage& got) {
 class SnapshotStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = ::testing::TempDir();
-    if (tmpl.empty() || tmpl.back() != '/') tmpl += '/';
-    tmpl += "snapshot_store_test.XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    ASSERT_NE(mkdtemp(buf.data()), nullptr) << tmpl;
-    tmp_ = buf.data();
+    tmp_dir_ = std::make_unique<pscluster::testing::TempDir>("snapshot_store_test");
+    tmp_ = tmp_dir_->path();
     dir_ = tmp_ + "/db";
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);
-  }
+  void TearDown() override { tmp_dir_.reset(); }
+
+  std::unique_ptr<pscluster::testing::TempDir> tmp_dir_;
 
   std::unique_ptr<SnapshotStore> OpenStore(bool read_only = false) {
     auto store = SnapshotStore::Open(dir_, read_only);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/sharding.h"
+#include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -213,19 +214,13 @@ std::vector<float> ExpectedBspDense(int steps) {
 class SnapshotterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = ::testing::TempDir();
-    if (tmpl.empty() || tmpl.back() != '/') tmpl += '/';
-    tmpl += "snapshotter_test.XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    ASSERT_NE(mkdtemp(buf.data()), nullptr) << tmpl;
-    tmp_ = buf.data();
+    tmp_dir_ = std::make_unique<pscluster::testing::TempDir>("snapshotter_test");
+    tmp_ = tmp_dir_->path();
     root_ = tmp_ + "/root";
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);
-  }
+  void TearDown() override { tmp_dir_.reset(); }
+
+  std::unique_ptr<pscluster::testing::TempDir> tmp_dir_;
 
   SnapshotterOptions Options() const {
     SnapshotterOptions o;
