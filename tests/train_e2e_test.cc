@@ -75,6 +75,33 @@ TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
   }
 }
 
+// ps_worker --model=embedding through the real binaries: the embedding table is a sparse
+// table on the shards, its rows pulled and pushed per batch; the model learns.
+TEST_F(TrainE2eTest, TheEmbeddingModelTrainsInPsModeThroughTheBinaries) {
+  const std::string dir = ::testing::TempDir();
+  const std::string ps = absl::StrCat(addresses_[0], ",", addresses_[1]);
+  std::vector<testing::Subprocess> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    auto p = testing::Subprocess::Start(
+        {"worker/ps_worker", "--ps=" + ps, "--model=embedding", absl::StrCat("--rank=", r),
+         absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4", "--epochs=2",
+         "--batch_size=32", "--lr=0.01", "--progress_seconds=1",
+         absl::StrCat("--summary_json=", dir, "/emb", r, ".json")});
+    ASSERT_TRUE(p.ok()) << p.status();
+    workers.push_back(*std::move(p));
+  }
+  for (int r = 0; r < kWorkers; ++r) {
+    const std::string json = FinishedSummary(workers[r], absl::StrCat(dir, "/emb", r, ".json"));
+    EXPECT_GT(JsonNumber(json, "test_accuracy"), 0.9) << json;
+  }
+  auto described = clients_[0]->DescribeTable(5);  // fc0, fc1 weight and bias, then emb0
+  ASSERT_TRUE(described.ok()) << described.status();
+  uint64_t rows = 0;
+  for (const auto& info : *described) rows += info.num_rows();
+  EXPECT_EQ((*described)[0].spec().name(), "emb0");
+  EXPECT_GT(rows, 0u);
+}
+
 // ALLREDUCE mode through the real binaries: a coordinator with no shards for the
 // rendezvous, two workers averaging gradients over Gloo.
 TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
