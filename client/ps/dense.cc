@@ -23,7 +23,7 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
   for (size_t i = 0; i < tables.size(); ++i) {
     auto spec = Spec(tables[i]);
     if (!spec.ok()) return spec.status();
-    if (absl::Status s = CheckDense(*spec, out[i].size()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckDense(*spec, out[i].size()));
   }
   return calls_.ForEach([&](int shard) -> absl::Status {
     ps::PullDenseBatchRequest req;
@@ -86,7 +86,7 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
   for (size_t i = 0; i < tables.size(); ++i) {
     auto spec = Spec(tables[i]);
     if (!spec.ok()) return spec.status();
-    if (absl::Status s = CheckDense(*spec, grads[i].size()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckDense(*spec, grads[i].size()));
   }
   const bool pull = !out.empty();
   return calls_.ForEach([&](int shard) -> absl::Status {

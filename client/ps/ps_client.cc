@@ -120,7 +120,7 @@ absl::Status PsClient::CheckDense(const ps::TableSpec& spec, size_t length) {
 absl::Status PsClient::PushDense(uint32_t table_id, int64_t step, absl::Span<const float> grad) {
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
-  if (absl::Status s = CheckDense(*spec, grad.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDense(*spec, grad.size()));
   return calls_.ForEach([&](int s) {
     Range r = DenseShardRange(grad.size(), s, num_shards());
     return PushDenseShard(s, table_id, step, r.begin, grad.subspan(r.begin, r.size()));
@@ -130,7 +130,7 @@ absl::Status PsClient::PushDense(uint32_t table_id, int64_t step, absl::Span<con
 absl::Status PsClient::PullDense(uint32_t table_id, int64_t step, absl::Span<float> out) {
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
-  if (absl::Status s = CheckDense(*spec, out.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDense(*spec, out.size()));
   return calls_.ForEach([&](int s) {
     Range r = DenseShardRange(out.size(), s, num_shards());
     return PullDenseShard(s, table_id, step, r.begin, out.subspan(r.begin, r.size()));

@@ -39,8 +39,8 @@ absl::Status PsClient::ExportDense(uint32_t table_id, int64_t step, absl::Span<f
                                    std::vector<absl::Span<float>> slots, int64_t* updates) {
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
-  if (absl::Status s = CheckDense(*spec, values.size()); !s.ok()) return s;
-  if (absl::Status s = CheckSlotSizes(table_id, slots, values.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDense(*spec, values.size()));
+  RETURN_IF_ERROR(CheckSlotSizes(table_id, slots, values.size()));
   std::vector<int64_t> shard_updates(num_shards());
   absl::Status st = calls_.ForEach([&](int s) {
     Range r = DenseShardRange(values.size(), s, num_shards());
@@ -115,8 +115,8 @@ absl::Status PsClient::ImportDense(uint32_t table_id, int64_t step, int64_t upda
                                    const std::vector<absl::Span<const float>>& slots) {
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
-  if (absl::Status s = CheckDense(*spec, values.size()); !s.ok()) return s;
-  if (absl::Status s = CheckSlotSizes(table_id, slots, values.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDense(*spec, values.size()));
+  RETURN_IF_ERROR(CheckSlotSizes(table_id, slots, values.size()));
   return calls_.ForEach([&](int s) {
     Range r = DenseShardRange(values.size(), s, num_shards());
     return ImportDenseShard(s, table_id, step, updates, r.begin, values.subspan(r.begin, r.size()),

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "core/init/initializer.h"
 
 namespace pscluster::ps {
@@ -111,7 +112,7 @@ absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
   *skipped = false;
   uint64_t total = 0;
   for (const auto& c : chunks) total += c.size();
-  if (absl::Status s = CheckRange(begin, total); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckRange(begin, total));
   std::vector<Piece> pieces;
   uint64_t at = begin - range_.begin;
   for (const auto& c : chunks) {
@@ -131,7 +132,7 @@ absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
   }
 
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckPushLocked(worker, step); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPushLocked(worker, step));
   bytes_pushed_ += total * sizeof(float);
   if (!finite) {
     *skipped = true;
@@ -173,7 +174,7 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
 }
 
 absl::Status DenseTable::Read(uint64_t begin, absl::Span<float> out) const {
-  if (absl::Status s = CheckRange(begin, out.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckRange(begin, out.size()));
   absl::ReaderMutexLock lock(&mu_);
   std::memcpy(out.data(), values_.data() + (begin - range_.begin), out.size() * sizeof(float));
   bytes_pulled_ += out.size() * sizeof(float);
@@ -292,7 +293,7 @@ absl::StatusOr<DenseState> DenseTable::ExportState(int64_t step, absl::Time dead
   state.values.resize(range_.size());
   state.slots.assign(num_slots(), std::vector<float>(range_.size()));
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = AwaitStateLocked(step, deadline); !s.ok()) return s;
+  RETURN_IF_ERROR(AwaitStateLocked(step, deadline));
   state.updates = updates_;
   std::copy(values_.begin(), values_.end(), state.values.begin());
   for (size_t k = 0; k < slots_.size(); ++k) {

@@ -93,8 +93,8 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::Serv
   if (*length == 0 && req.offset() >= range.begin && req.offset() <= range.end) {
     *length = range.end - req.offset();
   }
-  if (absl::Status s = (*table)->CheckRange(req.offset(), *length); !s.ok()) return s;
-  if (absl::Status s = (*table)->AwaitPullable(req.step(), Deadline(ctx)); !s.ok()) return s;
+  RETURN_IF_ERROR((*table)->CheckRange(req.offset(), *length));
+  RETURN_IF_ERROR((*table)->AwaitPullable(req.step(), Deadline(ctx)));
   return table;
 }
 

@@ -150,7 +150,7 @@ absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
   uint64_t index = 0;
   for (const TableStateChunk* c = &first; c != nullptr;
        c = reader->Read(&chunk) ? &chunk : nullptr, ++index) {
-    if (absl::Status s = CheckSameState(first, *c, index); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckSameState(first, *c, index));
     const uint64_t bytes = (uint64_t{1} * c->values_size() + c->slots_size()) * sizeof(float);
     if (bytes > options_.max_chunk_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("import chunk ", index, " holds ", bytes,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "core/init/initializer.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -27,7 +28,7 @@ absl::Status ValidateTableSpec(const TableSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.consistency.staleness must be >= 0, got ", c.staleness()));
   }
-  if (absl::Status s = core::ValidateInitializer(spec.initializer()); !s.ok()) return s;
+  RETURN_IF_ERROR(core::ValidateInitializer(spec.initializer()));
   auto optimizer = core::MakeOptimizer(spec.optimizer());
   return optimizer.ok() ? absl::OkStatus() : optimizer.status();
 }
@@ -66,8 +67,8 @@ absl::Status Shard::CheckSize(const TableSpec& spec) const {
 }
 
 absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
-  if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return s;
-  if (absl::Status s = CheckSize(spec); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateTableSpec(spec));
+  RETURN_IF_ERROR(CheckSize(spec));
   CreateTableResponse response;
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(spec.table_id());
@@ -123,7 +124,7 @@ absl::Status Shard::CheckWorker(int32_t worker_id) const {
 
 absl::StatusOr<Table*> Shard::GetForWorker(uint32_t table_id, int32_t worker_id,
                                            TableSpec::Kind kind) const {
-  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckWorker(worker_id));
   auto table = GetTable(table_id);
   if (!table.ok()) return table.status();
   if ((*table)->spec().kind() != kind) {

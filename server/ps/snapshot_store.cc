@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/status_macros.h"
 #include "rocksdb/db.h"
 #include "rocksdb/sst_file_writer.h"
 
@@ -65,7 +66,7 @@ absl::Status EmitBlocks(int64_t step, const TableImage& image, Emit emit) {
         std::memcpy(out, a.data() + at, n * sizeof(float));
         out += n * sizeof(float);
       }
-      if (absl::Status s = emit(BlockKey(step, id, b), buf); !s.ok()) return s;
+      RETURN_IF_ERROR(emit(BlockKey(step, id, b), buf));
     }
     return absl::OkStatus();
   }
@@ -78,7 +79,7 @@ absl::Status EmitBlocks(int64_t step, const TableImage& image, Emit emit) {
     std::memcpy(out, image.keys.data() + at, n * 8);
     std::memcpy(out + n * 8, image.row_updates.data() + at, n * 8);
     std::memcpy(out + n * 16, image.row_data.data() + at * row_len, n * row_len * sizeof(float));
-    if (absl::Status s = emit(BlockKey(step, id, b), buf); !s.ok()) return s;
+    RETURN_IF_ERROR(emit(BlockKey(step, id, b), buf));
   }
   return absl::OkStatus();
 }
@@ -103,7 +104,7 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::st
   if (!s.ok()) return FromRocks(s, absl::StrCat("opening snapshot database ", dir));
   std::unique_ptr<SnapshotStore> store(new SnapshotStore(dir, db));
   if (!read_only) {
-    if (absl::Status st = store->RemovePartial(); !st.ok()) return st;
+    RETURN_IF_ERROR(store->RemovePartial());
   }
   return store;
 }
@@ -131,7 +132,7 @@ absl::Status SnapshotStore::RemovePartial() {
   for (int64_t step : partial) {
     std::fprintf(stderr, "snapshot store %s: removing partial snapshot of step %lld\n",
                  dir_.c_str(), static_cast<long long>(step));
-    if (absl::Status s = Delete(step); !s.ok()) return s;
+    RETURN_IF_ERROR(Delete(step));
   }
   return absl::OkStatus();
 }
@@ -167,7 +168,7 @@ absl::StatusOr<SnapshotManifest> SnapshotStore::Write(
   manifest.set_metric(options.metric);
   manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
 
-  if (absl::Status space = CheckSpace(step, images); !space.ok()) return space;
+  RETURN_IF_ERROR(CheckSpace(step, images));
   const std::string sst = (fs::path(dir_) / "staging" / absl::StrCat(step, ".sst")).string();
   rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), DbOptions());
   // No tables, no file: an opened writer that is never finished leaves it in staging.
@@ -272,7 +273,7 @@ absl::StatusOr<std::vector<int64_t>> SnapshotStore::ApplyRetention(int keep_last
   for (size_t i = 0; i + keep_last < list->size(); ++i) {
     const SnapshotManifest& m = (*list)[i];
     if (best && m.step() == best->step()) continue;
-    if (absl::Status s = Delete(m.step()); !s.ok()) return s;
+    RETURN_IF_ERROR(Delete(m.step()));
     deleted.push_back(m.step());
   }
   return deleted;
@@ -307,7 +308,7 @@ absl::Status SnapshotStore::Read(int64_t step, Visitor* visitor) const {
       return corrupt(id, "header missing or unreadable");
     }
     uint32_t crc = crc32c::Value(it->value().data(), it->value().size());
-    if (absl::Status s = visitor->Header(h); !s.ok()) return s;
+    RETURN_IF_ERROR(visitor->Header(h));
     const bool dense = h.spec().kind() == TableSpec::DENSE;
     const uint64_t arrays = 1 + h.num_slots();
     const uint64_t row_len = h.spec().dim() * arrays;

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace pscluster::ps {
 namespace {
@@ -284,7 +285,7 @@ absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
   }
   RestoreVisitor visitor(shard_);
   for (const auto& [id, info] : by_step[step]) {
-    if (absl::Status s = info.second->Read(step, &visitor); !s.ok()) return s;
+    RETURN_IF_ERROR(info.second->Read(step, &visitor));
   }
   shard_->RestoreWorkers(visitor.workers());
   absl::MutexLock lock(&mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sharding.h"
+#include "common/status_macros.h"
 #include "core/init/initializer.h"
 
 namespace pscluster::ps {
@@ -49,7 +50,7 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
         absl::StrCat("table ", id(), ": grads holds ", grads.size(), " values, expected keys (",
                      keys.size(), ") x dim (", dim_, ") = ", keys.size() * dim_)));
   }
-  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckKeys(keys));
   const size_t bad = core::FirstNonFinite(grads);
   const bool finite = bad == grads.size();
   if (!finite && !spec_.skip_nonfinite()) return NonFinite(grads[bad], bad);
@@ -63,7 +64,7 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
   }
 
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckPushLocked(worker, step); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPushLocked(worker, step));
   bytes_pushed_ += grads.size() * sizeof(float);
   if (!finite) {
     *skipped = true;
@@ -114,7 +115,7 @@ void SparseTable::ApplyBspStepLocked(int64_t step) {
 }
 
 absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
-  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckKeys(keys));
   absl::MutexLock lock(&mu_);  // exclusive: reading may create rows
   for (size_t i = 0; i < keys.size(); ++i) {
     std::memcpy(out.data() + i * dim_, RowLocked(keys[i]).data.data(), dim_ * sizeof(float));

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pscluster::ps {
 Table::Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer)
@@ -103,13 +104,13 @@ absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl:
 
 absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = AwaitPullableLocked(step, deadline, "pull"); !s.ok()) return s;
+  RETURN_IF_ERROR(AwaitPullableLocked(step, deadline, "pull"));
   pulls_++;
   return absl::OkStatus();
 }
 
 absl::Status Table::AwaitStateLocked(int64_t step, absl::Time deadline) {
-  if (absl::Status s = AwaitPullableLocked(step, deadline, "export"); !s.ok()) return s;
+  RETURN_IF_ERROR(AwaitPullableLocked(step, deadline, "export"));
   if (bsp() && clock_.applied_steps() > step) {
     return Reject(absl::FailedPreconditionError(absl::StrCat(
         "table ", id(), ": cannot export step ", step,

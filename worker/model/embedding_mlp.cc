@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pscluster::model {
 namespace {
@@ -69,7 +70,7 @@ class EmbeddingMlp final : public Model {
           absl::StrCat("batch ", batch, " is outside [1, ", top_->max_batch(), "]"));
     }
     std::vector<float> in;
-    if (absl::Status s = Inputs(x, batch, &in); !s.ok()) return s;
+    RETURN_IF_ERROR(Inputs(x, batch, &in));
     absl::StatusOr<StepResult> r = top_->ForwardBackward(in.data(), y, batch, hooks);
     if (!r.ok()) return r;
     // d(mean row) of each example, spread over its ids: d(row) += d(mean) / categorical.
@@ -94,7 +95,7 @@ class EmbeddingMlp final : public Model {
       return absl::InvalidArgumentError(absl::StrCat("count ", count, " is outside [0, 2^31)"));
     }
     std::vector<float> in;
-    if (absl::Status s = Inputs(x, static_cast<int>(count), &in); !s.ok()) return s;
+    RETURN_IF_ERROR(Inputs(x, static_cast<int>(count), &in));
     return top_->Evaluate(in.data(), y, count);
   }
 
@@ -196,7 +197,7 @@ absl::StatusOr<std::unique_ptr<ModelDef>> MakeEmbeddingMlpDef(const EmbeddingMlp
                      ", buckets ", o.buckets, ", dim ", o.dim, ", classes ", o.classes,
                      ": sizes must be >= 1, categorical <= features, range_hi > range_lo"));
   }
-  if (absl::Status s = Mlp::Validate(TopOf(o), 1); !s.ok()) return s;
+  RETURN_IF_ERROR(Mlp::Validate(TopOf(o), 1));
   return std::unique_ptr<ModelDef>(new EmbeddingMlpDef(o, seed));
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pscluster::model {
 
@@ -41,7 +42,7 @@ absl::Status Mlp::Validate(const MlpOptions& options, int max_batch) {
 absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(compute::Backend* backend, MlpOptions options,
                                                  int max_batch) {
   if (backend == nullptr) return absl::InvalidArgumentError("Mlp needs a backend");
-  if (absl::Status s = Validate(options, max_batch); !s.ok()) return s;
+  RETURN_IF_ERROR(Validate(options, max_batch));
   const int total = static_cast<int>(options.layers.size()) - 1;
   const int end = options.end_layer < 0 ? total : options.end_layer;
   // Not make_unique: the constructor is private. The destructor frees whatever was
@@ -164,7 +165,7 @@ absl::Status Mlp::Forward(int slot, const float* x, int batch, const LayerHooks*
   backend_->Upload(x, activation(first_, slot), static_cast<size_t>(batch) * layers[first_]);
   for (int i = first_; i < end_; ++i) {
     if (hooks != nullptr && hooks->before) {
-      if (absl::Status s = hooks->before(i, /*backward=*/false); !s.ok()) return s;
+      RETURN_IF_ERROR(hooks->before(i, /*backward=*/false));
     }
     const int in = layers[i], out = layers[i + 1];
     float* y = activation(i + 1, slot);
@@ -182,7 +183,7 @@ absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulat
   const float beta = accumulate ? 1.0f : 0.0f;
   for (int i = end_ - 1; i >= first_; --i) {
     if (hooks != nullptr && hooks->before) {
-      if (absl::Status s = hooks->before(i, /*backward=*/true); !s.ok()) return s;
+      RETURN_IF_ERROR(hooks->before(i, /*backward=*/true));
     }
     const int in = layers[i], out = layers[i + 1];
     const float* dy = delta(i + 1, slot);
@@ -201,7 +202,7 @@ absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulat
       backend_->ReluBackward(activation(i, slot), dx, dx, static_cast<size_t>(batch) * in);
     }
     if (hooks != nullptr && hooks->after_backward) {
-      if (absl::Status s = hooks->after_backward(i); !s.ok()) return s;
+      RETURN_IF_ERROR(hooks->after_backward(i));
     }
   }
   return absl::OkStatus();
@@ -209,26 +210,25 @@ absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulat
 
 absl::StatusOr<StepResult> Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
                                                 const LayerHooks* hooks) {
-  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckBatch(batch));
   if (!first_stage() || !last_stage()) {
     return absl::FailedPreconditionError("ForwardBackward needs the whole network; use Stage*");
   }
   if (options_.share_layer_buffers && hooks == nullptr) {
     return absl::FailedPreconditionError("shared layer buffers need LayerHooks");
   }
-  if (absl::Status s = CheckLabels(y, batch); !s.ok()) return s;
-  if (absl::Status s = Forward(0, x, batch, hooks); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckLabels(y, batch));
+  RETURN_IF_ERROR(Forward(0, x, batch, hooks));
   StepResult result;
   result.examples = batch;
   result.loss = backend_->SoftmaxCrossEntropy(activation(end_, 0), y, batch, classes(),
                                               delta(end_, 0), &result.correct);
-  if (absl::Status s = Backward(0, batch, 1.0f, false, options_.input_gradient, hooks); !s.ok())
-    return s;
+  RETURN_IF_ERROR(Backward(0, batch, 1.0f, false, options_.input_gradient, hooks));
   return result;
 }
 
 absl::Status Mlp::CheckStage(int slot, int batch) const {
-  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckBatch(batch));
   if (slot < 0 || slot >= options_.slots) {
     return absl::InvalidArgumentError(
         absl::StrCat("slot ", slot, " is outside [0, ", options_.slots, ")"));
@@ -237,8 +237,8 @@ absl::Status Mlp::CheckStage(int slot, int batch) const {
 }
 
 absl::Status Mlp::StageForward(int slot, const float* x, int batch, float* out) {
-  if (absl::Status s = CheckStage(slot, batch); !s.ok()) return s;
-  if (absl::Status s = Forward(slot, x, batch, nullptr); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckStage(slot, batch));
+  RETURN_IF_ERROR(Forward(slot, x, batch, nullptr));
   if (!last_stage()) {
     backend_->Download(activation(end_, slot), out, static_cast<size_t>(batch) * output_width());
   }
@@ -247,18 +247,17 @@ absl::Status Mlp::StageForward(int slot, const float* x, int batch, float* out) 
 
 absl::StatusOr<StepResult> Mlp::StageBackward(int slot, const int32_t* labels, const float* dout,
                                               int batch, float grad_scale, float* dx) {
-  if (absl::Status s = CheckStage(slot, batch); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckStage(slot, batch));
   StepResult result;
   if (last_stage()) {
-    if (absl::Status s = CheckLabels(labels, batch); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckLabels(labels, batch));
     result.examples = batch;
     result.loss = backend_->SoftmaxCrossEntropy(activation(end_, slot), labels, batch, classes(),
                                                 delta(end_, slot), &result.correct);
   } else {
     backend_->Upload(dout, delta(end_, slot), static_cast<size_t>(batch) * output_width());
   }
-  if (absl::Status s = Backward(slot, batch, grad_scale, true, !first_stage(), nullptr); !s.ok())
-    return s;
+  RETURN_IF_ERROR(Backward(slot, batch, grad_scale, true, !first_stage(), nullptr));
   if (!first_stage()) {
     backend_->Download(delta(first_, slot), dx, static_cast<size_t>(batch) * input_width());
   }
@@ -278,7 +277,7 @@ absl::StatusOr<StepResult> Mlp::Evaluate(const float* x, const int32_t* y, int64
   if (!first_stage() || !last_stage() || options_.share_layer_buffers) {
     return absl::FailedPreconditionError("Evaluate needs the whole network with its own buffers");
   }
-  if (absl::Status s = CheckLabels(y, count); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckLabels(y, count));
   StepResult result;
   double total_loss = 0;
   const size_t width = options_.layers[0];
@@ -342,7 +341,7 @@ ModelSpec MlpSpec(const MlpOptions& options, uint64_t seed) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelDef>> MakeMlpDef(const MlpOptions& options, uint64_t seed) {
-  if (absl::Status s = Mlp::Validate(options, 1); !s.ok()) return s;
+  RETURN_IF_ERROR(Mlp::Validate(options, 1));
   return std::unique_ptr<ModelDef>(new MlpDef(options, seed));
 }
 
