@@ -1,15 +1,9 @@
-// One shard's snapshots in one RocksDB database. A snapshot is written as one SST file,
-// durably (fsync), ingested, and only then made visible by a manifest written with a
-// synced put: a crash at any moment leaves earlier snapshots intact and the partial one
-// invisible; Open() deletes such leftovers.
+// Where one shard's snapshots live, as an interface: the RocksDB store on disk
+// (rocksdb_snapshot_store.h, what ps_server uses) or the in-memory one of the tests
+// (memory_snapshot_store.h). A snapshot becomes visible (List, Read) only once complete;
+// a failed Write leaves nothing visible.
 //
-// Keys:  manifest/<step:020>                    SnapshotManifest (present iff complete)
-//        snap/<step:020>/t/<table:010>/h        TableSnapshotHeader
-//        snap/<step:020>/t/<table:010>/x/<blk:012>  data block: DENSE values then each
-//            optimizer slot for kDenseBlockValues indices; SPARSE up to kSparseBlockRows
-//            rows as keys (u64), update counts (i64), then row data (floats)
-//
-// Thread-safe (RocksDB is); Write() calls must not overlap.
+// Implementations are thread-safe; Write() calls must not overlap.
 #pragma once
 
 #include <atomic>
@@ -23,10 +17,6 @@
 #include "proto/snapshot.pb.h"
 #include "server/ps/table.h"
 
-namespace rocksdb {
-class DB;
-}
-
 namespace pscluster::ps {
 
 inline constexpr uint32_t kSnapshotFormatVersion = 1;
@@ -35,15 +25,14 @@ inline constexpr uint64_t kSparseBlockRows = 4096;
 
 class SnapshotStore {
  public:
-  // Read-write: creates `dir` if needed and removes partial snapshots. Read-only: for
-  // reading another shard's snapshots (during resharding), even while it runs.
+  // The RocksDB store in `dir` (rocksdb_snapshot_store.h). Read-write: creates `dir` if
+  // needed and removes partial snapshots. Read-only: for reading another shard's
+  // snapshots (during resharding), even while it runs.
   static absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& dir,
                                                              bool read_only = false);
-  ~SnapshotStore();
-  SnapshotStore(const SnapshotStore&) = delete;
-  SnapshotStore& operator=(const SnapshotStore&) = delete;
+  virtual ~SnapshotStore() = default;
 
-  const std::string& dir() const { return dir_; }
+  virtual const std::string& dir() const = 0;
 
   struct WriteOptions {
     uint32_t shard_id = 0;
@@ -53,17 +42,17 @@ class SnapshotStore {
     absl::Duration test_delay_per_block;             // tests only: widens the crash window
     std::atomic<uint64_t>* bytes_written = nullptr;  // progress, if set
   };
-  absl::StatusOr<SnapshotManifest> Write(int64_t step,
-                                         const std::vector<std::unique_ptr<TableImage>>& images,
-                                         const WriteOptions& options);
+  virtual absl::StatusOr<SnapshotManifest> Write(
+      int64_t step, const std::vector<std::unique_ptr<TableImage>>& images,
+      const WriteOptions& options) = 0;
 
   // Complete snapshots, ascending step.
-  absl::StatusOr<std::vector<SnapshotManifest>> List() const;
+  virtual absl::StatusOr<std::vector<SnapshotManifest>> List() const = 0;
 
-  // Makes snapshot `step` invisible (manifest first), then deletes its data.
-  absl::Status Delete(int64_t step);
+  // Makes snapshot `step` invisible, then deletes its data.
+  virtual absl::Status Delete(int64_t step) = 0;
 
-  // Keeps the newest `keep_last` and the best by metric; deletes the rest.
+  // Keeps the newest `keep_last` and the best by metric; deletes the rest (List, Delete).
   absl::StatusOr<std::vector<int64_t>> ApplyRetention(int keep_last, bool lower_is_better);
 
   class Visitor {
@@ -76,17 +65,26 @@ class SnapshotStore {
     virtual absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key, int64_t updates,
                                    const float* data) = 0;
   };
-  // Visits every table of complete snapshot `step`; DATA_LOSS when a checksum or a
-  // block's size disagrees with the manifest.
-  absl::Status Read(int64_t step, Visitor* visitor) const;
-
- private:
-  absl::Status CheckSpace(int64_t step, const std::vector<std::unique_ptr<TableImage>>& images);
-  SnapshotStore(std::string dir, rocksdb::DB* db);
-  absl::Status RemovePartial();
-
-  const std::string dir_;
-  std::unique_ptr<rocksdb::DB> db_;
+  // Visits every table of complete snapshot `step`; DATA_LOSS when what is stored
+  // disagrees with its checksums; NOT_FOUND for no complete snapshot of `step`.
+  virtual absl::Status Read(int64_t step, Visitor* visitor) const = 0;
 };
+
+// The checkpoint root of a cluster: where every shard's store lives. Local disk (or a
+// shared file system) for ps_server, memory for tests. Thread-safe.
+class SnapshotStorage {
+ public:
+  virtual ~SnapshotStorage() = default;
+  // Opens (read-write: creating) the store in `dir`.
+  virtual absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& dir,
+                                                              bool read_only) = 0;
+  // The shard store directories under `root` ("shard-*"), in any order.
+  virtual std::vector<std::string> ShardDirs(const std::string& root) const = 0;
+  // Whether two directory names denote the same store.
+  virtual bool Same(const std::string& a, const std::string& b) const { return a == b; }
+};
+
+// The RocksDB stores on this machine's file system.
+std::unique_ptr<SnapshotStorage> MakeLocalSnapshotStorage();
 
 }  // namespace pscluster::ps

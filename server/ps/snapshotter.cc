@@ -69,19 +69,27 @@ std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id) {
 
 absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
                                                                  SnapshotterOptions options) {
-  auto store = SnapshotStore::Open(ShardSnapshotDir(options.root, shard->options().shard_id));
-  if (!store.ok()) return store.status();
-  auto list = (*store)->List();
-  if (!list.ok()) return list.status();
-  std::unique_ptr<Snapshotter> s(new Snapshotter(shard, std::move(options), *std::move(store)));
+  std::unique_ptr<SnapshotStorage> local;
+  SnapshotStorage* storage = options.storage;
+  if (storage == nullptr) storage = (local = MakeLocalSnapshotStorage()).get();
+  ASSIGN_OR_RETURN(auto store,
+                   storage->Open(ShardSnapshotDir(options.root, shard->options().shard_id), false));
+  ASSIGN_OR_RETURN(auto list, store->List());
+  std::unique_ptr<Snapshotter> s(
+      new Snapshotter(shard, std::move(options), std::move(local), std::move(store)));
   absl::MutexLock lock(&s->mu_);
-  if (!list->empty()) s->last_complete_step_ = list->back().step();
+  if (!list.empty()) s->last_complete_step_ = list.back().step();
   return s;
 }
 
 Snapshotter::Snapshotter(Shard* shard, SnapshotterOptions options,
+                         std::unique_ptr<SnapshotStorage> local,
                          std::unique_ptr<SnapshotStore> store)
-    : shard_(shard), options_(std::move(options)), store_(std::move(store)) {}
+    : shard_(shard),
+      options_(std::move(options)),
+      local_(std::move(local)),
+      storage_(options_.storage != nullptr ? options_.storage : local_.get()),
+      store_(std::move(store)) {}
 
 Snapshotter::~Snapshotter() {
   std::thread writer;
@@ -248,14 +256,12 @@ absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
   };
   std::vector<Source> sources;
   std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, SnapshotStore*>>> by_step;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(options_.root, ec)) {
-    if (!entry.is_directory() || entry.path().filename().string().rfind("shard-", 0) != 0) continue;
+  for (const std::string& dir : storage_->ShardDirs(options_.root)) {
     Source src;
-    if (fs::equivalent(entry.path(), store_->dir(), ec)) {
+    if (storage_->Same(dir, store_->dir())) {
       src.store = store_.get();
     } else {
-      auto opened = SnapshotStore::Open(entry.path().string(), /*read_only=*/true);
+      auto opened = storage_->Open(dir, /*read_only=*/true);
       if (!opened.ok()) return opened.status();
       src.owned = *std::move(opened);
       src.store = src.owned.get();

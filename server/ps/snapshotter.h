@@ -26,6 +26,8 @@ struct SnapshotterOptions {
   int keep_last = 3;                    // newest complete snapshots kept ...
   bool lower_metric_is_better = true;   // ... plus the best by metric
   absl::Duration test_delay_per_block;  // tests only: slows writes to widen crash windows
+  // Where the stores live (not owned); null: RocksDB stores on the local file system.
+  SnapshotStorage* storage = nullptr;
 };
 
 // The database directory of shard `shard_id` under `root`.
@@ -55,13 +57,16 @@ class Snapshotter {
   absl::StatusOr<int64_t> Restore(const std::string& which);
 
  private:
-  Snapshotter(Shard* shard, SnapshotterOptions options, std::unique_ptr<SnapshotStore> store);
+  Snapshotter(Shard* shard, SnapshotterOptions options, std::unique_ptr<SnapshotStorage> local,
+              std::unique_ptr<SnapshotStore> store);
   uint64_t bytes_total() const;
   void WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
                          SnapshotStore::WriteOptions options);
 
   Shard* const shard_;
   const SnapshotterOptions options_;
+  const std::unique_ptr<SnapshotStorage> local_;  // when options_.storage is null
+  SnapshotStorage* const storage_;
   const std::unique_ptr<SnapshotStore> store_;
   std::atomic<uint64_t> bytes_written_{0};
 

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
+#include "server/ps/memory_snapshot_store.h"
 #include "server/ps/shard.h"
 #include "server/ps/snapshot_store.h"
 
@@ -349,6 +350,46 @@ TEST_F(SnapshotterTest, RestoreReproducesStateAndNextStepBitwise) {
     EXPECT_TRUE(BitwiseEqual(ReadSparse(a, 3, keys), ReadSparse(b, 3, keys)))
         << "after step " << step;
   }
+}
+
+// The same protocol over the in-memory store (no RocksDB, no disk): snapshot, restore
+// into a fresh shard, and a failed write (a full disk) reported while nothing changes.
+TEST_F(SnapshotterTest, InMemoryStoreSnapshotsRestoresAndReportsAFailedWrite) {
+  const uint64_t kSize = 1000;
+  const std::vector<uint64_t> keys = {1, 5, 99};
+  MemorySnapshotStorage storage;
+  SnapshotterOptions o = Options();
+  o.storage = &storage;
+  Shard a(ShardOptions{0, 1});
+  a.RegisterWorker(0);
+  ASSERT_TRUE(a.CreateTable(DenseAdamSpec(1, kSize)).ok());
+  ASSERT_TRUE(a.CreateTable(SparseAdagradSpec(2, 4)).ok());
+  for (int step = 0; step < 2; ++step) {
+    PushDenseSlice(a, 1, 0, step, DenseGrads(kSize, step));
+    PushSparse(a, 2, 0, step, keys, SparseGrads(keys, 4, step));
+  }
+  auto snap_a = Make(&a, o);
+  ASSERT_NE(snap_a, nullptr);
+  SnapshotAndWait(*snap_a, Request(2, 0.5));
+
+  storage.FailWrites(true);
+  ASSERT_TRUE(snap_a->Snapshot(Request(3, 0.4), Generous()).ok());
+  ASSERT_TRUE(snap_a->AwaitIdle(Generous()));
+  EXPECT_NE(snap_a->Status().last_error().find("no space left"), std::string::npos)
+      << snap_a->Status().last_error();
+  EXPECT_EQ(snap_a->Status().last_complete_step(), 2);
+  EXPECT_EQ(ListedSteps(*snap_a), std::vector<int64_t>({2}));
+  storage.FailWrites(false);
+
+  Shard b(ShardOptions{0, 1});
+  auto snap_b = Make(&b, o);
+  ASSERT_NE(snap_b, nullptr);
+  auto restored = snap_b->Restore("latest");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, 2);
+  EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), ReadDense(b, 1)));
+  EXPECT_TRUE(BitwiseEqual(ReadSparse(a, 2, keys), ReadSparse(b, 2, keys)));
+  EXPECT_EQ((*b.GetTable(1))->Clocks(), (*a.GetTable(1))->Clocks());
 }
 
 TEST_F(SnapshotterTest, DestructorWaitsForTheWrite) {
