@@ -178,9 +178,9 @@ int main(int argc, char** argv) {
                                view->num_workers(), " workers"));
     }
     std::printf("worker %d: cluster complete (view %lld, mode %s): shards %s\n", o.rank,
-                static_cast<long long>(view->version()), view->mode().c_str(),
+                static_cast<long long>(view->version()), coord::ModeName(view->mode()),
                 absl::StrJoin(view->shard_addresses(), ",").c_str());
-    if (mode.empty()) mode = view->mode();
+    if (mode.empty()) mode = coord::ModeName(view->mode());
     o.coordinator = coordinator.get();
     const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_seconds));
     const std::string host = absl::GetFlag(FLAGS_host);
@@ -205,10 +205,10 @@ int main(int argc, char** argv) {
     };
   }
   if (mode.empty()) mode = "ps";
-  auto parsed_mode = modes::ParseMode(mode);
+  auto parsed_mode = coord::ParseMode(mode);
   if (!parsed_mode.ok()) return Fail("--mode: " + std::string(parsed_mode.status().message()));
   o.mode = *parsed_mode;
-  if (o.mode != modes::Mode::kPs && !coordinator) {
+  if (o.mode != coord::PS && !coordinator) {
     return Fail("--mode=" + mode + " needs --coordinator (the workers' rendezvous)");
   }
   if (o.shards.empty() && !coordinator) {

@@ -116,7 +116,7 @@ absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t ste
   return FromGrpcStatus(stub_->ReportProgress(&ctx, req, &resp), "coordinator");
 }
 
-absl::StatusOr<ScheduledSwitch> CoordinatorClient::SwitchMode(const std::string& mode,
+absl::StatusOr<ScheduledSwitch> CoordinatorClient::SwitchMode(coord::TrainingMode mode,
                                                               int64_t at_step) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.rpc_timeout);
@@ -144,7 +144,7 @@ absl::StatusOr<PendingSwitch> CoordinatorClient::PollSwitch(int64_t step, int64_
 }
 
 absl::StatusOr<bool> CoordinatorClient::ReportSwitch(const PendingSwitch& sw,
-                                                     const std::string& from_mode,
+                                                     coord::TrainingMode from_mode,
                                                      double handoff_seconds) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.rpc_timeout);

@@ -43,7 +43,7 @@ struct PendingSwitch {
   bool pending = false;  // false: nothing scheduled from that step on
   int64_t switch_id = 0;
   int64_t at_step = 0;  // switch before running the polled step when it equals this
-  std::string mode;     // the mode to switch to
+  coord::TrainingMode mode = coord::TRAINING_MODE_UNSPECIFIED;  // the mode to switch to
 };
 
 class CoordinatorClient {
@@ -64,18 +64,18 @@ class CoordinatorClient {
                               double samples_per_sec, std::optional<double> metric = std::nullopt);
 
   // Live mode switching (see proto/coordinator.proto). SwitchMode schedules a switch of
-  // every worker to `mode` ("ps", "allreduce", "fsdp", "pipeline") at `at_step` (0: the
+  // every worker to `mode` at `at_step` (0: the
   // next step boundary no worker has reached); errors: INVALID_ARGUMENT (unknown mode,
-  // at_step < 0), FAILED_PRECONDITION (step already passed; "ps" without shards),
+  // at_step < 0), FAILED_PRECONDITION (step already passed; PS without shards),
   // ALREADY_EXISTS (another switch at that step).
-  absl::StatusOr<ScheduledSwitch> SwitchMode(const std::string& mode, int64_t at_step = 0);
+  absl::StatusOr<ScheduledSwitch> SwitchMode(coord::TrainingMode mode, int64_t at_step = 0);
   // A worker, before running `step` (as this client's registered rank and incarnation),
   // that polls again only at step + horizon: the answer covers every switch before it.
   absl::StatusOr<PendingSwitch> PollSwitch(int64_t step, int64_t horizon = 1);
   // A worker, once it finished the hand-over of `s` (from `from_mode`, in
   // `handoff_seconds`). Returns true when this was the last worker's report (the view's
   // mode is now s.mode). Repeating a report is harmless.
-  absl::StatusOr<bool> ReportSwitch(const PendingSwitch& s, const std::string& from_mode,
+  absl::StatusOr<bool> ReportSwitch(const PendingSwitch& s, coord::TrainingMode from_mode,
                                     double handoff_seconds);
 
   absl::Status KvPut(const std::string& key, const std::string& value);

@@ -55,15 +55,15 @@ void PrintSwitches(const pscluster::coord::ClusterView& before,
   for (const auto& s : after.pending_switches()) {
     if (s.switch_id() > last_known) {
       std::printf("ps_coordinator: switch %lld to %s scheduled at step %lld\n",
-                  static_cast<long long>(s.switch_id()), s.to_mode().c_str(),
+                  static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
                   static_cast<long long>(s.at_step()));
     }
   }
   for (int i = before.switches_size(); i < after.switches_size(); ++i) {
     const auto& s = after.switches(i);
     std::printf("ps_coordinator: switch %lld done: %s -> %s at step %lld (hand-over %.3f s)\n",
-                static_cast<long long>(s.switch_id()), s.from_mode().c_str(), s.to_mode().c_str(),
-                static_cast<long long>(s.at_step()), s.handoff_seconds());
+                static_cast<long long>(s.switch_id()), ModeName(s.from_mode()),
+                ModeName(s.to_mode()), static_cast<long long>(s.at_step()), s.handoff_seconds());
   }
 }
 
@@ -105,8 +105,12 @@ int main(int argc, char** argv) {
   if (options.heartbeat_timeout < absl::Milliseconds(100)) {
     return Fail("--heartbeat_timeout_ms must be >= 100");
   }
-  options.mode = absl::GetFlag(FLAGS_mode);
-  if (options.mode.empty()) options.mode = options.num_shards > 0 ? "ps" : "allreduce";
+  options.mode = options.num_shards > 0 ? pscluster::coord::PS : pscluster::coord::ALLREDUCE;
+  if (const std::string mode = absl::GetFlag(FLAGS_mode); !mode.empty()) {
+    absl::StatusOr<pscluster::coord::TrainingMode> parsed = pscluster::coord::ParseMode(mode);
+    if (!parsed.ok()) return Fail(absl::StrCat("--mode: ", parsed.status().message()));
+    options.mode = *parsed;
+  }
   if (absl::Status s = pscluster::coord::ValidateMode(options.mode, options.num_shards); !s.ok()) {
     return Fail(absl::StrCat("--mode: ", s.message()));
   }
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
   if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
   std::printf("ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s); mode %s)\n",
               absl::GetFlag(FLAGS_host).c_str(), port, options.num_shards, options.num_workers,
-              options.mode.c_str());
+              pscluster::coord::ModeName(options.mode));
   std::fflush(stdout);
 
   std::unique_ptr<pscluster::coord::Checkpointer> checkpointer;

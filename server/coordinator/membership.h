@@ -23,7 +23,7 @@ struct MembershipOptions {
   int num_shards = 1;                                   // expected shards: ids [0, num_shards)
   int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
-  std::string mode = "ps";  // the starting mode; must pass ValidateMode (main checks)
+  TrainingMode mode = PS;  // the starting mode; must pass ValidateMode (main checks)
 };
 
 class Membership {

@@ -104,7 +104,7 @@ TEST_F(MembershipTest, InitialViewIsVersionOneEmptyAndIncomplete) {
   EXPECT_EQ(v.version(), 1);
   EXPECT_EQ(v.num_shards(), 2);
   EXPECT_EQ(v.num_workers(), 3);
-  EXPECT_EQ(v.mode(), "ps");
+  EXPECT_EQ(v.mode(), PS);
   EXPECT_THAT(v.shard_addresses(), ElementsAre("", ""));
   EXPECT_EQ(v.members_size(), 0);
   EXPECT_EQ(v.global_step(), 0);

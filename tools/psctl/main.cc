@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/ps/ps_client.h"
+#include "common/training_mode.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -90,11 +91,12 @@ void PrintSwitches(const coord::ClusterView& view) {
   std::printf("%6s %9s %-10s %-10s %9s %s\n", "SWITCH", "AT_STEP", "FROM", "TO", "HANDOFF_S",
               "STATE");
   auto row = [](const coord::SwitchRecord& s, const std::string& state) {
+    const bool reported = s.from_mode() != coord::TRAINING_MODE_UNSPECIFIED;
     std::printf("%6lld %9lld %-10s %-10s %9s %s\n", static_cast<long long>(s.switch_id()),
-                static_cast<long long>(s.at_step()),
-                s.from_mode().empty() ? "-" : s.from_mode().c_str(), s.to_mode().c_str(),
-                s.from_mode().empty() ? "-"  // no worker has reported it yet
-                                      : absl::StrFormat("%.3f", s.handoff_seconds()).c_str(),
+                static_cast<long long>(s.at_step()), reported ? ModeName(s.from_mode()) : "-",
+                ModeName(s.to_mode()),
+                reported ? absl::StrFormat("%.3f", s.handoff_seconds()).c_str()
+                         : "-",  // no worker has reported it yet
                 state.c_str());
   };
   for (const auto& s : view.switches()) {
@@ -112,7 +114,7 @@ void PrintSwitches(const coord::ClusterView& view) {
 
 int Status(const coord::ClusterView& view) {
   std::printf("cluster view %lld: mode %s, global step %lld, %s\n",
-              static_cast<long long>(view.version()), view.mode().c_str(),
+              static_cast<long long>(view.version()), ModeName(view.mode()),
               static_cast<long long>(view.global_step()),
               view.complete() ? "complete" : "INCOMPLETE");
   std::printf("%-8s %4s %-6s %-22s %5s %9s %9s %10s\n", "ROLE", "ID", "ALIVE", "ADDRESS", "INC",
@@ -188,12 +190,15 @@ int ExitCodeOf(const grpc::Status& s) {
 }
 
 int SwitchMode(const std::string& address) {
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
+  const std::string name = absl::GetFlag(FLAGS_mode);
+  if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
+  absl::StatusOr<coord::TrainingMode> parsed = coord::ParseMode(name);
+  if (!parsed.ok()) return Error(kUsage, "switch-mode: --mode: " + parsed.status().ToString());
+  const char* mode = ModeName(*parsed);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   coord::SwitchModeRequest req;
-  req.set_mode(mode);
+  req.set_mode(*parsed);
   req.set_at_step(absl::GetFlag(FLAGS_at_step));
   coord::SwitchModeResponse resp;
   grpc::Status s = Connect(address)->SwitchMode(&ctx, req, &resp);
@@ -204,12 +209,12 @@ int SwitchMode(const std::string& address) {
     const std::string since = resp.switch_id() == 0 ? "the starting mode"
                                                     : absl::StrCat("switch ", resp.switch_id(),
                                                                    " at step ", resp.at_step());
-    std::printf("mode %s is already in effect at that step (%s); nothing scheduled\n", mode.c_str(),
+    std::printf("mode %s is already in effect at that step (%s); nothing scheduled\n", mode,
                 since.c_str());
     return kOk;
   }
   std::printf("switch %lld to %s scheduled at step %lld\n",
-              static_cast<long long>(resp.switch_id()), mode.c_str(),
+              static_cast<long long>(resp.switch_id()), mode,
               static_cast<long long>(resp.at_step()));
   return kOk;
 }

@@ -80,7 +80,7 @@ class PipelinePlacement final : public Placement {
     return absl::OkStatus();
   }
 
-  Mode mode() const override { return Mode::kPipeline; }
+  Mode mode() const override { return coord::PIPELINE; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(CheckState(state, ctx_.mlp, ctx_.optimizer));

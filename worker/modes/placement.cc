@@ -11,28 +11,6 @@
 
 namespace pscluster::modes {
 
-const char* ModeName(Mode mode) {
-  switch (mode) {
-    case Mode::kPs:
-      return "ps";
-    case Mode::kAllReduce:
-      return "allreduce";
-    case Mode::kFsdp:
-      return "fsdp";
-    case Mode::kPipeline:
-      return "pipeline";
-  }
-  return "?";
-}
-
-absl::StatusOr<Mode> ParseMode(absl::string_view name) {
-  for (Mode m : {Mode::kPs, Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline}) {
-    if (name == ModeName(m)) return m;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("mode '", name, "' is unknown; use ps, allreduce, fsdp or pipeline"));
-}
-
 ps::TableSpec TableFor(const model::MlpOptions& mlp, int param, const ps::OptimizerConfig& opt,
                        const ps::ConsistencyConfig& consistency, uint64_t seed) {
   const int layer = param / 2, in = mlp.layers[layer], out = mlp.layers[layer + 1];
@@ -141,7 +119,7 @@ class PsPlacement final : public Placement {
     return std::unique_ptr<Placement>(std::move(p));
   }
 
-  Mode mode() const override { return Mode::kPs; }
+  Mode mode() const override { return coord::PS; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(internal::CheckState(state, ctx_.mlp, nullptr));
@@ -248,7 +226,7 @@ class AllReducePlacement final : public Placement {
     return std::unique_ptr<Placement>(std::move(p));
   }
 
-  Mode mode() const override { return Mode::kAllReduce; }
+  Mode mode() const override { return coord::ALLREDUCE; }
 
   std::vector<std::pair<std::string, double>> Figures() const override {
     return {{"allreduce_buckets", static_cast<double>(buckets_.size())}};
@@ -320,16 +298,17 @@ class AllReducePlacement final : public Placement {
 
 absl::StatusOr<std::unique_ptr<Placement>> MakePlacement(Mode mode, const PlacementContext& ctx) {
   switch (mode) {
-    case Mode::kPs:
+    case coord::PS:
       return PsPlacement::Create(ctx);
-    case Mode::kAllReduce:
+    case coord::ALLREDUCE:
       return AllReducePlacement::Create(ctx);
-    case Mode::kFsdp:
+    case coord::FSDP:
       return internal::MakeFsdpPlacement(ctx);
-    case Mode::kPipeline:
+    case coord::PIPELINE:
       return internal::MakePipelinePlacement(ctx);
+    default:
+      return coord::CheckMode("mode", mode);
   }
-  return absl::InvalidArgumentError("unknown mode");
 }
 
 }  // namespace pscluster::modes

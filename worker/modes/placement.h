@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/ps/ps_client.h"
+#include "common/training_mode.h"
 #include "core/optimizer/optimizer.h"
 #include "proto/ps.pb.h"
 #include "worker/collective/communicator.h"
@@ -34,10 +35,9 @@
 
 namespace pscluster::modes {
 
-enum class Mode { kPs, kAllReduce, kFsdp, kPipeline };
-// "ps", "allreduce", "fsdp", "pipeline".
-const char* ModeName(Mode mode);
-absl::StatusOr<Mode> ParseMode(absl::string_view name);
+// The training modes are the wire's (proto/coordinator.proto); their names and parsing are
+// common/training_mode.h's.
+using Mode = coord::TrainingMode;
 
 // The whole training state at a step boundary, in Mlp::params() order.
 struct ModelState {

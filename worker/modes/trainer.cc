@@ -29,21 +29,8 @@ bool PeerFailure(const absl::Status& s) {
 
 }  // namespace
 
-absl::StatusOr<Mode> ModeAt(const coord::ClusterView& view, int64_t step, Mode start) {
-  std::vector<const coord::SwitchRecord*> all;
-  for (const auto& r : view.switches()) all.push_back(&r);
-  for (const auto& r : view.pending_switches()) all.push_back(&r);
-  std::sort(all.begin(), all.end(),
-            [](const auto* a, const auto* b) { return a->at_step() < b->at_step(); });
-  // Before the first switch: the mode it left (once a worker reported it), else the
-  // view's (no switch done yet), else the mode this worker was started in.
-  std::string mode = !all.empty() && !all[0]->from_mode().empty()        ? all[0]->from_mode()
-                     : view.switches_size() == 0 && !view.mode().empty() ? view.mode()
-                                                                         : ModeName(start);
-  for (const auto* r : all) {
-    if (r->at_step() < step) mode = r->to_mode();  // a switch at `step` happens before it
-  }
-  return ParseMode(mode);
+Mode RollbackMode(const coord::ClusterView& view, int64_t step) {
+  return coord::ModeAt(view, step - 1);
 }
 
 std::string Generation(const coord::ClusterView& view) {
@@ -138,7 +125,7 @@ absl::StatusOr<int64_t> Trainer::Start() {
     ASSIGN_OR_RETURN(comm_, options_.connect(absl::StrCat("gen/", Generation(view_), "/")));
   }
   ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
-  if (options_.mode != Mode::kPs) {  // the PS tables start from the same initializers
+  if (options_.mode != coord::PS) {  // the PS tables start from the same initializers
     RETURN_IF_ERROR(placement_->Load(InitialState(options_.mlp, options_.seed, *optimizer_), 0));
   }
   if (c != nullptr && options_.rank == 0) RETURN_IF_ERROR(c->KvPut("run/started", "1"));
@@ -186,10 +173,10 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   }
   // The mode the cluster trained the checkpoint's step in (every worker reads the same
   // switch history); the switches after it are replayed as the steps come round again.
-  ASSIGN_OR_RETURN(const Mode mode, ModeAt(view_, back_to, options_.mode));
+  const Mode mode = RollbackMode(view_, back_to);
   ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
-  if (mode != Mode::kPs) {
-    ASSIGN_OR_RETURN(auto from_shards, MakePlacement(Mode::kPs, Context()));
+  if (mode != coord::PS) {
+    ASSIGN_OR_RETURN(auto from_shards, MakePlacement(coord::PS, Context()));
     ASSIGN_OR_RETURN(ModelState state, from_shards->Gather(back_to, /*with_slots=*/true));
     RETURN_IF_ERROR(placement_->Load(state, back_to));
   }
@@ -255,7 +242,7 @@ absl::Status Trainer::MaybeSwitch(int64_t step, TrainSummary* summary) {
   const PendingSwitch pending = *known_;
   known_.reset();
   next_poll_ = step + 1;  // another switch may follow within the polled window
-  ASSIGN_OR_RETURN(Mode to, ParseMode(pending.mode));
+  const Mode to = pending.mode;
   const Mode from = placement_->mode();
   double seconds = 0;
   if (to != from) RETURN_IF_ERROR(SwitchTo(to, step, &seconds));
@@ -263,11 +250,11 @@ absl::Status Trainer::MaybeSwitch(int64_t step, TrainSummary* summary) {
   std::printf("worker %d: step %lld: switched from %s to %s (hand-over %.3f s)\n", options_.rank,
               static_cast<long long>(step), ModeName(from), ModeName(to), seconds);
   std::fflush(stdout);
-  return c->ReportSwitch(pending, ModeName(from), seconds).status();
+  return c->ReportSwitch(pending, from, seconds).status();
 }
 
 absl::Status Trainer::Publish(int64_t step) {
-  if (placement_->mode() == Mode::kPs || client_ == nullptr) return absl::OkStatus();
+  if (placement_->mode() == coord::PS || client_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
   if (options_.rank != 0) return absl::OkStatus();
   return ImportState(client_.get(), state, step);

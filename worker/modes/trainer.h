@@ -38,7 +38,7 @@
 namespace pscluster::modes {
 
 struct TrainerOptions {
-  Mode mode = Mode::kPs;            // the mode training starts in
+  Mode mode = coord::PS;            // the mode training starts in
   std::vector<std::string> shards;  // ps_server addresses, index = shard id (or coordinator's)
   int rank = 0;
   int world = 1;
@@ -157,10 +157,11 @@ class Trainer {
   std::optional<PendingSwitch> known_;
 };
 
-// The mode the cluster trained step `step` in, from the view's switch history (done and
-// pending): what a rollback to a checkpoint of that step loads the state into. `start`:
-// when the view says nothing (no coordinator mode, no switch reported).
-absl::StatusOr<Mode> ModeAt(const coord::ClusterView& view, int64_t step, Mode start);
+// The mode a rollback to the checkpoint of `step` (the state before that step) loads the
+// state into: the mode of step - 1 (coord::ModeAt over the view's done and pending
+// switches). A switch at `step` itself is then taken again by the training loop, as every
+// switch after it, so the replay reports the same hand-over as the first time.
+Mode RollbackMode(const coord::ClusterView& view, int64_t step);
 
 // The generation of a cluster view: every member's incarnation, so the workers of one
 // (re)formed cluster agree on names for their rendezvous.
