@@ -76,7 +76,8 @@ ABSL_FLAG(int, collective_timeout_seconds, 120,
 ABSL_FLAG(int, progress_seconds, 5, "Seconds between progress lines.");
 ABSL_FLAG(std::string, summary_json, "", "Write the final figures here as JSON.");
 ABSL_FLAG(int, snapshot_every_epochs, 0,
-          "Rank 0 snapshots the shards every this many epochs (they need --data_dir).");
+          "Rank 0 asks the coordinator for a cluster checkpoint every this many epochs (the "
+          "shards need --data_dir).");
 
 namespace {
 

@@ -3,6 +3,7 @@
 // switches, and uses the rendezvous store. Every RPC has a deadline. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +26,8 @@ struct CoordinatorClientOptions {
   std::string address;  // where this member serves ("" for none)
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
+  // A member's calls retry this long while the coordinator is unreachable (restarting).
+  absl::Duration reconnect_timeout = absl::Minutes(2);
   // At most this; shortened to a quarter of the coordinator's heartbeat timeout.
   absl::Duration heartbeat_interval = absl::Seconds(1);
 };
@@ -54,7 +57,7 @@ class CoordinatorClient {
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
 
-  int64_t incarnation() const { return incarnation_; }
+  int64_t incarnation() const { return incarnation_.load(); }
   const coord::ClusterView& registered_view() const { return registered_view_; }
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
@@ -78,6 +81,11 @@ class CoordinatorClient {
   absl::StatusOr<bool> ReportSwitch(const PendingSwitch& s, coord::TrainingMode from_mode,
                                     double handoff_seconds);
 
+  // Asks the coordinator for a cluster checkpoint now (the Checkpoint RPC), waiting up to
+  // `timeout` for it to be durable on every shard; `metric` files it for keep-the-best.
+  absl::StatusOr<coord::Checkpoint> Checkpoint(std::optional<double> metric,
+                                               absl::Duration timeout);
+
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
 
@@ -85,10 +93,17 @@ class CoordinatorClient {
   CoordinatorClient(CoordinatorClientOptions options,
                     std::unique_ptr<coord::Coordinator::Stub> stub);
   void HeartbeatLoop();
+  // Registers again (a heartbeat answered NOT_FOUND: the coordinator lost this member).
+  void Reregister();
+  // One RPC through `call(ctx)` with `timeout`, made again with backoff while the
+  // coordinator is unreachable (UNAVAILABLE), up to reconnect_timeout; says once what it
+  // waits for. Member calls are idempotent, so a retry after a lost answer is harmless.
+  template <typename Call>
+  absl::Status Reconnecting(const char* what, absl::Duration timeout, Call call);
 
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
-  int64_t incarnation_ = 0;
+  std::atomic<int64_t> incarnation_{0};  // the heartbeat thread may register again
   coord::ClusterView registered_view_;
   absl::Notification stop_;
   std::thread heartbeats_;

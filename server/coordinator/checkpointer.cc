@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/ps/ps_client.h"
+#include "common/atomic_file.h"
+#include "common/status_macros.h"
 
 namespace pscluster::coord {
 namespace {
@@ -21,13 +23,15 @@ std::string ManifestPath(const std::string& dir) {
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Membership* membership,
                                                                    CheckpointerOptions options) {
+  std::unique_ptr<Checkpointer> c(new Checkpointer(membership, std::move(options)));
+  if (c->options_.data_dir.empty()) return c;
   std::error_code ec;
-  fs::create_directories(options.data_dir, ec);
+  fs::create_directories(c->options_.data_dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot create --data_dir=", options.data_dir, ": ", ec.message()));
+        absl::StrCat("cannot create --data_dir=", c->options_.data_dir, ": ", ec.message()));
   }
-  std::unique_ptr<Checkpointer> c(new Checkpointer(membership, std::move(options)));
+  absl::MutexLock lock(&c->mu_);
   std::ifstream in(ManifestPath(c->options_.data_dir), std::ios::binary);
   if (in) {
     CheckpointManifest manifest;
@@ -48,7 +52,13 @@ bool Checkpointer::Better(double a, double b) const {
   return options_.higher_metric_is_better ? a > b : a < b;
 }
 
+std::vector<Checkpoint> Checkpointer::checkpoints() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoints_;
+}
+
 absl::Status Checkpointer::MaybeCheckpoint() {
+  absl::MutexLock lock(&mu_);
   const ClusterView view = membership_->View();
   if (!view.complete()) return absl::OkStatus();
   const int64_t last = checkpoints_.empty() ? 0 : checkpoints_.back().step();
@@ -65,11 +75,20 @@ absl::Status Checkpointer::MaybeCheckpoint() {
   }
   const bool due = options_.every_steps > 0 && view.global_step() >= last + options_.every_steps;
   if (!due && !metric) return absl::OkStatus();
-  return CheckpointNow(metric).status();
+  return CheckpointLocked(metric).status();
 }
 
 absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> metric) {
+  absl::MutexLock lock(&mu_);
+  return CheckpointLocked(metric);
+}
+
+absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> metric) {
   const ClusterView view = membership_->View();
+  if (!view.complete()) {
+    return absl::FailedPreconditionError(
+        "the cluster is incomplete (psctl status names who is missing); no checkpoint taken");
+  }
   PsClientOptions o;
   o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
   o.worker_id = -1;
@@ -101,10 +120,12 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
   if (!s.ok() && s.code() != absl::StatusCode::kAlreadyExists) return s;
   auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
   if (!done.ok()) return done.status();
-  for (const auto& d : *done) {
+  for (size_t i = 0; i < done->size(); ++i) {
+    const ps::SnapshotStatusResponse& d = (*done)[i];
     if (d.last_complete_step() < step || !d.last_error().empty()) {
-      return absl::InternalError(
-          absl::StrCat("checkpoint of step ", step, " failed on a shard: ", d.last_error()));
+      return absl::InternalError(absl::StrCat(
+          "checkpoint of step ", step, " failed on shard ", i, " (", view.shard_addresses(i),
+          "): ", d.last_error().empty() ? "not written" : d.last_error()));
     }
   }
   Checkpoint c;
@@ -139,18 +160,12 @@ void Checkpointer::ApplyRetention() {
 }
 
 absl::Status Checkpointer::WriteManifest() const {
+  if (options_.data_dir.empty()) return absl::OkStatus();
   CheckpointManifest manifest;
   for (const Checkpoint& c : checkpoints_) *manifest.add_checkpoints() = c;
-  const std::string path = ManifestPath(options_.data_dir), tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!manifest.SerializeToOstream(&out) || !out.flush()) {
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);  // atomic: a crash leaves the old or the new manifest
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot replace ", path, ": ", ec.message()));
+  // Atomic: a crash leaves the old or the new manifest.
+  RETURN_IF_ERROR(
+      WriteFileAtomically(ManifestPath(options_.data_dir), manifest.SerializeAsString()));
   // Also a JSON copy for scripts.
   std::ofstream json((fs::path(options_.data_dir) / "checkpoints.json").string());
   json << "[";

@@ -229,6 +229,34 @@ void Membership::SetCheckpoints(const std::vector<Checkpoint>& checkpoints) {
   ChangedLocked();
 }
 
+void Membership::ChangedLocked() {
+  ++version_;
+  if (!options_.on_change) return;
+  CoordinatorState state;
+  state.set_version(version_);
+  state.set_shard_map_version(shard_map_version_);
+  for (const auto& [key, m] : members_) *state.add_members() = m;
+  switches_.Save(&state);
+  options_.on_change(state);
+}
+
+absl::Status Membership::Restore(const CoordinatorState& state) {
+  absl::MutexLock lock(&mu_);
+  std::map<Key, Member> members;
+  for (const Member& m : state.members()) {
+    if (!CheckId(m.role(), m.id()).ok()) continue;  // restarted with fewer shards or workers
+    Member& kept = members[{m.role(), m.id()}] = m;
+    kept.set_alive(true);
+    kept.set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
+  }
+  if (absl::Status s = switches_.Restore(state); !s.ok()) return s;
+  members_ = std::move(members);
+  version_ = std::max(version_, state.version());
+  shard_map_version_ = std::max<int64_t>(1, state.shard_map_version());
+  ChangedLocked();
+  return absl::OkStatus();
+}
+
 ClusterView Membership::View() const {
   absl::MutexLock lock(&mu_);
   return ViewLocked();

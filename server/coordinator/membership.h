@@ -24,6 +24,9 @@ struct MembershipOptions {
   int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
   TrainingMode mode = PS;  // the starting mode; must pass ValidateMode (main checks)
+  // Called (under the lock, so in order) with the state to persist after every change of
+  // the view: members and their incarnations, the versions, the switch schedule.
+  std::function<void(const CoordinatorState&)> on_change;
 };
 
 class Membership {
@@ -53,6 +56,12 @@ class Membership {
   bool CheckLiveness();
 
   ClusterView View() const;
+  // Continues from a saved state (a restarted coordinator): the members as they were,
+  // alive with a fresh heartbeat (a member that did not survive misses its next beats and
+  // is declared dead), the view's version above the saved one, the switch schedule.
+  // Members outside the expected ranges (restarted with other counts) are dropped;
+  // INVALID_ARGUMENT for a saved switch Schedule would refuse.
+  absl::Status Restore(const CoordinatorState& state);
   // Records a complete cluster checkpoint (listed in the view); bumps the version.
   void AddCheckpoint(const Checkpoint& checkpoint);
   // Removes checkpoints no longer kept (retention); bumps the version if any.
@@ -71,7 +80,7 @@ class Membership {
   bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
+  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MembershipOptions options_;
   const std::function<absl::Time()> now_;

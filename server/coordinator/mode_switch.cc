@@ -153,4 +153,40 @@ void SwitchSchedule::FillView(ClusterView* view) const {
   }
 }
 
+void SwitchSchedule::Save(CoordinatorState* state) const {
+  for (const SwitchRecord& r : done_) *state->add_done_switches() = r;
+  for (const auto& [step, e] : by_step_) {
+    if (!e.done) *state->add_pending_switches() = e.record;
+  }
+  state->set_max_polled(max_polled_);
+  state->set_next_switch_id(next_id_);
+}
+
+absl::Status SwitchSchedule::Restore(const CoordinatorState& state) {
+  std::map<int64_t, Entry> by_step;
+  for (const auto* list : {&state.done_switches(), &state.pending_switches()}) {
+    for (const SwitchRecord& r : *list) {
+      RETURN_IF_ERROR(ValidateMode(r.to_mode(), options_.num_shards));
+      if (r.at_step() < 0 ||
+          !by_step.emplace(r.at_step(), Entry{r, list == &state.done_switches()}).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("saved switch ", r.switch_id(), " at step ", r.at_step(),
+                         " is negative or shares its step with another"));
+      }
+    }
+  }
+  by_step_ = std::move(by_step);
+  done_.assign(state.done_switches().begin(), state.done_switches().end());
+  max_polled_ = state.max_polled();
+  next_id_ = std::max<int64_t>(state.next_switch_id(), 1);
+  mode_ = options_.initial_mode;
+  for (auto it = by_step_.rbegin(); it != by_step_.rend(); ++it) {
+    if (it->second.done) {
+      mode_ = it->second.record.to_mode();
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pscluster::coord

@@ -66,6 +66,12 @@ class SwitchSchedule {
   // Sets view->mode, ->initial_mode, ->switches and ->pending_switches.
   void FillView(ClusterView* view) const;
 
+  // What a restarted coordinator needs to continue the schedule: the switches (done and
+  // pending), max_polled and the next id, into `state`; Restore takes them back
+  // (INVALID_ARGUMENT for a record that does not pass the checks Schedule makes).
+  void Save(CoordinatorState* state) const;
+  absl::Status Restore(const CoordinatorState& state);
+
  private:
   struct Entry {
     SwitchRecord record;

@@ -6,8 +6,9 @@
 
 namespace pscluster::coord {
 
-CoordinatorService::CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait)
-    : membership_(membership), kv_(kv), max_wait_(max_wait) {}
+CoordinatorService::CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait,
+                                       Checkpointer* checkpointer)
+    : membership_(membership), kv_(kv), max_wait_(max_wait), checkpointer_(checkpointer) {}
 
 absl::Time CoordinatorService::Deadline(const grpc::ServerContext* ctx) const {
   return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + max_wait_);
@@ -83,6 +84,20 @@ grpc::Status CoordinatorService::ReportSwitch(grpc::ServerContext*, const Report
                                               ReportSwitchResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);
   return Answer([&] { return membership_->ReportSwitch(*req); }, resp);
+}
+
+grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
+                                            ::pscluster::coord::Checkpoint* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  if (checkpointer_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
+  }
+  return Answer(
+      [&] {
+        return checkpointer_->CheckpointNow(req->has_metric() ? std::optional(req->metric())
+                                                              : std::nullopt);
+      },
+      resp);
 }
 
 }  // namespace pscluster::coord

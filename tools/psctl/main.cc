@@ -3,9 +3,9 @@
 //   psctl --coordinator=HOST:PORT status        mode, members, liveness, steps, loss,
 //                                               samples/s, last complete checkpoint, mode
 //                                               switches (done and pending)
-//   psctl --coordinator=HOST:PORT checkpoint    snapshot every shard now (at the step the
-//                                               tables have reached); waits until durable
-//   psctl --coordinator=HOST:PORT checkpoints   complete checkpoints (on every shard)
+//   psctl --coordinator=HOST:PORT checkpoint    asks the coordinator for a checkpoint now
+//                                               (its step, every shard); waits until durable
+//   psctl --coordinator=HOST:PORT checkpoints   the coordinator's complete checkpoints
 //   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline [--at_step=N]
 //                                               switch every worker live at step N
 //                                               (default: the next step boundary)
@@ -28,7 +28,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/ps/ps_client.h"
 #include "common/training_mode.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -69,17 +68,6 @@ absl::StatusOr<coord::ClusterView> FetchView(const std::string& address) {
   if (!s.ok())
     return absl::UnavailableError(absl::StrCat("coordinator ", address, ": ", s.error_message()));
   return view;
-}
-
-absl::StatusOr<std::unique_ptr<PsClient>> Shards(const coord::ClusterView& view) {
-  PsClientOptions o;
-  for (const std::string& a : view.shard_addresses()) {
-    if (a.empty()) return absl::UnavailableError("a shard has not registered yet");
-    o.shard_addresses.push_back(a);
-  }
-  o.worker_id = -1;  // an operator, not a worker
-  o.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
-  return PsClient::Create(o);
 }
 
 // The mode switches: done ones in the order they completed, then pending ones by step.
@@ -128,50 +116,24 @@ int Status(const coord::ClusterView& view) {
                 worker ? absl::StrFormat("%.4f", m.loss()).c_str() : "-",
                 worker ? absl::StrFormat("%.0f", m.samples_per_sec()).c_str() : "-");
   }
-  auto shards = Shards(view);
-  std::string last = "none";
-  if (shards.ok()) {
-    auto checkpoints = (*shards)->CompleteSnapshots();
-    if (checkpoints.ok() && !checkpoints->empty())
-      last = absl::StrCat("step ", checkpoints->back().step());
-    if (!checkpoints.ok()) last = "unknown (" + checkpoints.status().ToString() + ")";
-  }
+  const std::string last = view.checkpoints().empty()
+                               ? "none"
+                               : absl::StrCat("step ", view.checkpoints().rbegin()->step());
   std::printf("last checkpoint: %s\n", last.c_str());
   PrintSwitches(view);
   return view.complete() ? kOk : kUnhealthy;
 }
 
+// The coordinator's manifest: the checkpoints complete on every shard, ascending.
 int Checkpoints(const coord::ClusterView& view) {
-  auto shards = Shards(view);
-  if (!shards.ok()) return Error(kUnreachable, shards.status().ToString());
-  auto checkpoints = (*shards)->CompleteSnapshots();
-  if (!checkpoints.ok()) return Error(kUnreachable, checkpoints.status().ToString());
-  std::printf("%10s %12s %10s\n", "STEP", "BYTES", "METRIC");
-  for (const auto& c : *checkpoints) {
-    std::printf("%10lld %12llu %10s\n", static_cast<long long>(c.step()),
-                static_cast<unsigned long long>(c.bytes()),
-                c.has_metric() ? absl::StrFormat("%.4f", c.metric()).c_str() : "-");
+  std::printf("%10s %10s %s\n", "STEP", "METRIC", "TAKEN");
+  for (const auto& c : view.checkpoints()) {
+    std::printf("%10lld %10s %s\n", static_cast<long long>(c.step()),
+                c.has_metric() ? absl::StrFormat("%.4f", c.metric()).c_str() : "-",
+                absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(c.unix_ms()),
+                                 absl::UTCTimeZone())
+                    .c_str());
   }
-  return kOk;
-}
-
-int Checkpoint(const coord::ClusterView& view) {
-  auto shards = Shards(view);
-  if (!shards.ok()) return Error(kUnreachable, shards.status().ToString());
-  auto furthest = (*shards)->FurthestAppliedStep();  // BSP tables are held there
-  if (!furthest.ok()) return Error(kUnreachable, furthest.status().ToString());
-  const int64_t step = *furthest;
-  absl::Status s = (*shards)->Snapshot(step);
-  if (!s.ok())
-    return Error(kUnhealthy, "snapshot of step " + absl::StrCat(step) + ": " + s.ToString());
-  auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
-  if (!done.ok()) return Error(kUnreachable, done.status().ToString());
-  for (const auto& d : *done) {
-    if (!d.last_error().empty())
-      return Error(kUnhealthy, "a shard failed to write: " + d.last_error());
-  }
-  std::printf("checkpoint of step %lld is complete on %d shard(s)\n", static_cast<long long>(step),
-              (*shards)->num_shards());
   return kOk;
 }
 
@@ -187,6 +149,18 @@ int ExitCodeOf(const grpc::Status& s) {
     default:
       return kUnhealthy;
   }
+}
+
+// Asks the coordinator (the only checkpoint initiator) for a checkpoint now.
+int Checkpoint(const std::string& address) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  coord::Checkpoint done;
+  grpc::Status s = Connect(address)->Checkpoint(&ctx, coord::CheckpointRequest(), &done);
+  if (!s.ok()) return Error(ExitCodeOf(s), "checkpoint: " + s.error_message());
+  std::printf("checkpoint of step %lld is complete on every shard\n",
+              static_cast<long long>(done.step()));
+  return kOk;
 }
 
 int SwitchMode(const std::string& address) {
@@ -236,9 +210,9 @@ int main(int argc, char** argv) {
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
   if (command == "switch-mode") return SwitchMode(address);
+  if (command == "checkpoint") return Checkpoint(address);
   auto view = FetchView(address);
   if (!view.ok()) return Error(kUnreachable, view.status().ToString());
   if (command == "status") return Status(*view);
-  if (command == "checkpoints") return Checkpoints(*view);
-  return Checkpoint(*view);
+  return Checkpoints(*view);
 }

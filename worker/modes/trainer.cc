@@ -153,13 +153,14 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
           "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
           "a coordinator --data_dir to survive a worker failure)");
     }
-    auto latest = client_->LatestCompleteSnapshot();
-    if (!latest.ok()) {
+    // The coordinator's manifest is the one list of complete checkpoints.
+    ASSIGN_OR_RETURN(const coord::ClusterView now, c->AwaitView(0, false, options_.rpc_timeout));
+    if (now.checkpoints().empty()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("no checkpoint to roll back to (", latest.status().message(),
-                       "); run with --snapshot_every_epochs or a coordinator --data_dir"));
+          "no checkpoint to roll back to: the coordinator lists none; run with "
+          "--snapshot_every_epochs or a coordinator --checkpoint_every_steps");
     }
-    back_to = *latest;
+    back_to = now.checkpoints().rbegin()->step();
     RETURN_IF_ERROR(client_->Restore(back_to));
     RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
   } else {
@@ -260,6 +261,22 @@ absl::Status Trainer::Publish(int64_t step) {
   return ImportState(client_.get(), state, step);
 }
 
+void Trainer::RequestCheckpoint(int64_t epoch, TrainSummary* summary) {
+  if (options_.rank != 0 || options_.coordinator == nullptr || client_ == nullptr ||
+      options_.snapshot_every_epochs <= 0 || epoch % options_.snapshot_every_epochs != 0) {
+    return;
+  }
+  // The coordinator chooses the step (here: this boundary, as the shards hold it for rank
+  // 0) and records it. A failure costs this checkpoint, not the training run.
+  auto taken = options_.coordinator->Checkpoint(std::nullopt, options_.rpc_timeout);
+  if (taken.ok()) {
+    summary->snapshots.push_back(taken->step());
+  } else {
+    std::printf("worker %d: checkpoint after epoch %lld skipped: %s\n", options_.rank,
+                static_cast<long long>(epoch), taken.status().ToString().c_str());
+  }
+}
+
 absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/false));
   ASSIGN_OR_RETURN(auto mlp, model::Mlp::Create(backend_.get(), options_.mlp, 1024));
@@ -311,17 +328,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     const int64_t epoch = (step + 1) / per_epoch_;
     const absl::Time t0 = absl::Now();
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
-    if (options_.rank == 0 && client_ != nullptr && options_.snapshot_every_epochs > 0 &&
-        epoch % options_.snapshot_every_epochs == 0) {
-      // Captured at step + 1 and written in the background. A failure (say, another
-      // snapshot still being written) costs this checkpoint, not the training run.
-      if (absl::Status s = client_->Snapshot(step + 1); s.ok()) {
-        summary.snapshots.push_back(step + 1);
-      } else {
-        std::printf("worker %d: snapshot of step %lld skipped: %s\n", options_.rank,
-                    static_cast<long long>(step + 1), s.ToString().c_str());
-      }
-    }
+    RequestCheckpoint(epoch, &summary);
     if (options_.evaluate && test_ != nullptr) {
       ASSIGN_OR_RETURN(summary.test_accuracy, Evaluate(step + 1));
       std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,

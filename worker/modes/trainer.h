@@ -59,8 +59,8 @@ struct TrainerOptions {
   absl::Duration progress_every = absl::Seconds(5);
   bool evaluate = true;  // test-set accuracy after each epoch
   absl::Duration rpc_timeout = absl::Minutes(2);
-  // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never);
-  // for clusters whose coordinator runs without --data_dir (no cluster checkpoints).
+  // Rank 0 asks the coordinator for a cluster checkpoint (the Checkpoint RPC) at the end of
+  // every this many epochs (0: never); for coordinators without --checkpoint_every_steps.
   int snapshot_every_epochs = 0;
   // With a coordinator (not owned): progress and metrics are reported to it, switches are
   // taken from it, and failures are survived (see above). Without one, a failure ends Run.
@@ -137,6 +137,8 @@ class Trainer {
   absl::Status MaybeSwitch(int64_t step, TrainSummary* summary);
   // The collective modes' checkpoint path: the state before `step` into the shards.
   absl::Status Publish(int64_t step);
+  // Rank 0, every --snapshot_every_epochs: a cluster checkpoint through the coordinator.
+  void RequestCheckpoint(int64_t epoch, TrainSummary* summary);
   absl::StatusOr<double> Evaluate(int64_t step);
   void ReportProgress(int64_t step, double loss, double rate);
 
