@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -82,7 +83,8 @@ class CoordinatorRestartTest : public ::testing::Test {
   std::optional<testing::Subprocess> coordinator_;
 };
 
-TEST_F(CoordinatorRestartTest, RunCompletesSwitchHappensAndCheckpointsSurviveASigkill) {
+TEST_F(CoordinatorRestartTest,
+       RunCompletesSwitchHappensAndCheckpointsSurviveASigkillAndPsctlCheckpointsWhileTraining) {
   const std::string address = StartCoordinator("0");
   const std::string port = address.substr(address.rfind(':') + 1);
   std::vector<testing::Subprocess> shards, workers;
@@ -117,6 +119,14 @@ TEST_F(CoordinatorRestartTest, RunCompletesSwitchHappensAndCheckpointsSurviveASi
   ASSERT_TRUE(coordinator_->Stop(SIGKILL, absl::Seconds(20)).ok());
   coordinator_.reset();
   ASSERT_EQ(StartCoordinator(port), address);
+  // An operator's checkpoint while the workers train goes through the coordinator too.
+  const std::string asked = Output(Psctl(address, {"checkpoint"}));
+  int64_t on_demand = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      asked.substr(asked.find("checkpoint of step ") + 19,
+                   asked.find(" is complete") - asked.find("checkpoint of step ") - 19),
+      &on_demand))
+      << asked;
   // The restarted coordinator reports the switch done only if it was still pending when
   // its predecessor died: the schedule survived, and the workers took it from the new one.
   EXPECT_TRUE(
@@ -136,13 +146,14 @@ TEST_F(CoordinatorRestartTest, RunCompletesSwitchHappensAndCheckpointsSurviveASi
     EXPECT_THAT(json, HasSubstr("\"final_mode\": \"allreduce\""));
     EXPECT_THAT(json, HasSubstr(absl::StrCat("\"steps\": ", kSteps)));
   }
-  bool listed = false;
+  std::set<std::string> listed;
   for (absl::string_view row :
        absl::StrSplit(Output(Psctl(address, {"checkpoints"})), '\n', absl::SkipEmpty())) {
     std::vector<absl::string_view> cells = absl::StrSplit(row, ' ', absl::SkipEmpty());
-    if (!cells.empty() && cells[0] == absl::StrCat(kept)) listed = true;
+    if (!cells.empty()) listed.insert(std::string(cells[0]));
   }
-  EXPECT_TRUE(listed) << "the checkpoint of step " << kept << " was forgotten";
+  EXPECT_EQ(listed.count(absl::StrCat(kept)), 1) << "the checkpoint before the kill was forgotten";
+  EXPECT_EQ(listed.count(absl::StrCat(on_demand)), 1) << "psctl checkpoint's is not listed";
   const std::string status = Output(Psctl(address, {"status"}));
   EXPECT_THAT(status, HasSubstr("mode allreduce")) << status;
   for (auto& s : shards) s.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
