@@ -21,9 +21,9 @@ std::string ManifestPath(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Membership* membership,
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(ClusterState* cluster,
                                                                    CheckpointerOptions options) {
-  std::unique_ptr<Checkpointer> c(new Checkpointer(membership, std::move(options)));
+  std::unique_ptr<Checkpointer> c(new Checkpointer(cluster, std::move(options)));
   if (c->options_.data_dir.empty()) return c;
   std::error_code ec;
   fs::create_directories(c->options_.data_dir, ec);
@@ -40,13 +40,13 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Membership* m
                                               " is unreadable; move it away to start afresh"));
     }
     c->checkpoints_.assign(manifest.checkpoints().begin(), manifest.checkpoints().end());
-    membership->SetCheckpoints(c->checkpoints_);
+    cluster->SetCheckpoints(c->checkpoints_);
   }
   return c;
 }
 
-Checkpointer::Checkpointer(Membership* membership, CheckpointerOptions options)
-    : membership_(membership), options_(std::move(options)) {}
+Checkpointer::Checkpointer(ClusterState* cluster, CheckpointerOptions options)
+    : cluster_(cluster), options_(std::move(options)) {}
 
 bool Checkpointer::Better(double a, double b) const {
   return options_.higher_metric_is_better ? a > b : a < b;
@@ -59,7 +59,7 @@ std::vector<Checkpoint> Checkpointer::checkpoints() const {
 
 absl::Status Checkpointer::MaybeCheckpoint() {
   absl::MutexLock lock(&mu_);
-  const ClusterView view = membership_->View();
+  const ClusterView view = cluster_->View();
   if (!view.complete()) return absl::OkStatus();
   const int64_t last = checkpoints_.empty() ? 0 : checkpoints_.back().step();
   std::optional<double> metric;
@@ -84,7 +84,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
 }
 
 absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> metric) {
-  const ClusterView view = membership_->View();
+  const ClusterView view = cluster_->View();
   if (!view.complete()) {
     return absl::FailedPreconditionError(
         "the cluster is incomplete (psctl status names who is missing); no checkpoint taken");
@@ -136,7 +136,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   checkpoints_.push_back(c);
   ApplyRetention();
   if (absl::Status w = WriteManifest(); !w.ok()) return w;
-  membership_->SetCheckpoints(checkpoints_);
+  cluster_->SetCheckpoints(checkpoints_);
   std::printf("ps_coordinator: checkpoint of step %lld complete on %d shard(s)%s\n",
               static_cast<long long>(step), (*shards)->num_shards(),
               metric ? absl::StrCat(", metric ", *metric).c_str() : "");

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.pb.h"
-#include "server/coordinator/membership.h"
+#include "server/coordinator/cluster_state.h"
 
 namespace pscluster::coord {
 
@@ -35,7 +35,7 @@ struct CheckpointerOptions {
 class Checkpointer {
  public:
   // Loads the manifest when one exists (and lists its checkpoints in the view).
-  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(Membership* membership,
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(ClusterState* cluster,
                                                               CheckpointerOptions options);
 
   // Checkpoints if one is due and the cluster is complete; OK when nothing was due.
@@ -47,14 +47,14 @@ class Checkpointer {
   std::vector<Checkpoint> checkpoints() const;
 
  private:
-  Checkpointer(Membership* membership, CheckpointerOptions options);
+  Checkpointer(ClusterState* cluster, CheckpointerOptions options);
   absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteManifest() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool Better(double a, double b) const;
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Membership* const membership_;
+  ClusterState* const cluster_;
   const CheckpointerOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);

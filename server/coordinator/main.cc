@@ -1,4 +1,4 @@
-// ps_coordinator: membership, the versioned cluster view and the rendezvous store.
+// ps_coordinator: cluster, the versioned cluster view and the rendezvous store.
 //
 //   ps_coordinator --port=7000 --num_shards=2 --num_workers=2 [--mode=ps]
 //
@@ -96,9 +96,9 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
 
 std::string StatePath(const std::string& dir) { return dir + "/state.pb"; }
 
-// Membership options from the flags, or a message saying which flag is wrong.
-absl::StatusOr<pscluster::coord::MembershipOptions> MembershipFromFlags() {
-  pscluster::coord::MembershipOptions options;
+// ClusterState options from the flags, or a message saying which flag is wrong.
+absl::StatusOr<pscluster::coord::ClusterStateOptions> MembershipFromFlags() {
+  pscluster::coord::ClusterStateOptions options;
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
@@ -128,7 +128,7 @@ absl::StatusOr<pscluster::coord::MembershipOptions> MembershipFromFlags() {
 }
 
 // With --data_dir: continues from the state a previous run of this coordinator saved.
-absl::Status RestoreState(pscluster::coord::Membership* membership) {
+absl::Status RestoreState(pscluster::coord::ClusterState* cluster) {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
   if (dir.empty()) return absl::OkStatus();
   std::error_code ec;
@@ -139,10 +139,10 @@ absl::Status RestoreState(pscluster::coord::Membership* membership) {
   if (!state.ParseFromIstream(&in)) {
     return absl::DataLossError(StatePath(dir) + " is unreadable; move it away to start afresh");
   }
-  if (absl::Status s = membership->Restore(state); !s.ok()) {
+  if (absl::Status s = cluster->Restore(state); !s.ok()) {
     return absl::DataLossError(absl::StrCat(StatePath(dir), ": ", s.message()));
   }
-  const pscluster::coord::ClusterView v = membership->View();
+  const pscluster::coord::ClusterView v = cluster->View();
   std::printf("ps_coordinator: restored view %lld: %d member(s), %d switch(es) done, %d pending\n",
               static_cast<long long>(v.version()), v.members_size(), v.switches_size(),
               v.pending_switches_size());
@@ -151,13 +151,13 @@ absl::Status RestoreState(pscluster::coord::Membership* membership) {
 }
 
 absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFromFlags(
-    pscluster::coord::Membership* membership) {
+    pscluster::coord::ClusterState* cluster) {
   pscluster::coord::CheckpointerOptions co;
   co.data_dir = absl::GetFlag(FLAGS_data_dir);
   co.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   co.higher_metric_is_better = absl::GetFlag(FLAGS_metric) != "min";
   co.keep_last = std::max(1, absl::GetFlag(FLAGS_keep_checkpoints));
-  auto checkpointer = pscluster::coord::Checkpointer::Create(membership, co);
+  auto checkpointer = pscluster::coord::Checkpointer::Create(cluster, co);
   if (!checkpointer.ok()) return checkpointer.status();
   if (const auto listed = (*checkpointer)->checkpoints(); !listed.empty()) {
     std::printf("ps_coordinator: manifest lists %zu checkpoint(s), the last of step %lld\n",
@@ -169,7 +169,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
 
 // Until `stop`: the coordinator's own checkpoints (with --data_dir) on one thread, since one
 // may take a while to write, and liveness on another, reporting every change of the view.
-void RunBackground(pscluster::coord::Membership* membership,
+void RunBackground(pscluster::coord::ClusterState* cluster,
                    pscluster::coord::Checkpointer* checkpointer, absl::Duration liveness_every,
                    absl::Notification* stop) {
   const bool automatic = !absl::GetFlag(FLAGS_data_dir).empty();
@@ -179,10 +179,10 @@ void RunBackground(pscluster::coord::Membership* membership,
       if (!s.ok()) std::fprintf(stderr, "ps_coordinator: checkpoint: %s\n", s.ToString().c_str());
     }
   });
-  pscluster::coord::ClusterView last = membership->View();
+  pscluster::coord::ClusterView last = cluster->View();
   while (!stop->WaitForNotificationWithTimeout(liveness_every)) {
-    membership->CheckLiveness();
-    pscluster::coord::ClusterView now = membership->View();
+    cluster->CheckLiveness();
+    pscluster::coord::ClusterView now = cluster->View();
     if (now.version() != last.version()) PrintChanges(last, now);
     last = now;
   }
@@ -194,16 +194,16 @@ void RunBackground(pscluster::coord::Membership* membership,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ps_coordinator --port=P --num_shards=N --num_workers=M");
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<pscluster::coord::MembershipOptions> options = MembershipFromFlags();
+  absl::StatusOr<pscluster::coord::ClusterStateOptions> options = MembershipFromFlags();
   if (!options.ok()) return Fail(std::string(options.status().message()));
   pscluster::BlockTerminationSignals();  // before any thread starts
 
-  pscluster::coord::Membership membership(*options);
-  if (absl::Status s = RestoreState(&membership); !s.ok()) return Fail(s.ToString());
+  pscluster::coord::ClusterState cluster(*options);
+  if (absl::Status s = RestoreState(&cluster); !s.ok()) return Fail(s.ToString());
   pscluster::coord::KvStore kv;
-  auto checkpointer = CheckpointerFromFlags(&membership);
+  auto checkpointer = CheckpointerFromFlags(&cluster);
   if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());
-  pscluster::coord::CoordinatorService service(&membership, &kv, absl::Minutes(10),
+  pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
                                                checkpointer->get());
   grpc::ServerBuilder builder;
   int port = 0;
@@ -220,9 +220,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   absl::Notification stop;
-  std::thread background([&] {
-    RunBackground(&membership, checkpointer->get(), options->heartbeat_timeout / 4, &stop);
-  });
+  std::thread background(
+      [&] { RunBackground(&cluster, checkpointer->get(), options->heartbeat_timeout / 4, &stop); });
   pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", nullptr);
   stop.Notify();
   background.join();

@@ -2,8 +2,8 @@
 // workers have finished each, and the mode in effect. Workers poll before every step with
 // the step they are about to run; the highest such step (max_polled) bounds where a new
 // switch may go, so no worker can have passed it. A switch is done when every worker rank
-// has reported it. Independent of gRPC and of membership (its owner checks who calls).
-// Not thread-safe: the owner (Membership) guards it with its own mutex.
+// has reported it. Independent of gRPC and of cluster (its owner checks who calls).
+// Not thread-safe: the owner (ClusterState) guards it with its own mutex.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// gRPC front of the coordinator's Membership, KvStore and Checkpointer (synchronous API:
+// gRPC front of the coordinator's ClusterState, KvStore and Checkpointer (synchronous API:
 // blocking reads and checkpoints wait on the handler thread, bounded by the RPC deadline).
 #pragma once
 
@@ -6,8 +6,8 @@
 #include "common/graceful_shutdown.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "server/coordinator/checkpointer.h"
+#include "server/coordinator/cluster_state.h"
 #include "server/coordinator/kv_store.h"
-#include "server/coordinator/membership.h"
 
 namespace pscluster::coord {
 
@@ -15,7 +15,7 @@ class CoordinatorService final : public Coordinator::Service {
  public:
   // Longest a blocking read waits when the caller set no shorter deadline. `checkpointer`
   // null: the Checkpoint RPC answers FAILED_PRECONDITION.
-  CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait,
+  CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
                      Checkpointer* checkpointer = nullptr);
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
@@ -40,7 +40,7 @@ class CoordinatorService final : public Coordinator::Service {
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
 
-  Membership* const membership_;
+  ClusterState* const cluster_;
   KvStore* const kv_;
   const absl::Duration max_wait_;
   Checkpointer* const checkpointer_;

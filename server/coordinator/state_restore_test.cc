@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "gtest/gtest.h"
-#include "server/coordinator/membership.h"
+#include "server/coordinator/cluster_state.h"
 
 namespace pscluster::coord {
 namespace {
@@ -22,11 +22,11 @@ RegisterRequest Registration(Role role, int32_t id, const std::string& address) 
 
 TEST(StateRestoreTest, ARestartedCoordinatorKeepsMembersIncarnationsAndTheSwitchSchedule) {
   std::optional<CoordinatorState> saved;
-  MembershipOptions o;
+  ClusterStateOptions o;
   o.num_shards = 1;
   o.num_workers = 1;
   o.on_change = [&](const CoordinatorState& s) { saved = s; };
-  Membership before(o, [] { return kStart; });
+  ClusterState before(o, [] { return kStart; });
   ASSERT_TRUE(before.Register(Registration(SHARD, 0, "127.0.0.1:5000")).ok());
   ASSERT_TRUE(before.Register(Registration(WORKER, 0, "pid:1")).ok());
   auto again = before.Register(Registration(WORKER, 0, "pid:1"));  // a restarted worker
@@ -44,7 +44,7 @@ TEST(StateRestoreTest, ARestartedCoordinatorKeepsMembersIncarnationsAndTheSwitch
   const ClusterView old_view = before.View();
 
   o.on_change = nullptr;
-  Membership after(o, [] { return kStart + absl::Seconds(30); });
+  ClusterState after(o, [] { return kStart + absl::Seconds(30); });
   ASSERT_TRUE(after.Restore(*saved).ok());
   const ClusterView v = after.View();
   EXPECT_GT(v.version(), old_view.version());
@@ -73,9 +73,9 @@ TEST(StateRestoreTest, MembersOutsideARestartedCoordinatorsRangesAreDropped) {
   m->set_id(3);
   m->set_address("127.0.0.1:5003");
   m->set_incarnation(1);
-  Membership membership(MembershipOptions{}, [] { return kStart; });
-  ASSERT_TRUE(membership.Restore(state).ok());
-  EXPECT_EQ(membership.View().members_size(), 0);
+  ClusterState cluster(ClusterStateOptions{}, [] { return kStart; });
+  ASSERT_TRUE(cluster.Restore(state).ok());
+  EXPECT_EQ(cluster.View().members_size(), 0);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 
 namespace pscluster::coord {
 
-struct MembershipOptions {
+struct ClusterStateOptions {
   int num_shards = 1;                                   // expected shards: ids [0, num_shards)
   int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
@@ -29,10 +29,10 @@ struct MembershipOptions {
   std::function<void(const CoordinatorState&)> on_change;
 };
 
-class Membership {
+class ClusterState {
  public:
-  explicit Membership(
-      MembershipOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
+  explicit ClusterState(
+      ClusterStateOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
 
   // INVALID_ARGUMENT for an id outside the expected range or a shard without an address;
   // ALREADY_EXISTS when a live member holds the id at another address (a duplicate rank).
@@ -82,7 +82,7 @@ class Membership {
   ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const MembershipOptions options_;
+  const ClusterStateOptions options_;
   const std::function<absl::Time()> now_;
   mutable absl::Mutex mu_;
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
