@@ -97,8 +97,8 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   if (!shards.ok()) return shards.status();
   ps::SnapshotRequest request;
   if (metric) {
-    request.set_has_metric(true);  // shards keep the lowest: send higher-is-better negated
-    request.set_metric(options_.higher_metric_is_better ? -*metric : *metric);
+    request.set_has_metric(true);
+    request.set_metric(*metric);
   }
   // Snapshot the step the tables have reached. While training runs, BSP tables may pass it
   // before the request lands, and then some shards capture and others refuse: wait for
@@ -114,6 +114,9 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     step = *furthest;
     step += attempt == 0 ? 0 : 1;
     if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
+    // Our retention, decided before the shards write: they keep exactly what we will list.
+    request.clear_keep_steps();
+    for (const Checkpoint& c : Retained(step, metric)) request.add_keep_steps(c.step());
     s = (*shards)->Snapshot(step, request);
     if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) break;
   }
@@ -128,13 +131,9 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
           "): ", d.last_error().empty() ? "not written" : d.last_error()));
     }
   }
-  Checkpoint c;
-  c.set_step(step);
-  c.set_has_metric(metric.has_value());
-  c.set_metric(metric.value_or(0));
+  checkpoints_ = Retained(step, metric);
+  Checkpoint& c = checkpoints_.back();  // the new one: retention always keeps the newest
   c.set_unix_ms(absl::ToUnixMillis(absl::Now()));
-  checkpoints_.push_back(c);
-  ApplyRetention();
   if (absl::Status w = WriteManifest(); !w.ok()) return w;
   cluster_->SetCheckpoints(checkpoints_);
   std::printf("ps_coordinator: checkpoint of step %lld complete on %d shard(s)%s\n",
@@ -144,19 +143,22 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   return c;
 }
 
-void Checkpointer::ApplyRetention() {
+std::vector<Checkpoint> Checkpointer::Retained(int64_t step, std::optional<double> metric) const {
+  std::vector<Checkpoint> all = checkpoints_;
+  Checkpoint& added = all.emplace_back();
+  added.set_step(step);
+  added.set_has_metric(metric.has_value());
+  added.set_metric(metric.value_or(0));
   const Checkpoint* best = nullptr;
-  for (const Checkpoint& c : checkpoints_) {
+  for (const Checkpoint& c : all) {
     if (c.has_metric() && (best == nullptr || !Better(best->metric(), c.metric()))) best = &c;
   }
   const int64_t best_step = best ? best->step() : -1;
   std::vector<Checkpoint> kept;
-  for (size_t i = 0; i < checkpoints_.size(); ++i) {
-    if (i + options_.keep_last >= checkpoints_.size() || checkpoints_[i].step() == best_step) {
-      kept.push_back(checkpoints_[i]);
-    }
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i + options_.keep_last >= all.size() || all[i].step() == best_step) kept.push_back(all[i]);
   }
-  checkpoints_ = std::move(kept);
+  return kept;
 }
 
 absl::Status Checkpointer::WriteManifest() const {

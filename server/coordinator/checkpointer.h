@@ -52,7 +52,10 @@ class Checkpointer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteManifest() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool Better(double a, double b) const;
-  void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one retention policy: the checkpoints kept once one of `step` is added (the last
+  // keep_last plus the best by metric), ascending; the shards are told to keep the same.
+  std::vector<Checkpoint> Retained(int64_t step, std::optional<double> metric) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   ClusterState* const cluster_;
   const CheckpointerOptions options_;

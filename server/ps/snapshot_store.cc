@@ -272,6 +272,18 @@ absl::StatusOr<std::vector<int64_t>> SnapshotStore::ApplyRetention(int keep_last
   return deleted;
 }
 
+absl::StatusOr<std::vector<int64_t>> SnapshotStore::RetainOnly(const std::vector<int64_t>& keep) {
+  auto list = List();
+  if (!list.ok()) return list.status();
+  std::vector<int64_t> deleted;
+  for (const SnapshotManifest& m : *list) {
+    if (std::find(keep.begin(), keep.end(), m.step()) != keep.end()) continue;
+    if (absl::Status s = Delete(m.step()); !s.ok()) return s;
+    deleted.push_back(m.step());
+  }
+  return deleted;
+}
+
 absl::Status SnapshotStore::Read(int64_t step, Visitor* visitor) const {
   std::string raw;
   rocksdb::Status rs = db_->Get(rocksdb::ReadOptions(), ManifestKey(step), &raw);
