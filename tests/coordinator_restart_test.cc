@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/coordinator/coordinator_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
@@ -158,6 +160,45 @@ TEST_F(CoordinatorRestartTest,
   EXPECT_THAT(status, HasSubstr("mode allreduce")) << status;
   for (auto& s : shards) s.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
   coordinator_->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+}
+
+// A coordinator restarted without its state (here: a fresh data dir) does not know the
+// members: their heartbeats are answered NOT_FOUND and they register again by themselves.
+TEST_F(CoordinatorRestartTest, MembersRegisterAgainWithACoordinatorThatLostThem) {
+  const std::string address = StartCoordinator("0");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  std::vector<std::unique_ptr<CoordinatorClient>> members;
+  for (int s = 0; s < 2; ++s) {
+    CoordinatorClientOptions o;
+    o.coordinator = address;
+    o.role = coord::SHARD;
+    o.id = s;
+    o.address = absl::StrCat("127.0.0.1:", 6000 + s);  // only announced, never dialled
+    auto c = CoordinatorClient::Register(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    members.push_back(*std::move(c));
+  }
+  for (int r = 0; r < 2; ++r) {
+    CoordinatorClientOptions o;
+    o.coordinator = address;
+    o.role = coord::WORKER;
+    o.id = r;
+    o.address = absl::StrCat("pid:", r);
+    auto c = CoordinatorClient::Register(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    members.push_back(*std::move(c));
+  }
+  ASSERT_TRUE(coordinator_->Stop(SIGKILL, absl::Seconds(20)).ok());
+  coordinator_.reset();
+  std::filesystem::remove_all(dir_ + "/coordinator");  // its state is gone
+  ASSERT_EQ(StartCoordinator(port), address);
+  // Blocks (retrying while the port is closed) until all four registered again.
+  auto view = members[2]->AwaitView(0, /*complete=*/true, absl::Seconds(60));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->members_size(), 4);
+  EXPECT_EQ(view->shard_addresses(1), "127.0.0.1:6001");
+  EXPECT_TRUE(members[3]->ReportProgress(view->version(), 5, 1.0, 0).ok())
+      << "a worker's calls use its new incarnation";
 }
 
 }  // namespace
