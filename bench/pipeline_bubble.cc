@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
         modes::TrainerOptions o;
-        o.mode = modes::Mode::kPipeline;
+        o.mode = coord::PIPELINE;
         o.rank = r;
         o.world = world;
         o.batch_size = 64;

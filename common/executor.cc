@@ -1,25 +1,20 @@
 #include "common/executor.h"
 
-#include <atomic>
+#include <algorithm>
 
 namespace pscluster {
 
 struct Executor::Batch {
-  Batch(int n, const std::function<absl::Status(int)>& fn) : n(n), fn(fn), results(n) {}
+  Batch(int n, const std::function<absl::Status(int)>& fn) : fn(fn), results(n) {}
 
-  // Takes and runs items until none is left.
-  void Drain() {
-    for (int i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      results[i] = fn(i);
-      absl::MutexLock lock(&mu);
-      ++done;
-    }
+  void Run(int i) {
+    results[i] = fn(i);
+    absl::MutexLock lock(&mu);
+    ++done;
   }
 
-  const int n;
   const std::function<absl::Status(int)>& fn;  // lives in ParallelFor's caller
   std::vector<absl::Status> results;
-  std::atomic<int> next{0};
   absl::Mutex mu;
   int done ABSL_GUARDED_BY(mu) = 0;
 };
@@ -38,7 +33,7 @@ Executor::~Executor() {
 
 void Executor::Loop() {
   while (true) {
-    std::shared_ptr<Batch> batch;
+    Item item;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -46,10 +41,10 @@ void Executor::Loop() {
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return e->stopping_ || !e->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping
-      batch = std::move(queue_.back());
-      queue_.pop_back();
+      item = std::move(queue_.front());
+      queue_.pop_front();
     }
-    batch->Drain();
+    item.batch->Run(item.index);
   }
 }
 
@@ -58,14 +53,33 @@ absl::Status Executor::ParallelFor(int n, const std::function<absl::Status(int)>
   auto batch = std::make_shared<Batch>(n, fn);
   if (n > 1 && !threads_.empty()) {
     absl::MutexLock lock(&mu_);
-    const int helpers = std::min<int>(n - 1, threads_.size());
-    for (int i = 0; i < helpers; ++i) queue_.push_back(batch);
+    for (int i = 1; i < n; ++i) queue_.push_back({batch, i});
   }
-  batch->Drain();
+  batch->Run(0);
+  // Items no pool thread has taken yet run here: a pool busy with outer items (a nested
+  // ParallelFor) only runs this one with fewer helpers, never deadlocks it.
+  std::vector<int> mine;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->batch == batch) {
+        mine.push_back(it->index);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (threads_.empty()) {
+    for (int i = 1; i < n; ++i) mine.push_back(i);
+  }
+  for (int i : mine) batch->Run(i);
   {
     absl::MutexLock lock(&batch->mu);
     batch->mu.Await(absl::Condition(
-        +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu) { return b->done == b->n; },
+        +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu) {
+          return b->done == static_cast<int>(b->results.size());
+        },
         batch.get()));
   }
   for (const absl::Status& s : batch->results) {

@@ -1,12 +1,14 @@
 // A fixed pool of threads for fan-out (one blocking call per shard, one per tensor)
-// without starting threads per call. ParallelFor is safe to nest: the calling thread
-// runs the items no pool thread has taken, so a pool busy with outer items never
-// deadlocks an inner fan-out; it only runs it with fewer helpers.
+// without starting threads per call. The caller runs the first item while the pool takes
+// the others; items still queued when it is done it runs itself. So ParallelFor is safe
+// to nest: a pool busy with outer items never deadlocks an inner fan-out, it only runs it
+// with fewer helpers.
 //
 // Thread-safe. The destructor waits for the pool threads (every ParallelFor must have
 // returned).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -31,10 +33,14 @@ class Executor {
 
  private:
   struct Batch;
+  struct Item {
+    std::shared_ptr<Batch> batch;
+    int index = 0;
+  };
   void Loop();
 
   absl::Mutex mu_;
-  std::vector<std::shared_ptr<Batch>> queue_ ABSL_GUARDED_BY(mu_);  // helper tickets
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);  // items no thread has taken yet
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

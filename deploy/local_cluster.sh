@@ -98,9 +98,14 @@ address_of() {  # name index
 
 start=$(date +%s)
 # Cluster checkpoints: every epoch's worth of steps and whenever the test accuracy improves.
-"$bin/server/coordinator/ps_coordinator" --port=0 --num_shards="$shards" --num_workers="$workers" --mode="$mode" \
-  --data_dir="$out/coordinator" --checkpoint_every_steps=$((60000 / (workers * batch_size))) \
-  >"$out/coordinator.log" 2>&1 &
+# Its state (members, switch schedule, manifest) lives in --data_dir: a restart on the same
+# port continues where it stopped.
+start_coordinator() {  # port
+  "$bin/server/coordinator/ps_coordinator" --port="$1" --num_shards="$shards" --num_workers="$workers" \
+    --mode="$mode" --data_dir="$out/coordinator" --checkpoint_every_steps=$((60000 / (workers * batch_size))) \
+    >>"$out/coordinator.log" 2>&1 &
+}
+start_coordinator 0
 pids+=($!) names+=("coordinator")
 coordinator=$(address_of coordinator 0)
 echo "== coordinator: $coordinator"
@@ -149,6 +154,14 @@ while ((remaining > 0)); do
       "$bin/server/ps/ps_server" --port=0 --shard_id="$s" --num_shards="$shards" \
         --coordinator="$coordinator" --data_dir="$out/checkpoints" --restore=latest \
         >>"$out/${names[$i]}.log" 2>&1 &
+      pids[$i]=$!
+      continue
+    fi
+    if [[ ${names[$i]} == coordinator ]] && ((restarts < 3)); then
+      # The members keep retrying; the coordinator comes back on its port with its state.
+      restarts=$((restarts + 1))
+      echo "== coordinator died (exit status $status); restarting it on ${coordinator##*:}"
+      start_coordinator "${coordinator##*:}"
       pids[$i]=$!
       continue
     fi

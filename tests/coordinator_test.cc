@@ -166,7 +166,7 @@ TEST_F(CoordinatorTest, WorkerFindsTheShardsThroughTheCompleteView) {
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_TRUE(view->complete());
   EXPECT_THAT(view->shard_addresses(), ::testing::ElementsAreArray(shard_addresses_));
-  EXPECT_EQ(view->mode(), "ps");
+  EXPECT_EQ(view->mode(), coord::PS);
   std::string line;
   EXPECT_EQ(Psctl("status", &line), 0);
   EXPECT_THAT(line, HasSubstr("complete"));
@@ -311,37 +311,37 @@ TEST_F(ModeSwitchTest, PsctlSwitchIsPolledReportedByEveryWorkerAndRecordedInTheV
     EXPECT_TRUE(p.pending);
     EXPECT_EQ(p.switch_id, 1);
     EXPECT_EQ(p.at_step, 13);
-    EXPECT_EQ(p.mode, "fsdp");
+    EXPECT_EQ(p.mode, coord::FSDP);
   }
   coord::ClusterView before = GetView(stub_.get());
-  EXPECT_EQ(before.mode(), "ps");
+  EXPECT_EQ(before.mode(), coord::PS);
   ASSERT_EQ(before.pending_switches_size(), 1);
   EXPECT_EQ(before.pending_switches(0).at_step(), 13);
 
   PendingSwitch sw = MustPoll(0, 13);
-  auto done = workers_[0]->ReportSwitch(sw, "ps", 0.25);
+  auto done = workers_[0]->ReportSwitch(sw, coord::PS, 0.25);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_FALSE(*done) << "rank 1 has not reported yet";
   coord::ClusterView half = GetView(stub_.get());
-  EXPECT_EQ(half.mode(), "ps");
+  EXPECT_EQ(half.mode(), coord::PS);
   EXPECT_THAT(half.pending_switches(0).acked_ranks(), ElementsAre(0));
 
   absl::StatusOr<coord::ClusterView> woken;
   std::thread reader([&] {  // a blocking reader wakes when the switch is done
     woken = workers_[1]->AwaitView(half.version() + 1, false, absl::Seconds(60));
   });
-  done = workers_[1]->ReportSwitch(MustPoll(1, 13), "ps", 0.75);
+  done = workers_[1]->ReportSwitch(MustPoll(1, 13), coord::PS, 0.75);
   reader.join();
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_TRUE(*done);
   ASSERT_TRUE(woken.ok()) << woken.status();
-  EXPECT_EQ(woken->mode(), "fsdp");
+  EXPECT_EQ(woken->mode(), coord::FSDP);
   ASSERT_EQ(woken->switches_size(), 1);
   const coord::SwitchRecord& r = woken->switches(0);
   EXPECT_EQ(r.switch_id(), 1);
   EXPECT_EQ(r.at_step(), 13);
-  EXPECT_EQ(r.from_mode(), "ps");
-  EXPECT_EQ(r.to_mode(), "fsdp");
+  EXPECT_EQ(r.from_mode(), coord::PS);
+  EXPECT_EQ(r.to_mode(), coord::FSDP);
   EXPECT_DOUBLE_EQ(r.handoff_seconds(), 0.75);
   EXPECT_GT(r.unix_ms(), 0);
   EXPECT_EQ(woken->pending_switches_size(), 0);
@@ -361,7 +361,7 @@ TEST_F(ModeSwitchTest, PsctlSwitchIsPolledReportedByEveryWorkerAndRecordedInTheV
 
 TEST_F(ModeSwitchTest, ExplicitStepsAreKeptInOrderAndTheModeInEffectIsANoOp) {
   MustPoll(0, 20);
-  auto late = workers_[0]->SwitchMode("pipeline", 100);
+  auto late = workers_[0]->SwitchMode(coord::PIPELINE, 100);
   ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_EQ(late->switch_id, 1);
   EXPECT_EQ(late->at_step, 100);
@@ -377,7 +377,7 @@ TEST_F(ModeSwitchTest, ExplicitStepsAreKeptInOrderAndTheModeInEffectIsANoOp) {
   EXPECT_EQ(v.pending_switches(0).at_step(), 50);
   EXPECT_EQ(v.pending_switches(1).at_step(), 100);
 
-  auto noop = workers_[0]->SwitchMode("allreduce", 60);  // allreduce from 50 on
+  auto noop = workers_[0]->SwitchMode(coord::ALLREDUCE, 60);  // allreduce from 50 on
   ASSERT_TRUE(noop.ok()) << noop.status();
   EXPECT_TRUE(noop->no_op);
   EXPECT_EQ(noop->switch_id, 2);
@@ -390,7 +390,7 @@ TEST_F(ModeSwitchTest, ExplicitStepsAreKeptInOrderAndTheModeInEffectIsANoOp) {
 
 TEST_F(ModeSwitchTest, RefusedSwitchesGetTheirCodesMessagesAndPsctlExitCodes) {
   MustPoll(0, 57);
-  auto passed = workers_[0]->SwitchMode("fsdp", 40);
+  auto passed = workers_[0]->SwitchMode(coord::FSDP, 40);
   EXPECT_EQ(passed.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(passed.status().message()),
               HasSubstr("step 40 already passed: workers are at step 57; use a later step or 0 "
@@ -398,25 +398,25 @@ TEST_F(ModeSwitchTest, RefusedSwitchesGetTheirCodesMessagesAndPsctlExitCodes) {
   std::vector<std::string> out;
   EXPECT_EQ(Psctl({"switch-mode", "--mode=fsdp", "--at_step=40"}, &out), 1);
 
-  auto unknown = workers_[0]->SwitchMode("zero3", 0);
+  auto unknown = workers_[0]->SwitchMode(static_cast<coord::TrainingMode>(17), 0);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(unknown.status().message()),
-              HasSubstr("use one of ps, allreduce, fsdp, pipeline"));
+              HasSubstr("use one of ps, allreduce, fsdp or pipeline"));
   EXPECT_EQ(Psctl({"switch-mode", "--mode=zero3"}, &out), 2);
-  EXPECT_EQ(workers_[0]->SwitchMode("fsdp", -1).status().code(),
+  EXPECT_EQ(workers_[0]->SwitchMode(coord::FSDP, -1).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Psctl({"switch-mode", "--mode=fsdp", "--at_step=-1"}, &out), 2);
   EXPECT_EQ(Psctl({"switch-mode"}, &out), 2) << "--mode is required";
 
-  ASSERT_TRUE(workers_[0]->SwitchMode("fsdp", 100).ok());
-  auto twice = workers_[1]->SwitchMode("pipeline", 100);
+  ASSERT_TRUE(workers_[0]->SwitchMode(coord::FSDP, 100).ok());
+  auto twice = workers_[1]->SwitchMode(coord::PIPELINE, 100);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(twice.status().message()), HasSubstr("switch 1 to fsdp"));
   EXPECT_EQ(Psctl({"switch-mode", "--mode=pipeline", "--at_step=100"}, &out), 1);
   EXPECT_TRUE(out.empty()) << "refusals print nothing on stdout";
 
-  PendingSwitch bogus{true, 99, 100, "fsdp"};
-  EXPECT_EQ(workers_[0]->ReportSwitch(bogus, "ps", 0.1).status().code(),
+  PendingSwitch bogus{true, 99, 100, coord::FSDP};
+  EXPECT_EQ(workers_[0]->ReportSwitch(bogus, coord::PS, 0.1).status().code(),
             absl::StatusCode::kNotFound);
 
   // A replaced incarnation: the same error ReportProgress gives it.
@@ -433,8 +433,8 @@ TEST_F(ModeSwitchTest, RefusedSwitchesGetTheirCodesMessagesAndPsctlExitCodes) {
   report.set_incarnation(7);
   report.set_switch_id(1);
   report.set_at_step(100);
-  report.set_from_mode("ps");
-  report.set_to_mode("fsdp");
+  report.set_from_mode(coord::PS);
+  report.set_to_mode(coord::FSDP);
   coord::ReportSwitchResponse report_resp;
   grpc::Status s = Call(stub_.get(), &coord::Coordinator::Stub::ReportSwitch, report, &report_resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
@@ -458,9 +458,9 @@ TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {
   ASSERT_FALSE(no_shards.empty());
   auto stub = coord::Coordinator::NewStub(
       grpc::CreateChannel(no_shards, grpc::InsecureChannelCredentials()));
-  EXPECT_EQ(GetView(stub.get()).mode(), "allreduce") << "the default without shards";
+  EXPECT_EQ(GetView(stub.get()).mode(), coord::ALLREDUCE) << "the default without shards";
   coord::SwitchModeRequest to_ps;
-  to_ps.set_mode("ps");
+  to_ps.set_mode(coord::PS);
   coord::SwitchModeResponse resp;
   grpc::Status s = Call(stub.get(), &coord::Coordinator::Stub::SwitchMode, to_ps, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -473,7 +473,7 @@ TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {
   ASSERT_FALSE(fsdp.empty());
   auto fsdp_stub =
       coord::Coordinator::NewStub(grpc::CreateChannel(fsdp, grpc::InsecureChannelCredentials()));
-  EXPECT_EQ(GetView(fsdp_stub.get()).mode(), "fsdp");
+  EXPECT_EQ(GetView(fsdp_stub.get()).mode(), coord::FSDP);
 
   for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
            {"--num_shards=0", "--mode=ps"}, {"--num_shards=1", "--mode=horovod"}}) {

@@ -34,7 +34,7 @@ class ModesSwitchTest : public PsClusterTest {
 };
 
 TEST_F(ModesSwitchTest, PsModeMatchesTheSingleProcessReference) {
-  auto options = WithShards(Mode::kPs, ps::OptimizerConfig::MOMENTUM);
+  auto options = WithShards(coord::PS, ps::OptimizerConfig::MOMENTUM);
   const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
   OnRanks(kWorkers, options,
           [&](int r, Trainer& t) { modes::testing::ExpectOneAndTenStepsMatch(t, r, one, ten); });
@@ -46,7 +46,7 @@ TEST_F(ModesSwitchTest, PsModeMatchesTheSingleProcessReference) {
 TEST_F(ModesSwitchTest, EmbeddingModelInPsModeMatchesTheSingleProcessReference) {
   auto options = [this](int r) {
     TrainerOptions o =
-        modes::testing::EmbeddingOptions(Mode::kPs, r, kWorkers, ps::OptimizerConfig::MOMENTUM);
+        modes::testing::EmbeddingOptions(coord::PS, r, kWorkers, ps::OptimizerConfig::MOMENTUM);
     o.shards = addresses_;
     o.rpc_timeout = absl::Seconds(60);
     return o;
@@ -63,7 +63,7 @@ TEST_F(ModesSwitchTest, EmbeddingModelInPsModePullsOnlyTheRowsABatchTouches) {
   constexpr int kSteps = 10;
   auto options = [this](int r) {
     TrainerOptions o =
-        modes::testing::EmbeddingOptions(Mode::kPs, r, kWorkers, ps::OptimizerConfig::ADAGRAD);
+        modes::testing::EmbeddingOptions(coord::PS, r, kWorkers, ps::OptimizerConfig::ADAGRAD);
     o.model.embedding.buckets = 64;  // 256 rows: the tails stay untouched
     o.shards = addresses_;
     o.rpc_timeout = absl::Seconds(60);
@@ -108,20 +108,20 @@ TEST_F(ModesSwitchTest, EmbeddingModelInPsModePullsOnlyTheRowsABatchTouches) {
 }
 
 TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference) {
-  auto options = WithShards(Mode::kPs, ps::OptimizerConfig::MOMENTUM);
+  auto options = WithShards(coord::PS, ps::OptimizerConfig::MOMENTUM);
   const ModelState want = Reference(options(0), 15);
   OnRanks(kWorkers, options, [&](int r, Trainer& t) {
-    const Mode order[] = {Mode::kPs, Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline, Mode::kPs};
+    const Mode order[] = {coord::PS, coord::ALLREDUCE, coord::FSDP, coord::PIPELINE, coord::PS};
     for (int64_t step = 0; step < 15; ++step) {
       if (step % 3 == 0 && step > 0) {
         absl::Status s = t.SwitchTo(order[step / 3], step);
         ASSERT_TRUE(s.ok()) << "switch at step " << step << ": " << s;
       }
       auto loss = t.Step(step);
-      ASSERT_TRUE(loss.ok()) << "step " << step << " in " << modes::ModeName(t.mode()) << ": "
+      ASSERT_TRUE(loss.ok()) << "step " << step << " in " << coord::ModeName(t.mode()) << ": "
                              << loss.status();
     }
-    ASSERT_EQ(t.mode(), Mode::kPs);
+    ASSERT_EQ(t.mode(), coord::PS);
     auto got = t.State(15);
     ASSERT_TRUE(got.ok()) << got.status();
     ExpectNear(*got, want, 2e-6f, absl::StrCat("rank ", r));
@@ -129,21 +129,21 @@ TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference)
 }
 
 TEST_F(ModesSwitchTest, StateHandedToTheShardsAndBackIsBitwiseTheSame) {
-  auto options = WithShards(Mode::kAllReduce, ps::OptimizerConfig::ADAM);
+  auto options = WithShards(coord::ALLREDUCE, ps::OptimizerConfig::ADAM);
   OnRanks(kWorkers, options, [&](int r, Trainer& t) {
     for (int64_t step = 0; step < 4; ++step) ASSERT_TRUE(t.Step(step).ok());
     auto before = t.State(4);
     ASSERT_TRUE(before.ok());
-    ASSERT_TRUE(t.SwitchTo(Mode::kPs, 4).ok());
+    ASSERT_TRUE(t.SwitchTo(coord::PS, 4).ok());
     auto in_ps = t.State(4);  // exported from the shards
     ASSERT_TRUE(in_ps.ok()) << in_ps.status();
     ExpectNear(*in_ps, *before, 0.0f, absl::StrCat("rank ", r, " in the shards"));
-    ASSERT_TRUE(t.SwitchTo(Mode::kAllReduce, 4).ok());
+    ASSERT_TRUE(t.SwitchTo(coord::ALLREDUCE, 4).ok());
     auto back = t.State(4);
     ASSERT_TRUE(back.ok());
     ExpectNear(*back, *before, 0.0f, absl::StrCat("rank ", r, " back in allreduce"));
     // And training goes on from there in PS mode: the shards accept step 4.
-    ASSERT_TRUE(t.SwitchTo(Mode::kPs, 4).ok());
+    ASSERT_TRUE(t.SwitchTo(coord::PS, 4).ok());
     auto loss = t.Step(4);
     ASSERT_TRUE(loss.ok()) << loss.status();
   });

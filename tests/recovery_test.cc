@@ -79,7 +79,7 @@ class Cluster {
          absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4", "--epochs=4",
          "--batch_size=32", "--lr=0.01",
          coordinator_checkpoints_ ? "--snapshot_every_epochs=0" : "--snapshot_every_epochs=1",
-         "--collective_timeout_seconds=20", "--progress_seconds=1",
+         "--collective_timeout=20s", "--progress_every=1s",
          absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
     EXPECT_TRUE(w.ok());
     worker_[r] = workers_.size();
@@ -102,6 +102,7 @@ class Cluster {
     processes_.push_back(*std::move(p));
   }
 
+  testing::Subprocess& coordinator() { return processes_[0]; }
   testing::Subprocess& shard(int s) { return processes_[shard_[s]]; }
   testing::Subprocess& worker(int r) { return workers_[worker_[r]]; }
 
@@ -142,9 +143,9 @@ TEST(RecoveryTest, KilledShardIsRestoredAndTrainingEndsBitwiseAsIfUninterrupted)
   std::vector<std::string> recovered;
   {
     Cluster cluster(::testing::TempDir() + "/killed");
-    // Once the first checkpoint is durable on shard 1, kill it, then bring it back.
-    ASSERT_TRUE(cluster.shard(1)
-                    .WaitForLine(absl::StrCat("snapshot of step ", kStepsPerEpoch, " complete"),
+    // Once the coordinator has recorded the first checkpoint, kill shard 1, then bring it back.
+    ASSERT_TRUE(cluster.coordinator()
+                    .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
                                  absl::Minutes(2))
                     .ok());
     ASSERT_TRUE(cluster.shard(1).Stop(SIGKILL, absl::Seconds(20)).ok());
@@ -171,8 +172,8 @@ TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIf
   std::vector<std::string> recovered;
   {
     Cluster cluster(dir + "/killed", false, "allreduce");
-    ASSERT_TRUE(cluster.shard(1)
-                    .WaitForLine(absl::StrCat("snapshot of step ", kStepsPerEpoch, " complete"),
+    ASSERT_TRUE(cluster.coordinator()
+                    .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
                                  absl::Minutes(2))
                     .ok());
     // Every step is an all-reduce: rank 1 dies inside one (or between two).
@@ -206,8 +207,8 @@ TEST(RecoveryTest, CheckpointTakenInOneModeRestoresInAnother) {
   {
     Cluster cluster(::testing::TempDir() + "/cross_mode", false, "fsdp",
                     {absl::StrCat(kStepsPerEpoch + 10, ":pipeline")});
-    ASSERT_TRUE(cluster.shard(1)
-                    .WaitForLine(absl::StrCat("snapshot of step ", kStepsPerEpoch, " complete"),
+    ASSERT_TRUE(cluster.coordinator()
+                    .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
                                  absl::Minutes(2))
                     .ok());
     ASSERT_TRUE(

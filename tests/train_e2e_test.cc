@@ -55,7 +55,7 @@ TEST_F(TrainE2eTest, TwoWorkersOnTwoShardsDriveTheLossFarBelowItsStart) {
     auto p = testing::Subprocess::Start(
         {"worker/ps_worker", "--ps=" + ps, absl::StrCat("--rank=", r),
          absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4", "--epochs=3",
-         "--batch_size=32", "--lr=0.01", "--progress_seconds=1",
+         "--batch_size=32", "--lr=0.01", "--progress_every=1s",
          absl::StrCat("--summary_json=", dir, "/worker", r, ".json")});
     ASSERT_TRUE(p.ok()) << p.status();
     workers.push_back(*std::move(p));
@@ -85,7 +85,7 @@ TEST_F(TrainE2eTest, TheEmbeddingModelTrainsInPsModeThroughTheBinaries) {
     auto p = testing::Subprocess::Start(
         {"worker/ps_worker", "--ps=" + ps, "--model=embedding", absl::StrCat("--rank=", r),
          absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4", "--epochs=2",
-         "--batch_size=32", "--lr=0.01", "--progress_seconds=1",
+         "--batch_size=32", "--lr=0.01", "--progress_every=1s",
          absl::StrCat("--summary_json=", dir, "/emb", r, ".json")});
     ASSERT_TRUE(p.ok()) << p.status();
     workers.push_back(*std::move(p));

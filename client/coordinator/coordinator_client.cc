@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pscluster {
@@ -14,12 +15,8 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
-    CoordinatorClientOptions options) {
-  auto stub = coord::Coordinator::NewStub(
-      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* stub,
+                                                     const CoordinatorClientOptions& options) {
   // A restarted member may register before the coordinator has declared its previous
   // incarnation dead (ALREADY_EXISTS): retry until that happens, within register_timeout.
   const absl::Time deadline = absl::Now() + options.register_timeout;
@@ -35,20 +32,27 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
     ctx.set_wait_for_ready(true);  // the coordinator may still be starting
     absl::Status s = FromGrpcStatus(stub->Register(&ctx, req, &resp),
                                     absl::StrCat("coordinator ", options.coordinator));
-    if (s.ok()) break;
+    if (s.ok()) return resp;
     if (s.code() != absl::StatusCode::kAlreadyExists || absl::Now() + backoff > deadline) return s;
     std::fprintf(stderr, "%s; retrying until the coordinator declares it dead\n",
                  std::string(s.message()).c_str());
     absl::SleepFor(backoff);  // bounded by register_timeout
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
+    CoordinatorClientOptions options) {
+  auto stub = coord::Coordinator::NewStub(CoordinatorChannel(options.coordinator));
+  ASSIGN_OR_RETURN(coord::RegisterResponse resp, RegisterOnce(stub.get(), options));
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();
   if (resp.heartbeat_timeout_ms() > 0) {  // beat several times per timeout
     c->options_.heartbeat_interval = std::min(c->options_.heartbeat_interval,
                                               absl::Milliseconds(resp.heartbeat_timeout_ms()) / 4);
   }
-  c->registered_view_ = resp.view();
   c->heartbeats_ = std::thread(&CoordinatorClient::HeartbeatLoop, c.get());
   return c;
 }
@@ -80,18 +84,53 @@ void CoordinatorClient::HeartbeatLoop() {
     }
     failing = !s.ok();
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) return;  // replaced: stop
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) Reregister();
+  }
+}
+
+void CoordinatorClient::Reregister() {
+  // A coordinator restarted without its saved state does not know this member.
+  std::fprintf(stderr, "coordinator %s does not know %s %d; registering again\n",
+               options_.coordinator.c_str(), options_.role == coord::SHARD ? "shard" : "worker",
+               options_.id);
+  absl::StatusOr<coord::RegisterResponse> r = RegisterOnce(stub_.get(), options_);
+  if (!r.ok()) {
+    std::fprintf(stderr, "registering again failed: %s\n", r.status().ToString().c_str());
+    return;
+  }
+  incarnation_ = r->incarnation();
+  std::fprintf(stderr, "registered again as incarnation %lld\n",
+               static_cast<long long>(r->incarnation()));
+}
+
+template <typename Call>
+absl::Status CoordinatorClient::Reconnecting(const char* what, absl::Duration timeout, Call call) {
+  const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (bool said = false;; said = true) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, timeout);
+    absl::Status s = FromGrpcStatus(call(&ctx), "coordinator");
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > give_up) return s;
+    if (!said) {
+      std::fprintf(stderr, "%s: coordinator %s unreachable (%s); retrying for up to %s\n", what,
+                   options_.coordinator.c_str(), std::string(s.message()).c_str(),
+                   absl::FormatDuration(options_.reconnect_timeout).c_str());
+    }
+    if (stop_.WaitForNotificationWithTimeout(backoff)) return s;  // shutting down
+    backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }
 
 absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_version, bool complete,
                                                                 absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, timeout);
   coord::GetViewRequest req;
   req.set_min_version(min_version);
   req.set_wait_until_complete(complete);
   coord::ClusterView view;
-  absl::Status s = FromGrpcStatus(stub_->GetView(&ctx, req, &view), "coordinator");
+  absl::Status s = Reconnecting("GetView", timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->GetView(ctx, req, &view);
+  });
   if (!s.ok()) return s;
   return view;
 }
@@ -99,8 +138,6 @@ absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_vers
 absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t step, double loss,
                                                double samples_per_sec,
                                                std::optional<double> metric) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
   coord::ReportProgressRequest req;
   req.set_rank(options_.id);
   req.set_incarnation(incarnation_);
@@ -113,41 +150,33 @@ absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t ste
     req.set_metric(*metric);
   }
   coord::ReportProgressResponse resp;
-  return FromGrpcStatus(stub_->ReportProgress(&ctx, req, &resp), "coordinator");
+  return Reconnecting("ReportProgress", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->ReportProgress(ctx, req, &resp);
+  });
 }
 
-absl::StatusOr<ScheduledSwitch> CoordinatorClient::SwitchMode(const std::string& mode,
+absl::StatusOr<ScheduledSwitch> CoordinatorClient::SwitchMode(coord::TrainingMode mode,
                                                               int64_t at_step) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
-  coord::SwitchModeRequest req;
-  req.set_mode(mode);
-  req.set_at_step(at_step);
-  coord::SwitchModeResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->SwitchMode(&ctx, req, &resp), "coordinator");
-  if (!s.ok()) return s;
-  return ScheduledSwitch{resp.switch_id(), resp.at_step(), resp.no_op()};
+  return CoordinatorOperator(stub_.get(), options_.rpc_timeout).SwitchMode(mode, at_step);
 }
 
 absl::StatusOr<PendingSwitch> CoordinatorClient::PollSwitch(int64_t step, int64_t horizon) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
   coord::PollSwitchRequest req;
   req.set_rank(options_.id);
   req.set_incarnation(incarnation_);
   req.set_step(step);
   req.set_horizon(horizon);
   coord::PollSwitchResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->PollSwitch(&ctx, req, &resp), "coordinator");
+  absl::Status s = Reconnecting("PollSwitch", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->PollSwitch(ctx, req, &resp);
+  });
   if (!s.ok()) return s;
   return PendingSwitch{resp.pending(), resp.switch_id(), resp.at_step(), resp.mode()};
 }
 
 absl::StatusOr<bool> CoordinatorClient::ReportSwitch(const PendingSwitch& sw,
-                                                     const std::string& from_mode,
+                                                     coord::TrainingMode from_mode,
                                                      double handoff_seconds) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
   coord::ReportSwitchRequest req;
   req.set_rank(options_.id);
   req.set_incarnation(incarnation_);
@@ -157,30 +186,35 @@ absl::StatusOr<bool> CoordinatorClient::ReportSwitch(const PendingSwitch& sw,
   req.set_to_mode(sw.mode);
   req.set_handoff_seconds(handoff_seconds);
   coord::ReportSwitchResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->ReportSwitch(&ctx, req, &resp), "coordinator");
+  absl::Status s =
+      Reconnecting("ReportSwitch", options_.rpc_timeout,
+                   [&](grpc::ClientContext* ctx) { return stub_->ReportSwitch(ctx, req, &resp); });
   if (!s.ok()) return s;
   return resp.done();
 }
 
+absl::StatusOr<coord::Checkpoint> CoordinatorClient::Checkpoint(std::optional<double> metric,
+                                                                absl::Duration timeout) {
+  return CoordinatorOperator(stub_.get(), options_.rpc_timeout).Checkpoint(metric, timeout);
+}
+
 absl::Status CoordinatorClient::KvPut(const std::string& key, const std::string& value) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
   coord::KvPutRequest req;
   req.set_key(key);
   req.set_value(value);
   coord::KvPutResponse resp;
-  return FromGrpcStatus(stub_->KvPut(&ctx, req, &resp), "coordinator");
+  return Reconnecting("KvPut", options_.rpc_timeout,
+                      [&](grpc::ClientContext* ctx) { return stub_->KvPut(ctx, req, &resp); });
 }
 
 absl::StatusOr<std::string> CoordinatorClient::KvGet(const std::string& key, bool wait,
                                                      absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, timeout);
   coord::KvGetRequest req;
   req.set_key(key);
   req.set_wait(wait);
   coord::KvGetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->KvGet(&ctx, req, &resp), "coordinator");
+  absl::Status s = Reconnecting(
+      "KvGet", timeout, [&](grpc::ClientContext* ctx) { return stub_->KvGet(ctx, req, &resp); });
   if (!s.ok()) return s;
   return resp.value();
 }

@@ -3,6 +3,7 @@
 // switches, and uses the rendezvous store. Every RPC has a deadline. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "client/coordinator/coordinator_operator.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace pscluster {
@@ -25,17 +27,10 @@ struct CoordinatorClientOptions {
   std::string address;  // where this member serves ("" for none)
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
+  // A member's calls retry this long while the coordinator is unreachable (restarting).
+  absl::Duration reconnect_timeout = absl::Minutes(2);
   // At most this; shortened to a quarter of the coordinator's heartbeat timeout.
   absl::Duration heartbeat_interval = absl::Seconds(1);
-};
-
-// A switch scheduled by SwitchMode.
-struct ScheduledSwitch {
-  int64_t switch_id = 0;
-  int64_t at_step = 0;
-  // The mode was already in effect at that step: nothing was scheduled, and
-  // switch_id/at_step name the switch that puts it in effect (0/0: the starting mode).
-  bool no_op = false;
 };
 
 // PollSwitch's answer: the earliest switch not yet done at or after the polled step.
@@ -43,7 +38,7 @@ struct PendingSwitch {
   bool pending = false;  // false: nothing scheduled from that step on
   int64_t switch_id = 0;
   int64_t at_step = 0;  // switch before running the polled step when it equals this
-  std::string mode;     // the mode to switch to
+  coord::TrainingMode mode = coord::TRAINING_MODE_UNSPECIFIED;  // the mode to switch to
 };
 
 class CoordinatorClient {
@@ -54,8 +49,7 @@ class CoordinatorClient {
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
 
-  int64_t incarnation() const { return incarnation_; }
-  const coord::ClusterView& registered_view() const { return registered_view_; }
+  int64_t incarnation() const { return incarnation_.load(); }
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
                                                absl::Duration timeout);
@@ -64,19 +58,24 @@ class CoordinatorClient {
                               double samples_per_sec, std::optional<double> metric = std::nullopt);
 
   // Live mode switching (see proto/coordinator.proto). SwitchMode schedules a switch of
-  // every worker to `mode` ("ps", "allreduce", "fsdp", "pipeline") at `at_step` (0: the
+  // every worker to `mode` at `at_step` (0: the
   // next step boundary no worker has reached); errors: INVALID_ARGUMENT (unknown mode,
-  // at_step < 0), FAILED_PRECONDITION (step already passed; "ps" without shards),
+  // at_step < 0), FAILED_PRECONDITION (step already passed; PS without shards),
   // ALREADY_EXISTS (another switch at that step).
-  absl::StatusOr<ScheduledSwitch> SwitchMode(const std::string& mode, int64_t at_step = 0);
+  absl::StatusOr<ScheduledSwitch> SwitchMode(coord::TrainingMode mode, int64_t at_step = 0);
   // A worker, before running `step` (as this client's registered rank and incarnation),
   // that polls again only at step + horizon: the answer covers every switch before it.
   absl::StatusOr<PendingSwitch> PollSwitch(int64_t step, int64_t horizon = 1);
   // A worker, once it finished the hand-over of `s` (from `from_mode`, in
   // `handoff_seconds`). Returns true when this was the last worker's report (the view's
   // mode is now s.mode). Repeating a report is harmless.
-  absl::StatusOr<bool> ReportSwitch(const PendingSwitch& s, const std::string& from_mode,
+  absl::StatusOr<bool> ReportSwitch(const PendingSwitch& s, coord::TrainingMode from_mode,
                                     double handoff_seconds);
+
+  // Asks the coordinator for a cluster checkpoint now (the Checkpoint RPC), waiting up to
+  // `timeout` for it to be durable on every shard; `metric` files it for keep-the-best.
+  absl::StatusOr<coord::Checkpoint> Checkpoint(std::optional<double> metric,
+                                               absl::Duration timeout);
 
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
@@ -85,11 +84,17 @@ class CoordinatorClient {
   CoordinatorClient(CoordinatorClientOptions options,
                     std::unique_ptr<coord::Coordinator::Stub> stub);
   void HeartbeatLoop();
+  // Registers again (a heartbeat answered NOT_FOUND: the coordinator lost this member).
+  void Reregister();
+  // One RPC through `call(ctx)` with `timeout`, made again with backoff while the
+  // coordinator is unreachable (UNAVAILABLE), up to reconnect_timeout; says once what it
+  // waits for. Member calls are idempotent, so a retry after a lost answer is harmless.
+  template <typename Call>
+  absl::Status Reconnecting(const char* what, absl::Duration timeout, Call call);
 
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
-  int64_t incarnation_ = 0;
-  coord::ClusterView registered_view_;
+  std::atomic<int64_t> incarnation_{0};  // the heartbeat thread may register again
   absl::Notification stop_;
   std::thread heartbeats_;
 };

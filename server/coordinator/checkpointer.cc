@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/ps/ps_client.h"
+#include "common/atomic_file.h"
+#include "common/status_macros.h"
 
 namespace pscluster::coord {
 namespace {
@@ -19,15 +21,17 @@ std::string ManifestPath(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Membership* membership,
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(ClusterState* cluster,
                                                                    CheckpointerOptions options) {
+  std::unique_ptr<Checkpointer> c(new Checkpointer(cluster, std::move(options)));
+  if (c->options_.data_dir.empty()) return c;
   std::error_code ec;
-  fs::create_directories(options.data_dir, ec);
+  fs::create_directories(c->options_.data_dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot create --data_dir=", options.data_dir, ": ", ec.message()));
+        absl::StrCat("cannot create --data_dir=", c->options_.data_dir, ": ", ec.message()));
   }
-  std::unique_ptr<Checkpointer> c(new Checkpointer(membership, std::move(options)));
+  absl::MutexLock lock(&c->mu_);
   std::ifstream in(ManifestPath(c->options_.data_dir), std::ios::binary);
   if (in) {
     CheckpointManifest manifest;
@@ -36,20 +40,26 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Membership* m
                                               " is unreadable; move it away to start afresh"));
     }
     c->checkpoints_.assign(manifest.checkpoints().begin(), manifest.checkpoints().end());
-    membership->SetCheckpoints(c->checkpoints_);
+    cluster->SetCheckpoints(c->checkpoints_);
   }
   return c;
 }
 
-Checkpointer::Checkpointer(Membership* membership, CheckpointerOptions options)
-    : membership_(membership), options_(std::move(options)) {}
+Checkpointer::Checkpointer(ClusterState* cluster, CheckpointerOptions options)
+    : cluster_(cluster), options_(std::move(options)) {}
 
 bool Checkpointer::Better(double a, double b) const {
   return options_.higher_metric_is_better ? a > b : a < b;
 }
 
+std::vector<Checkpoint> Checkpointer::checkpoints() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoints_;
+}
+
 absl::Status Checkpointer::MaybeCheckpoint() {
-  const ClusterView view = membership_->View();
+  absl::MutexLock lock(&mu_);
+  const ClusterView view = cluster_->View();
   if (!view.complete()) return absl::OkStatus();
   const int64_t last = checkpoints_.empty() ? 0 : checkpoints_.back().step();
   std::optional<double> metric;
@@ -65,11 +75,20 @@ absl::Status Checkpointer::MaybeCheckpoint() {
   }
   const bool due = options_.every_steps > 0 && view.global_step() >= last + options_.every_steps;
   if (!due && !metric) return absl::OkStatus();
-  return CheckpointNow(metric).status();
+  return CheckpointLocked(metric).status();
 }
 
 absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> metric) {
-  const ClusterView view = membership_->View();
+  absl::MutexLock lock(&mu_);
+  return CheckpointLocked(metric);
+}
+
+absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> metric) {
+  const ClusterView view = cluster_->View();
+  if (!view.complete()) {
+    return absl::FailedPreconditionError(
+        "the cluster is incomplete (psctl status names who is missing); no checkpoint taken");
+  }
   PsClientOptions o;
   o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
   o.worker_id = -1;
@@ -78,8 +97,8 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
   if (!shards.ok()) return shards.status();
   ps::SnapshotRequest request;
   if (metric) {
-    request.set_has_metric(true);  // shards keep the lowest: send higher-is-better negated
-    request.set_metric(options_.higher_metric_is_better ? -*metric : *metric);
+    request.set_has_metric(true);
+    request.set_metric(*metric);
   }
   // Snapshot the step the tables have reached. While training runs, BSP tables may pass it
   // before the request lands, and then some shards capture and others refuse: wait for
@@ -95,27 +114,28 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
     step = *furthest;
     step += attempt == 0 ? 0 : 1;
     if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
+    // Our retention, decided before the shards write: they keep exactly what we will list.
+    request.clear_keep_steps();
+    for (const Checkpoint& c : Retained(step, metric)) request.add_keep_steps(c.step());
     s = (*shards)->Snapshot(step, request);
     if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) break;
   }
   if (!s.ok() && s.code() != absl::StatusCode::kAlreadyExists) return s;
   auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
   if (!done.ok()) return done.status();
-  for (const auto& d : *done) {
+  for (size_t i = 0; i < done->size(); ++i) {
+    const ps::SnapshotStatusResponse& d = (*done)[i];
     if (d.last_complete_step() < step || !d.last_error().empty()) {
-      return absl::InternalError(
-          absl::StrCat("checkpoint of step ", step, " failed on a shard: ", d.last_error()));
+      return absl::InternalError(absl::StrCat(
+          "checkpoint of step ", step, " failed on shard ", i, " (", view.shard_addresses(i),
+          "): ", d.last_error().empty() ? "not written" : d.last_error()));
     }
   }
-  Checkpoint c;
-  c.set_step(step);
-  c.set_has_metric(metric.has_value());
-  c.set_metric(metric.value_or(0));
+  checkpoints_ = Retained(step, metric);
+  Checkpoint& c = checkpoints_.back();  // the new one: retention always keeps the newest
   c.set_unix_ms(absl::ToUnixMillis(absl::Now()));
-  checkpoints_.push_back(c);
-  ApplyRetention();
   if (absl::Status w = WriteManifest(); !w.ok()) return w;
-  membership_->SetCheckpoints(checkpoints_);
+  cluster_->SetCheckpoints(checkpoints_);
   std::printf("ps_coordinator: checkpoint of step %lld complete on %d shard(s)%s\n",
               static_cast<long long>(step), (*shards)->num_shards(),
               metric ? absl::StrCat(", metric ", *metric).c_str() : "");
@@ -123,34 +143,31 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
   return c;
 }
 
-void Checkpointer::ApplyRetention() {
+std::vector<Checkpoint> Checkpointer::Retained(int64_t step, std::optional<double> metric) const {
+  std::vector<Checkpoint> all = checkpoints_;
+  Checkpoint& added = all.emplace_back();
+  added.set_step(step);
+  added.set_has_metric(metric.has_value());
+  added.set_metric(metric.value_or(0));
   const Checkpoint* best = nullptr;
-  for (const Checkpoint& c : checkpoints_) {
+  for (const Checkpoint& c : all) {
     if (c.has_metric() && (best == nullptr || !Better(best->metric(), c.metric()))) best = &c;
   }
   const int64_t best_step = best ? best->step() : -1;
   std::vector<Checkpoint> kept;
-  for (size_t i = 0; i < checkpoints_.size(); ++i) {
-    if (i + options_.keep_last >= checkpoints_.size() || checkpoints_[i].step() == best_step) {
-      kept.push_back(checkpoints_[i]);
-    }
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i + options_.keep_last >= all.size() || all[i].step() == best_step) kept.push_back(all[i]);
   }
-  checkpoints_ = std::move(kept);
+  return kept;
 }
 
 absl::Status Checkpointer::WriteManifest() const {
+  if (options_.data_dir.empty()) return absl::OkStatus();
   CheckpointManifest manifest;
   for (const Checkpoint& c : checkpoints_) *manifest.add_checkpoints() = c;
-  const std::string path = ManifestPath(options_.data_dir), tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!manifest.SerializeToOstream(&out) || !out.flush()) {
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);  // atomic: a crash leaves the old or the new manifest
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot replace ", path, ": ", ec.message()));
+  // Atomic: a crash leaves the old or the new manifest.
+  RETURN_IF_ERROR(
+      WriteFileAtomically(ManifestPath(options_.data_dir), manifest.SerializeAsString()));
   // Also a JSON copy for scripts.
   std::ofstream json((fs::path(options_.data_dir) / "checkpoints.json").string());
   json << "[";

@@ -3,8 +3,11 @@
 // snapshot the step the tables have reached, waits until every snapshot is durable, and
 // only then records the checkpoint in its manifest (--data_dir/manifest.pb, written
 // atomically, reloaded on restart) and in the cluster view. Workers save nothing: their
-// data order is a function of (seed, step). Keeps the last K plus the best. Not
-// thread-safe: one caller (the coordinator's checkpoint thread).
+// data order is a function of (seed, step). Keeps the last K plus the best. The only
+// initiator of snapshots: its own schedule (MaybeCheckpoint) and the Checkpoint RPC
+// (CheckpointNow) both come here. Without a data_dir the manifest lives in memory only
+// (the view still lists the checkpoints; a restart forgets them). Thread-safe: one
+// checkpoint at a time.
 #pragma once
 
 #include <memory>
@@ -12,15 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.pb.h"
-#include "server/coordinator/membership.h"
+#include "server/coordinator/cluster_state.h"
 
 namespace pscluster::coord {
 
 struct CheckpointerOptions {
-  std::string data_dir;                 // the manifest lives here
+  std::string data_dir;                 // the manifest lives here ("": in memory only)
   int64_t every_steps = 0;              // 0: only on a better metric
   bool higher_metric_is_better = true;  // test accuracy
   int keep_last = 3;
@@ -30,26 +35,33 @@ struct CheckpointerOptions {
 class Checkpointer {
  public:
   // Loads the manifest when one exists (and lists its checkpoints in the view).
-  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(Membership* membership,
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(ClusterState* cluster,
                                                               CheckpointerOptions options);
 
   // Checkpoints if one is due and the cluster is complete; OK when nothing was due.
   absl::Status MaybeCheckpoint();
-  // Checkpoints now (metric: the validation metric to file it under).
+  // Checkpoints now (metric: the validation metric to file it under). FAILED_PRECONDITION
+  // while the cluster is incomplete; a shard's failure is named in the error.
   absl::StatusOr<Checkpoint> CheckpointNow(std::optional<double> metric);
 
-  const std::vector<Checkpoint>& checkpoints() const { return checkpoints_; }
+  std::vector<Checkpoint> checkpoints() const;
 
  private:
-  Checkpointer(Membership* membership, CheckpointerOptions options);
-  absl::Status WriteManifest() const;
+  Checkpointer(ClusterState* cluster, CheckpointerOptions options);
+  absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteManifest() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool Better(double a, double b) const;
-  void ApplyRetention();
+  // The one retention policy: the checkpoints kept once one of `step` is added (the last
+  // keep_last plus the best by metric), ascending; the shards are told to keep the same.
+  std::vector<Checkpoint> Retained(int64_t step, std::optional<double> metric) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  Membership* const membership_;
+  ClusterState* const cluster_;
   const CheckpointerOptions options_;
-  std::vector<Checkpoint> checkpoints_;
-  int64_t metric_step_seen_ = -1;  // rank 0's metric report already acted on
+  mutable absl::Mutex mu_;
+  std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
+  int64_t metric_step_seen_ ABSL_GUARDED_BY(mu_) = -1;  // rank 0's metric report acted on
 };
 
 }  // namespace pscluster::coord

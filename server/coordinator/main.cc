@@ -1,4 +1,4 @@
-// ps_coordinator: membership, the versioned cluster view and the rendezvous store.
+// ps_coordinator: cluster, the versioned cluster view and the rendezvous store.
 //
 //   ps_coordinator --port=7000 --num_shards=2 --num_workers=2 [--mode=ps]
 //
@@ -6,6 +6,8 @@
 // members join, die or come back, and when a mode switch is scheduled or done.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/atomic_file.h"
 #include "common/graceful_shutdown.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/checkpointer.h"
@@ -28,7 +31,8 @@ ABSL_FLAG(int, num_workers, 1, "Workers the cluster has.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "A member silent this long is declared dead.");
 ABSL_FLAG(std::string, data_dir, "",
           "Cluster checkpoints: the manifest is kept here (reloaded on restart). Without it, "
-          "the coordinator drives no checkpoints.");
+          "the coordinator takes checkpoints only when asked (psctl checkpoint, a worker's "
+          "--snapshot_every_epochs) and forgets them on restart.");
 ABSL_FLAG(
     int64_t, checkpoint_every_steps, 0,
     "Checkpoint every shard every this many global steps (0: only when the metric improves).");
@@ -55,15 +59,15 @@ void PrintSwitches(const pscluster::coord::ClusterView& before,
   for (const auto& s : after.pending_switches()) {
     if (s.switch_id() > last_known) {
       std::printf("ps_coordinator: switch %lld to %s scheduled at step %lld\n",
-                  static_cast<long long>(s.switch_id()), s.to_mode().c_str(),
+                  static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
                   static_cast<long long>(s.at_step()));
     }
   }
   for (int i = before.switches_size(); i < after.switches_size(); ++i) {
     const auto& s = after.switches(i);
     std::printf("ps_coordinator: switch %lld done: %s -> %s at step %lld (hand-over %.3f s)\n",
-                static_cast<long long>(s.switch_id()), s.from_mode().c_str(), s.to_mode().c_str(),
-                static_cast<long long>(s.at_step()), s.handoff_seconds());
+                static_cast<long long>(s.switch_id()), ModeName(s.from_mode()),
+                ModeName(s.to_mode()), static_cast<long long>(s.at_step()), s.handoff_seconds());
   }
 }
 
@@ -90,31 +94,117 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
   std::fflush(stdout);
 }
 
+std::string StatePath(const std::string& dir) { return dir + "/state.pb"; }
+
+// ClusterState options from the flags, or a message saying which flag is wrong.
+absl::StatusOr<pscluster::coord::ClusterStateOptions> MembershipFromFlags() {
+  pscluster::coord::ClusterStateOptions options;
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (options.num_shards < 0 || options.num_workers < 1) {  // 0 shards: collective modes only
+    return absl::InvalidArgumentError("--num_shards must be >= 0 and --num_workers >= 1");
+  }
+  if (options.heartbeat_timeout < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError("--heartbeat_timeout_ms must be >= 100");
+  }
+  options.mode = options.num_shards > 0 ? pscluster::coord::PS : pscluster::coord::ALLREDUCE;
+  if (const std::string mode = absl::GetFlag(FLAGS_mode); !mode.empty()) {
+    absl::StatusOr<pscluster::coord::TrainingMode> parsed = pscluster::coord::ParseMode(mode);
+    if (!parsed.ok()) return absl::InvalidArgumentError("--mode: " + parsed.status().ToString());
+    options.mode = *parsed;
+  }
+  if (absl::Status s = pscluster::coord::ValidateMode(options.mode, options.num_shards); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--mode: ", s.message()));
+  }
+  if (const std::string dir = absl::GetFlag(FLAGS_data_dir); !dir.empty()) {
+    options.on_change = [path = StatePath(dir)](const pscluster::coord::CoordinatorState& state) {
+      absl::Status s = pscluster::WriteFileAtomically(path, state.SerializeAsString());
+      if (!s.ok())
+        std::fprintf(stderr, "ps_coordinator: state not saved: %s\n", s.ToString().c_str());
+    };
+  }
+  return options;
+}
+
+// With --data_dir: continues from the state a previous run of this coordinator saved.
+absl::Status RestoreState(pscluster::coord::ClusterState* cluster) {
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  if (dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::ifstream in(StatePath(dir), std::ios::binary);
+  if (!in) return absl::OkStatus();  // a first start
+  pscluster::coord::CoordinatorState state;
+  if (!state.ParseFromIstream(&in)) {
+    return absl::DataLossError(StatePath(dir) + " is unreadable; move it away to start afresh");
+  }
+  if (absl::Status s = cluster->Restore(state); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(StatePath(dir), ": ", s.message()));
+  }
+  const pscluster::coord::ClusterView v = cluster->View();
+  std::printf("ps_coordinator: restored view %lld: %d member(s), %d switch(es) done, %d pending\n",
+              static_cast<long long>(v.version()), v.members_size(), v.switches_size(),
+              v.pending_switches_size());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFromFlags(
+    pscluster::coord::ClusterState* cluster) {
+  pscluster::coord::CheckpointerOptions co;
+  co.data_dir = absl::GetFlag(FLAGS_data_dir);
+  co.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  co.higher_metric_is_better = absl::GetFlag(FLAGS_metric) != "min";
+  co.keep_last = std::max(1, absl::GetFlag(FLAGS_keep_checkpoints));
+  auto checkpointer = pscluster::coord::Checkpointer::Create(cluster, co);
+  if (!checkpointer.ok()) return checkpointer.status();
+  if (const auto listed = (*checkpointer)->checkpoints(); !listed.empty()) {
+    std::printf("ps_coordinator: manifest lists %zu checkpoint(s), the last of step %lld\n",
+                listed.size(), static_cast<long long>(listed.back().step()));
+    std::fflush(stdout);
+  }
+  return checkpointer;
+}
+
+// Until `stop`: the coordinator's own checkpoints (with --data_dir) on one thread, since one
+// may take a while to write, and liveness on another, reporting every change of the view.
+void RunBackground(pscluster::coord::ClusterState* cluster,
+                   pscluster::coord::Checkpointer* checkpointer, absl::Duration liveness_every,
+                   absl::Notification* stop) {
+  const bool automatic = !absl::GetFlag(FLAGS_data_dir).empty();
+  std::thread checkpoints([&] {
+    while (automatic && !stop->WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      absl::Status s = checkpointer->MaybeCheckpoint();
+      if (!s.ok()) std::fprintf(stderr, "ps_coordinator: checkpoint: %s\n", s.ToString().c_str());
+    }
+  });
+  pscluster::coord::ClusterView last = cluster->View();
+  while (!stop->WaitForNotificationWithTimeout(liveness_every)) {
+    cluster->CheckLiveness();
+    pscluster::coord::ClusterView now = cluster->View();
+    if (now.version() != last.version()) PrintChanges(last, now);
+    last = now;
+  }
+  checkpoints.join();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ps_coordinator --port=P --num_shards=N --num_workers=M");
   absl::ParseCommandLine(argc, argv);
-  pscluster::coord::MembershipOptions options;
-  options.num_shards = absl::GetFlag(FLAGS_num_shards);
-  options.num_workers = absl::GetFlag(FLAGS_num_workers);
-  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  if (options.num_shards < 0 || options.num_workers < 1) {  // 0 shards: collective modes only
-    return Fail("--num_shards must be >= 0 and --num_workers >= 1");
-  }
-  if (options.heartbeat_timeout < absl::Milliseconds(100)) {
-    return Fail("--heartbeat_timeout_ms must be >= 100");
-  }
-  options.mode = absl::GetFlag(FLAGS_mode);
-  if (options.mode.empty()) options.mode = options.num_shards > 0 ? "ps" : "allreduce";
-  if (absl::Status s = pscluster::coord::ValidateMode(options.mode, options.num_shards); !s.ok()) {
-    return Fail(absl::StrCat("--mode: ", s.message()));
-  }
+  absl::StatusOr<pscluster::coord::ClusterStateOptions> options = MembershipFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
   pscluster::BlockTerminationSignals();  // before any thread starts
 
-  pscluster::coord::Membership membership(options);
+  pscluster::coord::ClusterState cluster(*options);
+  if (absl::Status s = RestoreState(&cluster); !s.ok()) return Fail(s.ToString());
   pscluster::coord::KvStore kv;
-  pscluster::coord::CoordinatorService service(&membership, &kv, absl::Minutes(10));
+  auto checkpointer = CheckpointerFromFlags(&cluster);
+  if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());
+  pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
+                                               checkpointer->get());
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string address =
@@ -125,47 +215,15 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
   std::printf("ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s); mode %s)\n",
-              absl::GetFlag(FLAGS_host).c_str(), port, options.num_shards, options.num_workers,
-              options.mode.c_str());
+              absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->num_workers,
+              pscluster::coord::ModeName(options->mode));
   std::fflush(stdout);
 
-  std::unique_ptr<pscluster::coord::Checkpointer> checkpointer;
-  if (const std::string dir = absl::GetFlag(FLAGS_data_dir); !dir.empty()) {
-    pscluster::coord::CheckpointerOptions co;
-    co.data_dir = dir;
-    co.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
-    co.higher_metric_is_better = absl::GetFlag(FLAGS_metric) != "min";
-    co.keep_last = std::max(1, absl::GetFlag(FLAGS_keep_checkpoints));
-    auto created = pscluster::coord::Checkpointer::Create(&membership, co);
-    if (!created.ok()) return Fail(created.status().ToString());
-    checkpointer = *std::move(created);
-    if (!checkpointer->checkpoints().empty()) {
-      std::printf("ps_coordinator: manifest lists %zu checkpoint(s), the last of step %lld\n",
-                  checkpointer->checkpoints().size(),
-                  static_cast<long long>(checkpointer->checkpoints().back().step()));
-      std::fflush(stdout);
-    }
-  }
-
   absl::Notification stop;
-  std::thread checkpoints([&] {  // its own thread: a checkpoint may take a while to write
-    while (checkpointer && !stop.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
-      absl::Status s = checkpointer->MaybeCheckpoint();
-      if (!s.ok()) std::fprintf(stderr, "ps_coordinator: checkpoint: %s\n", s.ToString().c_str());
-    }
-  });
-  std::thread liveness([&] {  // declares silent members dead, and reports every change
-    pscluster::coord::ClusterView last = membership.View();
-    while (!stop.WaitForNotificationWithTimeout(options.heartbeat_timeout / 4)) {
-      membership.CheckLiveness();
-      pscluster::coord::ClusterView now = membership.View();
-      if (now.version() != last.version()) PrintChanges(last, now);
-      last = now;
-    }
-  });
+  std::thread background(
+      [&] { RunBackground(&cluster, checkpointer->get(), options->heartbeat_timeout / 4, &stop); });
   pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", nullptr);
   stop.Notify();
-  liveness.join();
-  checkpoints.join();
+  background.join();
   return 0;
 }

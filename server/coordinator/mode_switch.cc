@@ -5,22 +5,13 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace pscluster::coord {
-namespace {
 
-absl::Status CheckKnown(absl::string_view what, absl::string_view mode) {
-  if (std::find(kModes.begin(), kModes.end(), mode) != kModes.end()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " '", mode, "' is unknown; use one of ", absl::StrJoin(kModes, ", ")));
-}
-
-}  // namespace
-
-absl::Status ValidateMode(absl::string_view mode, int num_shards) {
-  if (absl::Status s = CheckKnown("mode", mode); !s.ok()) return s;
-  if (mode == "ps" && num_shards <= 0) {
+absl::Status ValidateMode(TrainingMode mode, int num_shards) {
+  RETURN_IF_ERROR(CheckMode("mode", mode));
+  if (mode == PS && num_shards <= 0) {
     return absl::FailedPreconditionError(
         "mode 'ps' needs parameter-server shards, and this cluster has none "
         "(ps_coordinator --num_shards=0)");
@@ -53,9 +44,9 @@ absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int64_t step, int64_t ho
   return response;
 }
 
-absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(absl::string_view mode, int64_t at_step,
+absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(TrainingMode mode, int64_t at_step,
                                                             int64_t unix_ms) {
-  if (absl::Status s = ValidateMode(mode, options_.num_shards); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateMode(mode, options_.num_shards));
   if (at_step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "at_step ", at_step, " is negative; use 0 for the next step boundary or a later step"));
@@ -66,12 +57,11 @@ absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(absl::string_view mo
                      "; use a later step or 0 for the next boundary"));
   }
   const int64_t step = at_step == 0 ? max_polled_ + 1 : at_step;
-  // The switch in effect at `step`: the last one scheduled at or before it.
-  auto after = by_step_.upper_bound(step);
-  const SwitchRecord* before =
-      after == by_step_.begin() ? nullptr : &std::prev(after)->second.record;
+  std::vector<const SwitchRecord*> all;
+  for (const auto& [s, e] : by_step_) all.push_back(&e.record);
+  const SwitchRecord* before = SwitchInEffectAt(step, all);
   SwitchModeResponse response;
-  if ((before != nullptr ? before->to_mode() : options_.initial_mode) == mode) {
+  if (ModeAt(step, options_.initial_mode, all) == mode) {
     response.set_no_op(true);
     response.set_switch_id(before != nullptr ? before->switch_id() : 0);
     response.set_at_step(before != nullptr ? before->at_step() : 0);
@@ -79,13 +69,13 @@ absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(absl::string_view mo
   }
   if (before != nullptr && before->at_step() == step) {
     return absl::AlreadyExistsError(absl::StrCat(
-        "switch ", before->switch_id(), " to ", before->to_mode(), " is already scheduled at step ",
-        step, "; one switch per step: pick another step"));
+        "switch ", before->switch_id(), " to ", ModeName(before->to_mode()),
+        " is already scheduled at step ", step, "; one switch per step: pick another step"));
   }
   Entry& e = by_step_[step];
   e.record.set_switch_id(next_id_++);
   e.record.set_at_step(step);
-  e.record.set_to_mode(std::string(mode));
+  e.record.set_to_mode(mode);
   e.record.set_unix_ms(unix_ms);
   response.set_switch_id(e.record.switch_id());
   response.set_at_step(step);
@@ -108,15 +98,16 @@ absl::StatusOr<SwitchSchedule::AckResult> SwitchSchedule::Acknowledge(const Repo
   }
   SwitchRecord& rec = e->record;
   if (r.at_step() != rec.at_step() || r.to_mode() != rec.to_mode()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r.rank(), " reports switch ", r.switch_id(), " to '", r.to_mode(), "' at step ",
-        r.at_step(), ", but it is scheduled to ", rec.to_mode(), " at step ", rec.at_step()));
-  }
-  if (absl::Status s = CheckKnown("from_mode", r.from_mode()); !s.ok()) return s;
-  if (!rec.from_mode().empty() && r.from_mode() != rec.from_mode()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", r.rank(), " reports switch ", r.switch_id(), " from ", r.from_mode(),
-                     ", but an earlier report said from ", rec.from_mode()));
+        absl::StrCat("rank ", r.rank(), " reports switch ", r.switch_id(), " to '",
+                     ModeName(r.to_mode()), "' at step ", r.at_step(), ", but it is scheduled to ",
+                     ModeName(rec.to_mode()), " at step ", rec.at_step()));
+  }
+  RETURN_IF_ERROR(CheckMode("from_mode", r.from_mode()));
+  if (rec.from_mode() != TRAINING_MODE_UNSPECIFIED && r.from_mode() != rec.from_mode()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r.rank(), " reports switch ", r.switch_id(), " from ", ModeName(r.from_mode()),
+        ", but an earlier report said from ", ModeName(rec.from_mode())));
   }
   if (!std::isfinite(r.handoff_seconds()) || r.handoff_seconds() < 0) {
     return absl::InvalidArgumentError(
@@ -155,10 +146,47 @@ void SwitchSchedule::Complete(Entry* e, int64_t unix_ms) {
 
 void SwitchSchedule::FillView(ClusterView* view) const {
   view->set_mode(mode_);
+  view->set_initial_mode(options_.initial_mode);
   for (const SwitchRecord& r : done_) *view->add_switches() = r;
   for (const auto& [step, e] : by_step_) {
     if (!e.done) *view->add_pending_switches() = e.record;
   }
+}
+
+void SwitchSchedule::Save(CoordinatorState* state) const {
+  for (const SwitchRecord& r : done_) *state->add_done_switches() = r;
+  for (const auto& [step, e] : by_step_) {
+    if (!e.done) *state->add_pending_switches() = e.record;
+  }
+  state->set_max_polled(max_polled_);
+  state->set_next_switch_id(next_id_);
+}
+
+absl::Status SwitchSchedule::Restore(const CoordinatorState& state) {
+  std::map<int64_t, Entry> by_step;
+  for (const auto* list : {&state.done_switches(), &state.pending_switches()}) {
+    for (const SwitchRecord& r : *list) {
+      RETURN_IF_ERROR(ValidateMode(r.to_mode(), options_.num_shards));
+      if (r.at_step() < 0 ||
+          !by_step.emplace(r.at_step(), Entry{r, list == &state.done_switches()}).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("saved switch ", r.switch_id(), " at step ", r.at_step(),
+                         " is negative or shares its step with another"));
+      }
+    }
+  }
+  by_step_ = std::move(by_step);
+  done_.assign(state.done_switches().begin(), state.done_switches().end());
+  max_polled_ = state.max_polled();
+  next_id_ = std::max<int64_t>(state.next_switch_id(), 1);
+  mode_ = options_.initial_mode;
+  for (auto it = by_step_.rbegin(); it != by_step_.rend(); ++it) {
+    if (it->second.done) {
+      mode_ = it->second.record.to_mode();
+      break;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pscluster::coord

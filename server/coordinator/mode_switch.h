@@ -2,33 +2,29 @@
 // workers have finished each, and the mode in effect. Workers poll before every step with
 // the step they are about to run; the highest such step (max_polled) bounds where a new
 // switch may go, so no worker can have passed it. A switch is done when every worker rank
-// has reported it. Independent of gRPC and of membership (its owner checks who calls).
-// Not thread-safe: the owner (Membership) guards it with its own mutex.
+// has reported it. Independent of gRPC and of cluster (its owner checks who calls).
+// Not thread-safe: the owner (ClusterState) guards it with its own mutex.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "common/training_mode.h"
 #include "proto/coordinator.pb.h"
 
 namespace pscluster::coord {
 
-// The training modes, in the order messages list them.
-inline constexpr std::array<absl::string_view, 4> kModes = {"ps", "allreduce", "fsdp", "pipeline"};
-
-// INVALID_ARGUMENT for a mode not in kModes (listing them); FAILED_PRECONDITION for "ps"
-// in a cluster without parameter-server shards.
-absl::Status ValidateMode(absl::string_view mode, int num_shards);
+// INVALID_ARGUMENT for UNSPECIFIED or a value outside the enum (listing the modes);
+// FAILED_PRECONDITION for PS in a cluster without parameter-server shards.
+absl::Status ValidateMode(TrainingMode mode, int num_shards);
 
 struct SwitchScheduleOptions {
-  std::string initial_mode = "ps";  // the mode before any switch; must pass ValidateMode
-  int num_shards = 1;               // 0: switching to "ps" is refused
-  int num_workers = 1;              // ranks [0, num_workers) must each report a switch
+  TrainingMode initial_mode = PS;  // the mode before any switch; must pass ValidateMode
+  int num_shards = 1;              // 0: switching to "ps" is refused
+  int num_workers = 1;             // ranks [0, num_workers) must each report a switch
 };
 
 class SwitchSchedule {
@@ -46,12 +42,11 @@ class SwitchSchedule {
 
   // Schedules a switch to `mode` at `at_step` (0: max_polled + 1, the next boundary no
   // worker has reached). INVALID_ARGUMENT for an unknown mode or a negative step;
-  // FAILED_PRECONDITION for "ps" without shards or a step <= max_polled; ALREADY_EXISTS
+  // FAILED_PRECONDITION for PS without shards or a step <= max_polled; ALREADY_EXISTS
   // for a step that has a switch to another mode. When `mode` is already the mode in
   // effect at that step, schedules nothing and answers no_op with the switch that puts it
   // in effect (0/0 for the starting mode). `unix_ms`: now, kept until the switch is done.
-  absl::StatusOr<SwitchModeResponse> Schedule(absl::string_view mode, int64_t at_step,
-                                              int64_t unix_ms);
+  absl::StatusOr<SwitchModeResponse> Schedule(TrainingMode mode, int64_t at_step, int64_t unix_ms);
 
   struct AckResult {
     bool changed = false;  // a new report was recorded (the view changed)
@@ -65,11 +60,17 @@ class SwitchSchedule {
   absl::StatusOr<AckResult> Acknowledge(const ReportSwitchRequest& r, int64_t unix_ms);
 
   // The mode of the done switch with the highest at_step, or the starting mode.
-  const std::string& mode() const { return mode_; }
+  TrainingMode mode() const { return mode_; }
   // The highest step any worker has polled with; -1 before the first poll.
   int64_t max_polled() const { return max_polled_; }
-  // Sets view->mode, ->switches and ->pending_switches.
+  // Sets view->mode, ->initial_mode, ->switches and ->pending_switches.
   void FillView(ClusterView* view) const;
+
+  // What a restarted coordinator needs to continue the schedule: the switches (done and
+  // pending), max_polled and the next id, into `state`; Restore takes them back
+  // (INVALID_ARGUMENT for a record that does not pass the checks Schedule makes).
+  void Save(CoordinatorState* state) const;
+  absl::Status Restore(const CoordinatorState& state);
 
  private:
   struct Entry {
@@ -82,7 +83,7 @@ class SwitchSchedule {
   const SwitchScheduleOptions options_;
   std::map<int64_t, Entry> by_step_;  // every switch scheduled, by at_step
   std::vector<SwitchRecord> done_;    // in the order they completed
-  std::string mode_;
+  TrainingMode mode_;
   int64_t max_polled_ = -1;
   int64_t next_id_ = 1;
 };

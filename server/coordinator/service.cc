@@ -6,8 +6,9 @@
 
 namespace pscluster::coord {
 
-CoordinatorService::CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait)
-    : membership_(membership), kv_(kv), max_wait_(max_wait) {}
+CoordinatorService::CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
+                                       Checkpointer* checkpointer)
+    : cluster_(cluster), kv_(kv), max_wait_(max_wait), checkpointer_(checkpointer) {}
 
 absl::Time CoordinatorService::Deadline(const grpc::ServerContext* ctx) const {
   return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + max_wait_);
@@ -25,20 +26,20 @@ grpc::Status Answer(Fn fn, T* out) {
 grpc::Status CoordinatorService::Register(grpc::ServerContext*, const RegisterRequest* req,
                                           RegisterResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return membership_->Register(*req); }, resp);
+  return Answer([&] { return cluster_->Register(*req); }, resp);
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
                                            HeartbeatResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return membership_->Heartbeat(*req); }, resp);
+  return Answer([&] { return cluster_->Heartbeat(*req); }, resp);
 }
 
 grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
                                                 const ReportProgressRequest* req,
                                                 ReportProgressResponse*) {
   InFlightCounter::Scope scope(&in_flight_);
-  return ToGrpcStatus(membership_->ReportProgress(*req));
+  return ToGrpcStatus(cluster_->ReportProgress(*req));
 }
 
 grpc::Status CoordinatorService::GetView(grpc::ServerContext* ctx, const GetViewRequest* req,
@@ -46,8 +47,7 @@ grpc::Status CoordinatorService::GetView(grpc::ServerContext* ctx, const GetView
   InFlightCounter::Scope scope(&in_flight_);
   return Answer(
       [&] {
-        return membership_->AwaitView(req->min_version(), req->wait_until_complete(),
-                                      Deadline(ctx));
+        return cluster_->AwaitView(req->min_version(), req->wait_until_complete(), Deadline(ctx));
       },
       resp);
 }
@@ -70,19 +70,33 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext* ctx, const KvGetRequ
 grpc::Status CoordinatorService::SwitchMode(grpc::ServerContext*, const SwitchModeRequest* req,
                                             SwitchModeResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return membership_->SwitchMode(*req); }, resp);
+  return Answer([&] { return cluster_->SwitchMode(*req); }, resp);
 }
 
 grpc::Status CoordinatorService::PollSwitch(grpc::ServerContext*, const PollSwitchRequest* req,
                                             PollSwitchResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return membership_->PollSwitch(*req); }, resp);
+  return Answer([&] { return cluster_->PollSwitch(*req); }, resp);
 }
 
 grpc::Status CoordinatorService::ReportSwitch(grpc::ServerContext*, const ReportSwitchRequest* req,
                                               ReportSwitchResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return membership_->ReportSwitch(*req); }, resp);
+  return Answer([&] { return cluster_->ReportSwitch(*req); }, resp);
+}
+
+grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
+                                            ::pscluster::coord::Checkpoint* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  if (checkpointer_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
+  }
+  return Answer(
+      [&] {
+        return checkpointer_->CheckpointNow(req->has_metric() ? std::optional(req->metric())
+                                                              : std::nullopt);
+      },
+      resp);
 }
 
 }  // namespace pscluster::coord

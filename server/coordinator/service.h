@@ -1,19 +1,22 @@
-// gRPC front of the coordinator's Membership and KvStore (synchronous API: blocking
-// reads wait on the handler thread, bounded by the RPC deadline).
+// gRPC front of the coordinator's ClusterState, KvStore and Checkpointer (synchronous API:
+// blocking reads and checkpoints wait on the handler thread, bounded by the RPC deadline).
 #pragma once
 
 #include "absl/time/time.h"
 #include "common/graceful_shutdown.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "server/coordinator/checkpointer.h"
+#include "server/coordinator/cluster_state.h"
 #include "server/coordinator/kv_store.h"
-#include "server/coordinator/membership.h"
 
 namespace pscluster::coord {
 
 class CoordinatorService final : public Coordinator::Service {
  public:
-  // Longest a blocking read waits when the caller set no shorter deadline.
-  CoordinatorService(Membership* membership, KvStore* kv, absl::Duration max_wait);
+  // Longest a blocking read waits when the caller set no shorter deadline. `checkpointer`
+  // null: the Checkpoint RPC answers FAILED_PRECONDITION.
+  CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
+                     Checkpointer* checkpointer = nullptr);
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*,
@@ -29,15 +32,18 @@ class CoordinatorService final : public Coordinator::Service {
                           PollSwitchResponse*) override;
   grpc::Status ReportSwitch(grpc::ServerContext*, const ReportSwitchRequest*,
                             ReportSwitchResponse*) override;
+  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest*,
+                          ::pscluster::coord::Checkpoint*) override;
 
   InFlightCounter* in_flight() { return &in_flight_; }
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
 
-  Membership* const membership_;
+  ClusterState* const cluster_;
   KvStore* const kv_;
   const absl::Duration max_wait_;
+  Checkpointer* const checkpointer_;
   InFlightCounter in_flight_;
 };
 

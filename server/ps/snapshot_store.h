@@ -54,6 +54,8 @@ class SnapshotStore {
 
   // Keeps the newest `keep_last` and the best by metric; deletes the rest (List, Delete).
   absl::StatusOr<std::vector<int64_t>> ApplyRetention(int keep_last, bool lower_is_better);
+  // Deletes every complete snapshot whose step is not in `keep`; returns their steps.
+  absl::StatusOr<std::vector<int64_t>> RetainOnly(const std::vector<int64_t>& keep);
 
   class Visitor {
    public:

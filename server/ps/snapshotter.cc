@@ -160,8 +160,10 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     absl::MutexLock lock(&mu_);
     bytes_total_ = bytes;
     bytes_written_ = 0;
-    writer_ =
-        std::thread(&Snapshotter::WriteInBackground, this, request.step(), std::move(images), wo);
+    std::vector<int64_t> keep(request.keep_steps().begin(), request.keep_steps().end());
+    if (!keep.empty()) keep.push_back(request.step());
+    writer_ = std::thread(&Snapshotter::WriteInBackground, this, request.step(), std::move(images),
+                          wo, std::move(keep));
   }
   SnapshotResponse response;
   response.set_step(request.step());
@@ -171,7 +173,8 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
 }
 
 void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
-                                    SnapshotStore::WriteOptions options) {
+                                    SnapshotStore::WriteOptions options,
+                                    std::vector<int64_t> keep) {
   std::printf("ps_server: snapshot of step %lld: writing %llu bytes\n",
               static_cast<long long>(step), static_cast<unsigned long long>(bytes_total()));
   std::fflush(stdout);
@@ -187,7 +190,10 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
   images.clear();  // free the staging copy before retention's compaction
   absl::Status status = manifest.status();
   if (status.ok()) {
-    status = store_->ApplyRetention(options_.keep_last, options_.lower_metric_is_better).status();
+    status =
+        keep.empty()
+            ? store_->ApplyRetention(options_.keep_last, options_.lower_metric_is_better).status()
+            : store_->RetainOnly(keep).status();
   }
   absl::MutexLock lock(&mu_);
   in_progress_ = false;

@@ -60,8 +60,9 @@ class Snapshotter {
   Snapshotter(Shard* shard, SnapshotterOptions options, std::unique_ptr<SnapshotStorage> local,
               std::unique_ptr<SnapshotStore> store);
   uint64_t bytes_total() const;
+  // `keep`: the coordinator's retention (SnapshotRequest.keep_steps); empty: our own.
   void WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
-                         SnapshotStore::WriteOptions options);
+                         SnapshotStore::WriteOptions options, std::vector<int64_t> keep);
 
   Shard* const shard_;
   const SnapshotterOptions options_;

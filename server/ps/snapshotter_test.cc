@@ -873,5 +873,27 @@ TEST_F(SnapshotterTest, RetentionKeepsLastAndBest) {
   }
 }
 
+TEST_F(SnapshotterTest, KeepStepsFromTheCoordinatorOverrideTheShardsOwnRetention) {
+  Shard shard(ShardOptions{0, 1});
+  shard.RegisterWorker(0);
+  ASSERT_TRUE(shard.CreateTable(SgdSpec(1, TableSpec::DENSE, ConsistencyConfig::ASP)).ok());
+  SnapshotterOptions o = Options();
+  o.root = root_ + "/coordinated";
+  o.keep_last = 1;  // the shard alone would keep only the newest
+  auto snap = Make(&shard, o);
+  ASSERT_NE(snap, nullptr);
+  for (int64_t step = 1; step <= 4; ++step) {
+    PushDenseSlice(shard, 1, 0, step, std::vector<float>(8, 0.5f));
+    SnapshotRequest r = Request(step, 0);
+    for (int64_t kept : {int64_t{1}, step - 1}) r.add_keep_steps(kept);  // this step is kept too
+    SnapshotAndWait(*snap, r);
+  }
+  auto list = snap->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  std::vector<int64_t> steps;
+  for (const SnapshotInfo& i : list->snapshots()) steps.push_back(i.step());
+  EXPECT_THAT(steps, ElementsAre(1, 3, 4));
+}
+
 }  // namespace
 }  // namespace pscluster::ps

@@ -3,9 +3,9 @@
 //   psctl --coordinator=HOST:PORT status        mode, members, liveness, steps, loss,
 //                                               samples/s, last complete checkpoint, mode
 //                                               switches (done and pending)
-//   psctl --coordinator=HOST:PORT checkpoint    snapshot every shard now (at the step the
-//                                               tables have reached); waits until durable
-//   psctl --coordinator=HOST:PORT checkpoints   complete checkpoints (on every shard)
+//   psctl --coordinator=HOST:PORT checkpoint    asks the coordinator for a checkpoint now
+//                                               (its step, every shard); waits until durable
+//   psctl --coordinator=HOST:PORT checkpoints   the coordinator's complete checkpoints
 //   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline [--at_step=N]
 //                                               switch every worker live at step N
 //                                               (default: the next step boundary)
@@ -28,7 +28,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/ps/ps_client.h"
+#include "client/coordinator/coordinator_operator.h"
+#include "common/training_mode.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -50,35 +51,8 @@ int Error(int code, const std::string& message) {
   return code;
 }
 
-std::unique_ptr<coord::Coordinator::Stub> Connect(const std::string& address) {
-  return coord::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-}
-
-void SetDeadline(grpc::ClientContext* ctx) {
-  ctx->set_deadline(
-      absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
-}
-
-absl::StatusOr<coord::ClusterView> FetchView(const std::string& address) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  coord::ClusterView view;
-  grpc::Status s = Connect(address)->GetView(&ctx, coord::GetViewRequest(), &view);
-  if (!s.ok())
-    return absl::UnavailableError(absl::StrCat("coordinator ", address, ": ", s.error_message()));
-  return view;
-}
-
-absl::StatusOr<std::unique_ptr<PsClient>> Shards(const coord::ClusterView& view) {
-  PsClientOptions o;
-  for (const std::string& a : view.shard_addresses()) {
-    if (a.empty()) return absl::UnavailableError("a shard has not registered yet");
-    o.shard_addresses.push_back(a);
-  }
-  o.worker_id = -1;  // an operator, not a worker
-  o.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
-  return PsClient::Create(o);
+CoordinatorOperator Connect(const std::string& address) {
+  return CoordinatorOperator(address, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
 }
 
 // The mode switches: done ones in the order they completed, then pending ones by step.
@@ -90,11 +64,12 @@ void PrintSwitches(const coord::ClusterView& view) {
   std::printf("%6s %9s %-10s %-10s %9s %s\n", "SWITCH", "AT_STEP", "FROM", "TO", "HANDOFF_S",
               "STATE");
   auto row = [](const coord::SwitchRecord& s, const std::string& state) {
+    const bool reported = s.from_mode() != coord::TRAINING_MODE_UNSPECIFIED;
     std::printf("%6lld %9lld %-10s %-10s %9s %s\n", static_cast<long long>(s.switch_id()),
-                static_cast<long long>(s.at_step()),
-                s.from_mode().empty() ? "-" : s.from_mode().c_str(), s.to_mode().c_str(),
-                s.from_mode().empty() ? "-"  // no worker has reported it yet
-                                      : absl::StrFormat("%.3f", s.handoff_seconds()).c_str(),
+                static_cast<long long>(s.at_step()), reported ? ModeName(s.from_mode()) : "-",
+                ModeName(s.to_mode()),
+                reported ? absl::StrFormat("%.3f", s.handoff_seconds()).c_str()
+                         : "-",  // no worker has reported it yet
                 state.c_str());
   };
   for (const auto& s : view.switches()) {
@@ -112,7 +87,7 @@ void PrintSwitches(const coord::ClusterView& view) {
 
 int Status(const coord::ClusterView& view) {
   std::printf("cluster view %lld: mode %s, global step %lld, %s\n",
-              static_cast<long long>(view.version()), view.mode().c_str(),
+              static_cast<long long>(view.version()), ModeName(view.mode()),
               static_cast<long long>(view.global_step()),
               view.complete() ? "complete" : "INCOMPLETE");
   std::printf("%-8s %4s %-6s %-22s %5s %9s %9s %10s\n", "ROLE", "ID", "ALIVE", "ADDRESS", "INC",
@@ -126,91 +101,73 @@ int Status(const coord::ClusterView& view) {
                 worker ? absl::StrFormat("%.4f", m.loss()).c_str() : "-",
                 worker ? absl::StrFormat("%.0f", m.samples_per_sec()).c_str() : "-");
   }
-  auto shards = Shards(view);
-  std::string last = "none";
-  if (shards.ok()) {
-    auto checkpoints = (*shards)->CompleteSnapshots();
-    if (checkpoints.ok() && !checkpoints->empty())
-      last = absl::StrCat("step ", checkpoints->back().step());
-    if (!checkpoints.ok()) last = "unknown (" + checkpoints.status().ToString() + ")";
-  }
+  const std::string last = view.checkpoints().empty()
+                               ? "none"
+                               : absl::StrCat("step ", view.checkpoints().rbegin()->step());
   std::printf("last checkpoint: %s\n", last.c_str());
   PrintSwitches(view);
   return view.complete() ? kOk : kUnhealthy;
 }
 
+// The coordinator's manifest: the checkpoints complete on every shard, ascending.
 int Checkpoints(const coord::ClusterView& view) {
-  auto shards = Shards(view);
-  if (!shards.ok()) return Error(kUnreachable, shards.status().ToString());
-  auto checkpoints = (*shards)->CompleteSnapshots();
-  if (!checkpoints.ok()) return Error(kUnreachable, checkpoints.status().ToString());
-  std::printf("%10s %12s %10s\n", "STEP", "BYTES", "METRIC");
-  for (const auto& c : *checkpoints) {
-    std::printf("%10lld %12llu %10s\n", static_cast<long long>(c.step()),
-                static_cast<unsigned long long>(c.bytes()),
-                c.has_metric() ? absl::StrFormat("%.4f", c.metric()).c_str() : "-");
+  std::printf("%10s %10s %s\n", "STEP", "METRIC", "TAKEN");
+  for (const auto& c : view.checkpoints()) {
+    std::printf("%10lld %10s %s\n", static_cast<long long>(c.step()),
+                c.has_metric() ? absl::StrFormat("%.4f", c.metric()).c_str() : "-",
+                absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(c.unix_ms()),
+                                 absl::UTCTimeZone())
+                    .c_str());
   }
-  return kOk;
-}
-
-int Checkpoint(const coord::ClusterView& view) {
-  auto shards = Shards(view);
-  if (!shards.ok()) return Error(kUnreachable, shards.status().ToString());
-  auto furthest = (*shards)->FurthestAppliedStep();  // BSP tables are held there
-  if (!furthest.ok()) return Error(kUnreachable, furthest.status().ToString());
-  const int64_t step = *furthest;
-  absl::Status s = (*shards)->Snapshot(step);
-  if (!s.ok())
-    return Error(kUnhealthy, "snapshot of step " + absl::StrCat(step) + ": " + s.ToString());
-  auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
-  if (!done.ok()) return Error(kUnreachable, done.status().ToString());
-  for (const auto& d : *done) {
-    if (!d.last_error().empty())
-      return Error(kUnhealthy, "a shard failed to write: " + d.last_error());
-  }
-  std::printf("checkpoint of step %lld is complete on %d shard(s)\n", static_cast<long long>(step),
-              (*shards)->num_shards());
   return kOk;
 }
 
 // INVALID_ARGUMENT: the operator asked for something impossible (usage); unreachable;
 // anything else: the coordinator refused.
-int ExitCodeOf(const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::INVALID_ARGUMENT:
+int ExitCodeOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
       return kUsage;
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
       return kUnreachable;
     default:
       return kUnhealthy;
   }
 }
 
+// Asks the coordinator (the only checkpoint initiator) for a checkpoint now.
+int Checkpoint(const std::string& address) {
+  absl::StatusOr<coord::Checkpoint> done = Connect(address).Checkpoint(
+      std::nullopt, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
+  if (!done.ok())
+    return Error(ExitCodeOf(done.status()), "checkpoint: " + done.status().ToString());
+  std::printf("checkpoint of step %lld is complete on every shard\n",
+              static_cast<long long>(done->step()));
+  return kOk;
+}
+
 int SwitchMode(const std::string& address) {
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  coord::SwitchModeRequest req;
-  req.set_mode(mode);
-  req.set_at_step(absl::GetFlag(FLAGS_at_step));
-  coord::SwitchModeResponse resp;
-  grpc::Status s = Connect(address)->SwitchMode(&ctx, req, &resp);
-  if (!s.ok()) {
-    return Error(ExitCodeOf(s), "switch-mode: " + s.error_message());
+  const std::string name = absl::GetFlag(FLAGS_mode);
+  if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
+  absl::StatusOr<coord::TrainingMode> parsed = coord::ParseMode(name);
+  if (!parsed.ok()) return Error(kUsage, "switch-mode: --mode: " + parsed.status().ToString());
+  const char* mode = ModeName(*parsed);
+  absl::StatusOr<ScheduledSwitch> resp =
+      Connect(address).SwitchMode(*parsed, absl::GetFlag(FLAGS_at_step));
+  if (!resp.ok()) {
+    return Error(ExitCodeOf(resp.status()), "switch-mode: " + resp.status().ToString());
   }
-  if (resp.no_op()) {
-    const std::string since = resp.switch_id() == 0 ? "the starting mode"
-                                                    : absl::StrCat("switch ", resp.switch_id(),
-                                                                   " at step ", resp.at_step());
-    std::printf("mode %s is already in effect at that step (%s); nothing scheduled\n", mode.c_str(),
+  if (resp->no_op) {
+    const std::string since =
+        resp->switch_id == 0 ? "the starting mode"
+                             : absl::StrCat("switch ", resp->switch_id, " at step ", resp->at_step);
+    std::printf("mode %s is already in effect at that step (%s); nothing scheduled\n", mode,
                 since.c_str());
     return kOk;
   }
-  std::printf("switch %lld to %s scheduled at step %lld\n",
-              static_cast<long long>(resp.switch_id()), mode.c_str(),
-              static_cast<long long>(resp.at_step()));
+  std::printf("switch %lld to %s scheduled at step %lld\n", static_cast<long long>(resp->switch_id),
+              mode, static_cast<long long>(resp->at_step));
   return kOk;
 }
 
@@ -231,9 +188,12 @@ int main(int argc, char** argv) {
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
   if (command == "switch-mode") return SwitchMode(address);
-  auto view = FetchView(address);
-  if (!view.ok()) return Error(kUnreachable, view.status().ToString());
+  if (command == "checkpoint") return Checkpoint(address);
+  auto view = Connect(address).View();
+  if (!view.ok()) {
+    return Error(kUnreachable,
+                 absl::StrCat("coordinator ", address, ": ", view.status().ToString()));
+  }
   if (command == "status") return Status(*view);
-  if (command == "checkpoints") return Checkpoints(*view);
-  return Checkpoint(*view);
+  return Checkpoints(*view);
 }

@@ -16,7 +16,7 @@ namespace {
 
 // A coordinator service for `workers` workers (one shard expected) on a free loopback port.
 struct Coordinator {
-  explicit Coordinator(int workers) : membership(coord::MembershipOptions{1, workers}) {
+  explicit Coordinator(int workers) : cluster(coord::ClusterStateOptions{1, workers}) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
@@ -24,9 +24,9 @@ struct Coordinator {
   }
   ~Coordinator() { server->Shutdown(); }
 
-  coord::Membership membership;
+  coord::ClusterState cluster;
   coord::KvStore kv;
-  coord::CoordinatorService service{&membership, &kv, absl::Minutes(1)};
+  coord::CoordinatorService service{&cluster, &kv, absl::Minutes(1)};
   int port = 0;
   std::unique_ptr<grpc::Server> server;
 };

@@ -35,7 +35,7 @@ class GzReader {
       if (err == ENOENT) {
         return absl::NotFoundError(absl::StrCat(path,
                                                 ": no such file; install it with `apt-get install "
-                                                "dataset-fashion-mnist` or pass --data_dir"));
+                                                "dataset-fashion-mnist` or pass --dataset_dir"));
       }
       return absl::FailedPreconditionError(
           absl::StrCat(path, ": cannot open: ", err != 0 ? std::strerror(err) : "gzopen failed"));

@@ -124,7 +124,7 @@ TEST_F(FashionMnistFileTest, MissingFileIsNotFoundWithInstallHint) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(d.status().message(), HasSubstr(Path("train-images-idx3-ubyte.gz")));
   EXPECT_THAT(d.status().message(), HasSubstr("apt-get install dataset-fashion-mnist"));
-  EXPECT_THAT(d.status().message(), HasSubstr("--data_dir"));
+  EXPECT_THAT(d.status().message(), HasSubstr("--dataset_dir"));
 }
 
 TEST_F(FashionMnistFileTest, MissingLabelsFileIsNotFound) {

@@ -39,7 +39,7 @@ class AllReducePlacement final : public Placement {
     return absl::OkStatus();
   }
 
-  Mode mode() const override { return Mode::kAllReduce; }
+  Mode mode() const override { return coord::ALLREDUCE; }
 
   std::vector<std::pair<std::string, double>> Figures() const override {
     return {{"allreduce_buckets", static_cast<double>(buckets_.size())}};

@@ -50,7 +50,7 @@ class FsdpPlacement final : public Placement {
     return absl::OkStatus();
   }
 
-  Mode mode() const override { return Mode::kFsdp; }
+  Mode mode() const override { return coord::FSDP; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(CheckState(state, spec_, ctx_.optimizer));

@@ -37,9 +37,9 @@ TEST_P(ModeEquivalenceTest, OneAndTenStepsMatchTheSingleProcessReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ModeEquivalenceTest,
-                         ::testing::Values(Case{Mode::kAllReduce, 2}, Case{Mode::kFsdp, 2},
-                                           Case{Mode::kFsdp, 3}, Case{Mode::kPipeline, 1},
-                                           Case{Mode::kPipeline, 2}, Case{Mode::kPipeline, 3}),
+                         ::testing::Values(Case{coord::ALLREDUCE, 2}, Case{coord::FSDP, 2},
+                                           Case{coord::FSDP, 3}, Case{coord::PIPELINE, 1},
+                                           Case{coord::PIPELINE, 2}, Case{coord::PIPELINE, 3}),
                          [](const auto& info) {
                            return absl::StrCat(ModeName(info.param.mode), "_", info.param.world,
                                                "_workers");
@@ -49,7 +49,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeEquivalenceTest,
 // cap cuts the tensors, last layer first, into 3 buckets), matches the reference too.
 TEST(ModeEquivalenceTest, AllReduceInSmallBucketsMatchesTheReference) {
   auto options = [](int r) {
-    TrainerOptions o = Options(Mode::kAllReduce, r, 3, ps::OptimizerConfig::MOMENTUM);
+    TrainerOptions o = Options(coord::ALLREDUCE, r, 3, ps::OptimizerConfig::MOMENTUM);
     o.bucket_bytes = 160 * sizeof(float);
     return o;
   };
@@ -66,13 +66,13 @@ TEST(ModeEquivalenceTest, AllReduceInSmallBucketsMatchesTheReference) {
 }
 
 TEST(ModeSwitchTest, RoundTripThroughEveryCollectiveModeKeepsTheStateBitwise) {
-  auto options = [](int r) { return Options(Mode::kAllReduce, r, 2, ps::OptimizerConfig::ADAM); };
+  auto options = [](int r) { return Options(coord::ALLREDUCE, r, 2, ps::OptimizerConfig::ADAM); };
   OnRanks(2, options, [&](int r, Trainer& t) {
     for (int64_t step = 0; step < 3; ++step) ASSERT_TRUE(t.Step(step).ok());
     auto before = t.State(3);
     ASSERT_TRUE(before.ok());
     ASSERT_EQ(before->slots[0].size(), 2u);  // Adam's m and v
-    for (Mode m : {Mode::kFsdp, Mode::kPipeline, Mode::kAllReduce}) {
+    for (Mode m : {coord::FSDP, coord::PIPELINE, coord::ALLREDUCE}) {
       absl::Status s = t.SwitchTo(m, 3);
       ASSERT_TRUE(s.ok()) << s;
       ASSERT_EQ(t.mode(), m);
@@ -85,11 +85,11 @@ TEST(ModeSwitchTest, RoundTripThroughEveryCollectiveModeKeepsTheStateBitwise) {
 
 TEST(ModeSwitchTest, RunSwitchingEveryThreeStepsMatchesTheReference) {
   auto options = [](int r) {
-    return Options(Mode::kAllReduce, r, 2, ps::OptimizerConfig::MOMENTUM);
+    return Options(coord::ALLREDUCE, r, 2, ps::OptimizerConfig::MOMENTUM);
   };
   const ModelState want = Reference(options(0), 12);
   OnRanks(2, options, [&](int r, Trainer& t) {
-    const Mode order[] = {Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline, Mode::kAllReduce};
+    const Mode order[] = {coord::ALLREDUCE, coord::FSDP, coord::PIPELINE, coord::ALLREDUCE};
     for (int64_t step = 0; step < 12; ++step) {
       if (step % 3 == 0 && step > 0) ASSERT_TRUE(t.SwitchTo(order[step / 3], step).ok());
       ASSERT_TRUE(t.Step(step).ok()) << "step " << step;
@@ -101,7 +101,7 @@ TEST(ModeSwitchTest, RunSwitchingEveryThreeStepsMatchesTheReference) {
 }
 
 TEST(ModeSwitchTest, AdamRunsAgreeAcrossModesWithinTolerance) {
-  for (Mode m : {Mode::kFsdp, Mode::kPipeline}) {
+  for (Mode m : {coord::FSDP, coord::PIPELINE}) {
     auto options = [m](int r) { return Options(m, r, 2, ps::OptimizerConfig::ADAM); };
     const ModelState want = Reference(options(0), 10);
     OnRanks(2, options, [&](int r, Trainer& t) {
@@ -117,7 +117,7 @@ TEST(ModeSwitchTest, AdamRunsAgreeAcrossModesWithinTolerance) {
 
 TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) {
   gloo::rendezvous::HashStore store;
-  TrainerOptions o = Options(Mode::kPipeline, 0, 1, ps::OptimizerConfig::SGD);
+  TrainerOptions o = Options(coord::PIPELINE, 0, 1, ps::OptimizerConfig::SGD);
   o.micro_batches = 3;  // does not divide 8
   o.connect = [&](const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
     return collective::CreateGlooCommunicator(&store, collective::GlooOptions{0, 1});
@@ -140,19 +140,20 @@ TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) 
   ctx.optimizer = opt.get();
   auto comm = *collective::CreateGlooCommunicator(&store2, collective::GlooOptions{0, 1});
   ctx.comm = comm.get();
-  auto p = MakePlacement(Mode::kPipeline, ctx);
+  auto p = MakePlacement(coord::PIPELINE, ctx);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(p.status().message().find("at least one layer per worker"), std::string::npos)
       << p.status();
-  EXPECT_EQ(MakePlacement(Mode::kPs, ctx).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ParseMode("zero").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePlacement(coord::PS, ctx).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MakePlacement(coord::TRAINING_MODE_UNSPECIFIED, ctx).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The embedding test model: ALLREDUCE holds the table whole, steps only the rows some
 // worker touched (each with its own update count), and matches the reference.
 TEST(EmbeddingModelTest, AllReduceMatchesTheSingleProcessReference) {
   for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
-    auto options = [&](int r) { return testing::EmbeddingOptions(Mode::kAllReduce, r, 2, kind); };
+    auto options = [&](int r) { return testing::EmbeddingOptions(coord::ALLREDUCE, r, 2, kind); };
     const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
     ASSERT_EQ(ten.embeddings.size(), 1u);
     OnRanks(2, options, [&](int r, Trainer& t) { ExpectOneAndTenStepsMatch(t, r, one, ten); });
@@ -160,7 +161,7 @@ TEST(EmbeddingModelTest, AllReduceMatchesTheSingleProcessReference) {
 }
 
 TEST(EmbeddingModelTest, ModesThatCannotHoldEmbeddingsRefuseNamingTheReason) {
-  for (Mode mode : {Mode::kFsdp, Mode::kPipeline}) {
+  for (Mode mode : {coord::FSDP, coord::PIPELINE}) {
     gloo::rendezvous::HashStore store;
     TrainerOptions o = testing::EmbeddingOptions(mode, 0, 1, ps::OptimizerConfig::SGD);
     o.connect =
@@ -168,29 +169,26 @@ TEST(EmbeddingModelTest, ModesThatCannotHoldEmbeddingsRefuseNamingTheReason) {
       return collective::CreateGlooCommunicator(&store, collective::GlooOptions{0, 1});
     };
     auto t = Trainer::Create(o, &Data(), nullptr, compute::MakeCpuBackend(1));
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << ModeName(mode);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << coord::ModeName(mode);
     EXPECT_NE(t.status().message().find("embedding"), std::string::npos) << t.status();
   }
 }
 
-TEST(ModeAtTest, TheLastSwitchBeforeTheStepDecidesDoneOrPending) {
+TEST(RollbackModeTest, ACheckpointLoadsIntoTheModeBeforeItsStepAndTheSwitchThereIsReplayed) {
   coord::ClusterView v;
-  v.set_mode("allreduce");  // after the done switch below
-  auto add = [](auto* list, int64_t at, const std::string& from, const std::string& to) {
+  v.set_initial_mode(coord::FSDP);
+  v.set_mode(coord::ALLREDUCE);  // after the done switch below
+  auto add = [](auto* list, int64_t at, coord::TrainingMode to) {
     coord::SwitchRecord* r = list->Add();
     r->set_at_step(at);
-    r->set_from_mode(from);
     r->set_to_mode(to);
   };
-  EXPECT_EQ(*ModeAt(v, 5, Mode::kPs), Mode::kAllReduce) << "no switches: the view's mode";
-  add(v.mutable_switches(), 100, "fsdp", "allreduce");
-  add(v.mutable_pending_switches(), 200, "", "pipeline");  // nobody has reported it yet
-  EXPECT_EQ(*ModeAt(v, 100, Mode::kPs), Mode::kFsdp) << "a switch at the step comes after it";
-  EXPECT_EQ(*ModeAt(v, 101, Mode::kPs), Mode::kAllReduce);
-  EXPECT_EQ(*ModeAt(v, 250, Mode::kPs), Mode::kPipeline);
-  v.set_mode("bogus");
-  v.clear_switches();
-  EXPECT_EQ(ModeAt(v, 1, Mode::kPs).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RollbackMode(v, 0), coord::FSDP) << "no switches: the initial mode";
+  add(v.mutable_switches(), 100, coord::ALLREDUCE);
+  add(v.mutable_pending_switches(), 200, coord::PIPELINE);  // nobody has reported it yet
+  EXPECT_EQ(RollbackMode(v, 100), coord::FSDP) << "the switch at the step is taken again";
+  EXPECT_EQ(RollbackMode(v, 101), coord::ALLREDUCE);
+  EXPECT_EQ(RollbackMode(v, 250), coord::PIPELINE);
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ class PipelinePlacement final : public Placement {
     return absl::OkStatus();
   }
 
-  Mode mode() const override { return Mode::kPipeline; }
+  Mode mode() const override { return coord::PIPELINE; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(CheckState(state, spec_, ctx_.optimizer));

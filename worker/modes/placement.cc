@@ -12,28 +12,6 @@
 
 namespace pscluster::modes {
 
-const char* ModeName(Mode mode) {
-  switch (mode) {
-    case Mode::kPs:
-      return "ps";
-    case Mode::kAllReduce:
-      return "allreduce";
-    case Mode::kFsdp:
-      return "fsdp";
-    case Mode::kPipeline:
-      return "pipeline";
-  }
-  return "?";
-}
-
-absl::StatusOr<Mode> ParseMode(absl::string_view name) {
-  for (Mode m : {Mode::kPs, Mode::kAllReduce, Mode::kFsdp, Mode::kPipeline}) {
-    if (name == ModeName(m)) return m;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("mode '", name, "' is unknown; use ps, allreduce, fsdp or pipeline"));
-}
-
 ModelState InitialState(const model::ModelSpec& spec, const core::Optimizer& opt) {
   ModelState state;
   for (const model::TensorSpec& t : spec.params) {
@@ -152,16 +130,17 @@ void BatchAt(data::BatchIterator* it, int64_t step, data::Batch* out) {
 
 absl::StatusOr<std::unique_ptr<Placement>> MakePlacement(Mode mode, const PlacementContext& ctx) {
   switch (mode) {
-    case Mode::kPs:
+    case coord::PS:
       return internal::MakePsPlacement(ctx);
-    case Mode::kAllReduce:
+    case coord::ALLREDUCE:
       return internal::MakeAllReducePlacement(ctx);
-    case Mode::kFsdp:
+    case coord::FSDP:
       return internal::MakeFsdpPlacement(ctx);
-    case Mode::kPipeline:
+    case coord::PIPELINE:
       return internal::MakePipelinePlacement(ctx);
+    default:
+      return coord::CheckMode("mode", mode);
   }
-  return absl::InvalidArgumentError("unknown mode");
 }
 
 }  // namespace pscluster::modes

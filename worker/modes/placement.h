@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/ps/parameter_store.h"
+#include "common/training_mode.h"
 #include "core/optimizer/optimizer.h"
 #include "proto/ps.pb.h"
 #include "worker/collective/communicator.h"
@@ -36,10 +37,9 @@
 
 namespace pscluster::modes {
 
-enum class Mode { kPs, kAllReduce, kFsdp, kPipeline };
-// "ps", "allreduce", "fsdp", "pipeline".
-const char* ModeName(Mode mode);
-absl::StatusOr<Mode> ParseMode(absl::string_view name);
+// The training modes are the wire's (proto/coordinator.proto); their names and parsing are
+// common/training_mode.h's.
+using Mode = coord::TrainingMode;
 
 // An embedding table's whole state, dense over its vocabulary (the collective modes hold
 // it so; the shards create rows on first touch from the same initializer).

@@ -45,7 +45,7 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
       ctx.comm = comm->get();
       ctx.ps = stores[r].get();
       ctx.optimizer = opt.get();
-      auto p = MakePlacement(Mode::kPs, ctx);
+      auto p = MakePlacement(coord::PS, ctx);
       ASSERT_TRUE(p.ok()) << p.status();
       ASSERT_TRUE((*p)->Load(InitialState(def->spec(), *opt), 0).ok());
       for (int64_t step = 0; step < 10; ++step) {
@@ -64,12 +64,12 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
 }
 
 TEST(PsInProcessTest, MlpMatchesTheSingleProcessReference) {
-  ExpectPsMatchesReference(testing::Options(Mode::kPs, 0, 2, ps::OptimizerConfig::MOMENTUM), 2);
+  ExpectPsMatchesReference(testing::Options(coord::PS, 0, 2, ps::OptimizerConfig::MOMENTUM), 2);
 }
 
 TEST(PsInProcessTest, EmbeddingModelMatchesTheSingleProcessReference) {
   for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
-    ExpectPsMatchesReference(testing::EmbeddingOptions(Mode::kPs, 0, 2, kind), 2);
+    ExpectPsMatchesReference(testing::EmbeddingOptions(coord::PS, 0, 2, kind), 2);
   }
 }
 

@@ -24,7 +24,7 @@ class PsPlacement final : public Placement {
     return absl::OkStatus();
   }
 
-  Mode mode() const override { return Mode::kPs; }
+  Mode mode() const override { return coord::PS; }
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(CheckState(state, spec_, nullptr));

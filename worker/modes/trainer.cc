@@ -30,31 +30,6 @@ bool PeerFailure(const absl::Status& s) {
 
 }  // namespace
 
-absl::StatusOr<Mode> ModeAt(const coord::ClusterView& view, int64_t step, Mode start) {
-  std::vector<const coord::SwitchRecord*> all;
-  for (const auto& r : view.switches()) all.push_back(&r);
-  for (const auto& r : view.pending_switches()) all.push_back(&r);
-  std::sort(all.begin(), all.end(),
-            [](const auto* a, const auto* b) { return a->at_step() < b->at_step(); });
-  // Before the first switch: the mode it left (once a worker reported it), else the
-  // view's (no switch done yet), else the mode this worker was started in.
-  std::string mode = !all.empty() && !all[0]->from_mode().empty()        ? all[0]->from_mode()
-                     : view.switches_size() == 0 && !view.mode().empty() ? view.mode()
-                                                                         : ModeName(start);
-  for (const auto* r : all) {
-    if (r->at_step() < step) mode = r->to_mode();  // a switch at `step` happens before it
-  }
-  return ParseMode(mode);
-}
-
-std::string Generation(const coord::ClusterView& view) {
-  std::string gen;
-  for (const auto& m : view.members()) {
-    absl::StrAppend(&gen, m.role() == coord::SHARD ? "s" : "w", m.id(), ".", m.incarnation(), "-");
-  }
-  return gen;
-}
-
 Trainer::Trainer(TrainerOptions options, const data::Dataset* train, const data::Dataset* test)
     : options_(std::move(options)), train_(train), test_(test) {}
 
@@ -128,151 +103,27 @@ PlacementContext Trainer::Context() const {
   return c;
 }
 
-absl::StatusOr<int64_t> Trainer::Start() {
-  CoordinatorClient* c = options_.coordinator;
-  if (c != nullptr) {
-    // A worker that replaces a failed one finds the run started: it joins the rollback.
-    auto started = c->KvGet("run/started", /*wait=*/false, options_.rpc_timeout);
-    if (started.ok()) return Rejoin(Generation(view_));
-    if (started.status().code() != absl::StatusCode::kNotFound) return started.status();
-  }
-  if (options_.connect) {
-    ASSIGN_OR_RETURN(comm_, options_.connect(absl::StrCat("gen/", Generation(view_), "/")));
-  }
-  ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
-  if (options_.mode != Mode::kPs) {  // the PS tables start from the same initializers
-    RETURN_IF_ERROR(placement_->Load(InitialState(model_->spec(), *optimizer_), 0));
-  }
-  if (c != nullptr && options_.rank == 0) RETURN_IF_ERROR(c->KvPut("run/started", "1"));
-  return 0;
-}
-
-absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
-  CoordinatorClient* c = options_.coordinator;
-  const int rank = options_.rank;
-  const std::string prefix = absl::StrCat("gen/", gen, "/");
-  placement_.reset();
-  comm_.reset();
-  RETURN_IF_ERROR(c->KvPut(absl::StrCat(prefix, "stopped/", rank), ""));
-  if (!view_.shard_addresses().empty()) {
-    RETURN_IF_ERROR(Connect({view_.shard_addresses().begin(), view_.shard_addresses().end()}));
-  }
-  int64_t back_to = 0;
-  if (rank == 0) {  // once every worker has stopped, roll every shard back
-    for (int r = 0; r < options_.world; ++r) {
-      RETURN_IF_ERROR(
-          c->KvGet(absl::StrCat(prefix, "stopped/", r), true, options_.recovery_timeout).status());
-    }
-    if (client_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
-          "a coordinator --data_dir to survive a worker failure)");
-    }
-    auto latest = client_->LatestCompleteSnapshot();
-    if (!latest.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("no checkpoint to roll back to (", latest.status().message(),
-                       "); run with --snapshot_every_epochs or a coordinator --data_dir"));
-    }
-    back_to = *latest;
-    RETURN_IF_ERROR(client_->Restore(back_to));
-    RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
-  } else {
-    ASSIGN_OR_RETURN(std::string value, c->KvGet(prefix + "step", true, options_.recovery_timeout));
-    if (!absl::SimpleAtoi(value, &back_to)) {
-      return absl::DataLossError("bad rollback step " + value);
-    }
-  }
-  if (options_.connect) {
-    ASSIGN_OR_RETURN(comm_, options_.connect(prefix));
-  }
-  // The mode the cluster trained the checkpoint's step in (every worker reads the same
-  // switch history); the switches after it are replayed as the steps come round again.
-  ASSIGN_OR_RETURN(const Mode mode, ModeAt(view_, back_to, options_.mode));
-  ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
-  if (mode != Mode::kPs) {
-    ASSIGN_OR_RETURN(auto from_shards, MakePlacement(Mode::kPs, Context()));
-    ASSIGN_OR_RETURN(ModelState state, from_shards->Gather(back_to, /*with_slots=*/true));
-    RETURN_IF_ERROR(placement_->Load(state, back_to));
-  }
-  return back_to;
-}
-
-absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
-  const std::string before = Generation(view_);
-  const absl::Time deadline = absl::Now() + options_.recovery_timeout;
-  int64_t version = view_.version();
-  std::set<std::pair<int, int>> named;  // members already reported down
-  while (true) {                        // each AwaitView blocks until the next change of the view
-    ASSIGN_OR_RETURN(coord::ClusterView v,
-                     options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now()));
-    for (const auto& m : v.members()) {  // name what failed, as the coordinator saw it
-      if (m.alive() || !named.insert({m.role(), m.id()}).second) continue;
-      std::printf("worker %d: %s %d is down (its heartbeats stopped); waiting for a replacement\n",
-                  options_.rank, m.role() == coord::SHARD ? "shard" : "worker rank", m.id());
-      std::fflush(stdout);
-    }
-    if (v.complete() && Generation(v) != before) return v;
-    version = v.version();
-  }
-}
-
-absl::StatusOr<int64_t> Trainer::Recover(int64_t failed_step, const absl::Status& cause) {
-  std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
-              options_.rank, static_cast<long long>(failed_step), cause.ToString().c_str());
-  std::fflush(stdout);
-  ASSIGN_OR_RETURN(view_, AwaitHealedView());
-  placement_.reset();
-  ASSIGN_OR_RETURN(int64_t back_to, Rejoin(Generation(view_)));
-  known_.reset();  // the switches from the checkpoint on are asked for again
-  std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
-              options_.rank, static_cast<long long>(failed_step), static_cast<long long>(back_to));
-  std::fflush(stdout);
-  return back_to;
-}
-
-absl::Status Trainer::SwitchTo(Mode mode, int64_t step, double* seconds) {
-  const absl::Time start = absl::Now();
-  // Every worker has finished step - 1 (its pushes included) before anyone reads state.
-  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->Barrier());
-  ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
-  placement_.reset();  // the old placement's buffers go before the new ones come
-  ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
-  RETURN_IF_ERROR(placement_->Load(state, step));
-  if (seconds != nullptr) *seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::MaybeSwitch(int64_t step, TrainSummary* summary) {
-  CoordinatorClient* c = options_.coordinator;
-  if (c == nullptr || !options_.connect) return absl::OkStatus();
-  if (step >= next_poll_ || step < polled_at_) {  // the last answer covers [polled_at_, next_poll_)
-    ASSIGN_OR_RETURN(PendingSwitch pending, c->PollSwitch(step, options_.switch_poll_steps));
-    polled_at_ = step;
-    next_poll_ = step + std::max(1, options_.switch_poll_steps);
-    known_ =
-        pending.pending && pending.at_step < next_poll_ ? std::optional(pending) : std::nullopt;
-  }
-  if (!known_ || known_->at_step != step) return absl::OkStatus();
-  const PendingSwitch pending = *known_;
-  known_.reset();
-  next_poll_ = step + 1;  // another switch may follow within the polled window
-  ASSIGN_OR_RETURN(Mode to, ParseMode(pending.mode));
-  const Mode from = placement_->mode();
-  double seconds = 0;
-  if (to != from) RETURN_IF_ERROR(SwitchTo(to, step, &seconds));
-  summary->switches.push_back({step, ModeName(from), ModeName(to), seconds});
-  std::printf("worker %d: step %lld: switched from %s to %s (hand-over %.3f s)\n", options_.rank,
-              static_cast<long long>(step), ModeName(from), ModeName(to), seconds);
-  std::fflush(stdout);
-  return c->ReportSwitch(pending, ModeName(from), seconds).status();
-}
-
 absl::Status Trainer::Publish(int64_t step) {
-  if (placement_->mode() == Mode::kPs || client_ == nullptr) return absl::OkStatus();
+  if (placement_->mode() == coord::PS || client_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
   if (options_.rank != 0) return absl::OkStatus();
   return ImportState(client_.get(), model_->spec(), state, step);
+}
+
+void Trainer::RequestCheckpoint(int64_t epoch, TrainSummary* summary) {
+  if (options_.rank != 0 || options_.coordinator == nullptr || client_ == nullptr ||
+      options_.snapshot_every_epochs <= 0 || epoch % options_.snapshot_every_epochs != 0) {
+    return;
+  }
+  // The coordinator chooses the step (here: this boundary, as the shards hold it for rank
+  // 0) and records it. A failure costs this checkpoint, not the training run.
+  auto taken = options_.coordinator->Checkpoint(std::nullopt, options_.rpc_timeout);
+  if (taken.ok()) {
+    summary->snapshots.push_back(taken->step());
+  } else {
+    std::printf("worker %d: checkpoint after epoch %lld skipped: %s\n", options_.rank,
+                static_cast<long long>(epoch), taken.status().ToString().c_str());
+  }
 }
 
 absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
@@ -331,17 +182,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     const int64_t epoch = (step + 1) / per_epoch_;
     const absl::Time t0 = absl::Now();
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
-    if (options_.rank == 0 && client_ != nullptr && options_.snapshot_every_epochs > 0 &&
-        epoch % options_.snapshot_every_epochs == 0) {
-      // Captured at step + 1 and written in the background. A failure (say, another
-      // snapshot still being written) costs this checkpoint, not the training run.
-      if (absl::Status s = client_->Snapshot(step + 1); s.ok()) {
-        summary.snapshots.push_back(step + 1);
-      } else {
-        std::printf("worker %d: snapshot of step %lld skipped: %s\n", options_.rank,
-                    static_cast<long long>(step + 1), s.ToString().c_str());
-      }
-    }
+    RequestCheckpoint(epoch, &summary);
     if (options_.evaluate && test_ != nullptr) {
       ASSIGN_OR_RETURN(summary.test_accuracy, Evaluate(step + 1));
       std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,

@@ -38,7 +38,7 @@
 namespace pscluster::modes {
 
 struct TrainerOptions {
-  Mode mode = Mode::kPs;            // the mode training starts in
+  Mode mode = coord::PS;            // the mode training starts in
   std::vector<std::string> shards;  // ps_server addresses, index = shard id (or coordinator's)
   int rank = 0;
   int world = 1;
@@ -59,8 +59,8 @@ struct TrainerOptions {
   absl::Duration progress_every = absl::Seconds(5);
   bool evaluate = true;  // test-set accuracy after each epoch
   absl::Duration rpc_timeout = absl::Minutes(2);
-  // Rank 0 asks the shards for a snapshot at the end of every this many epochs (0: never);
-  // for clusters whose coordinator runs without --data_dir (no cluster checkpoints).
+  // Rank 0 asks the coordinator for a cluster checkpoint (the Checkpoint RPC) at the end of
+  // every this many epochs (0: never); for coordinators without --checkpoint_every_steps.
   int snapshot_every_epochs = 0;
   // With a coordinator (not owned): progress and metrics are reported to it, switches are
   // taken from it, and failures are survived (see above). Without one, a failure ends Run.
@@ -118,7 +118,6 @@ class Trainer {
   Mode mode() const { return placement_->mode(); }
   // The current placement's figures (placement.h), measured over the steps it ran.
   std::vector<std::pair<std::string, double>> Figures() const { return placement_->Figures(); }
-  int64_t steps_per_epoch() const { return per_epoch_; }
 
  private:
   Trainer(TrainerOptions options, const data::Dataset* train, const data::Dataset* test);
@@ -137,6 +136,8 @@ class Trainer {
   absl::Status MaybeSwitch(int64_t step, TrainSummary* summary);
   // The collective modes' checkpoint path: the state before `step` into the shards.
   absl::Status Publish(int64_t step);
+  // Rank 0, every --snapshot_every_epochs: a cluster checkpoint through the coordinator.
+  void RequestCheckpoint(int64_t epoch, TrainSummary* summary);
   absl::StatusOr<double> Evaluate(int64_t step);
   void ReportProgress(int64_t step, double loss, double rate);
 
@@ -158,10 +159,11 @@ class Trainer {
   std::optional<PendingSwitch> known_;
 };
 
-// The mode the cluster trained step `step` in, from the view's switch history (done and
-// pending): what a rollback to a checkpoint of that step loads the state into. `start`:
-// when the view says nothing (no coordinator mode, no switch reported).
-absl::StatusOr<Mode> ModeAt(const coord::ClusterView& view, int64_t step, Mode start);
+// The mode a rollback to the checkpoint of `step` (the state before that step) loads the
+// state into: the mode of step - 1 (coord::ModeAt over the view's done and pending
+// switches). A switch at `step` itself is then taken again by the training loop, as every
+// switch after it, so the replay reports the same hand-over as the first time.
+Mode RollbackMode(const coord::ClusterView& view, int64_t step);
 
 // The generation of a cluster view: every member's incarnation, so the workers of one
 // (re)formed cluster agree on names for their rendezvous.

@@ -1,4 +1,4 @@
-#include "server/coordinator/membership.h"
+#include "server/coordinator/cluster_state.h"
 
 #include <algorithm>
 
@@ -9,7 +9,7 @@ namespace {
 
 const char* RoleName(Role role) { return role == SHARD ? "shard" : "worker rank"; }
 
-SwitchScheduleOptions ScheduleOptions(const MembershipOptions& o) {
+SwitchScheduleOptions ScheduleOptions(const ClusterStateOptions& o) {
   SwitchScheduleOptions s;
   s.initial_mode = o.mode;
   s.num_shards = o.num_shards;
@@ -19,10 +19,10 @@ SwitchScheduleOptions ScheduleOptions(const MembershipOptions& o) {
 
 }  // namespace
 
-Membership::Membership(MembershipOptions options, std::function<absl::Time()> now)
+ClusterState::ClusterState(ClusterStateOptions options, std::function<absl::Time()> now)
     : options_(options), now_(std::move(now)), switches_(ScheduleOptions(options_)) {}
 
-absl::Status Membership::CheckId(Role role, int32_t id) const {
+absl::Status ClusterState::CheckId(Role role, int32_t id) const {
   if (role != SHARD && role != WORKER) {
     return absl::InvalidArgumentError(absl::StrCat("role ", static_cast<int>(role), " is unknown"));
   }
@@ -35,12 +35,12 @@ absl::Status Membership::CheckId(Role role, int32_t id) const {
   return absl::OkStatus();
 }
 
-Member* Membership::FindLocked(Role role, int32_t id) {
+Member* ClusterState::FindLocked(Role role, int32_t id) {
   auto it = members_.find({role, id});
   return it == members_.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& r) {
+absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r) {
   if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
   if (r.role() == SHARD && r.address().empty()) {
     return absl::InvalidArgumentError(
@@ -76,7 +76,7 @@ absl::StatusOr<RegisterResponse> Membership::Register(const RegisterRequest& r) 
   return response;
 }
 
-absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& r) {
+absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest& r) {
   if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   Member* m = FindLocked(r.role(), r.id());
@@ -99,7 +99,7 @@ absl::StatusOr<HeartbeatResponse> Membership::Heartbeat(const HeartbeatRequest& 
   return response;
 }
 
-absl::StatusOr<Member*> Membership::FindWorkerLocked(int32_t rank, int64_t incarnation) {
+absl::StatusOr<Member*> ClusterState::FindWorkerLocked(int32_t rank, int64_t incarnation) {
   Member* m = FindLocked(WORKER, rank);
   if (m == nullptr || m->incarnation() != incarnation) {
     return absl::NotFoundError(
@@ -108,7 +108,7 @@ absl::StatusOr<Member*> Membership::FindWorkerLocked(int32_t rank, int64_t incar
   return m;
 }
 
-absl::Status Membership::ReportProgress(const ReportProgressRequest& r) {
+absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Member*> found = FindWorkerLocked(r.rank(), r.incarnation());
@@ -129,7 +129,7 @@ absl::Status Membership::ReportProgress(const ReportProgressRequest& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SwitchModeResponse> Membership::SwitchMode(const SwitchModeRequest& r) {
+absl::StatusOr<SwitchModeResponse> ClusterState::SwitchMode(const SwitchModeRequest& r) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<SwitchModeResponse> response =
       switches_.Schedule(r.mode(), r.at_step(), absl::ToUnixMillis(now_()));
@@ -137,14 +137,14 @@ absl::StatusOr<SwitchModeResponse> Membership::SwitchMode(const SwitchModeReques
   return response;
 }
 
-absl::StatusOr<PollSwitchResponse> Membership::PollSwitch(const PollSwitchRequest& r) {
+absl::StatusOr<PollSwitchResponse> ClusterState::PollSwitch(const PollSwitchRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindWorkerLocked(r.rank(), r.incarnation()).status(); !s.ok()) return s;
   return switches_.Poll(r.step(), r.horizon());
 }
 
-absl::StatusOr<ReportSwitchResponse> Membership::ReportSwitch(const ReportSwitchRequest& r) {
+absl::StatusOr<ReportSwitchResponse> ClusterState::ReportSwitch(const ReportSwitchRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindWorkerLocked(r.rank(), r.incarnation()).status(); !s.ok()) return s;
@@ -157,7 +157,7 @@ absl::StatusOr<ReportSwitchResponse> Membership::ReportSwitch(const ReportSwitch
   return response;
 }
 
-bool Membership::CheckLiveness() {
+bool ClusterState::CheckLiveness() {
   absl::MutexLock lock(&mu_);
   const int64_t cutoff = absl::ToUnixMillis(now_() - options_.heartbeat_timeout);
   bool changed = false;
@@ -171,7 +171,7 @@ bool Membership::CheckLiveness() {
   return changed;
 }
 
-bool Membership::CompleteLocked() const {
+bool ClusterState::CompleteLocked() const {
   int alive_shards = 0, alive_workers = 0;
   for (const auto& [key, m] : members_) {
     if (m.alive()) ++(m.role() == SHARD ? alive_shards : alive_workers);
@@ -179,7 +179,7 @@ bool Membership::CompleteLocked() const {
   return alive_shards == options_.num_shards && alive_workers == options_.num_workers;
 }
 
-std::string Membership::MissingLocked() const {
+std::string ClusterState::MissingLocked() const {
   std::string out;
   for (int role : {SHARD, WORKER}) {
     const int n = role == SHARD ? options_.num_shards : options_.num_workers;
@@ -194,7 +194,7 @@ std::string Membership::MissingLocked() const {
   return out;
 }
 
-ClusterView Membership::ViewLocked() const {
+ClusterView ClusterState::ViewLocked() const {
   ClusterView v;
   v.set_version(version_);
   v.set_num_shards(options_.num_shards);
@@ -217,25 +217,47 @@ ClusterView Membership::ViewLocked() const {
   return v;
 }
 
-void Membership::AddCheckpoint(const Checkpoint& checkpoint) {
-  absl::MutexLock lock(&mu_);
-  checkpoints_.push_back(checkpoint);
-  ChangedLocked();
-}
-
-void Membership::SetCheckpoints(const std::vector<Checkpoint>& checkpoints) {
+void ClusterState::SetCheckpoints(const std::vector<Checkpoint>& checkpoints) {
   absl::MutexLock lock(&mu_);
   checkpoints_ = checkpoints;
   ChangedLocked();
 }
 
-ClusterView Membership::View() const {
+void ClusterState::ChangedLocked() {
+  ++version_;
+  if (!options_.on_change) return;
+  CoordinatorState state;
+  state.set_version(version_);
+  state.set_shard_map_version(shard_map_version_);
+  for (const auto& [key, m] : members_) *state.add_members() = m;
+  switches_.Save(&state);
+  options_.on_change(state);
+}
+
+absl::Status ClusterState::Restore(const CoordinatorState& state) {
+  absl::MutexLock lock(&mu_);
+  std::map<Key, Member> members;
+  for (const Member& m : state.members()) {
+    if (!CheckId(m.role(), m.id()).ok()) continue;  // restarted with fewer shards or workers
+    Member& kept = members[{m.role(), m.id()}] = m;
+    kept.set_alive(true);
+    kept.set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
+  }
+  if (absl::Status s = switches_.Restore(state); !s.ok()) return s;
+  members_ = std::move(members);
+  version_ = std::max(version_, state.version());
+  shard_map_version_ = std::max<int64_t>(1, state.shard_map_version());
+  ChangedLocked();
+  return absl::OkStatus();
+}
+
+ClusterView ClusterState::View() const {
   absl::MutexLock lock(&mu_);
   return ViewLocked();
 }
 
-absl::StatusOr<ClusterView> Membership::AwaitView(int64_t min_version, bool complete,
-                                                  absl::Time deadline) {
+absl::StatusOr<ClusterView> ClusterState::AwaitView(int64_t min_version, bool complete,
+                                                    absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return version_ >= min_version && (!complete || CompleteLocked());

@@ -19,17 +19,20 @@
 
 namespace pscluster::coord {
 
-struct MembershipOptions {
+struct ClusterStateOptions {
   int num_shards = 1;                                   // expected shards: ids [0, num_shards)
   int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
-  std::string mode = "ps";  // the starting mode; must pass ValidateMode (main checks)
+  TrainingMode mode = PS;  // the starting mode; must pass ValidateMode (main checks)
+  // Called (under the lock, so in order) with the state to persist after every change of
+  // the view: members and their incarnations, the versions, the switch schedule.
+  std::function<void(const CoordinatorState&)> on_change;
 };
 
-class Membership {
+class ClusterState {
  public:
-  explicit Membership(
-      MembershipOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
+  explicit ClusterState(
+      ClusterStateOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
 
   // INVALID_ARGUMENT for an id outside the expected range or a shard without an address;
   // ALREADY_EXISTS when a live member holds the id at another address (a duplicate rank).
@@ -53,8 +56,12 @@ class Membership {
   bool CheckLiveness();
 
   ClusterView View() const;
-  // Records a complete cluster checkpoint (listed in the view); bumps the version.
-  void AddCheckpoint(const Checkpoint& checkpoint);
+  // Continues from a saved state (a restarted coordinator): the members as they were,
+  // alive with a fresh heartbeat (a member that did not survive misses its next beats and
+  // is declared dead), the view's version above the saved one, the switch schedule.
+  // Members outside the expected ranges (restarted with other counts) are dropped;
+  // INVALID_ARGUMENT for a saved switch Schedule would refuse.
+  absl::Status Restore(const CoordinatorState& state);
   // Removes checkpoints no longer kept (retention); bumps the version if any.
   void SetCheckpoints(const std::vector<Checkpoint>& checkpoints);
   // Waits until the view's version >= min_version (and it is complete, if asked), or
@@ -71,9 +78,9 @@ class Membership {
   bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
+  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const MembershipOptions options_;
+  const ClusterStateOptions options_;
   const std::function<absl::Time()> now_;
   mutable absl::Mutex mu_;
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);

@@ -1,4 +1,4 @@
-#include "server/coordinator/membership.h"
+#include "server/coordinator/cluster_state.h"
 
 #include <cstdint>
 #include <functional>
@@ -73,12 +73,12 @@ Member FindMember(const ClusterView& v, Role role, int32_t id) {
   return Member();
 }
 
-class MembershipTest : public ::testing::Test {
+class ClusterStateTest : public ::testing::Test {
  protected:
   static constexpr absl::Duration kTimeout = absl::Seconds(5);
 
   // Registers and returns the incarnation; fails the test on error.
-  int64_t MustRegister(Membership& m, Role role, int32_t id, const std::string& address) {
+  int64_t MustRegister(ClusterState& m, Role role, int32_t id, const std::string& address) {
     absl::StatusOr<RegisterResponse> r = m.Register(Reg(role, id, address));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->incarnation() : -1;
@@ -87,31 +87,31 @@ class MembershipTest : public ::testing::Test {
   FakeClock clock_;
 };
 
-// Membership is neither copyable nor movable (it holds a mutex), so tests build it in place.
+// ClusterState is neither copyable nor movable (it holds a mutex), so tests build it in place.
 #define MAKE_MEMBERSHIP(name, shards, workers) \
-  MembershipOptions name##_options;            \
+  ClusterStateOptions name##_options;          \
   name##_options.num_shards = (shards);        \
   name##_options.num_workers = (workers);      \
   name##_options.heartbeat_timeout = kTimeout; \
-  Membership name(name##_options, clock_.AsFunction())
+  ClusterState name(name##_options, clock_.AsFunction())
 
 // ---------------------------------------------------------------------------------------
 // Registration and the view.
 
-TEST_F(MembershipTest, InitialViewIsVersionOneEmptyAndIncomplete) {
+TEST_F(ClusterStateTest, InitialViewIsVersionOneEmptyAndIncomplete) {
   MAKE_MEMBERSHIP(m, 2, 3);
   ClusterView v = m.View();
   EXPECT_EQ(v.version(), 1);
   EXPECT_EQ(v.num_shards(), 2);
   EXPECT_EQ(v.num_workers(), 3);
-  EXPECT_EQ(v.mode(), "ps");
+  EXPECT_EQ(v.mode(), PS);
   EXPECT_THAT(v.shard_addresses(), ElementsAre("", ""));
   EXPECT_EQ(v.members_size(), 0);
   EXPECT_EQ(v.global_step(), 0);
   EXPECT_FALSE(v.complete());
 }
 
-TEST_F(MembershipTest, RegisterShardGetsIncarnationOneAndBumpsVersion) {
+TEST_F(ClusterStateTest, RegisterShardGetsIncarnationOneAndBumpsVersion) {
   MAKE_MEMBERSHIP(m, 2, 1);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 1, "host1:5000"));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -120,7 +120,7 @@ TEST_F(MembershipTest, RegisterShardGetsIncarnationOneAndBumpsVersion) {
   EXPECT_EQ(m.View().version(), 2);
 }
 
-TEST_F(MembershipTest, RegisterWorkerGetsIncarnationOneAndBumpsVersion) {
+TEST_F(ClusterStateTest, RegisterWorkerGetsIncarnationOneAndBumpsVersion) {
   MAKE_MEMBERSHIP(m, 1, 2);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, "w0"));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -133,7 +133,7 @@ TEST_F(MembershipTest, RegisterWorkerGetsIncarnationOneAndBumpsVersion) {
   EXPECT_EQ(r2->view().version(), 3);
 }
 
-TEST_F(MembershipTest, ViewListsShardAddressesByIdEmptyUntilRegistered) {
+TEST_F(ClusterStateTest, ViewListsShardAddressesByIdEmptyUntilRegistered) {
   MAKE_MEMBERSHIP(m, 3, 1);
   MustRegister(m, SHARD, 2, "host2:7000");
   EXPECT_THAT(m.View().shard_addresses(), ElementsAre("", "", "host2:7000"));
@@ -141,7 +141,7 @@ TEST_F(MembershipTest, ViewListsShardAddressesByIdEmptyUntilRegistered) {
   EXPECT_THAT(m.View().shard_addresses(), ElementsAre("host0:7000", "", "host2:7000"));
 }
 
-TEST_F(MembershipTest, ViewListsMembersShardsThenWorkersById) {
+TEST_F(ClusterStateTest, ViewListsMembersShardsThenWorkersById) {
   MAKE_MEMBERSHIP(m, 2, 2);
   MustRegister(m, WORKER, 1, "w1");
   MustRegister(m, SHARD, 1, "s1");
@@ -166,7 +166,7 @@ TEST_F(MembershipTest, ViewListsMembersShardsThenWorkersById) {
   }
 }
 
-TEST_F(MembershipTest, CompleteOnlyWhenEveryExpectedShardAndWorkerIsRegistered) {
+TEST_F(ClusterStateTest, CompleteOnlyWhenEveryExpectedShardAndWorkerIsRegistered) {
   MAKE_MEMBERSHIP(m, 2, 2);
   EXPECT_FALSE(m.View().complete());
   MustRegister(m, SHARD, 0, "s0");
@@ -180,7 +180,7 @@ TEST_F(MembershipTest, CompleteOnlyWhenEveryExpectedShardAndWorkerIsRegistered) 
   EXPECT_TRUE(m.View().complete());
 }
 
-TEST_F(MembershipTest, CompleteRequiresShardsTooNotJustWorkers) {
+TEST_F(ClusterStateTest, CompleteRequiresShardsTooNotJustWorkers) {
   MAKE_MEMBERSHIP(m, 2, 1);
   MustRegister(m, WORKER, 0, "w0");
   MustRegister(m, SHARD, 0, "s0");
@@ -192,7 +192,7 @@ TEST_F(MembershipTest, CompleteRequiresShardsTooNotJustWorkers) {
 // ---------------------------------------------------------------------------------------
 // Invalid registrations.
 
-TEST_F(MembershipTest, ShardIdOutOfRangeIsInvalidArgumentNamingNumShardsFlag) {
+TEST_F(ClusterStateTest, ShardIdOutOfRangeIsInvalidArgumentNamingNumShardsFlag) {
   MAKE_MEMBERSHIP(m, 2, 3);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 2, "s2"));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -201,7 +201,7 @@ TEST_F(MembershipTest, ShardIdOutOfRangeIsInvalidArgumentNamingNumShardsFlag) {
   EXPECT_EQ(m.View().members_size(), 0);
 }
 
-TEST_F(MembershipTest, WorkerRankOutOfRangeIsInvalidArgumentNamingNumWorkersFlag) {
+TEST_F(ClusterStateTest, WorkerRankOutOfRangeIsInvalidArgumentNamingNumWorkersFlag) {
   MAKE_MEMBERSHIP(m, 2, 3);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 3, "w3"));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -209,7 +209,7 @@ TEST_F(MembershipTest, WorkerRankOutOfRangeIsInvalidArgumentNamingNumWorkersFlag
   EXPECT_THAT(Msg(r.status()), Not(HasSubstr("--num_shards")));
 }
 
-TEST_F(MembershipTest, NegativeIdIsInvalidArgument) {
+TEST_F(ClusterStateTest, NegativeIdIsInvalidArgument) {
   MAKE_MEMBERSHIP(m, 2, 3);
   absl::StatusOr<RegisterResponse> shard = m.Register(Reg(SHARD, -1, "s"));
   ASSERT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument) << shard.status();
@@ -220,7 +220,7 @@ TEST_F(MembershipTest, NegativeIdIsInvalidArgument) {
   EXPECT_EQ(m.View().version(), 1);
 }
 
-TEST_F(MembershipTest, UnknownRoleIsInvalidArgument) {
+TEST_F(ClusterStateTest, UnknownRoleIsInvalidArgument) {
   MAKE_MEMBERSHIP(m, 2, 2);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(static_cast<Role>(7), 0, "x"));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -230,7 +230,7 @@ TEST_F(MembershipTest, UnknownRoleIsInvalidArgument) {
   EXPECT_EQ(m.View().version(), 1);
 }
 
-TEST_F(MembershipTest, ShardWithoutAddressIsInvalidArgument) {
+TEST_F(ClusterStateTest, ShardWithoutAddressIsInvalidArgument) {
   MAKE_MEMBERSHIP(m, 2, 2);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, ""));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -243,7 +243,7 @@ TEST_F(MembershipTest, ShardWithoutAddressIsInvalidArgument) {
 // ---------------------------------------------------------------------------------------
 // Duplicates and restarts.
 
-TEST_F(MembershipTest, DuplicateWorkerRankAtAnotherAddressIsAlreadyExistsNamingHolder) {
+TEST_F(ClusterStateTest, DuplicateWorkerRankAtAnotherAddressIsAlreadyExistsNamingHolder) {
   MAKE_MEMBERSHIP(m, 1, 2);
   MustRegister(m, WORKER, 1, "hostA:1");
   const int64_t version = m.View().version();
@@ -258,7 +258,7 @@ TEST_F(MembershipTest, DuplicateWorkerRankAtAnotherAddressIsAlreadyExistsNamingH
   EXPECT_EQ(held.incarnation(), 1);
 }
 
-TEST_F(MembershipTest, DuplicateShardIdAtAnotherAddressIsAlreadyExistsNamingHolder) {
+TEST_F(ClusterStateTest, DuplicateShardIdAtAnotherAddressIsAlreadyExistsNamingHolder) {
   MAKE_MEMBERSHIP(m, 2, 1);
   MustRegister(m, SHARD, 0, "s0a:5000");
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, "s0b:5000"));
@@ -267,7 +267,7 @@ TEST_F(MembershipTest, DuplicateShardIdAtAnotherAddressIsAlreadyExistsNamingHold
   EXPECT_THAT(m.View().shard_addresses(), ElementsAre("s0a:5000", ""));
 }
 
-TEST_F(MembershipTest, DuplicateRankWithEmptyAddressIsAlreadyExists) {
+TEST_F(ClusterStateTest, DuplicateRankWithEmptyAddressIsAlreadyExists) {
   MAKE_MEMBERSHIP(m, 1, 2);
   MustRegister(m, WORKER, 0, "hostA:1");
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, ""));
@@ -280,7 +280,7 @@ TEST_F(MembershipTest, DuplicateRankWithEmptyAddressIsAlreadyExists) {
   EXPECT_EQ(r2.status().code(), absl::StatusCode::kAlreadyExists) << r2.status();
 }
 
-TEST_F(MembershipTest, SameAddressReRegisteringGetsIncarnationTwo) {
+TEST_F(ClusterStateTest, SameAddressReRegisteringGetsIncarnationTwo) {
   MAKE_MEMBERSHIP(m, 1, 1);
   EXPECT_EQ(MustRegister(m, WORKER, 0, "hostA:1"), 1);
   const int64_t version = m.View().version();
@@ -299,7 +299,7 @@ TEST_F(MembershipTest, SameAddressReRegisteringGetsIncarnationTwo) {
 // ---------------------------------------------------------------------------------------
 // Heartbeats and liveness.
 
-TEST_F(MembershipTest, HeartbeatOfUnknownMemberIsNotFound) {
+TEST_F(ClusterStateTest, HeartbeatOfUnknownMemberIsNotFound) {
   MAKE_MEMBERSHIP(m, 2, 2);
   absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 1, 1));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
@@ -308,14 +308,14 @@ TEST_F(MembershipTest, HeartbeatOfUnknownMemberIsNotFound) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
 }
 
-TEST_F(MembershipTest, HeartbeatOutOfRangeIsInvalidArgument) {
+TEST_F(ClusterStateTest, HeartbeatOutOfRangeIsInvalidArgument) {
   MAKE_MEMBERSHIP(m, 2, 2);
   absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 5, 1));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_THAT(Msg(r.status()), HasSubstr("--num_workers=2"));
 }
 
-TEST_F(MembershipTest, HeartbeatWithCurrentIncarnationSucceedsAndReturnsViewVersion) {
+TEST_F(ClusterStateTest, HeartbeatWithCurrentIncarnationSucceedsAndReturnsViewVersion) {
   MAKE_MEMBERSHIP(m, 1, 1);
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   clock_.Advance(absl::Seconds(3));
@@ -327,7 +327,7 @@ TEST_F(MembershipTest, HeartbeatWithCurrentIncarnationSucceedsAndReturnsViewVers
   EXPECT_EQ(w.last_heartbeat_ms(), absl::ToUnixMillis(clock_.Now()));
 }
 
-TEST_F(MembershipTest, HeartbeatWithOldIncarnationIsFailedPrecondition) {
+TEST_F(ClusterStateTest, HeartbeatWithOldIncarnationIsFailedPrecondition) {
   MAKE_MEMBERSHIP(m, 1, 1);
   EXPECT_EQ(MustRegister(m, WORKER, 0, "w0"), 1);
   EXPECT_EQ(MustRegister(m, WORKER, 0, "w0"), 2);
@@ -338,7 +338,7 @@ TEST_F(MembershipTest, HeartbeatWithOldIncarnationIsFailedPrecondition) {
   EXPECT_TRUE(m.Heartbeat(Hb(WORKER, 0, 2)).ok());
 }
 
-TEST_F(MembershipTest, CheckLivenessKeepsMembersWithinTheTimeout) {
+TEST_F(ClusterStateTest, CheckLivenessKeepsMembersWithinTheTimeout) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   MustRegister(m, WORKER, 0, "w0");
@@ -349,7 +349,7 @@ TEST_F(MembershipTest, CheckLivenessKeepsMembersWithinTheTimeout) {
   EXPECT_TRUE(m.View().complete());
 }
 
-TEST_F(MembershipTest, CheckLivenessDeclaresSilentMembersDeadAfterTimeout) {
+TEST_F(ClusterStateTest, CheckLivenessDeclaresSilentMembersDeadAfterTimeout) {
   MAKE_MEMBERSHIP(m, 1, 2);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
@@ -378,7 +378,7 @@ TEST_F(MembershipTest, CheckLivenessDeclaresSilentMembersDeadAfterTimeout) {
   EXPECT_EQ(m.View().version(), v.version());
 }
 
-TEST_F(MembershipTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
+TEST_F(ClusterStateTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0:1");
   MustRegister(m, WORKER, 0, "w0");
@@ -392,7 +392,7 @@ TEST_F(MembershipTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
   EXPECT_FALSE(FindMember(v, WORKER, 0).alive());
 }
 
-TEST_F(MembershipTest, HeartbeatRevivesADeadMember) {
+TEST_F(ClusterStateTest, HeartbeatRevivesADeadMember) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -412,7 +412,7 @@ TEST_F(MembershipTest, HeartbeatRevivesADeadMember) {
   EXPECT_TRUE(v.complete());
 }
 
-TEST_F(MembershipTest, DeadMembersIdCanBeRegisteredFromAnotherAddress) {
+TEST_F(ClusterStateTest, DeadMembersIdCanBeRegisteredFromAnotherAddress) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, WORKER, 0, "old:1");
   clock_.Advance(absl::Seconds(6));
@@ -429,7 +429,7 @@ TEST_F(MembershipTest, DeadMembersIdCanBeRegisteredFromAnotherAddress) {
   EXPECT_EQ(hb.status().code(), absl::StatusCode::kFailedPrecondition) << hb.status();
 }
 
-TEST_F(MembershipTest, DeadShardCanMoveToAnotherAddress) {
+TEST_F(ClusterStateTest, DeadShardCanMoveToAnotherAddress) {
   MAKE_MEMBERSHIP(m, 2, 1);
   MustRegister(m, SHARD, 0, "s0:old");
   MustRegister(m, SHARD, 1, "s1");
@@ -446,7 +446,7 @@ TEST_F(MembershipTest, DeadShardCanMoveToAnotherAddress) {
 // ---------------------------------------------------------------------------------------
 // Progress.
 
-TEST_F(MembershipTest, ReportProgressUpdatesStepLossAndThroughput) {
+TEST_F(ClusterStateTest, ReportProgressUpdatesStepLossAndThroughput) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -460,7 +460,7 @@ TEST_F(MembershipTest, ReportProgressUpdatesStepLossAndThroughput) {
   EXPECT_EQ(v.global_step(), 42);
 }
 
-TEST_F(MembershipTest, GlobalStepIsMinimumOverLiveWorkers) {
+TEST_F(ClusterStateTest, GlobalStepIsMinimumOverLiveWorkers) {
   MAKE_MEMBERSHIP(m, 1, 3);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t i0 = MustRegister(m, WORKER, 0, "w0");
@@ -486,7 +486,7 @@ TEST_F(MembershipTest, GlobalStepIsMinimumOverLiveWorkers) {
   EXPECT_EQ(m.View().global_step(), 25);
 }
 
-TEST_F(MembershipTest, GlobalStepIsZeroWithNoLiveWorkers) {
+TEST_F(ClusterStateTest, GlobalStepIsZeroWithNoLiveWorkers) {
   MAKE_MEMBERSHIP(m, 1, 1);
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   ASSERT_TRUE(m.ReportProgress(Progress(0, inc, m.View().version(), 7)).ok());
@@ -496,7 +496,7 @@ TEST_F(MembershipTest, GlobalStepIsZeroWithNoLiveWorkers) {
   EXPECT_EQ(m.View().global_step(), 0);
 }
 
-TEST_F(MembershipTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) {
+TEST_F(ClusterStateTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) {
   MAKE_MEMBERSHIP(m, 1, 2);
   absl::Status unknown = m.ReportProgress(Progress(1, 1, 1, 5));
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
@@ -509,7 +509,7 @@ TEST_F(MembershipTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) {
   EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument) << out_of_range;
 }
 
-TEST_F(MembershipTest, ReportProgressWithViewOlderThanShardAddressChangeIsStale) {
+TEST_F(ClusterStateTest, ReportProgressWithViewOlderThanShardAddressChangeIsStale) {
   MAKE_MEMBERSHIP(m, 2, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -532,7 +532,7 @@ TEST_F(MembershipTest, ReportProgressWithViewOlderThanShardAddressChangeIsStale)
   EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 4);
 }
 
-TEST_F(MembershipTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
+TEST_F(ClusterStateTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0:old");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -552,7 +552,7 @@ TEST_F(MembershipTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
   EXPECT_TRUE(m.ReportProgress(Progress(0, inc, moved->view().version(), 2)).ok());
 }
 
-TEST_F(MembershipTest, ShardRestartAtSameAddressDoesNotMakeViewsStale) {
+TEST_F(ClusterStateTest, ShardRestartAtSameAddressDoesNotMakeViewsStale) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -562,7 +562,7 @@ TEST_F(MembershipTest, ShardRestartAtSameAddressDoesNotMakeViewsStale) {
   EXPECT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok());
 }
 
-TEST_F(MembershipTest, RegisteringAWorkerDoesNotMakeEarlierViewsStaleForProgress) {
+TEST_F(ClusterStateTest, RegisteringAWorkerDoesNotMakeEarlierViewsStaleForProgress) {
   MAKE_MEMBERSHIP(m, 1, 3);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -575,7 +575,7 @@ TEST_F(MembershipTest, RegisteringAWorkerDoesNotMakeEarlierViewsStaleForProgress
   EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 5);
 }
 
-TEST_F(MembershipTest, ReportProgressDoesNotBumpTheViewVersion) {
+TEST_F(ClusterStateTest, ReportProgressDoesNotBumpTheViewVersion) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -587,7 +587,7 @@ TEST_F(MembershipTest, ReportProgressDoesNotBumpTheViewVersion) {
 // ---------------------------------------------------------------------------------------
 // AwaitView.
 
-TEST_F(MembershipTest, AwaitViewReturnsAtOnceWhenSatisfied) {
+TEST_F(ClusterStateTest, AwaitViewReturnsAtOnceWhenSatisfied) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   MustRegister(m, WORKER, 0, "w0");
@@ -602,7 +602,7 @@ TEST_F(MembershipTest, AwaitViewReturnsAtOnceWhenSatisfied) {
   EXPECT_EQ(any->version(), 3);
 }
 
-TEST_F(MembershipTest, AwaitViewTimesOutWaitingForAVersion) {
+TEST_F(ClusterStateTest, AwaitViewTimesOutWaitingForAVersion) {
   MAKE_MEMBERSHIP(m, 1, 1);
   absl::StatusOr<ClusterView> v =
       m.AwaitView(5, /*complete=*/false, absl::Now() - absl::Seconds(1));
@@ -611,7 +611,7 @@ TEST_F(MembershipTest, AwaitViewTimesOutWaitingForAVersion) {
   EXPECT_THAT(Msg(v.status()), HasSubstr("current version 1"));
 }
 
-TEST_F(MembershipTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) {
+TEST_F(ClusterStateTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) {
   MAKE_MEMBERSHIP(m, 2, 2);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
@@ -631,7 +631,7 @@ TEST_F(MembershipTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) {
   EXPECT_THAT(msg, Not(HasSubstr("worker rank 0")));
 }
 
-TEST_F(MembershipTest, AwaitViewWakesWhenTheLastMemberRegisters) {
+TEST_F(ClusterStateTest, AwaitViewWakesWhenTheLastMemberRegisters) {
   MAKE_MEMBERSHIP(m, 1, 2);
   MustRegister(m, SHARD, 0, "s0");
   MustRegister(m, WORKER, 0, "w0");
@@ -649,7 +649,7 @@ TEST_F(MembershipTest, AwaitViewWakesWhenTheLastMemberRegisters) {
   EXPECT_EQ(result->version(), 4);
 }
 
-TEST_F(MembershipTest, AwaitViewWakesOnAVersionBump) {
+TEST_F(ClusterStateTest, AwaitViewWakesOnAVersionBump) {
   MAKE_MEMBERSHIP(m, 2, 1);
   absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
   std::thread waiter(
@@ -661,7 +661,7 @@ TEST_F(MembershipTest, AwaitViewWakesOnAVersionBump) {
   EXPECT_FALSE(result->complete());
 }
 
-TEST_F(MembershipTest, AwaitViewWakesWhenADeadMemberIsRevived) {
+TEST_F(ClusterStateTest, AwaitViewWakesWhenADeadMemberIsRevived) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");

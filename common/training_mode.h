@@ -1,0 +1,37 @@
+// The training-mode vocabulary shared by the coordinator, the workers and psctl: a mode's
+// name, parsing a name, and which mode is in effect at a step given the switch schedule.
+// Stateless and thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/coordinator.pb.h"
+
+namespace pscluster::coord {
+
+// "ps", "allreduce", "fsdp", "pipeline"; "unspecified" for anything else.
+const char* ModeName(TrainingMode mode);
+
+// The mode named `name` (ModeName's inverse); INVALID_ARGUMENT listing the valid names.
+absl::StatusOr<TrainingMode> ParseMode(absl::string_view name);
+
+// OK for PS, ALLREDUCE, FSDP and PIPELINE; INVALID_ARGUMENT (naming `what` and listing
+// the valid ones) for UNSPECIFIED and values outside the enum (they arrive over the wire).
+absl::Status CheckMode(absl::string_view what, TrainingMode mode);
+
+// A switch with at_step S is taken at the boundary before step S: step S already runs in
+// the new mode. The switch in effect at `step` is the one with the highest at_step <= step
+// among `switches` (any order); null when none is.
+const SwitchRecord* SwitchInEffectAt(int64_t step, absl::Span<const SwitchRecord* const> switches);
+
+// The mode step `step` runs in: the to_mode of SwitchInEffectAt, else `initial`.
+TrainingMode ModeAt(int64_t step, TrainingMode initial,
+                    absl::Span<const SwitchRecord* const> switches);
+
+// ModeAt over a view's done and pending switches, from its initial_mode.
+TrainingMode ModeAt(const ClusterView& view, int64_t step);
+
+}  // namespace pscluster::coord

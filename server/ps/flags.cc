@@ -1,0 +1,71 @@
+// ps_server's command line: every flag, and ServerFlags built from them.
+#include "server/ps/flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
+ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
+ABSL_FLAG(uint32_t, shard_id, 0, "This shard's index, in [0, num_shards).");
+ABSL_FLAG(uint32_t, num_shards, 1, "Number of shards in the cluster.");
+ABSL_FLAG(int, threads, 64,
+          "Most RPC handler threads. Pulls waiting on BSP/SSP hold one each, so keep it above "
+          "the number of workers times the tables they pull at once.");
+ABSL_FLAG(std::string, data_dir, "",
+          "Checkpoint root shared by all shards (created if missing); this shard's snapshots "
+          "go to DIR/shard-<shard_id>. Without it, snapshot RPCs fail.");
+ABSL_FLAG(std::string, restore, "",
+          "Before serving, load a snapshot from --data_dir: 'latest' (start empty if none) or a "
+          "step. Works across shard counts: each shard takes the rows that now map to it.");
+ABSL_FLAG(int, snapshot_keep_last, 3, "Newest complete snapshots kept (plus the best by metric).");
+ABSL_FLAG(std::string, snapshot_metric, "min", "Best snapshot: 'min' or 'max' metric.");
+ABSL_FLAG(std::string, coordinator, "",
+          "ps_coordinator address: register this shard there and heartbeat (optional).");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Host workers reach this shard at (default: --host), sent to the coordinator.");
+ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (crash tests).");
+ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
+ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
+          "Largest table slice (values + optimizer state) this shard accepts.");
+
+namespace pscluster::ps {
+
+absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
+  ServerFlags f;
+  f.shard.shard_id = absl::GetFlag(FLAGS_shard_id);
+  f.shard.num_shards = absl::GetFlag(FLAGS_num_shards);
+  f.shard.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
+  if (f.shard.num_shards == 0 || f.shard.shard_id >= f.shard.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard_id=", f.shard.shard_id, " must be in [0, --num_shards=", f.shard.num_shards, ")"));
+  }
+  f.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  if (f.service.max_chunk_bytes < 1024 || f.service.max_chunk_bytes > (1u << 30)) {
+    return absl::InvalidArgumentError("--max_chunk_bytes must be in [1024, 1 GiB]");
+  }
+  f.host = absl::GetFlag(FLAGS_host);
+  f.port = absl::GetFlag(FLAGS_port);
+  f.threads = absl::GetFlag(FLAGS_threads);
+  f.snapshots.root = absl::GetFlag(FLAGS_data_dir);
+  f.restore = absl::GetFlag(FLAGS_restore);
+  const std::string metric = absl::GetFlag(FLAGS_snapshot_metric);
+  if (f.snapshots.root.empty() && !f.restore.empty()) {
+    return absl::InvalidArgumentError("--restore needs --data_dir");
+  }
+  if (metric != "min" && metric != "max") {
+    return absl::InvalidArgumentError("--snapshot_metric must be 'min' or 'max'");
+  }
+  f.snapshots.keep_last = absl::GetFlag(FLAGS_snapshot_keep_last);
+  if (f.snapshots.keep_last < 1) {
+    return absl::InvalidArgumentError("--snapshot_keep_last must be >= 1");
+  }
+  f.snapshots.lower_metric_is_better = metric == "min";
+  f.snapshots.test_delay_per_block =
+      absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
+  f.coordinator = absl::GetFlag(FLAGS_coordinator);
+  f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  if (f.advertise_host.empty()) f.advertise_host = f.host;
+  return f;
+}
+
+}  // namespace pscluster::ps

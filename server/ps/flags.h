@@ -1,0 +1,28 @@
+// ps_server's flags, parsed into typed options (server/ps/flags.cc defines every flag).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/ps/service.h"
+#include "server/ps/shard.h"
+#include "server/ps/snapshotter.h"
+
+namespace pscluster::ps {
+
+struct ServerFlags {
+  ShardOptions shard;
+  ServiceOptions service;
+  std::string host;
+  int port = 0;
+  int threads = 64;
+  SnapshotterOptions snapshots;  // snapshots.root empty: no snapshots (--data_dir)
+  std::string restore;           // "", "latest" or a step
+  std::string coordinator;       // ps_coordinator address, or empty
+  std::string advertise_host;    // the host workers reach this shard at
+};
+
+// After absl::ParseCommandLine: the flags, checked; INVALID_ARGUMENT naming the flag.
+absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine();
+
+}  // namespace pscluster::ps

@@ -1,0 +1,132 @@
+// Trainer: surviving a failed shard or worker (see trainer.h): wait for the healed view,
+// agree on the newest complete checkpoint with the others, roll back and resume.
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/modes/trainer.h"
+
+namespace pscluster::modes {
+
+Mode RollbackMode(const coord::ClusterView& view, int64_t step) {
+  return coord::ModeAt(view, step - 1);
+}
+
+std::string Generation(const coord::ClusterView& view) {
+  std::string gen;
+  for (const auto& m : view.members()) {
+    absl::StrAppend(&gen, m.role() == coord::SHARD ? "s" : "w", m.id(), ".", m.incarnation(), "-");
+  }
+  return gen;
+}
+
+absl::StatusOr<int64_t> Trainer::Start() {
+  CoordinatorClient* c = options_.coordinator;
+  if (c != nullptr) {
+    // A worker that replaces a failed one finds the run started: it joins the rollback.
+    auto started = c->KvGet("run/started", /*wait=*/false, options_.rpc_timeout);
+    if (started.ok()) return Rejoin(Generation(view_));
+    if (started.status().code() != absl::StatusCode::kNotFound) return started.status();
+  }
+  if (options_.connect) {
+    ASSIGN_OR_RETURN(comm_, options_.connect(absl::StrCat("gen/", Generation(view_), "/")));
+  }
+  ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
+  if (options_.mode != coord::PS) {  // the PS tables start from the same initializers
+    RETURN_IF_ERROR(placement_->Load(InitialState(model_->spec(), *optimizer_), 0));
+  }
+  if (c != nullptr && options_.rank == 0) RETURN_IF_ERROR(c->KvPut("run/started", "1"));
+  return 0;
+}
+
+absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
+  CoordinatorClient* c = options_.coordinator;
+  const int rank = options_.rank;
+  const std::string prefix = absl::StrCat("gen/", gen, "/");
+  placement_.reset();
+  comm_.reset();
+  RETURN_IF_ERROR(c->KvPut(absl::StrCat(prefix, "stopped/", rank), ""));
+  if (!view_.shard_addresses().empty()) {
+    RETURN_IF_ERROR(Connect({view_.shard_addresses().begin(), view_.shard_addresses().end()}));
+  }
+  int64_t back_to = 0;
+  if (rank == 0) {  // once every worker has stopped, roll every shard back
+    for (int r = 0; r < options_.world; ++r) {
+      RETURN_IF_ERROR(
+          c->KvGet(absl::StrCat(prefix, "stopped/", r), true, options_.recovery_timeout).status());
+    }
+    if (client_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
+          "a coordinator --data_dir to survive a worker failure)");
+    }
+    // The coordinator's manifest is the one list of complete checkpoints.
+    ASSIGN_OR_RETURN(const coord::ClusterView now, c->AwaitView(0, false, options_.rpc_timeout));
+    if (now.checkpoints().empty()) {
+      return absl::FailedPreconditionError(
+          "no checkpoint to roll back to: the coordinator lists none; run with "
+          "--snapshot_every_epochs or a coordinator --checkpoint_every_steps");
+    }
+    back_to = now.checkpoints().rbegin()->step();
+    RETURN_IF_ERROR(client_->Restore(back_to));
+    RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
+  } else {
+    ASSIGN_OR_RETURN(std::string value, c->KvGet(prefix + "step", true, options_.recovery_timeout));
+    if (!absl::SimpleAtoi(value, &back_to)) {
+      return absl::DataLossError("bad rollback step " + value);
+    }
+  }
+  if (options_.connect) {
+    ASSIGN_OR_RETURN(comm_, options_.connect(prefix));
+  }
+  // The mode the cluster trained the checkpoint's step in (every worker reads the same
+  // switch history); the switches after it are replayed as the steps come round again.
+  const Mode mode = RollbackMode(view_, back_to);
+  ASSIGN_OR_RETURN(placement_, MakePlacement(mode, Context()));
+  if (mode != coord::PS) {
+    ASSIGN_OR_RETURN(auto from_shards, MakePlacement(coord::PS, Context()));
+    ASSIGN_OR_RETURN(ModelState state, from_shards->Gather(back_to, /*with_slots=*/true));
+    RETURN_IF_ERROR(placement_->Load(state, back_to));
+  }
+  return back_to;
+}
+
+absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
+  const std::string before = Generation(view_);
+  const absl::Time deadline = absl::Now() + options_.recovery_timeout;
+  int64_t version = view_.version();
+  std::set<std::pair<int, int>> named;  // members already reported down
+  while (true) {                        // each AwaitView blocks until the next change of the view
+    ASSIGN_OR_RETURN(coord::ClusterView v,
+                     options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now()));
+    for (const auto& m : v.members()) {  // name what failed, as the coordinator saw it
+      if (m.alive() || !named.insert({m.role(), m.id()}).second) continue;
+      std::printf("worker %d: %s %d is down (its heartbeats stopped); waiting for a replacement\n",
+                  options_.rank, m.role() == coord::SHARD ? "shard" : "worker rank", m.id());
+      std::fflush(stdout);
+    }
+    if (v.complete() && Generation(v) != before) return v;
+    version = v.version();
+  }
+}
+
+absl::StatusOr<int64_t> Trainer::Recover(int64_t failed_step, const absl::Status& cause) {
+  std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
+              options_.rank, static_cast<long long>(failed_step), cause.ToString().c_str());
+  std::fflush(stdout);
+  ASSIGN_OR_RETURN(view_, AwaitHealedView());
+  placement_.reset();
+  ASSIGN_OR_RETURN(int64_t back_to, Rejoin(Generation(view_)));
+  known_.reset();  // the switches from the checkpoint on are asked for again
+  std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
+              options_.rank, static_cast<long long>(failed_step), static_cast<long long>(back_to));
+  std::fflush(stdout);
+  return back_to;
+}
+
+}  // namespace pscluster::modes

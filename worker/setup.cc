@@ -1,0 +1,153 @@
+#include "worker/setup.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/training_mode.h"
+#include "worker/collective/coordinator_store.h"
+#include "worker/collective/staging_communicator.h"
+#include "worker/compute/cuda_device.h"
+
+namespace pscluster::worker {
+namespace {
+
+// --cuda_device, or this rank's GPU when there are several (workers of a node share them).
+int CudaDevice(int flag, int rank) {
+  if (flag >= 0) return flag;
+  auto gpus = compute::CudaDevices();
+  return gpus.ok() && !gpus->empty() ? rank % static_cast<int>(gpus->size()) : 0;
+}
+
+// The communicator factory of the collective modes, rendezvoused through the coordinator.
+void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::TrainerOptions* o) {
+  const int rank = o->rank, world = o->world, device = CudaDevice(f.cuda_device, rank);
+  const absl::Duration timeout = f.collective_timeout;
+  o->connect = [coordinator, rank, world, device, timeout, host = f.host,
+                nccl = f.collectives == "nccl"](const std::string& generation)
+      -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+    if (nccl) {
+      collective::CoordinatorKeyValue kv(coordinator);
+      collective::NcclOptions n;
+      n.rank = rank;
+      n.size = world;
+      n.device = device;
+      n.timeout = timeout;
+      n.key_prefix = generation + "nccl/";
+      ASSIGN_OR_RETURN(auto comm, collective::CreateNcclCommunicator(&kv, n));
+      ASSIGN_OR_RETURN(auto staging, compute::MakeCudaBackend(n.device));
+      return collective::MakeStagingCommunicator(std::move(comm), std::move(staging));
+    }
+    collective::CoordinatorStore store(coordinator, generation, absl::Minutes(5));
+    return collective::CreateGlooCommunicator(&store,
+                                              collective::GlooOptions{rank, world, host, timeout});
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
+  modes::TrainerOptions& o = f->trainer;
+  std::unique_ptr<CoordinatorClient> coordinator;
+  if (!f->coordinator.empty()) {
+    CoordinatorClientOptions co;
+    co.coordinator = f->coordinator;
+    co.role = coord::WORKER;
+    co.id = o.rank;
+    co.address = absl::StrCat("pid:", getpid());
+    ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
+    ASSIGN_OR_RETURN(coord::ClusterView view,
+                     coordinator->AwaitView(0, /*complete=*/true, absl::Minutes(5)));
+    if (view.num_workers() != o.world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--world=", o.world, " but the coordinator expects ", view.num_workers(), " workers"));
+    }
+    std::printf("worker %d: cluster complete (view %lld, mode %s): shards %s\n", o.rank,
+                static_cast<long long>(view.version()), coord::ModeName(view.mode()),
+                absl::StrJoin(view.shard_addresses(), ",").c_str());
+    if (f->mode.empty()) f->mode = coord::ModeName(view.mode());
+    o.coordinator = coordinator.get();
+    SetConnect(*f, coordinator.get(), &o);
+  }
+  if (f->mode.empty()) f->mode = "ps";
+  absl::StatusOr<coord::TrainingMode> mode = coord::ParseMode(f->mode);
+  if (!mode.ok())
+    return absl::InvalidArgumentError("--mode: " + std::string(mode.status().message()));
+  o.mode = *mode;
+  if (o.mode != coord::PS && !coordinator) {
+    return absl::InvalidArgumentError("--mode=" + f->mode +
+                                      " needs --coordinator (the workers' rendezvous)");
+  }
+  return coordinator;
+}
+
+absl::StatusOr<Datasets> LoadData(const WorkerFlags& f) {
+  Datasets d;
+  if (const int64_t n = f.synthetic; n > 0) {
+    const std::vector<int>& layers = f.trainer.model.mlp.layers;
+    const int dim = layers.front(), classes = layers.back();
+    const int64_t held_out = n / 5 + 1;  // one draw, split: the same class centroids
+    data::Dataset all = data::MakeSynthetic(n + held_out, dim, classes, /*seed=*/7);
+    auto take = [&](int64_t from, int64_t count) {
+      data::Dataset part;
+      part.size = count;
+      part.dim = dim;
+      part.classes = classes;
+      part.x.assign(all.x.begin() + from * dim, all.x.begin() + (from + count) * dim);
+      part.y.assign(all.y.begin() + from, all.y.begin() + from + count);
+      return part;
+    };
+    d.train = take(0, n);
+    d.test = take(n, held_out);
+    return d;
+  }
+  ASSIGN_OR_RETURN(d.train, data::LoadFashionMnist(f.dataset_dir, data::Split::kTrain));
+  ASSIGN_OR_RETURN(d.test, data::LoadFashionMnist(f.dataset_dir, data::Split::kTest));
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<compute::Backend>> MakeBackend(const WorkerFlags& f) {
+  if (f.backend == "cpu") return compute::MakeCpuBackend(1);
+  absl::StatusOr<std::unique_ptr<compute::Backend>> cuda =
+      compute::MakeCudaBackend(CudaDevice(f.cuda_device, f.trainer.rank));
+  if (!cuda.ok())
+    return absl::Status(cuda.status().code(), "--backend=cuda: " + cuda.status().ToString());
+  return cuda;
+}
+
+absl::Status WriteSummaryJson(const std::string& path, int rank, const std::string& mode,
+                              const modes::TrainSummary& summary) {
+  std::ofstream f(path);
+  f << absl::StrCat("{\"rank\": ", rank, ", \"mode\": \"", mode, "\", \"final_mode\": \"",
+                    summary.final_mode, "\", \"steps\": ", summary.steps,
+                    ", \"epochs\": ", summary.epochs, ", \"final_loss\": ", summary.final_loss,
+                    ", \"test_accuracy\": ", summary.test_accuracy,
+                    ", \"samples_per_sec\": ", summary.samples_per_sec,
+                    ", \"train_seconds\": ", summary.train_seconds, ", \"snapshots\": [",
+                    absl::StrJoin(summary.snapshots, ", "), "], \"rollbacks\": [",
+                    absl::StrJoin(summary.rollbacks, ", ",
+                                  [](std::string* out, const std::pair<int64_t, int64_t>& r) {
+                                    absl::StrAppend(out, "[", r.first, ", ", r.second, "]");
+                                  }),
+                    "], \"switches\": [",
+                    absl::StrJoin(summary.switches, ", ",
+                                  [](std::string* out, const modes::SwitchDone& s) {
+                                    absl::StrAppend(out, "{\"step\": ", s.step, ", \"from\": \"",
+                                                    s.from, "\", \"to\": \"", s.to,
+                                                    "\", \"handoff_seconds\": ", s.seconds, "}");
+                                  }),
+                    "], \"figures\": {",
+                    absl::StrJoin(summary.figures, ", ",
+                                  [](std::string* out, const std::pair<std::string, double>& f) {
+                                    absl::StrAppend(out, "\"", f.first, "\": ", f.second);
+                                  }),
+                    "}, \"param_crc32c\": ", summary.param_crc32c, "}\n");
+  if (!f) return absl::UnavailableError("cannot write --summary_json=" + path);
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster::worker
