@@ -1,6 +1,6 @@
 // What PS-mode training needs of the parameter server: dense tensors and embedding rows
 // in and out at a step, and a table's whole state for mode switches. PsClient implements
-// it over gRPC; client/testing's InProcessParameterStore over a real in-process shard
+// it over gRPC; server/ps/testing's InProcessParameterStore over a real in-process shard
 // (no gRPC), for tests. Each instance acts for one worker. Implementations are
 // thread-safe.
 #pragma once

@@ -1,8 +1,8 @@
-// PS mode with the parameter store in this process (client/testing: a real shard's tables,
+// PS mode with the parameter store in this process (server/ps/testing: a real shard's tables,
 // clocks and optimizers, no gRPC), ranks as threads: the MLP and the embedding test model
 // match the single-process reference after 1 and 10 BSP steps, as through real ps_server
 // processes (tests/modes_switch_test.cc).
-#include "client/testing/in_process_parameter_store.h"
+#include "server/ps/testing/in_process_parameter_store.h"
 #include "worker/modes/mode_testing.h"
 #include "worker/modes/model_tables.h"
 

@@ -1,4 +1,4 @@
-#include "client/testing/in_process_parameter_store.h"
+#include "server/ps/testing/in_process_parameter_store.h"
 
 #include <algorithm>
 
