@@ -41,17 +41,9 @@ std::string ReadFile(const std::string& path) {
 
 // Every line a short-lived command prints, after it exited 0.
 std::string Output(std::vector<std::string> argv) {
-  auto p = testing::Subprocess::Start(std::move(argv));
-  EXPECT_TRUE(p.ok()) << p.status();
-  if (!p.ok()) return "";
-  std::string out;
-  for (auto line = p->WaitForLine("", absl::Seconds(30)); line.ok();
-       line = p->WaitForLine("", absl::Seconds(30))) {
-    out += *line + "\n";
-  }
-  auto status = p->Wait(absl::Seconds(30));
-  EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << out;
-  return out;
+  absl::StatusOr<std::string> out = testing::OutputOf(std::move(argv));
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.value_or("");
 }
 
 class CoordinatorRestartTest : public ::testing::Test {

@@ -106,4 +106,20 @@ absl::StatusOr<std::string> ListeningAddress(const std::string& line) {
   return line.substr(at + 13);
 }
 
+absl::StatusOr<std::string> OutputOf(std::vector<std::string> argv, absl::Duration timeout) {
+  absl::StatusOr<Subprocess> p = Subprocess::Start(std::move(argv));
+  if (!p.ok()) return p.status();
+  std::string out;
+  for (auto line = p->WaitForLine("", timeout); line.ok(); line = p->WaitForLine("", timeout)) {
+    out += *line + "\n";
+  }
+  absl::StatusOr<int> status = p->Wait(timeout);
+  if (!status.ok()) return status.status();
+  if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    return absl::InternalError(
+        absl::StrCat(p->name(), " ended with wait status ", *status, "; it printed:\n", out));
+  }
+  return out;
+}
+
 }  // namespace pscluster::testing

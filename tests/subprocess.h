@@ -41,6 +41,11 @@ class Subprocess {
   std::string buffered_;
 };
 
+// Runs a short-lived command to its end: every line it printed, or the error (naming the
+// command and its output) if it did not exit 0 within `timeout` per line and at the end.
+absl::StatusOr<std::string> OutputOf(std::vector<std::string> argv,
+                                     absl::Duration timeout = absl::Seconds(30));
+
 // "host:port" parsed from a "... listening on host:port" line.
 absl::StatusOr<std::string> ListeningAddress(const std::string& line);
 

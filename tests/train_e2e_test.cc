@@ -150,16 +150,9 @@ TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
   }
   auto psctl = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {"tools/psctl/psctl", "--coordinator=" + coordinator});
-    auto p = testing::Subprocess::Start(args);
-    EXPECT_TRUE(p.ok());
-    std::string out;
-    for (auto line = p->WaitForLine("", absl::Seconds(30)); line.ok();
-         line = p->WaitForLine("", absl::Seconds(30))) {
-      out += *line + "\n";
-    }
-    auto status = p->Wait(absl::Seconds(30));
-    EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << out;
-    return out;
+    absl::StatusOr<std::string> out = testing::OutputOf(std::move(args));
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.value_or("");
   };
   const std::vector<std::pair<int, std::string>> plan = {
       {100, "allreduce"}, {200, "fsdp"}, {300, "pipeline"}, {400, "ps"}};
