@@ -4,7 +4,7 @@
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
 #                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
-#                           [--batch_size 64] [--out DIR]
+#                           [--batch_size 64] [--model mlp|embedding] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
 # shards and the workers on free loopback ports, prints progress, and ends with the test
@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4
+switches="" micro_batches=4 model=mlp
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -32,6 +32,7 @@ while (($#)); do
     --mode) mode=$2; shift 2 ;;
     --switch) switches=$2; shift 2 ;;
     --micro_batches) micro_batches=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
     --optimizer) optimizer=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --batch_size) batch_size=$2; shift 2 ;;
@@ -125,7 +126,7 @@ for ((s = 0; s < shards; ++s)); do addresses+=("$(address_of "shard$s" $((s + 1)
 start_worker() {  # rank
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
-    --micro_batches="$micro_batches" --summary_json="$out/worker$1.json" >>"$out/worker$1.log" 2>&1 &
+    --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" >>"$out/worker$1.log" 2>&1 &
 }
 for ((r = 0; r < workers; ++r)); do
   start_worker $r
