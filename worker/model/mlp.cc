@@ -4,12 +4,12 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
-#include <random>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "core/init/initializer.h"
 
 namespace pscluster::model {
 
@@ -105,18 +105,10 @@ Mlp::~Mlp() {
 }
 
 std::vector<std::vector<float>> Mlp::InitialParams(const MlpOptions& options, uint64_t seed) {
-  std::mt19937_64 gen(seed);
   std::vector<std::vector<float>> params;
-  for (size_t i = 0; i + 1 < options.layers.size(); ++i) {
-    const int in = options.layers[i], out = options.layers[i + 1];
-    const double limit = std::sqrt(6.0 / (in + out));
-    std::vector<float> weight(static_cast<size_t>(in) * out);
-    for (float& w : weight) {
-      const double u = static_cast<double>(gen() >> 40) * 0x1p-24;  // [0, 1), 24 bits
-      w = static_cast<float>(limit * (2 * u - 1));
-    }
-    params.push_back(std::move(weight));
-    params.emplace_back(out, 0.0f);
+  for (const TensorSpec& t : MlpSpec(options, seed).params) {
+    params.emplace_back(t.size());
+    core::InitDense(t.init, 0, absl::MakeSpan(params.back()));
   }
   return params;
 }

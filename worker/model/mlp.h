@@ -59,10 +59,8 @@ class Mlp final : public Model {
   const MlpOptions& options() const { return options_; }
   int max_batch() const { return max_batch_; }
 
-  // Glorot-uniform weights U(-sqrt(6/(in+out)), +sqrt(6/(in+out))) and zero biases, from
-  // std::mt19937_64(seed): the reference initialisation, host vectors in params() order.
-  // Each weight, in order, is limit * (2u - 1) with u = (gen() >> 40) * 2^-24, so the
-  // values are the same with every standard library.
+  // The spec's initial values (MlpSpec: Glorot-uniform weights from core/init, zero
+  // biases), host vectors in params() order: what every mode starts from.
   static std::vector<std::vector<float>> InitialParams(const MlpOptions& options, uint64_t seed);
 
   // Copies params()[index].size floats in (SetParam) or out (GetParam). index must be in
