@@ -69,14 +69,12 @@ namespace pscluster::worker {
 namespace {
 
 absl::StatusOr<ps::OptimizerConfig> ParseOptimizer(const std::string& name, double lr) {
-  ps::OptimizerConfig c;
   ps::OptimizerConfig::Kind kind;
   if (!ps::OptimizerConfig::Kind_Parse(absl::AsciiStrToUpper(name), &kind)) {
     return absl::InvalidArgumentError(
         "--optimizer=" + name + " is unknown; use sgd, momentum, adagrad, adam, adamw or ftrl");
   }
-  c = core::DefaultOptimizerConfig(kind, static_cast<float>(lr));
-  return c;
+  return core::DefaultOptimizerConfig(kind, static_cast<float>(lr));
 }
 
 absl::StatusOr<ps::ConsistencyConfig> ParseConsistency(const std::string& text) {

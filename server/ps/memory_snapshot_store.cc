@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> MemorySnapshotStorage::Open(const
   }
   auto fail = [this] {
     absl::MutexLock lock(&mu_);
-    return *fail_writes_;
+    return fail_writes_;
   };
   return std::unique_ptr<SnapshotStore>(new MemorySnapshotStore(dir, data, read_only, fail));
 }
@@ -129,7 +129,7 @@ std::vector<std::string> MemorySnapshotStorage::ShardDirs(const std::string& roo
 
 void MemorySnapshotStorage::FailWrites(bool fail) {
   absl::MutexLock lock(&mu_);
-  *fail_writes_ = fail;
+  fail_writes_ = fail;
 }
 
 }  // namespace pscluster::ps

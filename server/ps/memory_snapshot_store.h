@@ -1,7 +1,8 @@
 // Snapshot stores in memory, for tests (leveldb's memenv idea): a MemorySnapshotStorage
 // is a whole checkpoint root whose shard stores are maps from step to the captured table
-// images. A snapshot is visible once Write returns OK; `fail_writes` makes every Write
-// fail (a full disk) without changing what is visible. Thread-safe.
+// images. A snapshot is visible once Write returns OK; FailWrites(true) makes every Write
+// fail (a full disk) without changing what is visible. The storage must outlive the
+// stores it opens. Thread-safe.
 #pragma once
 
 #include <map>
@@ -36,7 +37,7 @@ class MemorySnapshotStorage final : public SnapshotStorage {
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Dir>> dirs_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<bool> fail_writes_ = std::make_shared<bool>(false);  // read under mu_
+  bool fail_writes_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pscluster::ps

@@ -48,13 +48,7 @@ class AllReducePlacement final : public Placement {
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(CheckState(state, spec_, ctx_.optimizer));
     state_ = state;
-    for (size_t i = 0; i < state_.params.size(); ++i) model_->SetParam(i, state_.params[i].data());
-    for (size_t e = 0; e < spec_.embeddings.size(); ++e) {
-      std::vector<uint64_t> all(spec_.embeddings[e].vocab);
-      for (uint64_t k = 0; k < all.size(); ++k) all[k] = k;
-      RETURN_IF_ERROR(model_->SetRows(e, all, state_.embeddings[e].values));
-    }
-    return absl::OkStatus();
+    return SetWholeState(model_.get(), spec_, state_);
   }
 
   absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
@@ -117,15 +111,13 @@ class AllReducePlacement final : public Placement {
     RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(sum)));
     RowsState& rows = state_.embeddings[e];
     std::vector<uint64_t> touched;
-    std::vector<float*> slots(rows.slots.size());
     for (uint64_t id = 0; id < emb.vocab; ++id) {
       if (sum[emb.vocab * emb.dim + id] == 0) continue;
       touched.push_back(id);
       float* g = sum.data() + id * emb.dim;
       for (int j = 0; j < emb.dim; ++j) g[j] *= scale;
-      for (size_t k = 0; k < slots.size(); ++k) slots[k] = rows.slots[k].data() + id * emb.dim;
-      ctx_.optimizer->Apply(rows.values.data() + id * emb.dim, g,
-                            slots.empty() ? nullptr : slots.data(), emb.dim, ++rows.updates[id]);
+      ApplyOptimizer(*ctx_.optimizer, rows.values.data() + id * emb.dim, g, rows.slots, emb.dim,
+                     ++rows.updates[id], id * emb.dim);
     }
     std::vector<float> values(touched.size() * emb.dim);
     for (size_t k = 0; k < touched.size(); ++k) {

@@ -89,12 +89,7 @@ inline ModelState Reference(const TrainerOptions& o, int64_t steps) {
   };
   for (int64_t step = 0; step < steps; ++step) {
     batches.Next(&b);
-    for (size_t i = 0; i < s.params.size(); ++i) m->SetParam(i, s.params[i].data());
-    for (size_t e = 0; e < s.embeddings.size(); ++e) {
-      std::vector<uint64_t> all(def->spec().embeddings[e].vocab);
-      for (uint64_t k = 0; k < all.size(); ++k) all[k] = k;
-      EXPECT_TRUE(m->SetRows(e, all, s.embeddings[e].values).ok());
-    }
+    EXPECT_TRUE(SetWholeState(m.get(), def->spec(), s).ok());
     EXPECT_TRUE(m->ForwardBackward(b.x.data(), b.y.data(), b.size).ok());
     ++s.updates;
     for (size_t i = 0; i < s.params.size(); ++i) {

@@ -39,6 +39,21 @@ ModelState InitialState(const model::ModelSpec& spec, const core::Optimizer& opt
   return state;
 }
 
+std::vector<uint64_t> AllIds(const model::EmbeddingSpec& table) {
+  std::vector<uint64_t> ids(table.vocab);
+  for (uint64_t k = 0; k < ids.size(); ++k) ids[k] = k;
+  return ids;
+}
+
+absl::Status SetWholeState(model::Model* model, const model::ModelSpec& spec,
+                           const ModelState& state) {
+  for (size_t i = 0; i < state.params.size(); ++i) model->SetParam(i, state.params[i].data());
+  for (size_t e = 0; e < state.embeddings.size(); ++e) {
+    RETURN_IF_ERROR(model->SetRows(e, AllIds(spec.embeddings[e]), state.embeddings[e].values));
+  }
+  return absl::OkStatus();
+}
+
 bool EmbeddingsUntouched(const ModelState& state) {
   for (const RowsState& rows : state.embeddings) {
     for (int64_t u : rows.updates) {
@@ -104,9 +119,10 @@ absl::Status CheckState(const ModelState& state, const model::ModelSpec& spec,
 }
 
 void ApplyOptimizer(const core::Optimizer& opt, float* w, const float* g,
-                    std::vector<std::vector<float>>& slots, size_t n, int64_t update) {
+                    std::vector<std::vector<float>>& slots, size_t n, int64_t update,
+                    size_t offset) {
   std::vector<float*> ptrs;
-  for (auto& s : slots) ptrs.push_back(s.data());
+  for (auto& s : slots) ptrs.push_back(s.data() + offset);
   opt.Apply(w, g, ptrs.empty() ? nullptr : ptrs.data(), n, update);
 }
 

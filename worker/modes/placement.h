@@ -62,6 +62,14 @@ struct ModelState {
 // slots (rows as the shards would create them on first touch).
 ModelState InitialState(const model::ModelSpec& spec, const core::Optimizer& opt);
 
+// Every id of an embedding table, ascending: [0, vocab).
+std::vector<uint64_t> AllIds(const model::EmbeddingSpec& table);
+
+// Puts `state`'s dense tensors and every embedding row into `model` (a whole-model
+// instance of `spec`): evaluation, the ALLREDUCE replica, references.
+absl::Status SetWholeState(model::Model* model, const model::ModelSpec& spec,
+                           const ModelState& state);
+
 // True when no row of any embedding table has been updated (the state the shards' sparse
 // tables are in before training: they create rows on first touch).
 bool EmbeddingsUntouched(const ModelState& state);

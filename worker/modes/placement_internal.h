@@ -13,9 +13,11 @@ namespace pscluster::modes::internal {
 // number of slots per tensor).
 absl::Status CheckState(const ModelState& state, const model::ModelSpec& spec,
                         const core::Optimizer* opt);
-// One optimizer update of n elements (slots: one array per optimizer slot, n floats used).
+// One optimizer update of n elements (slots: one array per optimizer slot, its n floats
+// from `offset` used).
 void ApplyOptimizer(const core::Optimizer& opt, float* w, const float* g,
-                    std::vector<std::vector<float>>& slots, size_t n, int64_t update);
+                    std::vector<std::vector<float>>& slots, size_t n, int64_t update,
+                    size_t offset = 0);
 
 // This rank's share of every global batch (the data-parallel order).
 absl::StatusOr<data::BatchIterator> DataParallelBatches(const PlacementContext& ctx);

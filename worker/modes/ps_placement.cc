@@ -43,8 +43,7 @@ class PsPlacement final : public Placement {
     if (pulled_ != step) RETURN_IF_ERROR(Pull(step));
     state.params = host_;
     for (size_t e = 0; e < spec_.embeddings.size(); ++e) {  // every row (created if new)
-      std::vector<uint64_t> keys(spec_.embeddings[e].vocab);
-      for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+      const std::vector<uint64_t> keys = AllIds(spec_.embeddings[e]);
       RowsState rows;
       rows.values.resize(keys.size() * spec_.embeddings[e].dim);
       RETURN_IF_ERROR(

@@ -129,12 +129,7 @@ void Trainer::RequestCheckpoint(int64_t epoch, TrainSummary* summary) {
 absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/false));
   ASSIGN_OR_RETURN(auto model, model_->Create(backend_.get(), model::WholeModel(1024)));
-  for (size_t i = 0; i < state.params.size(); ++i) model->SetParam(i, state.params[i].data());
-  for (size_t e = 0; e < state.embeddings.size(); ++e) {
-    std::vector<uint64_t> all(model_->spec().embeddings[e].vocab);
-    for (uint64_t k = 0; k < all.size(); ++k) all[k] = k;
-    RETURN_IF_ERROR(model->SetRows(e, all, state.embeddings[e].values));
-  }
+  RETURN_IF_ERROR(SetWholeState(model.get(), model_->spec(), state));
   ASSIGN_OR_RETURN(model::StepResult r,
                    model->Evaluate(test_->x.data(), test_->y.data(), test_->size));
   return static_cast<double>(r.correct) / r.examples;

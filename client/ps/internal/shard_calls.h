@@ -63,10 +63,6 @@ class ShardCalls {
   absl::Status ForEach(const std::function<absl::Status(int)>& fn) {
     return pool_.ParallelFor(size(), fn);
   }
-  // fn(i) for i in [0, n) concurrently (e.g. one per tensor, each fanning out again).
-  absl::Status ParallelFor(int n, const std::function<absl::Status(int)>& fn) {
-    return pool_.ParallelFor(n, fn);
-  }
 
   // The same request to every shard; their answers by shard id.
   template <typename Req, typename Resp>
