@@ -66,6 +66,11 @@ class AllReducePlacement final : public Placement {
     ASSIGN_OR_RETURN(model::StepResult r, model_->ForwardBackward(batch_.x.data(), batch_.y.data(),
                                                                   batch_.size, &hooks_));
     if (next_bucket_ != buckets_.size()) return absl::InternalError("a bucket was not reduced");
+    // Every communication before any update: a failed all-reduce leaves the replica as it was.
+    std::vector<std::vector<float>> row_sums(spec_.embeddings.size());
+    for (size_t e = 0; e < row_sums.size(); ++e) {
+      ASSIGN_OR_RETURN(row_sums[e], ReduceRows(e));
+    }
     const float scale = 1.0f / ctx_.world;  // the mean of the workers' gradients
     for (float& g : flat_) g *= scale;
     ++state_.updates;
@@ -74,7 +79,7 @@ class AllReducePlacement final : public Placement {
                      state_.slots[i], state_.params[i].size(), state_.updates);
       model_->SetParam(i, state_.params[i].data());
     }
-    for (size_t e = 0; e < spec_.embeddings.size(); ++e) RETURN_IF_ERROR(StepRows(e, scale));
+    for (size_t e = 0; e < row_sums.size(); ++e) RETURN_IF_ERROR(StepRows(e, scale, &row_sums[e]));
     return r.loss;
   }
 
@@ -95,20 +100,26 @@ class AllReducePlacement final : public Placement {
     return absl::OkStatus();
   }
 
-  // Embedding table e: every worker's row gradients and touched rows summed, then each
-  // touched row stepped with its own update count.
-  absl::Status StepRows(int e, float scale) {
+  // Embedding table e: every worker's row gradients (vocab x dim), then one touched count
+  // per row, summed over the workers.
+  absl::StatusOr<std::vector<float>> ReduceRows(int e) {
     const model::EmbeddingSpec& emb = spec_.embeddings[e];
     const std::vector<uint64_t> keys = model_->Keys(e, batch_.x.data(), batch_.size);
     std::vector<float> local(keys.size() * emb.dim);
     model_->GetRowGrads(e, absl::MakeSpan(local));
-    // vocab x dim gradients, then one touched count per row.
     std::vector<float> sum(emb.vocab * (emb.dim + 1), 0.0f);
     for (size_t k = 0; k < keys.size(); ++k) {
       std::copy_n(local.data() + k * emb.dim, emb.dim, sum.data() + keys[k] * emb.dim);
       sum[emb.vocab * emb.dim + keys[k]] = 1;
     }
     RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(sum)));
+    return sum;
+  }
+
+  // Steps each row some worker touched (ReduceRows' `sum`) with its own update count.
+  absl::Status StepRows(int e, float scale, std::vector<float>* row_sum) {
+    const model::EmbeddingSpec& emb = spec_.embeddings[e];
+    std::vector<float>& sum = *row_sum;
     RowsState& rows = state_.embeddings[e];
     std::vector<uint64_t> touched;
     for (uint64_t id = 0; id < emb.vocab; ++id) {
