@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/synchronization/notification.h"
 #include "common/sharding.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/ps_cluster_fixture.h"
@@ -25,6 +27,10 @@ class BadInputTest : public PsClusterTest {
   void SetUp() override {
     PsClusterTest::SetUp();
     if (HasFatalFailure()) return;
+    CreateTablesAndStepZero();
+  }
+
+  void CreateTablesAndStepZero() {
     ASSERT_TRUE(clients_[0]->CreateTable(DenseSpec()).ok());
     TableSpec sparse = DenseSpec();
     sparse.set_table_id(kSparse);
@@ -315,6 +321,123 @@ TEST_F(BadInputTest, BatchPullOfAnUnknownTableOrTooMuchIsRejected) {
   // --max_chunk_bytes is 4 MiB: 2100 pulls of 500 floats are over it.
   ExpectError(pull(std::vector<std::pair<uint32_t, uint64_t>>(2100, {kDense, 500})),
               grpc::StatusCode::RESOURCE_EXHAUSTED, "unary limit");
+}
+
+// Regression: negative steps on pulls were accepted (a BSP pull at step -1 read at once).
+TEST_F(BadInputTest, NegativeStepsAreInvalidArgument) {
+  grpc::ClientContext ctx;
+  ps::PullDenseRequest pull;
+  pull.set_worker_id(0);
+  pull.set_table_id(kDense);
+  pull.set_step(-1);
+  pull.set_length(10);
+  DenseChunk out;
+  ExpectError(shard0()->PullDense(&ctx, pull, &out), grpc::StatusCode::INVALID_ARGUMENT,
+              "step must be >= 0, got -1");
+  ps::SparseRequest sparse;
+  sparse.set_table_id(kSparse);
+  sparse.add_keys(0);
+  grpc::ClientContext ctx2;
+  sparse.set_step(-3);
+  ps::PullSparseResponse rows;
+  ExpectError(shard0()->PullSparse(&ctx2, sparse, &rows), grpc::StatusCode::INVALID_ARGUMENT,
+              "step must be >= 0, got -3");
+  DenseChunk push = Chunk(kDense, 0, std::vector<float>(500, 1.0f));
+  push.set_step(-2);
+  ExpectError(Push(push), grpc::StatusCode::INVALID_ARGUMENT, "step must be >= 0");
+  grpc::ClientContext ctx3;
+  ps::RestoreRequest restore;
+  restore.set_step(-1);
+  ps::RestoreResponse restored;
+  EXPECT_FALSE(shard0()->Restore(&ctx3, restore, &restored).ok());
+}
+
+// Regression: a negative worker id could register, and BSP then waited for it forever;
+// there was no way to unregister a worker.
+TEST_F(BadInputTest, NegativeWorkerIdIsRefusedAndAWorkerCanLeaveForGood) {
+  grpc::ClientContext ctx;
+  ps::RegisterWorkerRequest req;
+  req.set_worker_id(-1);
+  ps::RegisterWorkerResponse resp;
+  ExpectError(shard0()->RegisterWorker(&ctx, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+              "worker_id must be >= 0, got -1");
+
+  // A third worker joins, then leaves for good: the next BSP step waits only for 0 and 1.
+  PsClientOptions o;
+  o.shard_addresses = addresses_;
+  o.worker_id = 5;
+  o.rpc_timeout = absl::Seconds(60);
+  auto third = PsClient::Create(o);
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_TRUE((*third)->RegisterWorker().ok());
+  ASSERT_TRUE((*third)->UnregisterWorker().ok());
+  const std::vector<float> g(kDenseSize, 0.0f);
+  OnAllWorkers([&](int w) { ASSERT_TRUE(clients_[w]->PushDense(kDense, 1, g).ok()); });
+  std::vector<float> after(kDenseSize);
+  ASSERT_TRUE(clients_[0]->PullDense(kDense, 2, absl::MakeSpan(after)).ok())
+      << "step 1 waited for the worker that left";
+  // Gone means gone: its pushes are refused until it registers again.
+  EXPECT_EQ((*third)->PushDense(kDense, 2, g).code(), absl::StatusCode::kFailedPrecondition);
+  // (TearDown compares state at step 1; step 1's zero gradient with Adam keeps values
+  // moving, so take the new state as the reference.)
+  before_ = State();
+}
+
+// Regression: unary pushes over --max_chunk_bytes were accepted.
+TEST_F(BadInputTest, UnaryPushesOverTheChunkLimitAreResourceExhausted) {
+  // A server with a small limit; gRPC's own message limit sits 64 KiB above it.
+  StopServers(SIGTERM);
+  StartServers(kShards, {"--max_chunk_bytes=65536"});
+  ASSERT_FALSE(HasFatalFailure());
+  ConnectClients();
+  CreateTablesAndStepZero();
+  ASSERT_FALSE(HasFatalFailure());
+  TableSpec big = DenseSpec();
+  big.set_table_id(9);
+  big.set_size(200000);  // 100000 values (400 KB) per shard
+  big.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+  ASSERT_TRUE(clients_[0]->CreateTable(big).ok());
+  std::vector<float> initial(200000), w(200000);
+  ASSERT_TRUE(clients_[0]->PullDense(9, 0, absl::MakeSpan(initial)).ok());
+  DenseChunk c = Chunk(9, 0, std::vector<float>(20000, 1.0f));  // 80000 bytes > 65536
+  ExpectError(Push(c), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_chunk_bytes");
+  ps::DenseBatch batch;
+  *batch.add_chunks() = Chunk(9, 0, std::vector<float>(10000, 1.0f));
+  *batch.add_chunks() = Chunk(kDense, 0, std::vector<float>(500, 1.0f));
+  *batch.mutable_chunks(0) = Chunk(9, 0, std::vector<float>(16000, 1.0f));  // 64000 + 2000
+  grpc::ClientContext ctx;
+  ps::PushDenseBatchResponse r;
+  ExpectError(shard0()->PushDenseBatch(&ctx, batch, &r), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "nothing in the batch was applied");
+  ASSERT_TRUE(clients_[0]->PullDense(9, 0, absl::MakeSpan(w)).ok());
+  EXPECT_EQ(w, initial) << "a refused push was applied";
+  before_ = State();
+}
+
+// Regression: a body that did not parse as the request got INTERNAL with an empty message.
+TEST_F(BadInputTest, UnparsableRequestIsInvalidArgumentNamingTheMethod) {
+  auto channel = grpc::CreateChannel(addresses_[0], grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  const std::string garbage = "\xff\xff\xff\xff\x0f not a protobuf";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1), response;
+  for (const char* method : {"/pscluster.ps.ParameterServer/PullDense",
+                             "/pscluster.ps.ParameterServer/RegisterWorker",
+                             "/pscluster.ps.ParameterServer/PullDenseStream"}) {
+    SCOPED_TRACE(method);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status status;
+    absl::Notification done;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        status = std::move(s);
+                        done.Notify();
+                      });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    ExpectError(status, grpc::StatusCode::INVALID_ARGUMENT, method);
+    EXPECT_THAT(status.error_message(), HasSubstr("did not parse"));
+  }
 }
 
 }  // namespace

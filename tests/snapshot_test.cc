@@ -6,7 +6,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "tests/ps_cluster_fixture.h"
 #include "tests/test_tables.h"
@@ -260,6 +263,112 @@ TEST_F(SnapshotTest, UnknownStepOrUnusableDirectoryRefusesToStart) {
   std::fclose(f);
   ExpectRefusesToStart({"--port=0", "--data_dir=" + file});
   ExpectRefusesToStart({"--port=0", "--restore=latest"});  // no --data_dir
+}
+
+// Flips one byte of shard `shard`'s snapshot file of `step`, `from_end` bytes before its end
+// (0: the middle); returns the file's path.
+std::string FlipByte(const std::string& root, int shard, int64_t step, int64_t from_end) {
+  const std::string path =
+      absl::StrCat(root, "/shard-", shard, "/snapshots/", absl::StrFormat("%020d", step), ".psnap");
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path));
+  const int64_t at = from_end == 0 ? size / 2 : size - from_end;
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(at);
+  f.write(&c, 1);
+  return path;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Regression: an in-place Restore of a step that does not exist answered NOT_FOUND but had
+// already dropped every table and registered worker.
+TEST_F(SnapshotTest, InPlaceRestoreOfAMissingStepChangesNothing) {
+  CreateTables(101);
+  Train(0, 1);
+  SnapshotAndWait(1);
+  Train(1, 3);
+  auto at3 = State(3);
+  absl::Status s = clients_[0]->Restore(7);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("unchanged"));
+  EXPECT_EQ(State(3), at3);
+  Train(3, 4);  // the workers are still registered, the clocks where they were
+  EXPECT_EQ(clients_[0]->Restore(-1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Regression: a Restore of a snapshot with a corrupted table answered DATA_LOSS and left a
+// mix: some tables gone, one loaded with the corrupted values.
+TEST_F(SnapshotTest, InPlaceRestoreOfACorruptedSnapshotChangesNothing) {
+  CreateTables(101);
+  Train(0, 1);
+  SnapshotAndWait(1);
+  auto at1 = State(1);
+  Train(1, 2);
+  SnapshotAndWait(2);
+  Train(2, 3);
+  auto at3 = State(3);
+  const std::string damaged = FlipByte(root_, 1, 2, 0);
+  absl::Status s = clients_[0]->Restore(2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(damaged));
+  EXPECT_EQ(State(3), at3);
+  Train(3, 4);
+  auto restored = clients_[0]->Restore(1);  // an intact one still restores
+  ASSERT_TRUE(restored.ok()) << restored;
+  EXPECT_EQ(State(1), at1);
+}
+
+// Runs ps_server with `flags` to its exit (it must refuse to start); its stderr.
+std::string RefusalOf(const std::vector<std::string>& flags) {
+  std::string cmd = "exec server/ps/ps_server --port=0";
+  for (const std::string& f : flags) cmd += " '" + f + "'";
+  auto out = testing::OutputOf({"/bin/sh", "-c", cmd + " 2>&1"}, absl::Seconds(60));
+  EXPECT_FALSE(out.ok()) << "it started: " << *out;
+  return out.ok() ? "" : std::string(out.status().message());
+}
+
+// Regression: with bytes flipped where the snapshot manifests are kept, the shard treated
+// intact snapshots as partial and deleted their data. Now the damage is named, nothing is
+// deleted, and the shard starts only when told to, from the newest snapshot that verifies.
+TEST_F(SnapshotTest, DamagedSnapshotIsNamedNeverDeletedAndSkippedOnlyWhenAsked) {
+  CreateTables(101);
+  Train(0, 1);
+  SnapshotAndWait(1);
+  auto at1 = State(1);
+  Train(1, 2);
+  SnapshotAndWait(2);
+  Train(2, 3);
+  SnapshotAndWait(3);
+  StopServers(SIGKILL);
+  const std::string manifest_hit = FlipByte(root_, 0, 3, 20);  // inside the manifest record
+  const std::string block_hit = FlipByte(root_, 1, 2, 0);      // inside a table's data
+  const std::string manifest_bytes = ReadAll(manifest_hit), block_bytes = ReadAll(block_hit);
+
+  std::string refusal = RefusalOf({"--shard_id=0", "--num_shards=2", "--data_dir=" + root_,
+                                   "--restore=latest"});
+  EXPECT_THAT(refusal, ::testing::HasSubstr(manifest_hit));
+  EXPECT_THAT(refusal, ::testing::HasSubstr("--restore_skip_damaged"));
+  refusal = RefusalOf({"--shard_id=1", "--num_shards=2", "--data_dir=" + root_,
+                       "--restore=latest"});  // its own files verify; shard 0's do not
+  EXPECT_THAT(refusal, ::testing::HasSubstr(manifest_hit));
+
+  // Told to: step 3 lacks shard 0's manifest, step 2 fails its checksum: step 1, saying so.
+  StartServers(kShards, Args({"--restore=latest", "--restore_skip_damaged"}));
+  ASSERT_FALSE(HasFatalFailure());
+  ConnectClients();
+  EXPECT_EQ(RestoredStep(), 1);
+  EXPECT_EQ(State(1), at1);
+  StopServers(SIGTERM);
+  EXPECT_EQ(ReadAll(manifest_hit), manifest_bytes) << "a damaged snapshot was changed";
+  EXPECT_EQ(ReadAll(block_hit), block_bytes) << "a damaged snapshot was changed";
 }
 
 TEST_F(SnapshotTest, SnapshotRpcsWithoutDataDirFailClearly) {

@@ -44,6 +44,15 @@ absl::Status PsClient::RegisterWorker() {
   });
 }
 
+absl::Status PsClient::UnregisterWorker() {
+  return calls_.ForEach([&](int s) {
+    ps::UnregisterWorkerRequest req;
+    req.set_worker_id(options_.worker_id);
+    ps::UnregisterWorkerResponse resp;
+    return calls_.Unary(s, &Stub::UnregisterWorker, req, &resp);
+  });
+}
+
 absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(10);

@@ -46,6 +46,8 @@ class PsClient final : public ParameterStore {
 
   // Registers this worker with every shard (needed before any push or pull).
   absl::Status RegisterWorker();
+  // This worker leaves for good: no shard's BSP steps wait for it any more.
+  absl::Status UnregisterWorker();
   // Until the coordinator does rendezvous: waits (bounded) until every shard has at least
   // `world` registered workers, so BSP steps wait for all of them from step 0 on.
   absl::Status AwaitWorkers(int world, absl::Duration timeout);

@@ -1,6 +1,8 @@
 #include "core/optimizer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -248,6 +250,28 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOpti
   }
   return absl::InvalidArgumentError(
       absl::StrCat("kind has unknown value ", static_cast<int>(options.kind)));
+}
+
+size_t FirstOverflow(const Optimizer& optimizer, const float* w, const float* g,
+                     const float* const* slots, size_t n, int64_t step, float g_scale) {
+  constexpr size_t kBlock = 512;
+  const int num_slots = optimizer.num_slots();
+  float scratch_w[kBlock], scratch_g[kBlock], scratch_slots[8][kBlock];
+  float* slot_ptrs[8];
+  for (int k = 0; k < num_slots; ++k) slot_ptrs[k] = scratch_slots[k];
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t m = std::min(kBlock, n - at);
+    std::memcpy(scratch_w, w + at, m * sizeof(float));
+    for (size_t i = 0; i < m; ++i) scratch_g[i] = g[at + i] * g_scale;
+    for (int k = 0; k < num_slots; ++k) std::memcpy(scratch_slots[k], slots[k] + at, m * sizeof(float));
+    optimizer.Apply(scratch_w, scratch_g, slot_ptrs, m, step);
+    for (size_t i = 0; i < m; ++i) {
+      bool finite = std::isfinite(scratch_w[i]);
+      for (int k = 0; k < num_slots; ++k) finite = finite && std::isfinite(scratch_slots[k][i]);
+      if (!finite) return at + i;
+    }
+  }
+  return n;
 }
 
 }  // namespace pscluster::core

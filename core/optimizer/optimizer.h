@@ -95,4 +95,11 @@ class Optimizer {
                      int64_t step) const = 0;
 };
 
+// The first element i whose value or optimizer slots would not be finite after
+// Apply(w, g * g_scale, slots, n, step), or n when all would be: computed block by block on
+// copies, changing nothing. A finite gradient can overflow (a large gradient times the
+// learning rate, or its square in Adam's v); callers refuse such an update before applying.
+size_t FirstOverflow(const Optimizer& optimizer, const float* w, const float* g,
+                     const float* const* slots, size_t n, int64_t step, float g_scale = 1.0f);
+
 }  // namespace pscluster::core

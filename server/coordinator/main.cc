@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
 #include "common/graceful_shutdown.h"
+#include "common/parse_errors.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/checkpointer.h"
 #include "server/coordinator/mode_switch.h"
@@ -206,6 +207,7 @@ int main(int argc, char** argv) {
   pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
                                                checkpointer->get());
   grpc::ServerBuilder builder;
+  pscluster::NameUnparsableRequests(&builder);
   int port = 0;
   const std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));

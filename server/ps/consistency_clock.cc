@@ -17,6 +17,8 @@ void ConsistencyClock::AddWorker(int32_t worker) {
   clocks_[worker] = start;
 }
 
+void ConsistencyClock::RemoveWorker(int32_t worker) { clocks_.erase(worker); }
+
 absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step));
   if (!bsp()) return absl::OkStatus();

@@ -32,6 +32,8 @@ class ConsistencyClock {
   // Adds a worker whose clock bounds consistency (idempotent). A late joiner starts at
   // the current step (BSP: applied steps; else the slowest clock), not holding others back.
   void AddWorker(int32_t worker);
+  // Removes a worker for good: steps no longer wait for it; its pushes so far stay.
+  void RemoveWorker(int32_t worker);
 
   // INVALID_ARGUMENT for a negative step; BSP: FAILED_PRECONDITION for a step already
   // applied, too far ahead (kMaxBspStepsAhead) or already pushed by this worker.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -97,6 +98,30 @@ uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
 
 }  // namespace
 
+uint64_t DenseTable::FirstOverflowLocked(const std::vector<Piece>& pieces, uint64_t total,
+                                         float g_scale) const {
+  const float large = LargeGradientThreshold() / g_scale;
+  std::atomic<uint64_t> first{UINT64_MAX};
+  ForEachPart(pieces, total, [&](const std::vector<Piece>& part) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const Piece& p : part) {
+      float biggest = 0;
+      for (float g : p.grad) biggest = std::max(biggest, std::fabs(g));
+      if (biggest < large) continue;  // the common case: one cheap scan
+      const float* slots[8];
+      for (size_t k = 0; k < slots_.size(); ++k) slots[k] = slots_[k].data() + p.at;
+      size_t bad = core::FirstOverflow(*optimizer_, values_.data() + p.at, p.grad.data(), slots,
+                                       p.grad.size(), updates_ + 1, g_scale);
+      if (bad < p.grad.size()) {
+        uint64_t at = p.at + bad, seen = first.load();
+        while (at < seen && !first.compare_exchange_weak(seen, at)) {
+        }
+        return;
+      }
+    }
+  });
+  return first.load();
+}
+
 absl::Status DenseTable::ScanChunk(uint64_t first_index, absl::Span<const float> chunk,
                                    bool* has_nonfinite) const {
   size_t bad = core::FirstNonFinite(chunk);
@@ -133,8 +158,13 @@ absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
 
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPushLocked(worker, step));
+  // A finite gradient whose update would overflow is refused like a non-finite one. Under
+  // BSP it is checked alone, scaled by the number of workers whose gradients are summed.
+  const uint64_t over =
+      finite ? FirstOverflowLocked(pieces, total, bsp() ? num_workers_locked() : 1) : UINT64_MAX;
+  if (over != UINT64_MAX && !spec_.skip_nonfinite()) return Overflow(range_.begin + over);
   bytes_pushed_ += total * sizeof(float);
-  if (!finite) {
+  if (!finite || over != UINT64_MAX) {
     *skipped = true;
     nonfinite_skipped_++;
   } else if (bsp()) {
@@ -169,6 +199,17 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += w->second[i];
   }
   pending_.erase(it);
+  // Each push was checked alone; their sum may still overflow: then the step leaves this
+  // table as it was, counted and said.
+  if (uint64_t over = FirstOverflowLocked({{0, sum}}, sum.size(), 1.0f); over != UINT64_MAX) {
+    nonfinite_skipped_++;
+    std::fprintf(stderr,
+                 "ps_server: table %u: the summed gradient of BSP step %lld would make index "
+                 "%llu non-finite; the step's update was not applied to this table\n",
+                 id(), static_cast<long long>(step),
+                 static_cast<unsigned long long>(range_.begin + over));
+    return;
+  }
   ++updates_;
   ApplyLocked({{0, sum}}, sum.size());
 }

@@ -73,7 +73,9 @@ class DenseTable final : public Table {
 
   // Applies (ASP/SSP) or stages (BSP) one worker's gradient for `step`: the concatenation
   // of `chunks` covers [begin, begin + total). All or nothing: a rejected push changes
-  // nothing. Sets *skipped when a non-finite gradient was dropped (skip_nonfinite).
+  // nothing. A gradient that is non-finite, or finite but would make a value or optimizer
+  // slot non-finite, is INVALID_ARGUMENT naming the index, or dropped with *skipped set
+  // under skip_nonfinite.
   absl::Status Push(int32_t worker, int64_t step, uint64_t begin,
                     const std::vector<absl::Span<const float>>& chunks, bool* skipped,
                     Scanned scanned = Scanned::kNo);
@@ -109,6 +111,10 @@ class DenseTable final : public Table {
   void ApplyLocked(const std::vector<Piece>& pieces, uint64_t total)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first local index the update with gradient `pieces` * g_scale would make
+  // non-finite (value or slot), or UINT64_MAX; changes nothing.
+  uint64_t FirstOverflowLocked(const std::vector<Piece>& pieces, uint64_t total,
+                               float g_scale) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void PrepareImage(TableImage* image) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -558,5 +558,53 @@ TEST(DenseTableTest, LargeMultiChunkPushAppliedInParallelMatchesSerialAdamBitwis
   EXPECT_EQ(ReadAll(*table), w);
 }
 
+// Regression: a finite gradient could make a parameter infinite (a large gradient times the
+// learning rate overflows), after which the table could not be exported into another mode.
+TEST(DenseTableTest, FiniteGradientWhoseUpdateOverflowsIsRejectedOrSkippedPerTable) {
+  constexpr float kHuge = 3e38f;  // finite; 0.5 * 3e38 added to 1.5 stays finite, 4 * it not
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::BSP}) {
+    SCOPED_TRACE(ConsistencyConfig::Mode_Name(mode));
+    TableSpec spec = DenseSpec(4, mode, 4.0f);
+    auto table = MakeTable(spec, {0});
+    absl::Status s = PushOne(*table, 0, 0, 0, {1, 1, -kHuge, 1});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("index 2"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("skip_nonfinite"));
+    EXPECT_THAT(ReadAll(*table), Each(kInit)) << "a refused push changed the table";
+    EXPECT_TRUE(PushOne(*table, 0, 0, 0, {1, 1, 1, 1}).ok());  // the step is still open
+
+    spec.set_skip_nonfinite(true);
+    auto skipping = MakeTable(spec, {0});
+    bool skipped = false;
+    ASSERT_TRUE(PushOne(*skipping, 0, 0, 0, {1, 1, kHuge, 1}, &skipped).ok());
+    EXPECT_TRUE(skipped);
+    EXPECT_THAT(ReadAll(*skipping), Each(kInit));
+    EXPECT_EQ(skipping->Stats().nonfinite_pushes_skipped(), 1u);
+  }
+  // Adam: g * g overflows in v although lr * g does not.
+  TableSpec adam = DenseSpec(2, ConsistencyConfig::ASP, 1e-3f);
+  adam.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  auto table = MakeTable(adam, {0});
+  absl::Status s = PushOne(*table, 0, 0, 0, {0.5f, 1e21f});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("index 1"));
+  EXPECT_THAT(ReadAll(*table), Each(kInit));
+}
+
+// Under BSP each push is checked alone, scaled by the number of workers; should their sum
+// still overflow (a worker joined after the first push), the step leaves the table as it was.
+TEST(DenseTableTest, BspStepWhoseSummedUpdateWouldOverflowIsNotApplied) {
+  auto table = MakeTable(DenseSpec(2, ConsistencyConfig::BSP, 1.0f), {0, 1});
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {1.5e38f, 1}).ok());  // x 2 workers: finite
+  table->AddWorker(2);
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {1.1e38f, 1}).ok());  // x 3 workers: finite
+  ASSERT_TRUE(PushOne(*table, 2, 0, 0, {1.1e38f, 1}).ok());  // the sum, 3.7e38, is not
+  ASSERT_TRUE(table->AwaitPullable(1, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit, kInit)) << "the 4e38 step was applied";
+  EXPECT_EQ(table->Stats().nonfinite_pushes_skipped(), 1u);
+  for (int32_t w = 0; w < 3; ++w) ASSERT_TRUE(PushOne(*table, w, 1, 0, {1, 1}).ok());
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 3, kInit - 3));  // training goes on
+}
+
 }  // namespace
 }  // namespace pscluster::ps

@@ -17,6 +17,9 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(std::string, restore, "",
           "Before serving, load a snapshot from --data_dir: 'latest' (start empty if none) or a "
           "step. Works across shard counts: each shard takes the rows that now map to it.");
+ABSL_FLAG(bool, restore_skip_damaged, false,
+          "Start although snapshot files under --data_dir do not verify (they are left in place "
+          "and named), and let --restore=latest fall back to the newest snapshot that verifies.");
 ABSL_FLAG(int, snapshot_keep_last, 3, "Newest complete snapshots kept (plus the best by metric).");
 ABSL_FLAG(std::string, snapshot_metric, "min", "Best snapshot: 'min' or 'max' metric.");
 ABSL_FLAG(std::string, coordinator, "",
@@ -56,6 +59,7 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
     return absl::InvalidArgumentError("--snapshot_metric must be 'min' or 'max'");
   }
   f.snapshots.keep_last = absl::GetFlag(FLAGS_snapshot_keep_last);
+  f.snapshots.skip_damaged = absl::GetFlag(FLAGS_restore_skip_damaged);
   if (f.snapshots.keep_last < 1) {
     return absl::InvalidArgumentError("--snapshot_keep_last must be >= 1");
   }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/coordinator/coordinator_client.h"
 #include "common/status_macros.h"
+#include "common/parse_errors.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/flags.h"
 
@@ -58,6 +59,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(f.service));
   builder.SetMaxSendMessageSize(MaxMessageBytes(f.service));
   builder.RegisterService(service);
+  NameUnparsableRequests(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
     return absl::UnavailableError(

@@ -2,20 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "rocksdb/db.h"
-#include "rocksdb/sst_file_writer.h"
 
 namespace pscluster::ps {
 namespace {
-
-namespace fs = std::filesystem;
 
 // The one adapter from rocksdb::Status.
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -34,79 +29,24 @@ std::string ManifestKey(int64_t step) { return absl::StrFormat("manifest/%020d",
 std::string TablePrefix(int64_t step, uint32_t table) {
   return StepPrefix(step) + absl::StrFormat("t/%010u/", table);
 }
-std::string BlockKey(int64_t step, uint32_t table, uint64_t block) {
-  return TablePrefix(step, table) + absl::StrFormat("x/%012u", block);
-}
 
 bool StartsWith(const rocksdb::Slice& s, const std::string& prefix) {
   return s.size() >= prefix.size() && std::memcmp(s.data(), prefix.data(), prefix.size()) == 0;
 }
 
-rocksdb::Options DbOptions() {
-  rocksdb::Options o;
-  o.create_if_missing = true;
-  o.compression = rocksdb::kNoCompression;  // float parameters do not compress
-  o.max_open_files = 256;
-  return o;
-}
-
-// Serialises one table's blocks, in key order, to `emit(key, bytes)`.
-template <typename Emit>
-absl::Status EmitBlocks(int64_t step, const TableImage& image, Emit emit) {
-  const TableSnapshotHeader& h = image.header;
-  const uint32_t id = h.spec().table_id();
-  std::string buf;
-  if (h.spec().kind() == TableSpec::DENSE) {
-    const uint64_t size = h.shard_end() - h.shard_begin();
-    for (uint64_t b = 0, at = 0; at < size; ++b, at += kDenseBlockValues) {
-      const uint64_t n = std::min(kDenseBlockValues, size - at);
-      buf.resize(n * sizeof(float) * image.arrays.size());
-      char* out = buf.data();
-      for (const auto& a : image.arrays) {
-        std::memcpy(out, a.data() + at, n * sizeof(float));
-        out += n * sizeof(float);
-      }
-      RETURN_IF_ERROR(emit(BlockKey(step, id, b), buf));
-    }
-    return absl::OkStatus();
-  }
-  const uint64_t rows = image.keys.size();
-  const uint64_t row_len = h.spec().dim() * (1 + h.num_slots());
-  for (uint64_t b = 0, at = 0; at < rows; ++b, at += kSparseBlockRows) {
-    const uint64_t n = std::min(kSparseBlockRows, rows - at);
-    buf.resize(n * (16 + row_len * sizeof(float)));
-    char* out = buf.data();
-    std::memcpy(out, image.keys.data() + at, n * 8);
-    std::memcpy(out + n * 8, image.row_updates.data() + at, n * 8);
-    std::memcpy(out + n * 16, image.row_data.data() + at * row_len, n * row_len * sizeof(float));
-    RETURN_IF_ERROR(emit(BlockKey(step, id, b), buf));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Open(const std::string& dir,
-                                                                   bool read_only) {
+absl::StatusOr<std::unique_ptr<SnapshotStore>> RocksDbSnapshotStore::OpenReadOnly(
+    const std::string& dir) {
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s;
-  if (read_only) {
-    s = rocksdb::DB::OpenForReadOnly(DbOptions(), dir, &db);
-  } else {
-    std::error_code ec;
-    fs::create_directories(fs::path(dir) / "staging", ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create snapshot directory ", dir, ": ", ec.message()));
-    }
-    s = rocksdb::DB::Open(DbOptions(), dir, &db);
-  }
-  if (!s.ok()) return FromRocks(s, absl::StrCat("opening snapshot database ", dir));
-  std::unique_ptr<RocksDbSnapshotStore> store(new RocksDbSnapshotStore(dir, db));
-  if (!read_only) {
-    RETURN_IF_ERROR(store->RemovePartial());
-  }
-  return std::unique_ptr<SnapshotStore>(std::move(store));
+  rocksdb::Options options;
+  options.max_open_files = 256;
+  // A damaged write-ahead log is an error naming it, not records silently dropped.
+  options.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, dir, &db);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("opening the older snapshot database ", dir));
+  return std::unique_ptr<SnapshotStore>(new RocksDbSnapshotStore(dir, db));
 }
 
 RocksDbSnapshotStore::RocksDbSnapshotStore(std::string dir, rocksdb::DB* db)
@@ -114,116 +54,16 @@ RocksDbSnapshotStore::RocksDbSnapshotStore(std::string dir, rocksdb::DB* db)
 
 RocksDbSnapshotStore::~RocksDbSnapshotStore() = default;
 
-absl::Status RocksDbSnapshotStore::RemovePartial() {
-  std::error_code ec;
-  for (const auto& f : fs::directory_iterator(fs::path(dir_) / "staging", ec)) {
-    fs::remove(f.path(), ec);
-  }
-  std::vector<int64_t> partial;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("snap/"); it->Valid() && StartsWith(it->key(), "snap/");) {
-    int64_t step = std::stoll(it->key().ToString().substr(5, 20));
-    std::string manifest;
-    if (db_->Get(rocksdb::ReadOptions(), ManifestKey(step), &manifest).IsNotFound()) {
-      partial.push_back(step);
-    }
-    it->Seek(StepPrefix(step + 1));
-  }
-  if (!it->status().ok()) return FromRocks(it->status(), "scanning snapshots");
-  for (int64_t step : partial) {
-    std::fprintf(stderr, "snapshot store %s: removing partial snapshot of step %lld\n",
-                 dir_.c_str(), static_cast<long long>(step));
-    RETURN_IF_ERROR(Delete(step));
-  }
-  return absl::OkStatus();
-}
-
-// Refuses up front when the disk cannot hold the snapshot: Debian's RocksDB is built with
-// assertions, and an SST writer that hits ENOSPC aborts the process when destroyed.
-absl::Status RocksDbSnapshotStore::CheckSpace(
-    int64_t step, const std::vector<std::unique_ptr<TableImage>>& images) {
-  uint64_t needed = 0;
-  for (const auto& i : images) needed += i->bytes();
-  needed += needed / 16 + (uint64_t{16} << 20);
-  std::error_code ec;
-  const fs::space_info space = fs::space(dir_, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot stat ", dir_, ": ", ec.message()));
-  if (space.available < needed) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "snapshot of step %d needs about %.1f MB in %s but %.1f MB are available; free disk "
-        "space or keep fewer snapshots (--snapshot_keep_last)",
-        step, needed / 1e6, dir_, space.available / 1e6));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<SnapshotManifest> RocksDbSnapshotStore::Write(
-    int64_t step, const std::vector<std::unique_ptr<TableImage>>& images,
-    const WriteOptions& options) {
-  SnapshotManifest manifest;
-  manifest.set_format_version(kSnapshotFormatVersion);
-  manifest.set_step(step);
-  manifest.set_shard_id(options.shard_id);
-  manifest.set_num_shards(options.num_shards);
-  manifest.set_has_metric(options.has_metric);
-  manifest.set_metric(options.metric);
-  manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+    int64_t, const std::vector<std::unique_ptr<TableImage>>&, const WriteOptions&) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the RocksDB snapshot layout in ", dir_, " is read only"));
+}
 
-  RETURN_IF_ERROR(CheckSpace(step, images));
-  const std::string sst = (fs::path(dir_) / "staging" / absl::StrCat(step, ".sst")).string();
-  rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), DbOptions());
-  // No tables, no file: an opened writer that is never finished leaves it in staging.
-  absl::Status s =
-      images.empty() ? absl::OkStatus() : FromRocks(writer.Open(sst), "opening " + sst);
-  uint64_t total = 0;
-  std::vector<const TableImage*> sorted;
-  for (const auto& i : images) sorted.push_back(i.get());
-  std::sort(sorted.begin(), sorted.end(), [](const TableImage* a, const TableImage* b) {
-    return a->header.spec().table_id() < b->header.spec().table_id();
-  });
-  for (const TableImage* image : sorted) {
-    if (!s.ok()) break;
-    const uint32_t id = image->header.spec().table_id();
-    std::string header = image->header.SerializeAsString();
-    uint32_t crc = crc32c::Value(header.data(), header.size());
-    uint64_t bytes = header.size();
-    s = FromRocks(writer.Put(TablePrefix(step, id) + "h", header), "writing " + sst);
-    if (!s.ok()) break;
-    s = EmitBlocks(step, *image, [&](const std::string& key, const std::string& value) {
-      crc = crc32c::Extend(crc, value.data(), value.size());
-      bytes += value.size();
-      if (options.bytes_written) *options.bytes_written += value.size();
-      if (options.test_delay_per_block > absl::ZeroDuration()) {
-        std::this_thread::sleep_for(absl::ToChronoMicroseconds(options.test_delay_per_block));
-      }
-      return FromRocks(writer.Put(key, value), "writing " + sst);
-    });
-    TableChecksum* c = manifest.add_tables();
-    c->set_table_id(id);
-    c->set_crc32c(crc);
-    c->set_bytes(bytes);
-    total += bytes;
-  }
-  manifest.set_bytes(total);
-  if (s.ok() && !sorted.empty()) s = FromRocks(writer.Finish(), "finishing " + sst);  // fsyncs
-  if (s.ok() && !sorted.empty()) {
-    rocksdb::IngestExternalFileOptions ingest;
-    ingest.move_files = true;
-    s = FromRocks(db_->IngestExternalFile({sst}, ingest), "ingesting " + sst);
-  }
-  if (s.ok()) {
-    rocksdb::WriteOptions sync;
-    sync.sync = true;
-    s = FromRocks(db_->Put(sync, ManifestKey(step), manifest.SerializeAsString()),
-                  "writing the manifest");
-  }
-  if (!s.ok()) {
-    std::error_code ec;
-    fs::remove(sst, ec);
-    Delete(step).IgnoreError();  // best effort; Open() retries the cleanup
-    return s;
-  }
-  return manifest;
+absl::Status RocksDbSnapshotStore::Delete(int64_t step) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "snapshot of step ", step, " is in the read-only RocksDB layout in ", dir_,
+      "; remove it by hand when no longer needed"));
 }
 
 absl::StatusOr<std::vector<SnapshotManifest>> RocksDbSnapshotStore::List() const {
@@ -241,24 +81,6 @@ absl::StatusOr<std::vector<SnapshotManifest>> RocksDbSnapshotStore::List() const
   return out;
 }
 
-absl::Status RocksDbSnapshotStore::Delete(int64_t step) {
-  rocksdb::WriteOptions sync;
-  sync.sync = true;
-  if (absl::Status s = FromRocks(db_->Delete(sync, ManifestKey(step)), "deleting a manifest");
-      !s.ok()) {
-    return s;
-  }
-  std::string begin = StepPrefix(step), end = StepPrefix(step + 1);
-  if (absl::Status s = FromRocks(
-          db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), begin, end),
-          "deleting snapshot data");
-      !s.ok()) {
-    return s;
-  }
-  rocksdb::Slice b(begin), e(end);
-  return FromRocks(db_->CompactRange(rocksdb::CompactRangeOptions(), &b, &e), "reclaiming space");
-}
-
 absl::Status RocksDbSnapshotStore::Read(int64_t step, Visitor* visitor) const {
   std::string raw;
   rocksdb::Status rs = db_->Get(rocksdb::ReadOptions(), ManifestKey(step), &raw);
@@ -268,10 +90,10 @@ absl::Status RocksDbSnapshotStore::Read(int64_t step, Visitor* visitor) const {
   if (!rs.ok()) return FromRocks(rs, "reading a manifest");
   SnapshotManifest manifest;
   if (!manifest.ParseFromString(raw)) return absl::DataLossError("unreadable manifest in " + dir_);
-  if (manifest.format_version() != kSnapshotFormatVersion) {
+  if (manifest.format_version() != kRocksDbSnapshotFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         "snapshot ", step, " in ", dir_, " has format version ", manifest.format_version(),
-        "; this ps_server reads version ", kSnapshotFormatVersion));
+        "; the RocksDB layout is version ", kRocksDbSnapshotFormatVersion));
   }
   auto corrupt = [&](uint32_t table, absl::string_view what) {
     return absl::DataLossError(
@@ -290,38 +112,12 @@ absl::Status RocksDbSnapshotStore::Read(int64_t step, Visitor* visitor) const {
     uint32_t crc = crc32c::Value(it->value().data(), it->value().size());
     RETURN_IF_ERROR(visitor->Header(h));
     const bool dense = h.spec().kind() == TableSpec::DENSE;
-    const uint64_t arrays = 1 + h.num_slots();
-    const uint64_t row_len = h.spec().dim() * arrays;
+    const std::string where = absl::StrCat("snapshot ", step, " in ", dir_, ", table ", id);
     uint64_t at = 0;  // dense: values read so far
     for (it->Next(); it->Valid() && StartsWith(it->key(), prefix); it->Next()) {
       const rocksdb::Slice v = it->value();
       crc = crc32c::Extend(crc, v.data(), v.size());
-      // Copy: RocksDB does not promise float alignment of value bytes.
-      std::vector<char> block(v.data(), v.data() + v.size());
-      absl::Status s;
-      if (dense) {
-        const uint64_t n = std::min(kDenseBlockValues, h.shard_end() - h.shard_begin() - at);
-        if (v.size() != n * arrays * sizeof(float))
-          return corrupt(id, "dense block of the wrong size");
-        s = visitor->DenseBlock(h, h.shard_begin() + at, n,
-                                reinterpret_cast<const float*>(block.data()));
-        at += n;
-      } else {
-        const uint64_t row_bytes = 16 + row_len * sizeof(float);
-        if (v.size() % row_bytes != 0) return corrupt(id, "sparse block of the wrong size");
-        const uint64_t n = v.size() / row_bytes;
-        const char* p = block.data();
-        for (uint64_t r = 0; r < n && s.ok(); ++r) {
-          uint64_t key;
-          int64_t updates;
-          std::memcpy(&key, p + r * 8, 8);
-          std::memcpy(&updates, p + n * 8 + r * 8, 8);
-          s = visitor->SparseRow(
-              h, key, updates,
-              reinterpret_cast<const float*>(p + n * 16 + r * row_len * sizeof(float)));
-        }
-      }
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(VisitBlock(h, v.data(), v.size(), &at, visitor, where));
     }
     if (!it->status().ok()) return FromRocks(it->status(), "reading a snapshot");
     if (dense && at != h.shard_end() - h.shard_begin()) return corrupt(id, "dense blocks missing");
@@ -331,36 +127,6 @@ absl::Status RocksDbSnapshotStore::Read(int64_t step, Visitor* visitor) const {
     }
   }
   return absl::OkStatus();
-}
-
-namespace {
-
-class LocalSnapshotStorage final : public SnapshotStorage {
- public:
-  absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& dir,
-                                                      bool read_only) override {
-    return SnapshotStore::Open(dir, read_only);
-  }
-  std::vector<std::string> ShardDirs(const std::string& root) const override {
-    std::vector<std::string> dirs;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(root, ec)) {
-      if (entry.is_directory() && entry.path().filename().string().rfind("shard-", 0) == 0) {
-        dirs.push_back(entry.path().string());
-      }
-    }
-    return dirs;
-  }
-  bool Same(const std::string& a, const std::string& b) const override {
-    std::error_code ec;
-    return fs::equivalent(a, b, ec);
-  }
-};
-
-}  // namespace
-
-std::unique_ptr<SnapshotStorage> MakeLocalSnapshotStorage() {
-  return std::make_unique<LocalSnapshotStorage>();
 }
 
 }  // namespace pscluster::ps

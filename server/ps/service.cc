@@ -38,6 +38,18 @@ absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uin
   return absl::OkStatus();
 }
 
+absl::Status CheckStep(int64_t step) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step));
+  return absl::OkStatus();
+}
+
+absl::Status CheckWorkerId(int32_t worker_id) {
+  if (worker_id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_id must be >= 0, got ", worker_id));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int MaxMessageBytes(const ServiceOptions& options) {
@@ -59,7 +71,20 @@ grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
                                                     const RegisterWorkerRequest* req,
                                                     RegisterWorkerResponse* resp) {
   Scope scope(this);
+  if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
   *resp = shard_->RegisterWorker(req->worker_id());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::UnregisterWorker(grpc::ServerContext*,
+                                                      const UnregisterWorkerRequest* req,
+                                                      UnregisterWorkerResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  *resp = shard_->UnregisterWorker(req->worker_id());
+  std::printf("ps_server: worker %d unregistered (%s)\n", req->worker_id(),
+              resp->was_registered() ? "it was registered" : "it was not registered");
+  std::fflush(stdout);
   return grpc::Status::OK;
 }
 
@@ -86,6 +111,7 @@ grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
 absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::ServerContext* ctx,
                                                                 const PullDenseRequest& req,
                                                                 uint64_t* length) {
+  RETURN_IF_ERROR(CheckStep(req.step()));
   auto table = shard_->GetDense(req.table_id(), req.worker_id());
   if (!table.ok()) return table.status();
   Range range = (*table)->range();
@@ -185,6 +211,14 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
   const DenseBatch* req = &batch;
   std::vector<DenseTable*> tables;
   std::vector<bool> nonfinite;
+  uint64_t total_bytes = 0;
+  for (const DenseChunk& c : req->chunks()) total_bytes += c.data().size();
+  if (total_bytes > options_.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the batch carries ", total_bytes, " bytes of gradients; the unary limit is ",
+                     options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); nothing in the "
+                     "batch was applied: push the large tables with PushDenseStream"));
+  }
   for (int i = 0; i < req->chunks_size(); ++i) {  // all checked before any is applied
     const DenseChunk& c = req->chunks(i);
     auto fail = [&](const absl::Status& s) {
@@ -264,6 +298,11 @@ grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const Dense
                                                PushDenseResponse* resp) {
   Scope scope(this);
   if (absl::Status s = CheckFloatBytes(req->data(), "data"); !s.ok()) return ToGrpcStatus(s);
+  if (req->data().size() > options_.max_chunk_bytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "the push carries ", req->data().size(), " bytes; the unary limit is ",
+        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); use PushDenseStream")));
+  }
   auto table = shard_->GetDense(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   bool skipped = false;
@@ -329,8 +368,10 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
   }
   if (received != first.total_length()) {
     return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("push stream truncated: got ", received,
-                     " of total_length=", first.total_length(), " values; nothing was applied")));
+        absl::StrCat("push stream truncated: got ", received, " of total_length=",
+                     first.total_length(),
+                     " values (the client ended the stream early, or a chunk did not parse as a "
+                     "DenseChunk); nothing was applied")));
   }
   std::vector<absl::Span<const float>> spans;
   for (const std::string& b : buffers) spans.push_back(AsFloats(b));
@@ -346,6 +387,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
 grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PullSparseResponse* resp) {
   Scope scope(this);
+  if (absl::Status s = CheckStep(req->step()); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   uint64_t values = static_cast<uint64_t>(req->keys_size()) * (*table)->spec().dim();
@@ -369,6 +411,12 @@ grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const Spar
                                                 PushSparseResponse* resp) {
   Scope scope(this);
   if (absl::Status s = CheckFloatBytes(req->grads(), "grads"); !s.ok()) return ToGrpcStatus(s);
+  if (uint64_t bytes = req->grads().size() + uint64_t{8} * req->keys_size();
+      bytes > options_.max_chunk_bytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "the push carries ", bytes, " bytes of keys and gradients; the limit is ",
+        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); split the keys")));
+  }
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   bool skipped = false;

@@ -36,6 +36,8 @@ class ParameterServerService final : public ParameterServer::Service {
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
                               RegisterWorkerResponse* resp) override;
+  grpc::Status UnregisterWorker(grpc::ServerContext* ctx, const UnregisterWorkerRequest* req,
+                                UnregisterWorkerResponse* resp) override;
   grpc::Status CreateTable(grpc::ServerContext* ctx, const CreateTableRequest* req,
                            CreateTableResponse* resp) override;
   grpc::Status DescribeTable(grpc::ServerContext* ctx, const DescribeTableRequest* req,

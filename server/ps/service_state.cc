@@ -81,19 +81,26 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
                                              RestoreResponse* resp) {
   InFlightCounter::Scope in_flight(&in_flight_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (req->step() < 0) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req->step())));
+  }
+  // Read and verify the whole snapshot first, while serving: on any error the shard is
+  // exactly as before.
+  auto loaded = snapshotter_->Load(absl::StrCat(req->step()));
+  if (!loaded.ok()) {
+    return ToGrpcStatus(absl::Status(
+        loaded.status().code(),
+        absl::StrCat(loaded.status().message(), " (nothing was restored; the shard is unchanged)")));
+  }
+  const int64_t step = loaded->step;
   shard_->Shutdown();                           // waiting pulls fail now ...
   absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
-  shard_->Reset();
-  auto step = snapshotter_->Restore(absl::StrCat(req->step()));
-  if (!step.ok()) {
-    return ToGrpcStatus(
-        absl::Status(step.status().code(),
-                     absl::StrCat(step.status().message(), " (the shard now holds no tables)")));
-  }
+  snapshotter_->Install(*std::move(loaded));
   std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
-              static_cast<long long>(*step));
+              static_cast<long long>(step));
   std::fflush(stdout);
-  resp->set_step(*step);
+  resp->set_step(step);
   return grpc::Status::OK;
 }
 

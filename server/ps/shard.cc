@@ -46,6 +46,15 @@ RegisterWorkerResponse Shard::RegisterWorker(int32_t worker_id) {
   return r;
 }
 
+UnregisterWorkerResponse Shard::UnregisterWorker(int32_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  UnregisterWorkerResponse r;
+  r.set_was_registered(workers_.erase(worker_id) > 0);
+  for (auto& [id, table] : tables_) table->RemoveWorker(worker_id);
+  for (int32_t w : workers_) r.add_registered_workers(w);
+  return r;
+}
+
 absl::Status Shard::CheckSize(const TableSpec& spec) const {
   if (spec.kind() == TableSpec::SPARSE) {
     if (spec.dim() > options_.max_sparse_dim) {
@@ -91,7 +100,11 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
     if (!t.ok()) return t.status();
     table = *std::move(t);
   } else {
-    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards);
+    auto optimizer = core::MakeOptimizer(spec.optimizer());
+    if (!optimizer.ok()) return optimizer.status();
+    const uint64_t max_rows =
+        options_.max_table_bytes / SparseTable::RowBytes(spec, (*optimizer)->num_slots());
+    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards, max_rows);
     if (!t.ok()) return t.status();
     table = *std::move(t);
   }
@@ -179,11 +192,18 @@ void Shard::RestoreWorkers(const std::vector<int32_t>& workers) {
   workers_.insert(workers.begin(), workers.end());
 }
 
-void Shard::Reset() {
+void Shard::ReplaceWith(Shard* staged) {
+  std::map<uint32_t, std::unique_ptr<Table>> tables;
+  std::set<int32_t> workers;
+  {
+    absl::MutexLock lock(&staged->mu_);
+    tables.swap(staged->tables_);
+    workers.swap(staged->workers_);
+  }
   absl::MutexLock lock(&mu_);
-  tables_.clear();
-  workers_.clear();
-}
+  tables_.swap(tables);
+  workers_.swap(workers);
+}  // the old tables are freed here, outside the lock
 
 void Shard::Shutdown() {
   absl::ReaderMutexLock lock(&mu_);

@@ -36,7 +36,10 @@ class Shard {
 
   const ShardOptions& options() const { return options_; }
 
+  // The caller checks worker_id >= 0 (ParameterServerService).
   RegisterWorkerResponse RegisterWorker(int32_t worker_id);
+  // The worker leaves for good (every table stops waiting for it).
+  UnregisterWorkerResponse UnregisterWorker(int32_t worker_id);
 
   // Creates the table, or returns created=false when an identical one exists; a table with
   // the same id and another spec is ALREADY_EXISTS naming the differing fields.
@@ -56,9 +59,10 @@ class Shard {
 
   // Fails every waiting and later pull with UNAVAILABLE.
   void Shutdown();
-  // Drops every table and registered worker, before an in-place restore. The caller must
-  // ensure no other thread uses the shard's tables (ParameterServerService::Restore).
-  void Reset();
+  // Replaces every table and registered worker with `staged`'s (left empty): an in-place
+  // restore. The caller must ensure no other thread uses this shard's tables
+  // (ParameterServerService::Restore).
+  void ReplaceWith(Shard* staged);
 
  private:
   absl::Status CheckWorker(int32_t worker_id) const;

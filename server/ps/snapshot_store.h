@@ -1,5 +1,5 @@
-// Where one shard's snapshots live, as an interface: the RocksDB store on disk
-// (rocksdb_snapshot_store.h, what ps_server uses) or the in-memory one of the tests
+// Where one shard's snapshots live, as an interface: files on disk
+// (file_snapshot_store.h, what ps_server uses) or the in-memory one of the tests
 // (memory_snapshot_store.h). A snapshot becomes visible (List, Read) only once complete;
 // a failed Write leaves nothing visible.
 //
@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,15 +20,17 @@
 
 namespace pscluster::ps {
 
-inline constexpr uint32_t kSnapshotFormatVersion = 1;
+// Version 1: the RocksDB layout (read only); version 2: the files of file_snapshot_store.h.
+inline constexpr uint32_t kRocksDbSnapshotFormatVersion = 1;
+inline constexpr uint32_t kSnapshotFormatVersion = 2;
 inline constexpr uint64_t kDenseBlockValues = uint64_t{1} << 18;
 inline constexpr uint64_t kSparseBlockRows = 4096;
 
 class SnapshotStore {
  public:
-  // The RocksDB store in `dir` (rocksdb_snapshot_store.h). Read-write: creates `dir` if
-  // needed and removes partial snapshots. Read-only: for reading another shard's
-  // snapshots (during resharding), even while it runs.
+  // The file store in `dir` (file_snapshot_store.h). Read-write: creates `dir` if needed
+  // and removes partial snapshots. Read-only: for reading another shard's snapshots
+  // (during resharding), even while it runs.
   static absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& dir,
                                                              bool read_only = false);
   virtual ~SnapshotStore() = default;
@@ -52,7 +55,12 @@ class SnapshotStore {
   // Makes snapshot `step` invisible, then deletes its data.
   virtual absl::Status Delete(int64_t step) = 0;
 
+  // What is stored but does not verify (file names and why), as found by the last List():
+  // never listed, never deleted.
+  virtual std::vector<std::string> Damaged() const { return {}; }
+
   // Keeps the newest `keep_last` and the best by metric; deletes the rest (List, Delete).
+  // Both leave snapshots of the read-only RocksDB layout alone.
   absl::StatusOr<std::vector<int64_t>> ApplyRetention(int keep_last, bool lower_is_better);
   // Deletes every complete snapshot whose step is not in `keep`; returns their steps.
   absl::StatusOr<std::vector<int64_t>> RetainOnly(const std::vector<int64_t>& keep);
@@ -71,6 +79,17 @@ class SnapshotStore {
   // disagrees with its checksums; NOT_FOUND for no complete snapshot of `step`.
   virtual absl::Status Read(int64_t step, Visitor* visitor) const = 0;
 };
+
+// The block encoding every layout shares. DENSE: one block per kDenseBlockValues indices,
+// the values then each optimizer slot; SPARSE: up to kSparseBlockRows rows as keys (u64),
+// update counts (i64), then the rows' floats.
+absl::Status EmitBlocks(const TableImage& image,
+                        const std::function<absl::Status(const std::string& block)>& emit);
+// Decodes one block of the table `h` to `visitor`; `dense_at` counts the dense values seen
+// so far. DATA_LOSS naming `where` for a block of the wrong size.
+absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size,
+                        uint64_t* dense_at, SnapshotStore::Visitor* visitor,
+                        absl::string_view where);
 
 // The checkpoint root of a cluster: where every shard's store lives. Local disk (or a
 // shared file system) for ps_server, memory for tests. Thread-safe.

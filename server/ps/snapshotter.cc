@@ -50,8 +50,7 @@ class RestoreVisitor final : public SnapshotStore::Visitor {
   absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
                          const float* data) override {
     Table* table = *shard_->GetTable(h.spec().table_id());
-    static_cast<SparseTable*>(table)->RestoreRow(key, updates, data);
-    return absl::OkStatus();
+    return static_cast<SparseTable*>(table)->RestoreRow(key, updates, data);
   }
 
   const std::vector<int32_t>& workers() const { return workers_; }
@@ -75,6 +74,17 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
   ASSIGN_OR_RETURN(auto store,
                    storage->Open(ShardSnapshotDir(options.root, shard->options().shard_id), false));
   ASSIGN_OR_RETURN(auto list, store->List());
+  if (std::vector<std::string> damaged = store->Damaged(); !damaged.empty()) {
+    if (!options.skip_damaged) {
+      return absl::DataLossError(absl::StrCat(
+          "damaged snapshot files (left in place): ", absl::StrJoin(damaged, "; "),
+          ". Move them away, or pass --restore_skip_damaged to start without them"));
+    }
+    for (const std::string& d : damaged) {
+      std::fprintf(stderr, "ps_server: ignoring damaged snapshot file (left in place): %s\n",
+                   d.c_str());
+    }
+  }
   std::unique_ptr<Snapshotter> s(
       new Snapshotter(shard, std::move(options), std::move(local), std::move(store)));
   absl::MutexLock lock(&s->mu_);
@@ -254,28 +264,28 @@ bool Snapshotter::AwaitIdle(absl::Time deadline) const {
   return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
-absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
+absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) const {
   // Every shard directory under the root, and the complete snapshots in each.
-  struct Source {
-    std::unique_ptr<SnapshotStore> owned;  // null for this shard's own store
-    SnapshotStore* store;
-  };
-  std::vector<Source> sources;
-  std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, SnapshotStore*>>> by_step;
+  std::vector<std::unique_ptr<SnapshotStore>> owned;  // other shards' stores
+  std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, const SnapshotStore*>>> by_step;
+  std::vector<std::string> damaged;
   for (const std::string& dir : storage_->ShardDirs(options_.root)) {
-    Source src;
-    if (storage_->Same(dir, store_->dir())) {
-      src.store = store_.get();
-    } else {
-      auto opened = storage_->Open(dir, /*read_only=*/true);
-      if (!opened.ok()) return opened.status();
-      src.owned = *std::move(opened);
-      src.store = src.owned.get();
+    const SnapshotStore* store = store_.get();
+    if (!storage_->Same(dir, store_->dir())) {
+      ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStore> opened,
+                       storage_->Open(dir, /*read_only=*/true));
+      store = opened.get();
+      owned.push_back(std::move(opened));
     }
-    auto list = src.store->List();
-    if (!list.ok()) return list.status();
-    for (const auto& m : *list) by_step[m.step()][m.shard_id()] = {m.num_shards(), src.store};
-    sources.push_back(std::move(src));
+    ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, store->List());
+    for (const auto& m : list) by_step[m.step()][m.shard_id()] = {m.num_shards(), store};
+    for (std::string& d : store->Damaged()) damaged.push_back(std::move(d));
+  }
+  if (!damaged.empty() && which == "latest" && !options_.skip_damaged) {
+    return absl::DataLossError(absl::StrCat(
+        "damaged snapshot files under ", options_.root, " (left in place): ",
+        absl::StrJoin(damaged, "; "),
+        ". Move them away, or pass --restore_skip_damaged to restore without them"));
   }
   // A step is restorable when all of the shards it was taken with have it.
   std::vector<int64_t> restorable;
@@ -285,23 +295,65 @@ absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
     for (const auto& [id, info] : shards) whole = whole && info.first == n && id < n;
     if (whole) restorable.push_back(step);
   }
-  int64_t step = -1;
+  std::vector<int64_t> candidates;  // newest first
   if (which == "latest") {
-    if (restorable.empty()) return -1;
-    step = restorable.back();
-  } else if (!absl::SimpleAtoi(which, &step) ||
-             std::find(restorable.begin(), restorable.end(), step) == restorable.end()) {
-    return absl::NotFoundError(absl::StrCat("no complete snapshot '", which, "' under ",
-                                            options_.root, "; restorable steps: [",
-                                            absl::StrJoin(restorable, ", "), "]"));
+    candidates.assign(restorable.rbegin(), restorable.rend());
+    if (candidates.empty()) return Loaded();
+  } else {
+    int64_t step = -1;
+    if (!absl::SimpleAtoi(which, &step) ||
+        std::find(restorable.begin(), restorable.end(), step) == restorable.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no complete snapshot '", which, "' under ", options_.root, "; restorable steps: [",
+          absl::StrJoin(restorable, ", "), "]",
+          damaged.empty() ? "" : absl::StrCat("; damaged files: ", absl::StrJoin(damaged, "; "))));
+    }
+    candidates.push_back(step);
   }
-  RestoreVisitor visitor(shard_);
-  for (const auto& [id, info] : by_step[step]) {
-    RETURN_IF_ERROR(info.second->Read(step, &visitor));
+  absl::Status last;
+  for (int64_t step : candidates) {
+    Loaded loaded;
+    loaded.step = step;
+    loaded.shard = std::make_unique<Shard>(shard_->options());
+    RestoreVisitor visitor(loaded.shard.get());
+    absl::Status s;
+    for (const auto& [id, info] : by_step[step]) {
+      s = info.second->Read(step, &visitor);
+      if (!s.ok()) break;
+    }
+    if (s.ok()) {
+      loaded.shard->RestoreWorkers(visitor.workers());
+      return loaded;
+    }
+    if (!absl::IsDataLoss(s) || which != "latest" || !options_.skip_damaged) {
+      if (absl::IsDataLoss(s) && which == "latest") {
+        return absl::DataLossError(
+            absl::StrCat(s.message(), ". Nothing was deleted; pass --restore_skip_damaged to "
+                                      "restore the newest snapshot that verifies"));
+      }
+      return s;
+    }
+    std::fprintf(stderr,
+                 "ps_server: snapshot of step %lld does not verify (%s); "
+                 "--restore_skip_damaged: trying an older one\n",
+                 static_cast<long long>(step), std::string(s.message()).c_str());
+    last = s;
   }
-  shard_->RestoreWorkers(visitor.workers());
+  return absl::DataLossError(
+      absl::StrCat("no snapshot under ", options_.root, " verifies; the last error: ",
+                   last.message()));
+}
+
+void Snapshotter::Install(Loaded loaded) {
+  shard_->ReplaceWith(loaded.shard.get());
   absl::MutexLock lock(&mu_);
-  restored_step_ = step;
+  restored_step_ = loaded.step;
+}
+
+absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
+  ASSIGN_OR_RETURN(Loaded loaded, Load(which));
+  const int64_t step = loaded.step;
+  if (step >= 0) Install(std::move(loaded));
   return step;
 }
 

@@ -26,6 +26,9 @@ struct SnapshotterOptions {
   int keep_last = 3;                    // newest complete snapshots kept ...
   bool lower_metric_is_better = true;   // ... plus the best by metric
   absl::Duration test_delay_per_block;  // tests only: slows writes to widen crash windows
+  // Restore "latest" from the newest snapshot that verifies, past damaged ones (saying
+  // so); without it any damaged snapshot file under the root stops the restore.
+  bool skip_damaged = false;
   // Where the stores live (not owned); null: RocksDB stores on the local file system.
   SnapshotStorage* storage = nullptr;
 };
@@ -35,7 +38,8 @@ std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id);
 
 class Snapshotter {
  public:
-  // Opens (creating) this shard's store, removing partial snapshots of a crash.
+  // Opens (creating) this shard's store, removing partial snapshots of a crash. DATA_LOSS
+  // naming them when the store holds damaged snapshot files (unless skip_damaged).
   static absl::StatusOr<std::unique_ptr<Snapshotter>> Create(Shard* shard,
                                                              SnapshotterOptions options);
   ~Snapshotter();  // waits for a write in progress
@@ -51,9 +55,19 @@ class Snapshotter {
   // Blocks until no write is in progress (bounded); for tools and tests.
   bool AwaitIdle(absl::Time deadline) const;
 
-  // Before serving: loads snapshot `which` ("latest" or a step number) from every shard
-  // directory under the root into the (empty) shard, keeping the rows that now map to it.
-  // Returns the step, or -1 when `which` is "latest" and there is none.
+  // A snapshot read, verified whole, into a shard of its own.
+  struct Loaded {
+    int64_t step = -1;  // -1: "latest" and there is none
+    std::unique_ptr<Shard> shard;
+  };
+  // Reads snapshot `which` ("latest" or a step number) from every shard directory under
+  // the root, keeping the rows that map to this shard, into a new shard: every checksum
+  // and spec is checked before the caller replaces anything. Changes nothing.
+  absl::StatusOr<Loaded> Load(const std::string& which) const;
+  // Replaces the shard's tables and workers with `loaded`'s. The caller ensures that no
+  // other thread uses the shard (ParameterServerService::Restore).
+  void Install(Loaded loaded);
+  // Load then Install, before serving. Returns the step (-1: none).
   absl::StatusOr<int64_t> Restore(const std::string& which);
 
  private:

@@ -1,6 +1,8 @@
 #include "server/ps/sparse_table.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -12,19 +14,72 @@ namespace pscluster::ps {
 
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec& spec,
                                                                  uint32_t shard_id,
-                                                                 uint32_t num_shards) {
+                                                                 uint32_t num_shards,
+                                                                 uint64_t max_rows) {
   auto optimizer = core::MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
   return std::unique_ptr<SparseTable>(
-      new SparseTable(spec, *std::move(optimizer), shard_id, num_shards));
+      new SparseTable(spec, *std::move(optimizer), shard_id, num_shards, max_rows));
+}
+
+uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots) {
+  // The floats, plus the hash map entry: key, update count, the vector's header, slack.
+  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 64;
 }
 
 SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
-                         uint32_t shard_id, uint32_t num_shards)
+                         uint32_t shard_id, uint32_t num_shards, uint64_t max_rows)
     : Table(spec, std::move(optimizer)),
       shard_id_(shard_id),
       num_shards_(num_shards),
-      dim_(spec.dim()) {}
+      dim_(spec.dim()),
+      max_rows_(max_rows) {}
+
+std::vector<float> SparseTable::InitialRow(uint64_t key) const {
+  std::vector<float> row(dim_ * (1 + optimizer_->num_slots()));
+  core::InitSparseRow(spec_.initializer(), key, absl::MakeSpan(row.data(), dim_));
+  for (int k = 0; k < optimizer_->num_slots(); ++k) {
+    std::fill_n(row.begin() + dim_ * (1 + k), dim_, optimizer_->slot_initial_value(k));
+  }
+  return row;
+}
+
+absl::Status SparseTable::CheckRowsLocked(const Grads& grads, uint64_t* new_rows) const {
+  *new_rows = 0;
+  for (const auto& [key, g] : grads) *new_rows += rows_.count(key) == 0;
+  const uint64_t after = rows_.size() + staged_new_rows_ + *new_rows;
+  if (*new_rows > 0 && after > max_rows_) {
+    return Reject(absl::ResourceExhaustedError(absl::StrCat(
+        "table ", id(), ": the push would store ", *new_rows, " new rows beside ", rows_.size(),
+        " stored and ", staged_new_rows_, " staged; this shard holds at most ", max_rows_,
+        " rows of this table (ps_server --max_table_bytes)")));
+  }
+  return absl::OkStatus();
+}
+
+const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_scale) const {
+  const float large = LargeGradientThreshold() / g_scale;
+  for (const auto& [key, g] : grads) {
+    float biggest = 0;
+    for (float v : g) biggest = std::max(biggest, std::fabs(v));
+    if (biggest < large) continue;
+    std::vector<float> row;
+    int64_t updates = 0;
+    if (auto it = rows_.find(key); it != rows_.end()) {
+      row = it->second.data;
+      updates = it->second.updates;
+    } else {
+      row = InitialRow(key);
+    }
+    const float* slots[8];
+    for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data() + dim_ * (1 + k);
+    if (core::FirstOverflow(*optimizer_, row.data(), g.data(), slots, dim_, updates + 1,
+                            g_scale) < dim_) {
+      return &key;
+    }
+  }
+  return nullptr;
+}
 
 absl::Status SparseTable::CheckKeys(absl::Span<const uint64_t> keys) const {
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -65,12 +120,28 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
 
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPushLocked(worker, step));
+  uint64_t new_rows = 0;
+  const uint64_t* over = nullptr;
+  if (finite) {
+    RETURN_IF_ERROR(CheckRowsLocked(merged, &new_rows));
+    over = FirstOverflowLocked(merged, bsp() ? num_workers_locked() : 1);
+    if (over != nullptr && !spec_.skip_nonfinite()) {
+      return Reject(absl::InvalidArgumentError(absl::StrCat(
+          "table ", id(), ": the gradient of key ", *over,
+          " is finite but its update would make the row or its optimizer state non-finite (too "
+          "large for learning rate ", spec_.optimizer().learning_rate(),
+          "); fix the gradient, lower the learning rate or create the table with "
+          "skip_nonfinite")));
+    }
+  }
   bytes_pushed_ += grads.size() * sizeof(float);
-  if (!finite) {
+  if (!finite || over != nullptr) {
     *skipped = true;
     nonfinite_skipped_++;
   } else if (bsp()) {
     pending_[step][worker] = std::move(merged);
+    pending_new_rows_[step] += new_rows;
+    staged_new_rows_ += new_rows;
   } else {
     for (const auto& [key, g] : merged) ApplyLocked(key, g);
   }
@@ -80,14 +151,7 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
 
 SparseTable::Row& SparseTable::RowLocked(uint64_t key) {
   auto [it, inserted] = rows_.try_emplace(key);
-  if (inserted) {
-    Row& row = it->second;
-    row.data.resize(dim_ * (1 + optimizer_->num_slots()));
-    core::InitSparseRow(spec_.initializer(), key, absl::MakeSpan(row.data.data(), dim_));
-    for (int k = 0; k < optimizer_->num_slots(); ++k) {
-      std::fill_n(row.data.begin() + dim_ * (1 + k), dim_, optimizer_->slot_initial_value(k));
-    }
-  }
+  if (inserted) it->second.data = InitialRow(key);
   return it->second;
 }
 
@@ -111,14 +175,33 @@ void SparseTable::ApplyBspStepLocked(int64_t step) {
     }
   }
   pending_.erase(it);
+  if (auto n = pending_new_rows_.find(step); n != pending_new_rows_.end()) {
+    staged_new_rows_ -= n->second;
+    pending_new_rows_.erase(n);
+  }
+  // Each push was checked alone; their sum may still overflow: then the step leaves this
+  // table as it was, counted and said.
+  if (const uint64_t* over = FirstOverflowLocked(sum, 1.0f); over != nullptr) {
+    nonfinite_skipped_++;
+    std::fprintf(stderr,
+                 "ps_server: table %u: the summed gradient of BSP step %lld would make the row "
+                 "of key %llu non-finite; the step's update was not applied to this table\n",
+                 id(), static_cast<long long>(step), static_cast<unsigned long long>(*over));
+    return;
+  }
   for (const auto& [key, g] : sum) ApplyLocked(key, g);
 }
 
 absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
   RETURN_IF_ERROR(CheckKeys(keys));
-  absl::MutexLock lock(&mu_);  // exclusive: reading may create rows
+  absl::ReaderMutexLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(out.data() + i * dim_, RowLocked(keys[i]).data.data(), dim_ * sizeof(float));
+    float* dst = out.data() + i * dim_;
+    if (auto it = rows_.find(keys[i]); it != rows_.end()) {
+      std::memcpy(dst, it->second.data.data(), dim_ * sizeof(float));
+    } else {  // never pushed: the initial row, computed, not stored
+      core::InitSparseRow(spec_.initializer(), keys[i], absl::MakeSpan(dst, dim_));
+    }
   }
   bytes_pulled_ += out.size() * sizeof(float);
   return absl::OkStatus();
@@ -139,12 +222,18 @@ void SparseTable::CaptureLocked(TableImage* image) const {
   }
 }
 
-void SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data) {
-  if (SparseShardOf(key, num_shards_) != shard_id_) return;
+absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data) {
+  if (SparseShardOf(key, num_shards_) != shard_id_) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
+  if (rows_.size() >= max_rows_ && rows_.count(key) == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table ", id(), ": the snapshot holds more than the ", max_rows_,
+        " rows this shard may keep (ps_server --max_table_bytes)"));
+  }
   Row& row = rows_[key];
   row.updates = updates;
   row.data.assign(data, data + dim_ * (1 + optimizer_->num_slots()));
+  return absl::OkStatus();
 }
 
 void SparseTable::FillInfoLocked(TableInfo* info) const { info->set_num_rows(rows_.size()); }

@@ -1,5 +1,6 @@
 // A sparse embedding table: uint64 key -> float32 row of spec.dim values, for the keys that
-// hash to this shard. Rows are created on first touch from the seeded initializer.
+// hash to this shard. A key never pushed reads as the seeded initializer's row without being
+// stored; a push stores the rows it touches, at most `max_rows` of them.
 #pragma once
 
 #include <map>
@@ -17,23 +18,29 @@ class SparseTable final : public Table {
   // `spec` must already be validated (ValidateTableSpec).
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const TableSpec& spec,
                                                              uint32_t shard_id,
-                                                             uint32_t num_shards);
+                                                             uint32_t num_shards,
+                                                             uint64_t max_rows = UINT64_MAX);
+  // The bytes one stored row takes (values, optimizer slots, key, bookkeeping).
+  static uint64_t RowBytes(const TableSpec& spec, int num_slots);
 
   // INVALID_ARGUMENT/OUT_OF_RANGE for a key of another shard or outside key_space.
   absl::Status CheckKeys(absl::Span<const uint64_t> keys) const;
 
   // Applies (ASP/SSP) or stages (BSP) one worker's gradient rows; duplicate keys are summed.
-  // `grads` holds keys.size() * dim values. All or nothing.
+  // `grads` holds keys.size() * dim values. All or nothing: RESOURCE_EXHAUSTED when the new
+  // rows would pass max_rows; a non-finite gradient, or a finite one whose update would
+  // make a row non-finite, is INVALID_ARGUMENT (or dropped, *skipped, under skip_nonfinite).
   absl::Status Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
                     absl::Span<const float> grads, bool* skipped);
 
-  // Copies the rows of `keys` (created if missing) into `out` (keys.size() * dim values).
-  // Call AwaitPullable first.
+  // Copies the rows of `keys` into `out` (keys.size() * dim values); a key never pushed
+  // reads as its initial row, and stores nothing. Call AwaitPullable first.
   absl::Status Read(absl::Span<const uint64_t> keys, absl::Span<float> out);
 
   // Restore, before serving: a row of a snapshot (dim * (1 + num_slots) floats). Rows of
   // keys this shard does not own are ignored, so old shards' rows can be offered to all.
-  void RestoreRow(uint64_t key, int64_t updates, const float* data);
+  // RESOURCE_EXHAUSTED beyond max_rows.
+  absl::Status RestoreRow(uint64_t key, int64_t updates, const float* data);
 
  private:
   struct Row {
@@ -43,8 +50,17 @@ class SparseTable final : public Table {
   using Grads = std::map<uint64_t, std::vector<float>>;
 
   SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
-              uint32_t num_shards);
+              uint32_t num_shards, uint64_t max_rows);
+  // A key's row before any update: initializer values, then each slot's initial value.
+  std::vector<float> InitialRow(uint64_t key) const;
   Row& RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when storing the rows of `grads` not yet stored (plus those staged)
+  // would pass max_rows; *new_rows: how many that is.
+  absl::Status CheckRowsLocked(const Grads& grads, uint64_t* new_rows) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The first key whose row the update `grads` * g_scale would make non-finite, if any.
+  const uint64_t* FirstOverflowLocked(const Grads& grads, float g_scale) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ApplyLocked(uint64_t key, const std::vector<float>& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -53,9 +69,13 @@ class SparseTable final : public Table {
   const uint32_t shard_id_;
   const uint32_t num_shards_;
   const size_t dim_;
+  const uint64_t max_rows_;
   absl::flat_hash_map<uint64_t, Row> rows_ ABSL_GUARDED_BY(mu_);
-  // BSP: step -> worker -> its summed gradient rows.
+  // BSP: step -> worker -> its summed gradient rows, and per step the rows they would add
+  // (counted per push: an upper bound).
   std::map<int64_t, std::map<int32_t, Grads>> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, uint64_t> pending_new_rows_ ABSL_GUARDED_BY(mu_);
+  uint64_t staged_new_rows_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pscluster::ps

@@ -87,14 +87,16 @@ std::vector<float> InitRow(const TableSpec& spec, uint64_t key) {
 
 using core::testing::AdamRef;
 
-TEST(SparseTableTest, RowsAreCreatedOnFirstReadFromTheSeededInitializer) {
+// Regression: a sparse table grew through pulls past --max_table_bytes. Rows never pushed
+// read as the seeded initializer's values and are not stored.
+TEST(SparseTableTest, RowsNeverPushedReadAsTheSeededInitializerAndAreNotStored) {
   const TableSpec spec = UniformSpec(4, 7);
   auto table = MakeTable(spec, {0});
   EXPECT_EQ(table->Info().num_rows(), 0u);
 
   const uint64_t a = 3, b = 1000000007;
   std::vector<float> out = ReadRows(*table, {a, b, a});
-  EXPECT_EQ(table->Info().num_rows(), 2u);
+  EXPECT_EQ(table->Info().num_rows(), 0u);
   std::vector<float> ra = InitRow(spec, a), rb = InitRow(spec, b);
   EXPECT_THAT(std::vector<float>(out.begin(), out.begin() + 4), ElementsAreArray(ra));
   EXPECT_THAT(std::vector<float>(out.begin() + 4, out.begin() + 8), ElementsAreArray(rb));
@@ -103,9 +105,9 @@ TEST(SparseTableTest, RowsAreCreatedOnFirstReadFromTheSeededInitializer) {
   EXPECT_NE(ra[0], ra[1]);
   EXPECT_THAT(out, Each(::testing::AllOf(::testing::Ge(-2.0f), ::testing::Lt(2.0f))));
 
-  // Reading again neither re-initialises nor adds rows.
+  // Reading again gives the same values and still stores nothing.
   EXPECT_THAT(ReadRows(*table, {a}), ElementsAreArray(ra));
-  EXPECT_EQ(table->Info().num_rows(), 2u);
+  EXPECT_EQ(table->Info().num_rows(), 0u);
   EXPECT_EQ(table->Stats().bytes_pulled(), (12 + 4) * sizeof(float));
 }
 
@@ -176,7 +178,7 @@ TEST(SparseTableTest, KeysOutsideKeySpaceAreOutOfRange) {
   absl::Status push = PushRows(*table, 0, 0, {5, 1000}, {1, 1});
   EXPECT_EQ(push.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(std::string(push.message()), HasSubstr("keys[1]=1000"));
-  EXPECT_EQ(table->Info().num_rows(), 2u);  // rows 0 and 99 only
+  EXPECT_EQ(table->Info().num_rows(), 0u);  // reads store nothing, the push was refused
   EXPECT_THAT(ReadRows(*table, {99}), ElementsAre(kInit));
 }
 
@@ -299,6 +301,50 @@ TEST(SparseTableTest, AdamBiasCorrectionCountsUpdatesPerRow) {
   EXPECT_NEAR(out[0], ra.w, 1e-5);
   EXPECT_NEAR(out[1], rb.w, 1e-5);
   EXPECT_NEAR(out[1], 0.5 - 0.1, 1e-5);  // first Adam step moves by lr * sign(g)
+}
+
+// Regression: nothing bounded a sparse table's rows; pushes may store at most max_rows.
+TEST(SparseTableTest, PushesPastMaxRowsAreResourceExhaustedAndChangeNothing) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::BSP}) {
+    SCOPED_TRACE(ConsistencyConfig::Mode_Name(mode));
+    auto table = SparseTable::Create(SparseSpec(1, mode, 0.5f), 0, 1, /*max_rows=*/3).value();
+    table->AddWorker(0);
+    ASSERT_TRUE(PushRows(*table, 0, 0, {1, 2}, {1, 1}).ok());
+    absl::Status s = PushRows(*table, 0, 1, {1, 3, 4}, {1, 1, 1});  // 2 new: 4 > 3
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("max_table_bytes"));
+    ASSERT_TRUE(PushRows(*table, 0, 1, {1, 3}, {1, 1}).ok());  // 1 new: exactly 3
+    ASSERT_TRUE(table->AwaitPullable(2, absl::Now() + absl::Seconds(10)).ok());
+    EXPECT_EQ(table->Info().num_rows(), 3u);
+    EXPECT_EQ(PushRows(*table, 0, 2, {9}, {1}).code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(PushRows(*table, 0, 2, {1, 2, 3}, {1, 1, 1}).ok());  // stored rows: fine
+    EXPECT_EQ(table->Info().num_rows(), 3u);
+    std::vector<float> out(100);  // pulls of unknown keys store nothing
+    std::vector<uint64_t> keys(100);
+    for (uint64_t k = 0; k < 100; ++k) keys[k] = 1000 + k;
+    ASSERT_TRUE(table->Read(keys, absl::MakeSpan(out)).ok());
+    EXPECT_THAT(out, Each(kInit));
+    EXPECT_EQ(table->Info().num_rows(), 3u);
+  }
+}
+
+// Regression: a finite gradient could make a row infinite.
+TEST(SparseTableTest, FiniteGradientWhoseUpdateOverflowsIsRejectedOrSkippedPerTable) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::BSP}) {
+    SCOPED_TRACE(ConsistencyConfig::Mode_Name(mode));
+    TableSpec spec = SparseSpec(2, mode, 4.0f);
+    auto table = MakeTable(spec, {0});
+    absl::Status s = PushRows(*table, 0, 0, {5, 7}, {1, 1, 3e38f, 1});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("key 7"));
+    EXPECT_EQ(table->Info().num_rows(), 0u);
+    spec.set_skip_nonfinite(true);
+    auto skipping = MakeTable(spec, {0});
+    bool skipped = false;
+    ASSERT_TRUE(PushRows(*skipping, 0, 0, {5, 7}, {1, 1, 3e38f, 1}, &skipped).ok());
+    EXPECT_TRUE(skipped);
+    EXPECT_EQ(skipping->Info().num_rows(), 0u);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,12 @@ void Table::AddWorker(int32_t worker_id) {
   clock_.AddWorker(worker_id);
 }
 
+void Table::RemoveWorker(int32_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  clock_.RemoveWorker(worker_id);
+  DrainBspLocked();
+}
+
 absl::Status Table::CheckPushLocked(int32_t worker, int64_t step) {
   if (absl::Status s = clock_.CheckPush(worker, step); !s.ok()) return Reject(s);
   return absl::OkStatus();
@@ -160,6 +166,20 @@ absl::Status Table::NonFinite(float value, uint64_t index) const {
   return Reject(absl::InvalidArgumentError(
       absl::StrCat("table ", id(), ": gradient holds a non-finite value (", value, ") at index ",
                    index, "; fix the gradient or create the table with skip_nonfinite")));
+}
+
+absl::Status Table::Overflow(uint64_t index) const {
+  return Reject(absl::InvalidArgumentError(absl::StrCat(
+      "table ", id(), ": the gradient at index ", index,
+      " is finite but its update would make the parameter or its optimizer state non-finite "
+      "(too large for learning rate ", spec_.optimizer().learning_rate(),
+      "); fix the gradient, lower the learning rate or create the table with skip_nonfinite")));
+}
+
+float Table::LargeGradientThreshold() const {
+  // Below it, no optimizer can overflow from parameters of ordinary magnitude (< 2^100):
+  // |lr * g| < 2^16 and g^2 < 2^32. Larger gradients get the exact check.
+  return 65536.0f / std::max(1.0f, spec_.optimizer().learning_rate());
 }
 
 }  // namespace pscluster::ps

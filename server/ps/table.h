@@ -5,6 +5,7 @@
 // Thread-safe: every public method may be called concurrently.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -55,6 +56,8 @@ class Table {
 
   // Adds a worker to the set whose clocks bound consistency. Idempotent.
   void AddWorker(int32_t worker_id);
+  // The worker left for good: applies the BSP steps that now have every push.
+  void RemoveWorker(int32_t worker_id);
 
   // Blocks until `worker` may read at `step` under the table's consistency mode, or
   // returns DEADLINE_EXCEEDED naming the workers waited for (or UNAVAILABLE on shutdown).
@@ -90,6 +93,10 @@ class Table {
   absl::Status CheckPushLocked(int32_t worker, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPushLocked(int32_t worker, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool bsp() const { return clock_.bsp(); }
+  // The number of workers whose gradients a BSP step sums (at least 1).
+  size_t num_workers_locked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return std::max<size_t>(1, clock_.clocks().size());
+  }
 
   // BSP: sums the gradients pending for `step` in worker-id order, applies them, frees them.
   virtual void ApplyBspStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
@@ -115,6 +122,10 @@ class Table {
   // Error helpers that also count the rejection.
   absl::Status Reject(absl::Status status) const;
   absl::Status NonFinite(float value, uint64_t index) const;
+  // INVALID_ARGUMENT: the update would make the value at `index` (or its slots) non-finite.
+  absl::Status Overflow(uint64_t index) const;
+  // Gradients of at most this magnitude cannot overflow an update (see FirstOverflow).
+  float LargeGradientThreshold() const;
 
   mutable absl::Mutex mu_;
   const TableSpec spec_;
