@@ -186,33 +186,5 @@ done
 kill "$tail_pid" 2>/dev/null || true
 wall=$(( $(date +%s) - start ))
 
-python3 - "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" "$micro_batches" <<'PY'
-import json, os, sys
-out, workers, shards, epochs, consistency, wall, mode, micro_batches = sys.argv[1:]
-ws = [json.load(open(f"{out}/worker{r}.json")) for r in range(int(workers))]
-summary = {
-    "test_accuracy": ws[0]["test_accuracy"],
-    "epochs": int(epochs),
-    "steps": ws[0]["steps"],
-    "samples_per_sec": round(sum(w["samples_per_sec"] for w in ws), 1),
-    "wall_seconds": int(wall),
-    "checkpoints": json.load(open(f"{out}/coordinator/checkpoints.json"))
-                   if os.path.exists(f"{out}/coordinator/checkpoints.json") else [],
-    "rollbacks": [{"failed_step": f, "restored_step": t} for f, t in ws[0].get("rollbacks", [])],
-    "param_crc32c": ws[0].get("param_crc32c", 0),
-    "workers": int(workers),
-    "shards": int(shards),
-    "consistency": consistency,
-    "mode": mode,
-    "final_mode": ws[0].get("final_mode", mode),
-    "switches": [dict(s, handoff_seconds=max(w["switches"][k]["handoff_seconds"]
-                                  for w in ws if len(w.get("switches", [])) > k))
-                 for k, s in enumerate(ws[0].get("switches", []))],
-    "figures": {f"worker{r}": w.get("figures", {}) for r, w in enumerate(ws)},
-    "micro_batches": int(micro_batches),
-    "final_loss": ws[0]["final_loss"],
-}
-json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
-print(f"== test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs "
-      f"({summary['samples_per_sec']:.0f} samples/s, {wall} s); summary: {out}/summary.json")
-PY
+# summary.json: rank 0's figures, every worker's rollbacks (deploy/summarize.py).
+python3 deploy/summarize.py "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" "$micro_batches"

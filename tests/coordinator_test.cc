@@ -30,10 +30,8 @@ using ::testing::HasSubstr;
 
 constexpr int kShards = 2;
 
-// Runs psctl with `args`; returns its exit code (-1: it did not exit) and its stdout lines.
-int RunPsctl(const std::vector<std::string>& args, std::vector<std::string>* lines) {
-  std::vector<std::string> argv = {"tools/psctl/psctl"};
-  argv.insert(argv.end(), args.begin(), args.end());
+// Runs `argv` to its end; returns its exit code (-1: it did not exit) and its stdout lines.
+int RunToExit(const std::vector<std::string>& argv, std::vector<std::string>* lines) {
   auto p = testing::Subprocess::Start(argv);
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) return -1;
@@ -44,6 +42,13 @@ int RunPsctl(const std::vector<std::string>& args, std::vector<std::string>* lin
   auto status = p->Wait(absl::Seconds(60));
   EXPECT_TRUE(status.ok()) << status.status();
   return status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+}
+
+// Runs psctl with `args`; returns its exit code (-1: it did not exit) and its stdout lines.
+int RunPsctl(const std::vector<std::string>& args, std::vector<std::string>* lines) {
+  std::vector<std::string> argv = {"tools/psctl/psctl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToExit(argv, lines);
 }
 
 // Starts ps_coordinator with `flags` (besides --port=0) into `processes`; returns its
@@ -450,6 +455,46 @@ TEST_F(ModeSwitchTest, RefusedSwitchesGetTheirCodesMessagesAndPsctlExitCodes) {
 
   EXPECT_EQ(RunPsctl({"--coordinator=127.0.0.1:1", "switch-mode", "--mode=fsdp"}, &out), 3)
       << "nothing listens there";
+}
+
+// Every usage error exits 2 with a line naming the problem and the usage line, before
+// psctl contacts anyone (the address is one nothing listens on: reaching for it would be
+// exit 3). absl's own flag parsing would exit 1 on an unknown flag or a bad value.
+TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
+  const std::string nowhere = "--coordinator=127.0.0.1:1";
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{nowhere, "--no_such_flag", "status"}, "unknown flag --no_such_flag"},
+           {{nowhere, "--nostatus", "status"}, "unknown flag --nostatus"},
+           {{nowhere, "switch-mode", "--mode=fsdp", "--at_step=abc"}, "--at_step=abc"},
+           {{nowhere, "--timeout_seconds=soon", "status"}, "--timeout_seconds=soon"},
+           {{nowhere, "status", "--timeout_seconds"}, "--timeout_seconds needs a value"},
+           {{nowhere, "--timeout_seconds=0", "status"}, "--timeout_seconds=0 must be positive"},
+           {{nowhere, "switch-mode", "--mode=fsdp", "--at_step=-1"}, "--at_step=-1 is negative"},
+           {{nowhere, "switch-mode", "--mode=zero3"}, "mode 'zero3' is unknown"},
+           {{nowhere, "switch-mode"}, "switch-mode needs --mode="},
+           {{nowhere}, "give one command: status, checkpoint, checkpoints or switch-mode"},
+           {{nowhere, "stats"}, "unknown command 'stats'"},
+           {{"status"}, "--coordinator=HOST:PORT is required"},
+       }) {
+    // psctl writes its errors to stderr: through a shell, onto the pipe.
+    std::string command = "tools/psctl/psctl";
+    for (const std::string& a : c.args) absl::StrAppend(&command, " '", a, "'");
+    std::vector<std::string> out;
+    EXPECT_EQ(RunToExit({"/bin/sh", "-c", command + " 2>&1"}, &out), 2) << command;
+    const std::string said = absl::StrJoin(out, "\n");
+    EXPECT_THAT(said, ::testing::StartsWith("psctl: ")) << command;
+    EXPECT_THAT(said, HasSubstr(c.says)) << command;
+    EXPECT_THAT(said, HasSubstr("usage: psctl --coordinator=HOST:PORT status|")) << command;
+  }
+  // The flag syntax absl accepts still parses: "--flag value", "-flag", "--": nothing
+  // listens at the address, so these get as far as trying it.
+  std::vector<std::string> out;
+  EXPECT_EQ(
+      RunPsctl({"-coordinator", "127.0.0.1:1", "--timeout_seconds", "5", "--", "status"}, &out), 3);
 }
 
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {

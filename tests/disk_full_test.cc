@@ -37,6 +37,20 @@ class DiskFullTest : public PsClusterTest {
   }
   int delay_ms_ = 0;
 
+  // Waits for the write to end: it failed on every shard, saying why, and lists nothing.
+  void ExpectTheSnapshotFailedForLackOfSpace() {
+    auto status = clients_[0]->SnapshotStatus(/*wait_until_idle=*/true);
+    ASSERT_TRUE(status.ok()) << status.status();
+    for (const auto& s : *status) {
+      EXPECT_EQ(s.last_complete_step(), -1);
+      EXPECT_THAT(s.last_error(), ::testing::HasSubstr("RESOURCE_EXHAUSTED"));
+      EXPECT_THAT(s.last_error(), ::testing::HasSubstr("free disk space"));
+    }
+    auto lists = clients_[0]->ListSnapshots();
+    ASSERT_TRUE(lists.ok());
+    for (const auto& l : *lists) EXPECT_EQ(l.snapshots_size(), 0);
+  }
+
   std::string root_;
 };
 
@@ -51,16 +65,7 @@ TEST_F(DiskFullTest, SnapshotLargerThanTheDiskFailsClearlyAndTheShardKeepsServin
   ASSERT_TRUE(clients_[0]->PullDense(1, 1, absl::MakeSpan(before)).ok());
 
   ASSERT_TRUE(clients_[0]->Snapshot(1).ok());  // captured and acknowledged; the write fails
-  auto status = clients_[0]->SnapshotStatus(/*wait_until_idle=*/true);
-  ASSERT_TRUE(status.ok()) << status.status();
-  for (const auto& s : *status) {
-    EXPECT_EQ(s.last_complete_step(), -1);
-    EXPECT_THAT(s.last_error(), ::testing::HasSubstr("RESOURCE_EXHAUSTED"));
-    EXPECT_THAT(s.last_error(), ::testing::HasSubstr("free disk space"));
-  }
-  auto lists = clients_[0]->ListSnapshots();
-  ASSERT_TRUE(lists.ok());
-  for (const auto& l : *lists) EXPECT_EQ(l.snapshots_size(), 0);
+  ExpectTheSnapshotFailedForLackOfSpace();
 
   // Still serving, state intact, training goes on.
   ASSERT_TRUE(clients_[0]->PullDense(1, 1, absl::MakeSpan(after)).ok());
@@ -108,16 +113,7 @@ TEST_F(DiskFullTest, DiskFillingDuringTheWriteFailsTheSnapshotAndTheShardKeepsSe
   ASSERT_TRUE(started) << "the snapshot write did not start within 30 s";
   const std::string filler = FillDisk(root_);
 
-  auto status = clients_[0]->SnapshotStatus(/*wait_until_idle=*/true);
-  ASSERT_TRUE(status.ok()) << status.status();
-  for (const auto& s : *status) {
-    EXPECT_EQ(s.last_complete_step(), -1);
-    EXPECT_THAT(s.last_error(), ::testing::HasSubstr("RESOURCE_EXHAUSTED"));
-    EXPECT_THAT(s.last_error(), ::testing::HasSubstr("free disk space"));
-  }
-  auto lists = clients_[0]->ListSnapshots();
-  ASSERT_TRUE(lists.ok());
-  for (const auto& l : *lists) EXPECT_EQ(l.snapshots_size(), 0);
+  ExpectTheSnapshotFailedForLackOfSpace();
   for (int shard = 0; shard < kShards; ++shard) {  // the partial files are gone
     const std::string dir = absl::StrCat(root_, "/shard-", shard);
     EXPECT_TRUE(std::filesystem::is_empty(dir + "/staging")) << dir;
@@ -130,7 +126,7 @@ TEST_F(DiskFullTest, DiskFillingDuringTheWriteFailsTheSnapshotAndTheShardKeepsSe
   OnAllWorkers([&](int w) { ASSERT_TRUE(clients_[w]->PushDense(1, 1, g).ok()); });
   std::filesystem::remove(filler);
   ASSERT_TRUE(clients_[0]->Snapshot(2).ok());
-  status = clients_[0]->SnapshotStatus(/*wait_until_idle=*/true);
+  auto status = clients_[0]->SnapshotStatus(/*wait_until_idle=*/true);
   ASSERT_TRUE(status.ok()) << status.status();
   for (const auto& s : *status) EXPECT_EQ(s.last_complete_step(), 2) << s.last_error();
 }

@@ -16,125 +16,18 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fault_cluster.h"
 #include "tests/subprocess.h"
 
 namespace pscluster {
 namespace {
 
-constexpr int kShards = 2, kWorkers = 2;
-constexpr int kStepsPerEpoch = 20000 / (32 * kWorkers);  // --synthetic=20000 --batch_size=32
-
-std::string AddressIn(const std::string& line) {
-  std::string a = line.substr(line.find("listening on ") + 13);
-  return a.substr(0, a.find(' '));
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// One cluster run in its own directory.
-class Cluster {
- public:
-  // coordinator_checkpoints: the coordinator checkpoints every 100 steps and on a better
-  // metric; otherwise rank 0 snapshots every epoch.
-  // mode: the workers' training mode (the coordinator's --mode); switches: "STEP:MODE"
-  // scheduled with psctl before the workers start.
-  explicit Cluster(const std::string& dir, bool coordinator_checkpoints = false,
-                   const std::string& mode = "ps", const std::vector<std::string>& switches = {})
-      : dir_(dir), mode_(mode), coordinator_checkpoints_(coordinator_checkpoints) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    std::vector<std::string> coordinator = {
-        "server/coordinator/ps_coordinator",    "--port=0",
-        absl::StrCat("--num_shards=", kShards), absl::StrCat("--num_workers=", kWorkers),
-        "--heartbeat_timeout_ms=500",           "--mode=" + mode};
-    if (coordinator_checkpoints) {
-      coordinator.push_back("--data_dir=" + dir + "/coordinator");
-      coordinator.push_back("--checkpoint_every_steps=100");
-    }
-    auto c = testing::Subprocess::Start(coordinator);
-    EXPECT_TRUE(c.ok());
-    coordinator_ = AddressIn(c->WaitForLine("listening on", absl::Seconds(60)).value_or(""));
-    processes_.push_back(*std::move(c));
-    for (int s = 0; s < kShards; ++s) StartShard(s, false);
-    for (const std::string& sw : switches) {
-      auto psctl = testing::Subprocess::Start(
-          {"tools/psctl/psctl", "--coordinator=" + coordinator_, "switch-mode",
-           "--mode=" + sw.substr(sw.find(':') + 1), "--at_step=" + sw.substr(0, sw.find(':'))});
-      EXPECT_TRUE(psctl.ok());
-      auto status = psctl->Wait(absl::Seconds(30));
-      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << sw;
-    }
-    for (int r = 0; r < kWorkers; ++r) StartWorker(r);
-  }
-
-  // Starts (or, after a kill, replaces) worker r.
-  void StartWorker(int r) {
-    auto w = testing::Subprocess::Start(
-        {"worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
-         absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4", "--epochs=4",
-         "--batch_size=32", "--lr=0.01",
-         coordinator_checkpoints_ ? "--snapshot_every_epochs=0" : "--snapshot_every_epochs=1",
-         "--collective_timeout=20s", "--progress_every=1s",
-         absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
-    EXPECT_TRUE(w.ok());
-    worker_[r] = workers_.size();
-    workers_.push_back(*std::move(w));
-  }
-  ~Cluster() {
-    for (auto& p : processes_) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
-  }
-
-  void StartShard(int s, bool restore) {
-    std::vector<std::string> argv = {
-        "server/ps/ps_server",           "--port=0",
-        absl::StrCat("--shard_id=", s),  absl::StrCat("--num_shards=", kShards),
-        "--coordinator=" + coordinator_, "--data_dir=" + dir_ + "/ckpt"};
-    if (restore) argv.push_back("--restore=latest");
-    auto p = testing::Subprocess::Start(argv);
-    EXPECT_TRUE(p.ok());
-    EXPECT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
-    shard_[s] = processes_.size();
-    processes_.push_back(*std::move(p));
-  }
-
-  testing::Subprocess& coordinator() { return processes_[0]; }
-  testing::Subprocess& shard(int s) { return processes_[shard_[s]]; }
-  testing::Subprocess& worker(int r) { return workers_[worker_[r]]; }
-
-  // Waits for every worker to finish; returns their summaries.
-  std::vector<std::string> Finish() {
-    std::vector<std::string> out;
-    for (int r = 0; r < kWorkers; ++r) {
-      auto status = worker(r).Wait(absl::Minutes(5));
-      EXPECT_TRUE(status.ok()) << status.status();
-      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-          << "worker " << r << " failed";
-      out.push_back(ReadFile(absl::StrCat(dir_, "/worker", r, ".json")));
-    }
-    return out;
-  }
-
- private:
-  std::string dir_, mode_, coordinator_;
-  bool coordinator_checkpoints_;
-  std::vector<testing::Subprocess> processes_;
-  std::deque<testing::Subprocess> workers_;  // replacements are appended
-  std::map<int, size_t> shard_, worker_;
-};
-
-std::string Field(const std::string& json, const std::string& key) {
-  size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return "";
-  at += key.size() + 4;
-  size_t end = json[at] == '[' ? json.find("]]", at) : json.find_first_of(",}", at);
-  if (json[at] == '[' && json.compare(at, 2, "[]") == 0) return "[]";
-  return json.substr(at, end - at + (json[at] == '[' ? 2 : 0));
-}
+using testing::Cluster;
+using testing::Field;
+using testing::kShards;
+using testing::kStepsPerEpoch;
+using testing::kWorkers;
+using testing::ReadFile;
 
 TEST(RecoveryTest, KilledShardIsRestoredAndTrainingEndsBitwiseAsIfUninterrupted) {
   std::vector<std::string> clean = Cluster(::testing::TempDir() + "/clean").Finish();

@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
   if (!trainer.ok()) return Fail(trainer.status());
   absl::StatusOr<modes::TrainSummary> summary = (*trainer)->Run();
   if (!summary.ok()) return Fail(summary.status());
+  if (absl::Status left = (*trainer)->Leave(); !left.ok()) {  // the run is done either way
+    std::fprintf(stderr, "worker %d: unregistering from the shards: %s\n", flags->trainer.rank,
+                 left.ToString().c_str());
+  }
   std::printf("worker %d: done: %lld steps, test accuracy %.4f, %.0f samples/s\n",
               flags->trainer.rank, static_cast<long long>(summary->steps), summary->test_accuracy,
               summary->samples_per_sec);

@@ -49,10 +49,10 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
       }
       return absl::OkStatus();
     }
-    grpc::ClientContext ctx;
-    calls_.SetDeadline(&ctx);
     ps::DenseBatch resp;
-    RETURN_IF_ERROR(calls_.Status(shard, calls_.stub(shard)->PullDenseBatch(&ctx, req, &resp)));
+    RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
+      return calls_.stub(shard)->PullDenseBatch(ctx, req, &resp);
+    }));
     return CopyBatch(shard, resp, order, tables, out);
   });
 }
@@ -124,15 +124,28 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       c->set_data(grads[i].data() + r.begin, r.size() * sizeof(float));
       order.push_back(i);
     }
-    grpc::ClientContext ctx;
-    calls_.SetDeadline(&ctx);
     if (!pull) {
+      grpc::ClientContext ctx;
+      calls_.SetDeadline(&ctx);
       ps::PushDenseBatchResponse resp;
       return calls_.Status(shard, calls_.stub(shard)->PushDenseBatch(&ctx, batch, &resp));
     }
+    // The push and the wait for step + 1 in one call; when the wait outlasts a slice the
+    // push is in (the shard pushes before it waits), so the later attempts only pull.
+    ps::PullDenseBatchRequest again;
+    for (const ps::DenseChunk& c : batch.chunks()) {
+      ps::PullDenseRequest* p = again.add_pulls();
+      p->set_worker_id(c.worker_id());
+      p->set_step(step + 1);
+      p->set_table_id(c.table_id());
+      p->set_offset(c.offset());
+      p->set_length(c.total_length());
+    }
     ps::DenseBatch resp;
-    RETURN_IF_ERROR(
-        calls_.Status(shard, calls_.stub(shard)->PushPullDenseBatch(&ctx, batch, &resp)));
+    RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int n) {
+      return n == 0 ? calls_.stub(shard)->PushPullDenseBatch(ctx, batch, &resp)
+                    : calls_.stub(shard)->PullDenseBatch(ctx, again, &resp);
+    }));
     return CopyBatch(shard, resp, order, tables, out);
   });
 }
@@ -189,8 +202,6 @@ absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step
 
 absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                                       absl::Span<float> out) {
-  grpc::ClientContext ctx;
-  calls_.SetDeadline(&ctx);
   ps::PullDenseRequest req;
   req.set_worker_id(options_.worker_id);
   req.set_step(step);
@@ -206,25 +217,33 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
   // Small slices: unary. Larger ones stream even when they fit one message: the stream
   // reuses its chunk buffer, a unary response allocates (and page-faults) a new one.
   if (out.size() * sizeof(float) <= std::min<uint64_t>(options_.chunk_bytes, kUnaryPullBytes)) {
-    absl::Status st = calls_.Status(shard, calls_.stub(shard)->PullDense(&ctx, req, &chunk));
+    absl::Status st = calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
+      return calls_.stub(shard)->PullDense(ctx, req, &chunk);
+    });
     if (!st.ok()) return st;
     if (chunk.data().size() != out.size() * sizeof(float)) return misplaced(chunk, 0);
     std::memcpy(out.data(), chunk.data().data(), chunk.data().size());
     return absl::OkStatus();
   }
-  auto reader = calls_.stub(shard)->PullDenseStream(&ctx, req);
   uint64_t got = 0;
-  while (reader->Read(&chunk)) {
-    uint64_t n = chunk.data().size() / sizeof(float);
-    if (chunk.offset() != begin + got || n > out.size() - got) {
-      ctx.TryCancel();
-      reader->Finish();
-      return misplaced(chunk, got);
+  absl::Status bad;  // a chunk out of place
+  absl::Status st = calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
+    got = 0;
+    auto reader = calls_.stub(shard)->PullDenseStream(ctx, req);
+    while (reader->Read(&chunk)) {
+      uint64_t n = chunk.data().size() / sizeof(float);
+      if (chunk.offset() != begin + got || n > out.size() - got) {
+        ctx->TryCancel();
+        reader->Finish();
+        bad = misplaced(chunk, got);
+        return grpc::Status::OK;
+      }
+      std::memcpy(out.data() + got, chunk.data().data(), n * sizeof(float));
+      got += n;
     }
-    std::memcpy(out.data() + got, chunk.data().data(), n * sizeof(float));
-    got += n;
-  }
-  absl::Status st = calls_.Status(shard, reader->Finish());
+    return reader->Finish();
+  });
+  if (!bad.ok()) return bad;
   if (st.ok() && got != out.size()) {
     return absl::DataLossError(absl::StrCat(calls_.Name(shard), " pull stream ended after ", got,
                                             " of ", out.size(), " values"));

@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
 PsClient::PsClient(PsClientOptions options)
     : options_(std::move(options)),
       calls_(options_.shard_addresses, options_.rpc_timeout,
-             static_cast<int>(options_.max_message_bytes)) {}
+             static_cast<int>(options_.max_message_bytes), options_.wait_slice,
+             options_.wait_check) {}
 
 absl::Status PsClient::RegisterWorker() {
   return calls_.ForEach([&](int s) {
@@ -199,7 +200,9 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
   }
   return calls_.ForEach([&](int s) {
     ps::PullSparseResponse resp;
-    absl::Status st = calls_.Unary(s, &Stub::PullSparse, reqs[s], &resp);
+    absl::Status st = calls_.Waiting(s, [&](grpc::ClientContext* ctx, int) {
+      return calls_.stub(s)->PullSparse(ctx, reqs[s], &resp);
+    });
     if (!st.ok()) return st;
     if (resp.values().size() != positions[s].size() * dim * sizeof(float)) {
       return absl::InternalError(absl::StrCat(calls_.Name(s), " returned ", resp.values().size(),

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ struct PsClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);                 // deadline of every RPC
   uint64_t chunk_bytes = uint64_t{1} << 20;                       // dense stream chunk size
   uint64_t max_message_bytes = (uint64_t{4} << 20) + (64 << 10);  // gRPC limit, both ways
+  // Pulls that wait in a shard (BSP, SSP) wait in slices of `wait_slice`; after each
+  // slice, `wait_check` (if set) says whether to go on waiting (OK) or to give up (its
+  // error, e.g. a member the coordinator declared dead), bounded by rpc_timeout overall.
+  absl::Duration wait_slice = absl::Seconds(2);
+  std::function<absl::Status()> wait_check;
 };
 
 class PsClient final : public ParameterStore {

@@ -89,11 +89,16 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
         RoleName(r.role()), " ", r.id(), " incarnation ", r.incarnation(),
         " was replaced by incarnation ", m->incarnation(), "; this process must register again"));
   }
-  m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
   if (!m->alive()) {
-    m->set_alive(true);
-    ChangedLocked();
+    // Declared dead, yet running (stopped, or cut off, past the deadline): the others may
+    // already have moved on without it, so it comes back only as a new incarnation.
+    return absl::NotFoundError(absl::StrCat(
+        RoleName(r.role()), " ", r.id(), " incarnation ", r.incarnation(),
+        " was declared dead (no heartbeat for ",
+        absl::FormatDuration(options_.heartbeat_timeout),
+        "); register again as a new incarnation"));
   }
+  m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
   HeartbeatResponse response;
   response.set_view_version(version_);
   return response;
@@ -110,6 +115,10 @@ absl::StatusOr<Member*> ClusterState::FindWorkerLocked(int32_t rank, int64_t inc
 
 absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
+  if (r.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker rank ", r.rank(), " reported step ",
+                                                   r.step(), ": step must not be negative"));
+  }
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Member*> found = FindWorkerLocked(r.rank(), r.incarnation());
   if (!found.ok()) return found.status();
@@ -241,7 +250,11 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
     if (!CheckId(m.role(), m.id()).ok()) continue;  // restarted with fewer shards or workers
     Member& kept = members[{m.role(), m.id()}] = m;
     kept.set_alive(true);
-    kept.set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
+    // A grace before the first liveness verdict: members reconnect with backoff (up to
+    // 1 s) after our restart. Without it a live member is declared dead and must come back
+    // as a new incarnation, which costs the workers a rollback.
+    kept.set_last_heartbeat_ms(
+        absl::ToUnixMillis(now_() + std::max(absl::Seconds(10), options_.heartbeat_timeout)));
   }
   if (absl::Status s = switches_.Restore(state); !s.ok()) return s;
   members_ = std::move(members);
@@ -262,13 +275,25 @@ absl::StatusOr<ClusterView> ClusterState::AwaitView(int64_t min_version, bool co
   auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return version_ >= min_version && (!complete || CompleteLocked());
   };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+  auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return shutdown_ || ready(); };
+  const bool woken = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (woken && !ready()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator is shutting down while waiting for cluster view version >= ",
+        min_version, complete ? " and complete" : "", "; retry against its restart"));
+  }
+  if (!woken) {
     return absl::DeadlineExceededError(
         absl::StrCat("waited for cluster view version >= ", min_version,
                      complete ? " and complete" : "", "; current version ", version_,
                      complete ? absl::StrCat(", missing: ", MissingLocked()) : ""));
   }
   return ViewLocked();
+}
+
+void ClusterState::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
 }
 
 }  // namespace pscluster::coord

@@ -41,7 +41,8 @@ class ClusterState {
   // NOT_FOUND for a member that never registered; FAILED_PRECONDITION for an old
   // incarnation (that process was replaced). Revives a member declared dead.
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
-  // FAILED_PRECONDITION when the worker's view predates the current shard map.
+  // INVALID_ARGUMENT for a negative step; FAILED_PRECONDITION when the worker's view
+  // predates the current shard map. A refused report changes nothing.
   absl::Status ReportProgress(const ReportProgressRequest& request);
 
   // Live mode switches (see SwitchSchedule for the rules and error codes). SwitchMode is
@@ -67,6 +68,8 @@ class ClusterState {
   // Waits until the view's version >= min_version (and it is complete, if asked), or
   // DEADLINE_EXCEEDED naming who is missing.
   absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, absl::Time deadline);
+  // Wakes every AwaitView, and fails later waits, with UNAVAILABLE (server shutdown).
+  void Shutdown();
 
  private:
   using Key = std::pair<int, int32_t>;  // (role, id)
@@ -85,6 +88,7 @@ class ClusterState {
   mutable absl::Mutex mu_;
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t shard_map_version_ ABSL_GUARDED_BY(mu_) = 1;  // version of the last address change
   std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
   SwitchSchedule switches_ ABSL_GUARDED_BY(mu_);

@@ -392,7 +392,10 @@ TEST_F(ClusterStateTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
   EXPECT_FALSE(FindMember(v, WORKER, 0).alive());
 }
 
-TEST_F(ClusterStateTest, HeartbeatRevivesADeadMember) {
+// Regression: a member declared dead whose process survived (stopped past the deadline)
+// came back with the same incarnation, and the others, waiting for a new generation,
+// waited forever while the view said the cluster was complete. It must register again.
+TEST_F(ClusterStateTest, HeartbeatOfADeadMemberMakesItRegisterAsANewIncarnation) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -400,16 +403,19 @@ TEST_F(ClusterStateTest, HeartbeatRevivesADeadMember) {
   ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());
   ASSERT_TRUE(m.CheckLiveness());
   ASSERT_FALSE(FindMember(m.View(), WORKER, 0).alive());
-  const int64_t dead_version = m.View().version();
 
   absl::StatusOr<HeartbeatResponse> r = m.Heartbeat(Hb(WORKER, 0, inc));
-  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("declared dead"));
+  EXPECT_FALSE(FindMember(m.View(), WORKER, 0).alive()) << "a dead member revived itself";
+  EXPECT_FALSE(m.View().complete());
+
+  const int64_t again = MustRegister(m, WORKER, 0, "w0");
+  EXPECT_GT(again, inc);
   ClusterView v = m.View();
   EXPECT_TRUE(FindMember(v, WORKER, 0).alive());
-  EXPECT_EQ(FindMember(v, WORKER, 0).incarnation(), inc) << "revival keeps the incarnation";
-  EXPECT_GT(v.version(), dead_version);
-  EXPECT_EQ(r->view_version(), v.version());
   EXPECT_TRUE(v.complete());
+  EXPECT_TRUE(m.Heartbeat(Hb(WORKER, 0, again)).ok());
 }
 
 TEST_F(ClusterStateTest, DeadMembersIdCanBeRegisteredFromAnotherAddress) {
@@ -507,6 +513,31 @@ TEST_F(ClusterStateTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) 
   EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 0);
   absl::Status out_of_range = m.ReportProgress(Progress(2, 1, m.View().version(), 5));
   EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument) << out_of_range;
+}
+
+TEST_F(ClusterStateTest, ReportProgressWithANegativeStepIsInvalidArgumentAndChangesNothing) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  ASSERT_TRUE(m.ReportProgress(Progress(0, inc, m.View().version(), 7, 0.5, 100)).ok());
+  const ClusterView before = m.View();
+
+  ReportProgressRequest negative = Progress(0, inc, before.version(), -3, 9.0, 1.0);
+  negative.set_has_metric(true);
+  negative.set_metric(0.99);
+  absl::Status s = m.ReportProgress(negative);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(Msg(s), HasSubstr("step -3"));
+  EXPECT_THAT(Msg(s), HasSubstr("must not be negative"));
+  const ClusterView after = m.View();
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString())
+      << "a refused report changed the view:\n"
+      << after.DebugString();
+  const Member w = FindMember(after, WORKER, 0);
+  EXPECT_EQ(w.step(), 7);
+  EXPECT_DOUBLE_EQ(w.loss(), 0.5);
+  EXPECT_FALSE(w.has_metric());
+  EXPECT_EQ(after.global_step(), 7);
 }
 
 TEST_F(ClusterStateTest, ReportProgressWithViewOlderThanShardAddressChangeIsStale) {
@@ -661,7 +692,7 @@ TEST_F(ClusterStateTest, AwaitViewWakesOnAVersionBump) {
   EXPECT_FALSE(result->complete());
 }
 
-TEST_F(ClusterStateTest, AwaitViewWakesWhenADeadMemberIsRevived) {
+TEST_F(ClusterStateTest, AwaitViewWakesWhenADeadMemberRegistersAgain) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
@@ -674,7 +705,8 @@ TEST_F(ClusterStateTest, AwaitViewWakesWhenADeadMemberIsRevived) {
   absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
   std::thread waiter(
       [&] { result = m.AwaitView(0, /*complete=*/true, absl::Now() + absl::Seconds(30)); });
-  ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, inc)).ok());
+  EXPECT_FALSE(m.Heartbeat(Hb(WORKER, 0, inc)).ok());
+  EXPECT_GT(MustRegister(m, WORKER, 0, "w0"), inc);
   waiter.join();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->complete());

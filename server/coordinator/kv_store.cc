@@ -25,13 +25,23 @@ absl::Status KvStore::Put(const std::string& key, std::string value) {
 absl::StatusOr<std::string> KvStore::Get(const std::string& key, bool wait, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto present = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; };
+  auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return shutdown_ || present(); };
   if (!present()) {
     if (!wait) return absl::NotFoundError(absl::StrCat("key '", key, "' is not set"));
-    if (!mu_.AwaitWithDeadline(absl::Condition(&present), deadline)) {
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat("waited for key '", key, "' to be set"));
+    }
+    if (!present()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator is shutting down while waiting for key '", key, "'; retry"));
     }
   }
   return values_.at(key);
+}
+
+void KvStore::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
 }
 
 }  // namespace pscluster::coord

@@ -25,9 +25,12 @@ class KvStore {
   // With wait, blocks until the key exists or `deadline` (DEADLINE_EXCEEDED naming it);
   // without, NOT_FOUND when absent.
   absl::StatusOr<std::string> Get(const std::string& key, bool wait, absl::Time deadline);
+  // Wakes every waiting Get, and fails later waits, with UNAVAILABLE (server shutdown).
+  void Shutdown();
 
  private:
   absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -224,7 +224,12 @@ int main(int argc, char** argv) {
   absl::Notification stop;
   std::thread background(
       [&] { RunBackground(&cluster, checkpointer->get(), options->heartbeat_timeout / 4, &stop); });
-  pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", nullptr);
+  // Waiting GetView and KvGet calls fail with UNAVAILABLE, so the drain does not wait for
+  // their deadlines.
+  pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", [&] {
+    cluster.Shutdown();
+    kv.Shutdown();
+  });
   stop.Notify();
   background.join();
   return 0;

@@ -66,6 +66,31 @@ TEST(StateRestoreTest, ARestartedCoordinatorKeepsMembersIncarnationsAndTheSwitch
   EXPECT_EQ(after.Register(Registration(WORKER, 0, "pid:1")).value().incarnation(), 3);
 }
 
+// Regression (with the rule that a member declared dead must register again): a restarted
+// coordinator declared its restored members dead before they had reconnected, forcing
+// every worker to roll back. They get a grace of at least 10 s.
+TEST(StateRestoreTest, RestoredMembersAreNotDeclaredDeadBeforeTheyCanReconnect) {
+  std::optional<CoordinatorState> saved;
+  ClusterStateOptions o;
+  o.num_shards = 1;
+  o.num_workers = 1;
+  o.heartbeat_timeout = absl::Milliseconds(500);
+  o.on_change = [&](const CoordinatorState& s) { saved = s; };
+  ClusterState before(o, [] { return kStart; });
+  ASSERT_TRUE(before.Register(Registration(SHARD, 0, "127.0.0.1:5000")).ok());
+  ASSERT_TRUE(before.Register(Registration(WORKER, 0, "pid:1")).ok());
+  o.on_change = nullptr;
+  absl::Time now = kStart + absl::Seconds(30);
+  ClusterState after(o, [&] { return now; });
+  ASSERT_TRUE(after.Restore(*saved).ok());
+  now += absl::Seconds(5);  // ten heartbeat timeouts, within the grace
+  after.CheckLiveness();
+  EXPECT_TRUE(after.View().complete()) << "a restored member was declared dead at once";
+  now += absl::Seconds(6);  // past the grace, still silent: dead
+  after.CheckLiveness();
+  EXPECT_FALSE(after.View().complete());
+}
+
 TEST(StateRestoreTest, MembersOutsideARestartedCoordinatorsRangesAreDropped) {
   CoordinatorState state;
   Member* m = state.add_members();

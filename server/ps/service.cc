@@ -64,7 +64,11 @@ ParameterServerService::ParameterServerService(Shard* shard, Snapshotter* snapsh
       buffers_(options.buffer_pool_bytes) {}
 
 absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) const {
-  return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.max_wait);
+  // Give up a little before the client does, so that it hears what the wait was for (the
+  // workers a BSP pull waits for) rather than a bare DEADLINE_EXCEEDED of its own.
+  const absl::Time now = absl::Now(), client = absl::FromChrono(ctx->deadline());
+  const absl::Time answer_by = client - std::min(absl::Milliseconds(200), (client - now) / 10);
+  return std::min(answer_by, now + options_.max_wait);
 }
 
 grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,

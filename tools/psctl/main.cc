@@ -12,21 +12,26 @@
 //
 // Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a
 // member is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step
-// already passed, another switch is scheduled there, or 'ps' without shards); 2 usage
-// (switch-mode: an unknown mode or a negative step); 3 cannot reach the coordinator or a
-// shard.
+// already passed, another switch is scheduled there, or 'ps' without shards); 2 usage (an
+// unknown flag, a flag without its value or with one it cannot hold, a missing or unknown
+// command; switch-mode: no or an unknown mode, a negative step); 3 cannot reach the
+// coordinator or a shard.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/coordinator/coordinator_operator.h"
 #include "common/training_mode.h"
@@ -46,9 +51,61 @@ using namespace pscluster;
 
 constexpr int kOk = 0, kUnhealthy = 1, kUsage = 2, kUnreachable = 3;
 
+constexpr char kUsageLine[] =
+    "psctl --coordinator=HOST:PORT status|checkpoint|checkpoints|switch-mode "
+    "[--mode=ps|allreduce|fsdp|pipeline --at_step=N] [--timeout_seconds=S]";
+
 int Error(int code, const std::string& message) {
   std::fprintf(stderr, "psctl: %s\n", message.c_str());
+  if (code == kUsage)
+    std::fprintf(stderr, "usage: %s (psctl --help lists the flags)\n", kUsageLine);
   return code;
+}
+
+// What absl::ParseCommandLine would refuse with exit status 1 (an unknown flag, a flag
+// without its value, a value its flag cannot hold), found first so that psctl exits with
+// its usage code instead; nullopt when it will parse. Follows its syntax: -flag or --flag,
+// =value or the next argument as the value (a bool needs none; --noflag is false), "--"
+// ends the flags. A valid value is set here already (ParseCommandLine sets it again);
+// absl's own flags (--help..., --flagfile...) are left to it.
+std::optional<std::string> FlagError(int argc, char** argv) {
+  static const auto* const kAbslOwn = new std::set<absl::string_view>{
+      "help",    "helpfull",        "helpshort", "helppackage", "helpon",     "helpmatch",
+      "version", "only_check_args", "flagfile",  "fromenv",     "tryfromenv", "undefok"};
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "-") || arg.empty()) continue;  // the command
+    absl::ConsumePrefix(&arg, "-");
+    const size_t eq = arg.find('=');
+    const std::string given(arg.substr(0, eq));
+    if (kAbslOwn->count(given) > 0) continue;
+    absl::string_view name = given;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    bool negated = false;
+    if (flag == nullptr && absl::ConsumePrefix(&name, "no")) {
+      flag = absl::FindCommandLineFlag(name);
+      negated = flag != nullptr && flag->IsOfType<bool>();
+      if (!negated) flag = nullptr;
+    }
+    if (flag == nullptr) return absl::StrCat("unknown flag --", given);
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      if (negated) return absl::StrCat("--", given, " takes no value");
+      value = std::string(arg.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      value = negated ? "false" : "true";
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::StrCat("--", given, " needs a value");
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::StrCat("--", given, "=", value, ": ", error);
+    }
+  }
+  return std::nullopt;
 }
 
 CoordinatorOperator Connect(const std::string& address) {
@@ -152,6 +209,11 @@ int SwitchMode(const std::string& address) {
   if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
   absl::StatusOr<coord::TrainingMode> parsed = coord::ParseMode(name);
   if (!parsed.ok()) return Error(kUsage, "switch-mode: --mode: " + parsed.status().ToString());
+  if (absl::GetFlag(FLAGS_at_step) < 0) {
+    return Error(kUsage, absl::StrCat("switch-mode: --at_step=", absl::GetFlag(FLAGS_at_step),
+                                      " is negative; give 0 (the next step boundary) or a "
+                                      "later step"));
+  }
   const char* mode = ModeName(*parsed);
   absl::StatusOr<ScheduledSwitch> resp =
       Connect(address).SwitchMode(*parsed, absl::GetFlag(FLAGS_at_step));
@@ -174,9 +236,8 @@ int SwitchMode(const std::string& address) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "psctl --coordinator=HOST:PORT status|checkpoint|checkpoints|switch-mode "
-      "[--mode=ps|allreduce|fsdp|pipeline --at_step=N]");
+  absl::SetProgramUsageMessage(kUsageLine);
+  if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   constexpr char kCommands[] = "status, checkpoint, checkpoints or switch-mode";
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
@@ -187,6 +248,10 @@ int main(int argc, char** argv) {
   }
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
+  if (absl::GetFlag(FLAGS_timeout_seconds) <= 0) {
+    return Error(kUsage, absl::StrCat("--timeout_seconds=", absl::GetFlag(FLAGS_timeout_seconds),
+                                      " must be positive"));
+  }
   if (command == "switch-mode") return SwitchMode(address);
   if (command == "checkpoint") return Checkpoint(address);
   auto view = Connect(address).View();

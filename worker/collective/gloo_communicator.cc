@@ -1,13 +1,14 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gloo/barrier.h"
-#include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
@@ -170,14 +171,49 @@ class GlooCommunicator final : public Communicator {
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
     }
-    if (data.empty()) return absl::OkStatus();
+    if (data.empty() || size() == 1) return absl::OkStatus();
+    const uint64_t slot = NextTag();
     return Guard(absl::StrCat("broadcast from rank ", root, " on rank ", rank()), [&] {
-      gloo::BroadcastOptions opts(context_);
-      opts.setOutput(data.data(), data.size());
-      opts.setRoot(root);
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::broadcast(opts);
+      // Gloo's binomial tree (gloo::broadcast), with one buffer per peer so that a failure
+      // names the peer it happened with, not just this rank: in the round of `mask`, the
+      // ranks [0, mask) (counted from the root) have the data and send it to [mask, 2 mask).
+      const int n = size(), vrank = (rank() - root + n) % n;
+      const size_t bytes = data.size() * sizeof(float);
+      std::string failed;  // what failed, each naming its peer
+      auto named = [&](const char* what, int peer, auto fn) {
+        try {
+          fn();
+          return true;
+        } catch (const std::exception& e) {
+          absl::StrAppend(&failed, failed.empty() ? "" : "; ", what, " rank ", peer, ": ",
+                          e.what());
+          return false;
+        }
+      };
+      std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>> sends;
+      for (int mask = 1; mask < n; mask <<= 1) {
+        if (vrank < mask && vrank + mask < n) {
+          const int peer = (vrank + mask + root) % n;
+          auto buf = context_->createUnboundBuffer(data.data(), bytes);
+          if (named("sending to", peer, [&] { buf->send(peer, slot); })) {
+            sends.emplace_back(peer, std::move(buf));
+          }
+        } else if (vrank >= mask && vrank < 2 * mask) {  // before any send of this rank
+          const int peer = (vrank - mask + root) % n;
+          auto buf = context_->createUnboundBuffer(data.data(), bytes);
+          named("receiving from", peer, [&] {
+            buf->recv(peer, slot);
+            if (!buf->waitRecv(nullptr, timeout_)) throw std::runtime_error("aborted");
+          });
+          if (!failed.empty()) throw std::runtime_error(failed);
+        }
+      }
+      for (auto& send : sends) {  // all waited for: the data must outlive them
+        named("sending to", send.first, [&] {
+          if (!send.second->waitSend(nullptr, timeout_)) throw std::runtime_error("aborted");
+        });
+      }
+      if (!failed.empty()) throw std::runtime_error(failed);
     });
   }
 

@@ -137,6 +137,59 @@ TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("rank 1")) << s;
 }
 
+// A pipeline stage broadcasting (its parameters in Gather, the loss from the last stage)
+// to a peer that went away: the survivor's error names the missing peer, not only itself.
+TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastFromTheSurvivorIsNamed) {
+  signal(SIGPIPE, SIG_IGN);
+  gloo::rendezvous::HashStore store;
+  auto comms = ConnectPair(&store, absl::Seconds(30));
+  comms[1].reset();  // rank 1 leaves: its sockets close
+  std::vector<float> data(1 << 18, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status s = comms[0]->Broadcast(absl::MakeSpan(data), /*root=*/0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "waited for the timeout";
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("sending to rank 1")) << s;
+}
+
+// Three ranks: the root's broadcast reaches rank 1 and fails only towards rank 2, which
+// its error names (the survivors' own ranks are not the missing peer).
+TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastOfThreeIsTheOneNamed) {
+  signal(SIGPIPE, SIG_IGN);
+  gloo::rendezvous::HashStore store;
+  std::array<std::unique_ptr<Communicator>, 3> comms;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      comms[r] = *CreateGlooCommunicator(&store, GlooOptions{r, 3, "127.0.0.1", absl::Seconds(30)});
+    });
+  }
+  for (auto& t : threads) t.join();
+  comms[2].reset();
+  std::vector<float> sent(1 << 18, 3.0f), got(1 << 18);
+  absl::Status received;
+  std::thread rank1([&] { received = comms[1]->Broadcast(absl::MakeSpan(got), 0); });
+  absl::Status s = comms[0]->Broadcast(absl::MakeSpan(sent), 0);
+  rank1.join();
+  EXPECT_TRUE(received.ok()) << received;
+  EXPECT_EQ(got.back(), 3.0f);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("sending to rank 2")) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("to rank 1"))) << s;
+}
+
+// The other side: the root went away; the survivor names it as the rank it waited for.
+TEST(GlooCommunicatorErrorsTest, RootGoneDuringABroadcastIsNamed) {
+  signal(SIGPIPE, SIG_IGN);
+  gloo::rendezvous::HashStore store;
+  auto comms = ConnectPair(&store, absl::Seconds(30));
+  comms[0].reset();
+  std::vector<float> data(1000);
+  absl::Status s = comms[1]->Broadcast(absl::MakeSpan(data), /*root=*/0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 0")) << s;
+}
+
 TEST(GlooCommunicatorErrorsTest, BadArgumentsAreInvalidArgument) {
   OnRanks(1, [](Communicator& c) {
     std::vector<float> x(4), y(3);

@@ -40,7 +40,23 @@ absl::StatusOr<int64_t> Trainer::Start() {
   if (options_.mode != coord::PS) {  // the PS tables start from the same initializers
     RETURN_IF_ERROR(placement_->Load(InitialState(model_->spec(), *optimizer_), 0));
   }
-  if (c != nullptr && options_.rank == 0) RETURN_IF_ERROR(c->KvPut("run/started", "1"));
+  if (c != nullptr && options_.rank == 0) {
+    // A checkpoint of the initial state, before any step: a failure at any later moment
+    // can roll back at least to the start (BSP shards hold step 0 for it).
+    if (client_ != nullptr) {
+      auto taken = c->Checkpoint(std::nullopt, options_.rpc_timeout);
+      if (taken.ok()) {
+        std::printf("worker 0: checkpoint of the initial state (step %lld) taken\n",
+                    static_cast<long long>(taken->step()));
+      } else {
+        std::printf("worker 0: no checkpoint of the initial state (%s); a failure before the "
+                    "first later checkpoint cannot be rolled back\n",
+                    taken.status().ToString().c_str());
+      }
+      std::fflush(stdout);
+    }
+    RETURN_IF_ERROR(c->KvPut("run/started", "1"));
+  }
   return 0;
 }
 

@@ -74,8 +74,44 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   co.shard_addresses = shards;
   co.worker_id = options_.rank;
   co.rpc_timeout = options_.rpc_timeout;
+  if (options_.coordinator != nullptr) co.wait_check = [this] { return CheckLiveness(); };
   ASSIGN_OR_RETURN(client_, PsClient::Create(co));
   return client_->RegisterWorker();
+}
+
+// Between the slices of a long wait in a shard: give up when the coordinator has declared
+// a member dead or the cluster changed generation (this worker too may have been declared
+// dead and registered again); go on waiting otherwise, or when the coordinator does not
+// answer (it may be restarting; the client-wide deadline still bounds the wait).
+absl::Status Trainer::CheckLiveness() const {
+  auto now = options_.coordinator->AwaitView(0, false, absl::Seconds(2));
+  if (!now.ok()) return absl::OkStatus();
+  for (const auto& m : now->members()) {
+    if (!m.alive()) {
+      return absl::UnavailableError(absl::StrCat(
+          m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
+          " is down (the coordinator saw its heartbeats stop)"));
+    }
+  }
+  if (Generation(*now) != Generation(view_)) {
+    return absl::UnavailableError(
+        "the cluster changed generation (a member, perhaps this worker, registered again "
+        "after being declared dead): rolling back with the others");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Leave() {
+  return client_ == nullptr ? absl::OkStatus() : client_->UnregisterWorker();
+}
+
+bool Trainer::DeclaredDead() const {
+  for (const auto& m : view_.members()) {
+    if (m.role() == coord::WORKER && m.id() == options_.rank) {
+      return m.incarnation() != options_.coordinator->incarnation();
+    }
+  }
+  return false;
 }
 
 absl::Status Trainer::CreateTables() {  // idempotent across workers
@@ -200,7 +236,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
       ++step;
       continue;
     }
-    if (options_.coordinator == nullptr || !PeerFailure(s)) return s;
+    if (options_.coordinator == nullptr || !(PeerFailure(s) || DeclaredDead())) return s;
     ASSIGN_OR_RETURN(int64_t back_to, Recover(step, s));
     summary.rollbacks.emplace_back(step, back_to);
     step = back_to;

@@ -107,6 +107,8 @@ class Trainer {
   ~Trainer();
 
   absl::StatusOr<TrainSummary> Run();
+  // After the run: this worker leaves for good (the shards stop counting it for BSP).
+  absl::Status Leave();
 
   // For tests and tools: one step in the current mode; a switch at boundary `step`; the
   // whole state before `step`. Collective: every rank must make the same calls.
@@ -132,6 +134,12 @@ class Trainer {
   absl::StatusOr<int64_t> Rejoin(const std::string& gen);
   absl::StatusOr<coord::ClusterView> AwaitHealedView();
   absl::StatusOr<int64_t> Recover(int64_t failed_step, const absl::Status& cause);
+  // The PsClient's wait check: UNAVAILABLE naming the member the coordinator declared
+  // dead, or a change of generation; OK to go on waiting.
+  absl::Status CheckLiveness() const;
+  // Whether the coordinator declared this worker dead since view_ (it registered again as
+  // a new incarnation, and its calls as the old one fail): it then rolls back too.
+  bool DeclaredDead() const;
   // Steps from the coordinator's schedule that are due at boundary `step`.
   absl::Status MaybeSwitch(int64_t step, TrainSummary* summary);
   // The collective modes' checkpoint path: the state before `step` into the shards.

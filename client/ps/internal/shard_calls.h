@@ -4,6 +4,8 @@
 // Thread-safe.
 #pragma once
 
+#include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,8 +26,13 @@ class ShardCalls {
   using Stub = ps::ParameterServer::Stub;
 
   ShardCalls(const std::vector<std::string>& addresses, absl::Duration rpc_timeout,
-             int max_message_bytes)
-      : addresses_(addresses), rpc_timeout_(rpc_timeout), pool_(addresses.size() - 1) {
+             int max_message_bytes, absl::Duration wait_slice = absl::InfiniteDuration(),
+             std::function<absl::Status()> wait_check = nullptr)
+      : addresses_(addresses),
+        rpc_timeout_(rpc_timeout),
+        wait_slice_(wait_slice),
+        wait_check_(std::move(wait_check)),
+        pool_(addresses.size() - 1) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(max_message_bytes);
     args.SetMaxSendMessageSize(max_message_bytes);
@@ -59,6 +66,34 @@ class ShardCalls {
     return Status(shard, (stubs_[shard].get()->*method)(&ctx, req, resp));
   }
 
+  // A call that may wait in the shard (a BSP/SSP pull): attempt(ctx, n) makes attempt n
+  // with a deadline of one wait slice. When a slice runs out, wait_check decides: an
+  // error ends the wait with it (naming the shard and what the shard waited for), OK
+  // repeats the call (pulls are idempotent), up to the client-wide deadline. The first
+  // slice that runs out is said once on stderr, with what the shard waits for.
+  template <typename Attempt>
+  absl::Status Waiting(int shard, Attempt attempt) const {
+    const absl::Time end = absl::Now() + rpc_timeout_;
+    for (int n = 0;; ++n) {
+      grpc::ClientContext ctx;
+      const absl::Time slice_end = wait_check_ ? std::min(end, absl::Now() + wait_slice_) : end;
+      ctx.set_deadline(absl::ToChronoTime(slice_end));
+      grpc::Status s = attempt(&ctx, n);
+      if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || !wait_check_ ||
+          absl::Now() >= end) {
+        return Status(shard, s);
+      }
+      if (n == 0) {
+        std::fprintf(stderr, "still waiting on %s: %s\n", Name(shard).c_str(),
+                     s.error_message().c_str());
+      }
+      if (absl::Status check = wait_check_(); !check.ok()) {
+        return absl::Status(check.code(), absl::StrCat(Name(shard), ": gave up waiting (",
+                                                       s.error_message(), "): ", check.message()));
+      }
+    }
+  }
+
   // fn(shard) for every shard concurrently; the first error in shard order.
   absl::Status ForEach(const std::function<absl::Status(int)>& fn) {
     return pool_.ParallelFor(size(), fn);
@@ -78,6 +113,8 @@ class ShardCalls {
  private:
   const std::vector<std::string> addresses_;
   const absl::Duration rpc_timeout_;
+  const absl::Duration wait_slice_;
+  const std::function<absl::Status()> wait_check_;
   std::vector<std::unique_ptr<Stub>> stubs_;
   Executor pool_;  // the caller runs one shard's call itself
 };

@@ -1,0 +1,56 @@
+"""summary.json of a local_cluster.sh run, from every worker's --summary_json file.
+
+    python3 deploy/summarize.py OUT WORKERS SHARDS EPOCHS CONSISTENCY WALL MODE MICRO_BATCHES
+
+Rank 0's figures stand for the run (accuracy, steps, loss, final mode and parameters);
+throughput adds up over the workers. Rollbacks are every worker's: each worker lists the
+rollbacks it took part in, and rank 0's file alone misses those of a run whose rank 0 was
+killed (its replacement's file starts after them).
+"""
+import json
+import os
+import sys
+
+
+def rollbacks(ws):
+    """Every rollback any worker saw, by rank then in the order it saw them."""
+    return [{"worker": r, "failed_step": f, "restored_step": t}
+            for r, w in enumerate(ws) for f, t in w.get("rollbacks", [])]
+
+
+def summarize(out, workers, shards, epochs, consistency, wall, mode, micro_batches):
+    ws = [json.load(open(f"{out}/worker{r}.json")) for r in range(int(workers))]
+    checkpoints = f"{out}/coordinator/checkpoints.json"
+    return {
+        "test_accuracy": ws[0]["test_accuracy"],
+        "epochs": int(epochs),
+        "steps": ws[0]["steps"],
+        "samples_per_sec": round(sum(w["samples_per_sec"] for w in ws), 1),
+        "wall_seconds": int(wall),
+        "checkpoints": json.load(open(checkpoints)) if os.path.exists(checkpoints) else [],
+        "rollbacks": rollbacks(ws),
+        "param_crc32c": ws[0].get("param_crc32c", 0),
+        "workers": int(workers),
+        "shards": int(shards),
+        "consistency": consistency,
+        "mode": mode,
+        "final_mode": ws[0].get("final_mode", mode),
+        "switches": [dict(s, handoff_seconds=max(w["switches"][k]["handoff_seconds"]
+                                                 for w in ws if len(w.get("switches", [])) > k))
+                     for k, s in enumerate(ws[0].get("switches", []))],
+        "figures": {f"worker{r}": w.get("figures", {}) for r, w in enumerate(ws)},
+        "micro_batches": int(micro_batches),
+        "final_loss": ws[0]["final_loss"],
+    }
+
+
+def main(argv):
+    out, epochs, wall = argv[0], argv[3], argv[5]
+    summary = summarize(*argv)
+    json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
+    print(f"== test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs "
+          f"({summary['samples_per_sec']:.0f} samples/s, {wall} s); summary: {out}/summary.json")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
