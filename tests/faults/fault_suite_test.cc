@@ -14,6 +14,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,10 +53,17 @@ int64_t StepsLost(const std::string& rollbacks) {
 
 class FaultSuite : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    clean_ = new std::vector<std::string>(Cluster(Dir("clean"), ClusterOptions()).Finish());
-  }
+  static void SetUpTestSuite() { clean_ = new std::map<std::string, std::vector<std::string>>; }
   static void TearDownTestSuite() { delete clean_; }
+
+  // The uninterrupted run in `mode`, run once.
+  static const std::vector<std::string>& Clean(const std::string& mode) {
+    auto it = clean_->find(mode);
+    if (it != clean_->end()) return it->second;
+    ClusterOptions o;
+    o.mode = mode;
+    return (*clean_)[mode] = Cluster(Dir("clean_" + mode), o).Finish();
+  }
 
   // Waits (bounded) for the first epoch's checkpoint: the cluster is training.
   static void AwaitFirstEpochCheckpoint(Cluster& cluster) {
@@ -68,16 +76,18 @@ class FaultSuite : public ::testing::Test {
   // Finishes the run, checks the outcome and prints the scenario's row. `fault_at`: when
   // the fault was injected; `recovered_at`: when the workers had rolled back (if they did).
   void ExpectCompletesBitwise(Cluster& cluster, const std::string& scenario, absl::Time fault_at,
-                              std::optional<absl::Time> recovered_at) {
+                              std::optional<absl::Time> recovered_at,
+                              const std::string& mode = "ps") {
     std::vector<std::string> run = cluster.Finish();
-    ASSERT_EQ(run.size(), clean_->size());
+    const std::vector<std::string>& clean = Clean(mode);
+    ASSERT_EQ(run.size(), clean.size());
     bool bitwise = true;
     int64_t lost = 0;
     for (int r = 0; r < kWorkers; ++r) {
       SCOPED_TRACE(run[r]);
-      EXPECT_EQ(Field(run[r], "param_crc32c"), Field((*clean_)[r], "param_crc32c"))
+      EXPECT_EQ(Field(run[r], "param_crc32c"), Field(clean[r], "param_crc32c"))
           << "rank " << r << ": final parameters differ from the uninterrupted run's";
-      bitwise = bitwise && Field(run[r], "param_crc32c") == Field((*clean_)[r], "param_crc32c");
+      bitwise = bitwise && Field(run[r], "param_crc32c") == Field(clean[r], "param_crc32c");
       lost = std::max(lost, StepsLost(Field(run[r], "rollbacks")));
     }
     const std::string recover =
@@ -96,10 +106,10 @@ class FaultSuite : public ::testing::Test {
     return absl::Now();
   }
 
-  static std::vector<std::string>* clean_;
+  static std::map<std::string, std::vector<std::string>>* clean_;
 };
 
-std::vector<std::string>* FaultSuite::clean_ = nullptr;
+std::map<std::string, std::vector<std::string>>* FaultSuite::clean_ = nullptr;
 
 TEST_F(FaultSuite, ShardKilledBeforeTheFirstEpochCheckpoint) {
   Cluster cluster(Dir("shard_before_first_checkpoint"), ClusterOptions());
@@ -144,6 +154,30 @@ TEST_F(FaultSuite, WorkerKilled) {
   EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
   ExpectCompletesBitwise(cluster, "SIGKILL worker 1 (PS mode), replaced", fault, recovered);
 }
+
+// A worker killed in each collective mode (ALLREDUCE is also in //tests:recovery_test).
+class WorkerKilledInMode : public FaultSuite, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(WorkerKilledInMode, IsReplacedAndTheRunEndsBitwise) {
+  const std::string mode = GetParam();
+  Clean(mode);  // first, so that the faulted run has the machine to itself
+  ClusterOptions o;
+  o.mode = mode;
+  Cluster cluster(Dir("worker_killed_" + mode), o);
+  AwaitFirstEpochCheckpoint(cluster);
+  const absl::Time fault = absl::Now();
+  ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+  auto named = cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1));
+  ASSERT_TRUE(named.ok()) << "worker 0 did not name the dead worker: " << named.status();
+  cluster.StartWorker(1);
+  auto recovered = RolledBack(cluster, absl::Minutes(2));
+  EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
+  ExpectCompletesBitwise(cluster, "SIGKILL worker 1 (" + mode + " mode), replaced", fault,
+                         recovered, mode);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WorkerKilledInMode,
+                         ::testing::Values("allreduce", "fsdp", "pipeline"));
 
 TEST_F(FaultSuite, CoordinatorKilledAndRestarted) {
   ClusterOptions o;
