@@ -1,12 +1,13 @@
 // Recycles the byte buffers that received chunks are parsed into. Without it every chunk
 // of a push stream lands in a freshly allocated megabyte, and the kernel page-faults and
 // zeroes it on first touch: at loopback speeds that costs as much as the copy itself.
-// Thread-safe.
+// A buffer is handed out only for chunks it fits without waste (capacity at most twice the
+// expected size), so a stream of small chunks never holds large buffers. Thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -20,28 +21,40 @@ class BufferPool {
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // An empty string, with capacity from an earlier Put when one is pooled.
-  std::string Get() {
+  // An empty string: with capacity in [expected_bytes, 2 * expected_bytes] from an earlier
+  // Put when one is pooled, else a fresh one.
+  std::string Get(uint64_t expected_bytes) {
     absl::MutexLock lock(&mu_);
-    if (free_.empty()) return {};
-    std::string s = std::move(free_.back());
-    free_.pop_back();
+    auto it = free_.lower_bound(expected_bytes);
+    if (it == free_.end() || it->first > 2 * expected_bytes) return {};
+    std::string s = std::move(it->second);
+    free_.erase(it);
     pooled_bytes_ -= s.capacity();
     s.clear();
     return s;
   }
 
   void Put(std::string s) {
+    if (s.capacity() <= sizeof(std::string)) return;  // nothing allocated (small-string)
     absl::MutexLock lock(&mu_);
     if (pooled_bytes_ + s.capacity() > max_bytes_) return;
     pooled_bytes_ += s.capacity();
-    free_.push_back(std::move(s));
+    const size_t capacity = s.capacity();
+    free_.emplace(capacity, std::move(s));
+  }
+
+  // Frees every pooled buffer.
+  void Clear() {
+    std::multimap<uint64_t, std::string> dropped;
+    absl::MutexLock lock(&mu_);
+    dropped.swap(free_);
+    pooled_bytes_ = 0;
   }
 
  private:
   const uint64_t max_bytes_;
   absl::Mutex mu_;
-  std::vector<std::string> free_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, std::string> free_ ABSL_GUARDED_BY(mu_);  // by capacity
   uint64_t pooled_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -1,6 +1,10 @@
 // ps_server's command line: every flag, and ServerFlags built from them.
 #include "server/ps/flags.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 
@@ -30,8 +34,22 @@ ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (
 ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
 ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
           "Largest table slice (values + optimizer state) this shard accepts.");
+ABSL_FLAG(uint64_t, max_inflight_request_bytes, 0,
+          "Most bytes the requests in flight may hold at once, shard-wide: a push stream holds "
+          "its whole transfer until it is applied, an import or export the table's whole state. "
+          "One that would go over is refused with RESOURCE_EXHAUSTED (unary requests, already "
+          "received, are counted but never refused). gRPC's own buffers get the same bound "
+          "(its resource quota; at least --threads messages of --max_chunk_bytes). 0: a "
+          "quarter of the machine's physical memory, at least 1 GiB.");
 
 namespace pscluster::ps {
+
+uint64_t DefaultInflightRequestBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const uint64_t physical =
+      pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  return std::max<uint64_t>(uint64_t{1} << 30, physical / 4);
+}
 
 absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   ServerFlags f;
@@ -45,6 +63,15 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   f.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   if (f.service.max_chunk_bytes < 1024 || f.service.max_chunk_bytes > (1u << 30)) {
     return absl::InvalidArgumentError("--max_chunk_bytes must be in [1024, 1 GiB]");
+  }
+  f.service.max_inflight_request_bytes = absl::GetFlag(FLAGS_max_inflight_request_bytes);
+  if (f.service.max_inflight_request_bytes == 0) {
+    f.service.max_inflight_request_bytes = DefaultInflightRequestBytes();
+  }
+  if (f.service.max_inflight_request_bytes < f.service.max_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_request_bytes=", f.service.max_inflight_request_bytes,
+        " must be 0 (automatic) or at least --max_chunk_bytes=", f.service.max_chunk_bytes));
   }
   f.host = absl::GetFlag(FLAGS_host);
   f.port = absl::GetFlag(FLAGS_port);

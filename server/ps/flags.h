@@ -22,6 +22,9 @@ struct ServerFlags {
   std::string advertise_host;    // the host workers reach this shard at
 };
 
+// --max_inflight_request_bytes=0: a quarter of physical memory, at least 1 GiB.
+uint64_t DefaultInflightRequestBytes();
+
 // After absl::ParseCommandLine: the flags, checked; INVALID_ARGUMENT naming the flag.
 absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine();
 

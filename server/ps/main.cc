@@ -7,6 +7,7 @@
 // finish (up to 5 s), close every connection, exit 0.
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -52,6 +53,13 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
                                                      ParameterServerService* service, int* port) {
   grpc::ResourceQuota quota("ps_server");
   quota.SetMaxThreads(f.threads);
+  // gRPC's own buffers (requests being received, answers being sent) are bounded by the
+  // request budget too: as they fill the quota gRPC shrinks its flow-control windows, and at
+  // the limit it cancels streams (RESOURCE_EXHAUSTED). So that never happens to traffic the
+  // handlers would accept, the quota holds at least a message per handler thread. What the
+  // handlers hold is the service's RequestBudget.
+  quota.Resize(std::max<uint64_t>(f.service.max_inflight_request_bytes,
+                                  uint64_t{1} * f.threads * MaxMessageBytes(f.service)));
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(f.host, ":", f.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
@@ -96,10 +104,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
   absl::ParseCommandLine(argc, argv);
-  // Every push and pull allocates and frees message and staging buffers of the same sizes:
-  // keep them in the heap instead of fresh mmaps whose pages fault in again each time.
+  // Every push and pull allocates and frees message and staging buffers of a few MB: keep
+  // them in the heap instead of fresh mmaps whose pages fault in again each time. But give
+  // freed memory back: an arena keeps at most 16 MB free at its top, and there are few
+  // arenas, since memory freed in one is reused only by the threads allocating from it (with
+  // one per handler thread, each kept its own high-water mark of request buffers). The
+  // service returns the rest (holes in the heap) once requests stop for a while.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 16 << 20);
+  mallopt(M_ARENA_MAX, 4);
   absl::StatusOr<ServerFlags> flags = ServerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
   pscluster::BlockTerminationSignals();  // before any thread starts

@@ -1,7 +1,11 @@
 #include "server/ps/service.h"
 
+#include <malloc.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +42,13 @@ absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uin
   return absl::OkStatus();
 }
 
+// The gradient bytes a batch carries.
+uint64_t PayloadBytes(const DenseBatch& batch) {
+  uint64_t bytes = 0;
+  for (const DenseChunk& c : batch.chunks()) bytes += c.data().size();
+  return bytes;
+}
+
 absl::Status CheckStep(int64_t step) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step));
   return absl::OkStatus();
@@ -48,6 +59,19 @@ absl::Status CheckWorkerId(int32_t worker_id) {
     return absl::InvalidArgumentError(absl::StrCat("worker_id must be >= 0, got ", worker_id));
   }
   return absl::OkStatus();
+}
+
+// The process's resident memory (/proc/self/statm) and the bytes free in its heap.
+struct Heap {
+  uint64_t resident = 0, free = 0;
+};
+Heap HeapNow() {
+  Heap h;
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (statm >> size >> resident) h.resident = resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  h.free = mallinfo2().fordblks;
+  return h;
 }
 
 }  // namespace
@@ -61,7 +85,46 @@ ParameterServerService::ParameterServerService(Shard* shard, Snapshotter* snapsh
     : shard_(shard),
       snapshotter_(snapshotter),
       options_(options),
-      buffers_(options.buffer_pool_bytes) {}
+      buffers_(std::min(options.buffer_pool_bytes, options.max_inflight_request_bytes / 4)),
+      budget_(options.max_inflight_request_bytes) {
+  if (options_.release_idle_memory_after != absl::InfiniteDuration()) {
+    releaser_ = std::thread([this] { ReleaseIdleMemory(); });
+  }
+}
+
+ParameterServerService::~ParameterServerService() {
+  {
+    absl::MutexLock lock(&release_mu_);
+    stopping_ = true;
+  }
+  if (releaser_.joinable()) releaser_.join();
+}
+
+// Requests leave memory behind when they end: recycled chunk buffers, and freed heap pages
+// that glibc keeps for reuse (ps_server raises its mmap threshold so that buffers of a few
+// MB come from the heap), as do connections that close. While requests keep coming that is
+// what makes them fast; once nothing has held request memory for a while, give it back.
+void ParameterServerService::ReleaseIdleMemory() {
+  const absl::Duration idle = options_.release_idle_memory_after;
+  const uint64_t min_bytes = options_.release_min_bytes;
+  Heap released = HeapNow();  // the lowest since the last release
+  absl::MutexLock lock(&release_mu_);
+  auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(release_mu_) { return stopping_; };
+  while (!release_mu_.AwaitWithTimeout(absl::Condition(&stopping), idle / 2)) {
+    if (budget_.IdleFor() < idle) continue;
+    const Heap now = HeapNow();
+    if (now.resident < released.resident + min_bytes && now.free < released.free + min_bytes) {
+      released.resident = std::min(released.resident, now.resident);
+      released.free = std::min(released.free, now.free);
+      continue;
+    }
+    release_mu_.Unlock();
+    buffers_.Clear();
+    malloc_trim(0);
+    released = HeapNow();
+    release_mu_.Lock();
+  }
+}
 
 absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) const {
   // Give up a little before the client does, so that it hears what the wait was for (the
@@ -139,6 +202,8 @@ grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
         absl::StrCat("length ", length, " values exceeds the unary limit of ",
                      options_.max_chunk_bytes, " bytes; use PullDenseStream")));
   }
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(length * sizeof(float));  // at most max_chunk_bytes: counted, not refused
   return ToGrpcStatus(ReadChunk(**table, *req, length, resp));
 }
 
@@ -158,12 +223,15 @@ grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
                                                     const PullDenseBatchRequest* req,
                                                     DenseBatch* resp) {
   Scope scope(this);
-  return ToGrpcStatus(PullBatch(ctx, req->pulls(), resp));
+  RequestBudget::Charge charge(&budget_);
+  return ToGrpcStatus(PullBatch(ctx, req->pulls(), resp, &charge));
 }
 
 absl::Status ParameterServerService::PullBatch(
     const grpc::ServerContext* ctx,
-    const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls, DenseBatch* resp) {
+    const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls, DenseBatch* resp,
+    RequestBudget::Charge* charge) {
+  const uint64_t charged = charge->bytes();
   uint64_t total = 0;
   for (int i = 0; i < pulls.size(); ++i) {
     const PullDenseRequest& pull = pulls[i];
@@ -180,6 +248,7 @@ absl::Status ParameterServerService::PullBatch(
           absl::StrCat("the batch's pulls exceed the unary limit of ", options_.max_chunk_bytes,
                        " bytes at pull ", i, "; pull the large tables one by one"));
     }
+    charge->ForceGrowTo(charged + total * sizeof(float));  // at most max_chunk_bytes
     RETURN_IF_ERROR(ReadChunk(**table, pull, length, resp->add_chunks()));
   }
   return absl::OkStatus();
@@ -188,6 +257,8 @@ absl::Status ParameterServerService::PullBatch(
 grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext*, const DenseBatch* req,
                                                     PushDenseBatchResponse* resp) {
   Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(PayloadBytes(*req));
   return ToGrpcStatus(PushBatch(*req, resp));
 }
 
@@ -196,6 +267,8 @@ grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext*, const 
 grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx,
                                                         const DenseBatch* req, DenseBatch* resp) {
   Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(PayloadBytes(*req));  // then the pulled chunks (PullBatch)
   PushDenseBatchResponse pushed;
   if (absl::Status s = PushBatch(*req, &pushed); !s.ok()) return ToGrpcStatus(s);
   google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
@@ -207,7 +280,7 @@ grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx
     p->set_offset(c.offset());
     p->set_length(c.data().size() / sizeof(float));
   }
-  return ToGrpcStatus(PullBatch(ctx, pulls, resp));
+  return ToGrpcStatus(PullBatch(ctx, pulls, resp, &charge));
 }
 
 absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
@@ -276,6 +349,8 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
   const uint64_t per_chunk = options_.max_chunk_bytes / sizeof(float);
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(std::min(length, per_chunk) * sizeof(float));  // one chunk at a time
   DenseChunk chunk;  // reused: its buffer is allocated once
   chunk.set_table_id(req->table_id());
   chunk.set_step(req->step());
@@ -301,6 +376,8 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const DenseChunk* req,
                                                PushDenseResponse* resp) {
   Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(req->data().size());  // already received: counted, never refused
   if (absl::Status s = CheckFloatBytes(req->data(), "data"); !s.ok()) return ToGrpcStatus(s);
   if (req->data().size() > options_.max_chunk_bytes) {
     return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
@@ -330,8 +407,21 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
   if (absl::Status s = (*table)->CheckRange(first.begin(), first.total_length()); !s.ok()) {
     return ToGrpcStatus(s);
   }
+  // The whole transfer is held until it is applied: charge it to the shard's budget before
+  // receiving more than the first chunk, and the buffers as they come (their capacity).
+  RequestBudget::Charge charge(&budget_);
+  const std::string what =
+      absl::StrCat("the push stream of table ", first.table_id(), " (total_length=",
+                   first.total_length(), " values)");
+  if (absl::Status s = charge.GrowTo(
+          std::max<uint64_t>(first.total_length() * sizeof(float), first.data().capacity()),
+          what);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   // Keep each chunk's bytes as received (no copy); apply all at the end, all or nothing.
-  // Chunks are parsed into recycled buffers, which all go back to the pool on return.
+  // Chunks are parsed into recycled buffers sized like the first chunk (a pooled buffer much
+  // larger would be held in vain), which all go back to the pool on return.
   std::vector<std::string> buffers;
   struct Recycle {
     BufferPool* pool;
@@ -340,10 +430,11 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
       for (std::string& b : *buffers) pool->Put(std::move(b));
     }
   } recycle{&buffers_, &buffers};
-  uint64_t received = 0;
+  const uint64_t chunk_bytes = std::max<uint64_t>(first.data().size(), 1);
+  uint64_t received = 0, held = 0;
   bool has_nonfinite = false;
   for (bool have = true; have;
-       *chunk.mutable_data() = buffers_.Get(), have = reader->Read(&chunk)) {
+       *chunk.mutable_data() = buffers_.Get(chunk_bytes), have = reader->Read(&chunk)) {
     DenseChunk& c = buffers.empty() ? first : chunk;
     if (absl::Status s = CheckSameTransfer(first, c, buffers.size()); !s.ok())
       return ToGrpcStatus(s);
@@ -362,6 +453,8 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
       return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
           "push stream carries more than total_length=", first.total_length(), " values")));
     }
+    held += c.data().capacity();
+    if (absl::Status s = charge.GrowTo(held, what); !s.ok()) return ToGrpcStatus(s);
     // Scan now, while the chunk is in cache; a bad value ends the stream at once.
     if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &has_nonfinite);
         !s.ok()) {
@@ -405,6 +498,8 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
   if (absl::Status s = (*table)->AwaitPullable(req->step(), Deadline(ctx)); !s.ok()) {
     return ToGrpcStatus(s);
   }
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(values * sizeof(float));  // at most max_chunk_bytes: counted, not refused
   std::string* out = resp->mutable_values();
   out->resize(values * sizeof(float));
   return ToGrpcStatus(
@@ -414,6 +509,8 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
 grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const SparseRequest* req,
                                                 PushSparseResponse* resp) {
   Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(req->grads().size() + uint64_t{8} * req->keys_size());
   if (absl::Status s = CheckFloatBytes(req->grads(), "grads"); !s.ok()) return ToGrpcStatus(s);
   if (uint64_t bytes = req->grads().size() + uint64_t{8} * req->keys_size();
       bytes > options_.max_chunk_bytes) {

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <thread>
 
 #include "absl/time/time.h"
 #include "common/graceful_shutdown.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
+#include "server/ps/request_budget.h"
 #include "server/ps/shard.h"
 #include "server/ps/snapshotter.h"
 
@@ -19,8 +21,19 @@ struct ServiceOptions {
   uint64_t max_chunk_bytes = uint64_t{4} << 20;
   // Longest a pull waits for its consistency bound when the caller set no shorter deadline.
   absl::Duration max_wait = absl::Minutes(5);
-  // Capacity of received-chunk buffers kept for reuse across push streams.
+  // Capacity of received-chunk buffers kept for reuse across push streams (at most a quarter
+  // of max_inflight_request_bytes).
   uint64_t buffer_pool_bytes = uint64_t{256} << 20;
+  // Most bytes the requests in flight may hold at once (RequestBudget): a push stream holds
+  // its whole transfer until it is applied, an import or export the table's whole state; one
+  // that would go over is refused with RESOURCE_EXHAUSTED. Unary requests and pulls count
+  // what they hold but are never refused (gRPC has received them already).
+  uint64_t max_inflight_request_bytes = uint64_t{1} << 30;
+  // Once no request has held memory for this long and the process grew by at least
+  // release_min_bytes since the last time, the pooled buffers are freed and the heap's free
+  // pages go back to the kernel (malloc_trim). InfiniteDuration: never.
+  absl::Duration release_idle_memory_after = absl::Seconds(2);
+  uint64_t release_min_bytes = uint64_t{32} << 20;
 };
 
 // gRPC's own message limit for a server using `options`: a chunk plus its header.
@@ -30,6 +43,7 @@ class ParameterServerService final : public ParameterServer::Service {
  public:
   // `snapshotter` may be null (no --data_dir): snapshot RPCs then fail clearly.
   ParameterServerService(Shard* shard, Snapshotter* snapshotter, ServiceOptions options);
+  ~ParameterServerService() override;
 
   // Handlers in progress, for ShutdownGracefully.
   InFlightCounter* in_flight() { return &in_flight_; }
@@ -81,14 +95,18 @@ class ParameterServerService final : public ParameterServer::Service {
   // resolved length (0 in the request = to the end of this shard's range).
   // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.
   absl::Status PushBatch(const DenseBatch& batch, PushDenseBatchResponse* resp);
+  // The answer's bytes are added to `charge` as they are read.
   absl::Status PullBatch(const grpc::ServerContext* ctx,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
-                         DenseBatch* resp);
+                         DenseBatch* resp, RequestBudget::Charge* charge);
   // `length` values of `table` from req.offset() into `chunk` (a unary pull's answer).
   static absl::Status ReadChunk(const DenseTable& table, const PullDenseRequest& req,
                                 uint64_t length, DenseChunk* chunk);
   absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx,
                                           const PullDenseRequest& req, uint64_t* length);
+
+  // The thread that gives idle memory back (release_idle_memory_after).
+  void ReleaseIdleMemory();
 
   absl::Status CheckSnapshotter() const;
   // A dense table for ExportDense/ImportDense: NOT_FOUND, or FAILED_PRECONDITION for a
@@ -113,8 +131,12 @@ class ParameterServerService final : public ParameterServer::Service {
   Snapshotter* const snapshotter_;
   const ServiceOptions options_;
   BufferPool buffers_;
+  RequestBudget budget_;
   InFlightCounter in_flight_;
   absl::Mutex serving_mu_;
+  absl::Mutex release_mu_;
+  bool stopping_ ABSL_GUARDED_BY(release_mu_) = false;
+  std::thread releaser_;  // last: started once everything it uses exists
 };
 
 }  // namespace pscluster::ps

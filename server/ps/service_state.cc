@@ -27,6 +27,11 @@ absl::Status CheckSameState(const TableStateChunk& first, const TableStateChunk&
   return absl::OkStatus();
 }
 
+// Bytes of a dense table's whole state on this shard: values and optimizer slots.
+uint64_t StateBytes(const DenseTable& table) {
+  return table.range().size() * (1 + table.num_slots()) * sizeof(float);
+}
+
 }  // namespace
 
 grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest*,
@@ -120,6 +125,13 @@ grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
   Scope scope(this);
   auto table = DenseForState(req->table_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
+  // The export holds a copy of the table's whole state (values and slots) until it is sent.
+  RequestBudget::Charge charge(&budget_);
+  if (absl::Status s = charge.GrowTo(StateBytes(**table),
+                                     absl::StrCat("the export of table ", req->table_id()));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   auto state = (*table)->ExportState(req->step(), Deadline(ctx));  // copied under the lock
   if (!state.ok()) return ToGrpcStatus(state.status());
   const size_t num_slots = state->slots.size();
@@ -182,7 +194,15 @@ grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
   }
   auto table = DenseForState(first.table_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
-  // Everything is received and checked before the table is touched: all or nothing.
+  // Everything is received and checked before the table is touched: all or nothing. The
+  // state is allocated whole at the first chunk: charge it before.
+  RequestBudget::Charge charge(&budget_);
+  if (absl::Status s = charge.GrowTo(StateBytes(**table),
+                                     absl::StrCat("the import of table ", first.table_id()));
+      !s.ok()) {
+    return ToGrpcStatus(
+        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
+  }
   auto state = ReceiveState(*table, first, reader);
   absl::Status s = state.status();
   const uint64_t received = state.ok() ? state->values.size() : 0;
