@@ -357,10 +357,14 @@ absl::StatusOr<SnapshotManifest> FileSnapshotStore::Write(
   return manifest;
 }
 
-absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::List() const {
-  std::map<int64_t, SnapshotManifest> by_step;
-  if (auto old = LegacyList(); old.ok()) {  // else Damaged() names it
-    for (SnapshotManifest& m : *old) by_step[m.step()] = std::move(m);
+absl::Status FileSnapshotStore::Scan(std::map<int64_t, SnapshotManifest>* complete,
+                                     std::vector<std::string>* damaged) const {
+  if (!legacy_error_.empty()) damaged->push_back(legacy_error_);
+  if (auto old = LegacyList(); old.ok()) {
+    for (SnapshotManifest& m : *old) (*complete)[m.step()] = std::move(m);
+  } else {
+    damaged->push_back(absl::StrCat("the older RocksDB snapshot store in ", dir_, ": ",
+                                    old.status().message()));
   }
   std::error_code ec;
   fs::directory_iterator it(fs::path(dir_) / "snapshots", ec);
@@ -369,33 +373,9 @@ absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::List() const {
   }
   for (const auto& entry : ec ? fs::directory_iterator() : it) {
     int64_t step;
-    if (!ParseSnapshotName(entry.path().filename().string(), &step)) continue;
-    SnapshotFile f(entry.path().string());
-    absl::Status s = f.Open();
-    if (s.ok() && f.manifest().step() != step) {
-      s = f.DataLoss(absl::StrCat("its manifest is of step ", f.manifest().step()));
-    }
-    if (!s.ok()) continue;  // Damaged() names it
-    by_step[step] = f.manifest();
-  }
-  std::vector<SnapshotManifest> out;
-  for (auto& [step, m] : by_step) out.push_back(std::move(m));
-  return out;
-}
-
-std::vector<std::string> FileSnapshotStore::Damaged() const {
-  std::vector<std::string> damaged;
-  if (!legacy_error_.empty()) damaged.push_back(legacy_error_);
-  if (auto old = LegacyList(); !old.ok()) {
-    damaged.push_back(absl::StrCat("the older RocksDB snapshot store in ", dir_, ": ",
-                                   old.status().message()));
-  }
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(fs::path(dir_) / "snapshots", ec)) {
-    int64_t step;
     const std::string name = entry.path().filename().string();
     if (!ParseSnapshotName(name, &step)) {
-      if (name.rfind('.', 0) != 0) damaged.push_back(entry.path().string() + ": not a snapshot name");
+      if (name.rfind('.', 0) != 0) damaged->push_back(entry.path().string() + ": not a snapshot name");
       continue;
     }
     SnapshotFile f(entry.path().string());
@@ -403,9 +383,29 @@ std::vector<std::string> FileSnapshotStore::Damaged() const {
     if (s.ok() && f.manifest().step() != step) {
       s = f.DataLoss(absl::StrCat("its manifest is of step ", f.manifest().step()));
     }
-    if (!s.ok()) damaged.push_back(std::string(s.message()));
+    if (s.ok()) {
+      (*complete)[step] = f.manifest();
+    } else {
+      damaged->push_back(std::string(s.message()));
+    }
   }
-  std::sort(damaged.begin(), damaged.end());
+  std::sort(damaged->begin(), damaged->end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::List() const {
+  std::map<int64_t, SnapshotManifest> complete;
+  std::vector<std::string> damaged;  // Damaged() names them
+  RETURN_IF_ERROR(Scan(&complete, &damaged));
+  std::vector<SnapshotManifest> out;
+  for (auto& [step, m] : complete) out.push_back(std::move(m));
+  return out;
+}
+
+std::vector<std::string> FileSnapshotStore::Damaged() const {
+  std::map<int64_t, SnapshotManifest> complete;
+  std::vector<std::string> damaged;
+  Scan(&complete, &damaged).IgnoreError();  // an unreadable directory: List() says so
   return damaged;
 }
 

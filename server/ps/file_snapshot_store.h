@@ -23,6 +23,7 @@
 // Thread-safe; Write() calls must not overlap.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,10 @@ class FileSnapshotStore final : public SnapshotStore {
                     std::string legacy_error);
   // The older store's snapshots (none without one).
   absl::StatusOr<std::vector<SnapshotManifest>> LegacyList() const;
+  // One pass over the older store and snapshots/: the complete snapshots by step, and
+  // what does not verify (file and why, sorted). UNAVAILABLE for an unreadable directory.
+  absl::Status Scan(std::map<int64_t, SnapshotManifest>* complete,
+                    std::vector<std::string>* damaged) const;
   absl::Status CheckSpace(int64_t step,
                           const std::vector<std::unique_ptr<TableImage>>& images) const;
 
