@@ -205,50 +205,47 @@ void StopFor(testing::Subprocess& p, absl::Duration stopped) {
   ASSERT_EQ(kill(p.pid(), SIGCONT), 0);
 }
 
-TEST_F(FaultSuite, ShardStoppedShorterThanTheLivenessDeadline) {
-  Cluster cluster(Dir("shard_stopped_short"), ClusterOptions());
+// SIGSTOP of shard 1 or worker 1, shorter (0.2 s) or longer (5 s) than the 2 s deadline.
+struct Stop {
+  bool shard;
+  absl::Duration stopped;
+};
+
+class StoppedMember : public FaultSuite, public ::testing::WithParamInterface<Stop> {};
+
+TEST_P(StoppedMember, RunEndsBitwiseAndALongStopIsNamedAndRolledBack) {
+  const Stop stop = GetParam();
+  const bool longer = stop.stopped > absl::Seconds(2);
+  const std::string who = stop.shard ? "shard 1" : "worker 1";
+  Cluster cluster(Dir(absl::StrCat(stop.shard ? "shard" : "worker", "_stopped_",
+                                   longer ? "long" : "short")),
+                  ClusterOptions());
   AwaitFirstEpochCheckpoint(cluster);
   const absl::Time fault = absl::Now();
-  StopFor(cluster.shard(1), absl::Milliseconds(200));
-  ExpectCompletesBitwise(cluster, "SIGSTOP shard 1 for 0.2 s (deadline 2 s)", fault,
-                         std::nullopt);
+  StopFor(stop.shard ? cluster.shard(1) : cluster.worker(1), stop.stopped);
+  std::optional<absl::Time> recovered;
+  if (longer) {
+    // Regression: the others sat silently in a BSP pull for its whole deadline, and a
+    // stopped member came back as the same incarnation.
+    EXPECT_TRUE(cluster.worker(0)
+                    .WaitForLine(stop.shard ? "shard 1 is down" : "rank 1 is down",
+                                 absl::Minutes(1))
+                    .ok())
+        << "worker 0 never said which member it waited for";
+    recovered = RolledBack(cluster, absl::Minutes(2));
+    EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
+  }
+  ExpectCompletesBitwise(cluster,
+                         absl::StrFormat("SIGSTOP %s for %s (deadline 2 s)", who,
+                                         longer ? "5 s" : "0.2 s"),
+                         fault, recovered);
 }
 
-TEST_F(FaultSuite, ShardStoppedLongerThanTheLivenessDeadline) {
-  Cluster cluster(Dir("shard_stopped_long"), ClusterOptions());
-  AwaitFirstEpochCheckpoint(cluster);
-  const absl::Time fault = absl::Now();
-  StopFor(cluster.shard(1), absl::Seconds(5));
-  // Regression: the others sat silently in a BSP pull for its whole deadline.
-  EXPECT_TRUE(cluster.worker(0).WaitForLine("shard 1 is down", absl::Minutes(1)).ok())
-      << "worker 0 never said which member it waited for";
-  auto recovered = RolledBack(cluster, absl::Minutes(2));
-  EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
-  ExpectCompletesBitwise(cluster, "SIGSTOP shard 1 for 5 s (deadline 2 s)", fault, recovered);
-}
-
-TEST_F(FaultSuite, WorkerStoppedLongerThanTheLivenessDeadline) {
-  Cluster cluster(Dir("worker_stopped_long"), ClusterOptions());
-  AwaitFirstEpochCheckpoint(cluster);
-  const absl::Time fault = absl::Now();
-  StopFor(cluster.worker(1), absl::Seconds(5));
-  // Regression: the other worker sat silently in a BSP pull for its whole deadline, and
-  // the stopped one came back as the same incarnation.
-  EXPECT_TRUE(cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1)).ok())
-      << "worker 0 never said which member it waited for";
-  auto recovered = RolledBack(cluster, absl::Minutes(2));
-  EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
-  ExpectCompletesBitwise(cluster, "SIGSTOP worker 1 for 5 s (deadline 2 s)", fault, recovered);
-}
-
-TEST_F(FaultSuite, WorkerStoppedShorterThanTheLivenessDeadline) {
-  Cluster cluster(Dir("worker_stopped_short"), ClusterOptions());
-  AwaitFirstEpochCheckpoint(cluster);
-  const absl::Time fault = absl::Now();
-  StopFor(cluster.worker(1), absl::Milliseconds(200));
-  ExpectCompletesBitwise(cluster, "SIGSTOP worker 1 for 0.2 s (deadline 2 s)", fault,
-                         std::nullopt);
-}
+INSTANTIATE_TEST_SUITE_P(ShorterAndLonger, StoppedMember,
+                         ::testing::Values(Stop{true, absl::Milliseconds(200)},
+                                           Stop{true, absl::Seconds(5)},
+                                           Stop{false, absl::Seconds(5)},
+                                           Stop{false, absl::Milliseconds(200)}));
 
 }  // namespace
 }  // namespace pscluster
