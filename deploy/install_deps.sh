@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  libopenblas-dev prometheus-cpp-dev dataset-fashion-mnist zlib1g-dev python3
+  libopenblas-dev prometheus-cpp-dev dataset-fashion-mnist zlib1g-dev python3 python3-yaml
 )
 
 missing=()

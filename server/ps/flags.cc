@@ -29,7 +29,8 @@ ABSL_FLAG(std::string, snapshot_metric, "min", "Best snapshot: 'min' or 'max' me
 ABSL_FLAG(std::string, coordinator, "",
           "ps_coordinator address: register this shard there and heartbeat (optional).");
 ABSL_FLAG(std::string, advertise_host, "",
-          "Host workers reach this shard at (default: --host), sent to the coordinator.");
+          "Host workers reach this shard at, sent to the coordinator (default: --host, or this "
+          "machine's host name when --host is a wildcard such as 0.0.0.0).");
 ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (crash tests).");
 ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
 ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
@@ -96,6 +97,15 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
   f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   if (f.advertise_host.empty()) f.advertise_host = f.host;
+  if (f.advertise_host == "0.0.0.0" || f.advertise_host == "::" || f.advertise_host == "[::]") {
+    // A wildcard is where to listen, never where to connect: name this machine instead.
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+      return absl::InvalidArgumentError(
+          "--host is a wildcard and the host name is unknown: give --advertise_host");
+    }
+    f.advertise_host = name;
+  }
   return f;
 }
 

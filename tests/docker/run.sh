@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# The Docker stage of tests/run.sh: the image, the docker-compose cluster and the Debian
+# package, tested for real on a Docker engine (tests/docker/lib.sh starts one if needed).
+#
+#   tests/docker/run.sh [--bin-dir DIR] [--full-build] [--epochs N]
+#
+# --bin-dir: a Bazel bin root with CPU builds of the four binaries; the image is then built
+#   from the package made of them (deploy/Dockerfile, PACKAGE=prebuilt). --full-build (or
+#   no --bin-dir): the multi-stage build from the sources instead.
+# Cases: the image builds (its size printed); `up` trains to the end (workers exit 0,
+# accuracy from their summary); a shard container crashes mid-training and comes back
+# from the last checkpoint (restart policy), the workers roll back and finish; a worker is
+# cut off the network past the heartbeat timeout and reconnected: the others name it and
+# the run recovers or fails clearly, never hangs; the .deb installs in a fresh container,
+# its units verify and its daemons train one epoch; nothing is left behind.
+# Last line: "docker stage: P passed, F failed, S skipped".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tests/docker/lib.sh
+
+bin_dir="" full=0 epochs=1  # epochs of the training case; the fault cases train 3 (fault in the 2nd)
+while (($#)); do
+  case $1 in
+    --bin-dir) bin_dir=$2; shift 2 ;;
+    --full-build) full=1; shift ;;
+    --epochs) epochs=$2; shift 2 ;;
+    *) echo "tests/docker/run.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[[ -z $bin_dir ]] && full=1
+
+version=$(cat VERSION)
+image=pscluster:$version
+project=pscluster_test
+work=$(mktemp -d /tmp/pscluster_docker_test.XXXXXX)
+passed=0 failed=0 skipped=0
+pass() { passed=$((passed + 1)); log "PASS $*"; }
+fail() { failed=$((failed + 1)); log "FAIL $*"; }
+finish() {
+  echo "docker stage: $passed passed, $failed failed, $skipped skipped"
+  ((failed == 0))
+}
+
+cases=(image compose_train shard_crash network_cut deb_install cleanup)
+if ! docker_up; then
+  echo "tests/docker/run.sh: SKIPPED every case (${cases[*]}): $docker_reason"
+  skipped=${#cases[@]}
+  finish; exit
+fi
+
+export TEST_EPOCHS=1  # substituted into override.yml by docker-compose
+compose() { "$COMPOSE" -p "$project" -f deploy/docker-compose.yml -f "$work/override.yml" "$@"; }
+cleanup() {
+  compose down -v --remove-orphans >/dev/null 2>&1 || true
+  "$DOCKER" rm -f pscluster_deb_test >/dev/null 2>&1 || true
+  "$DOCKER" image prune -f >/dev/null 2>&1 || true
+}
+on_exit() { cleanup; docker_down; rm -rf "$work"; }
+trap on_exit EXIT
+
+# ---- the image
+image_ok=0
+if deploy/base_image.sh; then
+  build_log=$work/build.log
+  t0=$SECONDS
+  if ((full)); then
+    log "building $image from the sources (multi-stage deploy/Dockerfile)"
+    # The package too (stage deb), for the install test; the second build reuses the first's cache.
+    DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile -t "$image" . >"$build_log" 2>&1 \
+      && DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile --target deb \
+           --output "type=local,dest=$work/dist" . >>"$build_log" 2>&1
+  else
+    log "building $image from the binaries in $bin_dir (deploy/build_deb.sh, PACKAGE=prebuilt)"
+    mkdir -p "$work/dist"
+    deploy/build_deb.sh --bin-dir "$bin_dir" --out "$work/dist" >"$build_log" 2>&1 \
+      && DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile \
+           --build-arg PACKAGE=prebuilt -t "$image" "$work/dist" >>"$build_log" 2>&1
+  fi
+  if (($? == 0)); then
+    size=$("$DOCKER" image inspect -f '{{.Size}}' "$image")
+    pass "image: $image built in $((SECONDS - t0)) s, $((size / 1000000)) MB"
+    image_ok=1
+  else
+    tail -n 30 "$build_log"; fail "image: the build failed (log above)"
+  fi
+else
+  fail "image: no debian:bookworm base image (deploy/base_image.sh)"
+fi
+
+# Test overrides: short runs, frequent progress lines.
+cat >"$work/override.yml" <<YML
+version: "2.4"
+services:
+  worker0:
+    environment: {FLAGS_epochs: "\${TEST_EPOCHS}", FLAGS_progress_every: "1s"}
+  worker1:
+    environment: {FLAGS_epochs: "\${TEST_EPOCHS}", FLAGS_progress_every: "1s"}
+YML
+
+cid() { compose ps -q "$1"; }
+# Waits (bounded) for a service's container to exit; prints its exit code.
+await_exit() {  # service seconds
+  local id; id=$(cid "$1")
+  timeout "$2" "$DOCKER" wait "$id" 2>/dev/null || { echo "timeout"; return 1; }
+}
+# The newest complete checkpoint's step, asked inside the coordinator's container.
+latest_checkpoint() {
+  compose exec -T coordinator psctl --coordinator=localhost:4000 checkpoints 2>/dev/null \
+    | awk '/^ *[0-9]+/ {s = $1} END {if (s != "") print s; else exit 1}'
+}
+checkpoint_at_least() { local s; s=$(latest_checkpoint) && ((s >= $1)); }
+summary_field() {  # service field
+  "$DOCKER" cp "$(cid "$1"):/var/lib/pscluster/runs/$1.json" - 2>/dev/null | tar -xO \
+    | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$2"
+}
+# Brings the cluster up from nothing, with both workers training EPOCHS epochs.
+up_fresh() {  # epochs
+  compose down -v --remove-orphans >/dev/null 2>&1
+  TEST_EPOCHS=$1; compose up -d >"$work/up.log" 2>&1 || { cat "$work/up.log"; return 1; }
+}
+# Both workers exit within the bound; sets w0 and w1 to their exit codes.
+await_workers() {  # seconds
+  w0=$(await_exit worker0 "$1") || true
+  w1=$(await_exit worker1 "$1") || true
+}
+dump_logs() { compose logs --no-color --tail=25 >"$work/logs.txt" 2>&1; cat "$work/logs.txt"; }
+
+if ((image_ok == 0)); then
+  skipped=$((skipped + 3))
+  log "SKIPPED compose_train, shard_crash, network_cut: no image"
+else
+  # ---- train to the end
+  log "compose_train: docker-compose up, $epochs epoch(s)"
+  t0=$SECONDS
+  if up_fresh "$epochs"; then
+    await_workers 900
+    acc=$(summary_field worker0 test_accuracy 2>/dev/null || echo none)
+    sps=$(summary_field worker0 samples_per_sec 2>/dev/null || echo none)
+    progress=$(compose logs --no-color worker0 2>/dev/null | grep -c "step" || true)
+    if [[ $w0 == 0 && $w1 == 0 ]] && /usr/bin/python3 -c "import sys; sys.exit(not float('$acc') >= 0.80)" 2>/dev/null \
+        && ((progress > 0)); then
+      pass "compose_train: workers exited 0 after $((SECONDS - t0)) s; test accuracy $acc, $sps samples/s (worker 0), $progress progress lines"
+    else
+      dump_logs; fail "compose_train: worker exits $w0/$w1, accuracy $acc, $progress progress lines"
+    fi
+  else
+    fail "compose_train: docker-compose up failed"
+  fi
+
+  # ---- a shard crashes mid-training
+  log "shard_crash: SIGKILL to shard0's process once a checkpoint past step 0 exists"
+  if up_fresh 3 && wait_for 300 "a checkpoint past step 0" checkpoint_at_least 1; then
+    step=$(latest_checkpoint)
+    pid=$("$DOCKER" inspect -f '{{.State.Pid}}' "$(cid shard0)")
+    kill -KILL "$pid"
+    log "shard_crash: killed shard0 (pid $pid on this host) after the checkpoint of step $step"
+    await_workers 600
+    restarts=$("$DOCKER" inspect -f '{{.RestartCount}}' "$(cid shard0)")
+    rolled=$(compose logs --no-color worker0 2>/dev/null | grep -m1 "rolled back" || true)
+    acc=$(summary_field worker0 test_accuracy 2>/dev/null || echo none)
+    if [[ $w0 == 0 && $w1 == 0 && $restarts -ge 1 && -n $rolled ]]; then
+      pass "shard_crash: shard0 restarted $restarts time(s); ${rolled#*| }; workers exited 0, accuracy $acc"
+    else
+      dump_logs; fail "shard_crash: worker exits $w0/$w1, shard0 restarts $restarts, rollback line '${rolled}'"
+    fi
+  else
+    dump_logs; fail "shard_crash: the cluster did not come up or checkpoint"
+  fi
+
+  # ---- a worker cut off the network past the heartbeat timeout
+  log "network_cut: worker1 off the network until the coordinator declares it dead, then back"
+  network=${project}_cluster
+  worker_declared_dead() {
+    # (psctl status exits 1 while a member is dead: only its output counts here.)
+    { compose exec -T coordinator psctl --coordinator=localhost:4000 status 2>/dev/null || true; } \
+      | grep -E "^worker +1 +DEAD"
+  }
+  if up_fresh 3 && wait_for 300 "a checkpoint past step 0" checkpoint_at_least 1; then
+    w1id=$(cid worker1)
+    "$DOCKER" network disconnect -f "$network" "$w1id"
+    t_cut=$SECONDS
+    wait_for 60 "the coordinator to declare worker 1 dead" worker_declared_dead; dead=$?
+    log "network_cut: worker1 was off for $((SECONDS - t_cut)) s (declared dead: $((dead == 0)))"
+    "$DOCKER" network connect --alias worker1 "$network" "$w1id"
+    await_workers 600
+    named=$(compose logs --no-color worker0 2>/dev/null | grep -m1 "worker rank 1 is down" || true)
+    if [[ $w0 == timeout || $w1 == timeout ]]; then
+      dump_logs; fail "network_cut: a worker still runs 600 s after the reconnect (hang)"
+    elif [[ -z $named ]]; then
+      dump_logs; fail "network_cut: worker0 never named the lost worker 1"
+    elif [[ $w0 == 0 && $w1 == 0 ]]; then
+      pass "network_cut: '${named#*| }'; recovered, both workers exited 0"
+    else
+      log "network_cut: worker exits $w0/$w1; last lines:"; compose logs --no-color --tail=5 worker0 worker1
+      pass "network_cut: '${named#*| }'; the run ended with a clear failure (exits $w0/$w1), no hang"
+    fi
+  else
+    dump_logs; fail "network_cut: the cluster did not come up or checkpoint"
+  fi
+  compose down -v --remove-orphans >/dev/null 2>&1
+fi
+
+# ---- the Debian package in a fresh container
+log "deb_install: apt-get install ./pscluster_*.deb in a fresh debian:bookworm, units verified, one epoch"
+deb=$(ls "$work"/dist/pscluster_*.deb 2>/dev/null | head -n1)
+if [[ -z $deb ]] && [[ -n $bin_dir ]]; then
+  mkdir -p "$work/dist" && deploy/build_deb.sh --bin-dir "$bin_dir" --out "$work/dist" >/dev/null 2>&1
+  deb=$(ls "$work"/dist/pscluster_*.deb 2>/dev/null | head -n1)
+fi
+if [[ -z $deb ]]; then
+  fail "deb_install: no package to install"
+elif timeout 900 "$DOCKER" run --name pscluster_deb_test --rm --network=host \
+    -v "$work/dist:/pkg:ro" -v "$PWD/deploy/debian/install_test.sh:/install_test.sh:ro" \
+    debian:bookworm bash /install_test.sh "/pkg/$(basename "$deb")" >"$work/deb.log" 2>&1; then
+  pass "deb_install: $(basename "$deb") ($(($(stat -c %s "$deb") / 1000)) kB): $(grep -E "PASS" "$work/deb.log" | tail -n1)"
+else
+  tail -n 30 "$work/deb.log"; fail "deb_install: the install test failed (log above)"
+fi
+
+# ---- nothing left behind
+cleanup
+left=$("$DOCKER" ps -aq --filter "label=com.docker.compose.project=$project"; \
+       "$DOCKER" network ls -q --filter "label=com.docker.compose.project=$project"; \
+       "$DOCKER" volume ls -q --filter "label=com.docker.compose.project=$project")
+if [[ -z $left ]]; then pass "cleanup: no container, network or volume of the test is left"
+else fail "cleanup: left behind: $left"; fi
+finish
