@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 
 namespace pscluster {
@@ -74,8 +75,9 @@ inline void BlockTerminationSignals() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
-// Serves until SIGTERM or SIGINT; then runs `before_shutdown` (e.g. fail waiting calls),
-// drains handlers for up to 5 s and stops the server. `name` prefixes the log lines.
+// Serves until SIGTERM or SIGINT; then sets the server's health service (if enabled) to
+// NOT_SERVING, runs `before_shutdown` (e.g. fail waiting calls), drains handlers for up to
+// 5 s and stops the server. `name` prefixes the log lines.
 inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight, const char* name,
                              const std::function<void()>& before_shutdown) {
   std::thread stopper([&] {
@@ -86,6 +88,10 @@ inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight, c
     int sig = 0;
     sigwait(&signals, &sig);
     std::fprintf(stderr, "%s: signal %d, shutting down\n", name, sig);
+    // Health checks answer NOT_SERVING from now on (load balancers, probes stop sending).
+    if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+      health->Shutdown();
+    }
     if (before_shutdown) before_shutdown();
     if (!ShutdownGracefully(server, in_flight, absl::Seconds(5))) {
       std::fprintf(stderr, "%s: RPCs still running after 5 s were cancelled\n", name);

@@ -209,6 +209,22 @@ TEST_F(CoordinatorTest, KilledShardIsDeclaredDeadAndItsRestartChangesTheShardMap
   EXPECT_TRUE(worker->ReportProgress(healed->version(), 11, 0.5, 100).ok());
 }
 
+// The gRPC health protocol (what compose healthchecks and Kubernetes grpc probes ask):
+// SERVING on every shard and the coordinator; a dead shard is unreachable (exit 3).
+TEST_F(CoordinatorTest, ShardsAndCoordinatorAnswerTheGrpcHealthProtocol) {
+  std::vector<std::string> out;
+  for (const std::string& address : {shard_addresses_[0], shard_addresses_[1], coordinator_}) {
+    EXPECT_EQ(RunPsctl({"--address=" + address, "health"}, &out), 0) << address;
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out.back(), address + ": SERVING");
+  }
+  EXPECT_EQ(RunPsctl({"--coordinator=" + coordinator_, "health"}, &out), 0)
+      << "health defaults to the coordinator";
+  ASSERT_TRUE(processes_[shard_index_[0]].Stop(SIGTERM, absl::Seconds(20)).ok());
+  EXPECT_EQ(RunPsctl({"--address=" + shard_addresses_[0], "health", "--timeout_seconds=2"}, &out),
+            3);
+}
+
 TEST_F(CoordinatorTest, BadRequestsGetClearErrors) {
   auto worker = JoinAsWorker();
   ASSERT_NE(worker, nullptr);
@@ -476,7 +492,8 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{nowhere, "switch-mode", "--mode=fsdp", "--at_step=-1"}, "--at_step=-1 is negative"},
            {{nowhere, "switch-mode", "--mode=zero3"}, "mode 'zero3' is unknown"},
            {{nowhere, "switch-mode"}, "switch-mode needs --mode="},
-           {{nowhere}, "give one command: status, checkpoint, checkpoints or switch-mode"},
+           {{nowhere}, "give one command: status, checkpoint, checkpoints, switch-mode or health"},
+           {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},
            {{nowhere, "stats"}, "unknown command 'stats'"},
            {{"status"}, "--coordinator=HOST:PORT is required"},
        }) {

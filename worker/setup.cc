@@ -58,7 +58,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     co.coordinator = f->coordinator;
     co.role = coord::WORKER;
     co.id = o.rank;
-    co.address = absl::StrCat("pid:", getpid());
+    // Which process this member is, for operators: host name and pid (pid 1 in a container).
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+    co.address = absl::StrCat(host[0] == '\0' ? "?" : host, "/pid:", getpid());
     ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
     ASSIGN_OR_RETURN(coord::ClusterView view,
                      coordinator->AwaitView(0, /*complete=*/true, absl::Minutes(5)));

@@ -206,6 +206,7 @@ int main(int argc, char** argv) {
   if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());
   pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
                                                checkpointer->get());
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, as ps_server
   grpc::ServerBuilder builder;
   pscluster::NameUnparsableRequests(&builder);
   int port = 0;

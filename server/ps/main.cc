@@ -60,6 +60,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   // handlers hold is the service's RequestBudget.
   quota.Resize(std::max<uint64_t>(f.service.max_inflight_request_bytes,
                                   uint64_t{1} * f.threads * MaxMessageBytes(f.service)));
+  // grpc.health.v1.Health: SERVING once listening (after any --restore), NOT_SERVING while
+  // draining. Set before the builder exists: the builder reads it.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(f.host, ":", f.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);

@@ -9,6 +9,9 @@
 //   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline [--at_step=N]
 //                                               switch every worker live at step N
 //                                               (default: the next step boundary)
+//   psctl --address=HOST:PORT health            asks a shard or the coordinator (default:
+//                                               --coordinator) the gRPC health protocol:
+//                                               SERVING (exit 0) or NOT_SERVING (exit 1)
 //
 // Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a
 // member is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step
@@ -34,11 +37,15 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/coordinator/coordinator_operator.h"
+#include "common/grpc_status.h"
 #include "common/training_mode.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "", "ps_coordinator address (host:port).");
+ABSL_FLAG(std::string, address, "",
+          "health: the server to ask, a ps_server or the ps_coordinator (default: --coordinator).");
 ABSL_FLAG(int, timeout_seconds, 10, "Deadline of each RPC (checkpoint: of the whole write).");
 ABSL_FLAG(std::string, mode, "",
           "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline).");
@@ -53,7 +60,8 @@ constexpr int kOk = 0, kUnhealthy = 1, kUsage = 2, kUnreachable = 3;
 
 constexpr char kUsageLine[] =
     "psctl --coordinator=HOST:PORT status|checkpoint|checkpoints|switch-mode "
-    "[--mode=ps|allreduce|fsdp|pipeline --at_step=N] [--timeout_seconds=S]";
+    "[--mode=ps|allreduce|fsdp|pipeline --at_step=N] [--timeout_seconds=S] | "
+    "psctl --address=HOST:PORT health";
 
 int Error(int code, const std::string& message) {
   std::fprintf(stderr, "psctl: %s\n", message.c_str());
@@ -233,25 +241,49 @@ int SwitchMode(const std::string& address) {
   return kOk;
 }
 
+// The gRPC health protocol's answer for the whole server at `address`.
+int Health(const std::string& address) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() +
+                                          absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    return Error(kUnreachable, FromGrpcStatus(status, address).ToString());
+  }
+  std::printf("%s: %s\n", address.c_str(),
+              grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kOk : kUnhealthy;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsageLine);
   if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  constexpr char kCommands[] = "status, checkpoint, checkpoints or switch-mode";
+  constexpr char kCommands[] = "status, checkpoint, checkpoints, switch-mode or health";
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
   if (command != "status" && command != "checkpoint" && command != "checkpoints" &&
-      command != "switch-mode") {
+      command != "switch-mode" && command != "health") {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
-  const std::string address = absl::GetFlag(FLAGS_coordinator);
-  if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
   if (absl::GetFlag(FLAGS_timeout_seconds) <= 0) {
     return Error(kUsage, absl::StrCat("--timeout_seconds=", absl::GetFlag(FLAGS_timeout_seconds),
                                       " must be positive"));
   }
+  const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (command == "health") {
+    const std::string target = absl::GetFlag(FLAGS_address).empty() ? address
+                                                                    : absl::GetFlag(FLAGS_address);
+    if (target.empty()) return Error(kUsage, "health: give --address=HOST:PORT (or --coordinator)");
+    return Health(target);
+  }
+  if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
   if (command == "switch-mode") return SwitchMode(address);
   if (command == "checkpoint") return Checkpoint(address);
   auto view = Connect(address).View();
