@@ -29,33 +29,27 @@ printf 'version: "2.4"\nservices:\n  worker0: {environment: {FLAGS_epochs: "%s"}
 deploy/base_image.sh || exit 1
 image=pscluster:$(cat VERSION)
 t0=$SECONDS
-if [[ -n $prebuilt ]]; then
-  mkdir -p "$work/dist" && deploy/build_deb.sh --bin-dir "$prebuilt" --out "$work/dist" >/dev/null \
-    && DOCKER_BUILDKIT=1 "$DOCKER" build -q --network=host -f deploy/Dockerfile --build-arg PACKAGE=prebuilt \
-         -t "$image" "$work/dist" >/dev/null || exit 1
-  how="from prebuilt binaries"
-else
-  DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile -t "$image" . >"$work/build.log" 2>&1 \
-    || { tail -n 30 "$work/build.log"; exit 1; }
-  how="multi-stage, from the sources"
-fi
+how="multi-stage, from the sources"
+[[ -n $prebuilt ]] && how="from the binaries in $prebuilt"
+build_image "$image" "$work/dist" "$work/build.log" "$prebuilt" || { tail -n 30 "$work/build.log"; exit 1; }
 log "image $image ($how) built in $((SECONDS - t0)) s, $(( $("$DOCKER" image inspect -f '{{.Size}}' "$image") / 1000000 )) MB"
 
 json() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])" "$@"; }
 for ((r = 1; r <= rounds; ++r)); do
   compose down -v --remove-orphans >/dev/null 2>&1
   t0=$SECONDS
-  compose up -d >/dev/null 2>&1 || { log "docker-compose up failed"; exit 1; }
+  compose up -d >"$work/up.log" 2>&1 || { cat "$work/up.log"; log "docker-compose up failed"; exit 1; }
   for w in worker0 worker1; do
     code=$(timeout 1800 "$DOCKER" wait "$(compose ps -q $w)") || { log "$w did not finish within 30 min"; exit 1; }
     [[ $code == 0 ]] || { compose logs --tail=20 "$w"; log "$w exited $code"; exit 1; }
   done
   compose_wall=$((SECONDS - t0))
-  for w in worker0 worker1; do
-    "$DOCKER" cp "$(compose ps -q $w):/var/lib/pscluster/runs/$w.json" - | tar -xO >"$work/$w.json"
-  done
-  compose_acc=$(json "$work/worker0.json" test_accuracy)
-  compose_sps=$(/usr/bin/python3 -c "import json; print(round(sum(json.load(open('$work/worker%d.json' % i))['samples_per_sec'] for i in (0, 1))))")
+  # summary.json as local_cluster.sh writes it (deploy/summarize.py: samples/s summed the same way).
+  mkdir -p "$work/compose"
+  for w in worker0 worker1; do copy_summary "$(compose ps -q $w)" "$w" "$work/compose" || exit 1; done
+  /usr/bin/python3 deploy/summarize.py "$work/compose" 2 2 "$epochs" bsp "$compose_wall" ps 4 >/dev/null
+  compose_acc=$(json "$work/compose/summary.json" test_accuracy)
+  compose_sps=$(json "$work/compose/summary.json" samples_per_sec)
   log "round $r: docker-compose up: test accuracy $compose_acc, $compose_sps samples/s, wall $compose_wall s (up to both workers exited)"
   compose down -v --remove-orphans >/dev/null 2>&1
 
@@ -66,5 +60,5 @@ for ((r = 1; r <= rounds; ++r)); do
   local_wall=$(json "$work/local/summary.json" wall_seconds)
   log "round $r: deploy/local_cluster.sh: test accuracy $local_acc, $local_sps samples/s, wall $local_wall s"
   /usr/bin/python3 -c "print('round $r: compose / local: samples/s %.2f, wall %.2f' % ($compose_sps / $local_sps, $compose_wall / $local_wall))"
-  rm -rf "$work/local"
+  rm -rf "$work/local" "$work/compose"
 done

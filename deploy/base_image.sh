@@ -15,8 +15,9 @@ command -v debootstrap >/dev/null || { echo "base_image: needs debootstrap (apt-
 root=$(mktemp -d /var/tmp/pscluster_rootfs.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 echo "base_image: debootstrap --variant=minbase bookworm from $mirror (about a minute)"
-debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.log" 2>&1 \
-  || { tail -n 20 "$root.log" >&2; rm -f "$root.log"; echo "base_image: debootstrap failed" >&2; exit 1; }
+timeout 900 debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.log" 2>&1 \
+  || { tail -n 20 "$root.log" >&2; rm -f "$root.log"
+       echo "base_image: debootstrap failed or took over 15 minutes (is $mirror reachable?)" >&2; exit 1; }
 rm -f "$root.log" "$root/etc/apt/sources.list"
 cat >"$root/etc/apt/sources.list.d/debian.sources" <<SOURCES
 Types: deb

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/host_name.h"
 #include "common/status_macros.h"
 #include "common/training_mode.h"
 #include "worker/collective/coordinator_store.h"
@@ -59,9 +60,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     co.role = coord::WORKER;
     co.id = o.rank;
     // Which process this member is, for operators: host name and pid (pid 1 in a container).
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-    co.address = absl::StrCat(host[0] == '\0' ? "?" : host, "/pid:", getpid());
+    const std::string host = HostName();
+    co.address = absl::StrCat(host.empty() ? "?" : host, "/pid:", getpid());
     ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
     ASSIGN_OR_RETURN(coord::ClusterView view,
                      coordinator->AwaitView(0, /*complete=*/true, absl::Minutes(5)));

@@ -7,6 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_name.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
@@ -99,12 +100,11 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   if (f.advertise_host.empty()) f.advertise_host = f.host;
   if (f.advertise_host == "0.0.0.0" || f.advertise_host == "::" || f.advertise_host == "[::]") {
     // A wildcard is where to listen, never where to connect: name this machine instead.
-    char name[256] = {};
-    if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+    f.advertise_host = HostName();
+    if (f.advertise_host.empty()) {
       return absl::InvalidArgumentError(
           "--host is a wildcard and the host name is unknown: give --advertise_host");
     }
-    f.advertise_host = name;
   }
   return f;
 }

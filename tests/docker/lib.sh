@@ -78,3 +78,29 @@ docker_down() {  # stops the dockerd docker_up started, if it did
   log "stopped dockerd (pid $started_dockerd_pid)"
   started_dockerd_pid=""
 }
+
+# build_image IMAGE DIST LOG [BIN_DIR]: the image, and its .deb in DIST. Without BIN_DIR the
+# multi-stage build from the sources (then stage `deb` exports the package it made, from
+# the build cache); with BIN_DIR, build_deb.sh packs those binaries and the runtime stage
+# installs that package (PACKAGE=prebuilt). Run from the checkout's root; output in LOG.
+# Each docker build gets 40 minutes (a cold multi-stage build takes about 6 here).
+build_image() {
+  local image=$1 dist=$2 build_log=$3 bin_dir=${4:-}
+  local build=(timeout 2400 env DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile)
+  mkdir -p "$dist"
+  if [[ -z $bin_dir ]]; then
+    "${build[@]}" -t "$image" . >"$build_log" 2>&1 \
+      && "${build[@]}" --target deb --output "type=local,dest=$dist" . >>"$build_log" 2>&1
+  else
+    deploy/build_deb.sh --bin-dir "$bin_dir" --out "$dist" >"$build_log" 2>&1 \
+      && "${build[@]}" --build-arg PACKAGE=prebuilt -t "$image" "$dist" >>"$build_log" 2>&1
+  fi
+  local status=$?
+  ((status == 124)) && echo "docker build of $image did not finish within 40 minutes" >>"$build_log"
+  return "$status"
+}
+
+# copy_summary CONTAINER SERVICE DIR: the worker's --summary_json (runs volume) to DIR/SERVICE.json.
+copy_summary() {
+  "$DOCKER" cp "$1:/var/lib/pscluster/runs/$2.json" - 2>/dev/null | tar -xO >"$3/$2.json"
+}

@@ -18,16 +18,15 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/docker/lib.sh
 
-bin_dir="" full=0 epochs=1  # epochs of the training case; the fault cases train 3 (fault in the 2nd)
+bin_dir="" epochs=1  # epochs of the training case; the fault cases train 3 (fault in the 2nd)
 while (($#)); do
   case $1 in
     --bin-dir) bin_dir=$2; shift 2 ;;
-    --full-build) full=1; shift ;;
+    --full-build) bin_dir=""; shift ;;
     --epochs) epochs=$2; shift 2 ;;
     *) echo "tests/docker/run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-[[ -z $bin_dir ]] && full=1
 
 version=$(cat VERSION)
 image=pscluster:$version
@@ -63,20 +62,12 @@ image_ok=0
 if deploy/base_image.sh; then
   build_log=$work/build.log
   t0=$SECONDS
-  if ((full)); then
+  if [[ -z $bin_dir ]]; then
     log "building $image from the sources (multi-stage deploy/Dockerfile)"
-    # The package too (stage deb), for the install test; the second build reuses the first's cache.
-    DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile -t "$image" . >"$build_log" 2>&1 \
-      && DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile --target deb \
-           --output "type=local,dest=$work/dist" . >>"$build_log" 2>&1
   else
     log "building $image from the binaries in $bin_dir (deploy/build_deb.sh, PACKAGE=prebuilt)"
-    mkdir -p "$work/dist"
-    deploy/build_deb.sh --bin-dir "$bin_dir" --out "$work/dist" >"$build_log" 2>&1 \
-      && DOCKER_BUILDKIT=1 "$DOCKER" build --network=host -f deploy/Dockerfile \
-           --build-arg PACKAGE=prebuilt -t "$image" "$work/dist" >>"$build_log" 2>&1
   fi
-  if (($? == 0)); then
+  if build_image "$image" "$work/dist" "$build_log" "$bin_dir"; then
     size=$("$DOCKER" image inspect -f '{{.Size}}' "$image")
     pass "image: $image built in $((SECONDS - t0)) s, $((size / 1000000)) MB"
     image_ok=1
@@ -110,8 +101,9 @@ latest_checkpoint() {
 }
 checkpoint_at_least() { local s; s=$(latest_checkpoint) && ((s >= $1)); }
 summary_field() {  # service field
-  "$DOCKER" cp "$(cid "$1"):/var/lib/pscluster/runs/$1.json" - 2>/dev/null | tar -xO \
-    | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$2"
+  copy_summary "$(cid "$1")" "$1" "$work" \
+    && /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" \
+         "$work/$1.json" "$2"
 }
 # Brings the cluster up from nothing, with both workers training EPOCHS epochs.
 up_fresh() {  # epochs
@@ -202,11 +194,7 @@ fi
 
 # ---- the Debian package in a fresh container
 log "deb_install: apt-get install ./pscluster_*.deb in a fresh debian:bookworm, units verified, one epoch"
-deb=$(ls "$work"/dist/pscluster_*.deb 2>/dev/null | head -n1)
-if [[ -z $deb ]] && [[ -n $bin_dir ]]; then
-  mkdir -p "$work/dist" && deploy/build_deb.sh --bin-dir "$bin_dir" --out "$work/dist" >/dev/null 2>&1
-  deb=$(ls "$work"/dist/pscluster_*.deb 2>/dev/null | head -n1)
-fi
+deb=$(ls "$work"/dist/pscluster_*.deb 2>/dev/null | head -n1)  # build_image made it
 if [[ -z $deb ]]; then
   fail "deb_install: no package to install"
 elif timeout 900 "$DOCKER" run --name pscluster_deb_test --rm --network=host \

@@ -106,6 +106,20 @@ class FaultSuite : public ::testing::Test {
     return absl::Now();
   }
 
+  // After the first epoch's checkpoint, worker 1 is SIGKILLed; worker 0 must name it, and a
+  // replacement must roll back with it and finish bitwise as the uninterrupted run in `mode`.
+  void KillWorkerAndReplace(Cluster& cluster, const std::string& label, const std::string& mode) {
+    AwaitFirstEpochCheckpoint(cluster);
+    const absl::Time fault = absl::Now();
+    ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+    auto named = cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1));
+    ASSERT_TRUE(named.ok()) << "worker 0 did not name the dead worker: " << named.status();
+    cluster.StartWorker(1);
+    auto recovered = RolledBack(cluster, absl::Minutes(2));
+    EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
+    ExpectCompletesBitwise(cluster, label, fault, recovered, mode);
+  }
+
   static std::map<std::string, std::vector<std::string>>* clean_;
 };
 
@@ -144,15 +158,7 @@ TEST_F(FaultSuite, ShardKilledDuringASnapshotWrite) {
 
 TEST_F(FaultSuite, WorkerKilled) {
   Cluster cluster(Dir("worker_killed"), ClusterOptions());
-  AwaitFirstEpochCheckpoint(cluster);
-  const absl::Time fault = absl::Now();
-  ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
-  auto named = cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1));
-  ASSERT_TRUE(named.ok()) << "worker 0 did not name the dead worker: " << named.status();
-  cluster.StartWorker(1);
-  auto recovered = RolledBack(cluster, absl::Minutes(2));
-  EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
-  ExpectCompletesBitwise(cluster, "SIGKILL worker 1 (PS mode), replaced", fault, recovered);
+  KillWorkerAndReplace(cluster, "SIGKILL worker 1 (PS mode), replaced", "ps");
 }
 
 // A worker killed in each collective mode (ALLREDUCE is also in //tests:recovery_test).
@@ -164,16 +170,7 @@ TEST_P(WorkerKilledInMode, IsReplacedAndTheRunEndsBitwise) {
   ClusterOptions o;
   o.mode = mode;
   Cluster cluster(Dir("worker_killed_" + mode), o);
-  AwaitFirstEpochCheckpoint(cluster);
-  const absl::Time fault = absl::Now();
-  ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
-  auto named = cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1));
-  ASSERT_TRUE(named.ok()) << "worker 0 did not name the dead worker: " << named.status();
-  cluster.StartWorker(1);
-  auto recovered = RolledBack(cluster, absl::Minutes(2));
-  EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
-  ExpectCompletesBitwise(cluster, "SIGKILL worker 1 (" + mode + " mode), replaced", fault,
-                         recovered, mode);
+  KillWorkerAndReplace(cluster, "SIGKILL worker 1 (" + mode + " mode), replaced", mode);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, WorkerKilledInMode,
