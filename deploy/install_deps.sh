@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages pscluster builds, tests and runs with, when any is missing.
 # Idempotent and quiet when everything is there. Needs root (apt-get).
+#   deploy/install_deps.sh           what building and running the cluster needs
+#   deploy/install_deps.sh --torch   and PyTorch, for pscluster.torch, its tests, examples
+#                                    and the torch baselines in bench/
 set -euo pipefail
 
 PACKAGES=(
@@ -9,6 +12,7 @@ PACKAGES=(
   libopenblas-dev prometheus-cpp-dev dataset-fashion-mnist zlib1g-dev python3 python3-yaml
   python3-grpcio python3-numpy python3-pytest
 )
+[[ ${1:-} == --torch ]] && PACKAGES+=(python3-torch)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -23,99 +23,23 @@ if (os.path.exists(DEBIAN_PYTHON) and os.path.realpath(sys.executable) !=
     os.environ["PSCLUSTER_TEST_REEXEC"] = "1"
     os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON, os.path.abspath(__file__)] + sys.argv[1:])
 
-import queue
-import re
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
-from typing import List, Optional
+from typing import Dict, List, Tuple
 
 import grpc
 import numpy as np
 
 import pscluster
+from pscluster.local import LocalCluster, find_binary
 from proto import ps_pb2
 
-PS_SERVER = os.environ.get("PS_SERVER", "server/ps/ps_server")
-PS_COORDINATOR = os.environ.get("PS_COORDINATOR", "server/coordinator/ps_coordinator")
-START_TIMEOUT = 30.0  # seconds for a process to print what it prints once it serves
 RPC_TIMEOUT = 10.0
 LR = 0.25
-
-
-class Process:
-    """A child process whose stdout (with stderr) is read line by line on a thread."""
-
-    def __init__(self, args: List[str]):
-        self.args = args
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, bufsize=1)
-        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
-        self.seen: List[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)  # end of output
-
-    def wait_for(self, pattern: str, timeout: float = START_TIMEOUT) -> re.Match:
-        """The first line (from now on) matching `pattern`, within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                line = self.lines.get(timeout=max(0.0, left))
-            except queue.Empty:
-                line = ""
-            if line is None or left <= 0:
-                raise AssertionError(
-                    f"{os.path.basename(self.args[0])} did not print /{pattern}/ within "
-                    f"{timeout} s (exit code {self.proc.poll()}); it printed:\n"
-                    + "\n".join(self.seen))
-            self.seen.append(line)
-            m = re.search(pattern, line)
-            if m:
-                return m
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        self.proc.stdout.close()
-
-
-class LocalCluster:
-    """A coordinator and `num_shards` shards registered with it, on free loopback ports."""
-
-    def __init__(self, num_shards: int = 2):
-        self.processes: List[Process] = []
-        try:
-            coordinator = self._start([PS_COORDINATOR, "--port=0", f"--num_shards={num_shards}",
-                                       "--num_workers=1"])
-            self.coordinator = coordinator.wait_for(r"listening on (\S+:\d+)").group(1)
-            self.shards: List[Process] = []
-            self.addresses: List[str] = []
-            for i in range(num_shards):
-                shard = self._start([PS_SERVER, "--port=0", f"--shard_id={i}",
-                                     f"--num_shards={num_shards}",
-                                     f"--coordinator={self.coordinator}"])
-                self.addresses.append(shard.wait_for(r"listening on (\S+:\d+)").group(1))
-                shard.wait_for(r"registered with the coordinator")
-                self.shards.append(shard)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self, args: List[str]) -> Process:
-        p = Process(args)
-        self.processes.append(p)
-        return p
-
-    def stop(self) -> None:
-        for p in reversed(self.processes):
-            p.kill()
+F32 = np.float32
 
 
 class DenseTest(unittest.TestCase):
@@ -247,5 +171,362 @@ class DeadShardTest(unittest.TestCase):
             local.stop()
 
 
+# ---- numpy references of the server's optimizers (core/optimizer/optimizer.cc) -------------
+# Every option is given explicitly (0 means "the default" for some proto fields). The float32
+# operations are those of the C++ loops, in the same order: the results are bit-exact.
+
+OPTIMIZERS: Dict[str, dict] = {
+    "sgd": dict(learning_rate=0.1),
+    "momentum": dict(learning_rate=0.1, momentum=0.9),
+    "nesterov": dict(optimizer="momentum", learning_rate=0.1, momentum=0.8, nesterov=True),
+    "adagrad": dict(learning_rate=0.1, epsilon=1e-6, initial_accumulator=0.1),
+    "adam": dict(learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8),
+    "adamw": dict(learning_rate=0.01, beta1=0.8, beta2=0.99, epsilon=1e-7, weight_decay=0.1),
+    "ftrl": dict(learning_rate=0.5, l1=0.01, l2=0.1, ftrl_beta=1.0, initial_accumulator=0.1),
+}
+
+
+def ref_slots(kind: str, o: dict, shape) -> List[np.ndarray]:
+    if kind == "sgd":
+        return []
+    if kind in ("momentum", "nesterov"):
+        return [np.zeros(shape, F32)]
+    if kind == "adagrad":
+        return [np.full(shape, o["initial_accumulator"], F32)]
+    if kind == "ftrl":
+        return [np.zeros(shape, F32), np.full(shape, o["initial_accumulator"], F32)]
+    return [np.zeros(shape, F32), np.zeros(shape, F32)]
+
+
+def ref_apply(kind: str, o: dict, w: np.ndarray, g: np.ndarray, slots: List[np.ndarray],
+              t: int) -> None:
+    """One update, in place, at update count t (1-based)."""
+    lr = F32(o["learning_rate"])
+    if kind == "sgd":
+        w -= lr * g
+    elif kind in ("momentum", "nesterov"):
+        mu, v = F32(o["momentum"]), slots[0]
+        v[...] = mu * v + g
+        w -= lr * (g + mu * v) if o.get("nesterov") else lr * v
+    elif kind == "adagrad":
+        acc = slots[0]
+        acc += g * g
+        w -= lr * g / (np.sqrt(acc) + F32(o["epsilon"]))
+    elif kind in ("adam", "adamw"):
+        b1, b2, m, v = F32(o["beta1"]), F32(o["beta2"]), slots[0], slots[1]
+        bc1, bc2 = F32(1.0 - float(b1) ** t), F32(1.0 - float(b2) ** t)
+        step_size, inv_sqrt_bc2 = lr / bc1, F32(1.0) / np.sqrt(bc2)
+        decay = F32(1.0) - lr * F32(o.get("weight_decay", 0.0))
+        m[...] = b1 * m + (F32(1) - b1) * g
+        v[...] = b2 * v + (F32(1) - b2) * g * g
+        denom = np.sqrt(v) * inv_sqrt_bc2 + F32(o["epsilon"])
+        w[...] = w * decay - step_size * m / denom
+    elif kind == "ftrl":
+        z, n = slots
+        inv_alpha = F32(1.0) / lr
+        beta, l1, l2 = F32(o["ftrl_beta"]), F32(o["l1"]), F32(o["l2"])
+        n_new = n + g * g
+        sqrt_n_new = np.sqrt(n_new)
+        sigma = (sqrt_n_new - np.sqrt(n)) * inv_alpha
+        zi = z + g - sigma * w
+        z[...] = zi
+        n[...] = n_new
+        shrunk = np.where(zi > 0, zi - l1, zi + l1)
+        denom = (beta + sqrt_n_new) * inv_alpha + l2
+        w[...] = np.where(np.abs(zi) <= l1, F32(0), -shrunk / denom)
+    else:
+        raise ValueError(kind)
+
+
+def spec_of(kind: str) -> dict:
+    o = dict(OPTIMIZERS[kind])
+    o.setdefault("optimizer", kind)
+    return o
+
+
+class ClusterTestCase(unittest.TestCase):
+    """One local cluster (coordinator + 2 shards) per test class."""
+    num_shards = 2
+    data_dir = False
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.TemporaryDirectory(prefix="pscluster_test_")
+        cls.local = LocalCluster(num_shards=cls.num_shards,
+                                 data_dir=cls.tmp.name if cls.data_dir else None)
+        try:
+            cls.cluster = pscluster.connect(cls.local.coordinator, timeout=RPC_TIMEOUT)
+        except BaseException:
+            cls.local.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.cluster.close()
+        cls.local.stop()
+        cls.tmp.cleanup()
+
+
+class OptimizerTest(ClusterTestCase):
+    """Dense and sparse pushes, for every optimizer, exact against the numpy references."""
+
+    def test_dense_every_optimizer(self) -> None:
+        rng = np.random.default_rng(3)
+        for kind in OPTIMIZERS:
+            with self.subTest(optimizer=kind):
+                o = spec_of(kind)
+                t = self.cluster.create_dense(f"dense_{kind}", 1001, consistency="bsp",
+                                              initializer="uniform", scale=0.5, seed=11, **o)
+                w = self.cluster.pull_dense(t, step=0).copy()
+                slots = ref_slots(kind, o, w.shape)
+                for step in range(4):
+                    g = rng.standard_normal(w.size, dtype=F32)
+                    got = self.cluster.push_pull_dense([t], [g], step=step)[0]
+                    ref_apply(kind, o, w, g, slots, step + 1)
+                    np.testing.assert_array_equal(got, w, err_msg=f"{kind} step {step}")
+
+    def test_sparse_every_optimizer(self) -> None:
+        rng = np.random.default_rng(4)
+        dim = 5
+        for kind in OPTIMIZERS:
+            with self.subTest(optimizer=kind):
+                o = spec_of(kind)
+                t = self.cluster.create_sparse(f"sparse_{kind}", dim, key_space=1 << 40,
+                                               consistency="bsp", initializer="normal",
+                                               scale=0.1, seed=5, **o)
+                rows: Dict[int, Tuple[np.ndarray, List[np.ndarray], int]] = {}
+                for step in range(4):
+                    # Repeats within a push (summed in request order, one update per key)
+                    # and keys on both shards; some rows first touched late.
+                    keys = rng.integers(0, 12, size=9).astype(np.uint64) * np.uint64(1 << 33)
+                    keys[0] = step * 1000
+                    before = self.cluster.pull_sparse(t, keys, step=step)
+                    for i, k in enumerate(keys.tolist()):
+                        if k not in rows:
+                            rows[k] = (before[i].copy(), ref_slots(kind, o, (dim,)), 0)
+                        np.testing.assert_array_equal(before[i], rows[k][0])
+                    g = rng.standard_normal((keys.size, dim), dtype=F32)
+                    self.cluster.push_sparse(t, keys, g, step=step)
+                    summed: Dict[int, np.ndarray] = {}
+                    for i, k in enumerate(keys.tolist()):
+                        summed[k] = summed[k] + g[i] if k in summed else g[i].copy()
+                    for k, gk in summed.items():
+                        w, slots, n = rows[k]
+                        ref_apply(kind, o, w, gk, slots, n + 1)
+                        rows[k] = (w, slots, n + 1)
+                keys = np.array(sorted(rows), dtype=np.uint64)
+                np.testing.assert_array_equal(self.cluster.pull_sparse(t, keys, step=4),
+                                              np.stack([rows[k][0] for k in keys.tolist()]))
+                self.assertEqual(sum(i.num_rows for i in self.cluster.describe(t)), len(rows))
+
+    def test_sparse_rows_split_by_the_servers_hash(self) -> None:
+        t = self.cluster.create_sparse("placement", 2, optimizer="sgd", learning_rate=1.0)
+        keys = np.arange(200, dtype=np.uint64)
+        self.cluster.push_sparse(t, keys, np.ones((200, 2), F32))
+        on = self.cluster.shard_of(keys)
+        self.assertEqual([i.num_rows for i in self.cluster.describe(t)],
+                         [int((on == s).sum()) for s in range(2)])
+        self.assertTrue(0 < (on == 0).sum() < 200)
+
+
+class ConcurrencyTest(ClusterTestCase):
+
+    def test_threads_pushing_sum_exactly(self) -> None:
+        # SGD with lr 1 on zeros, small integer gradients: every sum is exact in float32, so
+        # a lost or doubled push shows. 4 threads x 25 pushes, dense and sparse.
+        size, threads, pushes = 10_000, 4, 25
+        dense = self.cluster.create_dense("concurrent", size, optimizer="sgd",
+                                          learning_rate=1.0, consistency="asp")
+        sparse = self.cluster.create_sparse("concurrent_rows", 3, optimizer="sgd",
+                                            learning_rate=1.0, consistency="asp")
+        keys = np.arange(50, dtype=np.uint64)
+
+        def work(worker: int) -> None:
+            for step in range(pushes):
+                g = np.full(size, worker + 1, F32)
+                self.cluster.push_dense(dense, g, step=step, worker=worker)
+                self.cluster.push_sparse(sparse, keys, np.full((50, 3), worker + 1, F32),
+                                         step=step, worker=worker)
+
+        pool = [threading.Thread(target=work, args=(w,)) for w in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join(timeout=120)
+            self.assertFalse(th.is_alive(), "a pushing thread did not finish in 120 s")
+        total = -float(pushes * sum(range(1, threads + 1)))
+        np.testing.assert_array_equal(self.cluster.pull_dense(dense), np.full(size, total, F32))
+        np.testing.assert_array_equal(self.cluster.pull_sparse(sparse, keys),
+                                      np.full((50, 3), total, F32))
+
+    def test_futures(self) -> None:
+        t = self.cluster.create_dense("futures", 5000, optimizer="sgd", learning_rate=1.0)
+        fs = [self.cluster.push_dense_async(t, np.ones(5000, F32), step=i) for i in range(8)]
+        for f in fs:
+            self.assertIsNone(f.result(timeout=60))
+        np.testing.assert_array_equal(self.cluster.pull_dense_async(t).result(timeout=60),
+                                      np.full(5000, -8, F32))
+        bad = self.cluster.pull_dense_async(424242)
+        with self.assertRaises(pscluster.PsError) as e:
+            bad.result(timeout=60)
+        self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+
+
+class CppClientTest(ClusterTestCase):
+    """The Python client and the C++ client (python/testing/cpp_peer.cc) on the same tables."""
+
+    def peer(self, *args: str) -> None:
+        binary = find_binary("cpp_peer", "CPP_PEER", "python/cpp_peer")
+        r = subprocess.run([binary, f"--shards={','.join(self.cluster.addresses)}", *args],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_dense_both_ways(self) -> None:
+        size, d = 300_001, self.tmp.name
+        t = self.cluster.create_dense("interop", size, optimizer="adam", learning_rate=0.01,
+                                      consistency="bsp", initializer="normal", scale=1.0,
+                                      seed=9)
+        self.cluster.register_worker(0)
+        self.peer("--worker=1", "pull_dense", "--table", str(t), "--size", str(size),
+                  f"{d}/w0")
+        np.testing.assert_array_equal(np.fromfile(f"{d}/w0", F32),
+                                      self.cluster.pull_dense(t, step=0))
+        # BSP with workers 0 (Python) and 1 (C++): step 0 applies their sum.
+        g0 = np.random.default_rng(0).standard_normal(size, dtype=F32)
+        g1 = np.random.default_rng(1).standard_normal(size, dtype=F32)
+        g1.tofile(f"{d}/g1")
+        self.cluster.push_dense(t, g0, step=0)
+        self.peer("--worker=1", "--step=0", "push_dense", "--table", str(t), f"{d}/g1")
+        self.peer("--worker=1", "--step=1", "pull_dense", "--table", str(t), "--size",
+                  str(size), f"{d}/w1")
+        w1 = self.cluster.pull_dense(t, step=1)
+        np.testing.assert_array_equal(np.fromfile(f"{d}/w1", F32), w1)
+        w, slots = np.fromfile(f"{d}/w0", F32), ref_slots("adam", spec_of("adam"), size)
+        o = dict(spec_of("adam"), learning_rate=0.01)
+        ref_apply("adam", o, w, g0 + g1, slots, 1)
+        np.testing.assert_array_equal(w1, w)
+        self.cluster.unregister_worker(1)
+
+    def test_sparse_both_ways(self) -> None:
+        d = self.tmp.name
+        t = self.cluster.create_sparse("interop_rows", 4, optimizer="sgd", learning_rate=0.5,
+                                       initializer="uniform", scale=1.0, seed=2)
+        keys = np.array([7, 1 << 50, 7, 123456789], dtype=np.uint64)
+        keys.tofile(f"{d}/keys")
+        np.full((4, 4), 2, F32).tofile(f"{d}/g")
+        before = self.cluster.pull_sparse(t, keys)
+        self.peer("--worker=3", "push_sparse", "--table", str(t), f"{d}/keys", f"{d}/g")
+        after = self.cluster.pull_sparse(t, keys)
+        np.testing.assert_array_equal(after, before - F32(0.5) * np.where(
+            (keys == 7)[:, None], F32(4), F32(2)))
+        self.peer("--worker=3", "pull_sparse", "--table", str(t), "--dim=4", f"{d}/keys",
+                  f"{d}/rows")
+        np.testing.assert_array_equal(np.fromfile(f"{d}/rows", F32).reshape(4, 4), after)
+
+
+class BadInputTest(ClusterTestCase):
+    """Malformed calls raise PsError with the server's or the client's reason; the tables
+    are exactly as before."""
+
+    def test_nonfinite_gradients_are_refused(self) -> None:
+        t = self.cluster.create_dense("nan", 1000, optimizer="adam", learning_rate=0.1,
+                                      initializer="uniform", scale=1.0)
+        before = self.cluster.pull_dense(t)
+        g = np.ones(1000, F32)
+        g[700] = np.nan
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.push_dense(t, g)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("index 700", e.exception.message)
+        np.testing.assert_array_equal(self.cluster.pull_dense(t), before)
+        # Past the client's check, the shard that holds index 700 refuses its part.
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster._push_shard(1, t, 0, 0, 500, 1000, g)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(e.exception.shard, 1)
+        self.assertRegex(e.exception.message, r"(?i)nan|finite")
+        np.testing.assert_array_equal(self.cluster.pull_dense(t), before)
+        s = self.cluster.create_sparse("nan_rows", 2, optimizer="sgd", learning_rate=1.0)
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.push_sparse(s, [1, 2], np.array([[1, np.inf], [1, 1]], F32))
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(sum(i.num_rows for i in self.cluster.describe(s)), 0)
+
+    def test_sparse_shapes_and_keys(self) -> None:
+        s = self.cluster.create_sparse("bounded", 3, key_space=100, optimizer="sgd",
+                                       learning_rate=1.0)
+        cases = [
+            (lambda: self.cluster.push_sparse(s, [1, 2], np.ones((2, 2), F32)), "6"),
+            (lambda: self.cluster.pull_sparse(s, [[1, 2]]), "1-D"),
+            (lambda: self.cluster.pull_sparse(s, [-1]), "negative"),
+            (lambda: self.cluster.pull_sparse(s, [5, 100]), "100"),
+            (lambda: self.cluster.push_sparse(s, [5, 100], np.ones((2, 3), F32)), "100"),
+            (lambda: self.cluster.pull_dense(s), "SPARSE"),
+        ]
+        for call, needle in cases:
+            with self.subTest(needle=needle), self.assertRaises(pscluster.PsError) as e:
+                call()
+            self.assertIn(needle, e.exception.message)
+        self.assertEqual(sum(i.num_rows for i in self.cluster.describe(s)), 0)
+
+    def test_wrong_output_and_spec(self) -> None:
+        t = self.cluster.create_dense("outputs", 10)
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.pull_dense(t, out=np.empty(11, F32))
+        self.assertIn("10 values", e.exception.message)
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.create_dense("typo", 10, optimizer="adam", betta1=0.9)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("betta1", e.exception.message)
+        with self.assertRaises(pscluster.PsError) as e:  # the server's own check
+            self.cluster.create_dense("negative_lr", 10, learning_rate=-1.0)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("learning_rate", e.exception.message)
+
+
+class CheckpointTest(ClusterTestCase):
+    """checkpoint(), checkpoints(), restore() and switch_mode() through the coordinator."""
+    data_dir = True
+
+    def test_checkpoint_and_restore(self) -> None:
+        c = self.cluster
+        t = c.create_dense("ckpt", 2000, optimizer="adam", learning_rate=0.1,
+                           consistency="bsp", initializer="uniform", scale=1.0)
+        s = c.create_sparse("ckpt_rows", 4, optimizer="adagrad", learning_rate=0.1,
+                            consistency="bsp", initial_accumulator=0.1)
+        keys = np.array([3, 4, 5], np.uint64)
+        g = np.ones(2000, F32)
+        for step in range(3):
+            c.push_pull_dense([t], [g], step=step)
+            c.push_sparse(s, keys, np.ones((3, 4), F32), step=step)
+        self.assertEqual(c.clock(0), 3)
+        self.assertEqual(c.applied_step(t), 3)
+        record = c.checkpoint()
+        self.assertEqual(record["step"], 3)
+        self.assertEqual([k["step"] for k in c.checkpoints()], [3])
+        saved, saved_rows = c.pull_dense(t, step=3), c.pull_sparse(s, keys, step=3)
+        for step in range(3, 5):
+            c.push_pull_dense([t], [g], step=step)
+            c.push_sparse(s, keys, np.ones((3, 4), F32), step=step)
+        self.assertFalse(np.array_equal(c.pull_dense(t, step=5), saved))
+        c.restore(3)
+        self.assertEqual(c.applied_step(t), 3)
+        np.testing.assert_array_equal(c.pull_dense(t, step=3), saved)
+        np.testing.assert_array_equal(c.pull_sparse(s, keys, step=3), saved_rows)
+        with self.assertRaises(pscluster.PsError) as e:
+            c.restore(99)
+        self.assertIn("99", e.exception.message)
+
+    def test_switch_mode_is_scheduled(self) -> None:
+        r = self.cluster.switch_mode("allreduce", at_step=1000)
+        self.assertEqual(r["at_step"], 1000)
+        pending = self.cluster.status()["pending_switches"]
+        self.assertEqual([(p["at_step"], p["to_mode"]) for p in pending], [(1000, "ALLREDUCE")])
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.switch_mode("bogus")
+        self.assertIn("bogus", e.exception.message)
+
+
 if __name__ == "__main__":
-    unittest.main()
+    import pytest  # Debian's python3-pytest; it runs the unittest classes too
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider"]))

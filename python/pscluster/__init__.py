@@ -1,12 +1,17 @@
 """pscluster: a Python client for the pscluster parameter server.
 
+    import numpy as np
     import pscluster
-    cluster = pscluster.connect("127.0.0.1:7000")
-    table = cluster.create_dense("w", 1000, optimizer="sgd", learning_rate=0.1)
-    w = cluster.pull_dense(table)
-    cluster.push_dense(table, grad)
+    cluster = pscluster.connect("127.0.0.1:7000")          # the coordinator
+    w = cluster.create_dense("w", 1000, optimizer="adam", learning_rate=1e-3,
+                             consistency="bsp")
+    values = cluster.pull_dense(w, step=0)
+    cluster.push_dense(w, np.ones(1000, np.float32), step=0)
+    emb = cluster.create_sparse("emb", dim=8, initializer="normal", scale=0.01)
+    rows = cluster.pull_sparse(emb, [3, 17, 3])             # shape (3, 8)
 
-Dense tables only in this first increment (see client.py). Every error is a PsError.
+Every error is a PsError (.code: grpc.StatusCode, .message, .shard). The PyTorch
+integration is pscluster.torch (imported separately: it needs python3-torch).
 """
 from pscluster.client import Cluster, PsError, connect, shard_range
 

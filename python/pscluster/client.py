@@ -1,14 +1,21 @@
-"""The Python client: dense tables on a sharded parameter server (proto/ps.proto).
+"""The Python client of a sharded parameter server (proto/ps.proto, proto/coordinator.proto).
 
-It mirrors the C++ PsClient (client/ps/): a dense tensor of `size` float32 values is split
-into contiguous balanced ranges, one per shard (common/sharding.cc's DenseShardRange); every
-shard is called in parallel, each with a deadline; slices larger than the chunk size travel
-as streams of bounded chunks (PushDenseStream/PullDenseStream), small ones unary.
+It mirrors the C++ PsClient (client/ps/):
+  - a dense tensor of `size` float32 values is split into contiguous balanced ranges, one
+    per shard (common/sharding.cc's DenseShardRange); slices larger than the chunk size
+    travel as streams of bounded chunks (PushDenseStream/PullDenseStream), small ones unary;
+    many tensors of one step go to each shard in one call (PushPullDenseBatch: the push and
+    the pull of the next step in one round trip);
+  - a sparse table's row `key` lives on shard Mix64(key) % num_shards (SparseShardOf);
+  - every shard is called in parallel, each call with a deadline; every error is a PsError
+    carrying the gRPC code, the server's message and the shard.
+Each blocking call has an `_async` twin returning a concurrent.futures.Future.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
@@ -56,6 +63,29 @@ def _enum(table: Dict[str, int], value: Union[str, int], what: str) -> int:
     return int(value)
 
 
+def _make_spec(table_id: int, name: str, kind: int, shape: dict, optimizer="sgd",
+               learning_rate: float = 0.01, consistency="asp", staleness: int = 0,
+               initializer="zeros", value: float = 0.0, scale: float = 0.0, seed: int = 0,
+               skip_nonfinite: bool = False, **optimizer_fields) -> ps_pb2.TableSpec:
+    """A TableSpec. optimizer: sgd, momentum, adagrad, adam, adamw, ftrl (or the enum);
+    consistency: bsp, ssp (with staleness), asp; initializer: zeros, constant (value),
+    uniform (U(-scale, scale)), normal (N(0, scale^2)), seeded by `seed`."""
+    try:
+        return ps_pb2.TableSpec(
+            table_id=table_id, name=name, kind=kind, **shape,
+            optimizer=ps_pb2.OptimizerConfig(
+                kind=_enum(_OPTIMIZERS, optimizer, "optimizer"), learning_rate=learning_rate,
+                **optimizer_fields),
+            consistency=ps_pb2.ConsistencyConfig(
+                mode=_enum(_CONSISTENCY, consistency, "consistency"), staleness=staleness),
+            initializer=ps_pb2.InitializerConfig(
+                kind=_enum(_INITIALIZERS, initializer, "initializer"), value=value,
+                scale=scale, seed=seed),
+            skip_nonfinite=skip_nonfinite)
+    except (ValueError, TypeError) as e:  # an unknown OptimizerConfig field, a wrong type
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"table {name}: {e}") from None
+
+
 class Cluster:
     """Channels to every shard of one cluster. Thread-safe; close() (or `with`) when done."""
 
@@ -78,7 +108,12 @@ class Cluster:
         if coordinator:
             self._coordinator_channel = grpc.insecure_channel(coordinator)
             self._coordinator = coordinator_pb2_grpc.CoordinatorStub(self._coordinator_channel)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.addresses))
+        # Shard fan-out; the async calls run on their own pool so that they never wait for
+        # a fan-out thread their own caller holds.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4 * len(self.addresses), thread_name_prefix="pscluster-shard")
+        self._async_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix="pscluster-async")
         self._lock = threading.Lock()
         self._specs: Dict[int, ps_pb2.TableSpec] = {}
         self._names: Dict[str, int] = {}
@@ -95,6 +130,7 @@ class Cluster:
         return len(self._stubs)
 
     def close(self) -> None:
+        self._async_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         for c in self._channels:
             c.close()
@@ -149,17 +185,32 @@ class Cluster:
 
     # ---- tables ------------------------------------------------------------------------
 
-    def create_dense(self, name_or_id: Union[str, int], size: int,
-                     optimizer: Union[str, int] = "sgd", learning_rate: float = 0.01,
-                     consistency: Union[str, int] = "asp", staleness: int = 0,
-                     initializer: Union[str, int] = "zeros", value: float = 0.0,
-                     scale: float = 0.0, seed: int = 0, table_id: Optional[int] = None,
-                     skip_nonfinite: bool = False, worker: int = 0,
-                     **optimizer_fields) -> int:
-        """Creates a dense table of `size` float32 values on every shard (CreateTable;
-        idempotent for an identical spec) and returns its table id. A str names the table
-        (its id is `table_id`, else the next free one this client knows); an int is the id.
-        `optimizer_fields` are OptimizerConfig's other fields (momentum, beta1, ...)."""
+    def create_dense(self, name_or_id: Union[str, int], size: int, *,
+                     worker: int = 0, **spec) -> int:
+        """Creates a dense table of `size` float32 values, split across the shards, and
+        returns its id. `spec`: see _make_spec (optimizer, learning_rate, consistency,
+        staleness, initializer, value, scale, seed, table_id, skip_nonfinite, and
+        OptimizerConfig's other fields: momentum, beta1, ...)."""
+        if size <= 0:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {name_or_id}: size must be > 0, got {size}")
+        return self._create(name_or_id, ps_pb2.TableSpec.DENSE, worker, spec, size=size)
+
+    def create_sparse(self, name_or_id: Union[str, int], dim: int, *, key_space: int = 0,
+                      worker: int = 0, **spec) -> int:
+        """Creates a sparse table of rows of `dim` float32 values keyed by uint64 (keys <
+        `key_space`, 0 = any), rows made on first touch by the initializer, and returns its
+        id. `spec` as for create_dense."""
+        if dim <= 0:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {name_or_id}: dim must be > 0, got {dim}")
+        return self._create(name_or_id, ps_pb2.TableSpec.SPARSE, worker, spec, dim=dim,
+                            key_space=key_space)
+
+    def _create(self, name_or_id: Union[str, int], kind: int, worker: int, options: dict,
+                **shape) -> int:
+        """CreateTable on every shard (idempotent for an identical spec)."""
+        table_id = options.pop("table_id", None)
         if isinstance(name_or_id, str):
             name = name_or_id
             if table_id is None:
@@ -167,19 +218,7 @@ class Cluster:
                     table_id = self._names.get(name, max(self._specs, default=0) + 1)
         else:
             table_id, name = int(name_or_id), str(name_or_id)
-        if size <= 0:
-            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"table {name}: size must be > 0")
-        spec = ps_pb2.TableSpec(
-            table_id=table_id, name=name, kind=ps_pb2.TableSpec.DENSE, size=size,
-            optimizer=ps_pb2.OptimizerConfig(
-                kind=_enum(_OPTIMIZERS, optimizer, "optimizer"), learning_rate=learning_rate,
-                **optimizer_fields),
-            consistency=ps_pb2.ConsistencyConfig(
-                mode=_enum(_CONSISTENCY, consistency, "consistency"), staleness=staleness),
-            initializer=ps_pb2.InitializerConfig(
-                kind=_enum(_INITIALIZERS, initializer, "initializer"), value=value,
-                scale=scale, seed=seed),
-            skip_nonfinite=skip_nonfinite)
+        spec = _make_spec(table_id, name, kind, shape, **options)
         req = ps_pb2.CreateTableRequest(worker_id=worker, spec=spec)
         self._each(lambda s: self._call(
             s, lambda stub: stub.CreateTable(req, timeout=self.timeout)))
@@ -187,6 +226,16 @@ class Cluster:
             self._specs[table_id] = spec
             self._names[name] = table_id
         return table_id
+
+    def describe(self, table: Union[str, int], worker: int = 0) -> List[ps_pb2.TableInfo]:
+        """Every shard's TableInfo of the table (its range or rows, BSP's applied steps)."""
+        req = ps_pb2.DescribeTableRequest(worker_id=worker, table_id=self._table_id(table))
+        return self._each(lambda s: self._call(
+            s, lambda stub: stub.DescribeTable(req, timeout=self.timeout)))
+
+    def applied_step(self, table: Union[str, int]) -> int:
+        """BSP: the steps every shard has fully applied to the table (the step to pull)."""
+        return min(info.applied_steps for info in self.describe(table))
 
     def _table_id(self, table: Union[str, int]) -> int:
         if isinstance(table, str):
@@ -209,20 +258,38 @@ class Cluster:
             self._specs[table_id] = info.spec
         return info.spec
 
-    def _dense_spec(self, table: Union[str, int], worker: int) -> ps_pb2.TableSpec:
+    @staticmethod
+    def _check_finite(spec: ps_pb2.TableSpec, values: np.ndarray) -> None:
+        """Refuses NaN/Inf before anything is sent (each shard checks only its own part, so
+        a push that one shard refused would be applied by the others). Tables with
+        skip_nonfinite are left to the shards. The float64 sum of float32 values is finite
+        exactly when every value is, and costs one pass."""
+        if spec.skip_nonfinite or np.isfinite(values.sum(dtype=np.float64)):
+            return
+        bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"table {spec.table_id}: the gradient holds {bad.size} NaN/Inf values "
+                      f"(the first at index {int(bad[0])}); nothing was sent")
+
+    def _dense_spec(self, table: Union[str, int], worker: int,
+                    kind: int = ps_pb2.TableSpec.DENSE) -> ps_pb2.TableSpec:
         spec = self.spec(table, worker)
-        if spec.kind != ps_pb2.TableSpec.DENSE:
+        if spec.kind != kind:
             raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"table {spec.table_id} is not DENSE")
+                          f"table {spec.table_id} is {ps_pb2.TableSpec.Kind.Name(spec.kind)}, "
+                          f"not {ps_pb2.TableSpec.Kind.Name(kind)}")
         return spec
 
     # ---- dense tensors -----------------------------------------------------------------
 
-    def pull_dense(self, table: Union[str, int], step: int = 0, worker: int = 0) -> np.ndarray:
-        """The whole tensor at `step`: a new float32 array of the table's size."""
+    def pull_dense(self, table: Union[str, int], step: int = 0, worker: int = 0,
+                   out: Optional[np.ndarray] = None) -> np.ndarray:
+        """The whole tensor at `step` (BSP/SSP: waits, bounded by the timeout, until the
+        table's consistency bound lets `worker` read it): into `out` (a C-contiguous float32
+        array of the table's size, any shape) or a new flat array."""
         spec = self._dense_spec(table, worker)
+        out = _output(out, spec.size, f"table {spec.table_id}")
         self._ensure_registered(worker)
-        out = np.empty(spec.size, dtype=np.float32)
         self._each(lambda s: self._pull_shard(s, spec.table_id, step, worker,
                                               *shard_range(spec.size, s, self.num_shards), out))
         return out
@@ -233,7 +300,7 @@ class Cluster:
             return
         req = ps_pb2.PullDenseRequest(worker_id=worker, step=step, table_id=table_id,
                                       offset=begin, length=end - begin)
-        view = out[begin:end].view(np.uint8)  # each chunk's bytes are copied straight here
+        view = out.reshape(-1)[begin:end].view(np.uint8)  # each chunk's bytes land here
         nbytes = (end - begin) * 4
         if nbytes <= min(self.chunk_bytes, UNARY_PULL_BYTES):
             chunk = self._call(shard, lambda stub: stub.PullDense(req, timeout=self.timeout))
@@ -268,17 +335,8 @@ class Cluster:
         """Pushes the whole tensor's gradient for `step` (float32, the table's size; the
         server's optimizer applies it)."""
         spec = self._dense_spec(table, worker)
-        grad = np.asarray(grad)
-        if grad.dtype != np.float32:
-            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"table {spec.table_id}: the gradient must be float32, not {grad.dtype}")
-        if grad.size != spec.size:
-            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"table {spec.table_id} holds {spec.size} values; the gradient has "
-                          f"{grad.size}")
-        flat = np.ascontiguousarray(grad).reshape(-1)
-        if flat.dtype.byteorder == ">":
-            flat = flat.astype("<f4")
+        flat = _float32(grad, spec.size, f"table {spec.table_id}", "gradient")
+        self._check_finite(spec, flat)
         self._ensure_registered(worker)
         self._each(lambda s: self._push_shard(s, spec.table_id, step, worker,
                                               *shard_range(spec.size, s, self.num_shards), flat))
@@ -301,14 +359,246 @@ class Cluster:
         chunks = (chunk(o, min(per_chunk, end - o)) for o in range(begin, end, per_chunk))
         self._call(shard, lambda stub: stub.PushDenseStream(chunks, timeout=self.timeout))
 
+    def push_pull_dense(self, tables: Sequence[Union[str, int]], grads: Sequence[np.ndarray],
+                        step: int, worker: int = 0,
+                        outs: Optional[Sequence[np.ndarray]] = None) -> List[np.ndarray]:
+        """One training step of a model's dense tensors: pushes grads[i] to tables[i] for
+        `step` and pulls every table at step + 1, into outs[i] (or new flat arrays). Each
+        shard gets one call (PushPullDenseBatch: the push, the consistency wait and the pull
+        in one round trip) when its part fits one message; else its tensors stream."""
+        if len(tables) != len(grads) or (outs is not None and len(outs) != len(tables)):
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{len(tables)} tables, {len(grads)} gradients"
+                          + ("" if outs is None else f", {len(outs)} outputs"))
+        specs = [self._dense_spec(t, worker) for t in tables]
+        flats = [_float32(g, sp.size, f"table {sp.table_id}", "gradient")
+                 for g, sp in zip(grads, specs)]
+        for sp, g in zip(specs, flats):
+            self._check_finite(sp, g)
+        outs = [_output(None if outs is None else o, sp.size, f"table {sp.table_id}")
+                for o, sp in zip(outs or [None] * len(specs), specs)]
+        self._ensure_registered(worker)
+        self._each(lambda s: self._push_pull_shard(s, specs, flats, step, worker, outs))
+        return outs
+
+    def _push_pull_shard(self, shard: int, specs: List[ps_pb2.TableSpec],
+                         flats: List[np.ndarray], step: int, worker: int,
+                         outs: List[np.ndarray]) -> None:
+        ranges = [shard_range(sp.size, shard, self.num_shards) for sp in specs]
+        if sum(e - b for b, e in ranges) * 4 > self.chunk_bytes:  # too big for one message
+            for sp, (b, e), g in zip(specs, ranges, flats):
+                self._push_shard(shard, sp.table_id, step, worker, b, e, g)
+            for sp, (b, e), o in zip(specs, ranges, outs):
+                self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
+            return
+        batch = ps_pb2.DenseBatch()
+        order = []
+        for i, (sp, (b, e), g) in enumerate(zip(specs, ranges, flats)):
+            if e > b:
+                batch.chunks.add(worker_id=worker, step=step, table_id=sp.table_id, offset=b,
+                                 begin=b, total_length=e - b, data=g[b:e].tobytes())
+                order.append(i)
+        if not order:
+            return
+        resp = self._call(shard, lambda stub: stub.PushPullDenseBatch(batch,
+                                                                     timeout=self.timeout))
+        if len(resp.chunks) != len(order):
+            raise PsError(grpc.StatusCode.INTERNAL, f"{self._name(shard)} answered "
+                          f"{len(resp.chunks)} chunks for {len(order)} tables", shard)
+        for i, chunk in zip(order, resp.chunks):
+            b, e = ranges[i]
+            if len(chunk.data) != (e - b) * 4:
+                raise PsError(grpc.StatusCode.INTERNAL,
+                              f"{self._name(shard)} answered {len(chunk.data)} bytes for table "
+                              f"{specs[i].table_id}, expected {(e - b) * 4}", shard)
+            outs[i].reshape(-1)[b:e] = np.frombuffer(chunk.data, dtype=np.float32)
+
+    def set_dense(self, table: Union[str, int], values: np.ndarray, step: int = 0) -> None:
+        """Replaces the table's values (a model's initial parameters) as of `step` (BSP:
+        pulls at `step` see them), keeping its optimizer state: ExportDense of each shard's
+        state, its values replaced, ImportDense (all or nothing per shard). For setting up a
+        table, not for one that workers push to at the same time."""
+        spec = self._dense_spec(table, -1)
+        flat = _float32(values, spec.size, f"table {spec.table_id}", "values")
+
+        def one(shard: int) -> None:
+            b, e = shard_range(spec.size, shard, self.num_shards)
+            req = ps_pb2.ExportDenseRequest(table_id=spec.table_id, step=step)
+            chunks = list(self._call(shard, lambda stub: list(
+                stub.ExportDense(req, timeout=self.timeout))))
+            for c in chunks:
+                n = len(c.values)
+                c.step = step
+                c.values[:] = flat[c.begin:c.begin + n]
+            if b < e and sum(len(c.values) for c in chunks) != e - b:
+                raise PsError(grpc.StatusCode.INTERNAL,
+                              f"{self._name(shard)} exported {sum(len(c.values) for c in chunks)}"
+                              f" values of [{b}, {e})", shard)
+            self._call(shard, lambda stub: stub.ImportDense(iter(chunks), timeout=self.timeout))
+
+        self._each(one)
+
+    # ---- sparse rows -------------------------------------------------------------------
+
+    def shard_of(self, keys: np.ndarray) -> np.ndarray:
+        """The shard of each key (common/sharding.cc's SparseShardOf)."""
+        return (_mix64(np.asarray(keys, dtype=np.uint64)) %
+                np.uint64(self.num_shards)).astype(np.int64)
+
+    def _split_keys(self, table: Union[str, int], keys, worker: int):
+        spec = self._dense_spec(table, worker, ps_pb2.TableSpec.SPARSE)
+        keys = np.asarray(keys)
+        if keys.ndim != 1 or (keys.size and keys.dtype.kind not in "iu"):
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {spec.table_id}: keys must be a 1-D array of integers, got "
+                          f"shape {keys.shape} of {keys.dtype}")
+        if keys.dtype.kind == "i" and keys.size and keys.min() < 0:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {spec.table_id}: key {int(keys.min())} is negative")
+        keys = keys.astype(np.uint64, copy=False)
+        shards = self.shard_of(keys)
+        return spec, keys, [np.flatnonzero(shards == s) for s in range(self.num_shards)]
+
+    def pull_sparse(self, table: Union[str, int], keys, step: int = 0, worker: int = 0
+                    ) -> np.ndarray:
+        """The rows of `keys` (any order, repeats allowed) at `step`: an array of shape
+        (len(keys), dim). Each distinct key is asked once; rows not yet touched come from
+        the table's initializer."""
+        spec, keys, _ = self._split_keys(table, keys, worker)
+        unique, inverse = np.unique(keys, return_inverse=True)
+        shards = self.shard_of(unique)
+        rows = np.empty((unique.size, spec.dim), dtype=np.float32)
+        per_call = max(1, self.chunk_bytes // (4 * spec.dim))
+        self._ensure_registered(worker)
+
+        def one(shard: int) -> None:
+            idx = np.flatnonzero(shards == shard)
+            for at in range(0, idx.size, per_call):
+                part = idx[at:at + per_call]
+                req = ps_pb2.SparseRequest(worker_id=worker, step=step,
+                                           table_id=spec.table_id, keys=unique[part].tolist())
+                resp = self._call(shard, lambda stub: stub.PullSparse(req, timeout=self.timeout))
+                if len(resp.values) != part.size * spec.dim * 4:
+                    raise PsError(grpc.StatusCode.INTERNAL,
+                                  f"{self._name(shard)} answered {len(resp.values)} bytes for "
+                                  f"{part.size} rows of {spec.dim}", shard)
+                rows[part] = np.frombuffer(resp.values, np.float32).reshape(part.size, spec.dim)
+
+        self._each(one)
+        return rows[inverse]
+
+    def push_sparse(self, table: Union[str, int], keys, grads: np.ndarray, step: int = 0,
+                    worker: int = 0) -> None:
+        """Pushes one gradient row per key for `step` (repeated keys: their rows are summed,
+        one optimizer update per key). Every shard gets the call, with no keys when none of
+        them is its (BSP counts every worker's push per step on every shard)."""
+        spec, keys, parts = self._split_keys(table, keys, worker)
+        grads = _float32(grads, keys.size * spec.dim, f"table {spec.table_id}",
+                         f"gradient ({keys.size} keys x dim {spec.dim})")
+        self._check_finite(spec, grads)
+        rows = grads.reshape(keys.size, spec.dim)
+        self._ensure_registered(worker)
+        self._each(lambda s: self._call(s, lambda stub: stub.PushSparse(
+            ps_pb2.SparseRequest(worker_id=worker, step=step, table_id=spec.table_id,
+                                 keys=keys[parts[s]].tolist(), grads=rows[parts[s]].tobytes()),
+            timeout=self.timeout)))
+
+    # ---- futures -----------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], *args, **kwargs) -> "concurrent.futures.Future[T]":
+        """fn(*args, **kwargs) on the client's async pool (a Future; .result() raises the
+        call's PsError)."""
+        return self._async_pool.submit(fn, *args, **kwargs)
+
+    def pull_dense_async(self, *args, **kwargs) -> "concurrent.futures.Future[np.ndarray]":
+        return self.submit(self.pull_dense, *args, **kwargs)
+
+    def push_dense_async(self, *args, **kwargs) -> "concurrent.futures.Future[None]":
+        return self.submit(self.push_dense, *args, **kwargs)
+
+    def push_pull_dense_async(self, *args, **kwargs
+                              ) -> "concurrent.futures.Future[List[np.ndarray]]":
+        return self.submit(self.push_pull_dense, *args, **kwargs)
+
+    def pull_sparse_async(self, *args, **kwargs) -> "concurrent.futures.Future[np.ndarray]":
+        return self.submit(self.pull_sparse, *args, **kwargs)
+
+    def push_sparse_async(self, *args, **kwargs) -> "concurrent.futures.Future[None]":
+        return self.submit(self.push_sparse, *args, **kwargs)
+
+    # ---- clocks and snapshots ----------------------------------------------------------
+
+    def stats(self) -> List[ps_pb2.StatsResponse]:
+        """Every shard's Stats: its tables' counters and the workers' clocks."""
+        req = ps_pb2.StatsRequest()
+        return self._each(lambda s: self._call(s, lambda stub: stub.Stats(req,
+                                                                         timeout=self.timeout)))
+
+    def clock(self, worker: int = 0) -> int:
+        """The steps `worker` has pushed (max step + 1 over every table), on the shard that
+        has seen fewest: the step it resumes at. 0 before its first push."""
+        clocks = []
+        for st in self.stats():
+            clocks.append(next((c.clock for c in st.workers if c.worker_id == worker), 0))
+        return min(clocks)
+
+    def unregister_worker(self, worker: int) -> None:
+        """`worker` leaves for good: BSP steps stop waiting for it."""
+        req = ps_pb2.UnregisterWorkerRequest(worker_id=worker)
+        self._each(lambda s: self._call(
+            s, lambda stub: stub.UnregisterWorker(req, timeout=self.timeout)))
+        with self._lock:
+            self._registered.discard(worker)
+
+    def wait_for_workers(self, count: int, timeout: Optional[float] = None) -> List[int]:
+        """Waits (bounded: `timeout`, default the client's) until `count` workers have
+        registered with every shard, so that the first BSP step waits for all of them;
+        returns the registered ids. The shards have no blocking call for this: it polls
+        Stats, backing off from 5 to 100 ms, so a worker that registers and leaves again
+        (unregister_worker) between two polls is not seen: leave only after every worker
+        has started."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        delay = 0.005
+        while True:
+            seen = [sorted(c.worker_id for c in st.workers) for st in self.stats()]
+            if all(len(ids) >= count for ids in seen):
+                return seen[0]
+            if time.monotonic() + delay > deadline:
+                raise PsError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"waited for {count} workers to register; the shards have "
+                              f"{seen} (start the others, or check their logs)")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.1)
+
+    def snapshots(self) -> List[List[ps_pb2.SnapshotInfo]]:
+        """Every shard's snapshots (ListSnapshots), ascending step."""
+        req = ps_pb2.ListSnapshotsRequest()
+        return [list(r.snapshots) for r in self._each(lambda s: self._call(
+            s, lambda stub: stub.ListSnapshots(req, timeout=self.timeout)))]
+
+    def restore(self, step: int) -> None:
+        """Every shard back to its snapshot of `step` (one complete on every shard: see
+        checkpoints()). Workers then resume at `step`."""
+        req = ps_pb2.RestoreRequest(step=step)
+        self._each(lambda s: self._call(s, lambda stub: stub.Restore(req,
+                                                                    timeout=self.timeout)))
+
     # ---- the coordinator ---------------------------------------------------------------
 
-    def view(self) -> coordinator_pb2.ClusterView:
-        """The coordinator's cluster view (GetView)."""
+    def _coord(self, method: str, request: Message, timeout: Optional[float] = None):
         if self._coordinator is None:
             raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
                           "this cluster has no coordinator (Cluster.from_shards)")
-        return _get_view(self._coordinator, self._coordinator_address, self.timeout)
+        try:
+            return getattr(self._coordinator, method)(
+                request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise PsError(e.code(), f"coordinator ({self._coordinator_address}): "
+                          f"{e.details()}") from None
+
+    def view(self) -> coordinator_pb2.ClusterView:
+        """The coordinator's cluster view (GetView)."""
+        return self._coord("GetView", coordinator_pb2.GetViewRequest())
 
     def status(self) -> dict:
         """The coordinator's view as a dict (field names as in coordinator.proto); without a
@@ -316,6 +606,60 @@ class Cluster:
         if self._coordinator is None:
             return {"num_shards": self.num_shards, "shard_addresses": list(self.addresses)}
         return _to_dict(self.view())
+
+    def checkpoint(self, metric: Optional[float] = None,
+                   timeout: Optional[float] = None) -> dict:
+        """A cluster checkpoint now (the coordinator snapshots every shard at the step the
+        tables reached and answers once every snapshot is durable): {step, metric, ...}."""
+        req = coordinator_pb2.CheckpointRequest(has_metric=metric is not None,
+                                                metric=metric or 0.0)
+        return _to_dict(self._coord("Checkpoint", req, timeout))
+
+    def checkpoints(self) -> List[dict]:
+        """The complete cluster checkpoints, ascending step."""
+        return [_to_dict(c) for c in self.view().checkpoints]
+
+    def switch_mode(self, mode: str, at_step: int = 0) -> dict:
+        """Schedules a live switch of every worker's training mode (ps, allreduce, fsdp,
+        pipeline) at `at_step` (0: the next step boundary no worker has reached)."""
+        modes = {k.lower(): v for k, v in coordinator_pb2.TrainingMode.items()}
+        req = coordinator_pb2.SwitchModeRequest(mode=_enum(modes, mode, "mode"),
+                                                at_step=at_step)
+        return _to_dict(self._coord("SwitchMode", req))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """common/sharding.cc's Mix64 (splitmix64's finaliser), elementwise on uint64."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _float32(array, size: int, what: str, name: str) -> np.ndarray:
+    """`array` as a flat little-endian float32 array of `size` values (no copy when it is
+    one already); a PsError (INVALID_ARGUMENT) naming what is wrong otherwise."""
+    array = np.asarray(array)
+    if array.dtype != np.float32:
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"{what}: the {name} must be float32, not {array.dtype}")
+    if array.size != size:
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"{what} holds {size} values; the {name} has {array.size}")
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return flat.astype("<f4") if flat.dtype.byteorder == ">" else flat
+
+
+def _output(out: Optional[np.ndarray], size: int, what: str) -> np.ndarray:
+    if out is None:
+        return np.empty(size, dtype=np.float32)
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.size != size
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"{what}: the output must be a writable C-contiguous float32 array of "
+                      f"{size} values")
+    return out
 
 
 def _to_dict(message: Message) -> dict:

@@ -28,7 +28,7 @@
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
 ABSL_FLAG(int, num_shards, 1, "Parameter-server shards the cluster has.");
-ABSL_FLAG(int, num_workers, 1, "Workers the cluster has.");
+ABSL_FLAG(int, num_workers, 1, "Workers the cluster has (0: none built in; clients train).");
 ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "A member silent this long is declared dead.");
 ABSL_FLAG(std::string, data_dir, "",
           "Cluster checkpoints: the manifest is kept here (reloaded on restart). Without it, "
@@ -103,8 +103,12 @@ absl::StatusOr<pscluster::coord::ClusterStateOptions> MembershipFromFlags() {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  if (options.num_shards < 0 || options.num_workers < 1) {  // 0 shards: collective modes only
-    return absl::InvalidArgumentError("--num_shards must be >= 0 and --num_workers >= 1");
+  // 0 shards: collective modes only. 0 workers: no built-in workers (clients such as the
+  // Python one train through the shards); the cluster is complete once the shards are.
+  if (options.num_shards < 0 || options.num_workers < 0 ||
+      options.num_shards + options.num_workers == 0) {
+    return absl::InvalidArgumentError(
+        "--num_shards and --num_workers must be >= 0, and not both 0");
   }
   if (options.heartbeat_timeout < absl::Milliseconds(100)) {
     return absl::InvalidArgumentError("--heartbeat_timeout_ms must be >= 100");

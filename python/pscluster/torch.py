@@ -1,0 +1,209 @@
+"""PyTorch on the parameter server: any torch.nn.Module's parameters on the shards.
+
+    import torch, pscluster, pscluster.torch as pst
+    cluster = pscluster.connect("127.0.0.1:7000")
+    torch.manual_seed(0)                         # the same initial model on every worker
+    model = MyModel()
+    opt = pst.ParameterServerOptimizer(model, cluster, optimizer="adam", lr=1e-3,
+                                       consistency="bsp", worker=rank, num_workers=world)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()                               # push the gradients, pull the new values
+
+The optimizer runs on the servers (the tables' optimizer: sgd, momentum, adagrad, adam,
+adamw, ftrl), so a step is one PushPullDenseBatch per shard: every parameter's gradient
+goes up and its new value comes back into the parameter's own memory, in one round trip.
+Worker 0 writes the model's initial values into the tables; the workers then meet (every
+one registered with every shard) before the first step, so BSP step 0 waits for all.
+
+Gradients are scaled by 1 / num_workers before the push: a BSP step applies the sum of the
+workers' gradients, which is then the gradient of the mean loss over the global batch, as
+with DistributedDataParallel.
+
+`Embedding` is an embedding bag whose rows live in a sparse table: forward pulls the rows a
+batch touches (each distinct id once), backward gives their gradients, and the optimizer's
+step pushes them, so the table can be far larger than one worker's memory.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from pscluster.client import Cluster, PsError
+
+# Table ids of a model: `table_base + i` for its i-th parameter (every worker numbers the
+# same module's parameters identically) and `table_base + 10000 + j` for its j-th Embedding.
+DEFAULT_TABLE_BASE = 1000
+EMBEDDING_OFFSET = 10000
+
+
+def _numpy(t: torch.Tensor, what: str) -> np.ndarray:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise PsError(_invalid(), f"{what} must be a contiguous float32 CPU tensor, not "
+                      f"{t.dtype} on {t.device}{'' if t.is_contiguous() else ' (strided)'}")
+    return t.detach().numpy().reshape(-1)
+
+
+def _invalid():
+    import grpc
+    return grpc.StatusCode.INVALID_ARGUMENT
+
+
+class Embedding(torch.nn.Module):
+    """An embedding whose `num_embeddings` x `embedding_dim` rows are a sparse table on the
+    shards (rows made on first touch by the table's initializer: `initializer`, `scale`,
+    `seed`). forward(ids) returns (*ids.shape, embedding_dim); the rows' gradients are
+    pushed by ParameterServerOptimizer.step() (or push()). Holds only the rows of the
+    batches since the last push."""
+
+    def __init__(self, cluster: Cluster, name: str, num_embeddings: int, embedding_dim: int,
+                 *, table_id: Optional[int] = None, optimizer: str = "adam",
+                 lr: float = 1e-3, consistency: str = "bsp", staleness: int = 0,
+                 initializer: str = "normal", scale: float = 0.01, seed: int = 0,
+                 worker: int = 0, **optimizer_fields):
+        super().__init__()
+        if num_embeddings <= 0 or embedding_dim <= 0:
+            raise PsError(_invalid(), f"embedding {name}: num_embeddings and embedding_dim "
+                          f"must be > 0, got {num_embeddings} x {embedding_dim}")
+        self.cluster, self.name = cluster, name
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.worker = worker
+        self.step_ = 0
+        self._spec = dict(key_space=num_embeddings, optimizer=optimizer, learning_rate=lr,
+                          consistency=consistency, staleness=staleness,
+                          initializer=initializer, scale=scale, seed=seed,
+                          **optimizer_fields)
+        self.table: Optional[int] = None
+        if table_id is not None:
+            self.create(table_id)
+        self._batches: List[Tuple[np.ndarray, torch.Tensor]] = []
+        self.grad_scale = 1.0
+
+    def create(self, table_id: int) -> int:
+        """Creates (or finds, for an identical spec) the sparse table: done by the optimizer
+        when the Embedding has no table id of its own."""
+        self.table = self.cluster.create_sparse(self.name, self.embedding_dim, worker=self.worker,
+                                                table_id=table_id, **self._spec)
+        return self.table
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            raise PsError(_invalid(), f"embedding {self.name} has no table yet: give it a "
+                          "table_id or hand its module to ParameterServerOptimizer first")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise PsError(_invalid(), f"embedding {self.name}: ids must be int64 or int32, "
+                          f"not {ids.dtype}")
+        flat = ids.reshape(-1).numpy()
+        if flat.size and (flat.min() < 0 or flat.max() >= self.num_embeddings):
+            bad = flat[(flat < 0) | (flat >= self.num_embeddings)][0]
+            raise PsError(_invalid(), f"embedding {self.name}: id {int(bad)} is outside "
+                          f"[0, {self.num_embeddings})")
+        unique, inverse = np.unique(flat, return_inverse=True)
+        rows = self.cluster.pull_sparse(self.table, unique, step=self.step_, worker=self.worker)
+        weight = torch.from_numpy(rows).requires_grad_(self.training)
+        if self.training:
+            self._batches.append((unique, weight))
+        return weight[torch.from_numpy(inverse)].reshape(*ids.shape, self.embedding_dim)
+
+    def push(self) -> None:
+        """Pushes the gradients of every row pulled since the last push, for this step, and
+        moves to the next step. Pushes (with no rows) even when forward did not run: a BSP
+        step waits for every worker's push."""
+        keys = [k for k, _ in self._batches]
+        grads = [(w.grad if w.grad is not None else torch.zeros_like(w)).numpy()
+                 for _, w in self._batches]
+        self._batches = []
+        dim = self.embedding_dim
+        keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        grads = (np.concatenate(grads) if grads else np.zeros((0, dim), np.float32))
+        if self.grad_scale != 1.0:
+            grads = grads * np.float32(self.grad_scale)
+        self.cluster.push_sparse(self.table, keys, np.ascontiguousarray(grads, np.float32),
+                                 step=self.step_, worker=self.worker)
+        self.step_ += 1
+
+
+class ParameterServerOptimizer:
+    """Trains `module`'s parameters (and its Embeddings' tables) on the cluster's shards
+    with a server-side optimizer. Every worker builds the same module (same seed) and one of
+    these with its own `worker` rank; `num_workers` of them train together.
+
+    optimizer/lr/optimizer_fields: the tables' OptimizerConfig (e.g. beta1, weight_decay).
+    consistency: bsp, ssp (with staleness) or asp. step: the step to start at (0, or a
+    restored checkpoint's: then the values come from the server, not the module)."""
+
+    def __init__(self, module: torch.nn.Module, cluster: Cluster, *, optimizer: str = "adam",
+                 lr: float = 1e-3, consistency: str = "bsp", staleness: int = 0,
+                 worker: int = 0, num_workers: int = 1, step: int = 0,
+                 table_base: int = DEFAULT_TABLE_BASE, name: str = "model",
+                 grad_scale: Optional[float] = None, wait_timeout: Optional[float] = None,
+                 **optimizer_fields):
+        if not 0 <= worker < num_workers:
+            raise PsError(_invalid(), f"worker {worker} is outside [0, {num_workers})")
+        self.cluster, self.worker, self.num_workers = cluster, worker, num_workers
+        self.step_count = step
+        self.grad_scale = 1.0 / num_workers if grad_scale is None else grad_scale
+        spec = dict(optimizer=optimizer, learning_rate=lr, consistency=consistency,
+                    staleness=staleness, **optimizer_fields)
+        self.params: List[Tuple[str, torch.nn.Parameter]] = [
+            (n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.embeddings: List[Embedding] = [m for m in module.modules()
+                                            if isinstance(m, Embedding)]
+        for n, p in self.params:
+            _numpy(p.data, f"parameter {n}")
+        self.tables = [cluster.create_dense(f"{name}/{n}", p.numel(), table_id=table_base + i,
+                                            worker=worker, **spec)
+                       for i, (n, p) in enumerate(self.params)]
+        for j, e in enumerate(self.embeddings):
+            if e.table is None:
+                e.create(table_base + EMBEDDING_OFFSET + j)
+            e.worker, e.step_, e.grad_scale = worker, step, self.grad_scale
+        if worker == 0 and step == 0:
+            for t, (n, p) in zip(self.tables, self.params):
+                cluster.set_dense(t, _numpy(p.data, f"parameter {n}"), step=0)
+        # Registered only now: no other worker's step 0 can be applied before worker 0 has
+        # written the initial values (a BSP step waits for every registered worker).
+        cluster.register_worker(worker)
+        cluster.wait_for_workers(num_workers, wait_timeout)
+        if step > 0 or worker != 0:
+            self._pull(step)
+
+    def _pull(self, step: int) -> None:
+        for t, (n, p) in zip(self.tables, self.params):
+            self.cluster.pull_dense(t, step=step, worker=self.worker,
+                                    out=_numpy(p.data, f"parameter {n}"))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def step(self) -> None:
+        """Pushes every gradient for this step (missing ones as zeros) and pulls the values
+        of the next into the parameters: one round trip per shard; the Embeddings' rows are
+        pushed at the same time."""
+        grads = []
+        for n, p in self.params:
+            g = torch.zeros_like(p.data) if p.grad is None else p.grad.detach()
+            if self.grad_scale != 1.0:
+                g = g * self.grad_scale
+            grads.append(_numpy(g.contiguous(), f"gradient of {n}"))
+        pushes = [self.cluster.submit(e.push) for e in self.embeddings]
+        try:
+            with torch.no_grad():
+                self.cluster.push_pull_dense(
+                    self.tables, grads, step=self.step_count, worker=self.worker,
+                    outs=[_numpy(p.data, f"parameter {n}") for n, p in self.params])
+        finally:
+            for f in pushes:
+                f.result()
+        self.step_count += 1
+
+    def state(self) -> Dict[str, Union[int, List[int]]]:
+        return {"step": self.step_count, "tables": list(self.tables),
+                "embeddings": [e.table for e in self.embeddings]}

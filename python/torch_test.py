@@ -1,0 +1,228 @@
+"""pscluster.torch against plain PyTorch: the same models, data and Adam, step by step, on
+a real coordinator and two shards (see pscluster_test.py for how to run it by hand).
+
+Tolerance: the server's Adam is PyTorch's float32 update (core/optimizer/optimizer.cc), so
+one worker matches torch.optim.Adam to rounding (observed <= 1e-7); with two workers the
+gradient is the sum of two half-batch means instead of one mean over the batch, which
+rounds differently. Every parameter must stay within ATOL = 1e-5 (absolute) of PyTorch's
+after 10 steps, while the parameters themselves move by ~1e-2 over those steps.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+DEBIAN_PYTHON = "/usr/bin/python3"  # see pscluster_test.py
+if (os.path.exists(DEBIAN_PYTHON) and os.path.realpath(sys.executable) !=
+        os.path.realpath(DEBIAN_PYTHON) and not os.environ.get("PSCLUSTER_TEST_REEXEC")):
+    os.environ["PSCLUSTER_TEST_REEXEC"] = "1"
+    os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON, os.path.abspath(__file__)] + sys.argv[1:])
+
+import threading
+import unittest
+from typing import Callable, List
+
+import numpy as np
+import torch
+
+import pscluster
+import pscluster.torch as pst
+from pscluster.local import LocalCluster
+
+torch.set_num_threads(1)
+STEPS = 10
+ATOL = 1e-5
+TIMEOUT = 30.0
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32),
+                                       torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ConvGru(torch.nn.Module):
+    """A CNN front (conv, pool) and a GRU over the rows: not an MLP, and with parameters of
+    several shapes (4-D kernels, stacked gate matrices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.gru = torch.nn.GRU(input_size=4 * 4, hidden_size=12, batch_first=True)
+        self.head = torch.nn.Linear(12, 10)
+
+    def forward(self, x):  # x: (B, 1, 8, 8)
+        h = torch.relu(self.conv(x))                   # (B, 4, 8, 8)
+        h = torch.nn.functional.max_pool2d(h, (1, 2))  # (B, 4, 8, 4)
+        h = h.permute(0, 2, 1, 3).reshape(x.shape[0], 8, 16)
+        out, _ = self.gru(h)
+        return self.head(out[:, -1])
+
+
+def data(steps: int, batch: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+class TorchTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.local = LocalCluster(num_shards=2)
+        cls.next_base = 1000
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.local.stop()
+
+    def base(self) -> int:
+        TorchTest.next_base += 100
+        return TorchTest.next_base
+
+    def reference(self, make: Callable[[], torch.nn.Module], batches, lr: float):
+        torch.manual_seed(0)
+        model = make()
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return model
+
+    def train(self, make: Callable[[], torch.nn.Module], batches, lr: float, workers: int,
+              consistency: str = "bsp") -> List[torch.nn.Module]:
+        """`workers` threads, each its own client and model copy and its part of every
+        batch, through the cluster."""
+        base, models, errors = self.base(), [None] * workers, []
+        # Nobody leaves before everyone has started: an ASP worker could else finish and
+        # unregister before a slower one saw it registered (wait_for_workers polls).
+        started = threading.Barrier(workers, timeout=60)
+        built = []
+        for _ in range(workers):  # here: torch's seeded generator is one for all threads
+            torch.manual_seed(0)
+            built.append(make())
+
+        def work(rank: int) -> None:
+            try:
+                with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+                    model = built[rank]
+                    opt = pst.ParameterServerOptimizer(
+                        model, cluster, optimizer="adam", lr=lr, consistency=consistency,
+                        worker=rank, num_workers=workers, table_base=base)
+                    started.wait()
+                    for x, y in batches:
+                        part = slice(rank * len(x) // workers, (rank + 1) * len(x) // workers)
+                        opt.zero_grad()
+                        torch.nn.functional.cross_entropy(model(x[part]), y[part]).backward()
+                        opt.step()
+                    models[rank] = model
+                    cluster.unregister_worker(rank)
+            except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                errors.insert(0, e)
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+            self.assertFalse(t.is_alive(), "a worker did not finish within 120 s")
+        if errors:
+            raise AssertionError(" / ".join(repr(e) for e in reversed(errors))) from errors[-1]
+        return models
+
+    def check(self, make, lr: float, workers: int) -> None:
+        batches = data(STEPS, 32)
+        ref = self.reference(make, batches, lr)
+        torch.manual_seed(0)
+        start = make()
+        models = self.train(make, batches, lr, workers)
+        moved = max_diff(ref, start)
+        self.assertGreater(moved, 100 * ATOL, "the reference did not train")
+        for rank, m in enumerate(models):
+            self.assertLess(max_diff(m, ref), ATOL, f"worker {rank} vs torch.optim.Adam")
+        if workers > 1:  # BSP: every worker ends with the same values, bit for bit
+            for m in models[1:]:
+                self.assertEqual(max_diff(m, models[0]), 0.0)
+
+    def test_mlp_one_worker_equals_torch_adam(self) -> None:
+        self.check(Mlp, 1e-2, workers=1)
+
+    def test_mlp_two_workers_bsp_equal_torch_adam(self) -> None:
+        self.check(Mlp, 1e-2, workers=2)
+
+    def test_conv_gru_two_workers_bsp_equal_torch_adam(self) -> None:
+        self.check(ConvGru, 1e-2, workers=2)
+
+    def test_asp_trains(self) -> None:
+        batches = data(STEPS, 32)
+        torch.manual_seed(0)
+        start = Mlp()
+        models = self.train(Mlp, batches, 1e-2, workers=2, consistency="asp")
+        self.assertGreater(max_diff(models[0], start), 100 * ATOL)
+
+    def test_embedding_equals_torch_embedding_with_adagrad(self) -> None:
+        # Adagrad leaves rows without gradient exactly as they are in both (sparse
+        # semantics), so a sparse table matches a dense torch.nn.Embedding. The server's
+        # rows start from its initializer: copy them into the reference first.
+        num, dim, lr = 5000, 6, 0.1
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            emb = pst.Embedding(cluster, "emb_test", num, dim, table_id=self.base(),
+                                optimizer="adagrad", lr=lr, initializer="normal", scale=0.5,
+                                seed=3, epsilon=1e-10, initial_accumulator=0.1)
+            head = torch.nn.Linear(3 * dim, 2)
+            model = torch.nn.Sequential()
+            model.emb, model.head = emb, head
+            opt = pst.ParameterServerOptimizer(model, cluster, optimizer="adagrad", lr=lr,
+                                               table_base=self.base(), epsilon=1e-10,
+                                               initial_accumulator=0.1)
+            ref_emb = torch.nn.Embedding(num, dim)
+            with torch.no_grad():
+                ref_emb.weight.copy_(torch.from_numpy(cluster.pull_sparse(emb.table,
+                                                                          np.arange(num))))
+            ref_head = torch.nn.Linear(3 * dim, 2)
+            ref_head.load_state_dict(head.state_dict())
+            ref_opt = torch.optim.Adagrad(list(ref_emb.parameters()) + list(ref_head.parameters()),
+                                          lr=lr, eps=1e-10, initial_accumulator_value=0.1)
+            g = torch.Generator().manual_seed(5)
+            touched = set()
+            for step in range(STEPS):
+                ids = torch.randint(0, 50, (16, 3), generator=g)  # repeats within a batch
+                touched.update(ids.reshape(-1).tolist())
+                y = torch.randint(0, 2, (16,), generator=g)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(head(emb(ids).reshape(16, -1)), y).backward()
+                opt.step()
+                ref_opt.zero_grad()
+                torch.nn.functional.cross_entropy(ref_head(ref_emb(ids).reshape(16, -1)),
+                                                  y).backward()
+                ref_opt.step()
+            rows = cluster.pull_sparse(emb.table, np.arange(num), step=STEPS)
+            self.assertLess(np.abs(rows - ref_emb.weight.detach().numpy()).max(), ATOL)
+            self.assertLess(max_diff(head, ref_head), ATOL)
+            # Pulls read untouched rows from the initializer; only pushes make rows.
+            self.assertEqual(sum(i.num_rows for i in cluster.describe(emb.table)), len(touched))
+            with self.assertRaises(pscluster.PsError) as e:
+                emb(torch.tensor([num]))
+            self.assertIn(str(num), e.exception.message)
+            cluster.unregister_worker(0)
+
+    def test_float64_model_is_refused(self) -> None:
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            with self.assertRaises(pscluster.PsError) as e:
+                pst.ParameterServerOptimizer(torch.nn.Linear(3, 3).double(), cluster,
+                                             table_base=self.base())
+            self.assertIn("float32", e.exception.message)
+
+
+if __name__ == "__main__":
+    import pytest
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider"]))
