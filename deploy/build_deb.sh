@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Packs already-built pscluster binaries into pscluster_<version>_amd64.deb: the binaries
 # (stripped copies) in /usr/bin, the systemd units, the confs in /etc/pscluster (conffiles),
-# the maintainer scripts and README.Debian from deploy/debian/. Depends is computed with
-# dpkg-shlibdeps. Prints the path of the .deb as its last line.
+# the maintainer scripts and README.Debian from deploy/debian/, and the Python client
+# (python/pscluster with its generated stubs) in /usr/lib/python3/dist-packages. Depends is
+# computed with dpkg-shlibdeps. Prints the path of the .deb as its last line.
 #
 #   deploy/build_deb.sh --bin-dir DIR --out DIR [--version V]
 #
 # --bin-dir: a Bazel bin root (bazel info -c opt bazel-bin) of a CPU build, holding
-# server/ps/ps_server, server/coordinator/ps_coordinator, worker/ps_worker, tools/psctl/psctl.
+# server/ps/ps_server, server/coordinator/ps_coordinator, worker/ps_worker, tools/psctl/psctl
+# and python/pscluster/proto (bazel build -c opt //python:pscluster).
 # --version: default, the content of VERSION at the repository root.
 # Needs dpkg-dev (dpkg-shlibdeps) and binutils (strip).
 set -euo pipefail
@@ -57,6 +59,8 @@ for b in "${binaries[@]}"; do
   [[ -f $bin_dir/$b && -x $bin_dir/$b ]] \
     || die "missing binary $bin_dir/$b (bazel build -c opt //${b%/*}:${b##*/})"
 done
+[[ -f $bin_dir/python/pscluster/proto/ps_pb2.py ]] \
+  || die "missing the Python stubs in $bin_dir/python/pscluster/proto (bazel build -c opt //python:pscluster)"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -76,6 +80,10 @@ install -m 0644 "$debian"/{coordinator,ps,worker}.conf "$root/etc/pscluster/"
 install -m 0644 "$debian/README.Debian" "$root/usr/share/doc/pscluster/"
 install -m 0755 "$debian"/{postinst,prerm,postrm} "$root/DEBIAN/"
 install -m 0644 "$debian/conffiles" "$root/DEBIAN/"
+py=$root/usr/lib/python3/dist-packages/pscluster
+install -d -m 0755 "$py/proto"
+install -m 0644 "$here"/../python/pscluster/*.py "$py/"
+install -m 0644 "$bin_dir"/python/pscluster/proto/*.py "$py/proto/"
 
 # dpkg-shlibdeps wants a debian/control naming the package in its working directory.
 mkdir -p "$work/src/debian"

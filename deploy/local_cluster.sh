@@ -5,6 +5,7 @@
 #                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--model mlp|embedding] [--out DIR]
+#   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
 # shards and the workers on free loopback ports, prints progress, and ends with the test
@@ -16,11 +17,15 @@
 # shards at each epoch's end); a shard or worker that dies is restarted and training rolls
 # back to the last checkpoint. --switch schedules live mode switches (psctl switch-mode
 # --at_step) before training starts; summary.json records each one.
+# --workers 0 starts no built-in workers: a cluster for clients of your own (the Python
+# client, pscluster.torch). It serves until Ctrl-C, or, with --run, runs COMMAND (with
+# PSCLUSTER_COORDINATOR set to the coordinator's address) and stops when it exits, with
+# its exit status. DIR/coordinator.address holds the address either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp
+switches="" micro_batches=4 model=mlp run=""
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -37,6 +42,7 @@ while (($#)); do
     --lr) lr=$2; shift 2 ;;
     --batch_size) batch_size=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --run) run=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
@@ -55,14 +61,19 @@ ps_re='(^|,)[0-9]+:ps(,|$)'
 if ((shards == 0)) && { [[ $mode == ps ]] || [[ $switches =~ $ps_re ]]; }; then
   echo "local_cluster.sh: ps mode needs --shards >= 1" >&2; exit 2
 fi
-for n in "$workers" "$epochs" "$batch_size" "$micro_batches"; do
+[[ $workers =~ ^[0-9]+$ ]] || { echo "local_cluster.sh: --workers '$workers' is not a count" >&2; exit 2; }
+if ((workers == 0 && shards == 0)); then
+  echo "local_cluster.sh: --workers 0 needs --shards >= 1 (a cluster for your own clients)" >&2; exit 2
+fi
+[[ -z $run ]] || ((workers == 0)) || { echo "local_cluster.sh: --run goes with --workers 0" >&2; exit 2; }
+for n in "$epochs" "$batch_size" "$micro_batches"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "local_cluster.sh: '$n' is not a positive count" >&2; exit 2; }
 done
 
 deploy/install_deps.sh
 echo "== building (bazel -c opt)"
 bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker \
-  //tools/psctl:psctl 2>&1 | tail -n 2
+  //tools/psctl:psctl //python:pscluster 2>&1 | tail -n 2
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -103,7 +114,8 @@ start=$(date +%s)
 # port continues where it stopped.
 start_coordinator() {  # port
   "$bin/server/coordinator/ps_coordinator" --port="$1" --num_shards="$shards" --num_workers="$workers" \
-    --mode="$mode" --data_dir="$out/coordinator" --checkpoint_every_steps=$((60000 / (workers * batch_size))) \
+    --mode="$mode" --data_dir="$out/coordinator" \
+    --checkpoint_every_steps=$((workers > 0 ? 60000 / (workers * batch_size) : 0)) \
     >>"$out/coordinator.log" 2>&1 &
 }
 start_coordinator 0
@@ -128,21 +140,33 @@ start_worker() {  # rank
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
     --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" >>"$out/worker$1.log" 2>&1 &
 }
+echo "$coordinator" >"$out/coordinator.address"
 for ((r = 0; r < workers; ++r)); do
   start_worker $r
   pids+=($!) names+=("worker$r")
 done
-echo "== $workers worker(s) training $epochs epoch(s) in $mode mode, $optimizer lr=$lr (progress of worker 0):"
-tail -n +1 -f "$out/worker0.log" & tail_pid=$!
+tail_pid=""
+if ((workers > 0)); then
+  echo "== $workers worker(s) training $epochs epoch(s) in $mode mode, $optimizer lr=$lr (progress of worker 0):"
+  tail -n +1 -f "$out/worker0.log" & tail_pid=$!
+elif [[ -n $run ]]; then
+  echo "== running: $run"
+  PSCLUSTER_COORDINATOR=$coordinator PYTHONPATH="$PWD/python:$bin/python${PYTHONPATH:+:$PYTHONPATH}" bash -c "$run" > >(tee -a "$out/run.log") 2>&1 &
+  pids+=($!) names+=("run")
+else
+  echo "== no built-in workers; the cluster serves until Ctrl-C. Train through it with e.g."
+  echo "     /usr/bin/python3 examples/cnn_fashion_mnist.py --coordinator $coordinator"
+fi
 
-# Wait for the workers; any process that dies early stops the run.
-remaining=$workers restarts=0
+# Wait for the workers (or --run's command); any process that dies early stops the run.
+remaining=1 restarts=0 run_status=0
 while ((remaining > 0)); do
   remaining=0
+  ((workers == 0)) && [[ -z $run ]] && remaining=1  # serve until interrupted
   for i in "${!pids[@]}"; do
     [[ -n ${pids[$i]} ]] || continue
     if kill -0 "${pids[$i]}" 2>/dev/null; then
-      [[ ${names[$i]} == worker* ]] && remaining=$((remaining + 1))
+      [[ ${names[$i]} == worker* || ${names[$i]} == run ]] && remaining=$((remaining + 1))
       continue
     fi
     status=0; wait "${pids[$i]}" || status=$?
@@ -176,15 +200,23 @@ while ((remaining > 0)); do
       remaining=$((remaining + 1))
       continue
     fi
+    if [[ ${names[$i]} == run ]]; then
+      run_status=$status
+      continue
+    fi
     if [[ ${names[$i]} != worker* || $status -ne 0 ]]; then
-      kill "$tail_pid" 2>/dev/null || true
+      [[ -n $tail_pid ]] && kill "$tail_pid" 2>/dev/null
       die_with "${names[$i]}" "exit status $status"
     fi
   done
   ((remaining > 0)) && sleep 0.5
 done
-kill "$tail_pid" 2>/dev/null || true
+[[ -n $tail_pid ]] && kill "$tail_pid" 2>/dev/null
 wall=$(( $(date +%s) - start ))
+if ((workers == 0)); then
+  echo "== '$run' exited with status $run_status after ${wall} s; logs in $out"
+  exit "$run_status"
+fi
 
 # summary.json: rank 0's figures, every worker's rollbacks (deploy/summarize.py).
 python3 deploy/summarize.py "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" "$micro_batches"

@@ -35,7 +35,7 @@ import numpy as np
 
 import pscluster
 from pscluster.local import LocalCluster, find_binary
-from proto import ps_pb2
+from pscluster.proto import ps_pb2
 
 RPC_TIMEOUT = 10.0
 LR = 0.25

@@ -202,6 +202,16 @@ timeout 30 runuser -u pscluster -- psctl --coordinator=127.0.0.1:4000 status >"$
 ((status == 0 || status == 1)) || { cat "$logs/psctl.log"; fail "psctl status exited $status (3: unreachable)"; }
 pass "psctl status reaches the coordinator (exit $status)"
 
+# --- the Python client, installed in dist-packages with its Recommends ------------------------
+py_out=$(timeout 60 runuser -u pscluster -- /usr/bin/python3 -c '
+import pscluster
+c = pscluster.connect("127.0.0.1:4000", timeout=20)
+print(pscluster.__file__, c.num_shards)' 2>&1) \
+  || { echo "$py_out"; fail "the installed Python client cannot reach the coordinator"; }
+[[ $py_out == "/usr/lib/python3/dist-packages/pscluster/__init__.py 2" ]] \
+  || fail "import pscluster: expected the installed package and 2 shards, got '$py_out'"
+pass "the installed Python client reads the cluster's view ($py_out)"
+
 # --- a restarted shard comes back from its snapshot (the unit's --restore=latest) --------------
 for ((t = 0; t < 300; ++t)); do
   compgen -G "$state/checkpoints/shard-1/*" >/dev/null && break

@@ -13,6 +13,10 @@
 Every error is a PsError (.code: grpc.StatusCode, .message, .shard). The PyTorch
 integration is pscluster.torch (imported separately: it needs python3-torch).
 """
+# From a checkout the stubs are generated apart from the sources (bazel-bin/python/
+# pscluster/proto): the package spans every `pscluster` directory on sys.path.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
 from pscluster.client import Cluster, PsError, connect, shard_range
 
 __all__ = ["Cluster", "PsError", "connect", "shard_range"]

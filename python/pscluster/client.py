@@ -23,7 +23,7 @@ import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
+from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 
 T = TypeVar("T")
 

@@ -1,0 +1,180 @@
+"""A PyTorch CNN on Fashion-MNIST, trained by N Python worker processes through pscluster.
+
+    # a cluster of its own (a coordinator and 2 shards on loopback), 2 workers:
+    /usr/bin/python3 examples/cnn_fashion_mnist.py --workers 2 --epochs 3
+    # or through a running cluster (deploy/local_cluster.sh --workers 0 prints its address):
+    /usr/bin/python3 examples/cnn_fashion_mnist.py --coordinator 127.0.0.1:7000 --workers 2
+
+Each worker is a process with its own rank. All build the same CNN (same seed); worker 0
+writes its initial values into the shards; every step each worker computes the gradient
+of its part of the global batch (disjoint shards of each epoch's permutation) and
+ParameterServerOptimizer.step() pushes it and pulls the new parameters in one round trip
+per shard. Adam runs on the shards (BSP: the step applies the mean of the workers'
+gradients, as DistributedDataParallel would). After each epoch every worker measures the
+test accuracy (not counted in the training time) and worker 0 asks the coordinator for a
+checkpoint filed under it (the coordinator keeps the best).
+
+bench/cnn_ddp_torch.py trains the same network with DistributedDataParallel for
+comparison. The last line is a JSON summary: samples/s (sum over workers of steps * batch /
+training seconds) and the test accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+# The client from the checkout (python/, stubs under bazel-bin/python) unless installed.
+for p in (os.path.join(REPO, "bazel-bin", "python"), os.path.join(REPO, "python"), HERE):
+    if os.path.isdir(p) and p not in sys.path:
+        sys.path.insert(0, p)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--coordinator", default=os.environ.get("PSCLUSTER_COORDINATOR", ""),
+                   help="HOST:PORT of a running cluster's coordinator (default: "
+                        "$PSCLUSTER_COORDINATOR, else start a local cluster)")
+    p.add_argument("--local-shards", type=int, default=2,
+                   help="shards of the local cluster started without --coordinator")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--max_steps", type=int, default=0, help="stop each worker after this many")
+    p.add_argument("--batch_size", type=int, default=64, help="per worker")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--consistency", default="bsp", help="bsp, ssp or asp")
+    p.add_argument("--staleness", type=int, default=0, help="ssp's bound")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per RPC")
+    p.add_argument("--out", default="", help="directory for the local cluster's logs and "
+                                             "checkpoints (default: a temporary one)")
+    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # a worker
+    return p.parse_args(argv)
+
+
+def worker(args) -> dict:
+    import torch
+    import pscluster
+    import pscluster.torch as pst
+    import fashion_mnist as fm
+
+    torch.set_num_threads(1)
+    rank, world = args.rank, args.workers
+    images, labels = fm.load("train")
+    test_images, test_labels = fm.load("test")
+    cluster = pscluster.connect(args.coordinator, timeout=args.timeout,
+                                wait_until_complete=True)
+    torch.manual_seed(args.seed)
+    model = fm.make_cnn()
+    opt = pst.ParameterServerOptimizer(
+        model, cluster, optimizer="adam", lr=args.lr, consistency=args.consistency,
+        staleness=args.staleness, worker=rank, num_workers=world, name="cnn",
+        wait_timeout=120.0)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    steps_per_epoch = len(images) // (world * args.batch_size)
+    total = steps_per_epoch * args.epochs
+    if args.max_steps:
+        total = min(total, args.max_steps)
+    step, train_seconds, accuracy, loss = 0, 0.0, 0.0, float("nan")
+    for epoch in range(args.epochs):
+        start = time.perf_counter()
+        for b in fm.batches(len(images), args.batch_size, rank, world, epoch, args.seed):
+            if step >= total:
+                break
+            x, y = torch.from_numpy(images[b]), torch.from_numpy(labels[b])
+            opt.zero_grad()
+            out = loss_fn(model(x), y)
+            out.backward()
+            opt.step()
+            step += 1
+            loss = out.item()
+            if rank == 0 and (step % 100 == 0 or step == total):
+                elapsed = train_seconds + time.perf_counter() - start
+                rate = step * args.batch_size / elapsed
+                eta = (total - step) * args.batch_size / rate
+                print(f"step {step}/{total} epoch {epoch} loss {loss:.4f} "
+                      f"{rate:,.0f} samples/s (this worker) ETA {eta:.0f} s", flush=True)
+        train_seconds += time.perf_counter() - start
+        accuracy = fm.accuracy(model, test_images, test_labels)
+        if rank == 0:
+            print(f"epoch {epoch}: test accuracy {accuracy:.4f}", flush=True)
+            try:
+                c = cluster.checkpoint(metric=accuracy, timeout=120.0)
+                print(f"epoch {epoch}: checkpoint of step {c['step']}", flush=True)
+            except pscluster.PsError as e:  # e.g. shards without --data_dir
+                print(f"epoch {epoch}: no checkpoint ({e.message})", flush=True)
+        if step >= total:
+            break
+    cluster.unregister_worker(rank)
+    cluster.close()
+    return {"rank": rank, "steps": step, "train_seconds": train_seconds,
+            "samples_per_sec": step * args.batch_size / train_seconds,
+            "test_accuracy": accuracy, "loss": loss}
+
+
+def main() -> int:
+    args = parse_args()
+    if args.rank >= 0:
+        summary = worker(args)
+        with open(os.path.join(args.out, f"worker{args.rank}.json"), "w") as f:
+            json.dump(summary, f)
+        return 0
+    import tempfile
+    import pscluster.local
+
+    out = args.out = args.out or tempfile.mkdtemp(prefix="cnn_fashion_mnist_")
+    os.makedirs(out, exist_ok=True)
+    local, procs = None, []
+    try:
+        if not args.coordinator:
+            local = pscluster.local.LocalCluster(num_shards=args.local_shards, data_dir=out,
+                                                 log_dir=out)
+            args.coordinator = local.coordinator
+            print(f"local cluster: coordinator {local.coordinator}, shards {local.addresses}; "
+                  f"logs and checkpoints in {out}", flush=True)
+        # Worker 0 prints progress; the others' output goes to their logs.
+        for r in range(args.workers):
+            log = None if r == 0 else open(os.path.join(out, f"worker{r}.log"), "w")
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--coordinator",
+                 args.coordinator, "--out", out, "--rank", str(r)],
+                stdout=log, stderr=subprocess.STDOUT if log else None))
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            for r, p in enumerate(procs):
+                if p.poll() not in (None, 0):
+                    failed = r
+            time.sleep(0.2)
+        failed = next((r for r, p in enumerate(procs) if p.returncode), failed)
+        if failed is not None:
+            print(f"worker {failed} failed (exit status {procs[failed].returncode}); see "
+                  f"{'its output above' if failed == 0 else os.path.join(out, f'worker{failed}.log')}",
+                  flush=True)
+            return 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if local:
+            local.stop()
+    workers = [json.load(open(os.path.join(out, f"worker{r}.json"))) for r in range(args.workers)]
+    print(json.dumps({
+        "example": "cnn_fashion_mnist", "framework": "pscluster", "workers": args.workers,
+        "shards": args.local_shards if local else len(workers) and None,
+        "consistency": args.consistency, "batch_size": args.batch_size,
+        "epochs": args.epochs, "steps": workers[0]["steps"],
+        "train_seconds": max(w["train_seconds"] for w in workers),
+        "samples_per_sec": sum(w["samples_per_sec"] for w in workers),
+        "test_accuracy": workers[0]["test_accuracy"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
