@@ -155,7 +155,7 @@ elif [[ -n $run ]]; then
   pids+=($!) names+=("run")
 else
   echo "== no built-in workers; the cluster serves until Ctrl-C. Train through it with e.g."
-  echo "     /usr/bin/python3 examples/cnn_fashion_mnist.py --coordinator $coordinator"
+  echo "     /usr/bin/python3 examples/train_fashion_mnist.py --coordinator $coordinator"
 fi
 
 # Wait for the workers (or --run's command); any process that dies early stops the run.

@@ -42,11 +42,16 @@ LR = 0.25
 F32 = np.float32
 
 
-class DenseTest(unittest.TestCase):
+class ClusterTestCase(unittest.TestCase):
+    """One local cluster (coordinator + 2 shards) per test class."""
+    num_shards = 2
+    data_dir = False
 
     @classmethod
     def setUpClass(cls) -> None:
-        cls.local = LocalCluster(num_shards=2)
+        cls.tmp = tempfile.TemporaryDirectory(prefix="pscluster_test_")
+        cls.local = LocalCluster(num_shards=cls.num_shards,
+                                 data_dir=cls.tmp.name if cls.data_dir else None)
         try:
             cls.cluster = pscluster.connect(cls.local.coordinator, timeout=RPC_TIMEOUT)
         except BaseException:
@@ -57,6 +62,10 @@ class DenseTest(unittest.TestCase):
     def tearDownClass(cls) -> None:
         cls.cluster.close()
         cls.local.stop()
+        cls.tmp.cleanup()
+
+
+class DenseTest(ClusterTestCase):
 
     def create(self, name: str, size: int) -> int:
         return self.cluster.create_dense(name, size, optimizer="sgd", learning_rate=LR,
@@ -102,6 +111,16 @@ class DenseTest(unittest.TestCase):
         # 1.5 M floats (6 MB) per shard: more than ps_server's unary limit
         # (--max_chunk_bytes, 4 MiB), so it only works as streams of chunks.
         self.check_sgd("large", 3_000_000)
+
+    def test_pull_streams_in_the_chunks_asked_for(self) -> None:
+        table = self.create("chunked", 1_000_000)  # 500 000 values (2 MB) per shard
+        self.cluster.register_worker(0)
+        for asked, expected in [(1 << 16, 31), (1 << 40, 1), (0, 1)]:
+            req = ps_pb2.PullDenseRequest(table_id=table, offset=0, length=500_000,
+                                          chunk_bytes=asked)
+            chunks = list(self.cluster._stubs[0].PullDenseStream(req, timeout=RPC_TIMEOUT))
+            self.assertEqual(len(chunks), expected, f"chunk_bytes={asked}")
+            self.assertEqual(sum(len(c.data) for c in chunks), 2_000_000)
 
     def test_wrong_size_push_is_refused_and_changes_nothing(self) -> None:
         table = self.create("wrong_size", 1000)
@@ -169,6 +188,41 @@ class DeadShardTest(unittest.TestCase):
                 self.assertEqual(before.shape, (1000,))
         finally:
             local.stop()
+
+
+class WireTest(unittest.TestCase):
+    """_wire.py's hand-coded DenseChunk against protobuf's own encoding."""
+
+    def test_encoding_is_protobufs(self) -> None:
+        from pscluster import _wire
+        data = np.arange(7, dtype=F32)
+        for fields in [dict(), dict(worker_id=3, step=5, table_id=9, offset=100,
+                                    total_length=7, begin=100),
+                       dict(worker_id=-1, step=-(1 << 62), table_id=(1 << 32) - 1,
+                            offset=(1 << 64) - 1, total_length=1 << 40, begin=127)]:
+            with self.subTest(**fields):
+                header = _wire.chunk_header(**{k: fields.get(k, 0) for k in (
+                    "worker_id", "step", "table_id", "offset", "total_length", "begin")})
+                mine = _wire.encode_chunk((header, memoryview(data).cast("B")))
+                theirs = ps_pb2.DenseChunk(data=data.tobytes(), **fields)
+                self.assertEqual(mine, theirs.SerializeToString())
+                back = _wire.decode_chunk(mine)
+                for k, v in fields.items():
+                    self.assertEqual(getattr(back, k), v)
+                self.assertEqual(bytes(back.data), data.tobytes())
+        with self.assertRaises(ValueError):
+            _wire.decode_chunk(b"\x3a\x10abc")  # a length past the end
+        header = _wire.chunk_header(1, 2, 3, 4, 5, 6)
+        batch = _wire.encode_batch([(header, memoryview(data).cast("B")),
+                                    (b"", memoryview(data[:2]).cast("B"))])
+        theirs = ps_pb2.DenseBatch(chunks=[
+            ps_pb2.DenseChunk(worker_id=1, step=2, table_id=3, offset=4, total_length=5,
+                              begin=6, data=data.tobytes()),
+            ps_pb2.DenseChunk(data=data[:2].tobytes())])
+        self.assertEqual(batch, theirs.SerializeToString())
+        back = _wire.decode_batch(batch)
+        self.assertEqual([(c.table_id, bytes(c.data)) for c in back],
+                         [(3, data.tobytes()), (0, data[:2].tobytes())])
 
 
 # ---- numpy references of the server's optimizers (core/optimizer/optimizer.cc) -------------
@@ -242,29 +296,6 @@ def spec_of(kind: str) -> dict:
     o = dict(OPTIMIZERS[kind])
     o.setdefault("optimizer", kind)
     return o
-
-
-class ClusterTestCase(unittest.TestCase):
-    """One local cluster (coordinator + 2 shards) per test class."""
-    num_shards = 2
-    data_dir = False
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.tmp = tempfile.TemporaryDirectory(prefix="pscluster_test_")
-        cls.local = LocalCluster(num_shards=cls.num_shards,
-                                 data_dir=cls.tmp.name if cls.data_dir else None)
-        try:
-            cls.cluster = pscluster.connect(cls.local.coordinator, timeout=RPC_TIMEOUT)
-        except BaseException:
-            cls.local.stop()
-            raise
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.cluster.close()
-        cls.local.stop()
-        cls.tmp.cleanup()
 
 
 class OptimizerTest(ClusterTestCase):

@@ -23,6 +23,7 @@ import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from pscluster import _wire
 from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 
 T = TypeVar("T")
@@ -102,6 +103,24 @@ class Cluster:
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
+        # The bulk calls with DenseChunk coded by hand (_wire.py: one copy out, none in).
+        method = "/pscluster.ps.ParameterServer/"
+        self._push_unary = [c.unary_unary(
+            method + "PushDense", request_serializer=_wire.encode_chunk,
+            response_deserializer=ps_pb2.PushDenseResponse.FromString) for c in self._channels]
+        self._push_stream = [c.stream_unary(
+            method + "PushDenseStream", request_serializer=_wire.encode_chunk,
+            response_deserializer=ps_pb2.PushDenseResponse.FromString) for c in self._channels]
+        self._pull_unary = [c.unary_unary(
+            method + "PullDense", request_serializer=ps_pb2.PullDenseRequest.SerializeToString,
+            response_deserializer=_wire.decode_chunk) for c in self._channels]
+        self._push_pull_batch = [c.unary_unary(
+            method + "PushPullDenseBatch", request_serializer=_wire.encode_batch,
+            response_deserializer=_wire.decode_batch) for c in self._channels]
+        self._pull_stream = [c.unary_stream(
+            method + "PullDenseStream",
+            request_serializer=ps_pb2.PullDenseRequest.SerializeToString,
+            response_deserializer=_wire.decode_chunk) for c in self._channels]
         self._coordinator_address = coordinator
         self._coordinator: Optional[coordinator_pb2_grpc.CoordinatorStub] = None
         self._coordinator_channel: Optional[grpc.Channel] = None
@@ -156,9 +175,15 @@ class Cluster:
             raise PsError(e.code(), f"{self._name(shard)}: {e.details()}", shard) from None
 
     def _each(self, fn: Callable[[int], T]) -> List[T]:
-        """fn(shard) on every shard in parallel; raises the first error in shard order."""
-        futures = [self._pool.submit(fn, s) for s in range(self.num_shards)]
+        """fn(shard) on every shard in parallel (shard 0 in the calling thread, as the C++
+        client does: no hand-off with one shard); raises the first error in shard order."""
+        futures = [self._pool.submit(fn, s) for s in range(1, self.num_shards)]
         results, first = [], None
+        try:
+            results.append(fn(0))
+        except Exception as e:  # noqa: BLE001 - re-raised below, after every shard ended
+            results.append(None)
+            first = e
         for f in futures:
             try:
                 results.append(f.result())
@@ -299,28 +324,30 @@ class Cluster:
         if end == begin:
             return
         req = ps_pb2.PullDenseRequest(worker_id=worker, step=step, table_id=table_id,
-                                      offset=begin, length=end - begin)
-        view = out.reshape(-1)[begin:end].view(np.uint8)  # each chunk's bytes land here
+                                      offset=begin, length=end - begin,
+                                      chunk_bytes=self.chunk_bytes)
+        view = memoryview(out.reshape(-1)[begin:end]).cast("B")  # each chunk lands here
         nbytes = (end - begin) * 4
         if nbytes <= min(self.chunk_bytes, UNARY_PULL_BYTES):
-            chunk = self._call(shard, lambda stub: stub.PullDense(req, timeout=self.timeout))
-            if len(chunk.data) != nbytes:
+            chunk = self._call(shard, lambda _: self._pull_unary[shard](req,
+                                                                        timeout=self.timeout))
+            if chunk.data.nbytes != nbytes:
                 raise PsError(grpc.StatusCode.INTERNAL,
-                              f"{self._name(shard)} answered {len(chunk.data)} bytes, "
+                              f"{self._name(shard)} answered {chunk.data.nbytes} bytes, "
                               f"expected {nbytes}", shard)
-            view[:] = np.frombuffer(chunk.data, dtype=np.uint8)
+            view[:] = chunk.data
             return
 
-        def stream(stub: ps_pb2_grpc.ParameterServerStub) -> int:
+        def stream(_) -> int:
             got = 0
-            for chunk in stub.PullDenseStream(req, timeout=self.timeout):
-                n = len(chunk.data)
+            for chunk in self._pull_stream[shard](req, timeout=self.timeout):
+                n = chunk.data.nbytes
                 if chunk.offset * 4 != begin * 4 + got or n > nbytes - got or n % 4:
                     raise PsError(grpc.StatusCode.INTERNAL,
                                   f"{self._name(shard)} sent a chunk at offset {chunk.offset} "
                                   f"with {n} bytes after {got // 4} of {end - begin} values",
                                   shard)
-                view[got:got + n] = np.frombuffer(chunk.data, dtype=np.uint8)
+                view[got:got + n] = chunk.data
                 got += n
             return got
 
@@ -346,18 +373,18 @@ class Cluster:
         if end == begin:
             return
         per_chunk = max(1, self.chunk_bytes // 4)
+        data = memoryview(grad).cast("B")  # grad: flat C-contiguous float32
 
-        def chunk(offset: int, n: int) -> ps_pb2.DenseChunk:
-            return ps_pb2.DenseChunk(worker_id=worker, step=step, table_id=table_id,
-                                     offset=offset, total_length=end - begin, begin=begin,
-                                     data=grad[offset:offset + n].tobytes())
+        def chunk(offset: int, n: int):
+            return (_wire.chunk_header(worker, step, table_id, offset, end - begin, begin),
+                    data[offset * 4:(offset + n) * 4])
 
         if end - begin <= per_chunk:
-            self._call(shard, lambda stub: stub.PushDense(chunk(begin, end - begin),
-                                                         timeout=self.timeout))
+            self._call(shard, lambda _: self._push_unary[shard](chunk(begin, end - begin),
+                                                                timeout=self.timeout))
             return
         chunks = (chunk(o, min(per_chunk, end - o)) for o in range(begin, end, per_chunk))
-        self._call(shard, lambda stub: stub.PushDenseStream(chunks, timeout=self.timeout))
+        self._call(shard, lambda _: self._push_stream[shard](chunks, timeout=self.timeout))
 
     def push_pull_dense(self, tables: Sequence[Union[str, int]], grads: Sequence[np.ndarray],
                         step: int, worker: int = 0,
@@ -391,27 +418,26 @@ class Cluster:
             for sp, (b, e), o in zip(specs, ranges, outs):
                 self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
             return
-        batch = ps_pb2.DenseBatch()
-        order = []
+        batch, order = [], []
         for i, (sp, (b, e), g) in enumerate(zip(specs, ranges, flats)):
             if e > b:
-                batch.chunks.add(worker_id=worker, step=step, table_id=sp.table_id, offset=b,
-                                 begin=b, total_length=e - b, data=g[b:e].tobytes())
+                batch.append((_wire.chunk_header(worker, step, sp.table_id, b, e - b, b),
+                              memoryview(g[b:e]).cast("B")))
                 order.append(i)
         if not order:
             return
-        resp = self._call(shard, lambda stub: stub.PushPullDenseBatch(batch,
-                                                                     timeout=self.timeout))
-        if len(resp.chunks) != len(order):
+        chunks = self._call(shard, lambda _: self._push_pull_batch[shard](
+            batch, timeout=self.timeout))
+        if len(chunks) != len(order):
             raise PsError(grpc.StatusCode.INTERNAL, f"{self._name(shard)} answered "
-                          f"{len(resp.chunks)} chunks for {len(order)} tables", shard)
-        for i, chunk in zip(order, resp.chunks):
+                          f"{len(chunks)} chunks for {len(order)} tables", shard)
+        for i, chunk in zip(order, chunks):
             b, e = ranges[i]
-            if len(chunk.data) != (e - b) * 4:
+            if chunk.data.nbytes != (e - b) * 4:
                 raise PsError(grpc.StatusCode.INTERNAL,
-                              f"{self._name(shard)} answered {len(chunk.data)} bytes for table "
-                              f"{specs[i].table_id}, expected {(e - b) * 4}", shard)
-            outs[i].reshape(-1)[b:e] = np.frombuffer(chunk.data, dtype=np.float32)
+                              f"{self._name(shard)} answered {chunk.data.nbytes} bytes for "
+                              f"table {specs[i].table_id}, expected {(e - b) * 4}", shard)
+            memoryview(outs[i].reshape(-1)[b:e]).cast("B")[:] = chunk.data
 
     def set_dense(self, table: Union[str, int], values: np.ndarray, step: int = 0) -> None:
         """Replaces the table's values (a model's initial parameters) as of `step` (BSP:

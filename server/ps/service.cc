@@ -348,7 +348,10 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
   uint64_t length = 0;
   auto table = PreparePull(ctx, *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
-  const uint64_t per_chunk = options_.max_chunk_bytes / sizeof(float);
+  const uint64_t chunk_bytes = req->chunk_bytes() == 0
+                                   ? options_.max_chunk_bytes
+                                   : std::min(req->chunk_bytes(), options_.max_chunk_bytes);
+  const uint64_t per_chunk = std::max<uint64_t>(1, chunk_bytes / sizeof(float));
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(std::min(length, per_chunk) * sizeof(float));  // one chunk at a time
   DenseChunk chunk;  // reused: its buffer is allocated once

@@ -1,9 +1,12 @@
-"""A PyTorch CNN on Fashion-MNIST, trained by N Python worker processes through pscluster.
+"""A PyTorch model (a CNN, or the MLP) on Fashion-MNIST, trained by N Python worker
+processes through pscluster.
 
-    # a cluster of its own (a coordinator and 2 shards on loopback), 2 workers:
-    /usr/bin/python3 examples/cnn_fashion_mnist.py --workers 2 --epochs 3
+    # a cluster of its own (a coordinator and 2 shards on loopback), 2 workers, the CNN:
+    /usr/bin/python3 examples/train_fashion_mnist.py --workers 2 --epochs 5
     # or through a running cluster (deploy/local_cluster.sh --workers 0 prints its address):
-    /usr/bin/python3 examples/cnn_fashion_mnist.py --coordinator 127.0.0.1:7000 --workers 2
+    /usr/bin/python3 examples/train_fashion_mnist.py --coordinator 127.0.0.1:7000
+    # the MLP 784-256-128-64-10 (bench/torch_rpc_ps.py's):
+    /usr/bin/python3 examples/train_fashion_mnist.py --model mlp --epochs 1
 
 Each worker is a process with its own rank. All build the same CNN (same seed); worker 0
 writes its initial values into the shards; every step each worker computes the gradient
@@ -14,8 +17,8 @@ gradients, as DistributedDataParallel would). After each epoch every worker meas
 test accuracy (not counted in the training time) and worker 0 asks the coordinator for a
 checkpoint filed under it (the coordinator keeps the best).
 
-bench/cnn_ddp_torch.py trains the same network with DistributedDataParallel for
-comparison. The last line is a JSON summary: samples/s (sum over workers of steps * batch /
+bench/cnn_ddp_torch.py trains the same CNN with DistributedDataParallel, and
+bench/torch_rpc_ps.py the MLP with PyTorch's RPC parameter server, for comparison. The last line is a JSON summary: samples/s (sum over workers of steps * batch /
 training seconds) and the test accuracy.
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ def parse_args(argv=None):
                         "$PSCLUSTER_COORDINATOR, else start a local cluster)")
     p.add_argument("--local-shards", type=int, default=2,
                    help="shards of the local cluster started without --coordinator")
+    p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max_steps", type=int, default=0, help="stop each worker after this many")
@@ -50,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--consistency", default="bsp", help="bsp, ssp or asp")
     p.add_argument("--staleness", type=int, default=0, help="ssp's bound")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per RPC")
     p.add_argument("--out", default="", help="directory for the local cluster's logs and "
                                              "checkpoints (default: a temporary one)")
@@ -71,10 +75,10 @@ def worker(args) -> dict:
     cluster = pscluster.connect(args.coordinator, timeout=args.timeout,
                                 wait_until_complete=True)
     torch.manual_seed(args.seed)
-    model = fm.make_cnn()
+    model = fm.make_cnn() if args.model == "cnn" else fm.make_mlp()
     opt = pst.ParameterServerOptimizer(
         model, cluster, optimizer="adam", lr=args.lr, consistency=args.consistency,
-        staleness=args.staleness, worker=rank, num_workers=world, name="cnn",
+        staleness=args.staleness, worker=rank, num_workers=world, name=args.model,
         wait_timeout=120.0)
     loss_fn = torch.nn.CrossEntropyLoss()
     steps_per_epoch = len(images) // (world * args.batch_size)
@@ -128,7 +132,7 @@ def main() -> int:
     import tempfile
     import pscluster.local
 
-    out = args.out = args.out or tempfile.mkdtemp(prefix="cnn_fashion_mnist_")
+    out = args.out = args.out or tempfile.mkdtemp(prefix="train_fashion_mnist_")
     os.makedirs(out, exist_ok=True)
     local, procs = None, []
     try:
@@ -166,7 +170,8 @@ def main() -> int:
             local.stop()
     workers = [json.load(open(os.path.join(out, f"worker{r}.json"))) for r in range(args.workers)]
     print(json.dumps({
-        "example": "cnn_fashion_mnist", "framework": "pscluster", "workers": args.workers,
+        "example": "train_fashion_mnist", "framework": "pscluster", "model": args.model,
+        "workers": args.workers,
         "shards": args.local_shards if local else len(workers) and None,
         "consistency": args.consistency, "batch_size": args.batch_size,
         "epochs": args.epochs, "steps": workers[0]["steps"],
