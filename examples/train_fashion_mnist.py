@@ -86,15 +86,18 @@ def worker(args) -> dict:
     if args.max_steps:
         total = min(total, args.max_steps)
     step, train_seconds, accuracy, loss = 0, 0.0, 0.0, float("nan")
+    compute_seconds = 0.0  # forward + backward; the rest of a step is opt.step()
     for epoch in range(args.epochs):
         start = time.perf_counter()
         for b in fm.batches(len(images), args.batch_size, rank, world, epoch, args.seed):
             if step >= total:
                 break
+            t0 = time.perf_counter()
             x, y = torch.from_numpy(images[b]), torch.from_numpy(labels[b])
             opt.zero_grad()
             out = loss_fn(model(x), y)
             out.backward()
+            compute_seconds += time.perf_counter() - t0
             opt.step()
             step += 1
             loss = out.item()
@@ -117,7 +120,12 @@ def worker(args) -> dict:
             break
     cluster.unregister_worker(rank)
     cluster.close()
+    if rank == 0:
+        print(f"per step: compute (batch, forward, backward) {1e3 * compute_seconds / step:.2f} "
+              f"ms, push + pull {1e3 * (train_seconds - compute_seconds) / step:.2f} ms",
+              flush=True)
     return {"rank": rank, "steps": step, "train_seconds": train_seconds,
+            "compute_seconds": compute_seconds,
             "samples_per_sec": step * args.batch_size / train_seconds,
             "test_accuracy": accuracy, "loss": loss}
 
