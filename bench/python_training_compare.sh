@@ -32,8 +32,9 @@ run() {  # name log command...
     tail -n 20 "$log" >&2
     exit 1
   fi
-  tail -n 1 "$log" >>"$out/$name.jsonl"
-  echo "   $name: $(tail -n 1 "$log" | $PY -c 'import json,sys; d=json.load(sys.stdin); print("%.0f samples/s, test accuracy %.4f" % (d["samples_per_sec"], d["test_accuracy"]))')"
+  # The last JSON line (torch.distributed.rpc logs its shutdown after it).
+  grep '^{' "$log" | tail -n 1 >>"$out/$name.jsonl"
+  echo "   $name: $(grep '^{' "$log" | tail -n 1 | $PY -c 'import json,sys; d=json.load(sys.stdin); print("%.0f samples/s, test accuracy %.4f" % (d["samples_per_sec"], d["test_accuracy"]))')"
 }
 
 for ((r = 0; r < ROUNDS; ++r)); do
