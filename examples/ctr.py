@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -304,7 +303,7 @@ def main() -> int:
         for name in (f"worker{r}.json", f"train_keys{r}.npz", "eval.npz"):
             if os.path.exists(os.path.join(out, name)):
                 os.remove(os.path.join(out, name))
-    local, procs = None, []
+    local = None
     start = time.perf_counter()
     try:
         if not args.coordinator:
@@ -312,30 +311,10 @@ def main() -> int:
             args.coordinator = local.coordinator
             print(f"local cluster: coordinator {local.coordinator}, shards {local.addresses}; "
                   f"logs in {out}", flush=True)
-        # Worker 0 prints progress; the others' output goes to their logs.
-        for r in range(args.workers):
-            log = None if r == 0 else open(os.path.join(out, f"worker{r}.log"), "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--coordinator",
-                 args.coordinator, "--out", out, "--rank", str(r)],
-                stdout=log, stderr=subprocess.STDOUT if log else None))
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            for r, p in enumerate(procs):
-                if p.poll() not in (None, 0):
-                    failed = r
-            time.sleep(0.2)
-        failed = next((r for r, p in enumerate(procs) if p.returncode), failed)
-        if failed is not None:
-            print(f"worker {failed} failed (exit status {procs[failed].returncode}); see "
-                  f"{'its output above' if failed == 0 else os.path.join(out, f'worker{failed}.log')}",
-                  flush=True)
+        if not pscluster.local.run_workers(__file__, sys.argv[1:], args.workers,
+                                           args.coordinator, out):
             return 1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         if local:
             local.stop()
     import ctr_data

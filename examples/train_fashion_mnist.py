@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -142,7 +141,7 @@ def main() -> int:
 
     out = args.out = args.out or tempfile.mkdtemp(prefix="train_fashion_mnist_")
     os.makedirs(out, exist_ok=True)
-    local, procs = None, []
+    local = None
     try:
         if not args.coordinator:
             local = pscluster.local.LocalCluster(num_shards=args.local_shards, data_dir=out,
@@ -150,37 +149,17 @@ def main() -> int:
             args.coordinator = local.coordinator
             print(f"local cluster: coordinator {local.coordinator}, shards {local.addresses}; "
                   f"logs and checkpoints in {out}", flush=True)
-        # Worker 0 prints progress; the others' output goes to their logs.
-        for r in range(args.workers):
-            log = None if r == 0 else open(os.path.join(out, f"worker{r}.log"), "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--coordinator",
-                 args.coordinator, "--out", out, "--rank", str(r)],
-                stdout=log, stderr=subprocess.STDOUT if log else None))
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            for r, p in enumerate(procs):
-                if p.poll() not in (None, 0):
-                    failed = r
-            time.sleep(0.2)
-        failed = next((r for r, p in enumerate(procs) if p.returncode), failed)
-        if failed is not None:
-            print(f"worker {failed} failed (exit status {procs[failed].returncode}); see "
-                  f"{'its output above' if failed == 0 else os.path.join(out, f'worker{failed}.log')}",
-                  flush=True)
+        if not pscluster.local.run_workers(__file__, sys.argv[1:], args.workers,
+                                           args.coordinator, out):
             return 1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         if local:
             local.stop()
     workers = [json.load(open(os.path.join(out, f"worker{r}.json"))) for r in range(args.workers)]
     print(json.dumps({
         "example": "train_fashion_mnist", "framework": "pscluster", "model": args.model,
         "workers": args.workers,
-        "shards": args.local_shards if local else len(workers) and None,
+        "shards": args.local_shards if local else None,  # a running cluster: its own
         "consistency": args.consistency, "batch_size": args.batch_size,
         "epochs": args.epochs, "steps": workers[0]["steps"],
         "train_seconds": max(w["train_seconds"] for w in workers),

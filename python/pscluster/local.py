@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import re
 import shutil
 import subprocess
@@ -137,3 +138,36 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def run_workers(script: str, argv: Sequence[str], num_workers: int, coordinator: str,
+                out: str) -> bool:
+    """Runs `num_workers` training processes, `python script *argv --coordinator C --out OUT
+    --rank r`, until all have exited; the first that fails stops the others. Worker 0's
+    output goes to this terminal, the others' to OUT/worker<r>.log. True when every worker
+    exited 0; else says which one failed and where its output is."""
+    procs: List[subprocess.Popen] = []
+    try:
+        for r in range(num_workers):
+            log = None if r == 0 else open(os.path.join(out, f"worker{r}.log"), "w")
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(script), *argv, "--coordinator", coordinator,
+                 "--out", out, "--rank", str(r)],
+                stdout=log, stderr=subprocess.STDOUT if log else None))
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            time.sleep(0.2)
+        failed = next((r for r, p in enumerate(procs) if p.returncode), failed)
+        if failed is not None:
+            where = ("its output above" if failed == 0
+                     else os.path.join(out, f"worker{failed}.log"))
+            print(f"worker {failed} failed (exit status {procs[failed].returncode}); see "
+                  f"{where}", flush=True)
+            return False
+        return True
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
