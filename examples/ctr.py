@@ -14,25 +14,37 @@ say how close the model gets to it.
 The model: every field's id is a GLOBAL key (field offset + id) of ONE sparse table of
 dim-8 rows (pscluster.torch.Embedding, key space 10,111,100: only the rows training
 touches are ever stored, on the shard the key hashes to); the 8 rows are concatenated
-into an MLP 64 -> 64 -> 32 -> 1, trained with BCEWithLogitsLoss. The MLP's parameters are
-dense tables (Adam on the shards); the embedding rows use Adagrad, also on the shards:
-an id's steps shrink as its squared gradients add up, so a popular id settles while a
-rare one still moves (its accumulator starts at --emb_init_acc, which keeps the first
-steps of an id seen once or twice small). Adam's moments would treat a row touched once
-in a thousand steps like one touched every step.
+into an MLP 64 -> 256 -> 128 -> 64 -> 1 (ReLU), trained with BCEWithLogitsLoss. The MLP's
+parameters are dense tables, updated by Adam on the shards. The embedding rows use
+Adagrad, also on the shards, with an initial accumulator (--emb_init_acc 10) and
+gradients in per-example units (--emb_grad sum): a row's step is lr * g / sqrt(10 + sum of
+its g^2), so an id seen a few times moves by small SGD-like steps (shrunk towards its
+random start, as a prior would) while a popular id gets Adagrad's decaying steps. Plain
+Adagrad (no initial accumulator) moves a row by about lr on its first update whatever the
+gradient: it memorises the rare ids' labels and overfits from the second epoch on (held-out
+gap 0.0125 after one epoch, 0.021 after two, with --emb_lr 0.2). Adam on the rows
+(--emb_optimizer adam --emb_lr 0.01) does not overfit in two epochs but learns more
+slowly (gap 0.0082 against 0.0071) and keeps two slots per value instead of one.
 
 Each worker is a process with its own rank that generates only its own contiguous shard
 of the training set (the generator is reproducible row by row) and shuffles it every
 epoch. Each step it pulls the rows of its batch (pull_sparse: each distinct key once, to
 the shard that owns it), computes the gradient, and ParameterServerOptimizer.step()
 pushes the rows' gradients and the MLP's (and pulls the MLP's new values) in one round
-trip per shard. BSP (default): a step applies the mean of every worker's gradient, as
-DistributedDataParallel would; --consistency asp/ssp let workers run ahead.
+trip per shard. BSP (default): a step applies the workers' gradients together, in
+worker order (the MLP's mean, as DistributedDataParallel would; the rows' per-example
+sums); --consistency asp/ssp let workers run ahead.
 
 Worker 0 then evaluates on held-out data in eval mode (pulls only, nothing pushed),
 reports its AUC next to the Bayes-optimal AUC on the same examples, and the rows each
 shard materialised (DescribeTable's num_rows). The launcher adds how many held-out ids
 training never saw. The last line of stdout is a JSON summary.
+
+Measured on 2 cores (2 workers, 2 shards, BSP, the defaults: 2M examples, 2 epochs,
+1024 per worker per step): held-out AUC 0.8135 against the Bayes-optimal 0.8206 (gap
+0.0071; seeds 1 and 2: 0.0084, 0.0058), 43,000-56,000 samples/s, 71-93 s of training,
+82-105 s in all (the machine shared); 451,197 of the 10,111,100 rows materialised. BSP
+runs are reproducible to the bit.
 """
 from __future__ import annotations
 

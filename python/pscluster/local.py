@@ -147,9 +147,11 @@ def run_workers(script: str, argv: Sequence[str], num_workers: int, coordinator:
     output goes to this terminal, the others' to OUT/worker<r>.log. True when every worker
     exited 0; else says which one failed and where its output is."""
     procs: List[subprocess.Popen] = []
+    logs = []
     try:
         for r in range(num_workers):
             log = None if r == 0 else open(os.path.join(out, f"worker{r}.log"), "w")
+            logs += [log] if log else []
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.abspath(script), *argv, "--coordinator", coordinator,
                  "--out", out, "--rank", str(r)],
@@ -171,3 +173,5 @@ def run_workers(script: str, argv: Sequence[str], num_workers: int, coordinator:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for log in logs:
+            log.close()
