@@ -471,7 +471,8 @@ class Cluster:
         return (_mix64(np.asarray(keys, dtype=np.uint64)) %
                 np.uint64(self.num_shards)).astype(np.int64)
 
-    def _split_keys(self, table: Union[str, int], keys, worker: int):
+    def _sparse_keys(self, table: Union[str, int], keys, worker: int):
+        """The sparse table's spec and `keys` checked and as uint64."""
         spec = self._dense_spec(table, worker, ps_pb2.TableSpec.SPARSE)
         keys = np.asarray(keys)
         if keys.ndim != 1 or (keys.size and keys.dtype.kind not in "iu"):
@@ -481,16 +482,14 @@ class Cluster:
         if keys.dtype.kind == "i" and keys.size and keys.min() < 0:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"table {spec.table_id}: key {int(keys.min())} is negative")
-        keys = keys.astype(np.uint64, copy=False)
-        shards = self.shard_of(keys)
-        return spec, keys, [np.flatnonzero(shards == s) for s in range(self.num_shards)]
+        return spec, keys.astype(np.uint64, copy=False)
 
     def pull_sparse(self, table: Union[str, int], keys, step: int = 0, worker: int = 0
                     ) -> np.ndarray:
         """The rows of `keys` (any order, repeats allowed) at `step`: an array of shape
         (len(keys), dim). Each distinct key is asked once; rows not yet touched come from
         the table's initializer."""
-        spec, keys, _ = self._split_keys(table, keys, worker)
+        spec, keys = self._sparse_keys(table, keys, worker)
         unique, inverse = np.unique(keys, return_inverse=True)
         shards = self.shard_of(unique)
         rows = np.empty((unique.size, spec.dim), dtype=np.float32)
@@ -518,7 +517,9 @@ class Cluster:
         """Pushes one gradient row per key for `step` (repeated keys: their rows are summed,
         one optimizer update per key). Every shard gets the call, with no keys when none of
         them is its (BSP counts every worker's push per step on every shard)."""
-        spec, keys, parts = self._split_keys(table, keys, worker)
+        spec, keys = self._sparse_keys(table, keys, worker)
+        shards = self.shard_of(keys)
+        parts = [np.flatnonzero(shards == s) for s in range(self.num_shards)]
         grads = _float32(grads, keys.size * spec.dim, f"table {spec.table_id}",
                          f"gradient ({keys.size} keys x dim {spec.dim})")
         self._check_finite(spec, grads)
