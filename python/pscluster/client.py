@@ -482,7 +482,14 @@ class Cluster:
         if keys.dtype.kind == "i" and keys.size and keys.min() < 0:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"table {spec.table_id}: key {int(keys.min())} is negative")
-        return spec, keys.astype(np.uint64, copy=False)
+        keys = keys.astype(np.uint64, copy=False)
+        # Checked here, not only by each shard: a push one shard refused for its keys would
+        # be applied by the others.
+        if spec.key_space and keys.size and int(keys.max()) >= spec.key_space:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {spec.table_id}: key {int(keys.max())} is outside the key "
+                          f"space [0, {spec.key_space}); nothing was sent")
+        return spec, keys
 
     def pull_sparse(self, table: Union[str, int], keys, step: int = 0, worker: int = 0
                     ) -> np.ndarray:
