@@ -5,6 +5,14 @@
 //
 // Shards and the raw servers run in this process, each its own grpc::Server on loopback
 // TCP; the client is the real PsClient. Goodput = tensor bytes / wall time of one call.
+// --metrics: each shard also counts its RPCs (the interceptor ps_server installs with
+// --metrics_port) and serves /metrics, scraped over HTTP every --scrape_ms as Prometheus
+// would: run with and without it to see what metrics cost (bench/metrics_cost.sh).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -18,10 +26,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/raw.grpc.pb.h"
+#include "absl/synchronization/notification.h"
 #include "client/ps/ps_client.h"
+#include "common/metrics.h"
+#include "common/parse_errors.h"
 #include "common/sharding.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/service.h"
+#include "server/ps/shard_metrics.h"
 
 ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");
 ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20, "Stream chunk size, PS and raw alike.");
@@ -29,6 +41,8 @@ ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.")
 ABSL_FLAG(std::vector<std::string>, sizes_kib,
           std::vector<std::string>({"64", "1024", "16384", "65536"}), "Tensor sizes in KiB.");
 ABSL_FLAG(std::vector<std::string>, shards, std::vector<std::string>({"1", "2"}), "Shard counts.");
+ABSL_FLAG(bool, metrics, false, "Shards count RPCs and serve /metrics, scraped every --scrape_ms.");
+ABSL_FLAG(int, scrape_ms, 1000, "With --metrics: time between scrapes of each shard.");
 ABSL_FLAG(int, rounds, 3,
           "Whole sweeps; each figure is the median over rounds of the per-round medians.");
 
@@ -66,16 +80,61 @@ class RawService final : public RawStream::Service {
   std::vector<float> source_;  // one pull at a time per server in this benchmark
 };
 
+// GET http://127.0.0.1:port/metrics, the body's size (0 on failure).
+size_t Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  size_t got = 0;
+  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+    char buf[8192];
+    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) got += n;
+  }
+  close(fd);
+  return got;
+}
+
+// Scrapes every endpoint every `every` until destroyed.
+class Scraper {
+ public:
+  Scraper(std::vector<int> ports, absl::Duration every)
+      : thread_([this, ports = std::move(ports), every] {
+          while (!stop_.WaitForNotificationWithTimeout(every)) {
+            for (int port : ports) Scrape(port);
+          }
+        }) {}
+  ~Scraper() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// Declared in the order they must outlive each other: the servers (whose interceptors use
+// the metrics) go first, then the metrics (whose collectors read the shards).
 struct Cluster {
   std::vector<std::unique_ptr<ps::Shard>> shards;
   std::vector<std::unique_ptr<ps::ParameterServerService>> services;
   std::vector<std::unique_ptr<RawService>> raws;
+  std::vector<std::unique_ptr<Metrics>> metrics;  // --metrics
+  std::unique_ptr<Scraper> scraper;
   std::vector<std::unique_ptr<grpc::Server>> servers;
   std::vector<std::string> ps_addresses, raw_addresses;
 };
 
-std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address,
+                                    Metrics* metrics = nullptr) {
   grpc::ServerBuilder b;
+  if (metrics != nullptr) NameUnparsableRequests(&b, metrics->rpcs().Interceptor());
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   b.SetMaxReceiveMessageSize(64 << 20);
@@ -100,8 +159,24 @@ Cluster StartCluster(uint32_t num_shards) {
     c.raws.push_back(std::make_unique<RawService>());
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();
-    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back()));
+    Metrics* metrics = nullptr;
+    if (absl::GetFlag(FLAGS_metrics)) {
+      auto served = Metrics::Serve("127.0.0.1", 0, "ps_server", absl::StrCat(s));
+      if (!served.ok()) {
+        std::fprintf(stderr, "ps_throughput: %s\n", served.status().ToString().c_str());
+        std::exit(1);
+      }
+      c.metrics.push_back(*std::move(served));
+      metrics = c.metrics.back().get();
+      ps::AddShardMetrics(c.shards.back().get(), nullptr, metrics);
+    }
+    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back(), metrics));
     c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back()));
+  }
+  if (!c.metrics.empty()) {
+    std::vector<int> ports;
+    for (const auto& m : c.metrics) ports.push_back(m->port());
+    c.scraper = std::make_unique<Scraper>(ports, absl::Milliseconds(absl::GetFlag(FLAGS_scrape_ms)));
   }
   return c;
 }

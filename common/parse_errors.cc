@@ -55,9 +55,12 @@ class ParseErrorInterceptorFactory final
 
 }  // namespace
 
-void NameUnparsableRequests(grpc::ServerBuilder* builder) {
+void NameUnparsableRequests(
+    grpc::ServerBuilder* builder,
+    std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> after) {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  if (after != nullptr) factories.push_back(std::move(after));
   builder->experimental().SetInterceptorCreators(std::move(factories));
 }
 

@@ -4,10 +4,16 @@
 // method and saying that the message did not parse.
 #pragma once
 
+#include <memory>
+
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace pscluster {
 
-void NameUnparsableRequests(grpc::ServerBuilder* builder);
+// `after` run after it (e.g. RpcMetrics' interceptor, which then counts the code sent).
+void NameUnparsableRequests(
+    grpc::ServerBuilder* builder,
+    std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> after = nullptr);
 
 }  // namespace pscluster

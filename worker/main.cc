@@ -14,7 +14,9 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/metrics_flags.h"
 #include "worker/flags.h"
+#include "worker/modes/worker_metrics.h"
 #include "worker/setup.h"
 
 namespace {
@@ -40,6 +42,13 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   absl::StatusOr<worker::WorkerFlags> flags = worker::WorkerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
+  auto metrics = ServeMetricsFromFlags("ps_worker", std::to_string(flags->trainer.rank));
+  if (!metrics.ok()) return Fail(metrics.status());
+  std::unique_ptr<modes::WorkerMetrics> worker_metrics;
+  if (*metrics) {
+    worker_metrics = std::make_unique<modes::WorkerMetrics>(&(*metrics)->registry());
+    flags->trainer.metrics = worker_metrics.get();
+  }
   auto coordinator = worker::JoinCluster(&*flags);  // outlives the trainer
   if (!coordinator.ok()) return Fail(coordinator.status());
   auto data = worker::LoadData(*flags);

@@ -19,11 +19,14 @@
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
 #include "common/graceful_shutdown.h"
+#include "common/metrics_flags.h"
 #include "common/parse_errors.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/checkpointer.h"
+#include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/mode_switch.h"
 #include "server/coordinator/service.h"
+#include "server/coordinator/status_page.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
@@ -40,6 +43,11 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, metric, "max",
           "Better validation metric: 'max' (accuracy) or 'min' (loss).");
 ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept, besides the best.");
+ABSL_FLAG(int, http_port, 0,
+          "Serve the status page (members, shard map, mode, checkpoints, curves) at "
+          "http://--http_host:PORT/ (0: off; -1: a free port, printed at start).");
+ABSL_FLAG(std::string, http_host, "127.0.0.1",
+          "Address the status page listens on (0.0.0.0 for every interface).");
 ABSL_FLAG(std::string, mode, "",
           "Training mode at start: ps, allreduce, fsdp or pipeline. Default ps, or allreduce "
           "when --num_shards=0 ('ps' needs shards). psctl switch-mode changes it live.");
@@ -194,6 +202,23 @@ void RunBackground(pscluster::coord::ClusterState* cluster,
   checkpoints.join();
 }
 
+// With --http_port: the status page, serving (null without).
+absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusPage(
+    const pscluster::coord::ClusterState* cluster, const pscluster::coord::ProgressHistory* history) {
+  const int port = absl::GetFlag(FLAGS_http_port);
+  if (port == 0) return nullptr;
+  if (port < -1 || port > 65535) {
+    return absl::InvalidArgumentError("--http_port must be 0 (off), -1 (any) or a port");
+  }
+  const std::string host = absl::GetFlag(FLAGS_http_host);
+  auto page = pscluster::coord::StatusPageServer::Start(host, std::max(port, 0), cluster, history);
+  if (page.ok()) {
+    std::printf("ps_coordinator: status page on http://%s:%d/\n", host.c_str(), (*page)->port());
+    std::fflush(stdout);
+  }
+  return page;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,11 +233,18 @@ int main(int argc, char** argv) {
   pscluster::coord::KvStore kv;
   auto checkpointer = CheckpointerFromFlags(&cluster);
   if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());
+  pscluster::coord::ProgressHistory history;
   pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
-                                               checkpointer->get());
+                                               checkpointer->get(), &history);
+  auto metrics = pscluster::ServeMetricsFromFlags("ps_coordinator", "");
+  if (!metrics.ok()) return Fail(metrics.status().ToString());
+  if (*metrics) pscluster::coord::AddCoordinatorMetrics(&cluster, metrics->get());
+  auto page = StartStatusPage(&cluster, &history);
+  if (!page.ok()) return Fail(page.status().ToString());
   grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, as ps_server
   grpc::ServerBuilder builder;
-  pscluster::NameUnparsableRequests(&builder);
+  pscluster::NameUnparsableRequests(&builder,
+                                    *metrics ? (*metrics)->rpcs().Interceptor() : nullptr);
   int port = 0;
   const std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
@@ -237,5 +269,8 @@ int main(int argc, char** argv) {
   });
   stop.Notify();
   background.join();
+  server.reset();  // before the interceptor's RpcMetrics; then the HTTP servers stop before
+  page->reset();   // the state they read goes
+  metrics->reset();
   return 0;
 }

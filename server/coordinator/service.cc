@@ -7,8 +7,12 @@
 namespace pscluster::coord {
 
 CoordinatorService::CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                                       Checkpointer* checkpointer)
-    : cluster_(cluster), kv_(kv), max_wait_(max_wait), checkpointer_(checkpointer) {}
+                                       Checkpointer* checkpointer, ProgressHistory* history)
+    : cluster_(cluster),
+      kv_(kv),
+      max_wait_(max_wait),
+      checkpointer_(checkpointer),
+      history_(history) {}
 
 absl::Time CoordinatorService::Deadline(const grpc::ServerContext* ctx) const {
   return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + max_wait_);
@@ -39,7 +43,9 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
                                                 const ReportProgressRequest* req,
                                                 ReportProgressResponse*) {
   InFlightCounter::Scope scope(&in_flight_);
-  return ToGrpcStatus(cluster_->ReportProgress(*req));
+  absl::Status s = cluster_->ReportProgress(*req);
+  if (s.ok() && history_ != nullptr) history_->Record(*req);
+  return ToGrpcStatus(s);
 }
 
 grpc::Status CoordinatorService::GetView(grpc::ServerContext* ctx, const GetViewRequest* req,

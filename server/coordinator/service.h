@@ -8,15 +8,17 @@
 #include "server/coordinator/checkpointer.h"
 #include "server/coordinator/cluster_state.h"
 #include "server/coordinator/kv_store.h"
+#include "server/coordinator/progress_history.h"
 
 namespace pscluster::coord {
 
 class CoordinatorService final : public Coordinator::Service {
  public:
   // Longest a blocking read waits when the caller set no shorter deadline. `checkpointer`
-  // null: the Checkpoint RPC answers FAILED_PRECONDITION.
+  // null: the Checkpoint RPC answers FAILED_PRECONDITION. `history` (may be null) records
+  // every accepted progress report, for the status page.
   CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                     Checkpointer* checkpointer = nullptr);
+                     Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr);
 
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*,
@@ -44,6 +46,7 @@ class CoordinatorService final : public Coordinator::Service {
   KvStore* const kv_;
   const absl::Duration max_wait_;
   Checkpointer* const checkpointer_;
+  ProgressHistory* const history_;
   InFlightCounter in_flight_;
 };
 

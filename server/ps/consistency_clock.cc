@@ -76,6 +76,13 @@ bool ConsistencyClock::Pullable(int64_t step) const {
   }
 }
 
+int64_t ConsistencyClock::Staleness(int64_t step) const {
+  if (bsp() || clocks_.empty()) return 0;
+  int64_t slowest = step;
+  for (const auto& [w, clock] : clocks_) slowest = std::min(slowest, clock);
+  return std::max<int64_t>(0, step - slowest);
+}
+
 std::string ConsistencyClock::DescribeLaggards(int64_t step) const {
   const int64_t need = bsp() ? step : step - config_.staleness();
   std::string out;

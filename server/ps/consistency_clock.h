@@ -47,6 +47,9 @@ class ConsistencyClock {
 
   // Whether a pull at `step` may read (always after Shutdown).
   bool Pullable(int64_t step) const;
+  // What a read at `step` lacks: step minus the slowest worker's clock (0 under BSP, where a
+  // read sees every step before its own, and with no workers).
+  int64_t Staleness(int64_t step) const;
   // The workers a read at `step` waits for, with their clocks (and BSP's applied steps).
   std::string DescribeLaggards(int64_t step) const;
 

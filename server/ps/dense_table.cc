@@ -395,6 +395,10 @@ absl::Status DenseTable::ImportState(int64_t step, DenseState state) {
   return absl::OkStatus();
 }  // the replaced state is freed here, after the lock is released
 
+uint64_t DenseTable::MemoryBytes(const TableInfo& info) const {
+  return (info.shard_end() - info.shard_begin()) * (1 + num_slots()) * sizeof(float);
+}
+
 void DenseTable::FillInfoLocked(TableInfo* info) const {
   info->set_shard_begin(range_.begin);
   info->set_shard_end(range_.end);

@@ -116,6 +116,7 @@ class DenseTable final : public Table {
   uint64_t FirstOverflowLocked(const std::vector<Piece>& pieces, uint64_t total,
                                float g_scale) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t MemoryBytes(const TableInfo& info) const override;
   void PrepareImage(TableImage* image) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

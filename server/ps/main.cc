@@ -16,10 +16,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "client/coordinator/coordinator_client.h"
-#include "common/status_macros.h"
+#include "common/metrics_flags.h"
 #include "common/parse_errors.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/flags.h"
+#include "server/ps/shard_metrics.h"
 
 namespace pscluster::ps {
 namespace {
@@ -50,7 +52,8 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
 
 // Listening on --host:--port (the port chosen is in *port).
 absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
-                                                     ParameterServerService* service, int* port) {
+                                                     ParameterServerService* service,
+                                                     pscluster::Metrics* metrics, int* port) {
   grpc::ResourceQuota quota("ps_server");
   quota.SetMaxThreads(f.threads);
   // gRPC's own buffers (requests being received, answers being sent) are bounded by the
@@ -70,7 +73,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(f.service));
   builder.SetMaxSendMessageSize(MaxMessageBytes(f.service));
   builder.RegisterService(service);
-  NameUnparsableRequests(&builder);
+  NameUnparsableRequests(&builder, metrics ? metrics->rpcs().Interceptor() : nullptr);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
     return absl::UnavailableError(
@@ -123,9 +126,13 @@ int main(int argc, char** argv) {
   auto snapshotter = OpenSnapshots(*flags, &shard);
   if (!snapshotter.ok()) return Fail(snapshotter.status());
   ParameterServerService service(&shard, snapshotter->get(), flags->service);
+  auto metrics = pscluster::ServeMetricsFromFlags("ps_server", std::to_string(flags->shard.shard_id));
+  if (!metrics.ok()) return Fail(metrics.status());
+  if (*metrics) AddShardMetrics(&shard, snapshotter->get(), metrics->get());
   int port = 0;
-  auto server = Listen(*flags, &service, &port);
+  auto server = Listen(*flags, &service, metrics->get(), &port);
   if (!server.ok()) return Fail(server.status());
+  service.SetHealth((*server)->GetHealthCheckService());
   std::printf("ps_server shard %u/%u listening on %s:%d\n", flags->shard.shard_id,
               flags->shard.num_shards, flags->host.c_str(), port);
   std::fflush(stdout);
@@ -133,5 +140,7 @@ int main(int argc, char** argv) {
   if (!coordinator.ok()) return Fail(coordinator.status());
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
+  server->reset();   // before the interceptor's RpcMetrics ...
+  metrics->reset();  // ... and before the collectors' shard and snapshotter go
   return 0;
 }

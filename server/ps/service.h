@@ -3,11 +3,13 @@
 // consistency bound holds, which a sync handler thread can do without extra machinery.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <thread>
 
 #include "absl/time/time.h"
 #include "common/graceful_shutdown.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
 #include "server/ps/request_budget.h"
@@ -47,6 +49,8 @@ class ParameterServerService final : public ParameterServer::Service {
 
   // Handlers in progress, for ShutdownGracefully.
   InFlightCounter* in_flight() { return &in_flight_; }
+  // The server's grpc.health.v1 service (null: none), NOT_SERVING while Restore runs.
+  void SetHealth(grpc::HealthCheckServiceInterface* health) { health_ = health; }
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
                               RegisterWorkerResponse* resp) override;
@@ -129,6 +133,7 @@ class ParameterServerService final : public ParameterServer::Service {
 
   Shard* const shard_;
   Snapshotter* const snapshotter_;
+  std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
   const ServiceOptions options_;
   BufferPool buffers_;
   RequestBudget budget_;

@@ -90,6 +90,16 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req->step())));
   }
+  // Health checks answer NOT_SERVING until the restore is done or failed: balancers and
+  // probes hold traffic back while the state is replaced.
+  grpc::HealthCheckServiceInterface* health = health_;
+  if (health != nullptr) health->SetServingStatus(false);
+  struct Serving {
+    grpc::HealthCheckServiceInterface* health;
+    ~Serving() {
+      if (health != nullptr) health->SetServingStatus(true);
+    }
+  } serving_again{health};
   // Read and verify the whole snapshot first, while serving: on any error the shard is
   // exactly as before.
   auto loaded = snapshotter_->Load(absl::StrCat(req->step()));

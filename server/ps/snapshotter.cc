@@ -146,6 +146,7 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     for (size_t i = held_from; i < held_to; ++i) tables[i]->ReleaseStep(request.step());
     absl::MutexLock lock(&mu_);
     in_progress_ = false;
+    counters_.failed++;
     return status;
   };
   for (size_t i = 0; i < tables.size(); ++i) {
@@ -168,6 +169,7 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
   wo.bytes_written = &bytes_written_;
   {
     absl::MutexLock lock(&mu_);
+    counters_.last_pause_seconds = absl::ToDoubleSeconds(longest_pause);
     bytes_total_ = bytes;
     bytes_written_ = 0;
     std::vector<int64_t> keep(request.keep_steps().begin(), request.keep_steps().end());
@@ -190,8 +192,8 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
   std::fflush(stdout);
   absl::Time start = absl::Now();
   auto manifest = store_->Write(step, images, options);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (manifest.ok()) {
-    double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     std::printf("ps_server: snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)\n",
                 static_cast<long long>(step), manifest->bytes() / 1e6, seconds,
                 manifest->bytes() / 1e6 / seconds);
@@ -207,7 +209,16 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
   }
   absl::MutexLock lock(&mu_);
   in_progress_ = false;
-  if (manifest.ok()) last_complete_step_ = std::max(last_complete_step_, step);
+  if (manifest.ok()) {
+    last_complete_step_ = std::max(last_complete_step_, step);
+    counters_.completed++;
+    counters_.write_seconds_sum += seconds;
+    counters_.last_write_seconds = seconds;
+    counters_.last_bytes = manifest->bytes();
+    counters_.last_success_unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  } else {
+    counters_.failed++;
+  }
   last_error_ = status.ok() ? "" : std::string(status.ToString());
   if (!status.ok()) {
     std::fprintf(stderr, "ps_server: snapshot of step %lld failed: %s\n",
@@ -238,6 +249,13 @@ absl::StatusOr<ListSnapshotsResponse> Snapshotter::List() const {
     i->set_num_shards(shard_->options().num_shards);
   }
   return r;
+}
+
+SnapshotCounters Snapshotter::Counters() const {
+  absl::MutexLock lock(&mu_);
+  SnapshotCounters c = counters_;
+  c.in_progress = in_progress_;
+  return c;
 }
 
 SnapshotStatusResponse Snapshotter::Status() const {

@@ -33,6 +33,18 @@ struct SnapshotterOptions {
   SnapshotStorage* storage = nullptr;
 };
 
+// Snapshot writes since this process started, for metrics.
+struct SnapshotCounters {
+  uint64_t completed = 0;
+  uint64_t failed = 0;  // captures refused and writes that failed
+  double write_seconds_sum = 0;    // of the completed writes
+  double last_write_seconds = 0;   // the last completed one's ...
+  uint64_t last_bytes = 0;
+  double last_pause_seconds = 0;   // ... and its longest capture pause
+  double last_success_unix_seconds = 0;  // 0: none yet
+  bool in_progress = false;
+};
+
 // The database directory of shard `shard_id` under `root`.
 std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id);
 
@@ -52,6 +64,7 @@ class Snapshotter {
   absl::StatusOr<SnapshotResponse> Snapshot(const SnapshotRequest& request, absl::Time deadline);
   absl::StatusOr<ListSnapshotsResponse> List() const;
   SnapshotStatusResponse Status() const;
+  SnapshotCounters Counters() const;
   // Blocks until no write is in progress (bounded); for tools and tests.
   bool AwaitIdle(absl::Time deadline) const;
 
@@ -92,6 +105,7 @@ class Snapshotter {
   int64_t last_complete_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t restored_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  SnapshotCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread writer_ ABSL_GUARDED_BY(mu_);
 };
 

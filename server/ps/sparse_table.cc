@@ -135,6 +135,7 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
     }
   }
   bytes_pushed_ += grads.size() * sizeof(float);
+  rows_pushed_ += keys.size();
   if (!finite || over != nullptr) {
     *skipped = true;
     nonfinite_skipped_++;
@@ -204,6 +205,7 @@ absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float
     }
   }
   bytes_pulled_ += out.size() * sizeof(float);
+  rows_pulled_ += keys.size();
   return absl::OkStatus();
 }
 
@@ -234,6 +236,10 @@ absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float*
   row.updates = updates;
   row.data.assign(data, data + dim_ * (1 + optimizer_->num_slots()));
   return absl::OkStatus();
+}
+
+uint64_t SparseTable::MemoryBytes(const TableInfo& info) const {
+  return info.num_rows() * dim_ * (1 + num_slots()) * sizeof(float);
 }
 
 void SparseTable::FillInfoLocked(TableInfo* info) const { info->set_num_rows(rows_.size()); }

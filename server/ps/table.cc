@@ -110,7 +110,18 @@ absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl:
 
 absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(AwaitPullableLocked(step, deadline, "pull"));
+  if (!clock_.Pullable(step)) {
+    const absl::Time start = absl::Now();
+    absl::Status waited = AwaitPullableLocked(step, deadline, "pull");
+    pulls_waited_++;
+    pull_wait_nanos_ += absl::ToInt64Nanoseconds(absl::Now() - start);
+    RETURN_IF_ERROR(waited);
+  } else if (clock_.shut_down()) {
+    return absl::UnavailableError("parameter server is shutting down");
+  }
+  const uint64_t staleness = clock_.Staleness(step);
+  staleness_sum_ += staleness;
+  if (staleness > staleness_max_) staleness_max_ = staleness;
   pulls_++;
   return absl::OkStatus();
 }
@@ -149,6 +160,13 @@ TableStats Table::Stats() const {
   s.set_bytes_pulled(bytes_pulled_);
   s.set_nonfinite_pushes_skipped(nonfinite_skipped_);
   s.set_rejected_requests(rejected_);
+  s.set_rows_pushed(rows_pushed_);
+  s.set_rows_pulled(rows_pulled_);
+  s.set_memory_bytes(MemoryBytes(s.info()));
+  s.set_pulls_waited(pulls_waited_);
+  s.set_pull_wait_seconds(static_cast<double>(pull_wait_nanos_) * 1e-9);
+  s.set_staleness_sum(staleness_sum_);
+  s.set_staleness_max(staleness_max_);
   return s;
 }
 

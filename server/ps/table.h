@@ -101,6 +101,8 @@ class Table {
   // BSP: sums the gradients pending for `step` in worker-id order, applies them, frees them.
   virtual void ApplyBspStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   virtual void FillInfoLocked(TableInfo* info) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
+  // Bytes of values and optimizer state held (TableStats.memory_bytes).
+  virtual uint64_t MemoryBytes(const TableInfo& info) const = 0;
   // Allocates (and page-faults) the image's buffers before the lock is taken, so the
   // pause is only the copy.
   virtual void PrepareImage(TableImage* image) const {}
@@ -132,7 +134,10 @@ class Table {
   const std::unique_ptr<core::Optimizer> optimizer_;
 
   mutable std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0},
-      nonfinite_skipped_{0}, rejected_{0};
+      rows_pushed_{0}, rows_pulled_{0}, nonfinite_skipped_{0}, rejected_{0};
+  // Pull waits and staleness (TableStats): updated under mu_, read by Stats without it.
+  std::atomic<uint64_t> pulls_waited_{0}, pull_wait_nanos_{0}, staleness_sum_{0},
+      staleness_max_{0};
 
  private:
   // Waits (mu_ held) until PullableLocked(step); DEADLINE_EXCEEDED names `what` and the

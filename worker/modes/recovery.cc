@@ -34,7 +34,7 @@ absl::StatusOr<int64_t> Trainer::Start() {
     if (started.status().code() != absl::StatusCode::kNotFound) return started.status();
   }
   if (options_.connect) {
-    ASSIGN_OR_RETURN(comm_, options_.connect(absl::StrCat("gen/", Generation(view_), "/")));
+    RETURN_IF_ERROR(ConnectCommunicator(absl::StrCat("gen/", Generation(view_), "/")));
   }
   ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
   if (options_.mode != coord::PS) {  // the PS tables start from the same initializers
@@ -98,7 +98,7 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
     }
   }
   if (options_.connect) {
-    ASSIGN_OR_RETURN(comm_, options_.connect(prefix));
+    RETURN_IF_ERROR(ConnectCommunicator(prefix));
   }
   // The mode the cluster trained the checkpoint's step in (every worker reads the same
   // switch history); the switches after it are replayed as the steps come round again.

@@ -76,7 +76,14 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   co.rpc_timeout = options_.rpc_timeout;
   if (options_.coordinator != nullptr) co.wait_check = [this] { return CheckLiveness(); };
   ASSIGN_OR_RETURN(client_, PsClient::Create(co));
+  timed_ps_ = std::make_unique<TimedParameterStore>(client_.get(), &comm_clock_);
   return client_->RegisterWorker();
+}
+
+absl::Status Trainer::ConnectCommunicator(const std::string& name) {
+  ASSIGN_OR_RETURN(std::unique_ptr<collective::Communicator> comm, options_.connect(name));
+  comm_ = std::make_unique<TimedCommunicator>(std::move(comm), &comm_clock_);
+  return absl::OkStatus();
 }
 
 // Between the slices of a long wait in a shard: give up when the coordinator has declared
@@ -134,7 +141,7 @@ PlacementContext Trainer::Context() const {
   c.train = train_;
   c.backend = backend_.get();
   c.comm = comm_.get();
-  c.ps = client_.get();
+  c.ps = timed_ps_.get();
   c.optimizer = optimizer_.get();
   return c;
 }
@@ -189,7 +196,17 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   // evaluation.
   auto run_step = [&](int64_t step) -> absl::Status {
     RETURN_IF_ERROR(MaybeSwitch(step, &summary));
+    const absl::Time step_start = absl::Now();
+    const absl::Duration comm_before = comm_clock_.total();
     ASSIGN_OR_RETURN(float loss, placement_->Step(step));
+    if (options_.metrics != nullptr) {
+      const absl::Duration comm = comm_clock_.total() - comm_before;
+      options_.metrics->Step(options_.batch_size, absl::Now() - step_start - comm, comm, loss);
+      if (placement_->mode() != reported_mode_) {
+        reported_mode_ = placement_->mode();
+        options_.metrics->SetMode(reported_mode_);
+      }
+    }
     epoch_loss += loss;
     ++epoch_steps;
     const absl::Time now = absl::Now();
@@ -204,6 +221,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
                   FormatEta((total - step - 1) * options_.batch_size / rate).c_str());
       std::fflush(stdout);
       ReportProgress(step + 1, epoch_loss / epoch_steps, rate);
+      if (options_.metrics != nullptr) options_.metrics->Progress(rate, step / per_epoch_ + 1);
       last_report = now;
     }
     if ((step + 1) % per_epoch_ != 0) return absl::OkStatus();
@@ -219,6 +237,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
       std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
                   static_cast<long long>(epoch), summary.test_accuracy);
       std::fflush(stdout);
+      if (options_.metrics != nullptr) options_.metrics->Evaluated(summary.test_accuracy);
       if (options_.coordinator != nullptr) {  // feeds keep-the-best checkpoints
         absl::Status r = options_.coordinator->ReportProgress(
             view_.version(), step + 1, summary.final_loss, 0, summary.test_accuracy);
@@ -239,6 +258,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     if (options_.coordinator == nullptr || !(PeerFailure(s) || DeclaredDead())) return s;
     ASSIGN_OR_RETURN(int64_t back_to, Recover(step, s));
     summary.rollbacks.emplace_back(step, back_to);
+    if (options_.metrics != nullptr) options_.metrics->RolledBack();
     step = back_to;
     epoch_loss = 0;
     epoch_steps = 0;

@@ -34,6 +34,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/registry.h"
 #include "worker/modes/placement.h"
+#include "worker/modes/worker_metrics.h"
 
 namespace pscluster::modes {
 
@@ -72,6 +73,8 @@ struct TrainerOptions {
   std::function<absl::StatusOr<std::unique_ptr<collective::Communicator>>(
       const std::string& generation)>
       connect;
+  // Prometheus metrics of this worker (not owned; null: none).
+  WorkerMetrics* metrics = nullptr;
 };
 
 struct SwitchDone {
@@ -148,6 +151,8 @@ class Trainer {
   void RequestCheckpoint(int64_t epoch, TrainSummary* summary);
   absl::StatusOr<double> Evaluate(int64_t step);
   void ReportProgress(int64_t step, double loss, double rate);
+  // options_.connect for generation `name`, its calls timed into comm_clock_.
+  absl::Status ConnectCommunicator(const std::string& name);
 
   const TrainerOptions options_;
   const data::Dataset* const train_;
@@ -156,8 +161,13 @@ class Trainer {
   std::unique_ptr<model::ModelDef> model_;
   std::unique_ptr<core::Optimizer> optimizer_;  // the collective modes' (the shards' config)
   ps::OptimizerConfig optimizer_config_;        // with the lr decay
+  // Time the training thread spends communicating: the placements reach the shards and
+  // the other workers only through these timed wrappers.
+  CommClock comm_clock_;
   std::unique_ptr<PsClient> client_;            // null without shards
-  std::unique_ptr<collective::Communicator> comm_;
+  std::unique_ptr<TimedParameterStore> timed_ps_;  // client_, timed
+  std::unique_ptr<collective::Communicator> comm_;  // a TimedCommunicator
+  Mode reported_mode_ = coord::TRAINING_MODE_UNSPECIFIED;  // to options_.metrics
   std::unique_ptr<Placement> placement_;
   coord::ClusterView view_;  // with a coordinator: the view training uses
   int64_t per_epoch_ = 0;

@@ -1,0 +1,33 @@
+#include "common/metrics_flags.h"
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics at http://--metrics_host:PORT/metrics (0: off; -1: a free "
+          "port, printed at start).");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "Address the metrics endpoint listens on (0.0.0.0 for every interface).");
+
+namespace pscluster {
+
+absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& role,
+                                                               const std::string& id) {
+  const int port = absl::GetFlag(FLAGS_metrics_port);
+  if (port == 0) return nullptr;
+  if (port < -1 || port > 65535) {
+    return absl::InvalidArgumentError("--metrics_port must be 0 (off), -1 (any) or a port");
+  }
+  const std::string host = absl::GetFlag(FLAGS_metrics_host);
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+      Metrics::Serve(host, port < 0 ? 0 : port, role, id);
+  if (metrics.ok()) {
+    std::printf("%s: metrics on http://%s:%d/metrics\n", role.c_str(), host.c_str(),
+                (*metrics)->port());
+    std::fflush(stdout);
+  }
+  return metrics;
+}
+
+}  // namespace pscluster

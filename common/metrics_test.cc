@@ -1,0 +1,97 @@
+#include "common/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// GET http://127.0.0.1:port/metrics: the body (the exposition text).
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{10, 0};  // a bound on every read: a hung exposer fails the test
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "write failed";
+  }
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? response : response.substr(body + 4);
+}
+
+TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
+  auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "1");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  ASSERT_GT((*metrics)->port(), 0);
+  (*metrics)->rpcs().Record("/pscluster.ps.ParameterServer/PullDense", grpc::StatusCode::OK, 0.002);
+  (*metrics)->rpcs().Record("/pscluster.ps.ParameterServer/PullDense", grpc::StatusCode::OK, 0.003);
+  (*metrics)->rpcs().Record("/pscluster.ps.ParameterServer/PushDense",
+                            grpc::StatusCode::INVALID_ARGUMENT, 0.001);
+  int scrapes = 0;
+  (*metrics)->AddCollector([&scrapes](MetricFamilies* f) {
+    ++scrapes;
+    f->Gauge("pscluster_ps_table_values", "Values.", {{"table", "3"}}, 42);
+    f->Summary("pscluster_ps_pull_wait_seconds", "Waits.", {{"table", "3"}}, 5, 1.5);
+  });
+  const std::string text = Scrape((*metrics)->port());
+  EXPECT_EQ(scrapes, 1) << "collectors run once per scrape";
+  EXPECT_THAT(text, HasSubstr("pscluster_info{id=\"1\",role=\"ps_server\",version=\""));
+  EXPECT_THAT(text, HasSubstr("pscluster_rpc_server_handled_total{grpc_code=\"OK\",grpc_method="
+                              "\"PullDense\",grpc_service=\"pscluster.ps.ParameterServer\"} 2"));
+  EXPECT_THAT(text, HasSubstr("grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"PushDense\""));
+  EXPECT_THAT(text, HasSubstr("pscluster_rpc_server_handling_seconds_count{grpc_method="
+                              "\"PullDense\",grpc_service=\"pscluster.ps.ParameterServer\"} 2"));
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_table_values{table=\"3\"} 42"));
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_pull_wait_seconds_count{table=\"3\"} 5"));
+  EXPECT_THAT(text, HasSubstr("# TYPE pscluster_process_resident_memory_bytes gauge"));
+}
+
+TEST(MetricsTest, MethodLabelsStayBoundedWhateverClientsCall) {
+  auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_coordinator", "");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  for (int i = 0; i < 200; ++i) {
+    (*metrics)->rpcs().Record(absl::StrCat("/svc/M", i), grpc::StatusCode::UNIMPLEMENTED, 0);
+  }
+  (*metrics)->rpcs().Record("no slash", grpc::StatusCode::OK, 0);
+  const std::string text = Scrape((*metrics)->port());
+  EXPECT_THAT(text, HasSubstr("grpc_method=\"M63\""));
+  EXPECT_THAT(text, Not(HasSubstr("grpc_method=\"M64\"")));
+  EXPECT_THAT(text, HasSubstr("grpc_code=\"UNIMPLEMENTED\",grpc_method=\"other\",grpc_service="
+                              "\"other\"} 136"));
+}
+
+TEST(MetricsTest, APortInUseIsAClearError) {
+  auto first = Metrics::Serve("127.0.0.1", 0, "ps_server", "0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = Metrics::Serve("127.0.0.1", (*first)->port(), "ps_server", "1");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("cannot serve metrics on"));
+}
+
+}  // namespace
+}  // namespace pscluster

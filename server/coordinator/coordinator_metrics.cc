@@ -1,0 +1,82 @@
+#include "server/coordinator/coordinator_metrics.h"
+
+#include <string>
+
+#include "absl/time/clock.h"
+#include "common/training_mode.h"
+
+namespace pscluster::coord {
+namespace {
+
+void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
+  double alive[2] = {0, 0}, dead[2] = {0, 0};
+  for (const Member& m : view.members()) {
+    const int role = m.role() == WORKER ? 1 : 0;
+    const MetricLabels labels = {{"role", role ? "worker" : "shard"}, {"id", std::to_string(m.id())}};
+    (m.alive() ? alive : dead)[role]++;
+    f->Gauge("pscluster_coordinator_member_up", "1 while a member is alive, 0 once declared dead.",
+             labels, m.alive() ? 1 : 0);
+    f->Gauge("pscluster_coordinator_heartbeat_age_seconds",
+             "Seconds since each member's last heartbeat.", labels,
+             m.last_heartbeat_ms() > 0
+                 ? absl::ToDoubleSeconds(now - absl::FromUnixMillis(m.last_heartbeat_ms()))
+                 : 0);
+    f->Gauge("pscluster_coordinator_member_incarnation",
+             "How many times each member has registered.", labels, m.incarnation());
+    if (role == 1) {
+      const MetricLabels worker = {{"worker", std::to_string(m.id())}};
+      f->Gauge("pscluster_coordinator_worker_step", "The last step each worker reported.", worker,
+               m.step());
+      f->Gauge("pscluster_coordinator_worker_loss", "The training loss each worker reported last.",
+               worker, m.loss());
+      f->Gauge("pscluster_coordinator_worker_samples_per_second",
+               "The throughput each worker reported last.", worker, m.samples_per_sec());
+      if (m.has_metric()) {
+        f->Gauge("pscluster_coordinator_worker_test_metric",
+                 "The validation metric each worker reported last.", worker, m.metric());
+      }
+    }
+  }
+  for (int role = 0; role < 2; ++role) {
+    const char* name = role ? "worker" : "shard";
+    f->Gauge("pscluster_coordinator_members", "Registered members by role and state.",
+             {{"role", name}, {"state", "alive"}}, alive[role]);
+    f->Gauge("pscluster_coordinator_members", "Registered members by role and state.",
+             {{"role", name}, {"state", "dead"}}, dead[role]);
+  }
+  f->Gauge("pscluster_coordinator_expected_members", "Members the cluster expects, by role.",
+           {{"role", "shard"}}, view.num_shards());
+  f->Gauge("pscluster_coordinator_expected_members", "Members the cluster expects, by role.",
+           {{"role", "worker"}}, view.num_workers());
+  f->Gauge("pscluster_coordinator_complete", "1 when every expected member is alive.", {},
+           view.complete() ? 1 : 0);
+  f->Gauge("pscluster_coordinator_view_version", "The cluster view's version.", {}, view.version());
+  f->Gauge("pscluster_coordinator_global_step", "The highest step every live worker reported.", {},
+           view.global_step());
+  for (TrainingMode mode : {PS, ALLREDUCE, FSDP, PIPELINE}) {
+    f->Gauge("pscluster_coordinator_mode", "1 for the training mode in effect.",
+             {{"mode", ModeName(mode)}}, view.mode() == mode ? 1 : 0);
+  }
+  f->Counter("pscluster_coordinator_mode_switches_total", "Mode switches done.", {},
+             view.switches_size());
+  f->Gauge("pscluster_coordinator_mode_switches_pending", "Mode switches scheduled, not done.", {},
+           view.pending_switches_size());
+  if (view.switches_size() > 0) {
+    f->Gauge("pscluster_coordinator_last_switch_handoff_seconds",
+             "The last switch's longest worker hand-over.", {},
+             view.switches(view.switches_size() - 1).handoff_seconds());
+  }
+  f->Gauge("pscluster_coordinator_checkpoints", "Complete cluster checkpoints kept.", {},
+           view.checkpoints_size());
+  f->Gauge("pscluster_coordinator_last_checkpoint_step",
+           "Step of the newest complete checkpoint (-1: none).", {},
+           view.checkpoints().empty() ? -1 : view.checkpoints().rbegin()->step());
+}
+
+}  // namespace
+
+void AddCoordinatorMetrics(const ClusterState* cluster, Metrics* metrics) {
+  metrics->AddCollector([cluster](MetricFamilies* f) { Collect(cluster->View(), absl::Now(), f); });
+}
+
+}  // namespace pscluster::coord

@@ -1,0 +1,94 @@
+#include "server/ps/shard_metrics.h"
+
+#include <string>
+
+namespace pscluster::ps {
+namespace {
+
+void CollectTables(const Shard& shard, MetricFamilies* f) {
+  const StatsResponse stats = shard.Stats();
+  for (const TableStats& t : stats.tables()) {
+    const bool sparse = t.info().spec().kind() == TableSpec::SPARSE;
+    const MetricLabels table = {{"table", std::to_string(t.info().spec().table_id())}};
+    MetricLabels kind = table;
+    kind["kind"] = sparse ? "sparse" : "dense";
+    f->Counter("pscluster_ps_pushes_total", "Pushes applied or accepted, per table.", table,
+               t.pushes());
+    f->Counter("pscluster_ps_pulls_total", "Pulls served, per table.", table, t.pulls());
+    f->Counter("pscluster_ps_pushed_bytes_total", "Gradient bytes pushed, per table.", table,
+               t.bytes_pushed());
+    f->Counter("pscluster_ps_pulled_bytes_total", "Value bytes pulled, per table.", table,
+               t.bytes_pulled());
+    if (sparse) {
+      f->Counter("pscluster_ps_pushed_rows_total", "Sparse rows pushed, per table.", table,
+                 t.rows_pushed());
+      f->Counter("pscluster_ps_pulled_rows_total", "Sparse rows pulled, per table.", table,
+                 t.rows_pulled());
+    }
+    f->Counter("pscluster_ps_rejected_requests_total",
+               "Requests refused by a table's checks (bad step, shape, NaN, ...).", table,
+               t.rejected_requests());
+    f->Counter("pscluster_ps_nonfinite_pushes_skipped_total",
+               "Pushes with non-finite gradients skipped (skip_nonfinite tables).", table,
+               t.nonfinite_pushes_skipped());
+    f->Gauge("pscluster_ps_table_rows",
+             "Rows held: values of this shard's range (dense) or rows materialised (sparse).", kind,
+             sparse ? t.info().num_rows() : t.info().shard_end() - t.info().shard_begin());
+    f->Gauge("pscluster_ps_table_memory_bytes",
+             "Bytes of values and optimizer state held (sparse: without the row index).", kind,
+             t.memory_bytes());
+    f->Gauge("pscluster_ps_table_applied_steps", "BSP steps fully applied, per table.", table,
+             t.info().applied_steps());
+    f->Counter("pscluster_ps_pull_waits_total",
+               "Pulls that waited for their consistency bound (BSP/SSP), per table.", table,
+               t.pulls_waited());
+    f->Counter("pscluster_ps_pull_wait_seconds_total",
+               "Seconds pulls spent waiting for their consistency bound, per table.", table,
+               t.pull_wait_seconds());
+    f->Summary("pscluster_ps_pull_staleness_steps",
+               "Steps of the slowest worker a pull's values lacked (0 under BSP), per table.",
+               table, t.pulls(), static_cast<double>(t.staleness_sum()));
+    f->Gauge("pscluster_ps_pull_staleness_max_steps", "The largest staleness a pull saw.", table,
+             t.staleness_max());
+  }
+  for (const WorkerClock& w : stats.workers()) {
+    f->Gauge("pscluster_ps_worker_clock", "Steps each registered worker has pushed.",
+             {{"worker", std::to_string(w.worker_id())}}, w.clock());
+  }
+}
+
+void CollectSnapshots(const Snapshotter& snapshotter, MetricFamilies* f) {
+  const SnapshotCounters c = snapshotter.Counters();
+  const SnapshotStatusResponse s = snapshotter.Status();
+  f->Counter("pscluster_ps_snapshots_total", "Snapshots by result.", {{"result", "ok"}},
+             c.completed);
+  f->Counter("pscluster_ps_snapshots_total", "Snapshots by result.", {{"result", "failed"}},
+             c.failed);
+  f->Summary("pscluster_ps_snapshot_write_seconds", "Background write time of each snapshot.", {},
+             c.completed, c.write_seconds_sum);
+  f->Gauge("pscluster_ps_snapshot_last_write_seconds", "The last complete snapshot's write time.",
+           {}, c.last_write_seconds);
+  f->Gauge("pscluster_ps_snapshot_last_bytes", "Bytes of the last complete snapshot.", {},
+           c.last_bytes);
+  f->Gauge("pscluster_ps_snapshot_last_pause_seconds",
+           "Longest time a table was locked for the last snapshot's capture.", {},
+           c.last_pause_seconds);
+  f->Gauge("pscluster_ps_snapshot_last_success_timestamp_seconds",
+           "When the last snapshot completed (unix time; 0: none since start).", {},
+           c.last_success_unix_seconds);
+  f->Gauge("pscluster_ps_snapshot_in_progress", "1 while a snapshot is being written.", {},
+           c.in_progress ? 1 : 0);
+  f->Gauge("pscluster_ps_snapshot_last_complete_step",
+           "Step of the newest complete snapshot (-1: none).", {}, s.last_complete_step());
+}
+
+}  // namespace
+
+void AddShardMetrics(const Shard* shard, const Snapshotter* snapshotter, Metrics* metrics) {
+  metrics->AddCollector([shard, snapshotter](MetricFamilies* f) {
+    CollectTables(*shard, f);
+    if (snapshotter != nullptr) CollectSnapshots(*snapshotter, f);
+  });
+}
+
+}  // namespace pscluster::ps
