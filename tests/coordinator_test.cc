@@ -17,6 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -49,6 +51,16 @@ int RunPsctl(const std::vector<std::string>& args, std::vector<std::string>* lin
   std::vector<std::string> argv = {"tools/psctl/psctl"};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunToExit(argv, lines);
+}
+
+// psctl top's output cut into its frames, each from its "psctl top:" header on.
+std::vector<std::vector<std::string>> TopFrames(const std::vector<std::string>& lines) {
+  std::vector<std::vector<std::string>> frames;
+  for (const std::string& line : lines) {
+    if (line.rfind("psctl top:", 0) == 0) frames.emplace_back();
+    if (!frames.empty()) frames.back().push_back(line);
+  }
+  return frames;
 }
 
 // Starts ps_coordinator with `flags` (besides --port=0) into `processes`; returns its
@@ -269,6 +281,92 @@ TEST_F(CoordinatorTest, BadRequestsGetClearErrors) {
 
   std::string line;
   EXPECT_EQ(Psctl("frobnicate", &line), 2);
+}
+
+TEST_F(CoordinatorTest, StatusJsonParsesIntoTheViewWithEveryMemberTheModeAndHeartbeatAges) {
+  auto worker = JoinAsWorker();
+  ASSERT_NE(worker, nullptr);
+  auto view = worker->AwaitView(0, /*complete=*/true, absl::Seconds(60));
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE(worker->ReportProgress(view->version(), 7, 0.5, 100).ok());
+  std::vector<std::string> out;
+  const int code = RunPsctl({"--coordinator=" + coordinator_, "status", "--json"}, &out);
+  ASSERT_EQ(out.size(), 1u) << "one JSON object on one line: " << absl::StrJoin(out, "\n");
+
+  coord::ClusterView parsed;
+  google::protobuf::util::JsonParseOptions lenient;
+  lenient.ignore_unknown_fields = true;  // the derived fields
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out[0], &parsed, lenient).ok()) << out[0];
+  EXPECT_EQ(code, parsed.complete() ? 0 : 1) << "status's exit codes";
+  EXPECT_EQ(parsed.mode(), coord::PS);
+  EXPECT_THAT(parsed.shard_addresses(), ::testing::ElementsAreArray(shard_addresses_));
+  ASSERT_EQ(parsed.members_size(), kShards + 1);
+  const coord::Member& w = parsed.members(kShards);
+  EXPECT_EQ(w.role(), coord::WORKER);
+  EXPECT_EQ(w.address(), "test-worker");
+  EXPECT_EQ(w.step(), 7);
+  EXPECT_DOUBLE_EQ(w.loss(), 0.5);
+
+  google::protobuf::Struct object;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out[0], &object).ok());
+  EXPECT_EQ(object.fields().at("mode_name").string_value(), "ps");
+  for (const auto& member : object.fields().at("members").list_value().values()) {
+    const auto& fields = member.struct_value().fields();
+    ASSERT_EQ(fields.count("heartbeat_age_seconds"), 1u);
+    EXPECT_GE(fields.at("heartbeat_age_seconds").number_value(), 0);
+  }
+}
+
+TEST_F(CoordinatorTest, TopDrawsTheRequestedFramesWithEveryMemberAndExitsZero) {
+  auto worker = JoinAsWorker();
+  ASSERT_NE(worker, nullptr);
+  ASSERT_TRUE(worker->AwaitView(0, /*complete=*/true, absl::Seconds(60)).ok());
+  std::vector<std::string> out;
+  EXPECT_EQ(RunToExit({"/bin/sh", "-c",
+                       "tools/psctl/psctl --coordinator=" + coordinator_ +
+                           " top --iterations=2 --interval_seconds=0.01 </dev/null"},
+                      &out),
+            0);
+  const auto frames = TopFrames(out);
+  ASSERT_EQ(frames.size(), 2u) << absl::StrJoin(out, "\n");
+  for (const auto& frame : frames) {
+    const std::string text = absl::StrJoin(frame, "\n");
+    EXPECT_THAT(text, HasSubstr("mode ps"));
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("\033["))) << "no screen control on a pipe";
+    std::vector<std::string> rows;
+    for (const std::string& line : frame) {
+      if (line.rfind("shard ", 0) == 0 || line.rfind("worker ", 0) == 0) rows.push_back(line);
+    }
+    ASSERT_EQ(rows.size(), kShards + 1u) << text;
+    for (int s = 0; s < kShards; ++s) EXPECT_THAT(rows[s], HasSubstr(shard_addresses_[s]));
+    EXPECT_THAT(rows[kShards], HasSubstr("test-worker"));
+  }
+}
+
+// A coordinator that is down (restarting, say) is a line in the view, retried each redraw.
+TEST(PsctlTopTest, AnUnreachableCoordinatorIsShownAndRetriedNotAnExit) {
+  std::vector<std::string> out;
+  EXPECT_EQ(RunToExit({"/bin/sh", "-c",
+                       "tools/psctl/psctl --coordinator=127.0.0.1:1 top --iterations=2 "
+                       "--interval_seconds=0.01 --timeout_seconds=5 </dev/null"},
+                      &out),
+            0);
+  const auto frames = TopFrames(out);
+  ASSERT_EQ(frames.size(), 2u) << absl::StrJoin(out, "\n");
+  for (const auto& frame : frames) {
+    EXPECT_THAT(absl::StrJoin(frame, "\n"),
+                HasSubstr("waiting for the coordinator at 127.0.0.1:1 to answer GetView"));
+  }
+}
+
+TEST(PsctlTopTest, CtrlCEndsTopWithExitZero) {
+  auto top = testing::Subprocess::Start(
+      {"/bin/sh", "-c", "exec tools/psctl/psctl --coordinator=127.0.0.1:1 top </dev/null"});
+  ASSERT_TRUE(top.ok()) << top.status();
+  ASSERT_TRUE(top->WaitForLine("psctl top:", absl::Seconds(60)).ok()) << "the first frame";
+  auto status = top->Stop(SIGINT, absl::Seconds(60));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,7 +590,14 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{nowhere, "switch-mode", "--mode=fsdp", "--at_step=-1"}, "--at_step=-1 is negative"},
            {{nowhere, "switch-mode", "--mode=zero3"}, "mode 'zero3' is unknown"},
            {{nowhere, "switch-mode"}, "switch-mode needs --mode="},
-           {{nowhere}, "give one command: status, checkpoint, checkpoints, switch-mode or health"},
+           {{nowhere, "top", "--interval_seconds=0"},
+            "--interval_seconds=0 is not a positive number of seconds"},
+           {{nowhere, "top", "--interval_seconds=-1"}, "--interval_seconds=-1 is not a positive"},
+           {{nowhere, "top", "--interval_seconds=soon"}, "--interval_seconds=soon"},
+           {{nowhere, "top", "--iterations=-1"}, "--iterations=-1 is negative"},
+           {{nowhere, "status", "--json=maybe"}, "--json=maybe"},
+           {{nowhere},
+            "give one command: status, top, checkpoint, checkpoints, switch-mode or health"},
            {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},
            {{nowhere, "stats"}, "unknown command 'stats'"},
            {{"status"}, "--coordinator=HOST:PORT is required"},

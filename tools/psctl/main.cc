@@ -1,8 +1,17 @@
 // psctl: the operator's command line for a running pscluster.
 //
-//   psctl --coordinator=HOST:PORT status        mode, members, liveness, steps, loss,
-//                                               samples/s, last complete checkpoint, mode
-//                                               switches (done and pending)
+//   psctl --coordinator=HOST:PORT status        mode, members (role, id, alive, heartbeat
+//                                               age, address, incarnation; workers: step,
+//                                               loss, samples/s, last metric), last complete
+//                                               checkpoint, mode switches (done and pending)
+//   psctl --coordinator=HOST:PORT status --json the same as one JSON object (below)
+//   psctl --coordinator=HOST:PORT top [--interval_seconds=S] [--iterations=N]
+//                                               status's view, redrawn every S seconds
+//                                               (default 1) until q or Ctrl-C (any other key
+//                                               redraws at once), or N redraws (default 0:
+//                                               no limit); clears the screen when stdout is a
+//                                               terminal. An unreachable coordinator is shown
+//                                               and retried, never an exit. Exits 0.
 //   psctl --coordinator=HOST:PORT checkpoint    asks the coordinator for a checkpoint now
 //                                               (its step, every shard); waits until durable
 //   psctl --coordinator=HOST:PORT checkpoints   the coordinator's complete checkpoints
@@ -13,14 +22,36 @@
 //                                               --coordinator) the gRPC health protocol:
 //                                               SERVING (exit 0) or NOT_SERVING (exit 1)
 //
+// status --json prints one line: the ClusterView (proto/coordinator.proto) in protobuf's JSON
+// mapping with the proto's field names, every field (defaults too), enums by name ("mode":
+// "PS", "role": "WORKER") and int64 fields as strings, plus "mode_name" (the mode as psctl
+// names it, "ps") and in each member "heartbeat_age_seconds" (since last_heartbeat_ms, by
+// psctl's clock); keys sorted. It parses back into a ClusterView ignoring unknown fields.
+//
+// top reads keys without echo when stdin is a terminal (restored on exit); otherwise it does
+// not read stdin (so </dev/null works) and stops on --iterations, Ctrl-C (SIGINT), SIGTERM
+// or a closed stdout. A key or Ctrl-C during an RPC takes effect when it returns (at most
+// --timeout_seconds).
+//
 // Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a
 // member is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step
 // already passed, another switch is scheduled there, or 'ps' without shards); 2 usage (an
 // unknown flag, a flag without its value or with one it cannot hold, a missing or unknown
-// command; switch-mode: no or an unknown mode, a negative step); 3 cannot reach the
-// coordinator or a shard.
+// command; switch-mode: no or an unknown mode, a negative step; top: an interval that is not
+// a positive number of seconds, negative iterations); 3 cannot reach the coordinator or a
+// shard.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <termios.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <set>
@@ -39,6 +70,12 @@
 #include "client/coordinator/coordinator_operator.h"
 #include "common/grpc_status.h"
 #include "common/training_mode.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/type_resolver_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
@@ -51,6 +88,9 @@ ABSL_FLAG(std::string, mode, "",
           "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline).");
 ABSL_FLAG(int64_t, at_step, 0,
           "switch-mode: the step every worker switches before (0: the next step boundary).");
+ABSL_FLAG(bool, json, false, "status: print the view as one JSON object.");
+ABSL_FLAG(double, interval_seconds, 1, "top: seconds between redraws (> 0).");
+ABSL_FLAG(int64_t, iterations, 0, "top: exit after this many redraws (0: run until q).");
 
 namespace {
 
@@ -59,9 +99,9 @@ using namespace pscluster;
 constexpr int kOk = 0, kUnhealthy = 1, kUsage = 2, kUnreachable = 3;
 
 constexpr char kUsageLine[] =
-    "psctl --coordinator=HOST:PORT status|checkpoint|checkpoints|switch-mode "
-    "[--mode=ps|allreduce|fsdp|pipeline --at_step=N] [--timeout_seconds=S] | "
-    "psctl --address=HOST:PORT health";
+    "psctl --coordinator=HOST:PORT status|top|checkpoint|checkpoints|switch-mode [--json] "
+    "[--interval_seconds=S --iterations=N] [--mode=ps|allreduce|fsdp|pipeline --at_step=N] "
+    "[--timeout_seconds=S] | psctl --address=HOST:PORT health";
 
 int Error(int code, const std::string& message) {
   std::fprintf(stderr, "psctl: %s\n", message.c_str());
@@ -120,22 +160,26 @@ CoordinatorOperator Connect(const std::string& address) {
   return CoordinatorOperator(address, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
 }
 
+// Seconds since `m`'s last heartbeat by psctl's clock (0 where the clocks disagree).
+double HeartbeatAgeSeconds(const coord::Member& m, absl::Time now) {
+  return std::max(0.0, absl::ToDoubleSeconds(now - absl::FromUnixMillis(m.last_heartbeat_ms())));
+}
+
 // The mode switches: done ones in the order they completed, then pending ones by step.
-void PrintSwitches(const coord::ClusterView& view) {
+void AppendSwitches(const coord::ClusterView& view, std::string* out) {
   if (view.switches_size() + view.pending_switches_size() == 0) {
-    std::printf("mode switches: none\n");
+    absl::StrAppend(out, "mode switches: none\n");
     return;
   }
-  std::printf("%6s %9s %-10s %-10s %9s %s\n", "SWITCH", "AT_STEP", "FROM", "TO", "HANDOFF_S",
-              "STATE");
-  auto row = [](const coord::SwitchRecord& s, const std::string& state) {
+  absl::StrAppendFormat(out, "%6s %9s %-10s %-10s %9s %s\n", "SWITCH", "AT_STEP", "FROM", "TO",
+                        "HANDOFF_S", "STATE");
+  auto row = [out](const coord::SwitchRecord& s, const std::string& state) {
     const bool reported = s.from_mode() != coord::TRAINING_MODE_UNSPECIFIED;
-    std::printf("%6lld %9lld %-10s %-10s %9s %s\n", static_cast<long long>(s.switch_id()),
-                static_cast<long long>(s.at_step()), reported ? ModeName(s.from_mode()) : "-",
-                ModeName(s.to_mode()),
-                reported ? absl::StrFormat("%.3f", s.handoff_seconds()).c_str()
-                         : "-",  // no worker has reported it yet
-                state.c_str());
+    absl::StrAppendFormat(out, "%6d %9d %-10s %-10s %9s %s\n", s.switch_id(), s.at_step(),
+                          reported ? ModeName(s.from_mode()) : "-", ModeName(s.to_mode()),
+                          reported ? absl::StrFormat("%.3f", s.handoff_seconds())
+                                   : "-",  // no worker has reported it yet
+                          state);
   };
   for (const auto& s : view.switches()) {
     row(s, "done " + absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(s.unix_ms()),
@@ -150,27 +194,85 @@ void PrintSwitches(const coord::ClusterView& view) {
   }
 }
 
-int Status(const coord::ClusterView& view) {
-  std::printf("cluster view %lld: mode %s, global step %lld, %s\n",
-              static_cast<long long>(view.version()), ModeName(view.mode()),
-              static_cast<long long>(view.global_step()),
-              view.complete() ? "complete" : "INCOMPLETE");
-  std::printf("%-8s %4s %-6s %-22s %5s %9s %9s %10s\n", "ROLE", "ID", "ALIVE", "ADDRESS", "INC",
-              "STEP", "LOSS", "SAMPLES/S");
+// What status prints (and top redraws): the view's mode, step and completeness, a row per
+// member, the last checkpoint and the mode switches; heartbeat ages as of `now`.
+std::string FormatView(const coord::ClusterView& view, absl::Time now) {
+  std::string out = absl::StrFormat("cluster view %d: mode %s, global step %d, %s\n",
+                                    view.version(), ModeName(view.mode()), view.global_step(),
+                                    view.complete() ? "complete" : "INCOMPLETE");
+  absl::StrAppendFormat(&out, "%-8s %4s %-6s %7s %-22s %5s %9s %9s %10s %9s\n", "ROLE", "ID",
+                        "ALIVE", "HB_AGE", "ADDRESS", "INC", "STEP", "LOSS", "SAMPLES/S", "METRIC");
   for (const auto& m : view.members()) {
     const bool worker = m.role() == coord::WORKER;
-    std::printf("%-8s %4d %-6s %-22s %5lld %9s %9s %10s\n", worker ? "worker" : "shard", m.id(),
-                m.alive() ? "yes" : "DEAD", m.address().c_str(),
-                static_cast<long long>(m.incarnation()),
-                worker ? absl::StrCat(m.step()).c_str() : "-",
-                worker ? absl::StrFormat("%.4f", m.loss()).c_str() : "-",
-                worker ? absl::StrFormat("%.0f", m.samples_per_sec()).c_str() : "-");
+    absl::StrAppendFormat(&out, "%-8s %4d %-6s %6.1fs %-22s %5d %9s %9s %10s %9s\n",
+                          worker ? "worker" : "shard", m.id(), m.alive() ? "yes" : "DEAD",
+                          HeartbeatAgeSeconds(m, now), m.address(), m.incarnation(),
+                          worker ? absl::StrCat(m.step()) : "-",
+                          worker ? absl::StrFormat("%.4f", m.loss()) : "-",
+                          worker ? absl::StrFormat("%.0f", m.samples_per_sec()) : "-",
+                          worker && m.has_metric() ? absl::StrFormat("%.4f", m.metric()) : "-");
   }
-  const std::string last = view.checkpoints().empty()
-                               ? "none"
-                               : absl::StrCat("step ", view.checkpoints().rbegin()->step());
-  std::printf("last checkpoint: %s\n", last.c_str());
-  PrintSwitches(view);
+  absl::StrAppend(&out, "last checkpoint: ",
+                  view.checkpoints().empty()
+                      ? "none"
+                      : absl::StrCat("step ", view.checkpoints().rbegin()->step()),
+                  "\n");
+  AppendSwitches(view, &out);
+  return out;
+}
+
+// `message` as protobuf JSON with its map keys sorted (deterministic serialization orders
+// them; the JSON printer keeps the wire order).
+absl::StatusOr<std::string> SortedJson(const google::protobuf::Message& message) {
+  namespace pb = google::protobuf;
+  std::string bytes;
+  {
+    pb::io::StringOutputStream stream(&bytes);
+    pb::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  constexpr char kPrefix[] = "type.googleapis.com";
+  std::unique_ptr<pb::util::TypeResolver> resolver(
+      pb::util::NewTypeResolverForDescriptorPool(kPrefix, pb::DescriptorPool::generated_pool()));
+  std::string json;
+  const auto s = pb::util::BinaryToJsonString(
+      resolver.get(), absl::StrCat(kPrefix, "/", message.GetDescriptor()->full_name()), bytes,
+      &json);
+  if (!s.ok()) return absl::InternalError(s.ToString());
+  return json;
+}
+
+// status --json (the usage comment above describes it).
+absl::StatusOr<std::string> ViewJson(const coord::ClusterView& view, absl::Time now) {
+  namespace pb = google::protobuf;
+  pb::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  pb::Struct object;
+  auto s = pb::util::MessageToJsonString(view, &json, options);
+  if (s.ok()) s = pb::util::JsonStringToMessage(json, &object);
+  if (!s.ok()) return absl::InternalError(s.ToString());
+  auto& fields = *object.mutable_fields();
+  fields["mode_name"].set_string_value(ModeName(view.mode()));
+  pb::ListValue* members = fields["members"].mutable_list_value();
+  for (int i = 0; i < view.members_size() && i < members->values_size(); ++i) {
+    (*members->mutable_values(i)->mutable_struct_value()->mutable_fields())["heartbeat_age_seconds"]
+        .set_number_value(HeartbeatAgeSeconds(view.members(i), now));
+  }
+  return SortedJson(object);
+}
+
+int Status(const coord::ClusterView& view, bool json) {
+  const absl::Time now = absl::Now();
+  if (json) {
+    absl::StatusOr<std::string> text = ViewJson(view, now);
+    if (!text.ok()) return Error(kUnhealthy, "status --json: " + text.status().ToString());
+    std::printf("%s\n", text->c_str());
+  } else {
+    std::fputs(FormatView(view, now).c_str(), stdout);
+  }
   return view.complete() ? kOk : kUnhealthy;
 }
 
@@ -246,8 +348,8 @@ int Health(const std::string& address) {
   auto stub = grpc::health::v1::Health::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() +
-                                          absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
@@ -259,17 +361,142 @@ int Health(const std::string& address) {
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kOk : kUnhealthy;
 }
 
+// What top needs besides the coordinator's address; built from flags in main().
+struct TopOptions {
+  absl::Duration interval = absl::Seconds(1);  // between redraws; > 0
+  int64_t iterations = 0;                      // redraws before exiting; 0: until q or Ctrl-C
+};
+
+// Stdin in non-canonical no-echo mode (each key arrives at once, unechoed) while this lives,
+// if stdin is a terminal; restored on destruction. Not thread-safe.
+class KeyboardMode {
+ public:
+  KeyboardMode() {
+    tty_ = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved_) == 0;
+    if (!tty_) return;
+    termios keys = saved_;
+    keys.c_lflag &= ~(ICANON | ECHO);  // ISIG stays: Ctrl-C is still a SIGINT
+    keys.c_cc[VMIN] = 1;
+    keys.c_cc[VTIME] = 0;
+    tcsetattr(STDIN_FILENO, TCSANOW, &keys);
+  }
+  ~KeyboardMode() {
+    if (tty_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  KeyboardMode(const KeyboardMode&) = delete;
+  KeyboardMode& operator=(const KeyboardMode&) = delete;
+
+  bool tty() const { return tty_; }
+
+ private:
+  termios saved_{};
+  bool tty_ = false;
+};
+
+// SIGINT and SIGTERM blocked and readable on fd() (signalfd), so that poll() sees them beside
+// the keys: no handler, no global. Construct it before any gRPC thread exists (threads inherit
+// the mask). They stay blocked after destruction, on the way out: a second Ctrl-C then cannot
+// turn top's exit 0 into death by signal. Not thread-safe.
+class QuitSignals {
+ public:
+  QuitSignals() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    if (pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0) fd_ = signalfd(-1, &set, SFD_CLOEXEC);
+  }
+  ~QuitSignals() {
+    if (fd_ >= 0) close(fd_);
+  }
+  QuitSignals(const QuitSignals&) = delete;
+  QuitSignals& operator=(const QuitSignals&) = delete;
+
+  int fd() const { return fd_; }  // -1: could not be set up
+
+ private:
+  int fd_ = -1;
+};
+
+// One frame of top: a header, then status's view or, while the coordinator cannot be read,
+// what top waits for.
+std::string TopFrame(const std::string& address, const TopOptions& options,
+                     const absl::StatusOr<coord::ClusterView>& view) {
+  const absl::Time now = absl::Now();
+  std::string frame = absl::StrCat(
+      "psctl top: coordinator ", address, ", every ", absl::FormatDuration(options.interval), ", ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", now, absl::UTCTimeZone()), "; q or Ctrl-C quits\n");
+  if (view.ok()) return frame + FormatView(*view, now);
+  return absl::StrCat(frame, "waiting for the coordinator at ", address,
+                      " to answer GetView (deadline --timeout_seconds=",
+                      absl::GetFlag(FLAGS_timeout_seconds), "): ", view.status().ToString(),
+                      "; retrying every ", absl::FormatDuration(options.interval), "\n");
+}
+
+// Waits up to `interval` (the wait between redraws) for a key or a quit signal; true when
+// top should quit: 'q', Ctrl-C or SIGTERM, or the terminal gone.
+bool AwaitQuit(const KeyboardMode& keyboard, int signal_fd, absl::Duration interval) {
+  pollfd fds[2] = {{signal_fd, POLLIN, 0}, {STDIN_FILENO, POLLIN, 0}};
+  const double ms = std::ceil(absl::ToDoubleMilliseconds(interval));
+  const int timeout_ms = static_cast<int>(std::clamp(ms, 1.0, static_cast<double>(INT_MAX)));
+  if (poll(fds, keyboard.tty() ? 2 : 1, timeout_ms) <= 0) return false;  // time to redraw
+  if (fds[0].revents != 0) return true;
+  char keys[64];
+  const ssize_t got = read(STDIN_FILENO, keys, sizeof keys);
+  if (got < 0) return errno != EINTR && errno != EAGAIN;
+  return got == 0 || std::memchr(keys, 'q', got) != nullptr ||
+         std::memchr(keys, 'Q', got) != nullptr;  // any other key: redraw now
+}
+
+// Redraws the view every interval until told to quit; a coordinator that cannot be reached
+// (restarting, say) is shown and asked again at the next redraw.
+int Top(const std::string& address, const TopOptions& options) {
+  QuitSignals quit;  // first: before the channel starts gRPC's threads
+  if (quit.fd() < 0) return Error(kUnhealthy, absl::StrCat("top: signalfd: ", strerror(errno)));
+  KeyboardMode keyboard;
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout ends top below, with exit 0
+  CoordinatorOperator coordinator = Connect(address);
+  const char* clear = isatty(STDOUT_FILENO) ? "\033[H\033[2J" : "";
+  for (int64_t drawn = 1;; ++drawn) {
+    const std::string frame = TopFrame(address, options, coordinator.View());
+    if (std::fputs(clear, stdout) < 0 || std::fputs(frame.c_str(), stdout) < 0 ||
+        std::fflush(stdout) != 0) {
+      return kOk;
+    }
+    if (options.iterations > 0 && drawn >= options.iterations) return kOk;
+    if (AwaitQuit(keyboard, quit.fd(), options.interval)) return kOk;
+  }
+}
+
+// top's options from its flags; INVALID_ARGUMENT naming the flag that cannot be used.
+absl::StatusOr<TopOptions> TopOptionsFromFlags() {
+  const double interval = absl::GetFlag(FLAGS_interval_seconds);
+  if (!(interval > 0) || !std::isfinite(interval)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top: --interval_seconds=", interval, " is not a positive number of seconds"));
+  }
+  TopOptions options;
+  options.interval = absl::Seconds(interval);
+  options.iterations = absl::GetFlag(FLAGS_iterations);
+  if (options.iterations < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("top: --iterations=", options.iterations,
+                                                   " is negative; give 0 (no limit) or more"));
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsageLine);
   if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  constexpr char kCommands[] = "status, checkpoint, checkpoints, switch-mode or health";
+  constexpr char kCommands[] = "status, top, checkpoint, checkpoints, switch-mode or health";
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
-  if (command != "status" && command != "checkpoint" && command != "checkpoints" &&
-      command != "switch-mode" && command != "health") {
+  const std::set<std::string> known = {"status",      "top",         "checkpoint",
+                                       "checkpoints", "switch-mode", "health"};
+  if (known.count(command) == 0) {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
   if (absl::GetFlag(FLAGS_timeout_seconds) <= 0) {
@@ -278,19 +505,24 @@ int main(int argc, char** argv) {
   }
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (command == "health") {
-    const std::string target = absl::GetFlag(FLAGS_address).empty() ? address
-                                                                    : absl::GetFlag(FLAGS_address);
+    const std::string target =
+        absl::GetFlag(FLAGS_address).empty() ? address : absl::GetFlag(FLAGS_address);
     if (target.empty()) return Error(kUsage, "health: give --address=HOST:PORT (or --coordinator)");
     return Health(target);
   }
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
   if (command == "switch-mode") return SwitchMode(address);
   if (command == "checkpoint") return Checkpoint(address);
+  if (command == "top") {
+    absl::StatusOr<TopOptions> options = TopOptionsFromFlags();
+    if (!options.ok()) return Error(kUsage, std::string(options.status().message()));
+    return Top(address, *options);
+  }
   auto view = Connect(address).View();
   if (!view.ok()) {
     return Error(kUnreachable,
                  absl::StrCat("coordinator ", address, ": ", view.status().ToString()));
   }
-  if (command == "status") return Status(*view);
+  if (command == "status") return Status(*view, absl::GetFlag(FLAGS_json));
   return Checkpoints(*view);
 }
