@@ -2,8 +2,11 @@
 # Installs the Debian packages pscluster builds, tests and runs with, when any is missing.
 # Idempotent and quiet when everything is there. Needs root (apt-get).
 #   deploy/install_deps.sh           what building and running the cluster needs
+#   deploy/install_deps.sh --plots   and matplotlib, for the plots of local_cluster.sh's runs
 #   deploy/install_deps.sh --torch   and PyTorch, for pscluster.torch, its tests, examples
 #                                    and the torch baselines in bench/
+#   deploy/install_deps.sh --tests   all of that, and what tests/run.sh checks against:
+#                                    Prometheus (and promtool) and Chromium
 set -euo pipefail
 
 PACKAGES=(
@@ -12,7 +15,14 @@ PACKAGES=(
   libopenblas-dev prometheus-cpp-dev dataset-fashion-mnist zlib1g-dev python3 python3-yaml
   python3-grpcio python3-numpy python3-pytest
 )
-[[ ${1:-} == --torch ]] && PACKAGES+=(python3-torch)
+for option in "$@"; do
+  case $option in
+    --plots) PACKAGES+=(python3-matplotlib) ;;
+    --torch) PACKAGES+=(python3-torch) ;;
+    --tests) PACKAGES+=(python3-matplotlib python3-torch prometheus chromium) ;;
+    *) echo "install_deps: unknown option $option (--plots, --torch, --tests)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

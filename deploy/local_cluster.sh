@@ -10,7 +10,8 @@
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
 # shards and the workers on free loopback ports, prints progress, and ends with the test
 # accuracy.
-# DIR (default runs/<timestamp>) gets summary.json, every process's log and the shards'
+# DIR (default runs/<timestamp>) gets summary.json, loss.png, accuracy.png, prometheus.yml
+# (every process serves metrics), every process's log and the shards'
 # snapshots. Every process it started is stopped on exit, on Ctrl-C, or when one fails.
 # The coordinator checkpoints every shard every epoch's worth of steps and whenever the
 # test accuracy improves (in every mode: the collective modes write their state into the
@@ -70,7 +71,7 @@ for n in "$epochs" "$batch_size" "$micro_batches"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "local_cluster.sh: '$n' is not a positive count" >&2; exit 2; }
 done
 
-deploy/install_deps.sh
+deploy/install_deps.sh --plots
 echo "== building (bazel -c opt)"
 bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker \
   //tools/psctl:psctl //python:pscluster 2>&1 | tail -n 2
@@ -108,43 +109,65 @@ address_of() {  # name index
   die_with "$1" "did not start serving within 60 s"
 }
 
+metrics_of() {  # name index: host:port of the process's Prometheus endpoint
+  local line t
+  for ((t = 0; t < 600; ++t)); do
+    line=$(grep -m1 "metrics on http://" "$out/$1.log" 2>/dev/null || true)
+    [[ -n $line ]] && { line=${line##*http://}; echo "${line%%/*}"; return; }
+    kill -0 "${pids[$2]}" 2>/dev/null || die_with "$1" "exited at start-up"
+    sleep 0.1
+  done
+  die_with "$1" "did not serve metrics within 60 s"
+}
+
 start=$(date +%s)
 # Cluster checkpoints: every epoch's worth of steps and whenever the test accuracy improves.
 # Its state (members, switch schedule, manifest) lives in --data_dir: a restart on the same
 # port continues where it stopped.
-start_coordinator() {  # port
+start_coordinator() {  # port [metrics port]
   "$bin/server/coordinator/ps_coordinator" --port="$1" --num_shards="$shards" --num_workers="$workers" \
-    --mode="$mode" --data_dir="$out/coordinator" \
+    --mode="$mode" --data_dir="$out/coordinator" --http_port=-1 --metrics_port="${2:--1}" \
     --checkpoint_every_steps=$((workers > 0 ? 60000 / (workers * batch_size) : 0)) \
     >>"$out/coordinator.log" 2>&1 &
 }
 start_coordinator 0
 pids+=($!) names+=("coordinator")
 coordinator=$(address_of coordinator 0)
-echo "== coordinator: $coordinator"
+echo "== coordinator: $coordinator; status page: $(grep -m1 -o 'http://[^ ]*/$' "$out/coordinator.log")"
 for sw in ${switch_list[@]+"${switch_list[@]}"}; do
   "$bin/tools/psctl/psctl" --coordinator="$coordinator" switch-mode --mode="${sw#*:}" --at_step="${sw%%:*}" \
     || { echo "local_cluster.sh: scheduling the switch $sw failed" >&2; exit 1; }
 done
 for ((s = 0; s < shards; ++s)); do
   "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
-    --coordinator="$coordinator" --data_dir="$out/checkpoints" >"$out/shard$s.log" 2>&1 &
+    --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port=-1 >"$out/shard$s.log" 2>&1 &
   pids+=($!) names+=("shard$s")
 done
 addresses=()
 for ((s = 0; s < shards; ++s)); do addresses+=("$(address_of "shard$s" $((s + 1)))"); done
 ((shards > 0)) && echo "== $shards shard(s): ${addresses[*]}"
 
-start_worker() {  # rank
+start_worker() {  # rank [metrics port]
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
-    --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" >>"$out/worker$1.log" 2>&1 &
+    --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" \
+    --metrics_port="${2:--1}" --progress_every=1s >>"$out/worker$1.log" 2>&1 &
 }
 echo "$coordinator" >"$out/coordinator.address"
 for ((r = 0; r < workers; ++r)); do
   start_worker $r
   pids+=($!) names+=("worker$r")
 done
+# Every process serves Prometheus metrics on a free port: a scrape config for them all.
+# A process restarted below serves them on the same port again.
+targets=() metrics_ports=()
+for i in "${!names[@]}"; do
+  targets+=("'$(metrics_of "${names[$i]}" "$i")'")
+  metrics_ports[$i]=${targets[-1]##*:}; metrics_ports[$i]=${metrics_ports[$i]%\'}
+done
+printf 'scrape_configs:\n- job_name: pscluster\n  scrape_interval: 5s\n  static_configs:\n  - targets: [%s]\n' \
+  "$(IFS=,; echo "${targets[*]}")" >"$out/prometheus.yml"
+echo "== metrics of every process: prometheus --config.file=$out/prometheus.yml"
 tail_pid=""
 if ((workers > 0)); then
   echo "== $workers worker(s) training $epochs epoch(s) in $mode mode, $optimizer lr=$lr (progress of worker 0):"
@@ -178,6 +201,7 @@ while ((remaining > 0)); do
       echo "== ${names[$i]} died (exit status $status); restarting it with --restore=latest"
       "$bin/server/ps/ps_server" --port=0 --shard_id="$s" --num_shards="$shards" \
         --coordinator="$coordinator" --data_dir="$out/checkpoints" --restore=latest \
+        --metrics_port="${metrics_ports[$i]}" \
         >>"$out/${names[$i]}.log" 2>&1 &
       pids[$i]=$!
       continue
@@ -186,7 +210,7 @@ while ((remaining > 0)); do
       # The members keep retrying; the coordinator comes back on its port with its state.
       restarts=$((restarts + 1))
       echo "== coordinator died (exit status $status); restarting it on ${coordinator##*:}"
-      start_coordinator "${coordinator##*:}"
+      start_coordinator "${coordinator##*:}" "${metrics_ports[$i]}"
       pids[$i]=$!
       continue
     fi
@@ -195,7 +219,7 @@ while ((remaining > 0)); do
       # rollback to the last checkpoint.
       restarts=$((restarts + 1))
       echo "== ${names[$i]} was killed (exit status $status); starting a replacement"
-      start_worker "${names[$i]#worker}"
+      start_worker "${names[$i]#worker}" "${metrics_ports[$i]}"
       pids[$i]=$!
       remaining=$((remaining + 1))
       continue
@@ -218,5 +242,11 @@ if ((workers == 0)); then
   exit "$run_status"
 fi
 
-# summary.json: rank 0's figures, every worker's rollbacks (deploy/summarize.py).
-python3 deploy/summarize.py "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" "$micro_batches"
+# loss.png and accuracy.png from the workers' logs (deploy/plot_run.py, with Debian's
+# python3-matplotlib); the run has succeeded either way, so a failure only warns.
+plots=$(/usr/bin/python3 deploy/plot_run.py "$out") \
+  || echo "local_cluster.sh: warning: deploy/plot_run.py failed (matplotlib: apt-get install" \
+          "python3-matplotlib); the run itself succeeded" >&2
+# summary.json: rank 0's figures, every worker's rollbacks, the plots (deploy/summarize.py).
+python3 deploy/summarize.py "$out" "$workers" "$shards" "$epochs" "$consistency" "$wall" "$mode" \
+  "$micro_batches" "$plots"

@@ -1,11 +1,12 @@
 """summary.json of a local_cluster.sh run, from every worker's --summary_json file.
 
-    python3 deploy/summarize.py OUT WORKERS SHARDS EPOCHS CONSISTENCY WALL MODE MICRO_BATCHES
+    python3 deploy/summarize.py OUT WORKERS SHARDS EPOCHS CONSISTENCY WALL MODE MICRO_BATCHES [PLOTS]
 
 Rank 0's figures stand for the run (accuracy, steps, loss, final mode and parameters);
 throughput adds up over the workers. Rollbacks are every worker's: each worker lists the
 rollbacks it took part in, and rank 0's file alone misses those of a run whose rank 0 was
-killed (its replacement's file starts after them).
+killed (its replacement's file starts after them). PLOTS: the plots deploy/plot_run.py
+wrote, one path a line (none when it failed), listed as "plots" and on the summary line.
 """
 import json
 import os
@@ -18,7 +19,7 @@ def rollbacks(ws):
             for r, w in enumerate(ws) for f, t in w.get("rollbacks", [])]
 
 
-def summarize(out, workers, shards, epochs, consistency, wall, mode, micro_batches):
+def summarize(out, workers, shards, epochs, consistency, wall, mode, micro_batches, plots=()):
     ws = [json.load(open(f"{out}/worker{r}.json")) for r in range(int(workers))]
     checkpoints = f"{out}/coordinator/checkpoints.json"
     return {
@@ -41,15 +42,18 @@ def summarize(out, workers, shards, epochs, consistency, wall, mode, micro_batch
         "figures": {f"worker{r}": w.get("figures", {}) for r, w in enumerate(ws)},
         "micro_batches": int(micro_batches),
         "final_loss": ws[0]["final_loss"],
+        "plots": list(plots),
     }
 
 
 def main(argv):
     out, epochs, wall = argv[0], argv[3], argv[5]
-    summary = summarize(*argv)
+    summary = summarize(*argv[:8], plots=argv[8].splitlines() if len(argv) > 8 else [])
     json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
+    plots = f"; plots: {', '.join(summary['plots'])}" if summary["plots"] else ""
     print(f"== test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs "
-          f"({summary['samples_per_sec']:.0f} samples/s, {wall} s); summary: {out}/summary.json")
+          f"({summary['samples_per_sec']:.0f} samples/s, {wall} s); summary: {out}/summary.json"
+          f"{plots}")
 
 
 if __name__ == "__main__":

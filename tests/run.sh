@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-deploy/install_deps.sh --torch || { echo "tests/run.sh: installing packages failed"; echo "0 passed, 1 failed"; exit 1; }
+deploy/install_deps.sh --tests || { echo "tests/run.sh: installing packages failed"; echo "0 passed, 1 failed"; exit 1; }
 
 BAZEL=(bazel)
 failed_steps=0
