@@ -8,11 +8,6 @@
 // --metrics: each shard also counts its RPCs (the interceptor ps_server installs with
 // --metrics_port) and serves /metrics, scraped over HTTP every --scrape_ms as Prometheus
 // would: run with and without it to see what metrics cost (bench/metrics_cost.sh).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -31,6 +26,7 @@
 #include "common/metrics.h"
 #include "common/parse_errors.h"
 #include "common/sharding.h"
+#include "common/testing/http_get.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/service.h"
 #include "server/ps/shard_metrics.h"
@@ -42,6 +38,10 @@ ABSL_FLAG(std::vector<std::string>, sizes_kib,
           std::vector<std::string>({"64", "1024", "16384", "65536"}), "Tensor sizes in KiB.");
 ABSL_FLAG(std::vector<std::string>, shards, std::vector<std::string>({"1", "2"}), "Shard counts.");
 ABSL_FLAG(bool, metrics, false, "Shards count RPCs and serve /metrics, scraped every --scrape_ms.");
+ABSL_FLAG(bool, metrics_ab, false,
+          "Instead of the ceilings: goodput with --metrics over goodput without, interleaved.");
+ABSL_FLAG(bool, ab_control, false,
+          "With --metrics_ab: metrics off on both sides (an A/A run: the measurement's noise).");
 ABSL_FLAG(int, scrape_ms, 1000, "With --metrics: time between scrapes of each shard.");
 ABSL_FLAG(int, rounds, 3,
           "Whole sweeps; each figure is the median over rounds of the per-round medians.");
@@ -80,33 +80,13 @@ class RawService final : public RawStream::Service {
   std::vector<float> source_;  // one pull at a time per server in this benchmark
 };
 
-// GET http://127.0.0.1:port/metrics, the body's size (0 on failure).
-size_t Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  size_t got = 0;
-  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-    char buf[8192];
-    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) got += n;
-  }
-  close(fd);
-  return got;
-}
-
 // Scrapes every endpoint every `every` until destroyed.
 class Scraper {
  public:
   Scraper(std::vector<int> ports, absl::Duration every)
       : thread_([this, ports = std::move(ports), every] {
           while (!stop_.WaitForNotificationWithTimeout(every)) {
-            for (int port : ports) Scrape(port);
+            for (int port : ports) testing::HttpGet(port, "/metrics");
           }
         }) {}
   ~Scraper() {
@@ -131,10 +111,12 @@ struct Cluster {
   std::vector<std::string> ps_addresses, raw_addresses;
 };
 
+// `as_ps_server`: with the interceptors ps_server installs (the parse-error one, and with
+// `metrics` the RPC counter); the raw ceiling has none.
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address,
-                                    Metrics* metrics = nullptr) {
+                                    bool as_ps_server, Metrics* metrics = nullptr) {
   grpc::ServerBuilder b;
-  if (metrics != nullptr) NameUnparsableRequests(&b, metrics->rpcs().Interceptor());
+  if (as_ps_server) NameUnparsableRequests(&b, metrics ? metrics->rpcs().Interceptor() : nullptr);
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   b.SetMaxReceiveMessageSize(64 << 20);
@@ -145,7 +127,7 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address
   return server;
 }
 
-Cluster StartCluster(uint32_t num_shards) {
+Cluster StartCluster(uint32_t num_shards, bool with_metrics) {
   Cluster c;
   for (uint32_t s = 0; s < num_shards; ++s) {
     ps::ShardOptions so;
@@ -160,7 +142,7 @@ Cluster StartCluster(uint32_t num_shards) {
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();
     Metrics* metrics = nullptr;
-    if (absl::GetFlag(FLAGS_metrics)) {
+    if (with_metrics) {
       auto served = Metrics::Serve("127.0.0.1", 0, "ps_server", absl::StrCat(s));
       if (!served.ok()) {
         std::fprintf(stderr, "ps_throughput: %s\n", served.status().ToString().c_str());
@@ -170,8 +152,8 @@ Cluster StartCluster(uint32_t num_shards) {
       metrics = c.metrics.back().get();
       ps::AddShardMetrics(c.shards.back().get(), nullptr, metrics);
     }
-    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back(), metrics));
-    c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back()));
+    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back(), true, metrics));
+    c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back(), false));
   }
   if (!c.metrics.empty()) {
     std::vector<int> ports;
@@ -259,13 +241,12 @@ struct Result {
   double push_ratio = 0, pull_ratio = 0;  // medians of per-round ratios
 };
 
-Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
-  Cluster cluster = StartCluster(num_shards);
+// A client of `cluster` with table 1 (`bytes` of float32, SGD, ASP) created.
+std::unique_ptr<PsClient> ConnectWithTable(const Cluster& cluster, uint64_t bytes) {
   PsClientOptions o;
   o.shard_addresses = cluster.ps_addresses;
   o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   auto client = *PsClient::Create(o);
-  RawClient raw(cluster.raw_addresses);
   if (!client->RegisterWorker().ok()) std::abort();
   ps::TableSpec spec;
   spec.set_table_id(1);
@@ -277,6 +258,15 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     std::abort();
   }
+  return client;
+}
+
+Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
+  Cluster cluster = StartCluster(num_shards, absl::GetFlag(FLAGS_metrics));
+  auto client = ConnectWithTable(cluster, bytes);
+  RawClient raw(cluster.raw_addresses);
+  ps::TableSpec spec;
+  spec.set_size(bytes / sizeof(float));
   std::vector<float> grad(spec.size(), 0.5f), out(spec.size()), raw_out(spec.size());
   std::vector<double> push, raw_push, pull, raw_pull;
   for (int i = 0; i < reps + 2; ++i) {  // interleaved: PS, raw, PS, raw ...
@@ -305,6 +295,45 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   return r;
 }
 
+// --metrics_ab: goodput with metrics (interceptor, collectors, a scrape a second) over
+// goodput without, both clusters in this process and their calls interleaved (in
+// alternating order), so noise hits both alike. The cluster started second is slower
+// here at 64 KiB (an A/A run, --ab_control, shows it), so `on_first` alternates which one
+// starts first. {push ratio, pull ratio}.
+std::pair<double, double> MeasureMetricsCost(uint32_t num_shards, uint64_t bytes, int reps,
+                                             bool on_first) {
+  const bool control = absl::GetFlag(FLAGS_ab_control);  // both without metrics
+  Cluster first = StartCluster(num_shards, on_first && !control);
+  Cluster second = StartCluster(num_shards, !on_first && !control);
+  Cluster& on = on_first ? first : second;
+  Cluster& off = on_first ? second : first;
+  auto plain = ConnectWithTable(off, bytes), counted = ConnectWithTable(on, bytes);
+  std::vector<float> grad(bytes / sizeof(float), 0.5f), out(grad.size());
+  std::vector<double> push_off, push_on, pull_off, pull_on;
+  for (int i = 0; i < reps + 2; ++i) {
+    auto push = [&](PsClient* c) {
+      return Seconds([&] {
+        if (!c->PushDense(1, i, grad).ok()) std::abort();
+      });
+    };
+    auto pull = [&](PsClient* c) {
+      return Seconds([&] {
+        if (!c->PullDense(1, i, absl::MakeSpan(out)).ok()) std::abort();
+      });
+    };
+    const bool on_first = i % 2 == 1;
+    double a = on_first ? 0 : push(plain.get()), b = push(counted.get());
+    if (on_first) a = push(plain.get());
+    double c = on_first ? 0 : pull(plain.get()), d = pull(counted.get());
+    if (on_first) c = pull(plain.get());
+    if (i < 2) continue;  // warm-up
+    push_off.push_back(a), push_on.push_back(b), pull_off.push_back(c), pull_on.push_back(d);
+  }
+  for (auto& s : first.servers) s->Shutdown();
+  for (auto& s : second.servers) s->Shutdown();
+  return {Median(push_off) / Median(push_on), Median(pull_off) / Median(pull_on)};
+}
+
 }  // namespace
 }  // namespace pscluster::bench
 
@@ -312,6 +341,25 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using pscluster::bench::Result;
   auto median = [](std::vector<double> v) { return pscluster::bench::Median(std::move(v)); };
+  if (absl::GetFlag(FLAGS_metrics_ab)) {  // one line per size: on/off goodput, push and pull
+    std::printf("%-7s %-9s %12s %12s\n", "shards", "tensor", "push on/off", "pull on/off");
+    for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
+      for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
+        const uint32_t shards = std::stoul(shards_flag);
+        const uint64_t kib = std::stoull(kib_flag);
+        std::vector<double> push, pull;
+        for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+          auto [a, b] = pscluster::bench::MeasureMetricsCost(
+              shards, kib << 10, absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1), round % 2);
+          push.push_back(a), pull.push_back(b);
+        }
+        std::printf("%-7u %6lu KiB %12.3f %12.3f\n", shards, static_cast<unsigned long>(kib),
+                    median(push), median(pull));
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
   std::vector<Result> results;
   std::printf("%-7s %-9s %10s %10s %6s %10s %10s %6s\n", "shards", "tensor", "push GB/s",
               "raw GB/s", "ratio", "pull GB/s", "raw GB/s", "ratio");

@@ -1,13 +1,9 @@
 #include "common/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -17,31 +13,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// GET http://127.0.0.1:port/metrics: the body (the exposition text).
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{10, 0};  // a bound on every read: a hung exposer fails the test
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "connect failed";
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return "write failed";
-  }
-  std::string response;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? response : response.substr(body + 4);
-}
+std::string Scrape(int port) { return testing::HttpGetBody(port, "/metrics"); }
 
 TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
   auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "1");

@@ -4,7 +4,8 @@
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
 #                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
-#                           [--batch_size 64] [--model mlp|embedding] [--out DIR]
+#                           [--batch_size 64] [--model mlp|embedding] [--metrics on|off]
+#                           [--out DIR]
 #   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
@@ -26,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp run=""
+switches="" micro_batches=4 model=mlp run="" metrics=on
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -44,6 +45,7 @@ while (($#)); do
     --batch_size) batch_size=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --run) run=$2; shift 2 ;;
+    --metrics) metrics=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
@@ -66,6 +68,9 @@ fi
 if ((workers == 0 && shards == 0)); then
   echo "local_cluster.sh: --workers 0 needs --shards >= 1 (a cluster for your own clients)" >&2; exit 2
 fi
+[[ $metrics =~ ^(on|off)$ ]] || { echo "local_cluster.sh: --metrics must be on or off" >&2; exit 2; }
+# Metrics endpoints and the status page on free ports (-1), or none (0).
+any_port=$([[ $metrics == on ]] && echo -1 || echo 0)
 [[ -z $run ]] || ((workers == 0)) || { echo "local_cluster.sh: --run goes with --workers 0" >&2; exit 2; }
 for n in "$epochs" "$batch_size" "$micro_batches"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "local_cluster.sh: '$n' is not a positive count" >&2; exit 2; }
@@ -126,21 +131,23 @@ start=$(date +%s)
 # port continues where it stopped.
 start_coordinator() {  # port [metrics port]
   "$bin/server/coordinator/ps_coordinator" --port="$1" --num_shards="$shards" --num_workers="$workers" \
-    --mode="$mode" --data_dir="$out/coordinator" --http_port=-1 --metrics_port="${2:--1}" \
+    --mode="$mode" --data_dir="$out/coordinator" --http_port="$any_port" --metrics_port="${2:-$any_port}" \
     --checkpoint_every_steps=$((workers > 0 ? 60000 / (workers * batch_size) : 0)) \
     >>"$out/coordinator.log" 2>&1 &
 }
 start_coordinator 0
 pids+=($!) names+=("coordinator")
 coordinator=$(address_of coordinator 0)
-echo "== coordinator: $coordinator; status page: $(grep -m1 -o 'http://[^ ]*/$' "$out/coordinator.log")"
+page=""
+[[ $metrics == on ]] && page="; status page: $(grep -m1 -o 'http://[^ ]*/$' "$out/coordinator.log")"
+echo "== coordinator: $coordinator$page"
 for sw in ${switch_list[@]+"${switch_list[@]}"}; do
   "$bin/tools/psctl/psctl" --coordinator="$coordinator" switch-mode --mode="${sw#*:}" --at_step="${sw%%:*}" \
     || { echo "local_cluster.sh: scheduling the switch $sw failed" >&2; exit 1; }
 done
 for ((s = 0; s < shards; ++s)); do
   "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
-    --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port=-1 >"$out/shard$s.log" 2>&1 &
+    --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port="$any_port" >"$out/shard$s.log" 2>&1 &
   pids+=($!) names+=("shard$s")
 done
 addresses=()
@@ -151,7 +158,7 @@ start_worker() {  # rank [metrics port]
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
     --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" \
-    --metrics_port="${2:--1}" --progress_every=1s >>"$out/worker$1.log" 2>&1 &
+    --metrics_port="${2:-$any_port}" --progress_every=1s >>"$out/worker$1.log" 2>&1 &
 }
 echo "$coordinator" >"$out/coordinator.address"
 for ((r = 0; r < workers; ++r)); do
@@ -162,12 +169,13 @@ done
 # A process restarted below serves them on the same port again.
 targets=() metrics_ports=()
 for i in "${!names[@]}"; do
+  [[ $metrics == on ]] || { metrics_ports[$i]=0; continue; }
   targets+=("'$(metrics_of "${names[$i]}" "$i")'")
   metrics_ports[$i]=${targets[-1]##*:}; metrics_ports[$i]=${metrics_ports[$i]%\'}
 done
-printf 'scrape_configs:\n- job_name: pscluster\n  scrape_interval: 5s\n  static_configs:\n  - targets: [%s]\n' \
+[[ $metrics == on ]] && printf 'scrape_configs:\n- job_name: pscluster\n  scrape_interval: 5s\n  static_configs:\n  - targets: [%s]\n' \
   "$(IFS=,; echo "${targets[*]}")" >"$out/prometheus.yml"
-echo "== metrics of every process: prometheus --config.file=$out/prometheus.yml"
+[[ $metrics == on ]] && echo "== metrics of every process: prometheus --config.file=$out/prometheus.yml"
 tail_pid=""
 if ((workers > 0)); then
   echo "== $workers worker(s) training $epochs epoch(s) in $mode mode, $optimizer lr=$lr (progress of worker 0):"

@@ -1,10 +1,6 @@
 #include "server/coordinator/status_page.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+#include "common/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -109,25 +105,7 @@ TEST(ProgressHistoryTest, KeepsTheWholeRunInBoundedMemory) {
   for (size_t i = 1; i < c.loss.size(); ++i) EXPECT_LT(c.loss[i - 1].step, c.loss[i].step);
 }
 
-std::string Get(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-    }
-  }
-  close(fd);
-  return response;
-}
+std::string Get(int port, const std::string& path) { return testing::HttpGet(port, path); }
 
 TEST(StatusPageServerTest, ServesThePageAtTheRootOnly) {
   ClusterStateOptions options;
