@@ -231,6 +231,42 @@ TEST_F(BadInputTest, NonFiniteGradientIsRejectedOrSkippedPerTable) {
   }
 }
 
+// Each shard checks only its part of a push, so the client refuses what one shard would
+// refuse before it sends anything: a NaN in shard 1's half of a dense gradient (PushDense
+// and PushDenseMany), a sparse key outside the key space or a NaN row beside good keys of
+// both shards. No shard counts a push (and TearDown: no state changed).
+TEST_F(BadInputTest, ClientRefusesWhatOneShardWouldRefuseBeforeSendingAny) {
+  auto pushes = [&] {
+    std::vector<uint64_t> counts;
+    auto stats = clients_[0]->Stats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    for (const auto& shard : *stats) {
+      for (const auto& t : shard.tables()) counts.push_back(t.pushes());
+    }
+    return counts;
+  };
+  const std::vector<uint64_t> before = pushes();
+  std::vector<float> g(kDenseSize, 0.5f);
+  g[kDenseSize - 3] = std::nanf("");  // in shard 1's range [500, 1000)
+  absl::Status s = clients_[0]->PushDense(kDense, 1, g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gradient value 997 is nan"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nothing was pushed to any shard"));
+  const uint32_t tables[] = {kDense};
+  const absl::Span<const float> grads[] = {g};
+  s = clients_[0]->PushDenseMany(1, tables, grads);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const std::vector<uint64_t> keys = {1, 2, 5000};  // 5000: outside key_space 1000
+  s = clients_[0]->PushSparse(kSparse, 1, keys, std::vector<float>(3 * kDim, 0.5f));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("key 5000 is outside its key space"));
+  std::vector<float> rows(3 * kDim, 0.5f);
+  rows.back() = INFINITY;
+  s = clients_[0]->PushSparse(kSparse, 1, {1, 2, 3}, rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(pushes(), before) << "a shard took part of a refused push";
+}
+
 TEST_F(BadInputTest, OversizedChunkIsResourceExhausted) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);

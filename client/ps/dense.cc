@@ -87,6 +87,7 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     auto spec = Spec(tables[i]);
     if (!spec.ok()) return spec.status();
     RETURN_IF_ERROR(CheckDense(*spec, grads[i].size()));
+    RETURN_IF_ERROR(CheckFinite(*spec, grads[i]));
   }
   const bool pull = !out.empty();
   return calls_.ForEach([&](int shard) -> absl::Status {

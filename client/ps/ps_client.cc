@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "core/tensor/non_finite.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -127,10 +128,20 @@ absl::Status PsClient::CheckDense(const ps::TableSpec& spec, size_t length) {
   return absl::OkStatus();
 }
 
+absl::Status PsClient::CheckFinite(const ps::TableSpec& spec, absl::Span<const float> grad) {
+  if (spec.skip_nonfinite()) return absl::OkStatus();
+  const size_t bad = core::FirstNonFinite(grad);
+  if (bad == grad.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("table ", spec.table_id(), ": gradient value ",
+                                                 bad, " is ", grad[bad],
+                                                 "; nothing was pushed to any shard"));
+}
+
 absl::Status PsClient::PushDense(uint32_t table_id, int64_t step, absl::Span<const float> grad) {
   auto spec = Spec(table_id);
   if (!spec.ok()) return spec.status();
   RETURN_IF_ERROR(CheckDense(*spec, grad.size()));
+  RETURN_IF_ERROR(CheckFinite(*spec, grad));
   return calls_.ForEach([&](int s) {
     Range r = DenseShardRange(grad.size(), s, num_shards());
     return PushDenseShard(s, table_id, step, r.begin, grad.subspan(r.begin, r.size()));
@@ -173,8 +184,16 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
   auto dim_or = SparseDim(table_id, keys.size(), grads.size());
   if (!dim_or.ok()) return dim_or.status();
   const size_t dim = *dim_or;
+  // As for NaN gradients (CheckFinite): a key only its shard would refuse is refused here.
+  const ps::TableSpec& spec = *Spec(table_id);
+  RETURN_IF_ERROR(CheckFinite(spec, grads));
   std::vector<ps::SparseRequest> reqs = SparseRequests(table_id, step);
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (spec.key_space() != 0 && keys[i] >= spec.key_space()) {
+      return absl::OutOfRangeError(absl::StrCat("table ", table_id, ": key ", keys[i],
+                                                " is outside its key space [0, ",
+                                                spec.key_space(), "); nothing was pushed"));
+    }
     ps::SparseRequest& r = reqs[SparseShardOf(keys[i], num_shards())];
     r.add_keys(keys[i]);
     r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim),

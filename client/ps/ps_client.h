@@ -132,6 +132,10 @@ class PsClient final : public ParameterStore {
   // The table's spec, from the cache or asked of shard 0.
   absl::StatusOr<ps::TableSpec> Spec(uint32_t table_id);
   absl::Status CheckDense(const ps::TableSpec& spec, size_t length);
+  // A gradient with NaN/Inf is refused here, before anything is sent: each shard checks
+  // only its own part, so a push one shard refused would be applied by the others. Tables
+  // with skip_nonfinite are left to the shards.
+  static absl::Status CheckFinite(const ps::TableSpec& spec, absl::Span<const float> grad);
   // The table's dim, checking it is SPARSE and `values` == keys x dim.
   absl::StatusOr<size_t> SparseDim(uint32_t table_id, size_t keys, size_t values);
   // One empty request per shard, addressed to table_id at step.
