@@ -30,9 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 K8S = os.path.join(ROOT, "deploy", "k8s")
 NAMESPACE = "pscluster"
 FLAG_SOURCES = {  # binary -> the sources that define its ABSL_FLAGs
-    "ps_coordinator": ["server/coordinator/main.cc"],
-    "ps_server": ["server/ps/flags.cc"],
-    "ps_worker": ["worker/flags.cc"],
+    "ps_coordinator": ["server/coordinator/main.cc", "common/metrics_flags.cc"],
+    "ps_server": ["server/ps/flags.cc", "common/metrics_flags.cc"],
+    "ps_worker": ["worker/flags.cc", "common/metrics_flags.cc"],
     "psctl": ["tools/psctl/main.cc"],
 }
 ABSL_OWN_FLAGS = {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch",
