@@ -44,6 +44,10 @@ struct ClusterOptions {
   std::vector<std::string> switches;    // "STEP:MODE", scheduled before the workers start
   std::vector<std::string> shard_args;  // extra ps_server flags
   int epochs = 4;
+  // The workers' --progress_every. A test that must act mid-training shortens it: an epoch
+  // of this model can take well under a second. (Not 0: a line per step fills the pipe of
+  // a worker whose output the test does not read, and blocks it.)
+  std::string progress_every = "1s";
 };
 
 class Cluster {
@@ -104,7 +108,7 @@ class Cluster {
          absl::StrCat("--epochs=", options_.epochs), "--batch_size=32", "--lr=0.01",
          options_.coordinator_checkpoints ? "--snapshot_every_epochs=0"
                                           : "--snapshot_every_epochs=1",
-         "--collective_timeout=20s", "--progress_every=1s",
+         "--collective_timeout=20s", "--progress_every=" + options_.progress_every,
          absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
     EXPECT_TRUE(w.ok());
     worker_[r] = workers_.size();

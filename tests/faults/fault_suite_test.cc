@@ -126,7 +126,11 @@ class FaultSuite : public ::testing::Test {
 std::map<std::string, std::vector<std::string>>* FaultSuite::clean_ = nullptr;
 
 TEST_F(FaultSuite, ShardKilledBeforeTheFirstEpochCheckpoint) {
-  Cluster cluster(Dir("shard_before_first_checkpoint"), ClusterOptions());
+  ClusterOptions o;
+  // A line every 50 ms: the kill lands early in epoch 1, not after a second of training
+  // (when a fast machine may have finished all 4 epochs, and there is nothing to recover).
+  o.progress_every = "50ms";
+  Cluster cluster(Dir("shard_before_first_checkpoint"), o);
   // The checkpoint of the initial state, then the kill: before any per-epoch checkpoint.
   ASSERT_TRUE(
       cluster.coordinator().WaitForLine("checkpoint of step 0 complete", absl::Minutes(1)).ok());
