@@ -101,6 +101,19 @@ absl::Status Trainer::CheckLiveness() const {
     }
   }
   if (Generation(*now) != Generation(view_)) {
+    // Name the member that came back (declared dead, then registered again), if another.
+    for (const auto& m : now->members()) {
+      for (const auto& was : view_.members()) {
+        if (m.role() == was.role() && m.id() == was.id() &&
+            m.incarnation() != was.incarnation() &&
+            !(m.role() == coord::WORKER && m.id() == options_.rank)) {
+          return absl::UnavailableError(absl::StrCat(
+              m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
+              " is down (the coordinator declared it dead; it registered again as incarnation ",
+              m.incarnation(), "): rolling back with the others"));
+        }
+      }
+    }
     return absl::UnavailableError(
         "the cluster changed generation (a member, perhaps this worker, registered again "
         "after being declared dead): rolling back with the others");
@@ -250,7 +263,15 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     return absl::OkStatus();
   };
   for (int64_t step = start_step_; step < total;) {
-    absl::Status s = run_step(step);
+    // A worker the coordinator declared dead (cut off or stopped past the timeout) whose
+    // calls all succeeded again once it came back has registered as a new incarnation: it
+    // rolls back with the others instead of training on in the old generation (they see
+    // the new one in their next wait for it).
+    absl::Status s = options_.coordinator != nullptr && DeclaredDead()
+                         ? absl::UnavailableError(absl::StrCat(
+                               "worker ", options_.rank,
+                               " was declared dead by the coordinator and registered again"))
+                         : run_step(step);
     if (s.ok()) {
       ++step;
       continue;
