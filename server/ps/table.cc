@@ -110,15 +110,14 @@ absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl:
 
 absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  if (!clock_.Pullable(step)) {
-    const absl::Time start = absl::Now();
-    absl::Status waited = AwaitPullableLocked(step, deadline, "pull");
+  const bool waits = !clock_.Pullable(step);  // counted, and timed, only if it has to wait
+  const absl::Time start = waits ? absl::Now() : absl::InfinitePast();
+  absl::Status ready = AwaitPullableLocked(step, deadline, "pull");
+  if (waits) {
     pulls_waited_++;
     pull_wait_nanos_ += absl::ToInt64Nanoseconds(absl::Now() - start);
-    RETURN_IF_ERROR(waited);
-  } else if (clock_.shut_down()) {
-    return absl::UnavailableError("parameter server is shutting down");
   }
+  RETURN_IF_ERROR(ready);
   const uint64_t staleness = clock_.Staleness(step);
   staleness_sum_ += staleness;
   if (staleness > staleness_max_) staleness_max_ = staleness;
