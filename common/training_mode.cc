@@ -7,7 +7,6 @@
 namespace pscluster::coord {
 namespace {
 
-constexpr TrainingMode kModes[] = {PS, ALLREDUCE, FSDP, PIPELINE};
 constexpr char kValid[] = "ps, allreduce, fsdp or pipeline";
 
 }  // namespace
@@ -28,7 +27,7 @@ const char* ModeName(TrainingMode mode) {
 }
 
 absl::StatusOr<TrainingMode> ParseMode(absl::string_view name) {
-  for (TrainingMode m : kModes) {
+  for (TrainingMode m : kTrainingModes) {
     if (name == ModeName(m)) return m;
   }
   return absl::InvalidArgumentError(
@@ -36,7 +35,7 @@ absl::StatusOr<TrainingMode> ParseMode(absl::string_view name) {
 }
 
 absl::Status CheckMode(absl::string_view what, TrainingMode mode) {
-  for (TrainingMode m : kModes) {
+  for (TrainingMode m : kTrainingModes) {
     if (mode == m) return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(what, " ", static_cast<int>(mode),

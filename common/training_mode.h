@@ -12,6 +12,9 @@
 
 namespace pscluster::coord {
 
+// Every training mode, in the enum's order.
+inline constexpr TrainingMode kTrainingModes[] = {PS, ALLREDUCE, FSDP, PIPELINE};
+
 // "ps", "allreduce", "fsdp", "pipeline"; "unspecified" for anything else.
 const char* ModeName(TrainingMode mode);
 

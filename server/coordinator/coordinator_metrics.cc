@@ -53,7 +53,7 @@ void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
   f->Gauge("pscluster_coordinator_view_version", "The cluster view's version.", {}, view.version());
   f->Gauge("pscluster_coordinator_global_step", "The highest step every live worker reported.", {},
            view.global_step());
-  for (TrainingMode mode : {PS, ALLREDUCE, FSDP, PIPELINE}) {
+  for (TrainingMode mode : kTrainingModes) {
     f->Gauge("pscluster_coordinator_mode", "1 for the training mode in effect.",
              {{"mode", ModeName(mode)}}, view.mode() == mode ? 1 : 0);
   }

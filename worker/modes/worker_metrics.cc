@@ -137,7 +137,7 @@ void WorkerMetrics::Progress(double samples_per_sec, int64_t epoch) {
 void WorkerMetrics::Evaluated(double test_accuracy) { test_accuracy_.Set(test_accuracy); }
 
 void WorkerMetrics::SetMode(coord::TrainingMode mode) {
-  for (coord::TrainingMode m : {coord::PS, coord::ALLREDUCE, coord::FSDP, coord::PIPELINE}) {
+  for (coord::TrainingMode m : coord::kTrainingModes) {
     mode_.Add({{"mode", coord::ModeName(m)}}).Set(m == mode ? 1 : 0);
   }
 }
