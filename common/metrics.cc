@@ -1,13 +1,13 @@
 #include "common/metrics.h"
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
 #include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "common/process_memory.h"
 #include "common/version.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -21,17 +21,6 @@ using grpc::experimental::InterceptionHookPoints;
 // Services have a few dozen methods; anything past this many distinct names (which a
 // registered service never reaches) is counted under one "other" so labels stay bounded.
 constexpr size_t kMaxMethods = 64;
-
-const char* CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",        "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",   "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
-}
 
 // "/pscluster.ps.ParameterServer/PullDense" -> {grpc_service, grpc_method}.
 MetricLabels MethodLabels(const std::string& method) {
@@ -72,15 +61,6 @@ class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptor
  private:
   RpcMetrics* const metrics_;
 };
-
-double ResidentBytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
-}
 
 }  // namespace
 
@@ -163,7 +143,8 @@ void RpcMetrics::Record(const std::string& method, grpc::StatusCode code, double
     absl::MutexLock lock(&mu_);
     if (m->codes[i] == nullptr) {
       MetricLabels labels = m->labels;
-      labels["grpc_code"] = CodeName(static_cast<grpc::StatusCode>(i));
+      // gRPC's codes are absl's, number for number.
+      labels["grpc_code"] = absl::StatusCodeToString(static_cast<absl::StatusCode>(i));
       m->codes[i] = &handled_.Add(labels);
     }
     counter = m->codes[i];
@@ -198,14 +179,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& host,
   m->collectors_ = std::make_shared<Collectors>();
   m->rpcs_ = std::make_unique<RpcMetrics>(m->registry_.get());
   const MetricLabels info = {{"role", role}, {"id", id}, {"version", PsclusterVersion()}};
-  const double start = static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               std::chrono::system_clock::now().time_since_epoch())
-                                               .count()) /
-                       1e3;
+  const double start = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   m->AddCollector([info, start](MetricFamilies* f) {
     f->Gauge("pscluster_info", "Always 1: this process's role, id and version.", info, 1);
     f->Gauge("pscluster_process_resident_memory_bytes", "Resident memory of this process.", {},
-             ResidentBytes());
+             static_cast<double>(ResidentMemoryBytes()));
     f->Gauge("pscluster_process_start_time_seconds", "When this process started (unix time).",
              {}, start);
   });

@@ -1,16 +1,15 @@
 #include "server/ps/service.h"
 
 #include <malloc.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 
 namespace pscluster::ps {
@@ -61,15 +60,13 @@ absl::Status CheckWorkerId(int32_t worker_id) {
   return absl::OkStatus();
 }
 
-// The process's resident memory (/proc/self/statm) and the bytes free in its heap.
+// The process's resident memory and the bytes free in its heap.
 struct Heap {
   uint64_t resident = 0, free = 0;
 };
 Heap HeapNow() {
   Heap h;
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  if (statm >> size >> resident) h.resident = resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  h.resident = ResidentMemoryBytes();
   h.free = mallinfo2().fordblks;
   return h;
 }
