@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -94,12 +95,9 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   // probes hold traffic back while the state is replaced.
   grpc::HealthCheckServiceInterface* health = health_;
   if (health != nullptr) health->SetServingStatus(false);
-  struct Serving {
-    grpc::HealthCheckServiceInterface* health;
-    ~Serving() {
-      if (health != nullptr) health->SetServingStatus(true);
-    }
-  } serving_again{health};
+  absl::Cleanup serving_again = [health] {
+    if (health != nullptr) health->SetServingStatus(true);
+  };
   // Read and verify the whole snapshot first, while serving: on any error the shard is
   // exactly as before.
   auto loaded = snapshotter_->Load(absl::StrCat(req->step()));
