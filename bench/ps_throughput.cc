@@ -265,9 +265,8 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   Cluster cluster = StartCluster(num_shards, absl::GetFlag(FLAGS_metrics));
   auto client = ConnectWithTable(cluster, bytes);
   RawClient raw(cluster.raw_addresses);
-  ps::TableSpec spec;
-  spec.set_size(bytes / sizeof(float));
-  std::vector<float> grad(spec.size(), 0.5f), out(spec.size()), raw_out(spec.size());
+  const size_t n = bytes / sizeof(float);
+  std::vector<float> grad(n, 0.5f), out(n), raw_out(n);
   std::vector<double> push, raw_push, pull, raw_pull;
   for (int i = 0; i < reps + 2; ++i) {  // interleaved: PS, raw, PS, raw ...
     double a = Seconds([&] {
@@ -321,13 +320,20 @@ std::pair<double, double> MeasureMetricsCost(uint32_t num_shards, uint64_t bytes
         if (!c->PullDense(1, i, absl::MakeSpan(out)).ok()) std::abort();
       });
     };
-    const bool on_first = i % 2 == 1;
-    double a = on_first ? 0 : push(plain.get()), b = push(counted.get());
-    if (on_first) a = push(plain.get());
-    double c = on_first ? 0 : pull(plain.get()), d = pull(counted.get());
-    if (on_first) c = pull(plain.get());
+    // {without, with} metrics, the one with metrics first on odd calls.
+    auto both = [&](auto op) {
+      if (i % 2 == 0) {
+        const double off_s = op(plain.get());
+        return std::pair(off_s, op(counted.get()));
+      }
+      const double on_s = op(counted.get());
+      return std::pair(op(plain.get()), on_s);
+    };
+    const auto [push_off_s, push_on_s] = both(push);
+    const auto [pull_off_s, pull_on_s] = both(pull);
     if (i < 2) continue;  // warm-up
-    push_off.push_back(a), push_on.push_back(b), pull_off.push_back(c), pull_on.push_back(d);
+    push_off.push_back(push_off_s), push_on.push_back(push_on_s);
+    pull_off.push_back(pull_off_s), pull_on.push_back(pull_on_s);
   }
   for (auto& s : first.servers) s->Shutdown();
   for (auto& s : second.servers) s->Shutdown();
