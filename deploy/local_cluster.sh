@@ -102,28 +102,21 @@ die_with() {
   exit 1
 }
 
-# The address a process prints once it serves ("... listening on HOST:PORT").
-address_of() {  # name index
+# An address a process prints in its log: what follows PREFIX on the first line holding it,
+# up to TERMINATOR. Waits for it (60 s at most); the run stops if the process exits first.
+await_address() {  # name index prefix terminator what-it-waits-for
   local line t
   for ((t = 0; t < 600; ++t)); do
-    line=$(grep -m1 "listening on" "$out/$1.log" || true)
-    [[ -n $line ]] && { line=${line##*listening on }; echo "${line%% *}"; return; }
+    line=$(grep -m1 -F "$3" "$out/$1.log" 2>/dev/null || true)
+    [[ -n $line ]] && { line=${line##*"$3"}; echo "${line%%"$4"*}"; return; }
     kill -0 "${pids[$2]}" 2>/dev/null || die_with "$1" "exited at start-up"
     sleep 0.1
   done
-  die_with "$1" "did not start serving within 60 s"
+  die_with "$1" "did not $5 within 60 s"
 }
-
-metrics_of() {  # name index: host:port of the process's Prometheus endpoint
-  local line t
-  for ((t = 0; t < 600; ++t)); do
-    line=$(grep -m1 "metrics on http://" "$out/$1.log" 2>/dev/null || true)
-    [[ -n $line ]] && { line=${line##*http://}; echo "${line%%/*}"; return; }
-    kill -0 "${pids[$2]}" 2>/dev/null || die_with "$1" "exited at start-up"
-    sleep 0.1
-  done
-  die_with "$1" "did not serve metrics within 60 s"
-}
+# Where it serves ("... listening on HOST:PORT"), and its Prometheus endpoint's host:port.
+address_of() { await_address "$1" "$2" "listening on " " " "start serving"; }
+metrics_of() { await_address "$1" "$2" "metrics on http://" "/" "serve metrics"; }
 
 start=$(date +%s)
 # Cluster checkpoints: every epoch's worth of steps and whenever the test accuracy improves.
