@@ -5,7 +5,7 @@
 #                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--model mlp|embedding] [--metrics on|off]
-#                           [--out DIR]
+#                           [--tls on|off] [--out DIR]
 #   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
@@ -19,6 +19,11 @@
 # shards at each epoch's end); a shard or worker that dies is restarted and training rolls
 # back to the last checkpoint. --switch schedules live mode switches (psctl switch-mode
 # --at_step) before training starts; summary.json records each one.
+# --tls on: a private CA, a certificate and tokens in DIR/tls (deploy/make_certs.sh); every
+# process serves and dials TLS only and checks the cluster token on every call, the admin
+# token on admin calls (the built-in workers and the coordinator hold it). --run's command
+# gets PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY and PSCLUSTER_TOKEN_FILE,
+# which pscluster.connect() uses.
 # --workers 0 starts no built-in workers: a cluster for clients of your own (the Python
 # client, pscluster.torch). It serves until Ctrl-C, or, with --run, runs COMMAND (with
 # PSCLUSTER_COORDINATOR set to the coordinator's address) and stops when it exits, with
@@ -27,9 +32,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp run="" metrics=on
+switches="" micro_batches=4 model=mlp run="" metrics=on tls=off
 out="runs/$(date +%Y%m%d-%H%M%S)"
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
   case $1 in
     --workers) workers=$2; shift 2 ;;
@@ -46,6 +51,7 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --run) run=$2; shift 2 ;;
     --metrics) metrics=$2; shift 2 ;;
+    --tls) tls=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
@@ -69,6 +75,7 @@ if ((workers == 0 && shards == 0)); then
   echo "local_cluster.sh: --workers 0 needs --shards >= 1 (a cluster for your own clients)" >&2; exit 2
 fi
 [[ $metrics =~ ^(on|off)$ ]] || { echo "local_cluster.sh: --metrics must be on or off" >&2; exit 2; }
+[[ $tls =~ ^(on|off)$ ]] || { echo "local_cluster.sh: --tls must be on or off" >&2; exit 2; }
 # Metrics endpoints and the status page on free ports (-1), or none (0).
 any_port=$([[ $metrics == on ]] && echo -1 || echo 0)
 [[ -z $run ]] || ((workers == 0)) || { echo "local_cluster.sh: --run goes with --workers 0" >&2; exit 2; }
@@ -84,6 +91,14 @@ bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 echo "== run directory: $out"
+# Every process's TLS and token flags (none with --tls off).
+sec=()
+if [[ $tls == on ]]; then
+  deploy/make_certs.sh "$out/tls" localhost 127.0.0.1 >/dev/null
+  sec=(--tls_ca="$out/tls/ca.pem" --tls_cert="$out/tls/node.pem" --tls_key="$out/tls/node.key"
+       --token_file="$out/tls/cluster.token" --admin_token_file="$out/tls/admin.token")
+  echo "== TLS and tokens on: certificates and tokens in $out/tls"
+fi
 
 pids=() names=()
 cleanup() {
@@ -126,7 +141,7 @@ start_coordinator() {  # port [metrics port]
   "$bin/server/coordinator/ps_coordinator" --port="$1" --num_shards="$shards" --num_workers="$workers" \
     --mode="$mode" --data_dir="$out/coordinator" --http_port="$any_port" --metrics_port="${2:-$any_port}" \
     --checkpoint_every_steps=$((workers > 0 ? 60000 / (workers * batch_size) : 0)) \
-    >>"$out/coordinator.log" 2>&1 &
+    ${sec[@]+"${sec[@]}"} >>"$out/coordinator.log" 2>&1 &
 }
 start_coordinator 0
 pids+=($!) names+=("coordinator")
@@ -135,12 +150,13 @@ page=""
 [[ $metrics == on ]] && page="; status page: $(grep -m1 -o 'http://[^ ]*/$' "$out/coordinator.log")"
 echo "== coordinator: $coordinator$page"
 for sw in ${switch_list[@]+"${switch_list[@]}"}; do
-  "$bin/tools/psctl/psctl" --coordinator="$coordinator" switch-mode --mode="${sw#*:}" --at_step="${sw%%:*}" \
+  "$bin/tools/psctl/psctl" --coordinator="$coordinator" ${sec[@]+"${sec[@]}"} switch-mode --mode="${sw#*:}" --at_step="${sw%%:*}" \
     || { echo "local_cluster.sh: scheduling the switch $sw failed" >&2; exit 1; }
 done
 for ((s = 0; s < shards; ++s)); do
   "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
-    --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port="$any_port" >"$out/shard$s.log" 2>&1 &
+    --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port="$any_port" \
+    ${sec[@]+"${sec[@]}"} >"$out/shard$s.log" 2>&1 &
   pids+=($!) names+=("shard$s")
 done
 addresses=()
@@ -151,7 +167,7 @@ start_worker() {  # rank [metrics port]
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
     --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" \
-    --metrics_port="${2:-$any_port}" --progress_every=1s >>"$out/worker$1.log" 2>&1 &
+    --metrics_port="${2:-$any_port}" --progress_every=1s ${sec[@]+"${sec[@]}"} >>"$out/worker$1.log" 2>&1 &
 }
 echo "$coordinator" >"$out/coordinator.address"
 for ((r = 0; r < workers; ++r)); do
@@ -175,6 +191,10 @@ if ((workers > 0)); then
   tail -n +1 -f "$out/worker0.log" & tail_pid=$!
 elif [[ -n $run ]]; then
   echo "== running: $run"
+  if [[ $tls == on ]]; then
+    export PSCLUSTER_TLS_CA=$out/tls/ca.pem PSCLUSTER_TLS_CERT=$out/tls/node.pem \
+      PSCLUSTER_TLS_KEY=$out/tls/node.key PSCLUSTER_TOKEN_FILE=$out/tls/admin.token
+  fi
   PSCLUSTER_COORDINATOR=$coordinator PYTHONPATH="$PWD/python:$bin/python${PYTHONPATH:+:$PYTHONPATH}" bash -c "$run" > >(tee -a "$out/run.log") 2>&1 &
   pids+=($!) names+=("run")
 else
@@ -202,7 +222,7 @@ while ((remaining > 0)); do
       echo "== ${names[$i]} died (exit status $status); restarting it with --restore=latest"
       "$bin/server/ps/ps_server" --port=0 --shard_id="$s" --num_shards="$shards" \
         --coordinator="$coordinator" --data_dir="$out/checkpoints" --restore=latest \
-        --metrics_port="${metrics_ports[$i]}" \
+        --metrics_port="${metrics_ports[$i]}" ${sec[@]+"${sec[@]}"} \
         >>"$out/${names[$i]}.log" 2>&1 &
       pids[$i]=$!
       continue

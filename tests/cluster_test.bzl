@@ -7,13 +7,13 @@ _BINARIES = {
     "worker": "//worker:ps_worker",
 }
 
-def cluster_test(name, binaries = ["server"], deps = [], **kw):
+def cluster_test(name, binaries = ["server"], deps = [], data = [], **kw):
     """A medium cc_test <name>.cc that starts `binaries` (server, coordinator, worker, psctl)."""
     native.cc_test(
         name = name,
         size = "medium",
         srcs = [name + ".cc"],
-        data = [_BINARIES[b] for b in binaries],
+        data = [_BINARIES[b] for b in binaries] + data,
         deps = deps + ["//third_party:gtest_main"],
         **kw
     )

@@ -64,8 +64,7 @@ class CoordinatorRestartTest : public ::testing::Test {
     EXPECT_TRUE(line.ok()) << line.status();
     coordinator_.emplace(*std::move(c));
     if (!line.ok()) return "";
-    const std::string rest = line->substr(line->find("listening on ") + 13);
-    return rest.substr(0, rest.find(' '));
+    return testing::ListeningAddress(*line).value_or("");
   }
 
   std::vector<std::string> Psctl(const std::string& address, std::vector<std::string> args) {

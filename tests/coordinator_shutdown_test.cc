@@ -22,8 +22,7 @@ TEST(CoordinatorShutdownTest, SigtermWakesBlockedGetViewAndKvGetAndExits) {
   ASSERT_TRUE(c.ok()) << c.status();
   auto line = c->WaitForLine("listening on", absl::Seconds(60));
   ASSERT_TRUE(line.ok()) << line.status();
-  std::string address = line->substr(line->find("listening on ") + 13);
-  address = address.substr(0, address.find(' '));
+  const std::string address = *testing::ListeningAddress(*line);
   auto stub = coord::Coordinator::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 

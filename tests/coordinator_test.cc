@@ -76,8 +76,7 @@ std::string StartCoordinator(const std::vector<std::string>& flags,
   EXPECT_TRUE(line.ok()) << line.status();
   processes->push_back(*std::move(c));
   if (!line.ok()) return "";
-  std::string address = line->substr(line->find("listening on ") + 13);
-  return address.substr(0, address.find(' '));
+  return testing::ListeningAddress(*line).value_or("");
 }
 
 coord::ClusterView GetView(coord::Coordinator::Stub* stub) {
@@ -106,8 +105,7 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(c.ok());
     auto line = c->WaitForLine("listening on", absl::Seconds(60));
     ASSERT_TRUE(line.ok()) << line.status();
-    coordinator_ = line->substr(line->find("listening on ") + 13);
-    coordinator_ = coordinator_.substr(0, coordinator_.find(' '));
+    coordinator_ = *testing::ListeningAddress(*line);
     processes_.push_back(*std::move(c));
     for (int s = 0; s < kShards; ++s) shard_addresses_.push_back(StartShard(s));
     stub_ = coord::Coordinator::NewStub(
@@ -129,7 +127,7 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
     shard_index_[s] = processes_.size();
     processes_.push_back(*std::move(p));
-    return line->substr(line->find("listening on ") + 13);
+    return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
   }
 
   std::unique_ptr<CoordinatorClient> JoinAsWorker() {

@@ -24,11 +24,6 @@ namespace pscluster::testing {
 inline constexpr int kShards = 2, kWorkers = 2;
 inline constexpr int kStepsPerEpoch = 20000 / (32 * kWorkers);  // --synthetic=20000 --batch_size=32
 
-inline std::string AddressIn(const std::string& line) {
-  std::string a = line.substr(line.find("listening on ") + 13);
-  return a.substr(0, a.find(' '));
-}
-
 inline std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
   std::stringstream s;
@@ -90,7 +85,8 @@ class Cluster {
     }
     auto c = Subprocess::Start(argv);
     EXPECT_TRUE(c.ok());
-    coordinator_ = AddressIn(c->WaitForLine("listening on", absl::Seconds(60)).value_or(""));
+    coordinator_ = ListeningAddress(c->WaitForLine("listening on", absl::Seconds(60)).value_or(""))
+                       .value_or("");
     coordinator_index_ = processes_.size();
     processes_.push_back(*std::move(c));
   }

@@ -34,6 +34,8 @@ class PsClusterTest : public ::testing::Test {
 
   // Extra ps_server flags for every server SetUp starts.
   virtual std::vector<std::string> ServerArgs() { return {}; }
+  // How ConnectClients' clients call the servers (default: plaintext).
+  virtual Security ClientSecurity() { return Security(); }
 
   // Starts `num_shards` ps_server processes on free ports; `extra` flags for each.
   void StartServers(int num_shards, const std::vector<std::string>& extra) {
@@ -75,6 +77,7 @@ class PsClusterTest : public ::testing::Test {
       o.worker_id = w;
       o.rpc_timeout = absl::Seconds(60);
       o.chunk_bytes = 64 << 10;  // many chunks per shard for the larger tables
+      o.security = ClientSecurity();
       auto c = PsClient::Create(o);
       ASSERT_TRUE(c.ok()) << c.status();
       ASSERT_TRUE((*c)->RegisterWorker().ok());

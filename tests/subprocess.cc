@@ -103,7 +103,8 @@ absl::StatusOr<int> Subprocess::Stop(int sig, absl::Duration timeout) {
 absl::StatusOr<std::string> ListeningAddress(const std::string& line) {
   size_t at = line.rfind("listening on ");
   if (at == std::string::npos) return absl::InvalidArgumentError("no 'listening on' in: " + line);
-  return line.substr(at + 13);
+  std::string rest = line.substr(at + 13);
+  return rest.substr(0, rest.find(' '));  // "host:port (TLS, ...)"
 }
 
 absl::StatusOr<std::string> OutputOf(std::vector<std::string> argv, absl::Duration timeout) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/security_flags.h"
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
 
@@ -155,6 +156,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
 absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   WorkerFlags f;
   ASSIGN_OR_RETURN(f.trainer, TrainerFromFlags());
+  ASSIGN_OR_RETURN(f.trainer.security, SecurityFromFlags());
   f.mode = absl::GetFlag(FLAGS_mode);
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
   f.host = absl::GetFlag(FLAGS_host);

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     co.coordinator = f->coordinator;
     co.role = coord::WORKER;
     co.id = o.rank;
+    co.security = o.security;
     // Which process this member is, for operators: host name and pid (pid 1 in a container).
     const std::string host = HostName();
     co.address = absl::StrCat(host.empty() ? "?" : host, "/pid:", getpid());

@@ -45,7 +45,7 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
     CoordinatorClientOptions options) {
-  auto stub = coord::Coordinator::NewStub(CoordinatorChannel(options.coordinator));
+  auto stub = coord::Coordinator::NewStub(CoordinatorChannel(options.coordinator, options.security));
   ASSIGN_OR_RETURN(coord::RegisterResponse resp, RegisterOnce(stub.get(), options));
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();

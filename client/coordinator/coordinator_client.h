@@ -31,6 +31,7 @@ struct CoordinatorClientOptions {
   absl::Duration reconnect_timeout = absl::Minutes(2);
   // At most this; shortened to a quarter of the coordinator's heartbeat timeout.
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  Security security;  // TLS and token of the calls (default: plaintext)
 };
 
 // PollSwitch's answer: the earliest switch not yet done at or after the polled step.

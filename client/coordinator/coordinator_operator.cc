@@ -14,16 +14,18 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& target,
+                                                 const Security& security) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return security.Channel(target, args);
 }
 
-CoordinatorOperator::CoordinatorOperator(const std::string& address, absl::Duration rpc_timeout)
-    : owned_(coord::Coordinator::NewStub(CoordinatorChannel(address))),
+CoordinatorOperator::CoordinatorOperator(const std::string& address, absl::Duration rpc_timeout,
+                                         const Security& security)
+    : owned_(coord::Coordinator::NewStub(CoordinatorChannel(address, security))),
       stub_(owned_.get()),
       rpc_timeout_(rpc_timeout) {}
 

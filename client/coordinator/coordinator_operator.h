@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace pscluster {
@@ -27,7 +28,8 @@ struct ScheduledSwitch {
 class CoordinatorOperator {
  public:
   // Connects lazily to `address` (host:port); `rpc_timeout` bounds View and SwitchMode.
-  CoordinatorOperator(const std::string& address, absl::Duration rpc_timeout);
+  CoordinatorOperator(const std::string& address, absl::Duration rpc_timeout,
+                      const Security& security = Security());
   // Over an existing stub (not owned; a member's client shares its channel).
   CoordinatorOperator(coord::Coordinator::Stub* stub, absl::Duration rpc_timeout);
 
@@ -47,6 +49,7 @@ class CoordinatorOperator {
 
 // The channel every coordinator client uses: reconnects within a second of a restarted
 // coordinator (gRPC's default backoff grows to two minutes).
-std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& target);
+std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& target,
+                                                 const Security& security);
 
 }  // namespace pscluster

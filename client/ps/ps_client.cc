@@ -28,7 +28,7 @@ PsClient::PsClient(PsClientOptions options)
     : options_(std::move(options)),
       calls_(options_.shard_addresses, options_.rpc_timeout,
              static_cast<int>(options_.max_message_bytes), options_.wait_slice,
-             options_.wait_check) {}
+             options_.wait_check, options_.security) {}
 
 absl::Status PsClient::RegisterWorker() {
   return calls_.ForEach([&](int s) {

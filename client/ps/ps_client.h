@@ -38,6 +38,7 @@ struct PsClientOptions {
   // error, e.g. a member the coordinator declared dead), bounded by rpc_timeout overall.
   absl::Duration wait_slice = absl::Seconds(2);
   std::function<absl::Status()> wait_check;
+  Security security;  // TLS and token of the calls (default: plaintext)
 };
 
 class PsClient final : public ParameterStore {

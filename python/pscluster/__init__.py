@@ -10,6 +10,9 @@
     emb = cluster.create_sparse("emb", dim=8, initializer="normal", scale=0.01)
     rows = cluster.pull_sparse(emb, [3, 17, 3])             # shape (3, 8)
 
+With TLS and tokens: pscluster.connect(address, tls_ca="ca.pem", token_file="cluster.token")
+(pscluster.security says more).
+
 Every error is a PsError (.code: grpc.StatusCode, .message, .shard). The PyTorch
 integration is pscluster.torch (imported separately: it needs python3-torch).
 """
@@ -18,5 +21,6 @@ integration is pscluster.torch (imported separately: it needs python3-torch).
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from pscluster.client import Cluster, PsError, connect, shard_range
+from pscluster.security import Security
 
-__all__ = ["Cluster", "PsError", "connect", "shard_range"]
+__all__ = ["Cluster", "PsError", "Security", "connect", "shard_range"]

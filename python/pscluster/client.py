@@ -24,6 +24,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from pscluster import _wire
+from pscluster.security import Security
 from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 
 T = TypeVar("T")
@@ -92,7 +93,7 @@ class Cluster:
 
     def __init__(self, shard_addresses: Sequence[str], timeout: float = 10.0,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 coordinator: Optional[str] = None):
+                 coordinator: Optional[str] = None, security: Optional[Security] = None):
         if not shard_addresses or any(not a for a in shard_addresses):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"every shard needs an address; got {list(shard_addresses)}")
@@ -101,7 +102,8 @@ class Cluster:
         self.chunk_bytes = chunk_bytes
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
+        self.security = security or Security()
+        self._channels = [self.security.channel(a, options) for a in self.addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         # The bulk calls with DenseChunk coded by hand (_wire.py: one copy out, none in).
         method = "/pscluster.ps.ParameterServer/"
@@ -125,7 +127,7 @@ class Cluster:
         self._coordinator: Optional[coordinator_pb2_grpc.CoordinatorStub] = None
         self._coordinator_channel: Optional[grpc.Channel] = None
         if coordinator:
-            self._coordinator_channel = grpc.insecure_channel(coordinator)
+            self._coordinator_channel = self.security.channel(coordinator)
             self._coordinator = coordinator_pb2_grpc.CoordinatorStub(self._coordinator_channel)
         # Shard fan-out; the async calls run on their own pool so that they never wait for
         # a fan-out thread their own caller holds.
@@ -728,11 +730,20 @@ def _get_view(stub: coordinator_pb2_grpc.CoordinatorStub, address: str, timeout:
 
 
 def connect(coordinator_address: str, timeout: float = 10.0,
-            wait_until_complete: bool = False, **kwargs) -> Cluster:
+            wait_until_complete: bool = False, *, tls_ca: Optional[str] = None,
+            tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+            token: Optional[str] = None, token_file: Optional[str] = None,
+            server_name: Optional[str] = None, **kwargs) -> Cluster:
     """A Cluster from the coordinator's view: one channel per shard of its shard map.
     With wait_until_complete, first waits (bounded by `timeout`) until every shard has
-    registered."""
-    channel = grpc.insecure_channel(coordinator_address)
+    registered. TLS and token arguments: pscluster.security (each defaults to its
+    PSCLUSTER_* environment variable)."""
+    try:
+        security = Security.load(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                 token=token, token_file=token_file, server_name=server_name)
+    except ValueError as e:
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    channel = security.channel(coordinator_address)
     try:
         view = _get_view(coordinator_pb2_grpc.CoordinatorStub(channel), coordinator_address,
                          timeout, wait_until_complete)
@@ -744,4 +755,4 @@ def connect(coordinator_address: str, timeout: float = 10.0,
                       f"coordinator ({coordinator_address}): shards {missing} of "
                       f"{view.num_shards} have not registered")
     return Cluster(list(view.shard_addresses), timeout=timeout,
-                   coordinator=coordinator_address, **kwargs)
+                   coordinator=coordinator_address, security=security, **kwargs)

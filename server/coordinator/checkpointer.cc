@@ -93,6 +93,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
   o.worker_id = -1;
   o.rpc_timeout = options_.timeout;
+  o.security = options_.security;
   auto shards = PsClient::Create(o);
   if (!shards.ok()) return shards.status();
   ps::SnapshotRequest request;

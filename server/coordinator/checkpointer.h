@@ -22,6 +22,8 @@
 #include "proto/coordinator.pb.h"
 #include "server/coordinator/cluster_state.h"
 
+#include "common/security.h"
+
 namespace pscluster::coord {
 
 struct CheckpointerOptions {
@@ -30,6 +32,7 @@ struct CheckpointerOptions {
   bool higher_metric_is_better = true;  // test accuracy
   int keep_last = 3;
   absl::Duration timeout = absl::Minutes(10);  // capture and write of one checkpoint
+  Security security;  // how it calls the shards (it needs the admin token when they have one)
 };
 
 class Checkpointer {

@@ -21,6 +21,7 @@
 #include "common/graceful_shutdown.h"
 #include "common/metrics_flags.h"
 #include "common/parse_errors.h"
+#include "common/security_flags.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/checkpointer.h"
 #include "server/coordinator/coordinator_metrics.h"
@@ -164,8 +165,9 @@ absl::Status RestoreState(pscluster::coord::ClusterState* cluster) {
 }
 
 absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFromFlags(
-    pscluster::coord::ClusterState* cluster) {
+    pscluster::coord::ClusterState* cluster, const pscluster::Security& security) {
   pscluster::coord::CheckpointerOptions co;
+  co.security = security;
   co.data_dir = absl::GetFlag(FLAGS_data_dir);
   co.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   co.higher_metric_is_better = absl::GetFlag(FLAGS_metric) != "min";
@@ -231,7 +233,12 @@ int main(int argc, char** argv) {
   pscluster::coord::ClusterState cluster(*options);
   if (absl::Status s = RestoreState(&cluster); !s.ok()) return Fail(s.ToString());
   pscluster::coord::KvStore kv;
-  auto checkpointer = CheckpointerFromFlags(&cluster);
+  absl::StatusOr<pscluster::Security> security = pscluster::SecurityFromFlags();
+  if (!security.ok()) return Fail(security.status().ToString());
+  auto credentials = security->ServerCredentials(pscluster::AdminMethods(
+      "pscluster.coord.Coordinator", {"SwitchMode", "Checkpoint"}));
+  if (!credentials.ok()) return Fail(credentials.status().ToString());
+  auto checkpointer = CheckpointerFromFlags(&cluster, *security);
   if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());
   pscluster::coord::ProgressHistory history;
   pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
@@ -248,14 +255,15 @@ int main(int argc, char** argv) {
   int port = 0;
   const std::string address =
       absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, *credentials, &port);
   builder.SetMaxReceiveMessageSize(4 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
-  std::printf("ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s); mode %s)\n",
-              absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->num_workers,
-              pscluster::coord::ModeName(options->mode));
+  std::printf(
+      "ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s); mode %s; %s)\n",
+      absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->num_workers,
+      pscluster::coord::ModeName(options->mode), security->Describe().c_str());
   std::fflush(stdout);
 
   absl::Notification stop;

@@ -18,6 +18,7 @@
 #include "client/coordinator/coordinator_client.h"
 #include "common/metrics_flags.h"
 #include "common/parse_errors.h"
+#include "common/security_flags.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/flags.h"
@@ -50,10 +51,21 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
   return created;
 }
 
+// The calls that change what a cluster is rather than train in it: with an admin token set
+// they need it (a worker's cluster token gets PERMISSION_DENIED).
+std::set<std::string> AdminMethods() {
+  return pscluster::AdminMethods("pscluster.ps.ParameterServer",
+                                 {"CreateTable", "Snapshot", "Restore", "ImportDense",
+                                  "UnregisterWorker"});
+}
+
 // Listening on --host:--port (the port chosen is in *port).
 absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
+                                                     const pscluster::Security& security,
                                                      ParameterServerService* service,
                                                      pscluster::Metrics* metrics, int* port) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   security.ServerCredentials(AdminMethods()));
   grpc::ResourceQuota quota("ps_server");
   quota.SetMaxThreads(f.threads);
   // gRPC's own buffers (requests being received, answers being sent) are bounded by the
@@ -68,7 +80,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(f.host, ":", f.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(address, credentials, port);
   builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(f.service));
   builder.SetMaxSendMessageSize(MaxMessageBytes(f.service));
@@ -83,10 +95,13 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
 }
 
 // With --coordinator: registered and heartbeating (null without one).
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f, int port) {
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f,
+                                                            const pscluster::Security& security,
+                                                            int port) {
   if (f.coordinator.empty()) return nullptr;
   CoordinatorClientOptions co;
   co.coordinator = f.coordinator;
+  co.security = security;
   co.role = coord::SHARD;
   co.id = static_cast<int32_t>(f.shard.shard_id);
   co.address = absl::StrCat(f.advertise_host, ":", port);
@@ -121,6 +136,8 @@ int main(int argc, char** argv) {
   mallopt(M_ARENA_MAX, 4);
   absl::StatusOr<ServerFlags> flags = ServerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
+  absl::StatusOr<pscluster::Security> security = pscluster::SecurityFromFlags();
+  if (!security.ok()) return Fail(security.status());
   pscluster::BlockTerminationSignals();  // before any thread starts
   Shard shard(flags->shard);
   auto snapshotter = OpenSnapshots(*flags, &shard);
@@ -130,13 +147,13 @@ int main(int argc, char** argv) {
   if (!metrics.ok()) return Fail(metrics.status());
   if (*metrics) AddShardMetrics(&shard, snapshotter->get(), metrics->get());
   int port = 0;
-  auto server = Listen(*flags, &service, metrics->get(), &port);
+  auto server = Listen(*flags, *security, &service, metrics->get(), &port);
   if (!server.ok()) return Fail(server.status());
   service.SetHealth((*server)->GetHealthCheckService());
-  std::printf("ps_server shard %u/%u listening on %s:%d\n", flags->shard.shard_id,
-              flags->shard.num_shards, flags->host.c_str(), port);
+  std::printf("ps_server shard %u/%u listening on %s:%d (%s)\n", flags->shard.shard_id,
+              flags->shard.num_shards, flags->host.c_str(), port, security->Describe().c_str());
   std::fflush(stdout);
-  auto coordinator = Register(*flags, port);
+  auto coordinator = Register(*flags, *security, port);
   if (!coordinator.ok()) return Fail(coordinator.status());
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE

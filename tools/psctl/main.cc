@@ -22,6 +22,10 @@
 //                                               --coordinator) the gRPC health protocol:
 //                                               SERVING (exit 0) or NOT_SERVING (exit 1)
 //
+// A cluster with TLS and tokens: add --tls_ca=CA.pem (and --tls_cert/--tls_key for mutual
+// TLS, --tls_server_name when the certificates name another host) and --token_file=F, or
+// --admin_token_file=F for checkpoint and switch-mode where the cluster has an admin token.
+//
 // status --json prints one line: the ClusterView (proto/coordinator.proto) in protobuf's JSON
 // mapping with the proto's field names, every field (defaults too), enums by name ("mode":
 // "PS", "role": "WORKER") and int64 fields as strings, plus "mode_name" (the mode as psctl
@@ -69,6 +73,7 @@
 #include "absl/time/clock.h"
 #include "client/coordinator/coordinator_operator.h"
 #include "common/grpc_status.h"
+#include "common/security_flags.h"
 #include "common/training_mode.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -156,8 +161,9 @@ std::optional<std::string> FlagError(int argc, char** argv) {
   return std::nullopt;
 }
 
-CoordinatorOperator Connect(const std::string& address) {
-  return CoordinatorOperator(address, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
+CoordinatorOperator Connect(const std::string& address, const Security& security) {
+  return CoordinatorOperator(address, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)),
+                             security);
 }
 
 // Seconds since `m`'s last heartbeat by psctl's clock (0 where the clocks disagree).
@@ -304,8 +310,8 @@ int ExitCodeOf(const absl::Status& s) {
 }
 
 // Asks the coordinator (the only checkpoint initiator) for a checkpoint now.
-int Checkpoint(const std::string& address) {
-  absl::StatusOr<coord::Checkpoint> done = Connect(address).Checkpoint(
+int Checkpoint(const std::string& address, const Security& security) {
+  absl::StatusOr<coord::Checkpoint> done = Connect(address, security).Checkpoint(
       std::nullopt, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
   if (!done.ok())
     return Error(ExitCodeOf(done.status()), "checkpoint: " + done.status().ToString());
@@ -314,7 +320,7 @@ int Checkpoint(const std::string& address) {
   return kOk;
 }
 
-int SwitchMode(const std::string& address) {
+int SwitchMode(const std::string& address, const Security& security) {
   const std::string name = absl::GetFlag(FLAGS_mode);
   if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
   absl::StatusOr<coord::TrainingMode> parsed = coord::ParseMode(name);
@@ -326,7 +332,7 @@ int SwitchMode(const std::string& address) {
   }
   const char* mode = ModeName(*parsed);
   absl::StatusOr<ScheduledSwitch> resp =
-      Connect(address).SwitchMode(*parsed, absl::GetFlag(FLAGS_at_step));
+      Connect(address, security).SwitchMode(*parsed, absl::GetFlag(FLAGS_at_step));
   if (!resp.ok()) {
     return Error(ExitCodeOf(resp.status()), "switch-mode: " + resp.status().ToString());
   }
@@ -344,9 +350,8 @@ int SwitchMode(const std::string& address) {
 }
 
 // The gRPC health protocol's answer for the whole server at `address`.
-int Health(const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+int Health(const std::string& address, const Security& security) {
+  auto stub = grpc::health::v1::Health::NewStub(security.Channel(address));
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
@@ -450,12 +455,12 @@ bool AwaitQuit(const KeyboardMode& keyboard, int signal_fd, absl::Duration inter
 
 // Redraws the view every interval until told to quit; a coordinator that cannot be reached
 // (restarting, say) is shown and asked again at the next redraw.
-int Top(const std::string& address, const TopOptions& options) {
+int Top(const std::string& address, const Security& security, const TopOptions& options) {
   QuitSignals quit;  // first: before the channel starts gRPC's threads
   if (quit.fd() < 0) return Error(kUnhealthy, absl::StrCat("top: signalfd: ", strerror(errno)));
   KeyboardMode keyboard;
   signal(SIGPIPE, SIG_IGN);  // a closed stdout ends top below, with exit 0
-  CoordinatorOperator coordinator = Connect(address);
+  CoordinatorOperator coordinator = Connect(address, security);
   const char* clear = isatty(STDOUT_FILENO) ? "\033[H\033[2J" : "";
   for (int64_t drawn = 1;; ++drawn) {
     const std::string frame = TopFrame(address, options, coordinator.View());
@@ -503,22 +508,24 @@ int main(int argc, char** argv) {
     return Error(kUsage, absl::StrCat("--timeout_seconds=", absl::GetFlag(FLAGS_timeout_seconds),
                                       " must be positive"));
   }
+  const absl::StatusOr<Security> security = SecurityFromFlags();
+  if (!security.ok()) return Error(kUsage, std::string(security.status().message()));
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (command == "health") {
     const std::string target =
         absl::GetFlag(FLAGS_address).empty() ? address : absl::GetFlag(FLAGS_address);
     if (target.empty()) return Error(kUsage, "health: give --address=HOST:PORT (or --coordinator)");
-    return Health(target);
+    return Health(target, *security);
   }
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
-  if (command == "switch-mode") return SwitchMode(address);
-  if (command == "checkpoint") return Checkpoint(address);
+  if (command == "switch-mode") return SwitchMode(address, *security);
+  if (command == "checkpoint") return Checkpoint(address, *security);
   if (command == "top") {
     absl::StatusOr<TopOptions> options = TopOptionsFromFlags();
     if (!options.ok()) return Error(kUsage, std::string(options.status().message()));
-    return Top(address, *options);
+    return Top(address, *security, *options);
   }
-  auto view = Connect(address).View();
+  auto view = Connect(address, *security).View();
   if (!view.ok()) {
     return Error(kUnreachable,
                  absl::StrCat("coordinator ", address, ": ", view.status().ToString()));

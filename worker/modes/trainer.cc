@@ -74,6 +74,7 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   co.shard_addresses = shards;
   co.worker_id = options_.rank;
   co.rpc_timeout = options_.rpc_timeout;
+  co.security = options_.security;
   if (options_.coordinator != nullptr) co.wait_check = [this] { return CheckLiveness(); };
   ASSIGN_OR_RETURN(client_, PsClient::Create(co));
   timed_ps_ = std::make_unique<TimedParameterStore>(client_.get(), &comm_clock_);

@@ -75,6 +75,7 @@ struct TrainerOptions {
       connect;
   // Prometheus metrics of this worker (not owned; null: none).
   WorkerMetrics* metrics = nullptr;
+  Security security;  // TLS and token of the calls to the shards
 };
 
 struct SwitchDone {

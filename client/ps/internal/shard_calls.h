@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/executor.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -27,7 +28,8 @@ class ShardCalls {
 
   ShardCalls(const std::vector<std::string>& addresses, absl::Duration rpc_timeout,
              int max_message_bytes, absl::Duration wait_slice = absl::InfiniteDuration(),
-             std::function<absl::Status()> wait_check = nullptr)
+             std::function<absl::Status()> wait_check = nullptr,
+             const Security& security = Security())
       : addresses_(addresses),
         rpc_timeout_(rpc_timeout),
         wait_slice_(wait_slice),
@@ -37,8 +39,7 @@ class ShardCalls {
     args.SetMaxReceiveMessageSize(max_message_bytes);
     args.SetMaxSendMessageSize(max_message_bytes);
     for (const std::string& address : addresses_) {
-      stubs_.push_back(ps::ParameterServer::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+      stubs_.push_back(ps::ParameterServer::NewStub(security.Channel(address, args)));
     }
   }
 
