@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What metrics cost: the same work with metrics off and on, interleaved in one sitting.
-#  1. bench/ps_throughput --metrics_ab: two sets of in-process shards, one counting every
+#  1. bench/ps_throughput --ab=metrics: two sets of in-process shards, one counting every
 #     RPC (the interceptor ps_server installs) and serving /metrics scraped over HTTP every
 #     second, the other not; the real PsClient's pushes and pulls alternate between them.
 #     Then the same with metrics off on both sides (--ab_control): the measurement's noise.
@@ -33,7 +33,7 @@ train() {  # mode on|off out
 
 for control in false true; do
   echo "ps_throughput, goodput with metrics / without$([[ $control == true ]] && echo " (A/A control: metrics off on both sides)"):"
-  "$bin/bench/ps_throughput" --metrics_ab --ab_control=$control --rounds=$((2 * rounds)) --reps=7 \
+  "$bin/bench/ps_throughput" --ab=metrics --ab_control=$control --rounds=$((2 * rounds)) --reps=7 \
     --sizes_kib=4,64,1024,16384,65536
 done
 for ((r = 0; r < rounds; ++r)); do

@@ -8,6 +8,10 @@
 // --metrics: each shard also counts its RPCs (the interceptor ps_server installs with
 // --metrics_port) and serves /metrics, scraped over HTTP every --scrape_ms as Prometheus
 // would: run with and without it to see what metrics cost (bench/metrics_cost.sh).
+// --ab=metrics|tls: instead of the ceilings, goodput with that on over goodput without, two
+// clusters in this process, interleaved. tls: the shards serve TLS and check the tokens of
+// --tls_dir (deploy/make_certs.sh), the client speaks TLS with the admin token
+// (bench/tls_cost.sh).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -25,6 +29,7 @@
 #include "client/ps/ps_client.h"
 #include "common/metrics.h"
 #include "common/parse_errors.h"
+#include "common/security.h"
 #include "common/sharding.h"
 #include "common/testing/http_get.h"
 #include "grpcpp/grpcpp.h"
@@ -38,10 +43,13 @@ ABSL_FLAG(std::vector<std::string>, sizes_kib,
           std::vector<std::string>({"64", "1024", "16384", "65536"}), "Tensor sizes in KiB.");
 ABSL_FLAG(std::vector<std::string>, shards, std::vector<std::string>({"1", "2"}), "Shard counts.");
 ABSL_FLAG(bool, metrics, false, "Shards count RPCs and serve /metrics, scraped every --scrape_ms.");
-ABSL_FLAG(bool, metrics_ab, false,
-          "Instead of the ceilings: goodput with --metrics over goodput without, interleaved.");
+ABSL_FLAG(std::string, ab, "",
+          "metrics | tls: instead of the ceilings, goodput with it over goodput without, "
+          "interleaved.");
 ABSL_FLAG(bool, ab_control, false,
-          "With --metrics_ab: metrics off on both sides (an A/A run: the measurement's noise).");
+          "With --ab: off on both sides (an A/A run: the measurement's noise).");
+ABSL_FLAG(std::string, tls_dir, "",
+          "With --ab=tls: deploy/make_certs.sh's output (ca.pem, node.pem, node.key, tokens).");
 ABSL_FLAG(int, scrape_ms, 1000, "With --metrics: time between scrapes of each shard.");
 ABSL_FLAG(int, rounds, 3,
           "Whole sweeps; each figure is the median over rounds of the per-round medians.");
@@ -111,14 +119,44 @@ struct Cluster {
   std::vector<std::string> ps_addresses, raw_addresses;
 };
 
+// What a cluster of the A/B runs has on: metrics, TLS with tokens (neither: the baseline).
+struct Treatment {
+  bool metrics = false;
+  const Security* server_tls = nullptr;  // the shards' credentials; null: plaintext
+  Security client_tls;                   // the client's
+};
+
+// {server, client} security from --tls_dir: the shards check both tokens, the client holds
+// the admin token (it creates the table).
+std::pair<Security, Security> TlsFromDir() {
+  const std::string dir = absl::GetFlag(FLAGS_tls_dir);
+  SecurityOptions server{dir + "/node.pem", dir + "/node.key", dir + "/ca.pem", false, "",
+                         dir + "/cluster.token", dir + "/admin.token"};
+  SecurityOptions client;
+  client.tls_ca = dir + "/ca.pem";
+  client.admin_token_file = dir + "/admin.token";
+  absl::StatusOr<Security> s = Security::Load(server), c = Security::Load(client);
+  if (!s.ok() || !c.ok()) {
+    std::fprintf(stderr, "ps_throughput: --tls_dir=%s: %s %s (make it with deploy/make_certs.sh)\n",
+                 dir.c_str(), s.status().ToString().c_str(), c.status().ToString().c_str());
+    std::exit(2);
+  }
+  return {*std::move(s), *std::move(c)};
+}
+
 // `as_ps_server`: with the interceptors ps_server installs (the parse-error one, and with
-// `metrics` the RPC counter); the raw ceiling has none.
+// `metrics` the RPC counter); the raw ceiling has none. `tls`: ps_server's credentials.
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address,
-                                    bool as_ps_server, Metrics* metrics = nullptr) {
+                                    bool as_ps_server, Metrics* metrics = nullptr,
+                                    const Security* tls = nullptr) {
   grpc::ServerBuilder b;
   if (as_ps_server) NameUnparsableRequests(&b, metrics ? metrics->rpcs().Interceptor() : nullptr);
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort("127.0.0.1:0",
+                     tls ? *tls->ServerCredentials(AdminMethods("pscluster.ps.ParameterServer",
+                                                                {"CreateTable"}))
+                         : grpc::InsecureServerCredentials(),
+                     &port);
   b.SetMaxReceiveMessageSize(64 << 20);
   b.SetMaxSendMessageSize(64 << 20);
   b.RegisterService(service);
@@ -127,7 +165,7 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address
   return server;
 }
 
-Cluster StartCluster(uint32_t num_shards, bool with_metrics) {
+Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
   Cluster c;
   for (uint32_t s = 0; s < num_shards; ++s) {
     ps::ShardOptions so;
@@ -142,7 +180,7 @@ Cluster StartCluster(uint32_t num_shards, bool with_metrics) {
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();
     Metrics* metrics = nullptr;
-    if (with_metrics) {
+    if (treatment.metrics) {
       auto served = Metrics::Serve("127.0.0.1", 0, "ps_server", absl::StrCat(s));
       if (!served.ok()) {
         std::fprintf(stderr, "ps_throughput: %s\n", served.status().ToString().c_str());
@@ -152,7 +190,8 @@ Cluster StartCluster(uint32_t num_shards, bool with_metrics) {
       metrics = c.metrics.back().get();
       ps::AddShardMetrics(c.shards.back().get(), nullptr, metrics);
     }
-    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back(), true, metrics));
+    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back(), true, metrics,
+                              treatment.server_tls));
     c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back(), false));
   }
   if (!c.metrics.empty()) {
@@ -242,9 +281,11 @@ struct Result {
 };
 
 // A client of `cluster` with table 1 (`bytes` of float32, SGD, ASP) created.
-std::unique_ptr<PsClient> ConnectWithTable(const Cluster& cluster, uint64_t bytes) {
+std::unique_ptr<PsClient> ConnectWithTable(const Cluster& cluster, uint64_t bytes,
+                                           const Security& security = Security()) {
   PsClientOptions o;
   o.shard_addresses = cluster.ps_addresses;
+  o.security = security;
   o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   auto client = *PsClient::Create(o);
   if (!client->RegisterWorker().ok()) std::abort();
@@ -262,7 +303,9 @@ std::unique_ptr<PsClient> ConnectWithTable(const Cluster& cluster, uint64_t byte
 }
 
 Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
-  Cluster cluster = StartCluster(num_shards, absl::GetFlag(FLAGS_metrics));
+  Treatment metrics;
+  metrics.metrics = absl::GetFlag(FLAGS_metrics);
+  Cluster cluster = StartCluster(num_shards, metrics);
   auto client = ConnectWithTable(cluster, bytes);
   RawClient raw(cluster.raw_addresses);
   const size_t n = bytes / sizeof(float);
@@ -294,19 +337,20 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   return r;
 }
 
-// --metrics_ab: goodput with metrics (interceptor, collectors, a scrape a second) over
-// goodput without, both clusters in this process and their calls interleaved (in
-// alternating order), so noise hits both alike. The cluster started second is slower
-// here at 64 KiB (an A/A run, --ab_control, shows it), so `on_first` alternates which one
-// starts first. {push ratio, pull ratio}.
-std::pair<double, double> MeasureMetricsCost(uint32_t num_shards, uint64_t bytes, int reps,
-                                             bool on_first) {
-  const bool control = absl::GetFlag(FLAGS_ab_control);  // both without metrics
-  Cluster first = StartCluster(num_shards, on_first && !control);
-  Cluster second = StartCluster(num_shards, !on_first && !control);
+// --ab: goodput with `treatment` (metrics: interceptor, collectors, a scrape a second; or
+// TLS with tokens) over goodput without, both clusters in this process and their calls
+// interleaved (in alternating order), so noise hits both alike. The cluster started second
+// is slower here at 64 KiB (an A/A run, --ab_control, shows it), so `on_first` alternates
+// which one starts first. {push ratio, pull ratio}.
+std::pair<double, double> MeasureAbCost(uint32_t num_shards, uint64_t bytes, int reps,
+                                        bool on_first, const Treatment& treatment) {
+  const Treatment none;
+  const Treatment& with = absl::GetFlag(FLAGS_ab_control) ? none : treatment;
+  Cluster first = StartCluster(num_shards, on_first ? with : none);
+  Cluster second = StartCluster(num_shards, on_first ? none : with);
   Cluster& on = on_first ? first : second;
   Cluster& off = on_first ? second : first;
-  auto plain = ConnectWithTable(off, bytes), counted = ConnectWithTable(on, bytes);
+  auto plain = ConnectWithTable(off, bytes), counted = ConnectWithTable(on, bytes, with.client_tls);
   std::vector<float> grad(bytes / sizeof(float), 0.5f), out(grad.size());
   std::vector<double> push_off, push_on, pull_off, pull_on;
   for (int i = 0; i < reps + 2; ++i) {
@@ -347,7 +391,20 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using pscluster::bench::Result;
   auto median = [](std::vector<double> v) { return pscluster::bench::Median(std::move(v)); };
-  if (absl::GetFlag(FLAGS_metrics_ab)) {  // one line per size: on/off goodput, push and pull
+  const std::string ab = absl::GetFlag(FLAGS_ab);
+  if (!ab.empty()) {  // one line per size: on/off goodput, push and pull
+    if (ab != "metrics" && ab != "tls") {
+      std::fprintf(stderr, "ps_throughput: --ab=%s: give metrics or tls\n", ab.c_str());
+      return 2;
+    }
+    pscluster::bench::Treatment treatment;
+    std::pair<pscluster::Security, pscluster::Security> tls;
+    if (ab == "metrics") treatment.metrics = true;
+    if (ab == "tls") {
+      tls = pscluster::bench::TlsFromDir();
+      treatment.server_tls = &tls.first;
+      treatment.client_tls = tls.second;
+    }
     std::printf("%-7s %-9s %12s %12s\n", "shards", "tensor", "push on/off", "pull on/off");
     for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
       for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
@@ -355,8 +412,9 @@ int main(int argc, char** argv) {
         const uint64_t kib = std::stoull(kib_flag);
         std::vector<double> push, pull;
         for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-          auto [a, b] = pscluster::bench::MeasureMetricsCost(
-              shards, kib << 10, absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1), round % 2);
+          auto [a, b] = pscluster::bench::MeasureAbCost(
+              shards, kib << 10, absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1), round % 2,
+              treatment);
           push.push_back(a), pull.push_back(b);
         }
         std::printf("%-7u %6lu KiB %12.3f %12.3f\n", shards, static_cast<unsigned long>(kib),

@@ -74,6 +74,8 @@ for b in "${binaries[@]}"; do
   install -m 0755 "$bin_dir/$b" "${staged[-1]}"
   strip --strip-unneeded "${staged[-1]}"
 done
+# The certificates-and-tokens maker (needs openssl, which the package recommends).
+install -m 0755 "$here/make_certs.sh" "$root/usr/bin/pscluster-make-certs"
 install -m 0644 "$debian"/pscluster-coordinator.service "$debian"/pscluster-ps@.service \
   "$debian"/pscluster-worker@.service "$debian"/pscluster.target "$root/lib/systemd/system/"
 install -m 0644 "$debian"/{coordinator,ps,worker}.conf "$root/etc/pscluster/"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """deploy/k8s/: the Kubernetes manifests, checked against each other and against the flags
 the binaries define (server/ps/flags.cc, server/coordinator/main.cc, worker/flags.cc,
-tools/psctl/main.cc).
+tools/psctl/main.cc, common/security_flags.cc), and with deploy/k8s/README.md's commands
+for the TLS secret.
 
     /usr/bin/python3 deploy/k8s_manifest_test.py      # from the checkout
     bazel test //deploy:k8s_manifest_test
@@ -30,10 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 K8S = os.path.join(ROOT, "deploy", "k8s")
 NAMESPACE = "pscluster"
 FLAG_SOURCES = {  # binary -> the sources that define its ABSL_FLAGs
-    "ps_coordinator": ["server/coordinator/main.cc", "common/metrics_flags.cc"],
-    "ps_server": ["server/ps/flags.cc", "common/metrics_flags.cc"],
-    "ps_worker": ["worker/flags.cc", "common/metrics_flags.cc"],
-    "psctl": ["tools/psctl/main.cc"],
+    "ps_coordinator": ["server/coordinator/main.cc", "common/metrics_flags.cc",
+                       "common/security_flags.cc"],
+    "ps_server": ["server/ps/flags.cc", "common/metrics_flags.cc", "common/security_flags.cc"],
+    "ps_worker": ["worker/flags.cc", "common/metrics_flags.cc", "common/security_flags.cc"],
+    "psctl": ["tools/psctl/main.cc", "common/security_flags.cc"],
 }
 ABSL_OWN_FLAGS = {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch",
                   "version", "only_check_args", "flagfile", "fromenv", "tryfromenv", "undefok"}
@@ -44,6 +46,24 @@ FASHION_MNIST_TRAIN = 60000  # examples per epoch
 SHELL_SEPARATORS = {";", "&&", "||", "|", "&", "(", ")"}
 REDIRECTIONS = {">", ">>", "<", ">&", "<&"}
 SHELL_BUILTINS = {"[", "test", "true", "echo"}  # allowed beside the binaries in a script
+
+# TLS and tokens: Secret pscluster-tls (made by the operator from deploy/make_certs.sh's
+# files, README.md), mounted at TLS_DIR. Flag -> the file of the secret it names.
+TLS_SECRET = "pscluster-tls"
+TLS_DIR = "/var/lib/pscluster/tls"
+TLS_FILES = {"tls_ca": "ca.pem", "tls_cert": "node.pem", "tls_key": "node.key",
+             "token_file": "cluster.token", "admin_token_file": "admin.token"}
+TLS_NEEDS = {  # binary -> the flags it must have (common/security_flags.cc)
+    # Servers check both tokens; the coordinator snapshots/restores shards with the admin one.
+    "ps_coordinator": set(TLS_FILES),
+    "ps_server": set(TLS_FILES),
+    # A client that holds the admin token sends it: the worker's table creation and mode
+    # switch hand-overs are admin calls. It serves no gRPC.
+    "ps_worker": {"tls_ca", "tls_cert", "tls_key", "admin_token_file"},
+    "psctl": {"tls_ca"},  # health needs no token; status etc. --token_file (README.md)
+}
+PSCTL_ADMIN_COMMANDS = {"checkpoint", "switch-mode"}
+PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 
 # The overlay README.md gives for kind/minikube/k3d (kept the same as there).
 ONE_NODE_OVERLAY = """\
@@ -121,6 +141,18 @@ def parse_flags(argv):
             name, eq, value = token[2:].partition("=")
             flags.setdefault(name, []).append(value if eq else None)
     return flags
+
+
+def positionals(argv):
+    return [t for t in argv[1:] if not t.startswith("-")]
+
+
+def readme_commands():
+    """The commands of README.md's indented code blocks, each as its argv."""
+    with open(os.path.join(K8S, "README.md")) as f:
+        block = "\n".join(line[4:] for line in f.read().splitlines()
+                          if line.startswith("    "))
+    return shell_commands(block)
 
 
 def quantity(text):
@@ -316,7 +348,7 @@ class K8sManifestTest(unittest.TestCase):
             numbers = {pp.get("name"): pp["containerPort"] for pp in cc["ports"]}
             self.assertEqual(numbers.get(target, target), port)
         for c, binary, flags in self.c.invocations():
-            if binary == "psctl":
+            if binary == "psctl" and "address" not in flags:  # health --address: the probes'
                 self.assertEqual(flag(flags, "coordinator"), f"127.0.0.1:{port}")
 
     def pod_labels(self, binary):
@@ -521,6 +553,144 @@ class K8sManifestTest(unittest.TestCase):
             self.assertNotEqual(c.get("imagePullPolicy"), "Always",
                                 f"{c['name']}: an image loaded into kind/minikube is not pulled")
 
+    def test_servers_probes_ask_psctl_health_over_tls(self):
+        # kubelet's grpc probes cannot do TLS; the health service needs no token.
+        for binary in ("ps_coordinator", "ps_server"):
+            _, _, c, flags = self.c.main_process(binary)
+            for probe in PROBES:
+                if probe not in c:
+                    continue
+                p = c[probe]
+                self.assertEqual(set(p) & {"grpc", "tcpSocket", "httpGet"}, set(),
+                                 f"{binary} {probe}: not an exec probe")
+                argvs_, script = argvs(p["exec"]["command"])
+                self.assertIsNone(script, f"{binary} {probe}: no shell")
+                argv = argvs_[0]
+                pflags = parse_flags(argv)
+                self.assertEqual(argv[0], "/usr/bin/psctl", f"{binary} {probe}")
+                self.assertEqual(positionals(argv), ["health"], f"{binary} {probe}")
+                self.assertEqual(flag(pflags, "address"), f"127.0.0.1:{flag(flags, 'port')}",
+                                 f"{binary} {probe}: not the server's --port on 127.0.0.1")
+                self.assertEqual(flag(pflags, "tls_ca"), f"{TLS_DIR}/{TLS_FILES['tls_ca']}")
+                self.assertLessEqual(int(flag(pflags, "timeout_seconds")),
+                                     p.get("timeoutSeconds", 1),
+                                     f"{binary} {probe}: psctl's deadline outlasts the probe's")
+
+    def test_shards_startup_probe_waits_for_the_restore(self):
+        _, _, c, _ = self.c.main_process("ps_server")
+        p = c["startupProbe"]
+        self.assertGreaterEqual(p.get("periodSeconds", 10) * p.get("failureThreshold", 3), 300)
+
+    # --- TLS and tokens ------------------------------------------------------------------
+
+    def tls_files(self, spec, c):
+        """The files of Secret pscluster-tls the container sees under TLS_DIR, read-only."""
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for m in c.get("volumeMounts", []):
+            secret = volumes.get(m["name"], {}).get("secret", {})
+            if m["mountPath"] == TLS_DIR and secret.get("secretName") == TLS_SECRET:
+                self.assertIs(m.get("readOnly"), True, f"{c['name']}: {TLS_DIR} not readOnly")
+                self.assertNotIn("subPath", m, f"{c['name']}: a subPath mount is never updated")
+                items = secret.get("items")
+                return ({i["path"] for i in items if i["key"] == i["path"]} if items
+                        else set(TLS_FILES.values()))
+        return set()
+
+    def test_every_grpc_process_has_tls_and_its_tokens_from_the_secret(self):
+        files = {id(c): self.tls_files(spec, c) for _, spec, c in self.c.containers()}
+        mutual = any(flags.get("tls_client_auth") not in (None, ["false"])
+                     for _, b, flags in self.c.invocations() if b != "psctl")
+        self.assertEqual({b for _, b, _ in self.c.invocations()}, set(TLS_NEEDS))
+        for c, binary, flags in self.c.invocations():
+            where = f"{c['name']}: {binary}"
+            needs = set(TLS_NEEDS[binary])
+            if binary == "psctl" and mutual:
+                needs |= {"tls_cert", "tls_key"}  # --tls_client_auth refuses a certless psctl
+            for name in needs:
+                self.assertIn(name, flags, f"{where}: no --{name}")
+            for name in set(flags) & set(TLS_FILES):
+                path = flag(flags, name)
+                self.assertEqual(path, f"{TLS_DIR}/{TLS_FILES[name]}", f"{where} --{name}")
+                self.assertIn(TLS_FILES[name], files[id(c)],
+                              f"{where} --{name}: {path} is not in the mounted {TLS_SECRET}")
+            self.assertNotIn("tls_server_name", flags,
+                             f"{where}: the certificate carries the names dialled (README.md)")
+
+    def test_tls_secret_volume_is_read_only_and_only_the_pods_group_reads_it(self):
+        for w, template in self.c.pod_templates():
+            spec = template["spec"]
+            where = f"{w['kind']} {w['metadata']['name']}"
+            vols = [v for v in spec.get("volumes", [])
+                    if v.get("secret", {}).get("secretName") == TLS_SECRET]
+            self.assertEqual(len(vols), 1, f"{where}: no {TLS_SECRET} volume")
+            secret = vols[0]["secret"]
+            mode = secret.get("defaultMode", 0o644)
+            self.assertEqual(mode & 0o040, 0o040, f"{where}: defaultMode {mode:o}: no group read")
+            self.assertEqual(mode & 0o227, 0, f"{where}: defaultMode {mode:o}: writable or "
+                                              "readable by others")
+            self.assertIsInstance(spec.get("securityContext", {}).get("fsGroup"), int,
+                                  f"{where}: no fsGroup to own the secret's files")
+            self.assertIsNot(secret.get("optional"), True, f"{where}: TLS is not optional")
+            for item in secret.get("items", []):
+                self.assertIn(item["key"], TLS_FILES.values(), f"{where}: {item['key']}")
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                self.assertTrue(self.tls_files(spec, c), f"{c['name']}: {TLS_SECRET} is not "
+                                                         f"mounted at {TLS_DIR}")
+
+    def test_no_secret_is_checked_in(self):
+        # The keys and tokens are made per cluster (README.md); ca.key never enters it.
+        self.assertEqual([d["metadata"]["name"] for d in self.c.of_kind("Secret")], [])
+
+    def test_readme_makes_the_secret_with_every_file_and_name_the_pods_use(self):
+        commands = readme_commands()
+        certs = [a for a in commands if os.path.basename(a[0]) == "make_certs.sh"]
+        self.assertTrue(certs, "README.md runs no deploy/make_certs.sh")
+        # Every name a client dials: the coordinator's Service, each shard's advertised
+        # name, and the probes' 127.0.0.1.
+        sts, _, _, sflags = self.c.main_process("ps_server")
+        dialled = {flag(sflags, "coordinator").rpartition(":")[0], "127.0.0.1"}
+        advertised = flag(sflags, "advertise_host")
+        dialled |= {advertised.replace("${POD_NAME}", f"{sts['metadata']['name']}-{i}")
+                    for i in range(sts["spec"]["replicas"])}
+        _, _, _, wflags = self.c.main_process("ps_worker")
+        dialled.add(flag(wflags, "coordinator").rpartition(":")[0])
+        for argv in certs:
+            self.assertLessEqual(dialled, set(argv[2:]), f"README.md: {' '.join(argv)}")
+        secrets = [a for a in commands if a[:1] == ["kubectl"] and "secret" in a and
+                   TLS_SECRET in a]
+        self.assertTrue(secrets, f"README.md: no kubectl create secret generic {TLS_SECRET}")
+        for argv in secrets:
+            where = f"README.md: {' '.join(argv)}"
+            self.assertEqual(argv[argv.index("secret") - 1: argv.index("secret") + 3],
+                             ["create", "secret", "generic", TLS_SECRET], where)
+            self.assertEqual(argv[argv.index("-n") + 1], NAMESPACE, where)
+            keys = {}
+            for v in parse_flags(argv).get("from-file", []):
+                key, _, path = v.partition("=")
+                keys[key] = path
+            self.assertEqual(set(keys), set(TLS_FILES.values()), f"{where} (ca.key stays offline)")
+            for key, path in keys.items():
+                self.assertEqual(os.path.basename(path), key, where)  # make_certs.sh's file
+
+    def test_readme_psctl_commands_have_tls_and_a_token(self):
+        runs = [a[[os.path.basename(t) for t in a].index("psctl"):] for a in readme_commands()
+                if "psctl" in map(os.path.basename, a)]
+        self.assertTrue(runs)
+        defined = flag_definitions("psctl")
+        for argv in runs:
+            where = f"README.md: {' '.join(argv)}"
+            flags = parse_flags(argv)
+            for name in flags:
+                self.assertIn(name, defined, f"{where}: psctl defines no --{name}")
+            self.assertEqual(flags.get("tls_ca"), [f"{TLS_DIR}/{TLS_FILES['tls_ca']}"], where)
+            command = positionals(argv)[:1]
+            if command == ["health"]:
+                continue
+            token = "admin_token_file" if set(command) & PSCTL_ADMIN_COMMANDS else "token_file"
+            self.assertIn(token, flags, f"{where}: no --{token}")
+            for name in set(flags) & set(TLS_FILES):
+                self.assertEqual(flag(flags, name), f"{TLS_DIR}/{TLS_FILES[name]}", where)
+
     # --- volumes -------------------------------------------------------------------------
 
     def test_every_mount_names_a_volume_and_every_claim_exists(self):
@@ -607,6 +777,13 @@ class K8sManifestTest(unittest.TestCase):
             objects = [d for d in yaml.safe_load_all(built.stdout) if d]
             self.assertEqual(sorted(f"{d['kind'].lower()}/{d['metadata']['name']}"
                                     for d in objects), want)
+            # YAML 1.1's octal defaultMode (0440) read as PyYAML reads it, not as decimal.
+            source = {(d["kind"], d["metadata"]["name"]): d for d in self.c.objects}
+            for d in objects:
+                if d["kind"] in WORKLOADS:
+                    self.assertEqual(d["spec"]["template"]["spec"].get("volumes"),
+                                     source[(d["kind"], d["metadata"]["name"])]["spec"]
+                                     ["template"]["spec"].get("volumes"), d["metadata"]["name"])
             decoded = run("label", "--local", "-f", "-", "check=offline", "-o", "name",
                           input=built.stdout)
             self.assertEqual(decoded.returncode, 0, decoded.stderr)

@@ -89,6 +89,9 @@ for f in /usr/bin/ps_coordinator /usr/bin/ps_server /usr/bin/ps_worker /usr/bin/
   if ldd "$f" | grep -q "not found"; then fail "$f: $(ldd "$f" | grep "not found" | tr -s '\t\n' '  ')"; fi
 done
 pass "the 4 binaries are mode 755 and every library they need is installed"
+[[ $(stat -c %a /usr/bin/pscluster-make-certs 2>/dev/null) == 755 ]] \
+  || fail "/usr/bin/pscluster-make-certs missing or not mode 755"
+pass "pscluster-make-certs installed"
 for f in "$units"/pscluster-coordinator.service "$units"/pscluster-ps@.service \
          "$units"/pscluster-worker@.service "$units"/pscluster.target \
          /etc/pscluster/{coordinator,ps,worker}.conf /usr/share/doc/pscluster/README.Debian; do

@@ -11,7 +11,9 @@
 # accuracy from their summary); a shard container crashes mid-training and comes back
 # from the last checkpoint (restart policy), the workers roll back and finish; a worker is
 # cut off the network past the heartbeat timeout and reconnected: the others name it and
-# the run recovers or fails clearly, never hangs; the .deb installs in a fresh container,
+# the run recovers or fails clearly, never hangs; with TLS and tokens on (compose.env), a
+# plaintext call, a call without a token and one with a wrong token are refused, and the
+# cluster token cannot switch modes; the .deb installs in a fresh container,
 # its units verify and its daemons train one epoch; nothing is left behind.
 # Last line: "docker stage: P passed, F failed, S skipped".
 set -uo pipefail
@@ -40,7 +42,7 @@ finish() {
   ((failed == 0))
 }
 
-cases=(image compose_train shard_crash network_cut deb_install cleanup)
+cases=(image compose_train tls_refusals shard_crash network_cut deb_install cleanup)
 if ! docker_up; then
   echo "tests/docker/run.sh: SKIPPED every case (${cases[*]}): $docker_reason"
   skipped=${#cases[@]}
@@ -89,6 +91,8 @@ services:
 YML
 
 cid() { compose ps -q "$1"; }
+# psctl in the coordinator's container, with its TLS and cluster token (compose.env).
+psctl_in() { compose exec -T coordinator psctl --coordinator=localhost:4000 --tryfromenv=tls_ca,token_file "$@"; }
 # Waits (bounded) for a service's container to exit; prints its exit code.
 await_exit() {  # service seconds
   local id; id=$(cid "$1")
@@ -96,7 +100,7 @@ await_exit() {  # service seconds
 }
 # The newest complete checkpoint's step, asked inside the coordinator's container.
 latest_checkpoint() {
-  compose exec -T coordinator psctl --coordinator=localhost:4000 checkpoints 2>/dev/null \
+  psctl_in checkpoints 2>/dev/null \
     | awk '/^ *[0-9]+/ {s = $1} END {if (s != "") print s; else exit 1}'
 }
 checkpoint_at_least() { local s; s=$(latest_checkpoint) && ((s >= $1)); }
@@ -118,8 +122,8 @@ await_workers() {  # seconds
 dump_logs() { compose logs --no-color --tail=25 >"$work/logs.txt" 2>&1; cat "$work/logs.txt"; }
 
 if ((image_ok == 0)); then
-  skipped=$((skipped + 3))
-  log "SKIPPED compose_train, shard_crash, network_cut: no image"
+  skipped=$((skipped + 4))
+  log "SKIPPED compose_train, tls_refusals, shard_crash, network_cut: no image"
 else
   # ---- train to the end
   log "compose_train: docker-compose up, $epochs epoch(s)"
@@ -137,6 +141,28 @@ else
     fi
   else
     fail "compose_train: docker-compose up failed"
+  fi
+
+  # ---- TLS and tokens: what is refused (the cluster from compose_train is still up)
+  log "tls_refusals: plaintext, no token, a wrong token, the cluster token on an admin call"
+  refusal() {  # expected-text psctl-args...: psctl in the coordinator's container must fail saying it
+    local want=$1 out; shift
+    out=$(compose exec -T coordinator sh -c 'openssl rand -hex 32 >/tmp/wrong.token; exec psctl "$@"' \
+          psctl --coordinator=localhost:4000 --timeout_seconds=5 "$@" 2>&1) && return 1
+    grep -q "$want" <<<"$out" || { log "tls_refusals: expected '$want', got: $out"; return 1; }
+  }
+  ca=--tls_ca=/var/lib/pscluster/tls/ca.pem
+  # (status exits 1 once the workers are done and gone: only 3, unreachable, is a refusal.)
+  allowed=0; psctl_in status >/dev/null 2>&1 || allowed=$?
+  if refusal UNAVAILABLE status \
+      && refusal "UNAUTHENTICATED.*no token" "$ca" status \
+      && refusal "UNAUTHENTICATED.*wrong token" "$ca" --token_file=/tmp/wrong.token status \
+      && refusal "PERMISSION_DENIED.*admin token" "$ca" --token_file=/var/lib/pscluster/tls/cluster.token \
+           switch-mode --mode=allreduce \
+      && ((allowed <= 1)); then
+    pass "tls_refusals: plaintext UNAVAILABLE, no/wrong token UNAUTHENTICATED, cluster token on SwitchMode PERMISSION_DENIED; the cluster token reads the status"
+  else
+    fail "tls_refusals: a call that should be refused was not, or said something else (log above)"
   fi
 
   # ---- a shard crashes mid-training
@@ -164,7 +190,7 @@ else
   network=${project}_cluster
   worker_declared_dead() {
     # (psctl status exits 1 while a member is dead: only its output counts here.)
-    { compose exec -T coordinator psctl --coordinator=localhost:4000 status 2>/dev/null || true; } \
+    { psctl_in status 2>/dev/null || true; } \
       | grep -E "^worker +1 +DEAD"
   }
   if up_fresh 3 && wait_for 300 "a checkpoint past step 0" checkpoint_at_least 1; then

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What TLS and tokens cost: the same work with them off and on, interleaved in one sitting.
+#  1. bench/ps_throughput --ab=tls: two sets of in-process shards, one serving TLS and
+#     checking the cluster and admin tokens on every call (ps_server's credentials), the
+#     other plaintext; the real PsClient's pushes and pulls alternate between them. Then
+#     plaintext on both sides (--ab_control): the measurement's noise.
+#  2. Training in PS mode (deploy/local_cluster.sh: 2 workers, 2 shards) with --tls off and
+#     on, alternating.
+# Certificates and tokens: deploy/make_certs.sh (ECDSA P-256; gRPC negotiates TLS 1.3 with
+# AES-GCM). Prints medians and the on/off ratio of each.
+#   bench/tls_cost.sh [ROUNDS=5] [EPOCHS=1]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5} epochs=${2:-1}
+tmp=$(mktemp -d /tmp/tls_cost.XXXXXX)
+echo "runs under $tmp"
+bazel build -c opt //bench:ps_throughput >/dev/null 2>&1
+bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+deploy/make_certs.sh "$tmp/tls" >/dev/null
+for control in false true; do
+  echo "ps_throughput, goodput with TLS and tokens / without$([[ $control == true ]] && echo " (A/A control: plaintext on both sides)"):"
+  "$bin/bench/ps_throughput" --ab=tls --tls_dir="$tmp/tls" --ab_control=$control \
+    --rounds=$((2 * rounds)) --reps=7 --sizes_kib=64,1024,16384,65536
+done
+for ((r = 0; r < rounds; ++r)); do
+  for t in off on; do
+    deploy/local_cluster.sh --epochs "$epochs" --tls "$t" --metrics off --out "$tmp/ps-$t$r" \
+      >"$tmp/ps-$t$r.log" 2>&1 || { echo "tls_cost.sh: training with --tls $t failed; see $tmp/ps-$t$r.log" >&2; exit 1; }
+  done
+  echo "round $((r + 1))/$rounds done"
+done
+python3 - "$tmp" "$rounds" <<'PY'
+import json, statistics, sys
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+med = statistics.median
+off = [json.load(open(f"{tmp}/ps-off{r}/summary.json"))["samples_per_sec"] for r in range(rounds)]
+on = [json.load(open(f"{tmp}/ps-on{r}/summary.json"))["samples_per_sec"] for r in range(rounds)]
+print("| mode | plaintext samples/s | TLS + tokens samples/s | **on/off** (median of rounds) |")
+print("|---|---|---|---|")
+print(f"| ps | {med(off):,.0f} | {med(on):,.0f} | **{med(a / b for a, b in zip(on, off)):.3f}** |")
+PY
