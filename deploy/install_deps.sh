@@ -6,20 +6,21 @@
 #   deploy/install_deps.sh --torch   and PyTorch, for pscluster.torch, its tests, examples
 #                                    and the torch baselines in bench/
 #   deploy/install_deps.sh --tests   all of that, and what tests/run.sh checks against:
-#                                    Prometheus (and promtool) and Chromium
+#                                    Prometheus (and promtool), Chromium, and clang for the
+#                                    fuzz targets (libFuzzer)
 set -euo pipefail
 
 PACKAGES=(
   bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   libopenblas-dev prometheus-cpp-dev dataset-fashion-mnist zlib1g-dev python3 python3-yaml
-  python3-grpcio python3-numpy python3-pytest
+  python3-grpcio python3-numpy python3-pytest openssl
 )
 for option in "$@"; do
   case $option in
     --plots) PACKAGES+=(python3-matplotlib) ;;
     --torch) PACKAGES+=(python3-torch) ;;
-    --tests) PACKAGES+=(python3-matplotlib python3-torch prometheus chromium) ;;
+    --tests) PACKAGES+=(python3-matplotlib python3-torch prometheus chromium clang) ;;
     *) echo "install_deps: unknown option $option (--plots, --torch, --tests)" >&2; exit 2 ;;
   esac
 done

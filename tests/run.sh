@@ -66,6 +66,16 @@ else
   echo "tests/docker/run.sh ended without its summary line"; failed=$((failed + 1))
 fi
 
+# The fuzz targets under libFuzzer (bench/fuzz.sh builds them with clang in an output base
+# of their own): 20000 inputs each from the checked-in seeds with a fixed seed, at most
+# 120 s; each target that gets through without a crash is a case.
+rm -rf /tmp/pscluster_fuzz_ci
+PSCLUSTER_FUZZ_SEED=1 PSCLUSTER_FUZZ_RUNS=20000 bash bench/fuzz.sh 120 /tmp/pscluster_fuzz_ci 2>&1 | tee -a /tmp/pscluster_test_run.log | tee /tmp/pscluster_fuzz_stage.log
+fuzz_ok=$(grep -cE '^[a-z_]+_fuzzer +[0-9]+ .* ok$' /tmp/pscluster_fuzz_stage.log || true)
+fuzz_bad=$(grep -cE '^[a-z_]+_fuzzer .*CRASHED' /tmp/pscluster_fuzz_stage.log || true)
+passed=$((passed + fuzz_ok)); failed=$((failed + fuzz_bad))
+((fuzz_ok + fuzz_bad == 3)) || { echo "bench/fuzz.sh did not report its 3 targets"; failed=$((failed + 1)); }
+
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   echo "tests/run.sh: nvcc found: building and testing --config=cuda"
   "${BAZEL[@]}" build --config=cuda //... >>/tmp/pscluster_test_run.log 2>&1 \

@@ -131,54 +131,99 @@ absl::Status DenseTable::ScanChunk(uint64_t first_index, absl::Span<const float>
   return absl::OkStatus();
 }
 
+absl::StatusOr<DenseTable::Prepared> DenseTable::Prepare(
+    int32_t worker, int64_t step, uint64_t begin,
+    const std::vector<absl::Span<const float>>& chunks, Scanned scanned) const {
+  Prepared p{worker, step};
+  for (const auto& c : chunks) p.total += c.size();
+  RETURN_IF_ERROR(CheckRange(begin, p.total));
+  uint64_t at = begin - range_.begin;
+  for (const auto& c : chunks) {
+    p.pieces.push_back({at, c});
+    at += c.size();
+  }
+  const uint64_t bad = scanned == Scanned::kNo          ? FirstNonFinite(p.pieces, p.total)
+                       : scanned == Scanned::kAllFinite ? UINT64_MAX
+                                                        : 0;
+  p.finite = bad == UINT64_MAX;
+  if (!p.finite && !spec_.skip_nonfinite()) {
+    for (const Piece& piece : p.pieces) {
+      if (bad >= piece.at && bad < piece.at + piece.grad.size()) {
+        return NonFinite(piece.grad[bad - piece.at], range_.begin + bad);
+      }
+    }
+  }
+  return p;
+}
+
+absl::Status DenseTable::CheckLocked(Prepared* p) {
+  RETURN_IF_ERROR(CheckPushLocked(p->worker, p->step));
+  // A finite gradient whose update would overflow is refused like a non-finite one. Under
+  // BSP it is checked alone, scaled by the number of workers whose gradients are summed.
+  p->over = p->finite ? FirstOverflowLocked(p->pieces, p->total, bsp() ? num_workers_locked() : 1)
+                      : UINT64_MAX;
+  if (p->over != UINT64_MAX && !spec_.skip_nonfinite()) return Overflow(range_.begin + p->over);
+  return absl::OkStatus();
+}
+
+void DenseTable::CommitLocked(const Prepared& p, bool* skipped) {
+  bytes_pushed_ += p.total * sizeof(float);
+  if (!p.finite || p.over != UINT64_MAX) {
+    *skipped = true;
+    nonfinite_skipped_++;
+  } else if (bsp()) {
+    std::vector<float>& staged = pending_[p.step][p.worker];
+    staged.assign(range_.size(), 0.0f);
+    for (const Piece& piece : p.pieces) {
+      std::memcpy(staged.data() + piece.at, piece.grad.data(), piece.grad.size() * sizeof(float));
+    }
+  } else {
+    ++updates_;
+    ApplyLocked(p.pieces, p.total);
+  }
+  RecordPushLocked(p.worker, p.step);
+}
+
 absl::Status DenseTable::Push(int32_t worker, int64_t step, uint64_t begin,
                               const std::vector<absl::Span<const float>>& chunks, bool* skipped,
                               Scanned scanned) {
   *skipped = false;
-  uint64_t total = 0;
-  for (const auto& c : chunks) total += c.size();
-  RETURN_IF_ERROR(CheckRange(begin, total));
-  std::vector<Piece> pieces;
-  uint64_t at = begin - range_.begin;
-  for (const auto& c : chunks) {
-    pieces.push_back({at, c});
-    at += c.size();
-  }
-  const uint64_t bad = scanned == Scanned::kNo          ? FirstNonFinite(pieces, total)
-                       : scanned == Scanned::kAllFinite ? UINT64_MAX
-                                                        : 0;
-  const bool finite = bad == UINT64_MAX;
-  if (!finite && !spec_.skip_nonfinite()) {
-    for (const Piece& p : pieces) {
-      if (bad >= p.at && bad < p.at + p.grad.size()) {
-        return NonFinite(p.grad[bad - p.at], range_.begin + bad);
-      }
-    }
-  }
-
+  ASSIGN_OR_RETURN(Prepared p, Prepare(worker, step, begin, chunks, scanned));
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckPushLocked(worker, step));
-  // A finite gradient whose update would overflow is refused like a non-finite one. Under
-  // BSP it is checked alone, scaled by the number of workers whose gradients are summed.
-  const uint64_t over =
-      finite ? FirstOverflowLocked(pieces, total, bsp() ? num_workers_locked() : 1) : UINT64_MAX;
-  if (over != UINT64_MAX && !spec_.skip_nonfinite()) return Overflow(range_.begin + over);
-  bytes_pushed_ += total * sizeof(float);
-  if (!finite || over != UINT64_MAX) {
-    *skipped = true;
-    nonfinite_skipped_++;
-  } else if (bsp()) {
-    std::vector<float>& staged = pending_[step][worker];
-    staged.assign(range_.size(), 0.0f);
-    for (const Piece& p : pieces) {
-      std::memcpy(staged.data() + p.at, p.grad.data(), p.grad.size() * sizeof(float));
-    }
-  } else {
-    ++updates_;
-    ApplyLocked(pieces, total);
-  }
-  RecordPushLocked(worker, step);
+  RETURN_IF_ERROR(CheckLocked(&p));
+  CommitLocked(p, skipped);
   return absl::OkStatus();
+}
+
+absl::Status DenseTable::PushAll(const std::vector<PushArgs>& pushes, size_t* refused) {
+  std::vector<Prepared> prepared;
+  for (size_t i = 0; i < pushes.size(); ++i) {
+    const PushArgs& a = pushes[i];
+    *a.skipped = false;
+    absl::StatusOr<Prepared> p = a.table->Prepare(a.worker, a.step, a.begin, {a.grad}, a.scanned);
+    if (!p.ok()) {
+      *refused = i;
+      return p.status();
+    }
+    prepared.push_back(*std::move(p));
+  }
+  std::vector<size_t> order(pushes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return pushes[a].table->id() < pushes[b].table->id(); });
+  for (size_t i : order) pushes[i].table->mu_.Lock();
+  absl::Status status;
+  for (size_t i = 0; i < pushes.size() && status.ok(); ++i) {
+    status = pushes[i].table->CheckLocked(&prepared[i]);
+    if (!status.ok()) *refused = i;
+  }
+  if (status.ok()) {
+    for (size_t i = 0; i < pushes.size(); ++i) {
+      pushes[i].table->CommitLocked(prepared[i], pushes[i].skipped);
+    }
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) pushes[*it].table->mu_.Unlock();
+  return status;
 }
 
 void DenseTable::ApplyLocked(const std::vector<Piece>& pieces, uint64_t total) {

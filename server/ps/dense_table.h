@@ -80,6 +80,23 @@ class DenseTable final : public Table {
                     const std::vector<absl::Span<const float>>& chunks, bool* skipped,
                     Scanned scanned = Scanned::kNo);
 
+  // One push of a PushAll: Push's arguments for one table.
+  struct PushArgs {
+    DenseTable* table;
+    int32_t worker;
+    int64_t step;
+    uint64_t begin;
+    absl::Span<const float> grad;
+    Scanned scanned;
+    bool* skipped;
+  };
+  // Every push, or none (a batch of pushes to distinct tables): every table is locked, in
+  // id order, and every push checked, before any is applied. On an error, *refused is the
+  // index of the push that was refused.
+  // (It locks a set of tables known only at run time: no static lock analysis.)
+  static absl::Status PushAll(const std::vector<PushArgs>& pushes, size_t* refused)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
   // Copies [begin, begin + out.size()) into `out`. Call AwaitPullable first.
   absl::Status Read(uint64_t begin, absl::Span<float> out) const;
 
@@ -110,6 +127,22 @@ class DenseTable final : public Table {
   // threads when large.
   void ApplyLocked(const std::vector<Piece>& pieces, uint64_t total)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push checked against what needs no lock (range, non-finite values).
+  struct Prepared {
+    int32_t worker;
+    int64_t step;
+    std::vector<Piece> pieces;
+    uint64_t total = 0;
+    bool finite = true;
+    uint64_t over = UINT64_MAX;  // set by CheckLocked: the first index it would overflow
+  };
+  absl::StatusOr<Prepared> Prepare(int32_t worker, int64_t step, uint64_t begin,
+                                   const std::vector<absl::Span<const float>>& chunks,
+                                   Scanned scanned) const;
+  // What depends on the state: the worker's clock, and updates that would overflow.
+  absl::Status CheckLocked(Prepared* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies or stages a checked push (or counts it skipped).
+  void CommitLocked(const Prepared& p, bool* skipped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The first local index the update with gradient `pieces` * g_scale would make
   // non-finite (value or slot), or UINT64_MAX; changes nothing.

@@ -591,6 +591,34 @@ TEST(DenseTableTest, FiniteGradientWhoseUpdateOverflowsIsRejectedOrSkippedPerTab
   EXPECT_THAT(ReadAll(*table), Each(kInit));
 }
 
+// Regression (found by fuzz/ps_service_fuzzer): a batch whose second push would overflow
+// applied the first. PushAll checks every push under every table's lock before applying.
+TEST(DenseTableTest, PushAllAppliesEveryPushOrNone) {
+  constexpr float kHuge = 3e38f;
+  TableSpec first_spec = DenseSpec(4, ConsistencyConfig::ASP, 4.0f);
+  TableSpec second_spec = first_spec;
+  second_spec.set_table_id(2);
+  auto first = MakeTable(first_spec, {0}), second = MakeTable(second_spec, {0});
+  const std::vector<float> ok = {1, 1, 1, 1}, overflowing = {1, -kHuge, 1, 1};
+  bool skipped[2];
+  auto batch = [&](const std::vector<float>& a, const std::vector<float>& b, int64_t step) {
+    return std::vector<DenseTable::PushArgs>{
+        {second.get(), 0, step, 0, absl::MakeConstSpan(b), DenseTable::Scanned::kNo, &skipped[1]},
+        {first.get(), 0, step, 0, absl::MakeConstSpan(a), DenseTable::Scanned::kNo, &skipped[0]}};
+  };
+  const uint32_t before_first = first->Fingerprint(), before_second = second->Fingerprint();
+  size_t refused = 99;
+  absl::Status s = DenseTable::PushAll(batch(overflowing, ok, 0), &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(refused, 1u);
+  EXPECT_EQ(first->Fingerprint(), before_first) << "the refused batch changed a table";
+  EXPECT_EQ(second->Fingerprint(), before_second) << "the refused batch changed a table";
+  ASSERT_TRUE(DenseTable::PushAll(batch(ok, ok, 0), &refused).ok());
+  EXPECT_THAT(ReadAll(*first), Each(kInit - 4.0f));
+  EXPECT_THAT(ReadAll(*second), Each(kInit - 4.0f));
+  EXPECT_NE(first->Fingerprint(), before_first);
+}
+
 // Under BSP each push is checked alone, scaled by the number of workers; should their sum
 // still overflow (a worker joined after the first push), the step leaves the table as it was.
 TEST(DenseTableTest, BspStepWhoseSummedUpdateWouldOverflowIsNotApplied) {

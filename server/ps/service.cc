@@ -320,20 +320,27 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
     tables.push_back(*table);
     nonfinite.push_back(has_nonfinite);
   }
+  // Checked against the tables' state and applied under all their locks at once: a batch
+  // is applied whole or not at all.
+  std::vector<DenseTable::PushArgs> pushes;
+  std::unique_ptr<bool[]> skipped(new bool[req->chunks_size()]);
   for (int i = 0; i < req->chunks_size(); ++i) {
     const DenseChunk& c = req->chunks(i);
-    bool skipped = false;
-    absl::Status s = tables[i]->Push(
-        c.worker_id(), c.step(), c.offset(), {AsFloats(c.data())}, &skipped,
-        nonfinite[i] ? DenseTable::Scanned::kHasNonFinite : DenseTable::Scanned::kAllFinite);
+    pushes.push_back({tables[i], c.worker_id(), c.step(), c.offset(), AsFloats(c.data()),
+                      nonfinite[i] ? DenseTable::Scanned::kHasNonFinite
+                                   : DenseTable::Scanned::kAllFinite,
+                      &skipped[i]});
+  }
+  size_t refused = 0;
+  if (absl::Status s = DenseTable::PushAll(pushes, &refused); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("chunk ", refused, " of the batch (table ",
+                                               req->chunks(refused).table_id(), "): ", s.message(),
+                                               "; nothing in the batch was applied"));
+  }
+  for (int i = 0; i < req->chunks_size(); ++i) {
     PushDenseResponse* r = resp->add_results();
-    r->set_values_received(c.data().size() / sizeof(float));
-    r->set_skipped_nonfinite(skipped);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
-                                                 "): ", s.message(), "; the ", i,
-                                                 " chunk(s) before it were applied"));
-    }
+    r->set_values_received(req->chunks(i).data().size() / sizeof(float));
+    r->set_skipped_nonfinite(skipped[i]);
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "core/init/initializer.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -185,6 +186,18 @@ std::vector<Table*> Shard::Tables() const {
   std::vector<Table*> out;
   for (const auto& [id, table] : tables_) out.push_back(table.get());
   return out;
+}
+
+uint32_t Shard::Fingerprint() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<int32_t> workers(workers_.begin(), workers_.end());
+  uint32_t crc = crc32c::Value(reinterpret_cast<const char*>(workers.data()),
+                               workers.size() * sizeof(int32_t));
+  for (const auto& [id, table] : tables_) {
+    const uint32_t entry[2] = {id, table->Fingerprint()};
+    crc = crc32c::Extend(crc, reinterpret_cast<const char*>(entry), sizeof entry);
+  }
+  return crc;
 }
 
 void Shard::RestoreWorkers(const std::vector<int32_t>& workers) {

@@ -5,7 +5,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace pscluster::ps {
 Table::Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer)
@@ -83,6 +86,33 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
   *pause = absl::Now() - start;
   if (bsp()) DrainBspLocked();  // steps that waited for the capture apply now
   return image;
+}
+
+uint32_t Table::Fingerprint() const {
+  TableImage image;
+  PrepareImage(&image);
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    *image.header.mutable_spec() = spec_;
+    image.header.set_num_slots(optimizer_->num_slots());
+    clock_.Fill(&image.header);
+    CaptureLocked(&image);
+  }
+  std::string header;
+  google::protobuf::io::StringOutputStream stream(&header);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  image.header.SerializeToCodedStream(&coded);
+  coded.Trim();
+  uint32_t crc = crc32c::Value(header.data(), header.size());
+  auto extend = [&crc](const auto& v) {
+    crc = crc32c::Extend(crc, reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  for (const StagingArray& a : image.arrays) extend(a);
+  extend(image.keys);
+  extend(image.row_updates);
+  extend(image.row_data);
+  return crc;
 }
 
 void Table::RestoreClocks(const TableSnapshotHeader& header) {

@@ -84,6 +84,11 @@ class Table {
   // Restore: consistency state from a snapshot header (before serving).
   void RestoreClocks(const TableSnapshotHeader& header);
 
+  // CRC-32C of everything a snapshot would hold (spec, clocks, values, optimizer state,
+  // rows), read without side effects: equal before and after an operation that changed
+  // nothing (tests and fuzzing check that failed requests change nothing).
+  uint32_t Fingerprint() const;
+
  protected:
   Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer);
 

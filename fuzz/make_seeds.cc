@@ -1,0 +1,271 @@
+// Writes the seed corpora of the fuzz targets (checked in under fuzz/corpus/):
+//   bazel run //fuzz:make_seeds -- $PWD/fuzz/corpus
+// ps_service/ and coordinator/: call sequences a real client makes (fuzz_input.h encoding,
+// method numbers as in the targets' tables); snapshot/: .psnap files a real shard wrote
+// (dense Adam under BSP, sparse Adagrad), plus a truncated and a bit-flipped copy.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "fuzz/fuzz_input.h"
+#include "proto/coordinator.pb.h"
+#include "proto/ps.pb.h"
+#include "server/ps/file_snapshot_store.h"
+#include "server/ps/service.h"
+#include "server/ps/snapshotter.h"
+
+namespace fs = std::filesystem;
+using pscluster::fuzz::AppendCall;
+
+namespace {
+
+void Write(const fs::path& path, const std::string& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  std::printf("%s (%zu bytes)\n", path.c_str(), bytes.size());
+}
+
+std::string Bytes(const google::protobuf::Message& m) { return m.SerializeAsString(); }
+
+std::string Floats(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+pscluster::ps::TableSpec Dense(uint32_t id, pscluster::ps::ConsistencyConfig::Mode mode) {
+  pscluster::ps::TableSpec t;
+  t.set_table_id(id);
+  t.set_name("w" + std::to_string(id));
+  t.set_kind(pscluster::ps::TableSpec::DENSE);
+  t.set_size(300);
+  t.mutable_optimizer()->set_kind(pscluster::ps::OptimizerConfig::ADAM);
+  t.mutable_optimizer()->set_learning_rate(0.01f);
+  t.mutable_consistency()->set_mode(mode);
+  t.mutable_initializer()->set_kind(pscluster::ps::InitializerConfig::UNIFORM);
+  t.mutable_initializer()->set_scale(0.1f);
+  return t;
+}
+
+pscluster::ps::TableSpec Sparse(uint32_t id) {
+  pscluster::ps::TableSpec t;
+  t.set_table_id(id);
+  t.set_name("emb");
+  t.set_kind(pscluster::ps::TableSpec::SPARSE);
+  t.set_dim(4);
+  t.mutable_optimizer()->set_kind(pscluster::ps::OptimizerConfig::ADAGRAD);
+  t.mutable_optimizer()->set_learning_rate(0.1f);
+  t.mutable_consistency()->set_mode(pscluster::ps::ConsistencyConfig::ASP);
+  return t;
+}
+
+// Method numbers of ps_service_fuzzer.cc's table.
+enum PsMethod : uint8_t {
+  kRegister, kUnregister, kCreate, kDescribe, kPullDense, kPushDense, kPullBatch, kPushBatch,
+  kPushPullBatch, kPullSparse, kPushSparse, kStats, kSnapshot, kList, kStatus, kRestore
+};
+
+void PsSeeds(const fs::path& out) {
+  using namespace pscluster::ps;
+  std::string s;
+  RegisterWorkerRequest reg;
+  reg.set_worker_id(0);
+  AppendCall(&s, kRegister, Bytes(reg));
+  reg.set_worker_id(1);
+  AppendCall(&s, kRegister, Bytes(reg));
+  CreateTableRequest create;
+  *create.mutable_spec() = Dense(1, ConsistencyConfig::BSP);
+  AppendCall(&s, kCreate, Bytes(create));
+  *create.mutable_spec() = Sparse(2);
+  AppendCall(&s, kCreate, Bytes(create));
+  for (int w = 0; w < 2; ++w) {
+    DenseChunk c;
+    c.set_worker_id(w);
+    c.set_step(0);
+    c.set_table_id(1);
+    c.set_total_length(300);
+    c.set_data(Floats(std::vector<float>(300, 0.5f * (w + 1))));
+    AppendCall(&s, kPushDense, Bytes(c));
+  }
+  PullDenseRequest pull;
+  pull.set_table_id(1);
+  pull.set_step(1);
+  AppendCall(&s, kPullDense, Bytes(pull));
+  SparseRequest sparse;
+  sparse.set_table_id(2);
+  for (uint64_t k : {uint64_t{3}, uint64_t{17}, uint64_t{3}, uint64_t{1} << 40}) sparse.add_keys(k);
+  AppendCall(&s, kPullSparse, Bytes(sparse));
+  sparse.set_grads(Floats(std::vector<float>(16, 1.0f)));
+  AppendCall(&s, kPushSparse, Bytes(sparse));
+  SnapshotRequest snap;
+  snap.set_step(1);
+  AppendCall(&s, kSnapshot, Bytes(snap));
+  AppendCall(&s, kStatus, Bytes(SnapshotStatusRequest()));
+  AppendCall(&s, kList, Bytes(ListSnapshotsRequest()));
+  RestoreRequest restore;
+  restore.set_step(1);
+  AppendCall(&s, kRestore, Bytes(restore));
+  AppendCall(&s, kStats, Bytes(StatsRequest()));
+  Write(out / "ps_service" / "train_snapshot_restore", s);
+
+  // Batches: push and pull two tables in one call, the ASP and SSP ways.
+  std::string b;
+  reg.set_worker_id(0);
+  AppendCall(&b, kRegister, Bytes(reg));
+  *create.mutable_spec() = Dense(1, ConsistencyConfig::ASP);
+  AppendCall(&b, kCreate, Bytes(create));
+  *create.mutable_spec() = Dense(2, ConsistencyConfig::SSP);
+  create.mutable_spec()->mutable_consistency()->set_staleness(2);
+  AppendCall(&b, kCreate, Bytes(create));
+  DenseBatch batch;
+  for (uint32_t t : {1u, 2u}) {
+    DenseChunk* c = batch.add_chunks();
+    c->set_table_id(t);
+    c->set_total_length(300);
+    c->set_data(Floats(std::vector<float>(300, 1.0f)));
+  }
+  AppendCall(&b, kPushBatch, Bytes(batch));
+  for (DenseChunk& c : *batch.mutable_chunks()) c.set_step(1);
+  AppendCall(&b, kPushPullBatch, Bytes(batch));
+  PullDenseBatchRequest pulls;
+  for (uint32_t t : {1u, 2u}) {
+    pulls.add_pulls()->set_table_id(t);
+    pulls.mutable_pulls()->rbegin()->set_step(2);
+  }
+  AppendCall(&b, kPullBatch, Bytes(pulls));
+  DescribeTableRequest describe;
+  describe.set_table_id(2);
+  AppendCall(&b, kDescribe, Bytes(describe));
+  UnregisterWorkerRequest leave;
+  leave.set_worker_id(0);
+  AppendCall(&b, kUnregister, Bytes(leave));
+  Write(out / "ps_service" / "batches", b);
+}
+
+// Method numbers of coordinator_fuzzer.cc's table.
+enum CoordMethod : uint8_t {
+  kCRegister, kHeartbeat, kProgress, kGetView, kKvPut, kKvGet, kSwitch, kPoll, kReportSwitch,
+  kCheckpoint, kTick
+};
+
+void CoordinatorSeeds(const fs::path& out) {
+  using namespace pscluster::coord;
+  std::string s;
+  for (int i = 0; i < 2; ++i) {
+    RegisterRequest r;
+    r.set_role(SHARD);
+    r.set_id(i);
+    r.set_address("shard" + std::to_string(i) + ":5000");
+    AppendCall(&s, kCRegister, Bytes(r));
+  }
+  for (int i = 0; i < 2; ++i) {
+    RegisterRequest r;
+    r.set_role(WORKER);
+    r.set_id(i);
+    r.set_address("worker" + std::to_string(i));
+    AppendCall(&s, kCRegister, Bytes(r));
+  }
+  HeartbeatRequest hb;
+  hb.set_role(WORKER);
+  hb.set_id(0);
+  hb.set_incarnation(1);
+  AppendCall(&s, kHeartbeat, Bytes(hb));
+  GetViewRequest view;
+  view.set_wait_until_complete(true);
+  AppendCall(&s, kGetView, Bytes(view));
+  KvPutRequest put;
+  put.set_key("gloo/0");
+  put.set_value("address");
+  AppendCall(&s, kKvPut, Bytes(put));
+  KvGetRequest get;
+  get.set_key("gloo/0");
+  AppendCall(&s, kKvGet, Bytes(get));
+  ReportProgressRequest progress;
+  progress.set_rank(0);
+  progress.set_incarnation(1);
+  progress.set_view_version(5);
+  progress.set_step(10);
+  progress.set_loss(0.5);
+  AppendCall(&s, kProgress, Bytes(progress));
+  SwitchModeRequest sw;
+  sw.set_mode(ALLREDUCE);
+  sw.set_at_step(40);
+  AppendCall(&s, kSwitch, Bytes(sw));
+  PollSwitchRequest poll;
+  poll.set_rank(0);
+  poll.set_incarnation(1);
+  poll.set_step(40);
+  AppendCall(&s, kPoll, Bytes(poll));
+  ReportSwitchRequest done;
+  done.set_rank(0);
+  done.set_incarnation(1);
+  done.set_switch_id(1);
+  done.set_at_step(40);
+  done.set_from_mode(PS);
+  done.set_to_mode(ALLREDUCE);
+  AppendCall(&s, kReportSwitch, Bytes(done));
+  AppendCall(&s, kTick, std::string(1, '\x20'));  // 8 s: everyone is declared dead
+  AppendCall(&s, kHeartbeat, Bytes(hb));
+  AppendCall(&s, kCheckpoint, Bytes(CheckpointRequest()));
+  Write(out / "coordinator" / "join_train_switch", s);
+}
+
+void SnapshotSeeds(const fs::path& out) {
+  using namespace pscluster::ps;
+  const fs::path root = fs::temp_directory_path() / "make_seeds_snapshots";
+  fs::remove_all(root);
+  Shard shard(ShardOptions{});
+  SnapshotterOptions o;
+  o.root = root.string();
+  auto snapshotter = *Snapshotter::Create(&shard, o);
+  shard.RegisterWorker(0);
+  if (!shard.CreateTable(Dense(1, ConsistencyConfig::BSP)).ok() ||
+      !shard.CreateTable(Sparse(2)).ok()) {
+    std::abort();
+  }
+  ParameterServerService service(&shard, snapshotter.get(), ServiceOptions());
+  grpc::ServerContext ctx;
+  DenseChunk c;
+  c.set_table_id(1);
+  c.set_total_length(300);
+  c.set_data(Floats(std::vector<float>(300, 0.25f)));
+  PushDenseResponse pushed;
+  service.PushDense(&ctx, &c, &pushed);
+  SparseRequest sparse;
+  sparse.set_table_id(2);
+  for (uint64_t k : {uint64_t{5}, uint64_t{9}}) sparse.add_keys(k);
+  sparse.set_grads(Floats(std::vector<float>(8, 1.0f)));
+  PushSparseResponse rows;
+  service.PushSparse(&ctx, &sparse, &rows);
+  SnapshotRequest request;
+  request.set_step(1);
+  if (!snapshotter->Snapshot(request, absl::Now() + absl::Seconds(10)).ok() ||
+      !snapshotter->AwaitIdle(absl::Now() + absl::Seconds(30))) {
+    std::abort();
+  }
+  std::ifstream in(FileSnapshotStore::SnapshotPath(ShardSnapshotDir(root.string(), 0), 1),
+                   std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (file.empty()) std::abort();
+  Write(out / "snapshot" / "dense_bsp_adam_sparse_adagrad.psnap", file);
+  Write(out / "snapshot" / "truncated.psnap", file.substr(0, file.size() / 2));
+  std::string flipped = file;
+  flipped[flipped.size() / 3] ^= 0x10;
+  Write(out / "snapshot" / "flipped.psnap", flipped);
+  fs::remove_all(root);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds OUT_DIR (e.g. $PWD/fuzz/corpus)\n");
+    return 2;
+  }
+  PsSeeds(argv[1]);
+  CoordinatorSeeds(argv[1]);
+  SnapshotSeeds(argv[1]);
+  return 0;
+}
