@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "bench/proc_status.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/subprocess.h"
 
@@ -52,21 +53,6 @@ using ps::DenseChunk;
 
 constexpr uint32_t kTable = 1;
 constexpr uint64_t kChunkBytes = 1 << 20;  // stream chunk size, as PsClient sends them
-
-struct Rss {
-  uint64_t rss_kib = 0, hwm_kib = 0;
-};
-
-Rss ReadRss(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
-  Rss r;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) r.rss_kib = std::stoull(line.substr(6));
-    if (line.rfind("VmHWM:", 0) == 0) r.hwm_kib = std::stoull(line.substr(6));
-  }
-  return r;
-}
 
 std::unique_ptr<ps::ParameterServer::Stub> Connect(const std::string& address) {
   grpc::ChannelArguments args;

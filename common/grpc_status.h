@@ -12,11 +12,22 @@ inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-// `context` (e.g. "shard 1 (127.0.0.1:5000)") is prefixed to the message.
+// What gRPC's synchronous server answers, before any handler runs, when every one of its
+// threads (ps_server --threads) is busy.
+inline constexpr absl::string_view kThreadpoolExhausted = "Server Threadpool Exhausted";
+
+// `context` (e.g. "shard 1 (127.0.0.1:5000)") is prefixed to the message; gRPC's own
+// refusal at the thread bound gets what to do about it.
 inline absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view context = "") {
   if (s.ok()) return absl::OkStatus();
   std::string msg =
       context.empty() ? s.error_message() : std::string(context) + ": " + s.error_message();
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      s.error_message() == kThreadpoolExhausted) {
+    msg += " (every handler thread is busy, so the call was refused before any handler ran "
+           "and changed nothing: retry after a backoff, or give the server more --threads or "
+           "more shards)";
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 

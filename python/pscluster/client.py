@@ -34,6 +34,8 @@ T = TypeVar("T")
 DEFAULT_CHUNK_BYTES = 1 << 20
 UNARY_PULL_BYTES = 256 << 10
 MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
+# gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
+THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
 
 _OPTIMIZERS = {k.lower(): v for k, v in ps_pb2.OptimizerConfig.Kind.items()}
 _CONSISTENCY = {k.lower(): v for k, v in ps_pb2.ConsistencyConfig.Mode.items()}
@@ -174,7 +176,12 @@ class Cluster:
         try:
             return fn(self._stubs[shard])
         except grpc.RpcError as e:
-            raise PsError(e.code(), f"{self._name(shard)}: {e.details()}", shard) from None
+            details = e.details()
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and details == THREADPOOL_EXHAUSTED:
+                details += (" (every handler thread is busy, so the call was refused before any "
+                            "handler ran and changed nothing: retry after a backoff, or give "
+                            "the shard more --threads or add shards)")
+            raise PsError(e.code(), f"{self._name(shard)}: {details}", shard) from None
 
     def _each(self, fn: Callable[[int], T]) -> List[T]:
         """fn(shard) on every shard in parallel (shard 0 in the calling thread, as the C++

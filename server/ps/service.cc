@@ -123,6 +123,10 @@ void ParameterServerService::ReleaseIdleMemory() {
   }
 }
 
+std::function<bool()> ParameterServerService::Cancelled(const grpc::ServerContext* ctx) {
+  return [ctx] { return ctx->IsCancelled(); };
+}
+
 absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) const {
   // Give up a little before the client does, so that it hears what the wait was for (the
   // workers a BSP pull waits for) rather than a bare DEADLINE_EXCEEDED of its own.
@@ -184,7 +188,7 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::Serv
     *length = range.end - req.offset();
   }
   RETURN_IF_ERROR((*table)->CheckRange(req.offset(), *length));
-  RETURN_IF_ERROR((*table)->AwaitPullable(req.step(), Deadline(ctx)));
+  RETURN_IF_ERROR((*table)->AwaitPullable(req.step(), Deadline(ctx), Cancelled(ctx)));
   return table;
 }
 
@@ -502,7 +506,8 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
   }
   absl::Span<const uint64_t> keys(req->keys().data(), req->keys_size());
   if (absl::Status s = (*table)->CheckKeys(keys); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = (*table)->AwaitPullable(req->step(), Deadline(ctx)); !s.ok()) {
+  if (absl::Status s = (*table)->AwaitPullable(req->step(), Deadline(ctx), Cancelled(ctx));
+      !s.ok()) {
     return ToGrpcStatus(s);
   }
   RequestBudget::Charge charge(&budget_);

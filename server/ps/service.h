@@ -95,6 +95,8 @@ class ParameterServerService final : public ParameterServer::Service {
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
+  // Whether the client cancelled the call (or gave up on it): waits end early on it.
+  static std::function<bool()> Cancelled(const grpc::ServerContext* ctx);
   // Validates a pull and waits for its consistency bound; returns the table and the
   // resolved length (0 in the request = to the end of this shard's range).
   // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.

@@ -126,23 +126,33 @@ uint64_t TableImage::bytes() const {
   return n;
 }
 
-absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what) {
+absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what,
+                                        const std::function<bool()>& cancelled) {
   auto ready = [this, step]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return clock_.Pullable(step); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return Reject(absl::DeadlineExceededError(
-        absl::StrCat("table ", id(), ": ", what, " at step ", step, " waited for ",
-                     ConsistencyConfig::Mode_Name(spec_.consistency().mode()),
-                     " on: ", clock_.DescribeLaggards(step))));
+  auto waited_for = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return absl::StrCat("table ", id(), ": ", what, " at step ", step, " waited for ",
+                        ConsistencyConfig::Mode_Name(spec_.consistency().mode()),
+                        " on: ", clock_.DescribeLaggards(step));
+  };
+  for (;;) {
+    const absl::Time until =
+        cancelled ? std::min(deadline, absl::Now() + kCancelCheckEvery) : deadline;
+    if (mu_.AwaitWithDeadline(absl::Condition(&ready), until)) break;
+    if (until >= deadline) return Reject(absl::DeadlineExceededError(waited_for()));
+    if (cancelled()) {
+      return absl::CancelledError(absl::StrCat(waited_for(), "; the caller cancelled the call"));
+    }
   }
   if (clock_.shut_down()) return absl::UnavailableError("parameter server is shutting down");
   return absl::OkStatus();
 }
 
-absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline) {
+absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline,
+                                  const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   const bool waits = !clock_.Pullable(step);  // counted, and timed, only if it has to wait
   const absl::Time start = waits ? absl::Now() : absl::InfinitePast();
-  absl::Status ready = AwaitPullableLocked(step, deadline, "pull");
+  absl::Status ready = AwaitPullableLocked(step, deadline, "pull", cancelled);
   if (waits) {
     pulls_waited_++;
     pull_wait_nanos_ += absl::ToInt64Nanoseconds(absl::Now() - start);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -61,7 +62,11 @@ class Table {
 
   // Blocks until `worker` may read at `step` under the table's consistency mode, or
   // returns DEADLINE_EXCEEDED naming the workers waited for (or UNAVAILABLE on shutdown).
-  absl::Status AwaitPullable(int64_t step, absl::Time deadline);
+  // `cancelled` (if set) is asked every kCancelCheckEvery of waiting: true (the caller went
+  // away) ends the wait with CANCELLED, so a cancelled call gives its thread back.
+  absl::Status AwaitPullable(int64_t step, absl::Time deadline,
+                             const std::function<bool()>& cancelled = nullptr);
+  static constexpr absl::Duration kCancelCheckEvery = absl::Milliseconds(100);
 
   // Wakes every waiting pull with UNAVAILABLE; later waits fail at once.
   void Shutdown();
@@ -147,7 +152,8 @@ class Table {
  private:
   // Waits (mu_ held) until PullableLocked(step); DEADLINE_EXCEEDED names `what` and the
   // workers waited for, UNAVAILABLE on shutdown.
-  absl::Status AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what)
+  absl::Status AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what,
+                                   const std::function<bool()>& cancelled = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BSP: applies, in order, every step that all workers have pushed, stopping before a
   // step a capture is waiting for.
