@@ -66,6 +66,15 @@ else
   echo "tests/docker/run.sh ended without its summary line"; failed=$((failed + 1))
 fi
 
+# Faults between hosts in network namespaces (tests/netem/run.sh): training through a link
+# with latency and loss. Its cases count as skipped, saying why, where namespaces cannot be made.
+bash tests/netem/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)" 2>&1 | tee -a /tmp/pscluster_test_run.log | tee /tmp/pscluster_netem_stage.log
+if read -r p f s < <(sed -n 's/^netem stage: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' /tmp/pscluster_netem_stage.log); then
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+else
+  echo "tests/netem/run.sh ended without its summary line"; failed=$((failed + 1))
+fi
+
 # The fuzz targets under libFuzzer (bench/fuzz.sh builds them with clang in an output base
 # of their own): 20000 inputs each from the checked-in seeds with a fixed seed, at most
 # 120 s; each target that gets through without a crash is a case.

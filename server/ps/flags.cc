@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, advertise_host, "",
           "Host workers reach this shard at, sent to the coordinator (default: --host, or this "
           "machine's host name when --host is a wildcard such as 0.0.0.0).");
+ABSL_FLAG(int, advertise_port, 0,
+          "The port workers reach this shard at, told to the coordinator, when it is not the "
+          "one it listens on (a port mapping or a proxy in between); 0: the listening port.");
 ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (crash tests).");
 ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
 ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
@@ -97,6 +100,11 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
       absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
   f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  f.advertise_port = absl::GetFlag(FLAGS_advertise_port);
+  if (f.advertise_port < 0 || f.advertise_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--advertise_port=", f.advertise_port, " is not a port (0: --port's)"));
+  }
   if (f.advertise_host.empty()) f.advertise_host = f.host;
   if (f.advertise_host == "0.0.0.0" || f.advertise_host == "::" || f.advertise_host == "[::]") {
     // A wildcard is where to listen, never where to connect: name this machine instead.

@@ -20,6 +20,7 @@ struct ServerFlags {
   std::string restore;           // "", "latest" or a step
   std::string coordinator;       // ps_coordinator address, or empty
   std::string advertise_host;    // the host workers reach this shard at
+  int advertise_port = 0;        // and the port (0: the one it listens on)
 };
 
 // --max_inflight_request_bytes=0: a quarter of physical memory, at least 1 GiB.

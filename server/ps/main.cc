@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
   co.security = security;
   co.role = coord::SHARD;
   co.id = static_cast<int32_t>(f.shard.shard_id);
-  co.address = absl::StrCat(f.advertise_host, ":", port);
+  co.address = absl::StrCat(f.advertise_host, ":", f.advertise_port > 0 ? f.advertise_port : port);
   ASSIGN_OR_RETURN(auto coordinator, CoordinatorClient::Register(co));
   std::printf("ps_server: registered with the coordinator at %s as %s\n", f.coordinator.c_str(),
               co.address.c_str());
