@@ -531,6 +531,10 @@ class CheckpointTest(ClusterTestCase):
             c.push_pull_dense([t], [g], step=step)
             c.push_sparse(s, keys, np.ones((3, 4), F32), step=step)
         self.assertEqual(c.clock(0), 3)
+        with self.assertRaises(pscluster.PsError) as e:
+            c.clock(77)  # never registered: no clock, rather than a misleading 0
+        self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+        self.assertIn("worker 77 is not registered", e.exception.message)
         self.assertEqual(c.applied_step(t), 3)
         record = c.checkpoint()
         self.assertEqual(record["step"], 3)

@@ -305,7 +305,7 @@ class Cluster:
                       f"table {spec.table_id}: the gradient holds {bad.size} NaN/Inf values "
                       f"(the first at index {int(bad[0])}); nothing was sent")
 
-    def _dense_spec(self, table: Union[str, int], worker: int,
+    def _spec_of_kind(self, table: Union[str, int], worker: int,
                     kind: int = ps_pb2.TableSpec.DENSE) -> ps_pb2.TableSpec:
         spec = self.spec(table, worker)
         if spec.kind != kind:
@@ -321,7 +321,7 @@ class Cluster:
         """The whole tensor at `step` (BSP/SSP: waits, bounded by the timeout, until the
         table's consistency bound lets `worker` read it): into `out` (a C-contiguous float32
         array of the table's size, any shape) or a new flat array."""
-        spec = self._dense_spec(table, worker)
+        spec = self._spec_of_kind(table, worker)
         out = _output(out, spec.size, f"table {spec.table_id}")
         self._ensure_registered(worker)
         self._each(lambda s: self._pull_shard(s, spec.table_id, step, worker,
@@ -370,7 +370,7 @@ class Cluster:
                    worker: int = 0) -> None:
         """Pushes the whole tensor's gradient for `step` (float32, the table's size; the
         server's optimizer applies it)."""
-        spec = self._dense_spec(table, worker)
+        spec = self._spec_of_kind(table, worker)
         flat = _float32(grad, spec.size, f"table {spec.table_id}", "gradient")
         self._check_finite(spec, flat)
         self._ensure_registered(worker)
@@ -406,7 +406,7 @@ class Cluster:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"{len(tables)} tables, {len(grads)} gradients"
                           + ("" if outs is None else f", {len(outs)} outputs"))
-        specs = [self._dense_spec(t, worker) for t in tables]
+        specs = [self._spec_of_kind(t, worker) for t in tables]
         flats = [_float32(g, sp.size, f"table {sp.table_id}", "gradient")
                  for g, sp in zip(grads, specs)]
         for sp, g in zip(specs, flats):
@@ -453,7 +453,7 @@ class Cluster:
         pulls at `step` see them), keeping its optimizer state: ExportDense of each shard's
         state, its values replaced, ImportDense (all or nothing per shard). For setting up a
         table, not for one that workers push to at the same time."""
-        spec = self._dense_spec(table, -1)
+        spec = self._spec_of_kind(table, -1)
         flat = _float32(values, spec.size, f"table {spec.table_id}", "values")
 
         def one(shard: int) -> None:
@@ -482,7 +482,7 @@ class Cluster:
 
     def _sparse_keys(self, table: Union[str, int], keys, worker: int):
         """The sparse table's spec and `keys` checked and as uint64."""
-        spec = self._dense_spec(table, worker, ps_pb2.TableSpec.SPARSE)
+        spec = self._spec_of_kind(table, worker, ps_pb2.TableSpec.SPARSE)
         keys = np.asarray(keys)
         if keys.ndim != 1 or (keys.size and keys.dtype.kind not in "iu"):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -579,10 +579,17 @@ class Cluster:
 
     def clock(self, worker: int = 0) -> int:
         """The steps `worker` has pushed (max step + 1 over every table), on the shard that
-        has seen fewest: the step it resumes at. 0 before its first push."""
+        has seen fewest: the step it resumes at. 0 before its first push. A worker that
+        is not registered (never was, or unregistered) has no clock: PsError NOT_FOUND."""
         clocks = []
-        for st in self.stats():
-            clocks.append(next((c.clock for c in st.workers if c.worker_id == worker), 0))
+        for shard, st in enumerate(self.stats()):
+            clock = next((c.clock for c in st.workers if c.worker_id == worker), None)
+            if clock is None:
+                raise PsError(grpc.StatusCode.NOT_FOUND,
+                              f"{self._name(shard)}: worker {worker} is not registered (it "
+                              f"never was, or it unregistered): register_worker({worker}) "
+                              "first", shard)
+            clocks.append(clock)
         return min(clocks)
 
     def unregister_worker(self, worker: int) -> None:
@@ -632,12 +639,8 @@ class Cluster:
         if self._coordinator is None:
             raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
                           "this cluster has no coordinator (Cluster.from_shards)")
-        try:
-            return getattr(self._coordinator, method)(
-                request, timeout=self.timeout if timeout is None else timeout)
-        except grpc.RpcError as e:
-            raise PsError(e.code(), f"coordinator ({self._coordinator_address}): "
-                          f"{e.details()}") from None
+        return _coordinator_call(self._coordinator, self._coordinator_address, method, request,
+                                 self.timeout if timeout is None else timeout)
 
     def view(self) -> coordinator_pb2.ClusterView:
         """The coordinator's cluster view (GetView)."""
@@ -727,11 +730,11 @@ def _to_dict(message: Message) -> dict:
     return out
 
 
-def _get_view(stub: coordinator_pb2_grpc.CoordinatorStub, address: str, timeout: float,
-              wait_until_complete: bool = False) -> coordinator_pb2.ClusterView:
+def _coordinator_call(stub: coordinator_pb2_grpc.CoordinatorStub, address: str, method: str,
+                      request: Message, timeout: float):
+    """stub.method(request); a gRPC error becomes a PsError naming the coordinator."""
     try:
-        return stub.GetView(coordinator_pb2.GetViewRequest(
-            wait_until_complete=wait_until_complete), timeout=timeout)
+        return getattr(stub, method)(request, timeout=timeout)
     except grpc.RpcError as e:
         raise PsError(e.code(), f"coordinator ({address}): {e.details()}") from None
 
@@ -752,8 +755,9 @@ def connect(coordinator_address: str, timeout: float = 10.0,
         raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     channel = security.channel(coordinator_address)
     try:
-        view = _get_view(coordinator_pb2_grpc.CoordinatorStub(channel), coordinator_address,
-                         timeout, wait_until_complete)
+        view = _coordinator_call(
+            coordinator_pb2_grpc.CoordinatorStub(channel), coordinator_address, "GetView",
+            coordinator_pb2.GetViewRequest(wait_until_complete=wait_until_complete), timeout)
     finally:
         channel.close()
     missing = [i for i, a in enumerate(view.shard_addresses) if not a]

@@ -63,7 +63,7 @@ class Embedding(torch.nn.Module):
                  *, table_id: Optional[int] = None, optimizer: str = "adam",
                  lr: float = 1e-3, consistency: str = "bsp", staleness: int = 0,
                  initializer: str = "normal", scale: float = 0.01, seed: int = 0,
-                 worker: int = 0, **optimizer_fields):
+                 worker: int = 0, grad_scale: float = 1.0, **optimizer_fields):
         super().__init__()
         if num_embeddings <= 0 or embedding_dim <= 0:
             raise PsError(_invalid(), f"embedding {name}: num_embeddings and embedding_dim "
@@ -80,7 +80,9 @@ class Embedding(torch.nn.Module):
         if table_id is not None:
             self.create(table_id)
         self._batches: List[Tuple[np.ndarray, torch.Tensor]] = []
-        self.grad_scale = 1.0
+        # Each row's gradient is multiplied by this before the push (the optimizer that
+        # holds the Embedding sets it to its own: 1 / workers, the mean over workers).
+        self.grad_scale = grad_scale
 
     def create(self, table_id: int) -> int:
         """Creates (or finds, for an identical spec) the sparse table: done by the optimizer
