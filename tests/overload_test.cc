@@ -1,8 +1,10 @@
 // A shard at its --threads bound refuses further calls at once with RESOURCE_EXHAUSTED
-// (gRPC's synchronous server, before any handler runs), saying what to do, and the refused
-// calls change nothing; pulls waiting for BSP whose callers cancel give their threads back,
-// and the shard serves again.
+// (gRPC's synchronous server, before any handler runs), and the refused calls change
+// nothing; the client says what to do and retries them itself; pulls waiting for BSP whose
+// callers cancel give their threads back, and the shard serves again.
 #include <thread>
+
+#include "common/grpc_status.h"
 
 #include "gmock/gmock.h"
 #include "tests/ps_cluster_fixture.h"
@@ -53,13 +55,22 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
       clients_[0]->stub(0)->PullDense(ctx, req, &resp);
     });
   }
-  // Until every thread is taken some probes still get one; then they are refused. Bounded.
-  const std::vector<float> grad(kSize, 1.0f);
+  // Until every thread is taken some probes (worker 1's unary pushes to shard 0's half)
+  // still get one; then they are refused. Bounded.
   int accepted = 0;
-  absl::Status refused;
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < give_up) {
-    absl::Status s = clients_[1]->PushDense(kAsp, accepted, grad);
+  grpc::Status refused;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
+    ps::DenseChunk probe;
+    probe.set_worker_id(1);
+    probe.set_step(accepted);
+    probe.set_table_id(kAsp);
+    probe.set_total_length(kSize / 2);
+    const std::vector<float> ones(kSize / 2, 1.0f);
+    probe.set_data(ones.data(), ones.size() * sizeof(float));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ps::PushDenseResponse resp;
+    grpc::Status s = clients_[1]->stub(0)->PushDense(&ctx, probe, &resp);
     if (s.ok()) {
       ++accepted;
       continue;
@@ -67,25 +78,25 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
     refused = s;
     break;
   }
-  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_THAT(std::string(refused.message()), HasSubstr("Server Threadpool Exhausted"));
-  EXPECT_THAT(std::string(refused.message()), HasSubstr("retry after a backoff"));
-  // Cancelled, the waiting pulls give their threads back (within Table::kCancelCheckEvery):
-  // the shard serves again. Bounded.
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_EQ(refused.error_message(), "Server Threadpool Exhausted");
+  const absl::Status said = FromGrpcStatus(refused, "shard 0");
+  EXPECT_THAT(std::string(said.message()), HasSubstr("retry after a backoff"));
+
+  // The client retries a refused call (it changed nothing): its push of both halves waits
+  // out the overload and is applied once on each shard, not on shard 1 alone.
+  absl::Status pushed;
+  std::thread pusher([&] { pushed = clients_[1]->PushDense(kAsp, accepted, std::vector<float>(kSize, 1.0f)); });
+  // Cancelled, the waiting pulls give their threads back (within Table::kCancelCheckEvery).
   for (auto& ctx : waits) ctx->TryCancel();
   for (auto& t : pullers) t.join();
+  pusher.join();
+  EXPECT_TRUE(pushed.ok()) << pushed;
   std::vector<float> after(kSize);
-  absl::Status served;
-  for (const absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
-    served = clients_[0]->PullDense(kAsp, 0, absl::MakeSpan(after));
-    if (served.code() != absl::StatusCode::kResourceExhausted) break;
-  }
-  ASSERT_TRUE(served.ok()) << served;
-
-  // The refused push changed nothing on shard 0; the accepted ones applied whole.
+  ASSERT_TRUE(clients_[0]->PullDense(kAsp, 0, absl::MakeSpan(after)).ok());
   for (uint64_t i = 0; i < kSize; ++i) {
-    const bool on_shard0 = i < kSize / 2;  // the refusal came from shard 0 (shard 1 applied)
-    EXPECT_EQ(after[i], before[i] - accepted - (on_shard0 ? 0 : 1)) << "index " << i;
+    const bool on_shard0 = i < kSize / 2;
+    EXPECT_EQ(after[i], before[i] - 1 - (on_shard0 ? accepted : 0)) << "index " << i;
   }
 }
 

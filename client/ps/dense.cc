@@ -126,10 +126,8 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       order.push_back(i);
     }
     if (!pull) {
-      grpc::ClientContext ctx;
-      calls_.SetDeadline(&ctx);
       ps::PushDenseBatchResponse resp;
-      return calls_.Status(shard, calls_.stub(shard)->PushDenseBatch(&ctx, batch, &resp));
+      return calls_.Unary(shard, &ps::ParameterServer::Stub::PushDenseBatch, batch, &resp);
     }
     // The push and the wait for step + 1 in one call; when the wait outlasts a slice the
     // push is in (the shard pushes before it waits), so the later attempts only pull.
@@ -175,8 +173,6 @@ absl::Status PsClient::CopyBatch(int shard, const ps::DenseBatch& resp,
 
 absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                                       absl::Span<const float> grad) {
-  grpc::ClientContext ctx;
-  calls_.SetDeadline(&ctx);
   ps::DenseChunk chunk;
   chunk.set_worker_id(options_.worker_id);
   chunk.set_step(step);
@@ -188,17 +184,21 @@ absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step
   if (grad.size() <= per_chunk) {  // one message: unary
     chunk.set_offset(begin);
     chunk.set_data(grad.data(), grad.size() * sizeof(float));
-    return calls_.Status(shard, calls_.stub(shard)->PushDense(&ctx, chunk, &resp));
+    return calls_.Unary(shard, &ps::ParameterServer::Stub::PushDense, chunk, &resp);
   }
-  auto writer = calls_.stub(shard)->PushDenseStream(&ctx, &resp);
-  for (uint64_t done = 0; done < grad.size(); done += per_chunk) {
-    uint64_t n = std::min<uint64_t>(per_chunk, grad.size() - done);
-    chunk.set_offset(begin + done);
-    chunk.set_data(grad.data() + done, n * sizeof(float));
-    if (!writer->Write(chunk)) break;  // the server ended the stream; Finish says why
-  }
-  writer->WritesDone();
-  return calls_.Status(shard, writer->Finish());
+  return calls_.Status(shard, calls_.Retrying([&] {
+    grpc::ClientContext ctx;
+    calls_.SetDeadline(&ctx);
+    auto writer = calls_.stub(shard)->PushDenseStream(&ctx, &resp);
+    for (uint64_t done = 0; done < grad.size(); done += per_chunk) {
+      uint64_t n = std::min<uint64_t>(per_chunk, grad.size() - done);
+      chunk.set_offset(begin + done);
+      chunk.set_data(grad.data() + done, n * sizeof(float));
+      if (!writer->Write(chunk)) break;  // the server ended the stream; Finish says why
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }));
 }
 
 absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,

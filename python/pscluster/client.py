@@ -172,16 +172,28 @@ class Cluster:
         return f"shard {shard} ({self.addresses[shard]})"
 
     def _call(self, shard: int, fn: Callable[[ps_pb2_grpc.ParameterServerStub], T]) -> T:
-        """fn(stub) on one shard; a gRPC error becomes a PsError naming the shard."""
-        try:
-            return fn(self._stubs[shard])
-        except grpc.RpcError as e:
-            details = e.details()
-            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and details == THREADPOOL_EXHAUSTED:
-                details += (" (every handler thread is busy, so the call was refused before any "
-                            "handler ran and changed nothing: retry after a backoff, or give "
-                            "the shard more --threads or add shards)")
-            raise PsError(e.code(), f"{self._name(shard)}: {details}", shard) from None
+        """fn(stub) on one shard; a gRPC error becomes a PsError naming the shard. A call the
+        shard refused because every handler thread was busy (it changed nothing) is made
+        again after a backoff, 1 ms doubling to 100 ms, for up to the timeout, as the C++
+        client does: a push to several shards then lands on all of them, not some."""
+        backoff, end = 0.001, time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn(self._stubs[shard])
+            except grpc.RpcError as e:
+                if not (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        and e.details() == THREADPOOL_EXHAUSTED
+                        and time.monotonic() + backoff < end):
+                    error = e
+                    break
+            time.sleep(backoff)
+            backoff = min(2 * backoff, 0.1)
+        details = error.details()
+        if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and details == THREADPOOL_EXHAUSTED:
+            details += (" (every handler thread is busy, so the call was refused before any "
+                        "handler ran and changed nothing: retry after a backoff, or give the "
+                        "shard more --threads or add shards)")
+        raise PsError(error.code(), f"{self._name(shard)}: {details}", shard) from None
 
     def _each(self, fn: Callable[[int], T]) -> List[T]:
         """fn(shard) on every shard in parallel (shard 0 in the calling thread, as the C++

@@ -57,29 +57,62 @@ class ShardCalls {
     return FromGrpcStatus(s, Name(shard));
   }
 
-  // One unary call on `shard` with the deadline.
+  // Whether the shard refused a call because every handler thread was busy: refused
+  // before any handler ran, so it changed nothing and may be made again.
+  static bool Refused(const grpc::Status& s) {
+    return s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+           s.error_message() == kThreadpoolExhausted;
+  }
+
+  // attempt() makes one whole call (a context of its own, with the deadline). A call the
+  // shard refused (Refused) is made again after a backoff, 1 ms doubling to 100 ms, up to
+  // the client-wide deadline: the shard is busy, not broken, and nothing was applied, so
+  // a multi-shard push does not end up on some shards only.
+  template <typename Attempt>
+  grpc::Status Retrying(Attempt attempt) const {
+    const absl::Time end = absl::Now() + rpc_timeout_;
+    absl::Duration backoff = absl::Milliseconds(1);
+    for (;;) {
+      grpc::Status s = attempt();
+      if (!Refused(s) || absl::Now() + backoff >= end) return s;
+      absl::SleepFor(backoff);
+      backoff = std::min(2 * backoff, absl::Milliseconds(100));
+    }
+  }
+
+  // One unary call on `shard` with the deadline (Retrying).
   template <typename Req, typename Resp>
   absl::Status Unary(int shard,
                      grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
                      const Req& req, Resp* resp) const {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx);
-    return Status(shard, (stubs_[shard].get()->*method)(&ctx, req, resp));
+    return Status(shard, Retrying([&] {
+                    grpc::ClientContext ctx;
+                    SetDeadline(&ctx);
+                    return (stubs_[shard].get()->*method)(&ctx, req, resp);
+                  }));
   }
 
   // A call that may wait in the shard (a BSP/SSP pull): attempt(ctx, n) makes attempt n
   // with a deadline of one wait slice. When a slice runs out, wait_check decides: an
   // error ends the wait with it (naming the shard and what the shard waited for), OK
   // repeats the call (pulls are idempotent), up to the client-wide deadline. The first
-  // slice that runs out is said once on stderr, with what the shard waits for.
+  // slice that runs out is said once on stderr, with what the shard waits for. A refused
+  // attempt (Refused) is made again, with the same n, after a backoff (as Retrying).
   template <typename Attempt>
   absl::Status Waiting(int shard, Attempt attempt) const {
     const absl::Time end = absl::Now() + rpc_timeout_;
+    absl::Duration backoff = absl::Milliseconds(1);
     for (int n = 0;; ++n) {
       grpc::ClientContext ctx;
       const absl::Time slice_end = wait_check_ ? std::min(end, absl::Now() + wait_slice_) : end;
       ctx.set_deadline(absl::ToChronoTime(slice_end));
       grpc::Status s = attempt(&ctx, n);
+      if (Refused(s) && absl::Now() + backoff < end) {
+        absl::SleepFor(backoff);
+        backoff = std::min(2 * backoff, absl::Milliseconds(100));
+        --n;  // the same attempt again
+        continue;
+      }
       if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || !wait_check_ ||
           absl::Now() >= end) {
         return Status(shard, s);
