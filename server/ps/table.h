@@ -102,7 +102,8 @@ class Table {
   // worker's clock and, under BSP, applies every step all workers have pushed.
   absl::Status CheckPushLocked(int32_t worker, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPushLocked(int32_t worker, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool bsp() const { return clock_.bsp(); }
+  // From the spec (const), so it needs no lock.
+  bool bsp() const { return spec_.consistency().mode() == ConsistencyConfig::BSP; }
   // The number of workers whose gradients a BSP step sums (at least 1).
   size_t num_workers_locked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return std::max<size_t>(1, clock_.clocks().size());
