@@ -227,6 +227,9 @@ absl::Status DenseTable::PushAll(const std::vector<PushArgs>& pushes, size_t* re
 }
 
 void DenseTable::ApplyLocked(const std::vector<Piece>& pieces, uint64_t total) {
+  if (cow_) {
+    for (const Piece& p : pieces) CopyBlocksLocked(p.at, p.grad.size());
+  }
   ForEachPart(pieces, total, [&](const std::vector<Piece>& part) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const Piece& p : part) {
       float* slots[8];
@@ -287,6 +290,49 @@ void DenseTable::CaptureLocked(TableImage* image) const {
   }
 }
 
+void DenseTable::BeginCaptureLocked(TableImage* image) {
+  if (bsp() || cow_) {  // (one capture at a time; a second one copies whole)
+    CaptureLocked(image);
+    return;
+  }
+  image->header.set_shard_begin(range_.begin);
+  image->header.set_shard_end(range_.end);
+  image->header.set_updates(updates_);
+  const uint64_t blocks = (range_.size() + kCowBlockValues - 1) / kCowBlockValues;
+  cow_ = Cow{image, std::vector<bool>(blocks, false), blocks};
+  if (blocks == 0) cow_.reset();
+}
+
+void DenseTable::CopyBlockLocked(uint64_t block) {
+  const uint64_t at = block * kCowBlockValues;
+  const uint64_t n = std::min(kCowBlockValues, range_.size() - at);
+  for (size_t a = 0; a < cow_->image->arrays.size(); ++a) {
+    const std::vector<float>& src = a == 0 ? values_ : slots_[a - 1];
+    std::memcpy(cow_->image->arrays[a].data() + at, src.data() + at, n * sizeof(float));
+  }
+  cow_->copied[block] = true;
+  if (--cow_->left == 0) cow_.reset();
+}
+
+void DenseTable::CopyBlocksLocked(uint64_t at, uint64_t n) {
+  if (n == 0) return;
+  for (uint64_t b = at / kCowBlockValues; cow_ && b <= (at + n - 1) / kCowBlockValues; ++b) {
+    if (!cow_->copied[b]) CopyBlockLocked(b);
+  }
+}
+
+void DenseTable::CompleteCapture(TableImage* image, absl::Duration* pause) {
+  *pause = absl::ZeroDuration();
+  for (uint64_t b = 0;; ++b) {
+    absl::MutexLock lock(&mu_);
+    if (!cow_ || cow_->image != image) return;  // complete (or never copy on write)
+    while (b < cow_->copied.size() && cow_->copied[b]) ++b;
+    const absl::Time start = absl::Now();
+    CopyBlockLocked(b);
+    *pause = std::max(*pause, absl::Now() - start);
+  }
+}
+
 void DenseTable::RestoreUpdates(int64_t updates) {
   absl::MutexLock lock(&mu_);
   updates_ = updates;
@@ -296,6 +342,7 @@ void DenseTable::RestoreBlock(uint64_t begin, uint64_t n, const float* block) {
   Range overlap = Intersect(range_, Range{begin, begin + n});
   if (overlap.size() == 0) return;
   absl::MutexLock lock(&mu_);
+  if (cow_) CopyBlocksLocked(overlap.begin - range_.begin, overlap.size());
   const size_t bytes = overlap.size() * sizeof(float);
   const float* src = block + (overlap.begin - begin);
   std::memcpy(values_.data() + (overlap.begin - range_.begin), src, bytes);
@@ -432,6 +479,7 @@ absl::Status DenseTable::ImportState(int64_t step, DenseState state) {
     if (!s.ok()) return Reject(s);
   }
   absl::MutexLock lock(&mu_);
+  if (cow_) CopyBlocksLocked(0, range_.size());
   values_.swap(state.values);
   slots_.swap(state.slots);
   updates_ = state.updates;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -80,6 +81,11 @@ class DenseTable final : public Table {
                     const std::vector<absl::Span<const float>>& chunks, bool* skipped,
                     Scanned scanned = Scanned::kNo);
 
+  // Copy on write (see Cow below): the block a capture copies at a time, and the filling
+  // of a capture (Table::CompleteCapture).
+  static constexpr uint64_t kCowBlockValues = uint64_t{64} << 10;
+  void CompleteCapture(TableImage* image, absl::Duration* pause) override;
+
   // One push of a PushAll: Push's arguments for one table.
   struct PushArgs {
     DenseTable* table;
@@ -153,8 +159,23 @@ class DenseTable final : public Table {
   void PrepareImage(TableImage* image) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  // Copy on write (ASP/SSP; under BSP the capture's step is applied whole right after it,
+  // so every block would be copied at once anyway): the capture records the point in time
+  // and the image's blocks fill as mutations first touch them (CopyBlocksLocked, before
+  // the change) or in CompleteCapture.
+  struct Cow {
+    TableImage* image = nullptr;
+    std::vector<bool> copied;  // per block of kCowBlockValues
+    uint64_t left = 0;         // blocks not yet copied
+  };
+  void BeginCaptureLocked(TableImage* image) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before [at, at + n) (local indices) changes: copies its blocks not yet copied.
+  void CopyBlocksLocked(uint64_t at, uint64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CopyBlockLocked(uint64_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Range range_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  std::optional<Cow> cow_ ABSL_GUARDED_BY(mu_);  // a capture being filled
   std::vector<std::vector<float>> slots_ ABSL_GUARDED_BY(mu_);
   int64_t updates_ ABSL_GUARDED_BY(mu_) = 0;  // optimizer steps applied (Adam bias correction)
   // BSP: step -> worker -> gradient over the whole range (zeros where not pushed).

@@ -591,6 +591,39 @@ TEST(DenseTableTest, FiniteGradientWhoseUpdateOverflowsIsRejectedOrSkippedPerTab
   EXPECT_THAT(ReadAll(*table), Each(kInit));
 }
 
+// Copy on write (ASP): the capture is the state at the Capture call, whatever is pushed
+// before CompleteCapture fills it; the pushes themselves apply as usual.
+TEST(DenseTableTest, CaptureUnderAspIsThePointInTimeWhilePushesGoOn) {
+  constexpr uint64_t kBlock = DenseTable::kCowBlockValues;
+  const uint64_t size = 3 * kBlock + 100;  // 4 blocks, the last partial
+  TableSpec spec = DenseSpec(size, ConsistencyConfig::ASP, 1.0f);
+  spec.mutable_optimizer()->set_kind(OptimizerConfig::MOMENTUM);  // a slot to copy too
+  spec.mutable_optimizer()->set_momentum(0.5f);
+  auto table = MakeTable(spec, {0});
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, std::vector<float>(size, 1.0f)).ok());
+  const uint32_t at_capture = table->Fingerprint();
+  absl::Duration pause;
+  auto image = table->Capture(1, absl::Now() + absl::Seconds(10), &pause);
+  ASSERT_TRUE(image.ok()) << image.status();
+  // Pushes touching part of block 1 and the partial last block, and all of it.
+  ASSERT_TRUE(PushOne(*table, 0, 1, kBlock + 7, std::vector<float>(10, 2.0f)).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 2, size - 3, std::vector<float>(3, 4.0f)).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 3, 0, std::vector<float>(size, 0.5f)).ok());
+  table->CompleteCapture(image->get(), &pause);
+  // The image holds the values and momentum after the first push only: v = 1.5 - 1,
+  // momentum 1 (the same for every index).
+  EXPECT_THAT(std::vector<float>((*image)->arrays[0].begin(), (*image)->arrays[0].end()),
+              Each(kInit - 1.0f));
+  EXPECT_THAT(std::vector<float>((*image)->arrays[1].begin(), (*image)->arrays[1].end()),
+              Each(1.0f));
+  EXPECT_EQ((*image)->header.updates(), 1);
+  EXPECT_NE(table->Fingerprint(), at_capture) << "the pushes after the capture were lost";
+  // And the table itself took every push.
+  const std::vector<float> now = ReadAll(*table);
+  EXPECT_NE(now[kBlock + 7], now[0]);
+  EXPECT_NE(now[size - 1], now[0]);
+}
+
 // Regression (found by fuzz/ps_service_fuzzer): a batch whose second push would overflow
 // applied the first. PushAll checks every push under every table's lock before applying.
 TEST(DenseTableTest, PushAllAppliesEveryPushOrNone) {

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
   *h.mutable_spec() = spec_;
   h.set_num_slots(optimizer_->num_slots());
   clock_.Fill(&h);
-  CaptureLocked(image.get());
+  BeginCaptureLocked(image.get());
   *pause = absl::Now() - start;
   if (bsp()) DrainBspLocked();  // steps that waited for the capture apply now
   return image;

@@ -85,6 +85,11 @@ class Table {
   void ReleaseStep(int64_t step);
   absl::StatusOr<std::unique_ptr<TableImage>> Capture(int64_t step, absl::Time deadline,
                                                       absl::Duration* pause);
+  // Fills what Capture left to copy on write (a DenseTable under ASP/SSP captures only the
+  // point in time, and copies its blocks as pushes first touch them or here, one block per
+  // hold of the lock): call once on every image Capture returned, before using it. The
+  // longest the lock was held for one block is in *pause.
+  virtual void CompleteCapture(TableImage* image, absl::Duration* pause) {}
 
   // Restore: consistency state from a snapshot header (before serving).
   void RestoreClocks(const TableSnapshotHeader& header);
@@ -119,6 +124,10 @@ class Table {
   virtual void PrepareImage(TableImage* image) const {}
   // Copies values, optimizer state and step counts into `image` (header.spec/clocks set).
   virtual void CaptureLocked(TableImage* image) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
+  // Capture's copy: CaptureLocked unless the table copies on write (CompleteCapture).
+  virtual void BeginCaptureLocked(TableImage* image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    CaptureLocked(image);
+  }
 
   // State transfer (DenseTable::ExportState). Waits like AwaitPullable until the table is
   // readable at `step`, keeping mu_ held on return so the caller copies exactly that state;
