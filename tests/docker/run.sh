@@ -42,7 +42,7 @@ finish() {
   ((failed == 0))
 }
 
-cases=(image compose_train tls_refusals shard_crash network_cut deb_install cleanup)
+cases=(image compose_train tls_refusals metrics_scrape shard_crash network_cut deb_install cleanup)
 if ! docker_up; then
   echo "tests/docker/run.sh: SKIPPED every case (${cases[*]}): $docker_reason"
   skipped=${#cases[@]}
@@ -122,8 +122,8 @@ await_workers() {  # seconds
 dump_logs() { compose logs --no-color --tail=25 >"$work/logs.txt" 2>&1; cat "$work/logs.txt"; }
 
 if ((image_ok == 0)); then
-  skipped=$((skipped + 4))
-  log "SKIPPED compose_train, tls_refusals, shard_crash, network_cut: no image"
+  skipped=$((skipped + 5))
+  log "SKIPPED compose_train, tls_refusals, metrics_scrape, shard_crash, network_cut: no image"
 else
   # ---- train to the end
   log "compose_train: docker-compose up, $epochs epoch(s)"
@@ -163,6 +163,26 @@ else
     pass "tls_refusals: plaintext UNAVAILABLE, no/wrong token UNAUTHENTICATED, cluster token on SwitchMode PERMISSION_DENIED; the cluster token reads the status"
   else
     fail "tls_refusals: a call that should be refused was not, or said something else (log above)"
+  fi
+
+  # ---- metrics: what Prometheus on the `cluster` network would scrape (the shards and the
+  # coordinator of compose_train still run; the workers are done), fetched from this host
+  # over the bridge network
+  log "metrics_scrape: /metrics on :9100 of shard0 and the coordinator"
+  scrape() {  # service
+    local ip; ip=$("$DOCKER" inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(cid "$1")")
+    /usr/bin/python3 -c "import sys, urllib.request
+print(urllib.request.urlopen(f'http://{sys.argv[1]}:9100/metrics', timeout=5).read().decode())" "$ip"
+  }
+  shard_metrics=$(scrape shard0 2>&1) coordinator_metrics=$(scrape coordinator 2>&1)
+  pushes=$(awk '/^pscluster_ps_pushes_total\{/ {s += $NF} END {print s + 0}' <<<"$shard_metrics")
+  if grep -q '^pscluster_info{.*role="ps_server"' <<<"$shard_metrics" && ((${pushes%.*} > 0)) \
+      && grep -q '^pscluster_coordinator_members{' <<<"$coordinator_metrics"; then
+    pass "metrics_scrape: shard0 counted $pushes pushes; the coordinator reports its members"
+  else
+    log "metrics_scrape: shard0 said: $(head -c 300 <<<"$shard_metrics")"
+    log "metrics_scrape: coordinator said: $(head -c 300 <<<"$coordinator_metrics")"
+    fail "metrics_scrape: the metrics were not there or not as expected"
   fi
 
   # ---- a shard crashes mid-training
