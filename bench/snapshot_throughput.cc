@@ -27,6 +27,10 @@ ABSL_FLAG(std::string, dir, "/var/tmp/pscluster_snapshot_bench", "Directory on t
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"64", "512", "2048"}),
           "Parameters + optimizer state per run, MiB.");
 ABSL_FLAG(int, rounds, 3, "Rounds per size (median reported).");
+ABSL_FLAG(bool, cow_ab, false,
+          "Instead: per round, a snapshot with copy-on-write capture and one with the whole "
+          "state copied under the lock (alternating which goes first); write MB/s and pause "
+          "of each.");
 
 namespace pscluster::bench {
 namespace {
@@ -128,6 +132,26 @@ int main(int argc, char** argv) {
       *pause_seconds = r->pause_seconds();
       return absl::ToDoubleSeconds(absl::Now() - t0);
     };
+    if (absl::GetFlag(FLAGS_cow_ab)) {
+      ps::DenseTable* table = *shard.GetDense(1, 0);
+      std::vector<double> mbs[2], pauses[2];  // [0] whole copy, [1] copy on write
+      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+        for (int k = 0; k < 2; ++k) {
+          const int cow = (round + k) % 2;
+          table->set_copy_on_write(cow == 1);
+          double p = 0, seconds = snapshot(&p);
+          mbs[cow].push_back(bytes / seconds / 1e6);
+          pauses[cow].push_back(p / seconds);
+        }
+      }
+      table->set_copy_on_write(true);
+      std::printf("%-8s whole copy: %.0f MB/s, pause %.2f%%; copy on write: %.0f MB/s, pause "
+                  "%.2f%%; write MB/s cow/whole %.2f\n",
+                  mib_flag.c_str(), Median(mbs[0]), 100 * Median(pauses[0]), Median(mbs[1]),
+                  100 * Median(pauses[1]), Median(mbs[1]) / Median(mbs[0]));
+      std::fflush(stdout);
+      continue;
+    }
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
       // Throughput: the ceiling, then a snapshot with nothing else running.
       ceiling.push_back(bytes / CeilingSeconds(so.root + "/ceiling.bin", bytes) / 1e6);

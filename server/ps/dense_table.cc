@@ -291,7 +291,7 @@ void DenseTable::CaptureLocked(TableImage* image) const {
 }
 
 void DenseTable::BeginCaptureLocked(TableImage* image) {
-  if (bsp() || cow_) {  // (one capture at a time; a second one copies whole)
+  if (bsp() || cow_ || !copy_on_write_) {  // (one capture at a time; a second copies whole)
     CaptureLocked(image);
     return;
   }

@@ -85,6 +85,12 @@ class DenseTable final : public Table {
   // of a capture (Table::CompleteCapture).
   static constexpr uint64_t kCowBlockValues = uint64_t{64} << 10;
   void CompleteCapture(TableImage* image, absl::Duration* pause) override;
+  // On by default; off, a capture copies the whole state under the lock, as before copy
+  // on write (bench/snapshot_throughput --cow_ab compares the two).
+  void set_copy_on_write(bool on) {
+    absl::MutexLock lock(&mu_);
+    copy_on_write_ = on;
+  }
 
   // One push of a PushAll: Push's arguments for one table.
   struct PushArgs {
@@ -176,6 +182,7 @@ class DenseTable final : public Table {
   const Range range_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::optional<Cow> cow_ ABSL_GUARDED_BY(mu_);  // a capture being filled
+  bool copy_on_write_ ABSL_GUARDED_BY(mu_) = true;
   std::vector<std::vector<float>> slots_ ABSL_GUARDED_BY(mu_);
   int64_t updates_ ABSL_GUARDED_BY(mu_) = 0;  // optimizer steps applied (Adam bias correction)
   // BSP: step -> worker -> gradient over the whole range (zeros where not pushed).
