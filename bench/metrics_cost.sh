@@ -42,14 +42,4 @@ for ((r = 0; r < rounds; ++r)); do
   done
   echo "round $((r + 1))/$rounds done"
 done
-python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
-import json, statistics, sys
-tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-med = statistics.median
-print("| mode | off samples/s | on samples/s | **on/off** (median of rounds) |")
-print("|---|---|---|---|")
-for mode in modes:
-    off = [json.load(open(f"{tmp}/{mode}-off{r}/summary.json"))["samples_per_sec"] for r in range(rounds)]
-    on = [json.load(open(f"{tmp}/{mode}-on{r}/summary.json"))["samples_per_sec"] for r in range(rounds)]
-    print(f"| {mode} | {med(off):,.0f} | {med(on):,.0f} | **{med(a / b for a, b in zip(on, off)):.3f}** |")
-PY
+python3 bench/ab_summary.py "$tmp" "$rounds" off on "${modes[@]}"

@@ -33,13 +33,4 @@ for ((r = 0; r < rounds; ++r)); do
   done
   echo "round $((r + 1))/$rounds done"
 done
-python3 - "$tmp" "$rounds" <<'PY'
-import json, statistics, sys
-tmp, rounds = sys.argv[1], int(sys.argv[2])
-med = statistics.median
-off = [json.load(open(f"{tmp}/ps-off{r}/summary.json"))["samples_per_sec"] for r in range(rounds)]
-on = [json.load(open(f"{tmp}/ps-on{r}/summary.json"))["samples_per_sec"] for r in range(rounds)]
-print("| mode | plaintext samples/s | TLS + tokens samples/s | **on/off** (median of rounds) |")
-print("|---|---|---|---|")
-print(f"| ps | {med(off):,.0f} | {med(on):,.0f} | **{med(a / b for a, b in zip(on, off)):.3f}** |")
-PY
+python3 bench/ab_summary.py "$tmp" "$rounds" plaintext "TLS + tokens" ps

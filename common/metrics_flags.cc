@@ -12,13 +12,16 @@ ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
 
 namespace pscluster {
 
+absl::Status CheckListenPortFlag(const std::string& flag, int port) {
+  if (port >= -1 && port <= 65535) return absl::OkStatus();
+  return absl::InvalidArgumentError("--" + flag + " must be 0 (off), -1 (any) or a port");
+}
+
 absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& role,
                                                                const std::string& id) {
   const int port = absl::GetFlag(FLAGS_metrics_port);
   if (port == 0) return nullptr;
-  if (port < -1 || port > 65535) {
-    return absl::InvalidArgumentError("--metrics_port must be 0 (off), -1 (any) or a port");
-  }
+  if (absl::Status s = CheckListenPortFlag("metrics_port", port); !s.ok()) return s;
   const std::string host = absl::GetFlag(FLAGS_metrics_host);
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
       Metrics::Serve(host, port < 0 ? 0 : port, role, id);

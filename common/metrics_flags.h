@@ -9,6 +9,10 @@
 
 namespace pscluster {
 
+// A listening-port flag of the 0 = off, -1 = any free port convention (--metrics_port,
+// --http_port): OK for those and ports, else INVALID_ARGUMENT naming the flag.
+absl::Status CheckListenPortFlag(const std::string& flag, int port);
+
 // Metrics served as the flags say (printing where), or null with --metrics_port=0.
 absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& role,
                                                                const std::string& id);

@@ -57,23 +57,25 @@ count_cases $("${BAZEL[@]}" query 'tests(//...)' 2>/dev/null)
 # build from the sources (about 6 minutes here); PSCLUSTER_DOCKER_PREBUILT=1 makes it from
 # the binaries just built above instead (CPU, before the CUDA build below replaces them).
 # It counts its cases as skipped, saying why, where no Docker engine can run.
+# A stage script: its output logged, and its last line "NAME stage: P passed, F failed, S
+# skipped" added to the counts (a stage without that line is a failure).
+run_stage() {  # name script args...
+  local name=$1 p f s; shift
+  bash "$@" 2>&1 | tee -a /tmp/pscluster_test_run.log | tee "/tmp/pscluster_${name}_stage.log"
+  if read -r p f s < <(sed -n "s/^$name stage: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped\$/\1 \2 \3/p" "/tmp/pscluster_${name}_stage.log"); then
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  else
+    echo "$1 ended without its summary line"; failed=$((failed + 1))
+  fi
+}
+
 docker_args=(--full-build)
 [[ ${PSCLUSTER_DOCKER_PREBUILT:-0} == 1 ]] && docker_args=(--bin-dir "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)")
-bash tests/docker/run.sh "${docker_args[@]}" 2>&1 | tee -a /tmp/pscluster_test_run.log | tee /tmp/pscluster_docker_stage.log
-if read -r p f s < <(sed -n 's/^docker stage: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' /tmp/pscluster_docker_stage.log); then
-  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-else
-  echo "tests/docker/run.sh ended without its summary line"; failed=$((failed + 1))
-fi
+run_stage docker tests/docker/run.sh "${docker_args[@]}"
 
 # Faults between hosts in network namespaces (tests/netem/run.sh): training through a link
 # with latency and loss. Its cases count as skipped, saying why, where namespaces cannot be made.
-bash tests/netem/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)" 2>&1 | tee -a /tmp/pscluster_test_run.log | tee /tmp/pscluster_netem_stage.log
-if read -r p f s < <(sed -n 's/^netem stage: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' /tmp/pscluster_netem_stage.log); then
-  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-else
-  echo "tests/netem/run.sh ended without its summary line"; failed=$((failed + 1))
-fi
+run_stage netem tests/netem/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)"
 
 # The fuzz targets under libFuzzer (bench/fuzz.sh builds them with clang in an output base
 # of their own): 20000 inputs each from the checked-in seeds with a fixed seed, at most

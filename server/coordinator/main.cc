@@ -209,9 +209,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusP
     const pscluster::coord::ClusterState* cluster, const pscluster::coord::ProgressHistory* history) {
   const int port = absl::GetFlag(FLAGS_http_port);
   if (port == 0) return nullptr;
-  if (port < -1 || port > 65535) {
-    return absl::InvalidArgumentError("--http_port must be 0 (off), -1 (any) or a port");
-  }
+  if (absl::Status s = pscluster::CheckListenPortFlag("http_port", port); !s.ok()) return s;
   const std::string host = absl::GetFlag(FLAGS_http_host);
   auto page = pscluster::coord::StatusPageServer::Start(host, std::max(port, 0), cluster, history);
   if (page.ok()) {

@@ -66,11 +66,11 @@ class ShardCalls {
 
   // attempt() makes one whole call (a context of its own, with the deadline). A call the
   // shard refused (Refused) is made again after a backoff, 1 ms doubling to 100 ms, up to
-  // the client-wide deadline: the shard is busy, not broken, and nothing was applied, so
-  // a multi-shard push does not end up on some shards only.
+  // `end` (default: the client-wide deadline from now): the shard is busy, not broken, and
+  // nothing was applied, so a multi-shard push does not end up on some shards only.
   template <typename Attempt>
-  grpc::Status Retrying(Attempt attempt) const {
-    const absl::Time end = absl::Now() + rpc_timeout_;
+  grpc::Status Retrying(Attempt attempt, absl::Time end = absl::InfinitePast()) const {
+    if (end == absl::InfinitePast()) end = absl::Now() + rpc_timeout_;
     absl::Duration backoff = absl::Milliseconds(1);
     for (;;) {
       grpc::Status s = attempt();
@@ -97,22 +97,19 @@ class ShardCalls {
   // error ends the wait with it (naming the shard and what the shard waited for), OK
   // repeats the call (pulls are idempotent), up to the client-wide deadline. The first
   // slice that runs out is said once on stderr, with what the shard waits for. A refused
-  // attempt (Refused) is made again, with the same n, after a backoff (as Retrying).
+  // attempt (Refused) is made again, with the same n (Retrying, within the deadline).
   template <typename Attempt>
   absl::Status Waiting(int shard, Attempt attempt) const {
     const absl::Time end = absl::Now() + rpc_timeout_;
-    absl::Duration backoff = absl::Milliseconds(1);
     for (int n = 0;; ++n) {
-      grpc::ClientContext ctx;
-      const absl::Time slice_end = wait_check_ ? std::min(end, absl::Now() + wait_slice_) : end;
-      ctx.set_deadline(absl::ToChronoTime(slice_end));
-      grpc::Status s = attempt(&ctx, n);
-      if (Refused(s) && absl::Now() + backoff < end) {
-        absl::SleepFor(backoff);
-        backoff = std::min(2 * backoff, absl::Milliseconds(100));
-        --n;  // the same attempt again
-        continue;
-      }
+      grpc::Status s = Retrying(
+          [&] {
+            grpc::ClientContext ctx;
+            ctx.set_deadline(absl::ToChronoTime(
+                wait_check_ ? std::min(end, absl::Now() + wait_slice_) : end));
+            return attempt(&ctx, n);
+          },
+          end);
       if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || !wait_check_ ||
           absl::Now() >= end) {
         return Status(shard, s);
