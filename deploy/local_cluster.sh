@@ -5,7 +5,7 @@
 #                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--model mlp|embedding] [--metrics on|off]
-#                           [--tls on|off] [--out DIR]
+#                           [--tls on|off] [--replicas 1|2|3] [--out DIR]
 #   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
@@ -24,6 +24,9 @@
 # token on admin calls (the built-in workers and the coordinator hold it). --run's command
 # gets PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY and PSCLUSTER_TOKEN_FILE,
 # which pscluster.connect() uses.
+# --replicas R keeps R copies of every shard, chain-replicated: a replica that dies is
+# taken out of its chain by the coordinator and training goes on without a rollback (it
+# is not restarted: joining a live chain needs a state transfer, not there yet).
 # --workers 0 starts no built-in workers: a cluster for clients of your own (the Python
 # client, pscluster.torch). It serves until Ctrl-C, or, with --run, runs COMMAND (with
 # PSCLUSTER_COORDINATOR set to the coordinator's address) and stops when it exits, with
@@ -32,7 +35,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp run="" metrics=on tls=off
+switches="" micro_batches=4 model=mlp run="" metrics=on tls=off replicas=1
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -52,6 +55,7 @@ while (($#)); do
     --run) run=$2; shift 2 ;;
     --metrics) metrics=$2; shift 2 ;;
     --tls) tls=$2; shift 2 ;;
+    --replicas) replicas=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
@@ -66,6 +70,7 @@ if [[ -n $switches ]]; then
   done
 fi
 [[ $shards =~ ^[0-9]+$ ]] || { echo "local_cluster.sh: --shards '$shards' is not a count" >&2; exit 2; }
+[[ $replicas =~ ^[123]$ ]] || { echo "local_cluster.sh: --replicas must be 1, 2 or 3" >&2; exit 2; }
 ps_re='(^|,)[0-9]+:ps(,|$)'
 if ((shards == 0)) && { [[ $mode == ps ]] || [[ $switches =~ $ps_re ]]; }; then
   echo "local_cluster.sh: ps mode needs --shards >= 1" >&2; exit 2
@@ -139,6 +144,7 @@ start=$(date +%s)
 # port continues where it stopped.
 start_coordinator() {  # port [metrics port]
   "$bin/server/coordinator/ps_coordinator" --port="$1" --num_shards="$shards" --num_workers="$workers" \
+    --replicas="$replicas" \
     --mode="$mode" --data_dir="$out/coordinator" --http_port="$any_port" --metrics_port="${2:-$any_port}" \
     --checkpoint_every_steps=$((workers > 0 ? 60000 / (workers * batch_size) : 0)) \
     ${sec[@]+"${sec[@]}"} >>"$out/coordinator.log" 2>&1 &
@@ -153,15 +159,19 @@ for sw in ${switch_list[@]+"${switch_list[@]}"}; do
   "$bin/tools/psctl/psctl" --coordinator="$coordinator" ${sec[@]+"${sec[@]}"} switch-mode --mode="${sw#*:}" --at_step="${sw%%:*}" \
     || { echo "local_cluster.sh: scheduling the switch $sw failed" >&2; exit 1; }
 done
+# Replica r > 0 of shard s is "shard<s>-r<r>" (its log, and in messages).
 for ((s = 0; s < shards; ++s)); do
-  "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" \
-    --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port="$any_port" \
-    ${sec[@]+"${sec[@]}"} >"$out/shard$s.log" 2>&1 &
-  pids+=($!) names+=("shard$s")
+  for ((r = 0; r < replicas; ++r)); do
+    name=shard$s; ((r > 0)) && name=shard$s-r$r
+    "$bin/server/ps/ps_server" --port=0 --shard_id=$s --num_shards="$shards" --replica=$r \
+      --coordinator="$coordinator" --data_dir="$out/checkpoints" --metrics_port="$any_port" \
+      ${sec[@]+"${sec[@]}"} >"$out/$name.log" 2>&1 &
+    pids+=($!) names+=("$name")
+  done
 done
 addresses=()
-for ((s = 0; s < shards; ++s)); do addresses+=("$(address_of "shard$s" $((s + 1)))"); done
-((shards > 0)) && echo "== $shards shard(s): ${addresses[*]}"
+for ((i = 1; i <= shards * replicas; ++i)); do addresses+=("$(address_of "${names[$i]}" "$i")"); done
+((shards > 0)) && echo "== $shards shard(s)$( ((replicas > 1)) && echo " x $replicas replicas"): ${addresses[*]}"
 
 start_worker() {  # rank [metrics port]
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
@@ -215,6 +225,10 @@ while ((remaining > 0)); do
     fi
     status=0; wait "${pids[$i]}" || status=$?
     pids[$i]=""
+    if [[ ${names[$i]} == shard* ]] && ((replicas > 1)); then
+      echo "== ${names[$i]} died (exit status $status); its chain goes on without it (not restarted)"
+      continue
+    fi
     if [[ ${names[$i]} == shard* ]] && ((restarts < 3)); then
       # The launcher's part of recovery: bring the shard back from its last checkpoint;
       # the workers wait for it, roll every shard back to that checkpoint and go on.

@@ -43,6 +43,8 @@ struct ClusterOptions {
   // of this model can take well under a second. (Not 0: a line per step fills the pipe of
   // a worker whose output the test does not read, and blocks it.)
   std::string progress_every = "1s";
+  int replicas = 1;                     // the coordinator's --replicas: copies of each shard
+  int heartbeat_timeout_ms = 2000;
 };
 
 class Cluster {
@@ -52,7 +54,9 @@ class Cluster {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     StartCoordinator("0");
-    for (int s = 0; s < kShards; ++s) StartShard(s, false);
+    for (int s = 0; s < kShards; ++s) {
+      for (int r = 0; r < options_.replicas; ++r) StartShard(s, false, r);
+    }
     for (const std::string& sw : options_.switches) {
       auto psctl = Subprocess::Start(
           {"tools/psctl/psctl", "--coordinator=" + coordinator_, "switch-mode",
@@ -78,7 +82,8 @@ class Cluster {
     std::vector<std::string> argv = {
         "server/coordinator/ps_coordinator",   "--port=" + port,
         absl::StrCat("--num_shards=", kShards), absl::StrCat("--num_workers=", kWorkers),
-        "--heartbeat_timeout_ms=2000",         "--mode=" + options_.mode};
+        absl::StrCat("--heartbeat_timeout_ms=", options_.heartbeat_timeout_ms),
+        absl::StrCat("--replicas=", options_.replicas), "--mode=" + options_.mode};
     if (options_.coordinator_checkpoints) {
       argv.push_back("--data_dir=" + dir_ + "/coordinator");
       argv.push_back("--checkpoint_every_steps=100");
@@ -111,22 +116,30 @@ class Cluster {
     workers_.push_back(*std::move(w));
   }
 
-  void StartShard(int s, bool restore) {
+  void StartShard(int s, bool restore, int replica = 0) {
     std::vector<std::string> argv = {
         "server/ps/ps_server",           "--port=0",
         absl::StrCat("--shard_id=", s),  absl::StrCat("--num_shards=", kShards),
-        "--coordinator=" + coordinator_, "--data_dir=" + dir_ + "/ckpt"};
+        "--coordinator=" + coordinator_, "--data_dir=" + dir_ + "/ckpt",
+        absl::StrCat("--replica=", replica)};
     argv.insert(argv.end(), options_.shard_args.begin(), options_.shard_args.end());
     if (restore) argv.push_back("--restore=latest");
     auto p = Subprocess::Start(argv);
     EXPECT_TRUE(p.ok());
-    EXPECT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
-    shard_[s] = processes_.size();
+    auto line = p->WaitForLine("registered with the coordinator", absl::Seconds(60));
+    EXPECT_TRUE(line.ok());
+    // "... registered with the coordinator at C as HOST:PORT"
+    if (line.ok()) shard_address_[{s, replica}] = line->substr(line->rfind(' ') + 1);
+    shard_[{s, replica}] = processes_.size();
     processes_.push_back(*std::move(p));
   }
 
   Subprocess& coordinator() { return processes_[coordinator_index_]; }
-  Subprocess& shard(int s) { return processes_[shard_[s]]; }
+  Subprocess& shard(int s, int replica = 0) { return processes_[shard_[{s, replica}]]; }
+  // Where replica `replica` of shard `s` serves.
+  const std::string& shard_address(int s, int replica = 0) {
+    return shard_address_[{s, replica}];
+  }
   Subprocess& worker(int r) { return workers_[worker_[r]]; }
   const std::string& dir() const { return dir_; }
 
@@ -150,7 +163,9 @@ class Cluster {
   size_t coordinator_index_ = 0;
   std::deque<Subprocess> processes_;  // coordinators (restarts appended) and shards
   std::deque<Subprocess> workers_;    // replacements are appended
-  std::map<int, size_t> shard_, worker_;
+  std::map<std::pair<int, int>, size_t> shard_;  // (shard, replica)
+  std::map<std::pair<int, int>, std::string> shard_address_;
+  std::map<int, size_t> worker_;
 };
 
 // The value of `key` in a summary's JSON text ("" when absent; arrays of arrays whole).

@@ -24,6 +24,7 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
   req.set_role(options.role);
   req.set_id(options.id);
   req.set_address(options.address);
+  req.set_replica(options.replica);
   coord::RegisterResponse resp;
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
@@ -50,6 +51,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();
   if (resp.heartbeat_timeout_ms() > 0) {  // beat several times per timeout
+    c->heartbeat_timeout_ = absl::Milliseconds(resp.heartbeat_timeout_ms());
     c->options_.heartbeat_interval = std::min(c->options_.heartbeat_interval,
                                               absl::Milliseconds(resp.heartbeat_timeout_ms()) / 4);
   }
@@ -75,8 +77,11 @@ void CoordinatorClient::HeartbeatLoop() {
     req.set_role(options_.role);
     req.set_id(options_.id);
     req.set_incarnation(incarnation_);
+    req.set_replica(options_.replica);
     coord::HeartbeatResponse resp;
+    const absl::Time sent = absl::Now();
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (s.ok() && options_.on_heartbeat) options_.on_heartbeat(resp.view_version(), sent);
     if (!s.ok() && !failing) {  // say so once per outage, not every second
       std::fprintf(stderr, "coordinator heartbeat failing: %s\n", s.error_message().c_str());
     } else if (s.ok() && failing) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@ struct CoordinatorClientOptions {
   std::string coordinator;  // host:port
   coord::Role role = coord::WORKER;
   int32_t id = 0;       // shard id or worker rank
+  int32_t replica = 0;  // shards: which copy (ps_server --replica)
   std::string address;  // where this member serves ("" for none)
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
@@ -32,6 +34,9 @@ struct CoordinatorClientOptions {
   // At most this; shortened to a quarter of the coordinator's heartbeat timeout.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   Security security;  // TLS and token of the calls (default: plaintext)
+  // Called on the heartbeat thread after every heartbeat the coordinator answered, with the
+  // view version it answered and when that heartbeat was sent (a shard's chain lease).
+  std::function<void(int64_t view_version, absl::Time sent)> on_heartbeat;
 };
 
 // PollSwitch's answer: the earliest switch not yet done at or after the polled step.
@@ -51,6 +56,8 @@ class CoordinatorClient {
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
 
   int64_t incarnation() const { return incarnation_.load(); }
+  // The coordinator's liveness timeout (ps_coordinator --heartbeat_timeout_ms).
+  absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
                                                absl::Duration timeout);
@@ -96,6 +103,7 @@ class CoordinatorClient {
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
   std::atomic<int64_t> incarnation_{0};  // the heartbeat thread may register again
+  absl::Duration heartbeat_timeout_ = absl::Seconds(5);
   absl::Notification stop_;
   std::thread heartbeats_;
 };

@@ -186,10 +186,8 @@ absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step
     chunk.set_data(grad.data(), grad.size() * sizeof(float));
     return calls_.Unary(shard, &ps::ParameterServer::Stub::PushDense, chunk, &resp);
   }
-  return calls_.Status(shard, calls_.Retrying([&] {
-    grpc::ClientContext ctx;
-    calls_.SetDeadline(&ctx);
-    auto writer = calls_.stub(shard)->PushDenseStream(&ctx, &resp);
+  return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
+    auto writer = calls_.stub(shard)->PushDenseStream(ctx, &resp);
     for (uint64_t done = 0; done < grad.size(); done += per_chunk) {
       uint64_t n = std::min<uint64_t>(per_chunk, grad.size() - done);
       chunk.set_offset(begin + done);

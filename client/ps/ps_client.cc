@@ -15,6 +15,19 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
   if (options.shard_addresses.empty()) {
     return absl::InvalidArgumentError("PsClientOptions.shard_addresses is empty");
   }
+  if (!options.shard_replicas.empty()) {
+    if (options.shard_replicas.size() != options.shard_addresses.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PsClientOptions.shard_replicas has ", options.shard_replicas.size(),
+          " shards, shard_addresses ", options.shard_addresses.size()));
+    }
+    for (size_t s = 0; s < options.shard_replicas.size(); ++s) {
+      if (options.shard_replicas[s].empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PsClientOptions.shard_replicas[", s, "] is empty"));
+      }
+    }
+  }
   if (options.chunk_bytes < sizeof(float) ||
       options.chunk_bytes + 1024 > options.max_message_bytes) {
     return absl::InvalidArgumentError(
@@ -26,7 +39,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
 
 PsClient::PsClient(PsClientOptions options)
     : options_(std::move(options)),
-      calls_(options_.shard_addresses, options_.rpc_timeout,
+      calls_(options_.shard_replicas.empty()
+                 ? internal::ShardCalls::Single(options_.shard_addresses)
+                 : options_.shard_replicas,
+             options_.rpc_timeout,
              static_cast<int>(options_.max_message_bytes), options_.wait_slice,
              options_.wait_check, options_.security) {}
 

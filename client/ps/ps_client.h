@@ -29,6 +29,10 @@ namespace pscluster {
 
 struct PsClientOptions {
   std::vector<std::string> shard_addresses;  // index = shard id, e.g. "127.0.0.1:5000"
+  // Replicated shards (ps_coordinator --replicas > 1): each shard's replicas, head first (the
+  // view's chains). A replica that does not take a call (dead, or no longer the head) sends
+  // the client on to the next one, with the call's request id. Empty: shard_addresses.
+  std::vector<std::vector<std::string>> shard_replicas;
   int32_t worker_id = 0;
   absl::Duration rpc_timeout = absl::Seconds(60);                 // deadline of every RPC
   uint64_t chunk_bytes = uint64_t{1} << 20;                       // dense stream chunk size

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace pscluster::coord {
@@ -22,7 +24,7 @@ SwitchScheduleOptions ScheduleOptions(const ClusterStateOptions& o) {
 ClusterState::ClusterState(ClusterStateOptions options, std::function<absl::Time()> now)
     : options_(options), now_(std::move(now)), switches_(ScheduleOptions(options_)) {}
 
-absl::Status ClusterState::CheckId(Role role, int32_t id) const {
+absl::Status ClusterState::CheckId(Role role, int32_t id, int32_t replica) const {
   if (role != SHARD && role != WORKER) {
     return absl::InvalidArgumentError(absl::StrCat("role ", static_cast<int>(role), " is unknown"));
   }
@@ -32,33 +34,101 @@ absl::Status ClusterState::CheckId(Role role, int32_t id) const {
         RoleName(role), " ", id, " is outside [0, ", limit, "): this coordinator expects ",
         role == SHARD ? "--num_shards=" : "--num_workers=", limit));
   }
+  const int replicas = role == SHARD ? options_.replicas : 1;
+  if (replica < 0 || replica >= replicas) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        RoleName(role), " ", id, " replica ", replica, " is outside [0, ", replicas,
+        "): this coordinator expects --replicas=", options_.replicas));
+  }
   return absl::OkStatus();
 }
 
-Member* ClusterState::FindLocked(Role role, int32_t id) {
-  auto it = members_.find({role, id});
+Member* ClusterState::FindLocked(Role role, int32_t id, int32_t replica) {
+  auto it = members_.find({role, id, replica});
   return it == members_.end() ? nullptr : &it->second;
 }
 
+bool ClusterState::ChainAliveLocked(int32_t shard) const {
+  auto chain = chains_.find(shard);
+  if (chain == chains_.end()) return false;
+  for (int32_t r : chain->second.replicas()) {
+    auto it = members_.find({SHARD, shard, r});
+    if (it != members_.end() && it->second.alive()) return true;
+  }
+  return false;
+}
+
+void ClusterState::JoinChainLocked(const Member& m) {
+  Chain& chain = chains_[m.id()];
+  chain.set_shard(m.id());
+  bool others_alive = false;  // members of the chain besides m (which registered anew)
+  for (int32_t r : chain.replicas()) {
+    auto it = members_.find({SHARD, m.id(), r});
+    others_alive |= r != m.replica() && it != members_.end() && it->second.alive();
+  }
+  if (formed_.count(m.id()) && others_alive) {
+    std::printf("coordinator: shard %d replica %d waits outside its chain (the chain holds "
+                "the state; joining it needs a state transfer)\n", m.id(), m.replica());
+    std::fflush(stdout);
+    return;
+  }
+  if (formed_.count(m.id())) {
+    // Every member is gone, and with them the state: a chain of a new generation, of m
+    // alone (the others would join with no state; they wait outside it).
+    chain.clear_replicas();
+    chain.set_generation(chain.generation() + 1);
+    if (options_.replicas > 1) shard_map_version_ = version_ + 1;
+  }
+  std::vector<int32_t> replicas(chain.replicas().begin(), chain.replicas().end());
+  if (std::find(replicas.begin(), replicas.end(), m.replica()) == replicas.end()) {
+    replicas.push_back(m.replica());
+  }
+  std::sort(replicas.begin(), replicas.end());
+  chain.clear_replicas();
+  for (int32_t r : replicas) chain.add_replicas(r);
+  chain.set_epoch(chain.epoch() + 1);
+  if (chain.replicas_size() == options_.replicas || chain.generation() > 0) formed_.insert(m.id());
+}
+
+void ClusterState::LeaveChainLocked(const Member& m, bool keep_last) {
+  auto it = chains_.find(m.id());
+  if (it == chains_.end()) return;
+  Chain& chain = it->second;
+  auto pos = std::find(chain.replicas().begin(), chain.replicas().end(), m.replica());
+  if (pos == chain.replicas().end() || (keep_last && chain.replicas_size() == 1)) return;
+  chain.mutable_replicas()->erase(pos);
+  chain.set_epoch(chain.epoch() + 1);
+  std::printf("coordinator: shard %d replica %d left its chain (epoch %lld, %d left)\n", m.id(),
+              m.replica(), static_cast<long long>(chain.epoch()), chain.replicas_size());
+  std::fflush(stdout);
+}
+
 absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r) {
-  if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
+  if (absl::Status s = CheckId(r.role(), r.id(), r.replica()); !s.ok()) return s;
   if (r.role() == SHARD && r.address().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", r.id(), " registered without an address"));
   }
   absl::MutexLock lock(&mu_);
-  Member* m = FindLocked(r.role(), r.id());
+  Member* m = FindLocked(r.role(), r.id(), r.replica());
   if (m != nullptr && m->alive() && (r.address().empty() || m->address() != r.address())) {
     return absl::AlreadyExistsError(absl::StrCat(
         RoleName(r.role()), " ", r.id(), " is held by a live member at '", m->address(),
         "' (incarnation ", m->incarnation(), "); use another id or stop that process"));
   }
   if (m == nullptr) {
-    m = &members_[{r.role(), r.id()}];
+    m = &members_[{r.role(), r.id(), r.replica()}];
     m->set_role(r.role());
     m->set_id(r.id());
+    m->set_replica(r.replica());
   }
-  if (r.role() == SHARD && m->address() != r.address()) shard_map_version_ = version_ + 1;
+  if (r.role() == SHARD) {
+    // A replica registering again has lost its state: out of the chain (unless it is all
+    // the chain has left: then JoinChainLocked starts a new generation with it).
+    m->set_alive(false);
+    LeaveChainLocked(*m, /*keep_last=*/true);
+    if (options_.replicas == 1 && m->address() != r.address()) shard_map_version_ = version_ + 1;
+  }
   m->set_address(r.address());
   m->set_incarnation(m->incarnation() + 1);
   m->clear_step();  // a new incarnation has reported nothing yet
@@ -68,6 +138,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
   m->clear_metric();
   m->set_alive(true);
   m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
+  if (r.role() == SHARD) JoinChainLocked(*m);
   ChangedLocked();
   RegisterResponse response;
   response.set_incarnation(m->incarnation());
@@ -77,9 +148,9 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
 }
 
 absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest& r) {
-  if (absl::Status s = CheckId(r.role(), r.id()); !s.ok()) return s;
+  if (absl::Status s = CheckId(r.role(), r.id(), r.replica()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  Member* m = FindLocked(r.role(), r.id());
+  Member* m = FindLocked(r.role(), r.id(), r.replica());
   if (m == nullptr) {
     return absl::NotFoundError(
         absl::StrCat(RoleName(r.role()), " ", r.id(), " is not registered; call Register first"));
@@ -173,6 +244,7 @@ bool ClusterState::CheckLiveness() {
   for (auto& [key, m] : members_) {
     if (m.alive() && m.last_heartbeat_ms() < cutoff) {
       m.set_alive(false);
+      if (m.role() == SHARD) LeaveChainLocked(m, /*keep_last=*/true);
       changed = true;
     }
   }
@@ -181,23 +253,34 @@ bool ClusterState::CheckLiveness() {
 }
 
 bool ClusterState::CompleteLocked() const {
-  int alive_shards = 0, alive_workers = 0;
+  int alive_workers = 0;
   for (const auto& [key, m] : members_) {
-    if (m.alive()) ++(m.role() == SHARD ? alive_shards : alive_workers);
+    if (m.alive() && m.role() == WORKER) ++alive_workers;
   }
-  return alive_shards == options_.num_shards && alive_workers == options_.num_workers;
+  // Every shard's chain formed once and holds a live member.
+  for (int s = 0; s < options_.num_shards; ++s) {
+    if (!formed_.count(s) || !ChainAliveLocked(s)) return false;
+  }
+  return alive_workers == options_.num_workers;
 }
 
 std::string ClusterState::MissingLocked() const {
   std::string out;
-  for (int role : {SHARD, WORKER}) {
-    const int n = role == SHARD ? options_.num_shards : options_.num_workers;
-    for (int id = 0; id < n; ++id) {
-      auto it = members_.find({role, id});
-      if (it == members_.end() || !it->second.alive()) {
-        absl::StrAppend(&out, out.empty() ? "" : ", ", RoleName(static_cast<Role>(role)), " ", id,
-                        it == members_.end() ? " (never registered)" : " (dead)");
-      }
+  for (int s = 0; s < options_.num_shards; ++s) {
+    if (formed_.count(s) && ChainAliveLocked(s)) continue;
+    for (int r = 0; r < options_.replicas; ++r) {
+      auto it = members_.find({SHARD, s, r});
+      if (it != members_.end() && it->second.alive()) continue;
+      absl::StrAppend(&out, out.empty() ? "" : ", ", "shard ", s,
+                      options_.replicas > 1 ? absl::StrCat(" replica ", r) : "",
+                      it == members_.end() ? " (never registered)" : " (dead)");
+    }
+  }
+  for (int id = 0; id < options_.num_workers; ++id) {
+    auto it = members_.find({WORKER, id, 0});
+    if (it == members_.end() || !it->second.alive()) {
+      absl::StrAppend(&out, out.empty() ? "" : ", ", "worker rank ", id,
+                      it == members_.end() ? " (never registered)" : " (dead)");
     }
   }
   return out;
@@ -208,9 +291,16 @@ ClusterView ClusterState::ViewLocked() const {
   v.set_version(version_);
   v.set_num_shards(options_.num_shards);
   v.set_num_workers(options_.num_workers);
+  v.set_replicas(options_.replicas);
   for (int s = 0; s < options_.num_shards; ++s) {
-    auto it = members_.find({SHARD, s});
-    v.add_shard_addresses(it == members_.end() ? "" : it->second.address());
+    Chain* chain = v.add_chains();
+    chain->set_shard(s);
+    if (auto it = chains_.find(s); it != chains_.end()) *chain = it->second;
+    for (int32_t r : chain->replicas()) {
+      auto it = members_.find({SHARD, s, r});
+      chain->add_addresses(it == members_.end() ? "" : it->second.address());
+    }
+    v.add_shard_addresses(chain->addresses().empty() ? "" : chain->addresses(0));
   }
   int64_t global_step = -1;
   for (const auto& [key, m] : members_) {
@@ -239,6 +329,8 @@ void ClusterState::ChangedLocked() {
   state.set_version(version_);
   state.set_shard_map_version(shard_map_version_);
   for (const auto& [key, m] : members_) *state.add_members() = m;
+  for (const auto& [shard, chain] : chains_) *state.add_chains() = chain;
+  for (int32_t shard : formed_) state.add_formed_chains(shard);
   switches_.Save(&state);
   options_.on_change(state);
 }
@@ -247,8 +339,9 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
   absl::MutexLock lock(&mu_);
   std::map<Key, Member> members;
   for (const Member& m : state.members()) {
-    if (!CheckId(m.role(), m.id()).ok()) continue;  // restarted with fewer shards or workers
-    Member& kept = members[{m.role(), m.id()}] = m;
+    // Restarted with fewer shards, workers or replicas.
+    if (!CheckId(m.role(), m.id(), m.replica()).ok()) continue;
+    Member& kept = members[{m.role(), m.id(), m.replica()}] = m;
     kept.set_alive(true);
     // A grace before the first liveness verdict: members reconnect with backoff (up to
     // 1 s) after our restart. Without it a live member is declared dead and must come back
@@ -258,6 +351,21 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
   }
   if (absl::Status s = switches_.Restore(state); !s.ok()) return s;
   members_ = std::move(members);
+  chains_.clear();
+  formed_.clear();
+  for (const Chain& c : state.chains()) {
+    if (c.shard() < 0 || c.shard() >= options_.num_shards) continue;
+    Chain& kept = chains_[c.shard()] = c;
+    kept.clear_addresses();
+  }
+  for (int32_t shard : state.formed_chains()) {
+    if (chains_.count(shard)) formed_.insert(shard);
+  }
+  // A state saved before chains existed (or with other counts): every shard's registered
+  // replicas form its chain again.
+  for (const auto& [key, m] : members_) {
+    if (m.role() == SHARD && !chains_.count(m.id())) JoinChainLocked(m);
+  }
   version_ = std::max(version_, state.version());
   shard_map_version_ = std::max<int64_t>(1, state.shard_map_version());
   ChangedLocked();

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,7 @@ namespace pscluster::coord {
 struct ClusterStateOptions {
   int num_shards = 1;                                   // expected shards: ids [0, num_shards)
   int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
+  int replicas = 1;  // copies of each shard, in a chain (proto Chain): replicas [0, replicas)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
   TrainingMode mode = PS;  // the starting mode; must pass ValidateMode (main checks)
   // Called (under the lock, so in order) with the state to persist after every change of
@@ -34,9 +37,13 @@ class ClusterState {
   explicit ClusterState(
       ClusterStateOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
 
-  // INVALID_ARGUMENT for an id outside the expected range or a shard without an address;
-  // ALREADY_EXISTS when a live member holds the id at another address (a duplicate rank).
-  // Re-registering from the same address (a restart) gets a new incarnation.
+  // INVALID_ARGUMENT for an id (or replica) outside the expected range or a shard without
+  // an address; ALREADY_EXISTS when a live member holds the id at another address (a
+  // duplicate rank). Re-registering from the same address (a restart) gets a new
+  // incarnation. A shard replica joins its chain while the chain forms (until it first has
+  // --replicas members) or when the chain has no live member left (a new generation);
+  // otherwise it waits outside it (a replica that registers again lost its state, and
+  // leaves the chain if it was in it).
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
   // NOT_FOUND for a member that never registered; FAILED_PRECONDITION for an old
   // incarnation (that process was replaced). Revives a member declared dead.
@@ -53,7 +60,9 @@ class ClusterState {
   absl::StatusOr<PollSwitchResponse> PollSwitch(const PollSwitchRequest& request);
   absl::StatusOr<ReportSwitchResponse> ReportSwitch(const ReportSwitchRequest& request);
 
-  // Declares dead every member silent for longer than the timeout; true if any was.
+  // Declares dead every member silent for longer than the timeout, and takes dead shard
+  // replicas out of their chains (but the last: the chain then waits for a new
+  // generation); true if any was.
   bool CheckLiveness();
 
   ClusterView View() const;
@@ -72,9 +81,14 @@ class ClusterState {
   void Shutdown();
 
  private:
-  using Key = std::pair<int, int32_t>;  // (role, id)
-  absl::Status CheckId(Role role, int32_t id) const;
-  Member* FindLocked(Role role, int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  using Key = std::tuple<int, int32_t, int32_t>;  // (role, id, replica)
+  absl::Status CheckId(Role role, int32_t id, int32_t replica = 0) const;
+  Member* FindLocked(Role role, int32_t id, int32_t replica = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Chain changes (see Register and CheckLiveness); each bumps the chain's epoch.
+  void JoinChainLocked(const Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LeaveChainLocked(const Member& m, bool keep_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ChainAliveLocked(int32_t shard) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The worker, or NOT_FOUND when `rank` is not registered with `incarnation`.
   absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -91,6 +105,10 @@ class ClusterState {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t shard_map_version_ ABSL_GUARDED_BY(mu_) = 1;  // version of the last address change
   std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
+  // By shard id: the chain (its addresses are filled in by ViewLocked), and whether it has
+  // had --replicas members once (formed: later registrations wait outside it).
+  std::map<int32_t, Chain> chains_ ABSL_GUARDED_BY(mu_);
+  std::set<int32_t> formed_ ABSL_GUARDED_BY(mu_);
   SwitchSchedule switches_ ABSL_GUARDED_BY(mu_);
 };
 

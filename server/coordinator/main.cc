@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
 #include "common/graceful_shutdown.h"
@@ -33,6 +34,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for eve
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
 ABSL_FLAG(int, num_shards, 1, "Parameter-server shards the cluster has.");
 ABSL_FLAG(int, num_workers, 1, "Workers the cluster has (0: none built in; clients train).");
+ABSL_FLAG(int, replicas, 1,
+          "Copies of each shard (1-3), chain-replicated: start each shard's ps_server "
+          "--replica=0..R-1; a dead replica is taken out of its chain and training goes on.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 5000, "A member silent this long is declared dead.");
 ABSL_FLAG(std::string, data_dir, "",
           "Cluster checkpoints: the manifest is kept here (reloaded on restart). Without it, "
@@ -88,17 +92,30 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
     bool was_alive = false;
     int64_t was_incarnation = 0;
     for (const auto& b : before.members()) {
-      if (b.role() == m.role() && b.id() == m.id()) {
+      if (b.role() == m.role() && b.id() == m.id() && b.replica() == m.replica()) {
         was_alive = b.alive();
         was_incarnation = b.incarnation();
       }
     }
     if (m.alive() != was_alive || m.incarnation() != was_incarnation) {
-      std::printf("ps_coordinator: %s %d %s (incarnation %lld, %s)\n",
+      std::printf("ps_coordinator: %s %d%s %s (incarnation %lld, %s)\n",
                   m.role() == pscluster::coord::SHARD ? "shard" : "worker", m.id(),
+                  after.replicas() > 1 && m.role() == pscluster::coord::SHARD
+                      ? absl::StrCat(" replica ", m.replica()).c_str()
+                      : "",
                   m.alive() ? "alive" : "DEAD", static_cast<long long>(m.incarnation()),
                   m.address().c_str());
     }
+  }
+  for (const auto& chain : after.chains()) {
+    if (after.replicas() == 1 || chain.shard() >= before.chains_size() ||
+        before.chains(chain.shard()).epoch() == chain.epoch()) {
+      continue;
+    }
+    std::printf("ps_coordinator: shard %d chain epoch %lld (generation %lld): %s\n",
+                chain.shard(), static_cast<long long>(chain.epoch()),
+                static_cast<long long>(chain.generation()),
+                absl::StrJoin(chain.addresses(), " -> ").c_str());
   }
   PrintSwitches(before, after);
   std::fflush(stdout);
@@ -111,6 +128,11 @@ absl::StatusOr<pscluster::coord::ClusterStateOptions> MembershipFromFlags() {
   pscluster::coord::ClusterStateOptions options;
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.replicas = absl::GetFlag(FLAGS_replicas);
+  if (options.replicas < 1 || options.replicas > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replicas must be 1, 2 or 3, got ", options.replicas));
+  }
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   // 0 shards: collective modes only. 0 workers: no built-in workers (clients such as the
   // Python one train through the shards); the cluster is complete once the shards are.
@@ -259,8 +281,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
   std::printf(
-      "ps_coordinator listening on %s:%d (expecting %d shard(s), %d worker(s); mode %s; %s)\n",
-      absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->num_workers,
+      "ps_coordinator listening on %s:%d (expecting %d shard(s) x %d replica(s), %d worker(s); "
+      "mode %s; %s)\n",
+      absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->replicas,
+      options->num_workers,
       pscluster::coord::ModeName(options->mode), security->Describe().c_str());
   std::fflush(stdout);
 

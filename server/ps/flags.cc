@@ -13,6 +13,10 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for eve
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
 ABSL_FLAG(uint32_t, shard_id, 0, "This shard's index, in [0, num_shards).");
 ABSL_FLAG(uint32_t, num_shards, 1, "Number of shards in the cluster.");
+ABSL_FLAG(int, replica, 0,
+          "Which copy of the shard this is, in [0, ps_coordinator --replicas): the coordinator "
+          "chains the copies (chain replication). Replica R > 0 keeps its snapshots under "
+          "--data_dir/replica-R.");
 ABSL_FLAG(int, threads, 64,
           "Most RPC handler threads. Pulls waiting on BSP/SSP hold one each, so keep it above "
           "the number of workers times the tables they pull at once.");
@@ -99,6 +103,18 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   f.snapshots.test_delay_per_block =
       absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
+  f.replica = absl::GetFlag(FLAGS_replica);
+  if (f.replica < 0 || f.replica > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replica=", f.replica, " must be 0, 1 or 2 (ps_coordinator --replicas <= 3)"));
+  }
+  if (f.replica > 0 && f.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--replica > 0 needs --coordinator: the coordinator chains the replicas");
+  }
+  if (f.replica > 0 && !f.snapshots.root.empty()) {
+    f.snapshots.root = absl::StrCat(f.snapshots.root, "/replica-", f.replica);
+  }
   f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   f.advertise_port = absl::GetFlag(FLAGS_advertise_port);
   if (f.advertise_port < 0 || f.advertise_port > 65535) {

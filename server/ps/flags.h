@@ -19,6 +19,7 @@ struct ServerFlags {
   SnapshotterOptions snapshots;  // snapshots.root empty: no snapshots (--data_dir)
   std::string restore;           // "", "latest" or a step
   std::string coordinator;       // ps_coordinator address, or empty
+  int replica = 0;               // which copy of the shard (chain replication)
   std::string advertise_host;    // the host workers reach this shard at
   int advertise_port = 0;        // and the port (0: the one it listens on)
 };

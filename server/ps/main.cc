@@ -8,6 +8,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -94,21 +95,82 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   return server;
 }
 
-// With --coordinator: registered and heartbeating (null without one).
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f,
-                                                            const pscluster::Security& security,
-                                                            int port) {
+// This replica's place in the view's chain of its shard.
+ChainConfig ChainOf(const coord::ClusterView& view, uint32_t shard) {
+  ChainConfig c;
+  if (static_cast<int>(shard) >= view.chains_size()) return c;
+  const coord::Chain& chain = view.chains(shard);
+  c.epoch = chain.epoch();
+  c.replicas.assign(chain.replicas().begin(), chain.replicas().end());
+  c.addresses.assign(chain.addresses().begin(), chain.addresses().end());
+  c.formed = chain.replicas_size() == view.replicas() || chain.generation() > 0;
+  return c;
+}
+
+// With --coordinator: registered and heartbeating (null without one). When the coordinator
+// keeps several replicas of each shard, *chain follows this shard's chain (its lease renewed
+// by every heartbeat answered, the chain asked for again whenever the view changed).
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
+    const ServerFlags& f, const pscluster::Security& security, int port,
+    ParameterServerService* service, std::unique_ptr<Replicator>* chain) {
   if (f.coordinator.empty()) return nullptr;
   CoordinatorClientOptions co;
   co.coordinator = f.coordinator;
   co.security = security;
   co.role = coord::SHARD;
   co.id = static_cast<int32_t>(f.shard.shard_id);
+  co.replica = f.replica;
   co.address = absl::StrCat(f.advertise_host, ":", f.advertise_port > 0 ? f.advertise_port : port);
+  // Set once the chain exists (the heartbeat thread starts inside Register).
+  auto follow = std::make_shared<std::atomic<Replicator*>>(nullptr);
+  auto seen = std::make_shared<std::atomic<int64_t>>(0);
+  auto client = std::make_shared<std::atomic<CoordinatorClient*>>(nullptr);
+  auto refresh = [follow, client, shard = f.shard.shard_id] {
+    Replicator* r = follow->load();
+    CoordinatorClient* c = client->load();
+    if (r == nullptr || c == nullptr) return;
+    auto view = c->AwaitView(0, false, absl::Seconds(2));
+    if (view.ok()) r->Update(ChainOf(*view, shard));
+  };
+  co.on_heartbeat = [follow, seen, refresh](int64_t version, absl::Time sent) {
+    Replicator* r = follow->load();
+    if (r == nullptr) return;
+    r->Renew(sent);
+    if (seen->exchange(version) != version) refresh();
+  };
   ASSIGN_OR_RETURN(auto coordinator, CoordinatorClient::Register(co));
   std::printf("ps_server: registered with the coordinator at %s as %s\n", f.coordinator.c_str(),
               co.address.c_str());
   std::fflush(stdout);
+  ASSIGN_OR_RETURN(coord::ClusterView view,
+                   coordinator->AwaitView(0, false, absl::Seconds(10)));
+  if (view.replicas() > 1) {
+    ReplicatorOptions ro;
+    ro.shard_id = f.shard.shard_id;
+    ro.replica = f.replica;
+    // Under the coordinator's liveness timeout, so this head stops serving before the
+    // coordinator could have replaced it.
+    ro.lease = coordinator->heartbeat_timeout() * 3 / 4;
+    ro.max_message_bytes = MaxMessageBytes(f.service);
+    ro.security = security;
+    ro.refresh = refresh;
+    *chain = std::make_unique<Replicator>(
+        ro, [service](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
+          return service->ApplyReplicated(u, chunks);
+        });
+    (*chain)->Renew(absl::Now() - absl::Milliseconds(100));  // Register just answered
+    (*chain)->Update(ChainOf(view, f.shard.shard_id));
+    client->store(coordinator.get());
+    follow->store(chain->get());
+    service->SetReplicator(chain->get());
+    std::printf("ps_server: shard %u replica %d of %d, chain-replicated\n", f.shard.shard_id,
+                f.replica, view.replicas());
+    std::fflush(stdout);
+  } else if (f.replica > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replica=", f.replica, " but the coordinator keeps one copy of each shard "
+        "(start it with --replicas=", f.replica + 1, " or more)"));
+  }
   return coordinator;
 }
 
@@ -153,7 +215,8 @@ int main(int argc, char** argv) {
   std::printf("ps_server shard %u/%u listening on %s:%d (%s)\n", flags->shard.shard_id,
               flags->shard.num_shards, flags->host.c_str(), port, security->Describe().c_str());
   std::fflush(stdout);
-  auto coordinator = Register(*flags, *security, port);
+  std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
+  auto coordinator = Register(*flags, *security, port, &service, &chain);
   if (!coordinator.ok()) return Fail(coordinator.status());
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE

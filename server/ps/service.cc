@@ -135,35 +135,118 @@ absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) cons
   return std::min(answer_by, now + options_.max_wait);
 }
 
-grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext*,
+absl::Status ParameterServerService::CheckServing() const {
+  Replicator* chain = replicator_.load();
+  return chain == nullptr ? absl::OkStatus() : chain->CheckHead();
+}
+
+absl::Status ParameterServerService::Write(const grpc::ServerContext* ctx,
+                                           const std::function<void(ReplicatedUpdate*)>& describe,
+                                           std::vector<std::string>* chunks,
+                                           const std::function<absl::Status()>& apply) {
+  Replicator* chain = replicator_.load();
+  if (chain == nullptr) return apply();
+  RETURN_IF_ERROR(chain->CheckHead());
+  ReplicatedUpdate update;
+  describe(&update);
+  return chain->Write(RequestId(ctx), std::move(update), chunks, apply);
+}
+
+grpc::Status ParameterServerService::Replicate(grpc::ServerContext* ctx,
+                                               grpc::ServerReader<ReplicatedUpdate>* reader,
+                                               ReplicateResponse*) {
+  Scope scope(this);
+  Replicator* chain = replicator_.load();
+  if (chain == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this shard is not replicated (ps_coordinator --replicas=1, or not registered yet)"));
+  }
+  return chain->Receive(ctx, reader);
+}
+
+absl::Status ParameterServerService::ApplyReplicated(const ReplicatedUpdate& u,
+                                                     std::vector<std::string>* chunks) {
+  switch (u.update_case()) {
+    case ReplicatedUpdate::kRegisterWorker:
+      shard_->RegisterWorker(u.register_worker().worker_id());
+      return absl::OkStatus();
+    case ReplicatedUpdate::kUnregisterWorker:
+      shard_->UnregisterWorker(u.unregister_worker().worker_id());
+      return absl::OkStatus();
+    case ReplicatedUpdate::kCreateTable:
+      return shard_->CreateTable(u.create_table().spec()).status();
+    case ReplicatedUpdate::kPushDense: {
+      PushDenseResponse resp;
+      if (!u.stream()) return PushDenseChunk(u.push_dense(), &resp);
+      std::vector<std::string> buffers;
+      if (!u.push_dense().data().empty()) buffers.push_back(u.push_dense().data());
+      for (std::string& c : *chunks) buffers.push_back(std::move(c));
+      absl::Status s = PushStreamed(u.push_dense(), buffers, DenseTable::Scanned::kNo, &resp);
+      // Handed on down the chain next: give the bytes back.
+      chunks->clear();
+      for (size_t i = u.push_dense().data().empty() ? 0 : 1; i < buffers.size(); ++i) {
+        chunks->push_back(std::move(buffers[i]));
+      }
+      return s;
+    }
+    case ReplicatedUpdate::kPushDenseBatch: {
+      PushDenseBatchResponse resp;
+      return PushBatch(u.push_dense_batch(), &resp);
+    }
+    case ReplicatedUpdate::kPushSparse: {
+      PushSparseResponse resp;
+      return PushSparseRows(u.push_sparse(), &resp);
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("Replicate: update kind ", static_cast<int>(u.update_case()), " is unknown"));
+  }
+}
+
+grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext* ctx,
                                                     const RegisterWorkerRequest* req,
                                                     RegisterWorkerResponse* resp) {
   Scope scope(this);
   if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
-  *resp = shard_->RegisterWorker(req->worker_id());
-  return grpc::Status::OK;
+  absl::Status written = Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = *req; }, nullptr, [&] {
+        *resp = shard_->RegisterWorker(req->worker_id());
+        return absl::OkStatus();
+      });
+  if (written.ok() && resp->num_shards() == 0) {  // a retry the chain had applied already
+    resp->set_shard_id(shard_->options().shard_id);
+    resp->set_num_shards(shard_->options().num_shards);
+  }
+  return ToGrpcStatus(written);
 }
 
-grpc::Status ParameterServerService::UnregisterWorker(grpc::ServerContext*,
+grpc::Status ParameterServerService::UnregisterWorker(grpc::ServerContext* ctx,
                                                       const UnregisterWorkerRequest* req,
                                                       UnregisterWorkerResponse* resp) {
   Scope scope(this);
   if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
-  *resp = shard_->UnregisterWorker(req->worker_id());
+  absl::Status written = Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = *req; }, nullptr, [&] {
+        *resp = shard_->UnregisterWorker(req->worker_id());
+        return absl::OkStatus();
+      });
+  if (!written.ok()) return ToGrpcStatus(written);
   std::printf("ps_server: worker %d unregistered (%s)\n", req->worker_id(),
               resp->was_registered() ? "it was registered" : "it was not registered");
   std::fflush(stdout);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
+grpc::Status ParameterServerService::CreateTable(grpc::ServerContext* ctx,
                                                  const CreateTableRequest* req,
                                                  CreateTableResponse* resp) {
   Scope scope(this);
-  auto r = shard_->CreateTable(req->spec());
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ToGrpcStatus(Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_create_table() = *req; }, nullptr,
+      [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(*resp, shard_->CreateTable(req->spec()));
+        return absl::OkStatus();
+      }));
 }
 
 grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
@@ -179,6 +262,7 @@ grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
 absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::ServerContext* ctx,
                                                                 const PullDenseRequest& req,
                                                                 uint64_t* length) {
+  RETURN_IF_ERROR(CheckServing());
   RETURN_IF_ERROR(CheckStep(req.step()));
   auto table = shard_->GetDense(req.table_id(), req.worker_id());
   if (!table.ok()) return table.status();
@@ -255,12 +339,14 @@ absl::Status ParameterServerService::PullBatch(
   return absl::OkStatus();
 }
 
-grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext*, const DenseBatch* req,
+grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
                                                     PushDenseBatchResponse* resp) {
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(PayloadBytes(*req));
-  return ToGrpcStatus(PushBatch(*req, resp));
+  return ToGrpcStatus(Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = *req; }, nullptr,
+      [&] { return PushBatch(*req, resp); }));
 }
 
 // A step's push and the next step's pull in one round trip: push the batch, then wait (as a
@@ -271,7 +357,12 @@ grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(PayloadBytes(*req));  // then the pulled chunks (PullBatch)
   PushDenseBatchResponse pushed;
-  if (absl::Status s = PushBatch(*req, &pushed); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Write(
+          ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = *req; }, nullptr,
+          [&] { return PushBatch(*req, &pushed); });
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
   for (const DenseChunk& c : req->chunks()) {
     PullDenseRequest* p = pulls.Add();
@@ -384,31 +475,39 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::PushDense(grpc::ServerContext*, const DenseChunk* req,
+grpc::Status ParameterServerService::PushDense(grpc::ServerContext* ctx, const DenseChunk* req,
                                                PushDenseResponse* resp) {
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(req->data().size());  // already received: counted, never refused
-  if (absl::Status s = CheckFloatBytes(req->data(), "data"); !s.ok()) return ToGrpcStatus(s);
-  if (req->data().size() > options_.max_chunk_bytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "the push carries ", req->data().size(), " bytes; the unary limit is ",
-        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); use PushDenseStream")));
-  }
-  auto table = shard_->GetDense(req->table_id(), req->worker_id());
-  if (!table.ok()) return ToGrpcStatus(table.status());
-  bool skipped = false;
-  absl::Status s = (*table)->Push(req->worker_id(), req->step(), req->offset(),
-                                  {AsFloats(req->data())}, &skipped);
-  resp->set_values_received(req->data().size() / sizeof(float));
-  resp->set_skipped_nonfinite(skipped);
-  return ToGrpcStatus(s);
+  return ToGrpcStatus(Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense() = *req; }, nullptr,
+      [&] { return PushDenseChunk(*req, resp); }));
 }
 
-grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
+absl::Status ParameterServerService::PushDenseChunk(const DenseChunk& chunk,
+                                                    PushDenseResponse* resp) {
+  const DenseChunk* req = &chunk;
+  RETURN_IF_ERROR(CheckFloatBytes(req->data(), "data"));
+  if (req->data().size() > options_.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the push carries ", req->data().size(), " bytes; the unary limit is ",
+        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); use PushDenseStream"));
+  }
+  ASSIGN_OR_RETURN(DenseTable * table, shard_->GetDense(req->table_id(), req->worker_id()));
+  bool skipped = false;
+  absl::Status s =
+      table->Push(req->worker_id(), req->step(), req->offset(), {AsFloats(req->data())}, &skipped);
+  resp->set_values_received(req->data().size() / sizeof(float));
+  resp->set_skipped_nonfinite(skipped);
+  return s;
+}
+
+grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
                                                      grpc::ServerReader<DenseChunk>* reader,
                                                      PushDenseResponse* resp) {
   Scope scope(this);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);  // before receiving
   DenseChunk first, chunk;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("push stream carried no chunks"));
@@ -481,20 +580,51 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext*,
                      " values (the client ended the stream early, or a chunk did not parse as a "
                      "DenseChunk); nothing was applied")));
   }
+  first.clear_data();  // its bytes are buffers[0]
+  return ToGrpcStatus(Write(
+      ctx,
+      [&](ReplicatedUpdate* u) {
+        *u->mutable_push_dense() = first;
+        u->set_stream(true);
+      },
+      &buffers,
+      [&] {
+        return PushStreamed(first, buffers,
+                            has_nonfinite ? DenseTable::Scanned::kHasNonFinite
+                                          : DenseTable::Scanned::kAllFinite,
+                            resp);
+      }));
+}
+
+absl::Status ParameterServerService::PushStreamed(const DenseChunk& first,
+                                                  const std::vector<std::string>& buffers,
+                                                  DenseTable::Scanned scanned,
+                                                  PushDenseResponse* resp) {
+  ASSIGN_OR_RETURN(DenseTable * table, shard_->GetDense(first.table_id(), first.worker_id()));
   std::vector<absl::Span<const float>> spans;
-  for (const std::string& b : buffers) spans.push_back(AsFloats(b));
+  uint64_t received = 0;
+  for (const std::string& b : buffers) {
+    RETURN_IF_ERROR(CheckFloatBytes(b, "data"));
+    spans.push_back(AsFloats(b));
+    received += spans.back().size();
+  }
+  if (received != first.total_length()) {
+    return absl::InvalidArgumentError(absl::StrCat("push stream holds ", received,
+                                                   " values, not total_length=",
+                                                   first.total_length()));
+  }
   bool skipped = false;
-  absl::Status s = (*table)->Push(
-      first.worker_id(), first.step(), first.begin(), spans, &skipped,
-      has_nonfinite ? DenseTable::Scanned::kHasNonFinite : DenseTable::Scanned::kAllFinite);
+  absl::Status s = table->Push(first.worker_id(), first.step(), first.begin(), spans, &skipped,
+                               scanned);
   resp->set_values_received(received);
   resp->set_skipped_nonfinite(skipped);
-  return ToGrpcStatus(s);
+  return s;
 }
 
 grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PullSparseResponse* resp) {
   Scope scope(this);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = CheckStep(req->step()); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
@@ -518,27 +648,34 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
       (*table)->Read(keys, absl::MakeSpan(reinterpret_cast<float*>(out->data()), values)));
 }
 
-grpc::Status ParameterServerService::PushSparse(grpc::ServerContext*, const SparseRequest* req,
+grpc::Status ParameterServerService::PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PushSparseResponse* resp) {
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(req->grads().size() + uint64_t{8} * req->keys_size());
-  if (absl::Status s = CheckFloatBytes(req->grads(), "grads"); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_sparse() = *req; }, nullptr,
+      [&] { return PushSparseRows(*req, resp); }));
+}
+
+absl::Status ParameterServerService::PushSparseRows(const SparseRequest& request,
+                                                    PushSparseResponse* resp) {
+  const SparseRequest* req = &request;
+  RETURN_IF_ERROR(CheckFloatBytes(req->grads(), "grads"));
   if (uint64_t bytes = req->grads().size() + uint64_t{8} * req->keys_size();
       bytes > options_.max_chunk_bytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+    return absl::ResourceExhaustedError(absl::StrCat(
         "the push carries ", bytes, " bytes of keys and gradients; the limit is ",
-        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); split the keys")));
+        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); split the keys"));
   }
-  auto table = shard_->GetSparse(req->table_id(), req->worker_id());
-  if (!table.ok()) return ToGrpcStatus(table.status());
+  ASSIGN_OR_RETURN(SparseTable * table, shard_->GetSparse(req->table_id(), req->worker_id()));
   bool skipped = false;
-  absl::Status s = (*table)->Push(req->worker_id(), req->step(),
-                                  absl::MakeConstSpan(req->keys().data(), req->keys_size()),
-                                  AsFloats(req->grads()), &skipped);
+  absl::Status s = table->Push(req->worker_id(), req->step(),
+                               absl::MakeConstSpan(req->keys().data(), req->keys_size()),
+                               AsFloats(req->grads()), &skipped);
   resp->set_rows_received(req->keys_size());
   resp->set_skipped_nonfinite(skipped);
-  return ToGrpcStatus(s);
+  return s;
 }
 
 }  // namespace pscluster::ps

@@ -12,6 +12,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
+#include "server/ps/replicator.h"
 #include "server/ps/request_budget.h"
 #include "server/ps/shard.h"
 #include "server/ps/snapshotter.h"
@@ -51,6 +52,11 @@ class ParameterServerService final : public ParameterServer::Service {
   InFlightCounter* in_flight() { return &in_flight_; }
   // The server's grpc.health.v1 service (null: none), NOT_SERVING while Restore runs.
   void SetHealth(grpc::HealthCheckServiceInterface* health) { health_ = health; }
+  // The shard's chain (ps_coordinator --replicas > 1; null: not replicated). From then on
+  // only the chain's head serves clients, and every update goes down the chain.
+  void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
+  // An update that came down the chain, applied as the head's handler applied it.
+  absl::Status ApplyReplicated(const ReplicatedUpdate& update, std::vector<std::string>* chunks);
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
                               RegisterWorkerResponse* resp) override;
@@ -92,9 +98,24 @@ class ParameterServerService final : public ParameterServer::Service {
                            grpc::ServerWriter<TableStateChunk>* writer) override;
   grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
                            ImportDenseResponse* resp) override;
+  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
+                         ReplicateResponse* resp) override;
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
+  // OK when this shard serves clients: not replicated, or the head of its chain.
+  absl::Status CheckServing() const;
+  // A client's update: apply() directly, or, replicated, on the head in the chain's order
+  // and then down the chain (describe fills in the update it sends).
+  absl::Status Write(const grpc::ServerContext* ctx,
+                     const std::function<void(ReplicatedUpdate*)>& describe,
+                     std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
+  // The handlers' updates, once their requests are checked (the chain applies them again).
+  absl::Status PushDenseChunk(const DenseChunk& chunk, PushDenseResponse* resp);
+  absl::Status PushSparseRows(const SparseRequest& req, PushSparseResponse* resp);
+  // A push stream's transfer: `first`'s header, the chunks' values in order.
+  absl::Status PushStreamed(const DenseChunk& first, const std::vector<std::string>& buffers,
+                            DenseTable::Scanned scanned, PushDenseResponse* resp);
   // Whether the client cancelled the call (or gave up on it): waits end early on it.
   static std::function<bool()> Cancelled(const grpc::ServerContext* ctx);
   // Validates a pull and waits for its consistency bound; returns the table and the
@@ -136,6 +157,7 @@ class ParameterServerService final : public ParameterServer::Service {
   Shard* const shard_;
   Snapshotter* const snapshotter_;
   std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
+  std::atomic<Replicator*> replicator_{nullptr};
   const ServiceOptions options_;
   BufferPool buffers_;
   RequestBudget budget_;

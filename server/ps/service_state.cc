@@ -54,6 +54,7 @@ grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const Sn
                                               SnapshotResponse* resp) {
   Scope scope(this);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);  // the head writes
   auto r = snapshotter_->Snapshot(*req, Deadline(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -87,6 +88,10 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
                                              RestoreResponse* resp) {
   InFlightCounter::Scope in_flight(&in_flight_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  if (Replicator* chain = replicator_.load(); chain != nullptr) {
+    if (absl::Status s = chain->CheckAlone("Restore"); !s.ok()) return ToGrpcStatus(s);
+  }
   if (req->step() < 0) {
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req->step())));
@@ -131,6 +136,7 @@ grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
                                                  const ExportDenseRequest* req,
                                                  grpc::ServerWriter<TableStateChunk>* writer) {
   Scope scope(this);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
   auto table = DenseForState(req->table_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   // The export holds a copy of the table's whole state (values and slots) until it is sent.
@@ -196,6 +202,10 @@ grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
                                                  grpc::ServerReader<TableStateChunk>* reader,
                                                  ImportDenseResponse* resp) {
   Scope scope(this);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  if (Replicator* chain = replicator_.load(); chain != nullptr) {
+    if (absl::Status s = chain->CheckAlone("ImportDense"); !s.ok()) return ToGrpcStatus(s);
+  }
   TableStateChunk first;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));

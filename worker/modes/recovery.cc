@@ -19,10 +19,28 @@ Mode RollbackMode(const coord::ClusterView& view, int64_t step) {
 
 std::string Generation(const coord::ClusterView& view) {
   std::string gen;
+  // A shard's state is lost only when its chain starts over (with one replica: whenever it
+  // restarts); a replica that fails or joins beside a live chain changes nothing.
+  for (const auto& chain : view.chains()) {
+    absl::StrAppend(&gen, "s", chain.shard(), ".", chain.generation(), "-");
+  }
   for (const auto& m : view.members()) {
-    absl::StrAppend(&gen, m.role() == coord::SHARD ? "s" : "w", m.id(), ".", m.incarnation(), "-");
+    if (m.role() == coord::WORKER) absl::StrAppend(&gen, "w", m.id(), ".", m.incarnation(), "-");
   }
   return gen;
+}
+
+bool ShardHolds(const coord::ClusterView& view, int32_t shard) {
+  if (shard < 0 || shard >= view.chains_size()) return false;
+  const coord::Chain& chain = view.chains(shard);
+  for (int32_t replica : chain.replicas()) {
+    for (const auto& m : view.members()) {
+      if (m.role() == coord::SHARD && m.id() == shard && m.replica() == replica && m.alive()) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 absl::StatusOr<int64_t> Trainer::Start() {
@@ -121,7 +139,10 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
     ASSIGN_OR_RETURN(coord::ClusterView v,
                      options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now()));
     for (const auto& m : v.members()) {  // name what failed, as the coordinator saw it
-      if (m.alive() || !named.insert({m.role(), m.id()}).second) continue;
+      if (m.alive() || (m.role() == coord::SHARD && ShardHolds(v, m.id())) ||
+          !named.insert({m.role(), m.id()}).second) {
+        continue;
+      }
       std::printf("worker %d: %s %d is down (its heartbeats stopped); waiting for a replacement\n",
                   options_.rank, m.role() == coord::SHARD ? "shard" : "worker rank", m.id());
       std::fflush(stdout);

@@ -72,6 +72,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   PsClientOptions co;
   co.shard_addresses = shards;
+  if (view_.replicas() > 1) {  // each shard's chain, head first: the client follows failovers
+    for (const coord::Chain& chain : view_.chains()) {
+      co.shard_replicas.emplace_back(chain.addresses().begin(), chain.addresses().end());
+    }
+  }
   co.worker_id = options_.rank;
   co.rpc_timeout = options_.rpc_timeout;
   co.security = options_.security;
@@ -95,7 +100,7 @@ absl::Status Trainer::CheckLiveness() const {
   auto now = options_.coordinator->AwaitView(0, false, absl::Seconds(2));
   if (!now.ok()) return absl::OkStatus();
   for (const auto& m : now->members()) {
-    if (!m.alive()) {
+    if (!m.alive() && (m.role() == coord::WORKER || !ShardHolds(*now, m.id()))) {
       return absl::UnavailableError(absl::StrCat(
           m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
           " is down (the coordinator saw its heartbeats stop)"));

@@ -184,8 +184,10 @@ class Trainer {
 // switch after it, so the replay reports the same hand-over as the first time.
 Mode RollbackMode(const coord::ClusterView& view, int64_t step);
 
-// The generation of a cluster view: every member's incarnation, so the workers of one
-// (re)formed cluster agree on names for their rendezvous.
+// The generation of a cluster view: every worker's incarnation and every shard chain's
+// generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
 std::string Generation(const coord::ClusterView& view);
+// Whether shard `shard`'s chain still has a live replica (its state is not lost).
+bool ShardHolds(const coord::ClusterView& view, int32_t shard);
 
 }  // namespace pscluster::modes

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -26,27 +28,43 @@ class ShardCalls {
  public:
   using Stub = ps::ParameterServer::Stub;
 
-  ShardCalls(const std::vector<std::string>& addresses, absl::Duration rpc_timeout,
+  // replicas[s]: shard s's copies, head first (one each when not replicated).
+  ShardCalls(const std::vector<std::vector<std::string>>& replicas, absl::Duration rpc_timeout,
              int max_message_bytes, absl::Duration wait_slice = absl::InfiniteDuration(),
              std::function<absl::Status()> wait_check = nullptr,
              const Security& security = Security())
-      : addresses_(addresses),
+      : replicas_(replicas),
         rpc_timeout_(rpc_timeout),
         wait_slice_(wait_slice),
         wait_check_(std::move(wait_check)),
-        pool_(addresses.size() - 1) {
+        current_(new std::atomic<int>[replicas.size()]),
+        pool_(replicas.size() - 1) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(max_message_bytes);
     args.SetMaxSendMessageSize(max_message_bytes);
-    for (const std::string& address : addresses_) {
-      stubs_.push_back(ps::ParameterServer::NewStub(security.Channel(address, args)));
+    for (size_t s = 0; s < replicas_.size(); ++s) {
+      current_[s] = 0;
+      stubs_.emplace_back();
+      for (const std::string& address : replicas_[s]) {
+        stubs_.back().push_back(ps::ParameterServer::NewStub(security.Channel(address, args)));
+      }
+      replicated_ |= replicas_[s].size() > 1;
     }
+    if (replicated_) request_prefix_ = absl::StrCat(absl::Hex(std::random_device()()), "-",
+                                                    absl::Hex(std::random_device()()), "-");
+  }
+  // One address per shard.
+  static std::vector<std::vector<std::string>> Single(const std::vector<std::string>& addresses) {
+    std::vector<std::vector<std::string>> out;
+    for (const std::string& a : addresses) out.push_back({a});
+    return out;
   }
 
   int size() const { return static_cast<int>(stubs_.size()); }
-  Stub* stub(int shard) const { return stubs_[shard].get(); }
+  // The replica of `shard` calls go to now (the head, as far as this client knows).
+  Stub* stub(int shard) const { return stubs_[shard][current_[shard].load()].get(); }
   std::string Name(int shard) const {
-    return absl::StrCat("shard ", shard, " (", addresses_[shard], ")");
+    return absl::StrCat("shard ", shard, " (", replicas_[shard][current_[shard].load()], ")");
   }
   // A context carrying the deadline, for streams.
   void SetDeadline(grpc::ClientContext* ctx) const {
@@ -64,19 +82,41 @@ class ShardCalls {
            s.error_message() == kThreadpoolExhausted;
   }
 
-  // attempt() makes one whole call (a context of its own, with the deadline). A call the
+  // attempt(ctx) makes one whole call with the context given (its deadline: `end`, or one
+  // `slice` from now if sooner; default end: the client-wide deadline from now). A call the
   // shard refused (Refused) is made again after a backoff, 1 ms doubling to 100 ms, up to
-  // `end` (default: the client-wide deadline from now): the shard is busy, not broken, and
-  // nothing was applied, so a multi-shard push does not end up on some shards only.
+  // `end`: the shard is busy, not broken, and nothing was applied, so a multi-shard push
+  // does not end up on some shards only. With replicas, a call the replica did not take
+  // (UNAVAILABLE: dead, cut off, or not the head of its chain) goes on to the next replica,
+  // with the same request id (metadata ps-request-id): a head that applied the call before
+  // it failed has handed it down the chain, and the next head answers the retry from that.
   template <typename Attempt>
-  grpc::Status Retrying(Attempt attempt, absl::Time end = absl::InfinitePast()) const {
+  grpc::Status Retrying(int shard, Attempt attempt, absl::Time end = absl::InfinitePast(),
+                        absl::Duration slice = absl::InfiniteDuration()) const {
     if (end == absl::InfinitePast()) end = absl::Now() + rpc_timeout_;
+    const std::string id = replicated_ ? absl::StrCat(request_prefix_, ++requests_) : "";
     absl::Duration backoff = absl::Milliseconds(1);
-    for (;;) {
-      grpc::Status s = attempt();
-      if (!Refused(s) || absl::Now() + backoff >= end) return s;
+    for (bool said = false;;) {
+      const int at = current_[shard].load();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + slice)));
+      if (!id.empty()) ctx.AddMetadata("ps-request-id", id);
+      grpc::Status s = attempt(&ctx);
+      const int n = static_cast<int>(replicas_[shard].size());
+      const bool failover = n > 1 && s.error_code() == grpc::StatusCode::UNAVAILABLE;
+      if ((!Refused(s) && !failover) || absl::Now() + backoff >= end) return s;
+      if (failover) {
+        int expected = at;
+        current_[shard].compare_exchange_strong(expected, (at + 1) % n);
+        if (!said) {
+          std::fprintf(stderr, "shard %d: replica %s did not take the call (%s); trying %s\n",
+                       shard, replicas_[shard][at].c_str(), s.error_message().c_str(),
+                       replicas_[shard][(at + 1) % n].c_str());
+          said = true;
+        }
+      }
       absl::SleepFor(backoff);
-      backoff = std::min(2 * backoff, absl::Milliseconds(100));
+      backoff = std::min(2 * backoff, absl::Milliseconds(failover ? 20 : 100));
     }
   }
 
@@ -85,10 +125,8 @@ class ShardCalls {
   absl::Status Unary(int shard,
                      grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
                      const Req& req, Resp* resp) const {
-    return Status(shard, Retrying([&] {
-                    grpc::ClientContext ctx;
-                    SetDeadline(&ctx);
-                    return (stubs_[shard].get()->*method)(&ctx, req, resp);
+    return Status(shard, Retrying(shard, [&](grpc::ClientContext* ctx) {
+                    return (stub(shard)->*method)(ctx, req, resp);
                   }));
   }
 
@@ -97,19 +135,15 @@ class ShardCalls {
   // error ends the wait with it (naming the shard and what the shard waited for), OK
   // repeats the call (pulls are idempotent), up to the client-wide deadline. The first
   // slice that runs out is said once on stderr, with what the shard waits for. A refused
-  // attempt (Refused) is made again, with the same n (Retrying, within the deadline).
+  // attempt (Refused), or one a replica did not take, is made again with the same n
+  // (Retrying, within the deadline).
   template <typename Attempt>
   absl::Status Waiting(int shard, Attempt attempt) const {
     const absl::Time end = absl::Now() + rpc_timeout_;
     for (int n = 0;; ++n) {
       grpc::Status s = Retrying(
-          [&] {
-            grpc::ClientContext ctx;
-            ctx.set_deadline(absl::ToChronoTime(
-                wait_check_ ? std::min(end, absl::Now() + wait_slice_) : end));
-            return attempt(&ctx, n);
-          },
-          end);
+          shard, [&](grpc::ClientContext* ctx) { return attempt(ctx, n); }, end,
+          wait_check_ ? wait_slice_ : absl::InfiniteDuration());
       if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || !wait_check_ ||
           absl::Now() >= end) {
         return Status(shard, s);
@@ -142,11 +176,15 @@ class ShardCalls {
   }
 
  private:
-  const std::vector<std::string> addresses_;
+  const std::vector<std::vector<std::string>> replicas_;
   const absl::Duration rpc_timeout_;
   const absl::Duration wait_slice_;
   const std::function<absl::Status()> wait_check_;
-  std::vector<std::unique_ptr<Stub>> stubs_;
+  std::vector<std::vector<std::unique_ptr<Stub>>> stubs_;
+  std::unique_ptr<std::atomic<int>[]> current_;  // by shard: the replica calls go to
+  bool replicated_ = false;
+  std::string request_prefix_;  // random per client: request ids unique across clients
+  mutable std::atomic<uint64_t> requests_{0};
   Executor pool_;  // the caller runs one shard's call itself
 };
 

@@ -1,0 +1,146 @@
+// Chain replication of one shard (ps_server --replica, ps_coordinator --replicas > 1).
+//
+// The coordinator owns the chain (proto Chain: the shard's replicas in order, numbered by
+// an epoch) and this replica follows it (Update). The head takes every client call; each
+// update it applies gets the next sequence number and goes down the chain (Write); every
+// other member applies the updates it receives in sequence order, hands them on, and
+// answers once the members after it have (Receive). The tail's answer travels back up, so
+// the client's call succeeds only once every member holds the update. All members apply
+// the same updates in the same order, so they hold bitwise the same state.
+//
+// Failures: a member that cannot reach its successor (dead, cut off, or of another epoch)
+// asks the coordinator for the chain again and retries, bounded by forward_timeout: once
+// the coordinator has taken a dead member out, the update reaches the new successor (who
+// skips what it already holds, by sequence number) or this member is the tail. A head
+// that dies before answering leaves its clients to retry on the next head with the same
+// request id (gRPC metadata ps-request-id), which answers from what the first call did
+// instead of applying it again.
+//
+// Reads: the head serves pulls, and only while its lease holds: a heartbeat answered by the
+// coordinator less than `lease` ago (well under the coordinator's liveness timeout), so a
+// head the coordinator may have replaced (cut off from it) stops serving before the new head
+// starts. A chain of one member needs no lease: the coordinator never removes the last.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/security.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace pscluster::ps {
+
+// This replica's place in its shard's chain, as the coordinator last said.
+struct ChainConfig {
+  int64_t epoch = 0;
+  std::vector<int32_t> replicas;   // head first
+  std::vector<std::string> addresses;
+  // The chain has had all its replicas once (or started over after losing them all): a
+  // head serves only then, so no update is acknowledged by a chain still being joined.
+  bool formed = false;
+};
+
+struct ReplicatorOptions {
+  uint32_t shard_id = 0;
+  int32_t replica = 0;
+  absl::Duration lease = absl::Seconds(3);            // see the file comment
+  absl::Duration forward_timeout = absl::Seconds(20);  // an update's trip down the chain
+  int max_message_bytes = 4 << 20;
+  size_t max_request_ids = 1 << 16;  // request ids remembered for retries after a failover
+  Security security;
+  // Asks the coordinator for the chain now (after a successor failed or spoke of a newer
+  // epoch); calls Update itself. Bounded; may be null.
+  std::function<void()> refresh;
+};
+
+class Replicator {
+ public:
+  // Applies one update that came down the chain (the first message and, for a stream, the
+  // later chunks' data), as the head applied it.
+  using Apply = std::function<absl::Status(const ReplicatedUpdate&, std::vector<std::string>*)>;
+
+  Replicator(ReplicatorOptions options, Apply apply);
+
+  void Update(const ChainConfig& config);
+  // A heartbeat sent at `sent` was answered: the lease runs from then.
+  void Renew(absl::Time sent);
+
+  // OK when this replica serves clients now: the head of its chain, its lease valid.
+  // Otherwise UNAVAILABLE naming the head (clients go there).
+  absl::Status CheckHead() const;
+  // Refused when the chain has more than this replica (Restore, ImportDense: a change of
+  // the whole state the chain does not carry yet).
+  absl::Status CheckAlone(absl::string_view what) const;
+
+  // A client's update on the head. `apply` runs in the chain's order (one at a time), then
+  // `update` (its payload; seq and epoch are set here) goes down the chain with `chunks`
+  // (a stream's later chunk data, moved out). A request id seen before skips `apply` and
+  // waits for the first call's update to be acknowledged; *duplicate says so.
+  absl::Status Write(const std::string& request_id, ReplicatedUpdate update,
+                     std::vector<std::string>* chunks, const std::function<absl::Status()>& apply,
+                     bool* duplicate = nullptr);
+
+  // The Replicate RPC.
+  grpc::Status Receive(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader);
+
+  // For tests and Stats: the last sequence number applied here.
+  uint64_t applied() const;
+
+ private:
+  struct Place {
+    int64_t epoch = 0;
+    bool in_chain = false, head = false;
+    size_t size = 0;
+    std::string successor, head_address;
+  };
+  Place PlaceLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Sends the update (seq set) to the successor until it answers OK or this replica is the
+  // tail, bounded by forward_timeout.
+  absl::Status Forward(ReplicatedUpdate update, std::vector<std::string>* chunks);
+  grpc::Status SendOnce(const std::string& successor, const ReplicatedUpdate& update,
+                        std::vector<std::string>* chunks, absl::Time deadline);
+  // seq applied here: remembered (with its request id) and, once handed on, done.
+  void AppliedLocked(uint64_t seq, const std::string& request_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Done(uint64_t seq);
+  bool DoneLocked(uint64_t seq) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Waits (bounded) until seq is done: the chain after this replica holds it.
+  absl::Status AwaitDone(uint64_t seq, absl::Time deadline);
+  ParameterServer::Stub* StubFor(const std::string& address);
+  std::string Name() const;
+
+  const ReplicatorOptions options_;
+  const Apply apply_;
+  absl::Mutex apply_mu_;  // held while an update is applied: one at a time, in seq order
+  mutable absl::Mutex mu_;
+  ChainConfig config_ ABSL_GUARDED_BY(mu_);
+  bool formed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;       // the last seq applied (all before it too)
+  uint64_t done_through_ ABSL_GUARDED_BY(mu_) = 0;  // every seq up to it is done
+  std::set<uint64_t> done_above_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint64_t> request_seq_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> request_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  absl::Mutex stubs_mu_;
+  std::map<std::string, std::unique_ptr<ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
+};
+
+// The request id of a client call (metadata ps-request-id; "" when absent).
+std::string RequestId(const grpc::ServerContext* ctx);
+inline constexpr char kRequestIdKey[] = "ps-request-id";
+
+}  // namespace pscluster::ps

@@ -1,0 +1,165 @@
+// Replicated shards with real processes: a coordinator with --replicas=2, 2 shards of 2
+// chain-replicated ps_server replicas each, and 2 workers training under BSP (synthetic data).
+// The head of a chain is killed with SIGKILL, or stopped past the liveness timeout and let go
+// again (a primary cut off, then reconnected), in the middle of training. Either way the
+// coordinator takes it out of its chain, the backup becomes the head, the workers' calls
+// follow it, and training goes on with no rollback: the final parameters are bitwise those
+// of an uninterrupted run, and of a run without replicas. A head that comes back holds no
+// authority: it refuses the pushes of clients that still know it as the head.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/ps.grpc.pb.h"
+#include "tests/fault_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using testing::Cluster;
+using testing::ClusterOptions;
+using testing::Field;
+using testing::kStepsPerEpoch;
+using testing::kWorkers;
+
+ClusterOptions Replicated(int replicas) {
+  ClusterOptions o;
+  o.replicas = replicas;
+  o.heartbeat_timeout_ms = 600;  // failover well within a second
+  return o;
+}
+
+std::unique_ptr<ps::ParameterServer::Stub> StubTo(const std::string& address) {
+  return ps::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// Pushes applied by a replica, summed over its tables (-1: no answer).
+int64_t PushesApplied(ps::ParameterServer::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ps::StatsResponse stats;
+  if (!stub->Stats(&ctx, ps::StatsRequest(), &stats).ok()) return -1;
+  int64_t pushes = 0;
+  for (const auto& t : stats.tables()) pushes += t.pushes();
+  return pushes;
+}
+
+// Waits (bounded) until `stub`'s replica has applied two more steps' pushes than at the
+// kill: the pause training took. Two steps, because updates in flight at the kill may
+// still arrive; one whole step is then applied after the failover.
+absl::Duration AwaitTrainingAgain(ps::ParameterServer::Stub* stub, int64_t tables,
+                                  absl::Time killed, int64_t at_kill) {
+  const int64_t target = at_kill + 2 * kWorkers * tables;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60); absl::Now() < give_up;) {
+    if (PushesApplied(stub) >= target) return absl::Now() - killed;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ADD_FAILURE() << "training did not go on within 60 s of the failover";
+  return absl::InfiniteDuration();
+}
+
+int64_t Tables(ps::ParameterServer::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ps::StatsResponse stats;
+  EXPECT_TRUE(stub->Stats(&ctx, ps::StatsRequest(), &stats).ok());
+  return stats.tables_size();
+}
+
+void ExpectNoRollbackAndSameParameters(const std::vector<std::string>& run,
+                                       const std::vector<std::string>& clean) {
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(run[r]);
+    EXPECT_EQ(Field(run[r], "rollbacks"), "[]") << "worker " << r << " rolled back";
+    EXPECT_EQ(Field(run[r], "param_crc32c"), Field(clean[r], "param_crc32c"))
+        << "the final parameters differ from the uninterrupted run's";
+    EXPECT_GT(std::stod(Field(run[r], "test_accuracy")), 0.9);
+  }
+}
+
+class ReplicationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    unreplicated_ = new std::vector<std::string>(
+        Cluster(::testing::TempDir() + "/unreplicated", Replicated(1)).Finish());
+  }
+  static void TearDownTestSuite() { delete unreplicated_; }
+  static std::vector<std::string>* unreplicated_;
+};
+std::vector<std::string>* ReplicationTest::unreplicated_ = nullptr;
+
+TEST_F(ReplicationTest, ReplicasChangeNothingInTheResult) {
+  std::vector<std::string> replicated =
+      Cluster(::testing::TempDir() + "/replicated", Replicated(2)).Finish();
+  ExpectNoRollbackAndSameParameters(replicated, *unreplicated_);
+}
+
+TEST_F(ReplicationTest, KilledHeadFailsOverWithoutRollbackAndEndsBitwiseAsIfUninterrupted) {
+  std::vector<std::string> run;
+  {
+    Cluster cluster(::testing::TempDir() + "/killed", Replicated(2));
+    ASSERT_TRUE(cluster.coordinator()
+                    .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
+                                 absl::Minutes(2))
+                    .ok());
+    auto survivor = StubTo(cluster.shard_address(1, 1));
+    const int64_t tables = Tables(survivor.get());
+    const int64_t at_kill = PushesApplied(survivor.get());
+    const absl::Time killed = absl::Now();
+    ASSERT_TRUE(cluster.shard(1, 0).Stop(SIGKILL, absl::Seconds(20)).ok());
+    const absl::Duration pause = AwaitTrainingAgain(survivor.get(), tables, killed, at_kill);
+    std::printf("failover pause: %.0f ms from the SIGKILL of shard 1's head to a whole step "
+                "applied by the new head (liveness timeout 600 ms)\n",
+                absl::ToDoubleMilliseconds(pause));
+    std::fflush(stdout);
+    run = cluster.Finish();
+  }
+  ExpectNoRollbackAndSameParameters(run, *unreplicated_);
+}
+
+TEST_F(ReplicationTest, HeadCutOffIsReplacedAndRefusesWritesWhenItComesBack) {
+  std::vector<std::string> run;
+  Cluster cluster(::testing::TempDir() + "/stopped", Replicated(2));
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
+                               absl::Minutes(2))
+                  .ok());
+  // Cut off (stopped) past the liveness timeout: the coordinator takes it out of the chain.
+  ASSERT_EQ(kill(cluster.shard(0, 0).pid(), SIGSTOP), 0);
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine("shard 0 replica 0 left its chain", absl::Seconds(30))
+                  .ok());
+  ASSERT_EQ(kill(cluster.shard(0, 0).pid(), SIGCONT), 0);
+  run = cluster.Finish();
+  ExpectNoRollbackAndSameParameters(run, *unreplicated_);
+
+  // A client that still takes the old head for the head: its push is refused, and neither
+  // replica applies it.
+  auto old_head = StubTo(cluster.shard_address(0, 0));
+  auto new_head = StubTo(cluster.shard_address(0, 1));
+  const int64_t before_old = PushesApplied(old_head.get()), before_new = PushesApplied(new_head.get());
+  ps::DenseBatch batch;
+  ps::DenseChunk* c = batch.add_chunks();
+  c->set_worker_id(0);
+  c->set_step(1 << 20);
+  c->set_table_id(0);
+  const float one = 1.0f;
+  c->set_data(&one, sizeof(one));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ps::PushDenseBatchResponse resp;
+  grpc::Status refused = old_head->PushDenseBatch(&ctx, batch, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("shard 0 replica 0"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(PushesApplied(old_head.get()), before_old);
+  EXPECT_EQ(PushesApplied(new_head.get()), before_new);
+}
+
+}  // namespace
+}  // namespace pscluster
