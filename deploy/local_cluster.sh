@@ -25,8 +25,8 @@
 # gets PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY and PSCLUSTER_TOKEN_FILE,
 # which pscluster.connect() uses.
 # --replicas R keeps R copies of every shard, chain-replicated: a replica that dies is
-# taken out of its chain by the coordinator and training goes on without a rollback (it
-# is not restarted: joining a live chain needs a state transfer, not there yet).
+# taken out of its chain by the coordinator and training goes on without a rollback; it
+# is restarted and joins its chain again by a state transfer from the chain's tail.
 # --workers 0 starts no built-in workers: a cluster for clients of your own (the Python
 # client, pscluster.torch). It serves until Ctrl-C, or, with --run, runs COMMAND (with
 # PSCLUSTER_COORDINATOR set to the coordinator's address) and stops when it exits, with
@@ -225,8 +225,17 @@ while ((remaining > 0)); do
     fi
     status=0; wait "${pids[$i]}" || status=$?
     pids[$i]=""
-    if [[ ${names[$i]} == shard* ]] && ((replicas > 1)); then
-      echo "== ${names[$i]} died (exit status $status); its chain goes on without it (not restarted)"
+    if [[ ${names[$i]} == shard* ]] && ((replicas > 1 && restarts < 3)); then
+      # Its chain went on without it; the restarted replica joins it again by a state
+      # transfer from the chain's tail, while training goes on.
+      name=${names[$i]} s=${name#shard}; s=${s%-r*} r=0
+      [[ $name == *-r* ]] && r=${name##*-r}
+      restarts=$((restarts + 1))
+      echo "== $name died (exit status $status); restarting it: it joins its chain again"
+      "$bin/server/ps/ps_server" --port=0 --shard_id="$s" --num_shards="$shards" --replica="$r" \
+        --coordinator="$coordinator" --data_dir="$out/checkpoints" \
+        --metrics_port="${metrics_ports[$i]}" ${sec[@]+"${sec[@]}"} >>"$out/$name.log" 2>&1 &
+      pids[$i]=$!
       continue
     fi
     if [[ ${names[$i]} == shard* ]] && ((restarts < 3)); then

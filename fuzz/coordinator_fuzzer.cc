@@ -25,6 +25,7 @@ struct Fixture {
               ClusterStateOptions o;
               o.num_shards = 2;
               o.num_workers = 2;
+              o.replicas = 2;  // chains: forming, failing over, joining
               o.heartbeat_timeout = absl::Seconds(5);
               o.on_change = [this](const CoordinatorState&) { ++changes; };
               return o;
@@ -68,7 +69,7 @@ const std::vector<Method<Fixture>>& Methods() {
       Unary("KvPut", &S::KvPut),               Unary("KvGet", &S::KvGet),
       Unary("SwitchMode", &S::SwitchMode),     Unary("PollSwitch", &S::PollSwitch),
       Unary("ReportSwitch", &S::ReportSwitch), Unary("Checkpoint", &S::Checkpoint),
-      {"tick", Tick},
+      {"tick", Tick},                          Unary("JoinChain", &S::JoinChain),
   };
   return *methods;
 }

@@ -147,16 +147,17 @@ void PsSeeds(const fs::path& out) {
 // Method numbers of coordinator_fuzzer.cc's table.
 enum CoordMethod : uint8_t {
   kCRegister, kHeartbeat, kProgress, kGetView, kKvPut, kKvGet, kSwitch, kPoll, kReportSwitch,
-  kCheckpoint, kTick
+  kCheckpoint, kTick, kJoinChain
 };
 
 void CoordinatorSeeds(const fs::path& out) {
   using namespace pscluster::coord;
   std::string s;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 4; ++i) {  // 2 shards x 2 replicas: the chains form
     RegisterRequest r;
     r.set_role(SHARD);
-    r.set_id(i);
+    r.set_id(i / 2);
+    r.set_replica(i % 2);
     r.set_address("shard" + std::to_string(i) + ":5000");
     AppendCall(&s, kCRegister, Bytes(r));
   }
@@ -210,6 +211,38 @@ void CoordinatorSeeds(const fs::path& out) {
   AppendCall(&s, kHeartbeat, Bytes(hb));
   AppendCall(&s, kCheckpoint, Bytes(CheckpointRequest()));
   Write(out / "coordinator" / "join_train_switch", s);
+
+  // A replica fails, registers again outside its chain, and joins it by state transfer.
+  std::string c;
+  for (int i = 0; i < 4; ++i) {
+    RegisterRequest r;
+    r.set_role(SHARD);
+    r.set_id(i / 2);
+    r.set_replica(i % 2);
+    r.set_address("shard" + std::to_string(i) + ":5000");
+    AppendCall(&c, kCRegister, Bytes(r));
+  }
+  HeartbeatRequest beat;
+  beat.set_role(SHARD);
+  beat.set_id(0);
+  beat.set_replica(0);
+  beat.set_incarnation(1);
+  AppendCall(&c, kTick, std::string(1, '\x10'));  // 4 s: no one is dead yet
+  AppendCall(&c, kHeartbeat, Bytes(beat));
+  AppendCall(&c, kTick, std::string(1, '\x10'));  // replica 1 of shard 0 is, and leaves
+  RegisterRequest again;
+  again.set_role(SHARD);
+  again.set_id(0);
+  again.set_replica(1);
+  again.set_address("shard1b:5000");
+  AppendCall(&c, kCRegister, Bytes(again));
+  JoinChainRequest join;
+  join.set_shard(0);
+  join.set_replica(1);
+  join.set_epoch(3);
+  AppendCall(&c, kJoinChain, Bytes(join));
+  AppendCall(&c, kGetView, Bytes(GetViewRequest()));
+  Write(out / "coordinator" / "replica_fails_and_joins", c);
 }
 
 void SnapshotSeeds(const fs::path& out) {

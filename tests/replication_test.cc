@@ -5,10 +5,13 @@
 // coordinator takes it out of its chain, the backup becomes the head, the workers' calls
 // follow it, and training goes on with no rollback: the final parameters are bitwise those
 // of an uninterrupted run, and of a run without replicas. A head that comes back holds no
-// authority: it refuses the pushes of clients that still know it as the head.
+// authority: it refuses the pushes of clients that still know it as the head, and joins the
+// chain again as its tail by a state transfer, as a replacement replica does; every replica
+// ends with bitwise the same state (Stats fingerprints).
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -63,6 +66,29 @@ absl::Duration AwaitTrainingAgain(ps::ParameterServer::Stub* stub, int64_t table
   return absl::InfiniteDuration();
 }
 
+// The replica's fingerprint: a CRC of its whole state (0: no answer).
+uint32_t Fingerprint(ps::ParameterServer::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ps::StatsRequest req;
+  req.set_fingerprint(true);
+  ps::StatsResponse stats;
+  EXPECT_TRUE(stub->Stats(&ctx, req, &stats).ok());
+  return stats.fingerprint();
+}
+
+// Every replica of every shard holds bitwise the same state as its head.
+void ExpectReplicasEqual(Cluster& cluster, int replicas) {
+  for (int s = 0; s < testing::kShards; ++s) {
+    const uint32_t head = Fingerprint(StubTo(cluster.shard_address(s, 0)).get());
+    EXPECT_NE(head, 0u);
+    for (int r = 1; r < replicas; ++r) {
+      EXPECT_EQ(Fingerprint(StubTo(cluster.shard_address(s, r)).get()), head)
+          << "shard " << s << " replica " << r << " differs from replica 0";
+    }
+  }
+}
+
 int64_t Tables(ps::ParameterServer::Stub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -93,10 +119,42 @@ class ReplicationTest : public ::testing::Test {
 };
 std::vector<std::string>* ReplicationTest::unreplicated_ = nullptr;
 
-TEST_F(ReplicationTest, ReplicasChangeNothingInTheResult) {
-  std::vector<std::string> replicated =
-      Cluster(::testing::TempDir() + "/replicated", Replicated(2)).Finish();
-  ExpectNoRollbackAndSameParameters(replicated, *unreplicated_);
+TEST_F(ReplicationTest, ReplicasHoldTheSameStateAndChangeNothingInTheResult) {
+  for (int replicas : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
+    Cluster cluster(absl::StrCat(::testing::TempDir(), "/replicated", replicas),
+                    Replicated(replicas));
+    ExpectNoRollbackAndSameParameters(cluster.Finish(), *unreplicated_);
+    ExpectReplicasEqual(cluster, replicas);
+  }
+}
+
+// A backup killed mid-training is replaced: the new process joins the live chain by a state
+// transfer from its tail while the others train, and ends holding the same state.
+TEST_F(ReplicationTest, ReplacementReplicaJoinsByStateTransferWhileTrainingGoesOn) {
+  ClusterOptions options = Replicated(2);
+  options.epochs = 12;  // long enough that the join comes while the workers train
+  Cluster cluster(::testing::TempDir() + "/replaced", options);
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
+                               absl::Minutes(2))
+                  .ok());
+  ASSERT_TRUE(cluster.shard(1, 1).Stop(SIGKILL, absl::Seconds(20)).ok());
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine("shard 1 replica 1 left its chain", absl::Seconds(30))
+                  .ok());
+  cluster.StartShard(1, /*restore=*/false, 1);
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine("shard 1 replica 1 joined its chain", absl::Seconds(60))
+                  .ok());
+  EXPECT_FALSE(std::filesystem::exists(cluster.dir() + "/worker0.json"))
+      << "training ended before the replacement joined: the test shows nothing";
+  std::vector<std::string> run = cluster.Finish();
+  for (int r = 0; r < kWorkers; ++r) {  // (a longer run than the others: its own result)
+    EXPECT_EQ(Field(run[r], "rollbacks"), "[]") << run[r];
+    EXPECT_GT(std::stod(Field(run[r], "test_accuracy")), 0.9) << run[r];
+  }
+  ExpectReplicasEqual(cluster, 2);
 }
 
 TEST_F(ReplicationTest, KilledHeadFailsOverWithoutRollbackAndEndsBitwiseAsIfUninterrupted) {
@@ -137,6 +195,11 @@ TEST_F(ReplicationTest, HeadCutOffIsReplacedAndRefusesWritesWhenItComesBack) {
   ASSERT_EQ(kill(cluster.shard(0, 0).pid(), SIGCONT), 0);
   run = cluster.Finish();
   ExpectNoRollbackAndSameParameters(run, *unreplicated_);
+  // Back, it registered again and joined the chain as its tail, by a state transfer.
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine("shard 0 replica 0 joined its chain", absl::Seconds(60))
+                  .ok());
+  ExpectReplicasEqual(cluster, 2);
 
   // A client that still takes the old head for the head: its push is refused, and neither
   // replica applies it.

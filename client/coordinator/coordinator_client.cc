@@ -127,6 +127,18 @@ absl::Status CoordinatorClient::Reconnecting(const char* what, absl::Duration ti
   }
 }
 
+absl::StatusOr<int64_t> CoordinatorClient::JoinChain(int32_t replica, int64_t epoch) {
+  coord::JoinChainRequest req;
+  req.set_shard(options_.id);
+  req.set_replica(replica);
+  req.set_epoch(epoch);
+  coord::JoinChainResponse resp;
+  RETURN_IF_ERROR(Reconnecting("JoinChain", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->JoinChain(ctx, req, &resp);
+  }));
+  return resp.epoch();
+}
+
 absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_version, bool complete,
                                                                 absl::Duration timeout) {
   coord::GetViewRequest req;

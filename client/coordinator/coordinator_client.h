@@ -85,6 +85,10 @@ class CoordinatorClient {
   absl::StatusOr<coord::Checkpoint> Checkpoint(std::optional<double> metric,
                                                absl::Duration timeout);
 
+  // A chain's tail: replica `replica` of this shard holds the chain's state at `epoch` and
+  // every update since; it becomes the tail (JoinChain RPC). Returns the new epoch.
+  absl::StatusOr<int64_t> JoinChain(int32_t replica, int64_t epoch);
+
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
 

@@ -130,7 +130,10 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       return calls_.Unary(shard, &ps::ParameterServer::Stub::PushDenseBatch, batch, &resp);
     }
     // The push and the wait for step + 1 in one call; when the wait outlasts a slice the
-    // push is in (the shard pushes before it waits), so the later attempts only pull.
+    // push is in (the shard pushes before it waits), so the later attempts only pull. With
+    // replicas every attempt pushes again, under the call's one request id: the slice may
+    // have run out on a head cut off before the push reached it, and a head that has the
+    // push answers the repeat from it.
     ps::PullDenseBatchRequest again;
     for (const ps::DenseChunk& c : batch.chunks()) {
       ps::PullDenseRequest* p = again.add_pulls();
@@ -142,8 +145,9 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     }
     ps::DenseBatch resp;
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int n) {
-      return n == 0 ? calls_.stub(shard)->PushPullDenseBatch(ctx, batch, &resp)
-                    : calls_.stub(shard)->PullDenseBatch(ctx, again, &resp);
+      return n == 0 || calls_.replicated()
+                 ? calls_.stub(shard)->PushPullDenseBatch(ctx, batch, &resp)
+                 : calls_.stub(shard)->PullDenseBatch(ctx, again, &resp);
     }));
     return CopyBatch(shard, resp, order, tables, out);
   });

@@ -68,7 +68,7 @@ void ClusterState::JoinChainLocked(const Member& m) {
   }
   if (formed_.count(m.id()) && others_alive) {
     std::printf("coordinator: shard %d replica %d waits outside its chain (the chain holds "
-                "the state; joining it needs a state transfer)\n", m.id(), m.replica());
+                "the state; it joins by a state transfer from the tail)\n", m.id(), m.replica());
     std::fflush(stdout);
     return;
   }
@@ -237,6 +237,38 @@ absl::StatusOr<ReportSwitchResponse> ClusterState::ReportSwitch(const ReportSwit
   return response;
 }
 
+absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest& r) {
+  if (absl::Status s = CheckId(SHARD, r.shard(), r.replica()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Member* m = FindLocked(SHARD, r.shard(), r.replica());
+  auto it = chains_.find(r.shard());
+  if (m == nullptr || !m->alive() || it == chains_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", r.shard(), " replica ", r.replica(), " is not a live registered replica"));
+  }
+  Chain& chain = it->second;
+  if (chain.epoch() != r.epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", r.shard(), "'s chain is at epoch ", chain.epoch(), ", not ", r.epoch(),
+        ": it changed during the state transfer; start the transfer again"));
+  }
+  if (std::find(chain.replicas().begin(), chain.replicas().end(), r.replica()) !=
+      chain.replicas().end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", r.shard(), " replica ", r.replica(), " is in the chain already"));
+  }
+  chain.add_replicas(r.replica());
+  chain.set_epoch(chain.epoch() + 1);
+  std::printf("coordinator: shard %d replica %d joined its chain as the tail (epoch %lld, %d "
+              "replicas)\n", r.shard(), r.replica(), static_cast<long long>(chain.epoch()),
+              chain.replicas_size());
+  std::fflush(stdout);
+  ChangedLocked();
+  JoinChainResponse response;
+  response.set_epoch(chain.epoch());
+  return response;
+}
+
 bool ClusterState::CheckLiveness() {
   absl::MutexLock lock(&mu_);
   const int64_t cutoff = absl::ToUnixMillis(now_() - options_.heartbeat_timeout);
@@ -296,6 +328,7 @@ ClusterView ClusterState::ViewLocked() const {
     Chain* chain = v.add_chains();
     chain->set_shard(s);
     if (auto it = chains_.find(s); it != chains_.end()) *chain = it->second;
+    chain->set_formed(formed_.count(s) > 0);
     for (int32_t r : chain->replicas()) {
       auto it = members_.find({SHARD, s, r});
       chain->add_addresses(it == members_.end() ? "" : it->second.address());

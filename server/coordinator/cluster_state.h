@@ -60,6 +60,11 @@ class ClusterState {
   absl::StatusOr<PollSwitchResponse> PollSwitch(const PollSwitchRequest& request);
   absl::StatusOr<ReportSwitchResponse> ReportSwitch(const ReportSwitchRequest& request);
 
+  // A replica outside its shard's chain that now holds the chain's state (the tail's
+  // state transfer) becomes its tail: FAILED_PRECONDITION when the chain is no longer at
+  // request.epoch or the replica is not live and outside it. Returns the new epoch.
+  absl::StatusOr<JoinChainResponse> JoinChain(const JoinChainRequest& request);
+
   // Declares dead every member silent for longer than the timeout, and takes dead shard
   // replicas out of their chains (but the last: the chain then waits for a new
   // generation); true if any was.

@@ -33,6 +33,12 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext*, const RegisterRe
   return Answer([&] { return cluster_->Register(*req); }, resp);
 }
 
+grpc::Status CoordinatorService::JoinChain(grpc::ServerContext*, const JoinChainRequest* req,
+                                           JoinChainResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return cluster_->JoinChain(*req); }, resp);
+}
+
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
                                            HeartbeatResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);

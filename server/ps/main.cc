@@ -103,7 +103,7 @@ ChainConfig ChainOf(const coord::ClusterView& view, uint32_t shard) {
   c.epoch = chain.epoch();
   c.replicas.assign(chain.replicas().begin(), chain.replicas().end());
   c.addresses.assign(chain.addresses().begin(), chain.addresses().end());
-  c.formed = chain.replicas_size() == view.replicas() || chain.generation() > 0;
+  c.formed = chain.formed();
   return c;
 }
 
@@ -154,15 +154,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
     ro.max_message_bytes = MaxMessageBytes(f.service);
     ro.security = security;
     ro.refresh = refresh;
+    ro.address = co.address;
+    ro.shard = f.shard;
+    ro.serving = service->serving_mu();
+    CoordinatorClient* c = coordinator.get();
+    ro.append = [c](int32_t replica, int64_t epoch) { return c->JoinChain(replica, epoch); };
     *chain = std::make_unique<Replicator>(
-        ro, [service](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
+        ro,
+        [service](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
           return service->ApplyReplicated(u, chunks);
+        },
+        [service] { return service->CaptureState(); },
+        [service](std::unique_ptr<Shard> staged) {
+          return service->InstallState(std::move(staged));
         });
     (*chain)->Renew(absl::Now() - absl::Milliseconds(100));  // Register just answered
     (*chain)->Update(ChainOf(view, f.shard.shard_id));
     client->store(coordinator.get());
     follow->store(chain->get());
     service->SetReplicator(chain->get());
+    (*chain)->StartJoining();  // a replica outside its live chain (a replacement) joins it
     std::printf("ps_server: shard %u replica %d of %d, chain-replicated\n", f.shard.shard_id,
                 f.replica, view.replicas());
     std::fflush(stdout);

@@ -8,6 +8,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "server/ps/snapshot_store.h"
+#include "server/ps/snapshotter.h"
 
 namespace pscluster::ps {
 
@@ -17,8 +20,21 @@ std::string RequestId(const grpc::ServerContext* ctx) {
   return it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
 }
 
-Replicator::Replicator(ReplicatorOptions options, Apply apply)
-    : options_(std::move(options)), apply_(std::move(apply)) {}
+Replicator::Replicator(ReplicatorOptions options, Apply apply, Capture capture, Install install)
+    : options_(std::move(options)),
+      apply_(std::move(apply)),
+      capture_(std::move(capture)),
+      install_(std::move(install)),
+      serving_(options_.serving != nullptr ? options_.serving : &own_serving_) {}
+
+Replicator::~Replicator() {
+  stop_.Notify();
+  if (joiner_.joinable()) joiner_.join();
+}
+
+void Replicator::StartJoining() {
+  if (install_ != nullptr && !joiner_.joinable()) joiner_ = std::thread([this] { JoinLoop(); });
+}
 
 std::string Replicator::Name() const {
   return absl::StrCat("shard ", options_.shard_id, " replica ", options_.replica);
@@ -30,6 +46,7 @@ void Replicator::Update(const ChainConfig& config) {
   const Place before = PlaceLocked();
   config_ = config;
   formed_ |= config.formed;
+  if (learner_.replica >= 0 && learner_.epoch != config.epoch) learner_ = Learner();
   const Place now = PlaceLocked();
   if (before.head != now.head || before.in_chain != now.in_chain ||
       before.successor != now.successor) {
@@ -57,8 +74,15 @@ Replicator::Place Replicator::PlaceLocked() const {
     if (config_.replicas[i] != options_.replica) continue;
     p.in_chain = true;
     p.head = i == 0;
+    p.tail = i + 1 == config_.replicas.size();
     if (i + 1 < config_.addresses.size()) p.successor = config_.addresses[i + 1];
   }
+  if (p.tail && learner_.replica >= 0 && learner_.epoch == config_.epoch) {
+    p.successor = learner_.address;
+    p.to_learner = true;
+    p.learner = learner_.replica;
+  }
+  p.learning = !p.in_chain && learning_epoch_ >= 0 && learning_epoch_ == config_.epoch;
   return p;
 }
 
@@ -93,7 +117,7 @@ absl::Status Replicator::CheckHead() const {
 
 absl::Status Replicator::CheckAlone(absl::string_view what) const {
   absl::MutexLock lock(&mu_);
-  if (config_.replicas.size() <= 1) return absl::OkStatus();
+  if (config_.replicas.size() <= 1 && learner_.replica < 0) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       what, " is not replicated yet: ", Name(), " is in a chain of ", config_.replicas.size(),
       " replicas (ps_coordinator --replicas); it works on a chain of one"));
@@ -209,6 +233,7 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       absl::MutexLock lock(&mu_);
       p = PlaceLocked();
     }
+    if (p.learning) return absl::OkStatus();  // a joiner is the end of the line
     if (!p.in_chain) {
       return absl::UnavailableError(absl::StrCat(
           Name(), " was taken out of its chain (epoch ", p.epoch, ") before update ",
@@ -216,10 +241,15 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
     }
     if (p.successor.empty()) return absl::OkStatus();  // the tail
     update.set_epoch(p.epoch);
+    // A joiner may still be installing the state the updates queue behind: give it time.
     last = SendOnce(p.successor, update, chunks,
-                    std::min(deadline, absl::Now() + absl::Seconds(2)));
+                    p.to_learner ? deadline : std::min(deadline, absl::Now() + absl::Seconds(2)));
     last_to = p.successor;
     if (last.ok()) return absl::OkStatus();
+    if (p.to_learner) {  // a joiner that fails an update starts its join over
+      DropLearner(p.learner, p.epoch, last);
+      continue;
+    }
     if (absl::Now() >= deadline) break;
     if (!said) {
       std::fprintf(stderr, "ps_server: %s: update %llu not acknowledged by %s (%s); asking the "
@@ -279,10 +309,10 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
                                                  ", behind the update's ", update.epoch(),
                                                  "; retry once it has caught up"));
     }
-    if (!p.in_chain || p.head) {
+    if ((!p.in_chain && !p.learning) || p.head) {
       return absl::FailedPreconditionError(absl::StrCat(
           Name(), " takes no updates from another member in chain epoch ", p.epoch,
-          p.head ? " (it is the head)" : " (it is not in the chain)"));
+          p.head ? " (it is the head)" : " (it is not in the chain, nor joining it)"));
     }
     return absl::OkStatus();
   };
@@ -313,6 +343,7 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     }
   }
   {
+    absl::ReaderMutexLock serving(serving_);
     absl::MutexLock order(&apply_mu_);
     {
       absl::MutexLock lock(&mu_);
@@ -339,6 +370,235 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
   absl::Status s = Forward(std::move(update), &chunks);
   if (s.ok()) Done(seq);
   return ToGrpcStatus(s);
+}
+
+void Replicator::DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why) {
+  absl::MutexLock join(&join_mu_);  // not while JoinedChain appends it
+  if (options_.refresh) options_.refresh();  // appended meanwhile? then it is a successor
+  absl::MutexLock lock(&mu_);
+  if (learner_.replica != replica || learner_.epoch != epoch) return;
+  std::fprintf(stderr, "ps_server: %s: joining replica %d failed an update (%s); it starts over\n",
+               Name().c_str(), replica, why.error_message().c_str());
+  learner_ = Learner();
+}
+
+grpc::Status Replicator::TransferState(const TransferStateRequest* req,
+                                       grpc::ServerWriter<StateTransferChunk>* writer) {
+  if (capture_ == nullptr || !options_.append) {
+    return ToGrpcStatus(absl::FailedPreconditionError(Name() + " takes no joining replicas"));
+  }
+  if (req->replica() == options_.replica) {
+    return ToGrpcStatus(absl::InvalidArgumentError(Name() + ": a replica cannot join itself"));
+  }
+  // The state at a moment no BSP step is half pushed: between steps, while no update
+  // applies (the order lock), retried until such a moment comes.
+  State state;
+  StateTransferStart start;
+  const absl::Time give_up = absl::Now() + options_.forward_timeout;
+  for (absl::Status busy;;) {
+    {
+      absl::MutexLock order(&apply_mu_);
+      {
+        absl::MutexLock lock(&mu_);
+        const Place p = PlaceLocked();
+        if (!p.tail || req->epoch() != p.epoch) {
+          return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+              Name(), " is not the tail of chain epoch ", req->epoch(), " (it is at epoch ",
+              p.epoch, p.tail ? ", the tail" : ", not the tail", "): read the chain again")));
+        }
+      }
+      absl::StatusOr<State> captured = capture_();
+      if (captured.ok()) {
+        state = *std::move(captured);
+        absl::MutexLock lock(&mu_);
+        start.set_seq(applied_);
+        for (const std::string& id : request_order_) {
+          start.add_request_ids(id);
+          start.add_request_seqs(request_seq_[id]);
+        }
+        learner_ = {req->replica(), req->address(), config_.epoch};
+        break;
+      }
+      if (!absl::IsUnavailable(captured.status())) return ToGrpcStatus(captured.status());
+      busy = captured.status();
+    }
+    if (absl::Now() >= give_up) {
+      return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
+          Name(), ": no moment between steps to copy the state within ",
+          absl::FormatDuration(options_.forward_timeout), " (", busy.message(), ")")));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  for (int32_t w : state.workers) start.add_workers(w);
+  start.set_tables(state.images.size());
+  std::printf("ps_server: %s: handing replica %d the state at update %llu (%zu tables) and "
+              "every update from now on\n",
+              Name().c_str(), req->replica(), static_cast<unsigned long long>(start.seq()),
+              state.images.size());
+  std::fflush(stdout);
+  StateTransferChunk chunk;
+  *chunk.mutable_start() = std::move(start);
+  bool sent = writer->Write(chunk);
+  for (size_t i = 0; sent && i < state.images.size(); ++i) {
+    chunk.set_header(state.images[i]->header.SerializeAsString());
+    sent = writer->Write(chunk);
+    if (!sent) break;
+    absl::Status emitted = EmitBlocks(*state.images[i], [&](const std::string& block) {
+      chunk.set_block(block);
+      return writer->Write(chunk) ? absl::OkStatus()
+                                  : absl::UnavailableError("the joiner stopped reading");
+    });
+    sent = emitted.ok();
+  }
+  if (!sent) {
+    DropLearner(req->replica(), req->epoch(),
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "the state transfer broke off"));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the joiner stopped reading the state");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status Replicator::JoinedChain(const JoinedChainRequest* req, JoinedChainResponse* resp) {
+  absl::MutexLock join(&join_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (learner_.replica != req->replica() || learner_.epoch != req->epoch() ||
+        config_.epoch != req->epoch()) {
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+          Name(), " is not handing replica ", req->replica(), " the updates of chain epoch ",
+          req->epoch(), " (it failed one, or the chain changed): start the transfer again")));
+    }
+  }
+  absl::StatusOr<int64_t> epoch = options_.append(req->replica(), req->epoch());
+  if (!epoch.ok()) return ToGrpcStatus(epoch.status());
+  if (options_.refresh) options_.refresh();  // the joiner is the successor now
+  resp->set_epoch(*epoch);
+  return grpc::Status::OK;
+}
+
+void Replicator::JoinLoop() {
+  for (absl::Duration wait = absl::Milliseconds(100); !stop_.WaitForNotificationWithTimeout(wait);
+       wait = absl::Milliseconds(500)) {
+    ChainConfig c;
+    bool in_chain = false;
+    {
+      absl::MutexLock lock(&mu_);
+      c = config_;
+      in_chain = PlaceLocked().in_chain;
+      if (in_chain || c.addresses.empty() || !formed_) continue;
+    }
+    std::printf("ps_server: %s: outside its chain (epoch %lld); joining it from the tail, %s\n",
+                Name().c_str(), static_cast<long long>(c.epoch), c.addresses.back().c_str());
+    std::fflush(stdout);
+    absl::Status s = JoinOnce(c.addresses.back(), c.epoch);
+    {
+      absl::MutexLock lock(&mu_);
+      learning_epoch_ = -1;
+    }
+    if (s.ok()) {
+      std::printf("ps_server: %s: joined its chain\n", Name().c_str());
+    } else {
+      std::printf("ps_server: %s: joining failed (%s); trying again\n", Name().c_str(),
+                  std::string(s.message()).c_str());
+    }
+    std::fflush(stdout);
+    if (options_.refresh) options_.refresh();
+  }
+}
+
+absl::Status Replicator::JoinOnce(const std::string& tail, int64_t epoch) {
+  {
+    // What this replica held is no longer the chain's: updates handed to it from now on
+    // wait (in order) for the state they follow.
+    absl::MutexLock order(&apply_mu_);
+    absl::MutexLock lock(&mu_);
+    learning_epoch_ = epoch;
+    applied_ = done_through_ = 0;
+    done_above_.clear();
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.transfer_timeout));
+  TransferStateRequest req;
+  req.set_replica(options_.replica);
+  req.set_address(options_.address);
+  req.set_epoch(epoch);
+  auto reader = StubFor(tail)->TransferState(&ctx, req);
+  StateTransferChunk chunk;
+  if (!reader->Read(&chunk) || !chunk.has_start()) {
+    grpc::Status s = reader->Finish();
+    return absl::UnavailableError(absl::StrCat("the tail ", tail, " sent no state: ",
+                                               s.ok() ? "no start" : s.error_message()));
+  }
+  const StateTransferStart start = chunk.start();
+  auto staged = std::make_unique<Shard>(options_.shard);
+  ShardLoader loader(staged.get());
+  TableSnapshotHeader header;
+  uint64_t dense_at = 0;
+  uint32_t tables = 0;
+  auto table_done = [&]() -> absl::Status {
+    if (tables > 0 && header.spec().kind() == TableSpec::DENSE &&
+        dense_at != header.shard_end() - header.shard_begin()) {
+      return absl::DataLossError(absl::StrCat("state transfer: table ", header.spec().table_id(),
+                                              " came with ", dense_at, " of ",
+                                              header.shard_end() - header.shard_begin(), " values"));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status loaded;
+  while (loaded.ok() && reader->Read(&chunk)) {
+    if (chunk.has_header()) {
+      loaded = table_done();
+      if (!loaded.ok()) break;
+      if (!header.ParseFromString(chunk.header())) {
+        loaded = absl::DataLossError("state transfer: a table header does not parse");
+        break;
+      }
+      ++tables;
+      dense_at = 0;
+      loaded = loader.Header(header);
+    } else if (chunk.has_block() && tables > 0) {
+      loaded = VisitBlock(header, chunk.block().data(), chunk.block().size(), &dense_at, &loader,
+                          "state transfer");
+    } else {
+      loaded = absl::DataLossError("state transfer: a block before any table header");
+    }
+  }
+  if (!loaded.ok()) ctx.TryCancel();
+  grpc::Status finished = reader->Finish();
+  RETURN_IF_ERROR(loaded);
+  if (!finished.ok()) return FromGrpcStatus(finished, absl::StrCat("the tail ", tail));
+  RETURN_IF_ERROR(table_done());
+  if (tables != start.tables()) {
+    return absl::DataLossError(absl::StrCat("state transfer: ", tables, " of ", start.tables(),
+                                            " tables came"));
+  }
+  staged->RestoreWorkers({start.workers().begin(), start.workers().end()});
+  {
+    absl::WriterMutexLock serving(serving_);  // no call uses the tables meanwhile
+    absl::MutexLock order(&apply_mu_);
+    RETURN_IF_ERROR(install_(std::move(staged)));
+    absl::MutexLock lock(&mu_);
+    applied_ = done_through_ = start.seq();
+    done_above_.clear();
+    request_seq_.clear();
+    request_order_.clear();
+    for (int i = 0; i < start.request_ids_size() && i < start.request_seqs_size(); ++i) {
+      if (request_seq_.emplace(start.request_ids(i), start.request_seqs(i)).second) {
+        request_order_.push_back(start.request_ids(i));
+      }
+    }
+  }
+  std::printf("ps_server: %s: installed the state at update %llu (%u tables)\n", Name().c_str(),
+              static_cast<unsigned long long>(start.seq()), tables);
+  std::fflush(stdout);
+  grpc::ClientContext joined_ctx;
+  joined_ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.forward_timeout));
+  JoinedChainRequest joined;
+  joined.set_replica(options_.replica);
+  joined.set_epoch(epoch);
+  JoinedChainResponse resp;
+  return FromGrpcStatus(StubFor(tail)->JoinedChain(&joined_ctx, joined, &resp),
+                        absl::StrCat("the tail ", tail));
 }
 
 uint64_t Replicator::applied() const {

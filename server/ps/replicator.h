@@ -16,6 +16,15 @@
 // request id (gRPC metadata ps-request-id), which answers from what the first call did
 // instead of applying it again.
 //
+// Joining: a replica outside a live chain (a replacement, or a member taken out that came
+// back) asks the chain's tail for its state (TransferState). The tail copies its whole
+// state at a moment no BSP step is half pushed, from then on hands the joiner every update
+// as it would a successor, and streams the state; the joiner installs it, applies the
+// updates that queued meanwhile, and says so (JoinedChain); the tail then has the
+// coordinator append it as the new tail. Training goes on throughout; updates wait while
+// the state is in transit. Any change of the chain meanwhile, or an update the joiner
+// fails, starts the join over.
+//
 // Reads: the head serves pulls, and only while its lease holds: a heartbeat answered by the
 // coordinator less than `lease` ago (well under the coordinator's liveness timeout), so a
 // head the coordinator may have replaced (cut off from it) stops serving before the new head
@@ -31,6 +40,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -40,7 +50,10 @@
 #include "absl/time/time.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
+#include "absl/synchronization/notification.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/ps/shard.h"
+#include "server/ps/table.h"
 
 namespace pscluster::ps {
 
@@ -65,6 +78,16 @@ struct ReplicatorOptions {
   // Asks the coordinator for the chain now (after a successor failed or spoke of a newer
   // epoch); calls Update itself. Bounded; may be null.
   std::function<void()> refresh;
+  std::string address;  // where this replica serves (a joiner tells the tail)
+  ShardOptions shard;   // a joiner loads the tail's state into a shard of these options
+  // The tail: asks the coordinator to append a joiner that holds the chain's state and
+  // every update since (CoordinatorClient::JoinChain); the new epoch. Null: no joins.
+  std::function<absl::StatusOr<int64_t>(int32_t replica, int64_t epoch)> append;
+  absl::Duration transfer_timeout = absl::Minutes(10);  // one state transfer, whole
+  // Held shared by every call that uses the shard's tables, exclusively to replace them
+  // (ParameterServerService's): updates apply under it shared, a joiner installs its new
+  // state under it exclusively. Locks are taken in the order serving, then the order lock.
+  absl::Mutex* serving = nullptr;
 };
 
 class Replicator {
@@ -72,8 +95,22 @@ class Replicator {
   // Applies one update that came down the chain (the first message and, for a stream, the
   // later chunks' data), as the head applied it.
   using Apply = std::function<absl::Status(const ReplicatedUpdate&, std::vector<std::string>*)>;
+  // The shard's state as it is now, for a joiner: every table's image (Table::CaptureNow:
+  // UNAVAILABLE while a BSP step is half pushed) and the registered workers.
+  struct State {
+    std::vector<std::unique_ptr<TableImage>> images;
+    std::vector<int32_t> workers;
+  };
+  using Capture = std::function<absl::StatusOr<State>()>;
+  // Replaces the shard's tables and workers with `staged`'s (a joiner's new state).
+  using Install = std::function<absl::Status(std::unique_ptr<Shard> staged)>;
 
-  Replicator(ReplicatorOptions options, Apply apply);
+  Replicator(ReplicatorOptions options, Apply apply, Capture capture = nullptr,
+             Install install = nullptr);
+  ~Replicator();  // stops joining
+
+  // From now on, whenever this replica is outside its live chain, it joins it (a thread).
+  void StartJoining();
 
   void Update(const ChainConfig& config);
   // A heartbeat sent at `sent` was answered: the lease runs from then.
@@ -96,6 +133,10 @@ class Replicator {
 
   // The Replicate RPC.
   grpc::Status Receive(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader);
+  // The tail's side of a join (the TransferState and JoinedChain RPCs).
+  grpc::Status TransferState(const TransferStateRequest* req,
+                             grpc::ServerWriter<StateTransferChunk>* writer);
+  grpc::Status JoinedChain(const JoinedChainRequest* req, JoinedChainResponse* resp);
 
   // For tests and Stats: the last sequence number applied here.
   uint64_t applied() const;
@@ -104,6 +145,10 @@ class Replicator {
   struct Place {
     int64_t epoch = 0;
     bool in_chain = false, head = false;
+    bool tail = false;        // in the chain, last
+    bool to_learner = false;  // the successor is a joiner this tail hands updates to
+    bool learning = false;    // outside the chain, taking a tail's updates while joining
+    int32_t learner = -1;     // to_learner: the joiner's replica
     size_t size = 0;
     std::string successor, head_address;
   };
@@ -121,10 +166,19 @@ class Replicator {
   // Waits (bounded) until seq is done: the chain after this replica holds it.
   absl::Status AwaitDone(uint64_t seq, absl::Time deadline);
   ParameterServer::Stub* StubFor(const std::string& address);
+  // The joiner's side: the thread, and one attempt at joining the chain of `epoch`.
+  void JoinLoop();
+  absl::Status JoinOnce(const std::string& tail, int64_t epoch);
+  // The tail stops handing updates to a joiner it could not reach.
+  void DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why);
   std::string Name() const;
 
   const ReplicatorOptions options_;
   const Apply apply_;
+  const Capture capture_;
+  const Install install_;
+  absl::Mutex own_serving_;      // when options_.serving is null
+  absl::Mutex* const serving_;
   absl::Mutex apply_mu_;  // held while an update is applied: one at a time, in seq order
   mutable absl::Mutex mu_;
   ChainConfig config_ ABSL_GUARDED_BY(mu_);
@@ -135,6 +189,17 @@ class Replicator {
   std::set<uint64_t> done_above_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, uint64_t> request_seq_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> request_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  // The tail: the joiner it hands every update to (replica -1: none), for one epoch.
+  struct Learner {
+    int32_t replica = -1;
+    std::string address;
+    int64_t epoch = -1;
+  };
+  Learner learner_ ABSL_GUARDED_BY(mu_);
+  int64_t learning_epoch_ ABSL_GUARDED_BY(mu_) = -1;  // a joiner: the epoch it joins
+  absl::Mutex join_mu_;  // a tail's JoinedChain against dropping that joiner
+  absl::Notification stop_;
+  std::thread joiner_;
   absl::Mutex stubs_mu_;
   std::map<std::string, std::unique_ptr<ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
 };

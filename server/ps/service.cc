@@ -152,16 +152,55 @@ absl::Status ParameterServerService::Write(const grpc::ServerContext* ctx,
   return chain->Write(RequestId(ctx), std::move(update), chunks, apply);
 }
 
+namespace {
+absl::Status NotReplicated() {
+  return absl::FailedPreconditionError(
+      "this shard is not replicated (ps_coordinator --replicas=1, or not registered yet)");
+}
+}  // namespace
+
 grpc::Status ParameterServerService::Replicate(grpc::ServerContext* ctx,
                                                grpc::ServerReader<ReplicatedUpdate>* reader,
                                                ReplicateResponse*) {
+  // Not under serving_mu_ while the update waits for its turn (a joiner installs its state
+  // meanwhile): the replicator takes it to apply.
+  InFlightCounter::Scope in_flight(&in_flight_);
+  Replicator* chain = replicator_.load();
+  if (chain == nullptr) return ToGrpcStatus(NotReplicated());
+  return chain->Receive(ctx, reader);
+}
+
+grpc::Status ParameterServerService::TransferState(grpc::ServerContext*,
+                                                   const TransferStateRequest* req,
+                                                   grpc::ServerWriter<StateTransferChunk>* writer) {
   Scope scope(this);
   Replicator* chain = replicator_.load();
-  if (chain == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        "this shard is not replicated (ps_coordinator --replicas=1, or not registered yet)"));
+  if (chain == nullptr) return ToGrpcStatus(NotReplicated());
+  return chain->TransferState(req, writer);
+}
+
+grpc::Status ParameterServerService::JoinedChain(grpc::ServerContext*,
+                                                 const JoinedChainRequest* req,
+                                                 JoinedChainResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  Replicator* chain = replicator_.load();
+  if (chain == nullptr) return ToGrpcStatus(NotReplicated());
+  return chain->JoinedChain(req, resp);
+}
+
+absl::StatusOr<Replicator::State> ParameterServerService::CaptureState() const {
+  Replicator::State state;
+  for (Table* table : shard_->Tables()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<TableImage> image, table->CaptureNow());
+    state.images.push_back(std::move(image));
   }
-  return chain->Receive(ctx, reader);
+  state.workers = shard_->Workers();
+  return state;
+}
+
+absl::Status ParameterServerService::InstallState(std::unique_ptr<Shard> staged) {
+  shard_->ReplaceWith(staged.get());  // the caller holds serving_mu_ exclusively
+  return absl::OkStatus();
 }
 
 absl::Status ParameterServerService::ApplyReplicated(const ReplicatedUpdate& u,

@@ -57,6 +57,11 @@ class ParameterServerService final : public ParameterServer::Service {
   void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
   // An update that came down the chain, applied as the head's handler applied it.
   absl::Status ApplyReplicated(const ReplicatedUpdate& update, std::vector<std::string>* chunks);
+  // For a joining replica: the shard's state now (the tail), and installing it (the joiner).
+  absl::StatusOr<Replicator::State> CaptureState() const;
+  absl::Status InstallState(std::unique_ptr<Shard> staged);
+  // Held shared by every handler that uses the tables (Replicator's `serving`).
+  absl::Mutex* serving_mu() { return &serving_mu_; }
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
                               RegisterWorkerResponse* resp) override;
@@ -100,6 +105,10 @@ class ParameterServerService final : public ParameterServer::Service {
                            ImportDenseResponse* resp) override;
   grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
                          ReplicateResponse* resp) override;
+  grpc::Status TransferState(grpc::ServerContext* ctx, const TransferStateRequest* req,
+                             grpc::ServerWriter<StateTransferChunk>* writer) override;
+  grpc::Status JoinedChain(grpc::ServerContext* ctx, const JoinedChainRequest* req,
+                           JoinedChainResponse* resp) override;
 
  private:
   absl::Time Deadline(const grpc::ServerContext* ctx) const;

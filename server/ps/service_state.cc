@@ -35,10 +35,11 @@ uint64_t StateBytes(const DenseTable& table) {
 
 }  // namespace
 
-grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest*,
+grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest* req,
                                            StatsResponse* resp) {
   Scope scope(this);
   *resp = shard_->Stats();
+  if (req->fingerprint()) resp->set_fingerprint(shard_->Fingerprint());
   return grpc::Status::OK;
 }
 

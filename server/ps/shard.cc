@@ -162,6 +162,11 @@ absl::StatusOr<SparseTable*> Shard::GetSparse(uint32_t table_id, int32_t worker_
   return static_cast<SparseTable*>(*table);
 }
 
+std::vector<int32_t> Shard::Workers() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return {workers_.begin(), workers_.end()};
+}
+
 StatsResponse Shard::Stats() const {
   StatsResponse r;
   r.set_shard_id(options_.shard_id);

@@ -56,6 +56,8 @@ class Shard {
   std::vector<Table*> Tables() const;
   // CRC-32C over the registered workers and every table's Fingerprint (table.h).
   uint32_t Fingerprint() const;
+  // The registered workers, ascending.
+  std::vector<int32_t> Workers() const;
   // Restore: registers workers known from a snapshot, so they need not register again.
   void RestoreWorkers(const std::vector<int32_t>& workers);
 

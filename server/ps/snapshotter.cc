@@ -15,52 +15,41 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Loads one old shard's tables into the new shard: creates each table on first sight,
-// copies the dense indices and sparse rows that the new shard owns.
-class RestoreVisitor final : public SnapshotStore::Visitor {
- public:
-  explicit RestoreVisitor(Shard* shard) : shard_(shard) {}
-
-  absl::Status Header(const TableSnapshotHeader& h) override {
-    auto existing = shard_->GetTable(h.spec().table_id());
-    if (existing.ok()) {  // seen in an earlier old shard: specs must agree
-      if ((*existing)->spec().SerializeAsString() != h.spec().SerializeAsString()) {
-        return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(),
-                                                " has different specs in different old shards"));
-      }
-      return absl::OkStatus();
-    }
-    auto created = shard_->CreateTable(h.spec());
-    if (!created.ok()) return created.status();
-    Table* table = *shard_->GetTable(h.spec().table_id());
-    table->RestoreClocks(h);
-    if (h.spec().kind() == TableSpec::DENSE)
-      static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
-    for (const WorkerClock& c : h.clocks()) workers_.push_back(c.worker_id());
-    return absl::OkStatus();
-  }
-
-  absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
-                          const float* data) override {
-    Table* table = *shard_->GetTable(h.spec().table_id());
-    static_cast<DenseTable*>(table)->RestoreBlock(begin, n, data);
-    return absl::OkStatus();
-  }
-
-  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
-                         const float* data) override {
-    Table* table = *shard_->GetTable(h.spec().table_id());
-    return static_cast<SparseTable*>(table)->RestoreRow(key, updates, data);
-  }
-
-  const std::vector<int32_t>& workers() const { return workers_; }
-
- private:
-  Shard* const shard_;
-  std::vector<int32_t> workers_;
-};
-
 }  // namespace
+
+ShardLoader::ShardLoader(Shard* shard) : shard_(shard) {}
+
+absl::Status ShardLoader::Header(const TableSnapshotHeader& h) {
+  auto existing = shard_->GetTable(h.spec().table_id());
+  if (existing.ok()) {  // seen in an earlier old shard: specs must agree
+    if ((*existing)->spec().SerializeAsString() != h.spec().SerializeAsString()) {
+      return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(),
+                                              " has different specs in different old shards"));
+    }
+    return absl::OkStatus();
+  }
+  auto created = shard_->CreateTable(h.spec());
+  if (!created.ok()) return created.status();
+  Table* table = *shard_->GetTable(h.spec().table_id());
+  table->RestoreClocks(h);
+  if (h.spec().kind() == TableSpec::DENSE)
+    static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
+  for (const WorkerClock& c : h.clocks()) workers_.push_back(c.worker_id());
+  return absl::OkStatus();
+}
+
+absl::Status ShardLoader::DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
+                                     const float* data) {
+  Table* table = *shard_->GetTable(h.spec().table_id());
+  static_cast<DenseTable*>(table)->RestoreBlock(begin, n, data);
+  return absl::OkStatus();
+}
+
+absl::Status ShardLoader::SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+                                    const float* data) {
+  Table* table = *shard_->GetTable(h.spec().table_id());
+  return static_cast<SparseTable*>(table)->RestoreRow(key, updates, data);
+}
 
 std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id) {
   return (fs::path(root) / absl::StrCat("shard-", shard_id)).string();
@@ -347,7 +336,7 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
     Loaded loaded;
     loaded.step = step;
     loaded.shard = std::make_unique<Shard>(shard_->options());
-    RestoreVisitor visitor(loaded.shard.get());
+    ShardLoader visitor(loaded.shard.get());
     absl::Status s;
     for (const auto& [id, info] : by_step[step]) {
       s = info.second->Read(step, &visitor);

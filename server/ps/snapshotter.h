@@ -45,6 +45,25 @@ struct SnapshotCounters {
   bool in_progress = false;
 };
 
+// Loads snapshot tables (or a state transfer's) into a shard: creates each table on first
+// sight with its clocks and update count, and copies the dense indices and sparse rows
+// that the shard owns.
+class ShardLoader final : public SnapshotStore::Visitor {
+ public:
+  explicit ShardLoader(Shard* shard);
+  absl::Status Header(const TableSnapshotHeader& h) override;
+  absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
+                          const float* data) override;
+  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+                         const float* data) override;
+  // The workers the tables' clocks name.
+  const std::vector<int32_t>& workers() const { return workers_; }
+
+ private:
+  Shard* const shard_;
+  std::vector<int32_t> workers_;
+};
+
 // The database directory of shard `shard_id` under `root`.
 std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id);
 

@@ -88,6 +88,26 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
   return image;
 }
 
+absl::StatusOr<std::unique_ptr<TableImage>> Table::CaptureNow() {
+  auto image = std::make_unique<TableImage>();
+  PrepareImage(image.get());
+  absl::MutexLock lock(&mu_);
+  if (bsp()) {
+    for (const auto& [worker, clock] : clock_.clocks()) {
+      if (clock > clock_.applied_steps()) {
+        return absl::UnavailableError(absl::StrCat(
+            "table ", id(), ": BSP step ", clock_.applied_steps(), " is pushed in part"));
+      }
+    }
+  }
+  TableSnapshotHeader& h = image->header;
+  *h.mutable_spec() = spec_;
+  h.set_num_slots(optimizer_->num_slots());
+  clock_.Fill(&h);
+  CaptureLocked(image.get());
+  return image;
+}
+
 uint32_t Table::Fingerprint() const {
   TableImage image;
   PrepareImage(&image);

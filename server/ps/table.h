@@ -91,6 +91,11 @@ class Table {
   // longest the lock was held for one block is in *pause.
   virtual void CompleteCapture(TableImage* image, absl::Duration* pause) {}
 
+  // State transfer to a joining replica: the whole state as it is now, copied under the
+  // lock. UNAVAILABLE while a BSP step has some workers' pushes but is not applied (those
+  // gradients are in no image): try again once it is.
+  absl::StatusOr<std::unique_ptr<TableImage>> CaptureNow();
+
   // Restore: consistency state from a snapshot header (before serving).
   void RestoreClocks(const TableSnapshotHeader& header);
 

@@ -82,19 +82,33 @@ class ShardCalls {
            s.error_message() == kThreadpoolExhausted;
   }
 
+  bool replicated() const { return replicated_; }
+  // A request id for one logical call and all its attempts ("" when not replicated).
+  std::string NewRequestId() const {
+    return replicated_ ? absl::StrCat(request_prefix_, ++requests_) : "";
+  }
+
   // attempt(ctx) makes one whole call with the context given (its deadline: `end`, or one
   // `slice` from now if sooner; default end: the client-wide deadline from now). A call the
   // shard refused (Refused) is made again after a backoff, 1 ms doubling to 100 ms, up to
   // `end`: the shard is busy, not broken, and nothing was applied, so a multi-shard push
   // does not end up on some shards only. With replicas, a call the replica did not take
   // (UNAVAILABLE: dead, cut off, or not the head of its chain) goes on to the next replica,
-  // with the same request id (metadata ps-request-id): a head that applied the call before
-  // it failed has handed it down the chain, and the next head answers the retry from that.
+  // with the same request id (metadata ps-request-id, `id` or a new one): a head that
+  // applied the call before it failed has handed it down the chain, and the next head
+  // answers the retry from that. So does, with `rotate_on_deadline`, an attempt whose
+  // slice ran out (a replica cut off the network answers nothing at all).
   template <typename Attempt>
   grpc::Status Retrying(int shard, Attempt attempt, absl::Time end = absl::InfinitePast(),
-                        absl::Duration slice = absl::InfiniteDuration()) const {
+                        absl::Duration slice = absl::InfiniteDuration(), std::string id = "",
+                        bool rotate_on_deadline = false) const {
     if (end == absl::InfinitePast()) end = absl::Now() + rpc_timeout_;
-    const std::string id = replicated_ ? absl::StrCat(request_prefix_, ++requests_) : "";
+    if (id.empty()) id = NewRequestId();
+    const int n = static_cast<int>(replicas_[shard].size());
+    if (n > 1 && slice == absl::InfiniteDuration()) {  // unary: a cut-off replica times out
+      slice = kReplicaAttempt;
+      rotate_on_deadline = true;
+    }
     absl::Duration backoff = absl::Milliseconds(1);
     for (bool said = false;;) {
       const int at = current_[shard].load();
@@ -102,21 +116,28 @@ class ShardCalls {
       ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + slice)));
       if (!id.empty()) ctx.AddMetadata("ps-request-id", id);
       grpc::Status s = attempt(&ctx);
-      const int n = static_cast<int>(replicas_[shard].size());
-      const bool failover = n > 1 && s.error_code() == grpc::StatusCode::UNAVAILABLE;
+      const bool failover =
+          n > 1 && (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                    (rotate_on_deadline && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED));
       if ((!Refused(s) && !failover) || absl::Now() + backoff >= end) return s;
       if (failover) {
-        int expected = at;
-        current_[shard].compare_exchange_strong(expected, (at + 1) % n);
-        if (!said) {
-          std::fprintf(stderr, "shard %d: replica %s did not take the call (%s); trying %s\n",
-                       shard, replicas_[shard][at].c_str(), s.error_message().c_str(),
-                       replicas_[shard][(at + 1) % n].c_str());
-          said = true;
-        }
+        Rotate(shard, at, s, &said);
       }
       absl::SleepFor(backoff);
       backoff = std::min(2 * backoff, absl::Milliseconds(failover ? 20 : 100));
+    }
+  }
+
+  // Calls go to the replica after `at` (unless another call moved them on already).
+  void Rotate(int shard, int at, const grpc::Status& why, bool* said) const {
+    const int n = static_cast<int>(replicas_[shard].size());
+    int expected = at;
+    current_[shard].compare_exchange_strong(expected, (at + 1) % n);
+    if (!*said) {
+      std::fprintf(stderr, "shard %d: replica %s did not take the call (%s); trying %s\n", shard,
+                   replicas_[shard][at].c_str(), why.error_message().c_str(),
+                   replicas_[shard][(at + 1) % n].c_str());
+      *said = true;
     }
   }
 
@@ -136,14 +157,26 @@ class ShardCalls {
   // repeats the call (pulls are idempotent), up to the client-wide deadline. The first
   // slice that runs out is said once on stderr, with what the shard waits for. A refused
   // attempt (Refused), or one a replica did not take, is made again with the same n
-  // (Retrying, within the deadline).
+  // (Retrying, within the deadline). Every attempt carries the same request id; with
+  // replicas a slice that runs out also moves on to the next replica (which sends the call
+  // back if it is not the head): the head may have been cut off.
   template <typename Attempt>
   absl::Status Waiting(int shard, Attempt attempt) const {
     const absl::Time end = absl::Now() + rpc_timeout_;
+    const std::string id = NewRequestId();
+    bool said = false;
     for (int n = 0;; ++n) {
+      const int at = current_[shard].load();
+      const absl::Duration slice =
+          wait_check_ ? wait_slice_
+                      : (replicated_ ? kReplicaAttempt : absl::InfiniteDuration());
       grpc::Status s = Retrying(
-          shard, [&](grpc::ClientContext* ctx) { return attempt(ctx, n); }, end,
-          wait_check_ ? wait_slice_ : absl::InfiniteDuration());
+          shard, [&](grpc::ClientContext* ctx) { return attempt(ctx, n); }, end, slice, id);
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && replicated_ &&
+          absl::Now() < end) {
+        Rotate(shard, at, s, &said);
+        if (!wait_check_) continue;
+      }
       if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || !wait_check_ ||
           absl::Now() >= end) {
         return Status(shard, s);
@@ -185,6 +218,9 @@ class ShardCalls {
   bool replicated_ = false;
   std::string request_prefix_;  // random per client: request ids unique across clients
   mutable std::atomic<uint64_t> requests_{0};
+  // With replicas: how long one attempt of a call that does not wait may take before the
+  // next replica is tried.
+  static constexpr absl::Duration kReplicaAttempt = absl::Seconds(5);
   Executor pool_;  // the caller runs one shard's call itself
 };
 
