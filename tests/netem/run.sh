@@ -8,6 +8,12 @@
 #   impaired: 5 ms one way in each direction between workers and shards (the proxy, since
 #     this kernel has no tc netem) and 1 % of packets dropped in each direction (iptables'
 #     statistic match in the namespace): TCP retransmits them.
+#   partitioned_head: --replicas=2, each shard's head (replica 0) in the namespace and its
+#     backup on this host; once training runs the namespace is cut off (iptables DROP on its
+#     link) until the coordinator has taken both heads out of their chains, and training
+#     goes on on the backups. Healed, an old head refuses a client that still takes it for
+#     the head (UNAVAILABLE: no split brain), joins its chain again by a state transfer, and
+#     ends with its chain's fingerprint; no worker rolls back.
 # Each must finish (workers exit 0, test accuracy >= 0.80); samples/s of both are printed.
 # A worker cut off the network and its rejoin run in the Docker stage (network_cut).
 #   tests/netem/run.sh [BAZEL_BIN]       (root; last line "netem stage: P passed, F failed, S skipped")
@@ -21,8 +27,12 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 finish() { echo "netem stage: $passed passed, $failed failed, $skipped skipped"; ((failed == 0)); }
 
 if [[ $(id -u) -ne 0 ]] || ! ip netns add "$ns" 2>/dev/null; then
-  log "SKIPPED direct, proxied, impaired: network namespaces need root (ip netns add failed)"
-  skipped=3; finish; exit
+  log "SKIPPED direct, proxied, impaired, partitioned_head: network namespaces need root (ip netns add failed)"
+  skipped=4; finish; exit
+fi
+if ! command -v iptables >/dev/null; then  # the loss and the cut need it: say so, run nothing
+  log "FAIL: iptables is missing (deploy/install_deps.sh --tests installs it)"
+  failed=1; finish; exit
 fi
 pids=()
 cleanup() {
@@ -99,9 +109,88 @@ run_case() {  # name delay_ms(-1: no proxy) loss_probability
   fi
 }
 
-run_case direct -1 0
-run_case proxied 0 0
-run_case impaired 5 0.01
+# Waits (bounded) until `file` has a line with `needle`.
+await_line() {  # file needle seconds
+  local t
+  for ((t = 0; t < $3 * 10; ++t)); do
+    grep -q -F "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  log "waited $3 s for '$2' in $1"; return 1
+}
+probe() { PYTHONPATH="$PWD/python:$bin/python" /usr/bin/python3 tests/netem/replica_probe.py "$@"; }
+
+run_partition_case() {
+  local name=partitioned_head dir=$work/partitioned_head ok=1 why=""
+  mkdir -p "$dir"
+  local started=${#pids[@]}
+  "$bin/server/coordinator/ps_coordinator" --host="$host_ip" --port=0 --num_shards=2 \
+    --num_workers=2 --replicas=2 --heartbeat_timeout_ms=1000 >"$dir/coordinator.log" 2>&1 &
+  pids+=($!)
+  local coordinator; coordinator=$(address_in "$dir/coordinator.log") || { log "FAIL $name: no coordinator"; failed=$((failed + 1)); return; }
+  local backups=()
+  for s in 0 1; do
+    ip netns exec "$ns" "$bin/server/ps/ps_server" --host="$shard_ip" --port=$((5000 + s)) \
+      --shard_id=$s --num_shards=2 --replica=0 --coordinator="$coordinator" >"$dir/head$s.log" 2>&1 &
+    pids+=($!)
+    "$bin/server/ps/ps_server" --host="$host_ip" --port=0 --shard_id=$s --num_shards=2 --replica=1 \
+      --coordinator="$coordinator" >"$dir/backup$s.log" 2>&1 &
+    pids+=($!)
+    backups+=("$(address_in "$dir/backup$s.log")")
+  done
+  local t0=$SECONDS worker_pids=()
+  for r in 0 1; do
+    timeout 900 "$bin/worker/ps_worker" --coordinator="$coordinator" --rank=$r --world=2 --epochs=3 \
+      --host=127.0.0.1 --progress_every=1s --summary_json="$dir/worker$r.json" >"$dir/worker$r.log" 2>&1 &
+    worker_pids+=($!)
+  done
+  await_line "$dir/worker0.log" "step " 120 || { ok=0; why="training did not start"; }
+  in_ns iptables -I INPUT -i "$ns_if" -j DROP
+  in_ns iptables -I OUTPUT -o "$ns_if" -j DROP
+  local cut=$SECONDS
+  for s in 0 1; do
+    await_line "$dir/coordinator.log" "shard $s replica 0 left its chain" 30 || { ok=0; why="head $s stayed in its chain"; }
+  done
+  local lines; lines=$(grep -c "step " "$dir/worker0.log")
+  for ((t = 0; t < 600; ++t)); do  # training goes on without the heads (bounded)
+    (($(grep -c "step " "$dir/worker0.log") > lines)) && break
+    sleep 0.1
+  done
+  (($(grep -c "step " "$dir/worker0.log") > lines)) || { ok=0; why="training stopped with the heads cut off"; }
+  log "$name: heads cut off for $((SECONDS - cut)) s; training went on on the backups"
+  in_ns iptables -F
+  local pushed; pushed=$(probe push "$shard_ip:5000")
+  [[ $pushed == UNAVAILABLE* ]] || { ok=0; why="the old head took a push: $pushed"; }
+  log "$name: a push to the old head of shard 0: $pushed"
+  for s in 0 1; do
+    await_line "$dir/coordinator.log" "shard $s replica 0 joined its chain" 120 || { ok=0; why="old head $s did not rejoin"; }
+  done
+  for p in "${worker_pids[@]}"; do wait "$p" || { ok=0; why="a worker failed"; }; done
+  local acc rollbacks
+  acc=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['test_accuracy'])" "$dir/worker0.json" 2>/dev/null || echo 0)
+  rollbacks=$(/usr/bin/python3 -c "import json,sys; print(sum(len(json.load(open(f'{sys.argv[1]}/worker{r}.json'))['rollbacks']) for r in (0, 1)))" "$dir" 2>/dev/null || echo none)
+  [[ $rollbacks == 0 ]] || { ok=0; why="rollbacks: $rollbacks"; }
+  for s in 0 1; do
+    local f0 f1; f0=$(probe fingerprint "$shard_ip:$((5000 + s))") f1=$(probe fingerprint "${backups[$s]}")
+    [[ -n $f0 && $f0 == "$f1" ]] || { ok=0; why="shard $s replicas differ: $f0 vs $f1"; }
+  done
+  for p in "${pids[@]:started}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]:started}"; do wait "$p" 2>/dev/null; done
+  if ((ok)) && /usr/bin/python3 -c "import sys; sys.exit(not float('$acc') >= 0.80)" 2>/dev/null; then
+    log "PASS $name: done in $((SECONDS - t0)) s, no rollback, test accuracy $acc, both old heads rejoined with their chains' fingerprints"
+    passed=$((passed + 1))
+  else
+    log "FAIL $name: ${why:-accuracy $acc}; last lines:"; tail -n 5 "$dir"/*.log
+    failed=$((failed + 1))
+  fi
+}
+
+# PSCLUSTER_NETEM_ONLY=NAME runs that case alone (the others count as skipped).
+only=${PSCLUSTER_NETEM_ONLY:-}
+for c in "direct -1 0" "proxied 0 0" "impaired 5 0.01"; do
+  if [[ -z $only || $only == "${c%% *}" ]]; then run_case $c; else skipped=$((skipped + 1)); fi
+done
+if [[ -z $only || $only == partitioned_head ]]; then run_partition_case; else skipped=$((skipped + 1)); fi
 for c in proxied impaired; do
   [[ -f $work/direct.sps && -f $work/$c.sps ]] \
     && log "$c/direct samples/s: $(/usr/bin/python3 -c "print(round($(cat "$work/$c.sps") / $(cat "$work/direct.sps"), 3))")"
