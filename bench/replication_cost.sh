@@ -40,7 +40,11 @@ goodput() {  # replicas out.json
     # The chain's head is its lowest replica (every replica registers before any call).
     heads+=("$(await "$dir/shard$s-0.log" "listening on" | sed 's/.*listening on \([^ ]*\).*/\1/')")
   done
-  for s in 0 1; do for ((k = 0; k < r; ++k)); do await "$dir/shard$s-$k.log" "registered with" >/dev/null; done; done
+  # Every head knows its whole chain (R > 1: the chain's epoch R, once every replica joined).
+  for s in 0 1; do
+    if ((r > 1)); then await "$dir/shard$s-0.log" "chain epoch $r:" >/dev/null
+    else await "$dir/shard$s-0.log" "registered with" >/dev/null; fi
+  done
   "$bin/bench/client_throughput" --shards="$(IFS=,; echo "${heads[*]}")" --sizes_kib=64,1024,16384 \
     --reps=7 --json="$2" >"$dir/client.log" 2>&1 \
     || { echo "replication_cost.sh: client_throughput failed; see $dir/client.log" >&2; exit 1; }

@@ -43,13 +43,11 @@ std::string Replicator::Name() const {
 void Replicator::Update(const ChainConfig& config) {
   absl::MutexLock lock(&mu_);
   if (config.epoch <= config_.epoch) return;  // views arrive out of order: keep the newest
-  const Place before = PlaceLocked();
   config_ = config;
   formed_ |= config.formed;
   if (learner_.replica >= 0 && learner_.epoch != config.epoch) learner_ = Learner();
   const Place now = PlaceLocked();
-  if (before.head != now.head || before.in_chain != now.in_chain ||
-      before.successor != now.successor) {
+  {
     std::printf("ps_server: %s: chain epoch %lld: %s (%s)\n", Name().c_str(),
                 static_cast<long long>(config.epoch),
                 !now.in_chain ? "not in the chain"
@@ -477,16 +475,23 @@ grpc::Status Replicator::JoinedChain(const JoinedChainRequest* req, JoinedChainR
 }
 
 void Replicator::JoinLoop() {
-  for (absl::Duration wait = absl::Milliseconds(100); !stop_.WaitForNotificationWithTimeout(wait);
-       wait = absl::Milliseconds(500)) {
+  absl::Duration wait = absl::Milliseconds(50);
+  while (!stop_.WaitForNotificationWithTimeout(wait)) {
     ChainConfig c;
-    bool in_chain = false;
+    bool in_chain = false, formed = false;
     {
       absl::MutexLock lock(&mu_);
       c = config_;
       in_chain = PlaceLocked().in_chain;
-      if (in_chain || c.addresses.empty() || !formed_) continue;
+      formed = formed_;
     }
+    if (!formed) {  // forming: hear of the other replicas now, not at the next heartbeat
+      if (options_.refresh) options_.refresh();
+      wait = absl::Milliseconds(50);
+      continue;
+    }
+    wait = absl::Milliseconds(500);
+    if (in_chain || c.addresses.empty()) continue;
     std::printf("ps_server: %s: outside its chain (epoch %lld); joining it from the tail, %s\n",
                 Name().c_str(), static_cast<long long>(c.epoch), c.addresses.back().c_str());
     std::fflush(stdout);
