@@ -150,17 +150,23 @@ enum CoordMethod : uint8_t {
   kCheckpoint, kTick, kJoinChain
 };
 
-void CoordinatorSeeds(const fs::path& out) {
+// 2 shards x 2 replicas register: the chains form.
+void RegisterReplicas(std::string* s) {
   using namespace pscluster::coord;
-  std::string s;
-  for (int i = 0; i < 4; ++i) {  // 2 shards x 2 replicas: the chains form
+  for (int i = 0; i < 4; ++i) {
     RegisterRequest r;
     r.set_role(SHARD);
     r.set_id(i / 2);
     r.set_replica(i % 2);
     r.set_address("shard" + std::to_string(i) + ":5000");
-    AppendCall(&s, kCRegister, Bytes(r));
+    AppendCall(s, kCRegister, Bytes(r));
   }
+}
+
+void CoordinatorSeeds(const fs::path& out) {
+  using namespace pscluster::coord;
+  std::string s;
+  RegisterReplicas(&s);
   for (int i = 0; i < 2; ++i) {
     RegisterRequest r;
     r.set_role(WORKER);
@@ -214,14 +220,7 @@ void CoordinatorSeeds(const fs::path& out) {
 
   // A replica fails, registers again outside its chain, and joins it by state transfer.
   std::string c;
-  for (int i = 0; i < 4; ++i) {
-    RegisterRequest r;
-    r.set_role(SHARD);
-    r.set_id(i / 2);
-    r.set_replica(i % 2);
-    r.set_address("shard" + std::to_string(i) + ":5000");
-    AppendCall(&c, kCRegister, Bytes(r));
-  }
+  RegisterReplicas(&c);
   HeartbeatRequest beat;
   beat.set_role(SHARD);
   beat.set_id(0);

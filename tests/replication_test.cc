@@ -180,6 +180,34 @@ TEST_F(ReplicationTest, KilledHeadFailsOverWithoutRollbackAndEndsBitwiseAsIfUnin
   ExpectNoRollbackAndSameParameters(run, *unreplicated_);
 }
 
+// A worker killed mid-training: the others roll every shard back to the last checkpoint,
+// as without replicas. Each head restores alone (the coordinator shrinks its chain to it)
+// and its backup joins again by a state transfer of the restored state.
+TEST_F(ReplicationTest, WorkerKilledRollsBackThroughTheChainsAndEndsBitwiseAsIfUninterrupted) {
+  std::vector<std::string> run;
+  Cluster cluster(::testing::TempDir() + "/worker_killed", Replicated(2));
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
+                               absl::Minutes(2))
+                  .ok());
+  ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+  cluster.StartWorker(1);
+  run = cluster.Finish();
+  EXPECT_NE(Field(run[0], "rollbacks"), "[]") << "rank 0 never rolled back: " << run[0];
+  for (int r = 0; r < kWorkers; ++r) {  // (the replacement joined the rollback: none of its own)
+    SCOPED_TRACE(run[r]);
+    EXPECT_EQ(Field(run[r], "param_crc32c"), Field((*unreplicated_)[r], "param_crc32c"))
+        << "the final parameters differ from the uninterrupted run's";
+  }
+  for (int s = 0; s < testing::kShards; ++s) {
+    ASSERT_TRUE(cluster.coordinator()
+                    .WaitForLine(absl::StrCat("shard ", s, " replica 1 joined its chain"),
+                                 absl::Seconds(60))
+                    .ok());
+  }
+  ExpectReplicasEqual(cluster, 2);
+}
+
 TEST_F(ReplicationTest, HeadCutOffIsReplacedAndRefusesWritesWhenItComesBack) {
   std::vector<std::string> run;
   Cluster cluster(::testing::TempDir() + "/stopped", Replicated(2));

@@ -127,16 +127,28 @@ absl::Status CoordinatorClient::Reconnecting(const char* what, absl::Duration ti
   }
 }
 
-absl::StatusOr<int64_t> CoordinatorClient::JoinChain(int32_t replica, int64_t epoch) {
-  coord::JoinChainRequest req;
+template <typename Req>
+absl::StatusOr<int64_t> CoordinatorClient::ChainCall(
+    const char* what, grpc::Status (coord::Coordinator::Stub::*method)(
+                          grpc::ClientContext*, const Req&, coord::JoinChainResponse*),
+    int32_t replica, int64_t epoch) {
+  Req req;
   req.set_shard(options_.id);
   req.set_replica(replica);
   req.set_epoch(epoch);
   coord::JoinChainResponse resp;
-  RETURN_IF_ERROR(Reconnecting("JoinChain", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
-    return stub_->JoinChain(ctx, req, &resp);
+  RETURN_IF_ERROR(Reconnecting(what, options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+    return (stub_.get()->*method)(ctx, req, &resp);
   }));
   return resp.epoch();
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::JoinChain(int32_t replica, int64_t epoch) {
+  return ChainCall("JoinChain", &coord::Coordinator::Stub::JoinChain, replica, epoch);
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::ShrinkChain(int32_t replica, int64_t epoch) {
+  return ChainCall("ShrinkChain", &coord::Coordinator::Stub::ShrinkChain, replica, epoch);
 }
 
 absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_version, bool complete,

@@ -88,6 +88,8 @@ class CoordinatorClient {
   // A chain's tail: replica `replica` of this shard holds the chain's state at `epoch` and
   // every update since; it becomes the tail (JoinChain RPC). Returns the new epoch.
   absl::StatusOr<int64_t> JoinChain(int32_t replica, int64_t epoch);
+  // A chain's head: the chain becomes `replica` (this head) alone (ShrinkChain RPC).
+  absl::StatusOr<int64_t> ShrinkChain(int32_t replica, int64_t epoch);
 
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
@@ -103,6 +105,12 @@ class CoordinatorClient {
   // waits for. Member calls are idempotent, so a retry after a lost answer is harmless.
   template <typename Call>
   absl::Status Reconnecting(const char* what, absl::Duration timeout, Call call);
+  // JoinChain and ShrinkChain: (this shard, replica, epoch) -> the chain's new epoch.
+  template <typename Req>
+  absl::StatusOr<int64_t> ChainCall(
+      const char* what, grpc::Status (coord::Coordinator::Stub::*method)(
+                            grpc::ClientContext*, const Req&, coord::JoinChainResponse*),
+      int32_t replica, int64_t epoch);
 
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;

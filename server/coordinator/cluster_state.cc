@@ -269,6 +269,33 @@ absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest
   return response;
 }
 
+absl::StatusOr<JoinChainResponse> ClusterState::ShrinkChain(const ShrinkChainRequest& r) {
+  if (absl::Status s = CheckId(SHARD, r.shard(), r.replica()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = chains_.find(r.shard());
+  if (it == chains_.end() || it->second.epoch() != r.epoch() ||
+      it->second.replicas().empty() || it->second.replicas(0) != r.replica()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", r.shard(), " replica ", r.replica(), " is not the head of chain epoch ",
+        r.epoch(), it == chains_.end() ? "" : absl::StrCat(" (the chain is at epoch ",
+                                                            it->second.epoch(), ")")));
+  }
+  Chain& chain = it->second;
+  if (chain.replicas_size() > 1) {
+    chain.clear_replicas();
+    chain.add_replicas(r.replica());
+    chain.set_epoch(chain.epoch() + 1);
+    std::printf("coordinator: shard %d's chain is its head, replica %d, alone (epoch %lld): "
+                "the head replaces its state; the others join again\n",
+                r.shard(), r.replica(), static_cast<long long>(chain.epoch()));
+    std::fflush(stdout);
+    ChangedLocked();
+  }
+  JoinChainResponse response;
+  response.set_epoch(chain.epoch());
+  return response;
+}
+
 bool ClusterState::CheckLiveness() {
   absl::MutexLock lock(&mu_);
   const int64_t cutoff = absl::ToUnixMillis(now_() - options_.heartbeat_timeout);

@@ -64,6 +64,8 @@ class ClusterState {
   // state transfer) becomes its tail: FAILED_PRECONDITION when the chain is no longer at
   // request.epoch or the replica is not live and outside it. Returns the new epoch.
   absl::StatusOr<JoinChainResponse> JoinChain(const JoinChainRequest& request);
+  // The chain becomes its head alone (ShrinkChainRequest); returns the new epoch.
+  absl::StatusOr<JoinChainResponse> ShrinkChain(const ShrinkChainRequest& request);
 
   // Declares dead every member silent for longer than the timeout, and takes dead shard
   // replicas out of their chains (but the last: the chain then waits for a new

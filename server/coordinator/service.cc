@@ -39,6 +39,12 @@ grpc::Status CoordinatorService::JoinChain(grpc::ServerContext*, const JoinChain
   return Answer([&] { return cluster_->JoinChain(*req); }, resp);
 }
 
+grpc::Status CoordinatorService::ShrinkChain(grpc::ServerContext*, const ShrinkChainRequest* req,
+                                             JoinChainResponse* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  return Answer([&] { return cluster_->ShrinkChain(*req); }, resp);
+}
+
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
                                            HeartbeatResponse* resp) {
   InFlightCounter::Scope scope(&in_flight_);

@@ -38,6 +38,8 @@ class CoordinatorService final : public Coordinator::Service {
                           ::pscluster::coord::Checkpoint*) override;
   grpc::Status JoinChain(grpc::ServerContext*, const JoinChainRequest*,
                          JoinChainResponse*) override;
+  grpc::Status ShrinkChain(grpc::ServerContext*, const ShrinkChainRequest*,
+                           JoinChainResponse*) override;
 
   InFlightCounter* in_flight() { return &in_flight_; }
 

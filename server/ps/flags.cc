@@ -112,8 +112,18 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
     return absl::InvalidArgumentError(
         "--replica > 0 needs --coordinator: the coordinator chains the replicas");
   }
-  if (f.replica > 0 && !f.snapshots.root.empty()) {
-    f.snapshots.root = absl::StrCat(f.snapshots.root, "/replica-", f.replica);
+  if (!f.snapshots.root.empty() && !f.coordinator.empty()) {
+    // Replica r > 0 writes under DIR/replica-r; a restore reads what every replica wrote
+    // (whichever was its chain's head then), on this machine or a shared file system.
+    const std::string base = f.snapshots.root;
+    for (int r = 0; r < 3; ++r) {
+      const std::string root = r == 0 ? base : absl::StrCat(base, "/replica-", r);
+      if (r == f.replica) {
+        f.snapshots.root = root;
+      } else {
+        f.snapshots.read_roots.push_back(root);  // (a root not there yet holds nothing)
+      }
+    }
   }
   f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   f.advertise_port = absl::GetFlag(FLAGS_advertise_port);

@@ -159,6 +159,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
     ro.serving = service->serving_mu();
     CoordinatorClient* c = coordinator.get();
     ro.append = [c](int32_t replica, int64_t epoch) { return c->JoinChain(replica, epoch); };
+    ro.shrink = [c](int32_t replica, int64_t epoch) { return c->ShrinkChain(replica, epoch); };
     *chain = std::make_unique<Replicator>(
         ro,
         [service](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {

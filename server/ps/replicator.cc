@@ -113,12 +113,44 @@ absl::Status Replicator::CheckHead() const {
   return absl::OkStatus();
 }
 
-absl::Status Replicator::CheckAlone(absl::string_view what) const {
+absl::Status Replicator::StandAlone(absl::string_view what) {
+  int64_t epoch = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const Place p = PlaceLocked();
+    if (!p.head) {
+      return absl::UnavailableError(absl::StrCat(what, ": ", Name(), " is not the head"));
+    }
+    if (p.size <= 1) return absl::OkStatus();
+    epoch = p.epoch;
+  }
+  if (!options_.shrink) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": ", Name(), " is in a chain of several replicas and cannot shrink it"));
+  }
+  absl::StatusOr<int64_t> shrunk = options_.shrink(options_.replica, epoch);
+  if (!shrunk.ok()) {
+    return absl::Status(shrunk.status().code(),
+                        absl::StrCat(what, ": making the chain the head alone failed: ",
+                                     shrunk.status().message()));
+  }
+  if (options_.refresh) options_.refresh();
   absl::MutexLock lock(&mu_);
-  if (config_.replicas.size() <= 1 && learner_.replica < 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " is not replicated yet: ", Name(), " is in a chain of ", config_.replicas.size(),
-      " replicas (ps_coordinator --replicas); it works on a chain of one"));
+  if (config_.epoch < *shrunk) {
+    return absl::UnavailableError(absl::StrCat(
+        what, ": ", Name(), " has not heard of chain epoch ", *shrunk, " yet; retry"));
+  }
+  std::printf("ps_server: %s: the chain is this head alone (epoch %lld) for %s; the other "
+              "replicas join again\n", Name().c_str(), static_cast<long long>(config_.epoch),
+              std::string(what).c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+bool Replicator::AloneNow() {
+  absl::MutexLock lock(&mu_);
+  learner_ = Learner();  // a joiner's copy would be of the state about to be replaced
+  return config_.replicas.size() <= 1;
 }
 
 void Replicator::AppliedLocked(uint64_t seq, const std::string& request_id) {

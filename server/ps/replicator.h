@@ -25,6 +25,10 @@
 // the state is in transit. Any change of the chain meanwhile, or an update the joiner
 // fails, starts the join over.
 //
+// Replacing the whole state (Restore, ImportDense) is not an update the chain carries: the
+// head first has the coordinator shrink the chain to itself (StandAlone), replaces its state
+// with no joins in progress (HoldJoins, AloneNow), and the others join again.
+//
 // Reads: the head serves pulls, and only while its lease holds: a heartbeat answered by the
 // coordinator less than `lease` ago (well under the coordinator's liveness timeout), so a
 // head the coordinator may have replaced (cut off from it) stops serving before the new head
@@ -83,6 +87,9 @@ struct ReplicatorOptions {
   // The tail: asks the coordinator to append a joiner that holds the chain's state and
   // every update since (CoordinatorClient::JoinChain); the new epoch. Null: no joins.
   std::function<absl::StatusOr<int64_t>(int32_t replica, int64_t epoch)> append;
+  // The head: asks the coordinator to make the chain this head alone
+  // (CoordinatorClient::ShrinkChain); the new epoch. Null: Restore needs a chain of one.
+  std::function<absl::StatusOr<int64_t>(int32_t replica, int64_t epoch)> shrink;
   absl::Duration transfer_timeout = absl::Minutes(10);  // one state transfer, whole
   // Held shared by every call that uses the shard's tables, exclusively to replace them
   // (ParameterServerService's): updates apply under it shared, a joiner installs its new
@@ -119,9 +126,18 @@ class Replicator {
   // OK when this replica serves clients now: the head of its chain, its lease valid.
   // Otherwise UNAVAILABLE naming the head (clients go there).
   absl::Status CheckHead() const;
-  // Refused when the chain has more than this replica (Restore, ImportDense: a change of
-  // the whole state the chain does not carry yet).
-  absl::Status CheckAlone(absl::string_view what) const;
+  // Before the head replaces its whole state (`what`: Restore, ImportDense), which the chain
+  // does not carry as an update: the chain becomes the head alone (the coordinator's
+  // ShrinkChain), and the others join again by a state transfer of the new state.
+  absl::Status StandAlone(absl::string_view what);
+  // Whether the chain is this replica alone with no joiner: checked again, and any joiner
+  // dropped, once the caller holds `serving` exclusively (no transfer can start then).
+  bool AloneNow();
+  // Held by a transfer to a joiner, by JoinedChain, and by a head replacing its whole state
+  // (one at a time), before `serving`.
+  std::unique_ptr<absl::MutexLock> HoldJoins() {
+    return std::make_unique<absl::MutexLock>(&transfer_mu_);
+  }
 
   // A client's update on the head. `apply` runs in the chain's order (one at a time), then
   // `update` (its payload; seq and epoch are set here) goes down the chain with `chunks`
@@ -198,6 +214,7 @@ class Replicator {
   Learner learner_ ABSL_GUARDED_BY(mu_);
   int64_t learning_epoch_ ABSL_GUARDED_BY(mu_) = -1;  // a joiner: the epoch it joins
   absl::Mutex join_mu_;  // a tail's JoinedChain against dropping that joiner
+  absl::Mutex transfer_mu_;
   absl::Notification stop_;
   std::thread joiner_;
   absl::Mutex stubs_mu_;

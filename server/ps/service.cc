@@ -173,9 +173,10 @@ grpc::Status ParameterServerService::Replicate(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::TransferState(grpc::ServerContext*,
                                                    const TransferStateRequest* req,
                                                    grpc::ServerWriter<StateTransferChunk>* writer) {
-  Scope scope(this);
   Replicator* chain = replicator_.load();
   if (chain == nullptr) return ToGrpcStatus(NotReplicated());
+  auto joins = chain->HoldJoins();  // before Scope: the replicator's lock order
+  Scope scope(this);
   return chain->TransferState(req, writer);
 }
 
@@ -185,6 +186,7 @@ grpc::Status ParameterServerService::JoinedChain(grpc::ServerContext*,
   InFlightCounter::Scope in_flight(&in_flight_);
   Replicator* chain = replicator_.load();
   if (chain == nullptr) return ToGrpcStatus(NotReplicated());
+  auto joins = chain->HoldJoins();
   return chain->JoinedChain(req, resp);
 }
 

@@ -145,6 +145,9 @@ class ParameterServerService final : public ParameterServer::Service {
   void ReleaseIdleMemory();
 
   absl::Status CheckSnapshotter() const;
+  // Replicated, before the head replaces its whole state (Restore, ImportDense): the chain
+  // becomes the head alone and no replica joins until *joins is released (Replicator).
+  absl::Status ReplaceWholeState(absl::string_view what, std::unique_ptr<absl::MutexLock>* joins);
   // A dense table for ExportDense/ImportDense: NOT_FOUND, or FAILED_PRECONDITION for a
   // sparse one. (No worker id: moving state is not a worker's push or pull.)
   absl::StatusOr<DenseTable*> DenseForState(uint32_t table_id) const;

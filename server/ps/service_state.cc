@@ -90,9 +90,8 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   InFlightCounter::Scope in_flight(&in_flight_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  if (Replicator* chain = replicator_.load(); chain != nullptr) {
-    if (absl::Status s = chain->CheckAlone("Restore"); !s.ok()) return ToGrpcStatus(s);
-  }
+  std::unique_ptr<absl::MutexLock> joins;
+  if (absl::Status s = ReplaceWholeState("Restore", &joins); !s.ok()) return ToGrpcStatus(s);
   if (req->step() < 0) {
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req->step())));
@@ -121,6 +120,20 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   std::fflush(stdout);
   resp->set_step(step);
   return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::ReplaceWholeState(absl::string_view what,
+                                                       std::unique_ptr<absl::MutexLock>* joins) {
+  Replicator* chain = replicator_.load();
+  if (chain == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(chain->StandAlone(what));
+  *joins = chain->HoldJoins();
+  if (!chain->AloneNow()) {
+    joins->reset();
+    return absl::UnavailableError(absl::StrCat(
+        what, ": a replica joined the chain again meanwhile; nothing was changed; retry"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DenseTable*> ParameterServerService::DenseForState(uint32_t table_id) const {
@@ -202,11 +215,10 @@ absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
 grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
                                                  grpc::ServerReader<TableStateChunk>* reader,
                                                  ImportDenseResponse* resp) {
+  std::unique_ptr<absl::MutexLock> joins;  // before Scope: the replicator's lock order
+  if (absl::Status s = ReplaceWholeState("ImportDense", &joins); !s.ok()) return ToGrpcStatus(s);
   Scope scope(this);
   if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  if (Replicator* chain = replicator_.load(); chain != nullptr) {
-    if (absl::Status s = chain->CheckAlone("ImportDense"); !s.ok()) return ToGrpcStatus(s);
-  }
   TableStateChunk first;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));

@@ -290,7 +290,11 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
   std::vector<std::unique_ptr<SnapshotStore>> owned;  // other shards' stores
   std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, const SnapshotStore*>>> by_step;
   std::vector<std::string> damaged;
-  for (const std::string& dir : storage_->ShardDirs(options_.root)) {
+  std::vector<std::string> dirs = storage_->ShardDirs(options_.root);
+  for (const std::string& root : options_.read_roots) {
+    for (std::string& dir : storage_->ShardDirs(root)) dirs.push_back(std::move(dir));
+  }
+  for (const std::string& dir : dirs) {
     const SnapshotStore* store = store_.get();
     if (!storage_->Same(dir, store_->dir())) {
       ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStore> opened,

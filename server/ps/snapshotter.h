@@ -23,6 +23,9 @@ namespace pscluster::ps {
 
 struct SnapshotterOptions {
   std::string root;                     // checkpoint root (ps_server --data_dir)
+  // More roots whose shard directories Load reads (never writes): the other replicas' of a
+  // chain-replicated shard, since whichever replica was the head wrote each snapshot.
+  std::vector<std::string> read_roots;
   int keep_last = 3;                    // newest complete snapshots kept ...
   bool lower_metric_is_better = true;   // ... plus the best by metric
   absl::Duration test_delay_per_block;  // tests only: slows writes to widen crash windows
