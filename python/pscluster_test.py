@@ -65,6 +65,33 @@ class ClusterTestCase(unittest.TestCase):
         cls.tmp.cleanup()
 
 
+class ReplicatedTest(unittest.TestCase):
+    """A shard of 2 chain-replicated replicas: the client follows a failover of its head."""
+
+    def test_push_after_the_head_is_killed_lands_once_on_the_new_head(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="pscluster_replicated_") as tmp:
+            local = LocalCluster(num_shards=1, replicas=2, log_dir=tmp,
+                                 coordinator_args=["--heartbeat_timeout_ms=600"])
+            try:
+                with pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT,
+                                       wait_until_complete=True) as cluster:
+                    table = cluster.create_dense("w", 64, optimizer="sgd", learning_rate=LR,
+                                                 consistency="asp", initializer="uniform",
+                                                 scale=1.0, seed=7)
+                    w0 = cluster.pull_dense(table, step=0)
+                    g = np.random.default_rng(2).standard_normal((2, 64), dtype=np.float32)
+                    cluster.push_dense(table, g[0], step=0)
+                    local.replicas[0][0].kill()  # SIGKILL of the head
+                    cluster.push_dense(table, g[1], step=1)  # waits out the failover
+                    w2 = cluster.pull_dense(table, step=2)
+                    # The shard's SGD steps in float32, one push after the other.
+                    want = (w0 - np.float32(LR) * g[0]) - np.float32(LR) * g[1]
+                    np.testing.assert_array_equal(w2, want)
+                    self.assertIn(local.replica_addresses[0][1], cluster._name(0))
+            finally:
+                local.stop()
+
+
 class DenseTest(ClusterTestCase):
 
     def create(self, name: str, size: int) -> int:

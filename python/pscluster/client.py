@@ -14,6 +14,7 @@ Each blocking call has an `_async` twin returning a concurrent.futures.Future.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
@@ -36,6 +37,7 @@ UNARY_PULL_BYTES = 256 << 10
 MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
 # gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
 THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
+_REQUEST_COUNTER = itertools.count(1)
 
 _OPTIMIZERS = {k.lower(): v for k, v in ps_pb2.OptimizerConfig.Kind.items()}
 _CONSISTENCY = {k.lower(): v for k, v in ps_pb2.ConsistencyConfig.Mode.items()}
@@ -90,41 +92,124 @@ def _make_spec(table_id: int, name: str, kind: int, shape: dict, optimizer="sgd"
         raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"table {name}: {e}") from None
 
 
+class _Replica:
+    """The calls to one ps_server: its stub, and the bulk calls with DenseChunk coded by
+    hand (_wire.py: one copy out, none in)."""
+
+    def __init__(self, channel: grpc.Channel):
+        method = "/pscluster.ps.ParameterServer/"
+        self.stub = ps_pb2_grpc.ParameterServerStub(channel)
+        self.push_unary = channel.unary_unary(
+            method + "PushDense", request_serializer=_wire.encode_chunk,
+            response_deserializer=ps_pb2.PushDenseResponse.FromString)
+        self.push_stream = channel.stream_unary(
+            method + "PushDenseStream", request_serializer=_wire.encode_chunk,
+            response_deserializer=ps_pb2.PushDenseResponse.FromString)
+        self.pull_unary = channel.unary_unary(
+            method + "PullDense", request_serializer=ps_pb2.PullDenseRequest.SerializeToString,
+            response_deserializer=_wire.decode_chunk)
+        self.push_pull_batch = channel.unary_unary(
+            method + "PushPullDenseBatch", request_serializer=_wire.encode_batch,
+            response_deserializer=_wire.decode_batch)
+        self.pull_stream = channel.unary_stream(
+            method + "PullDenseStream",
+            request_serializer=ps_pb2.PullDenseRequest.SerializeToString,
+            response_deserializer=_wire.decode_chunk)
+
+
+class _Current:
+    """cluster._push_unary[shard] and the like: that call of the replica the shard's calls
+    go to now (the head, as far as this client knows)."""
+
+    def __init__(self, cluster: "Cluster", name: str):
+        self._cluster, self._name = cluster, name
+
+    def __getitem__(self, shard: int):
+        c = self._cluster
+        return getattr(c._replicas[shard][c._current[shard]], self._name)
+
+
+class _RequestIds(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                  grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds the request id of the call in progress on this thread (Cluster._call) as the
+    ps-request-id metadata: the new head answers a retried update from the first call."""
+
+    def __init__(self, local: threading.local):
+        self._local = local
+
+    def _details(self, details):
+        request_id = getattr(self._local, "request_id", None)
+        if not request_id:
+            return details
+        metadata = list(details.metadata or []) + [("ps-request-id", request_id)]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else \
+            _CallDetails(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, d, metadata):
+        self.method, self.timeout, self.metadata = d.method, d.timeout, metadata
+        self.credentials = d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
+
+
 class Cluster:
-    """Channels to every shard of one cluster. Thread-safe; close() (or `with`) when done."""
+    """Channels to every shard of one cluster. Thread-safe; close() (or `with`) when done.
+    `replicas` (chain-replicated shards, ps_coordinator --replicas > 1): each shard's
+    replicas, head first; a call a replica does not take (UNAVAILABLE: dead, cut off, or not
+    the head) goes on to the next, with the same request id. connect() fills it in."""
 
     def __init__(self, shard_addresses: Sequence[str], timeout: float = 10.0,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 coordinator: Optional[str] = None, security: Optional[Security] = None):
+                 coordinator: Optional[str] = None, security: Optional[Security] = None,
+                 replicas: Optional[Sequence[Sequence[str]]] = None):
         if not shard_addresses or any(not a for a in shard_addresses):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"every shard needs an address; got {list(shard_addresses)}")
+        if replicas is not None and (len(replicas) != len(shard_addresses)
+                                     or any(not r or not all(r) for r in replicas)):
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"replicas must list every shard's replicas; got {list(replicas)}")
         self.addresses: List[str] = list(shard_addresses)
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self.security = security or Security()
-        self._channels = [self.security.channel(a, options) for a in self.addresses]
-        self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
-        # The bulk calls with DenseChunk coded by hand (_wire.py: one copy out, none in).
-        method = "/pscluster.ps.ParameterServer/"
-        self._push_unary = [c.unary_unary(
-            method + "PushDense", request_serializer=_wire.encode_chunk,
-            response_deserializer=ps_pb2.PushDenseResponse.FromString) for c in self._channels]
-        self._push_stream = [c.stream_unary(
-            method + "PushDenseStream", request_serializer=_wire.encode_chunk,
-            response_deserializer=ps_pb2.PushDenseResponse.FromString) for c in self._channels]
-        self._pull_unary = [c.unary_unary(
-            method + "PullDense", request_serializer=ps_pb2.PullDenseRequest.SerializeToString,
-            response_deserializer=_wire.decode_chunk) for c in self._channels]
-        self._push_pull_batch = [c.unary_unary(
-            method + "PushPullDenseBatch", request_serializer=_wire.encode_batch,
-            response_deserializer=_wire.decode_batch) for c in self._channels]
-        self._pull_stream = [c.unary_stream(
-            method + "PullDenseStream",
-            request_serializer=ps_pb2.PullDenseRequest.SerializeToString,
-            response_deserializer=_wire.decode_chunk) for c in self._channels]
+        self._replica_addresses: List[List[str]] = (
+            [list(r) for r in replicas] if replicas is not None else [[a] for a in self.addresses])
+        self._replicated = any(len(r) > 1 for r in self._replica_addresses)
+        self._local = threading.local()
+        self._channels = []
+        self._replicas: List[List[_Replica]] = []
+        for shard_replicas in self._replica_addresses:
+            self._replicas.append([])
+            for address in shard_replicas:
+                channel = self.security.channel(address, options)
+                self._channels.append(channel)
+                if self._replicated:
+                    channel = grpc.intercept_channel(channel, _RequestIds(self._local))
+                self._replicas[-1].append(_Replica(channel))
+        self._current = [0] * len(self._replicas)
+        self._stubs = _Current(self, "stub")
+        self._push_unary = _Current(self, "push_unary")
+        self._push_stream = _Current(self, "push_stream")
+        self._pull_unary = _Current(self, "pull_unary")
+        self._push_pull_batch = _Current(self, "push_pull_batch")
+        self._pull_stream = _Current(self, "pull_stream")
         self._coordinator_address = coordinator
         self._coordinator: Optional[coordinator_pb2_grpc.CoordinatorStub] = None
         self._coordinator_channel: Optional[grpc.Channel] = None
@@ -150,7 +235,7 @@ class Cluster:
 
     @property
     def num_shards(self) -> int:
-        return len(self._stubs)
+        return len(self._replicas)
 
     def close(self) -> None:
         self._async_pool.shutdown(wait=True)
@@ -169,7 +254,7 @@ class Cluster:
     # ---- calls -------------------------------------------------------------------------
 
     def _name(self, shard: int) -> str:
-        return f"shard {shard} ({self.addresses[shard]})"
+        return f"shard {shard} ({self._replica_addresses[shard][self._current[shard]]})"
 
     def _call(self, shard: int, fn: Callable[[ps_pb2_grpc.ParameterServerStub], T]) -> T:
         """fn(stub) on one shard; a gRPC error becomes a PsError naming the shard. A call the
@@ -177,17 +262,29 @@ class Cluster:
         again after a backoff, 1 ms doubling to 100 ms, for up to the timeout, as the C++
         client does: a push to several shards then lands on all of them, not some."""
         backoff, end = 0.001, time.monotonic() + self.timeout
-        while True:
-            try:
-                return fn(self._stubs[shard])
-            except grpc.RpcError as e:
-                if not (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                        and e.details() == THREADPOOL_EXHAUSTED
-                        and time.monotonic() + backoff < end):
-                    error = e
-                    break
-            time.sleep(backoff)
-            backoff = min(2 * backoff, 0.1)
+        n = len(self._replicas[shard])
+        if self._replicated:  # one id for every attempt (_RequestIds sends it)
+            self._local.request_id = f"py-{id(self):x}-{next(_REQUEST_COUNTER)}"
+        try:
+            while True:
+                at = self._current[shard]
+                try:
+                    return fn(self._stubs[shard])
+                except grpc.RpcError as e:
+                    failover = n > 1 and e.code() == grpc.StatusCode.UNAVAILABLE
+                    refused = (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                               and e.details() == THREADPOOL_EXHAUSTED)
+                    if not ((refused or failover) and time.monotonic() + backoff < end):
+                        error = e
+                        break
+                    if failover:
+                        with self._lock:
+                            if self._current[shard] == at:  # not moved on by another call
+                                self._current[shard] = (at + 1) % n
+                time.sleep(backoff)
+                backoff = min(2 * backoff, 0.02 if n > 1 else 0.1)
+        finally:
+            self._local.request_id = None
         details = error.details()
         if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and details == THREADPOOL_EXHAUSTED:
             details += (" (every handler thread is busy, so the call was refused before any "
@@ -777,5 +874,8 @@ def connect(coordinator_address: str, timeout: float = 10.0,
         raise PsError(grpc.StatusCode.UNAVAILABLE,
                       f"coordinator ({coordinator_address}): shards {missing} of "
                       f"{view.num_shards} have not registered")
+    replicas = ([list(c.addresses) for c in view.chains]
+                if view.replicas > 1 and len(view.chains) == len(view.shard_addresses) else None)
     return Cluster(list(view.shard_addresses), timeout=timeout,
-                   coordinator=coordinator_address, security=security, **kwargs)
+                   coordinator=coordinator_address, security=security, replicas=replicas,
+                   **kwargs)

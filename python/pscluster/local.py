@@ -91,11 +91,14 @@ class LocalCluster:
     `num_workers` is what the coordinator expects of built-in workers (0: the cluster is
     complete once the shards are up; Python workers talk to the shards directly).
     `data_dir`: where shards keep snapshots and the coordinator its manifest (none: no
-    snapshots). `log_dir`: every process's output, one file each."""
+    snapshots). `log_dir`: every process's output, one file each. `replicas`: copies of
+    each shard (ps_coordinator --replicas); replicas[i] are shard i's processes, head
+    first, and replica_addresses[i] their addresses."""
 
     def __init__(self, num_shards: int = 2, num_workers: int = 0,
                  data_dir: Optional[str] = None, log_dir: Optional[str] = None,
-                 shard_args: Sequence[str] = (), coordinator_args: Sequence[str] = ()):
+                 shard_args: Sequence[str] = (), coordinator_args: Sequence[str] = (),
+                 replicas: int = 1):
         self.processes: List[Process] = []
         self.log_dir = log_dir
         server = find_binary("ps_server", "PS_SERVER", "server/ps/ps_server")
@@ -103,22 +106,30 @@ class LocalCluster:
                                   "server/coordinator/ps_coordinator")
         try:
             args = [coordinator, "--port=0", f"--num_shards={num_shards}",
-                    f"--num_workers={num_workers}", *coordinator_args]
+                    f"--num_workers={num_workers}", f"--replicas={replicas}", *coordinator_args]
             if data_dir:
                 args.append(f"--data_dir={data_dir}/coordinator")
             c = self._start("coordinator", args)
             self.coordinator = c.wait_for(r"listening on (\S+:\d+)").group(1)
             self.shards: List[Process] = []
             self.addresses: List[str] = []
+            self.replicas: List[List[Process]] = []
+            self.replica_addresses: List[List[str]] = []
             for i in range(num_shards):
-                args = [server, "--port=0", f"--shard_id={i}", f"--num_shards={num_shards}",
-                        f"--coordinator={self.coordinator}", *shard_args]
-                if data_dir:  # one root for all: each shard writes shard-<id>/ under it
-                    args.append(f"--data_dir={data_dir}/shards")
-                shard = self._start(f"shard{i}", args)
-                self.addresses.append(shard.wait_for(r"listening on (\S+:\d+)").group(1))
-                shard.wait_for(r"registered with the coordinator")
-                self.shards.append(shard)
+                self.replicas.append([])
+                self.replica_addresses.append([])
+                for r in range(replicas):
+                    args = [server, "--port=0", f"--shard_id={i}", f"--num_shards={num_shards}",
+                            f"--replica={r}", f"--coordinator={self.coordinator}", *shard_args]
+                    if data_dir:  # one root for all: each shard writes shard-<id>/ under it
+                        args.append(f"--data_dir={data_dir}/shards")
+                    shard = self._start(f"shard{i}" + (f"-r{r}" if r else ""), args)
+                    address = shard.wait_for(r"listening on (\S+:\d+)").group(1)
+                    shard.wait_for(r"registered with the coordinator")
+                    self.replicas[-1].append(shard)
+                    self.replica_addresses[-1].append(address)
+                self.shards.append(self.replicas[-1][0])
+                self.addresses.append(self.replica_addresses[-1][0])
         except BaseException:
             self.stop()
             raise
