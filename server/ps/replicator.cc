@@ -535,8 +535,8 @@ void Replicator::JoinLoop() {
     if (s.ok()) {
       std::printf("ps_server: %s: joined its chain\n", Name().c_str());
     } else {
-      std::printf("ps_server: %s: joining failed (%s); trying again\n", Name().c_str(),
-                  std::string(s.message()).c_str());
+      std::fprintf(stderr, "ps_server: %s: joining its chain failed (%s); trying again\n",
+                   Name().c_str(), std::string(s.message()).c_str());
     }
     std::fflush(stdout);
     if (options_.refresh) options_.refresh();
