@@ -1,7 +1,6 @@
 #include "server/coordinator/cluster_state.h"
 
 #include <algorithm>
-
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -48,10 +47,11 @@ Member* ClusterState::FindLocked(Role role, int32_t id, int32_t replica) {
   return it == members_.end() ? nullptr : &it->second;
 }
 
-bool ClusterState::ChainAliveLocked(int32_t shard) const {
+bool ClusterState::ChainAliveLocked(int32_t shard, int32_t except) const {
   auto chain = chains_.find(shard);
   if (chain == chains_.end()) return false;
   for (int32_t r : chain->second.replicas()) {
+    if (r == except) continue;
     auto it = members_.find({SHARD, shard, r});
     if (it != members_.end() && it->second.alive()) return true;
   }
@@ -61,11 +61,8 @@ bool ClusterState::ChainAliveLocked(int32_t shard) const {
 void ClusterState::JoinChainLocked(const Member& m) {
   Chain& chain = chains_[m.id()];
   chain.set_shard(m.id());
-  bool others_alive = false;  // members of the chain besides m (which registered anew)
-  for (int32_t r : chain.replicas()) {
-    auto it = members_.find({SHARD, m.id(), r});
-    others_alive |= r != m.replica() && it != members_.end() && it->second.alive();
-  }
+  // Live members of the chain besides m (which registered anew).
+  const bool others_alive = ChainAliveLocked(m.id(), /*except=*/m.replica());
   if (formed_.count(m.id()) && others_alive) {
     std::printf("coordinator: shard %d replica %d waits outside its chain (the chain holds "
                 "the state; it joins by a state transfer from the tail)\n", m.id(), m.replica());

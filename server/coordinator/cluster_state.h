@@ -95,7 +95,9 @@ class ClusterState {
   // Chain changes (see Register and CheckLiveness); each bumps the chain's epoch.
   void JoinChainLocked(const Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveChainLocked(const Member& m, bool keep_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool ChainAliveLocked(int32_t shard) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether the shard's chain holds a live member (other than replica `except`).
+  bool ChainAliveLocked(int32_t shard, int32_t except = -1) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The worker, or NOT_FOUND when `rank` is not registered with `incarnation`.
   absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -47,15 +47,13 @@ void Replicator::Update(const ChainConfig& config) {
   formed_ |= config.formed;
   if (learner_.replica >= 0 && learner_.epoch != config.epoch) learner_ = Learner();
   const Place now = PlaceLocked();
-  {
-    std::printf("ps_server: %s: chain epoch %lld: %s (%s)\n", Name().c_str(),
-                static_cast<long long>(config.epoch),
-                !now.in_chain ? "not in the chain"
-                : now.head    ? (now.successor.empty() ? "head and tail" : "head")
-                              : (now.successor.empty() ? "tail" : "middle"),
-                absl::StrJoin(config.addresses, " -> ").c_str());
-    std::fflush(stdout);
-  }
+  std::printf("ps_server: %s: chain epoch %lld: %s (%s)\n", Name().c_str(),
+              static_cast<long long>(config.epoch),
+              !now.in_chain ? "not in the chain"
+              : now.head    ? (now.successor.empty() ? "head and tail" : "head")
+                            : (now.successor.empty() ? "tail" : "middle"),
+              absl::StrJoin(config.addresses, " -> ").c_str());
+  std::fflush(stdout);
 }
 
 void Replicator::Renew(absl::Time sent) {
@@ -91,7 +89,7 @@ absl::Status Replicator::CheckHead() const {
   if (!p.in_chain) {
     return absl::UnavailableError(absl::StrCat(
         Name(), " is not in its shard's chain (", chain,
-        p.epoch == 0 ? ": not told yet" : ": taken out; restart it to hold a copy again",
+        p.epoch == 0 ? ": not told yet" : ": taken out; it joins again by a state transfer",
         "); the head is ", p.head_address.empty() ? "unknown" : p.head_address));
   }
   if (!p.head) {
@@ -155,6 +153,10 @@ bool Replicator::AloneNow() {
 
 void Replicator::AppliedLocked(uint64_t seq, const std::string& request_id) {
   applied_ = seq;
+  RememberLocked(request_id, seq);
+}
+
+void Replicator::RememberLocked(const std::string& request_id, uint64_t seq) {
   if (request_id.empty()) return;
   if (request_seq_.emplace(request_id, seq).second) request_order_.push_back(request_id);
   while (request_order_.size() > options_.max_request_ids) {
@@ -187,7 +189,7 @@ absl::Status Replicator::AwaitDone(uint64_t seq, absl::Time deadline) {
 
 absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate update,
                                std::vector<std::string>* chunks,
-                               const std::function<absl::Status()>& apply, bool* duplicate) {
+                               const std::function<absl::Status()>& apply) {
   uint64_t seq = 0;
   bool seen = false;
   {
@@ -210,7 +212,6 @@ absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate u
       AppliedLocked(seq, request_id);
     }
   }
-  if (duplicate != nullptr) *duplicate = seen;
   if (seen) return AwaitDone(seq, absl::Now() + options_.forward_timeout);
   update.set_seq(seq);
   update.set_request_id(request_id);
@@ -620,9 +621,7 @@ absl::Status Replicator::JoinOnce(const std::string& tail, int64_t epoch) {
     request_seq_.clear();
     request_order_.clear();
     for (int i = 0; i < start.request_ids_size() && i < start.request_seqs_size(); ++i) {
-      if (request_seq_.emplace(start.request_ids(i), start.request_seqs(i)).second) {
-        request_order_.push_back(start.request_ids(i));
-      }
+      RememberLocked(start.request_ids(i), start.request_seqs(i));
     }
   }
   std::printf("ps_server: %s: installed the state at update %llu (%u tables)\n", Name().c_str(),
@@ -636,11 +635,6 @@ absl::Status Replicator::JoinOnce(const std::string& tail, int64_t epoch) {
   JoinedChainResponse resp;
   return FromGrpcStatus(StubFor(tail)->JoinedChain(&joined_ctx, joined, &resp),
                         absl::StrCat("the tail ", tail));
-}
-
-uint64_t Replicator::applied() const {
-  absl::MutexLock lock(&mu_);
-  return applied_;
 }
 
 }  // namespace pscluster::ps

@@ -142,10 +142,9 @@ class Replicator {
   // A client's update on the head. `apply` runs in the chain's order (one at a time), then
   // `update` (its payload; seq and epoch are set here) goes down the chain with `chunks`
   // (a stream's later chunk data, moved out). A request id seen before skips `apply` and
-  // waits for the first call's update to be acknowledged; *duplicate says so.
+  // waits for the first call's update to be acknowledged.
   absl::Status Write(const std::string& request_id, ReplicatedUpdate update,
-                     std::vector<std::string>* chunks, const std::function<absl::Status()>& apply,
-                     bool* duplicate = nullptr);
+                     std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
 
   // The Replicate RPC.
   grpc::Status Receive(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader);
@@ -154,8 +153,6 @@ class Replicator {
                              grpc::ServerWriter<StateTransferChunk>* writer);
   grpc::Status JoinedChain(const JoinedChainRequest* req, JoinedChainResponse* resp);
 
-  // For tests and Stats: the last sequence number applied here.
-  uint64_t applied() const;
 
  private:
   struct Place {
@@ -176,6 +173,9 @@ class Replicator {
                         std::vector<std::string>* chunks, absl::Time deadline);
   // seq applied here: remembered (with its request id) and, once handed on, done.
   void AppliedLocked(uint64_t seq, const std::string& request_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request id's update (the last max_request_ids are kept; "" is not remembered).
+  void RememberLocked(const std::string& request_id, uint64_t seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Done(uint64_t seq);
   bool DoneLocked(uint64_t seq) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -96,19 +96,17 @@ class ShardCalls {
   // (UNAVAILABLE: dead, cut off, or not the head of its chain) goes on to the next replica,
   // with the same request id (metadata ps-request-id, `id` or a new one): a head that
   // applied the call before it failed has handed it down the chain, and the next head
-  // answers the retry from that. So does, with `rotate_on_deadline`, an attempt whose
-  // slice ran out (a replica cut off the network answers nothing at all).
+  // answers the retry from that. So does an attempt of a call that does not wait (no
+  // `slice`) once kReplicaAttempt runs out: a replica cut off the network answers nothing.
   template <typename Attempt>
   grpc::Status Retrying(int shard, Attempt attempt, absl::Time end = absl::InfinitePast(),
-                        absl::Duration slice = absl::InfiniteDuration(), std::string id = "",
-                        bool rotate_on_deadline = false) const {
+                        absl::Duration slice = absl::InfiniteDuration(),
+                        std::string id = "") const {
     if (end == absl::InfinitePast()) end = absl::Now() + rpc_timeout_;
     if (id.empty()) id = NewRequestId();
     const int n = static_cast<int>(replicas_[shard].size());
-    if (n > 1 && slice == absl::InfiniteDuration()) {  // unary: a cut-off replica times out
-      slice = kReplicaAttempt;
-      rotate_on_deadline = true;
-    }
+    const bool rotate_on_deadline = n > 1 && slice == absl::InfiniteDuration();
+    if (rotate_on_deadline) slice = kReplicaAttempt;
     absl::Duration backoff = absl::Milliseconds(1);
     for (bool said = false;;) {
       const int at = current_[shard].load();
