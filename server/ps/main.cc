@@ -57,7 +57,9 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
 std::set<std::string> AdminMethods() {
   return pscluster::AdminMethods("pscluster.ps.ParameterServer",
                                  {"CreateTable", "Snapshot", "Restore", "ImportDense",
-                                  "UnregisterWorker"});
+                                  "UnregisterWorker",
+                                  // between the replicas of a shard (they hold the admin token)
+                                  "Replicate", "TransferState", "JoinedChain"});
 }
 
 // Listening on --host:--port (the port chosen is in *port).

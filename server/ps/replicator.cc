@@ -386,14 +386,11 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     }
     absl::Status s = apply_(update, &chunks);
     if (!s.ok()) {
-      // The head applied it and this replica cannot: the copies would differ.
-      std::fprintf(stderr,
-                   "ps_server: %s: FATAL: update %llu, applied by the head, fails here (%s); "
-                   "stopping so the chain goes on without this replica\n",
-                   Name().c_str(), static_cast<unsigned long long>(seq),
-                   std::string(s.message()).c_str());
-      std::fflush(stderr);
-      std::_Exit(3);
+      // Refused here, it changed nothing here: not applied, not acknowledged. Sent by a
+      // head that applied it, the head cannot hand it on and stops (Forward), and the chain
+      // goes on without it; sent by anyone else, it is refused and this replica goes on.
+      return ToGrpcStatus(absl::Status(
+          s.code(), absl::StrCat(Name(), ": update ", seq, " refused: ", s.message())));
     }
     absl::MutexLock lock(&mu_);
     AppliedLocked(seq, update.request_id());
