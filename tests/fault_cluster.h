@@ -101,16 +101,18 @@ class Cluster {
     StartCoordinator(coordinator_.substr(coordinator_.rfind(':') + 1));
   }
 
-  // Starts (or, after a kill, replaces) worker r.
-  void StartWorker(int r) {
-    auto w = Subprocess::Start(
-        {"worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
-         absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4",
-         absl::StrCat("--epochs=", options_.epochs), "--batch_size=32", "--lr=0.01",
-         options_.coordinator_checkpoints ? "--snapshot_every_epochs=0"
-                                          : "--snapshot_every_epochs=1",
-         "--collective_timeout=20s", "--progress_every=" + options_.progress_every,
-         absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")});
+  // Starts (or, after a kill, replaces) worker r; `extra` flags come last (and win).
+  void StartWorker(int r, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {
+        "worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
+        absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4",
+        absl::StrCat("--epochs=", options_.epochs), "--batch_size=32", "--lr=0.01",
+        options_.coordinator_checkpoints ? "--snapshot_every_epochs=0"
+                                         : "--snapshot_every_epochs=1",
+        "--collective_timeout=20s", "--progress_every=" + options_.progress_every,
+        absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto w = Subprocess::Start(std::move(argv));
     EXPECT_TRUE(w.ok());
     worker_[r] = workers_.size();
     workers_.push_back(*std::move(w));

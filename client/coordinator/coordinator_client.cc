@@ -98,12 +98,14 @@ void CoordinatorClient::Reregister() {
   std::fprintf(stderr, "coordinator %s does not know %s %d; registering again\n",
                options_.coordinator.c_str(), options_.role == coord::SHARD ? "shard" : "worker",
                options_.id);
+  registering_again_ = true;
   absl::StatusOr<coord::RegisterResponse> r = RegisterOnce(stub_.get(), options_);
+  if (r.ok()) incarnation_ = r->incarnation();
+  registering_again_ = false;
   if (!r.ok()) {
     std::fprintf(stderr, "registering again failed: %s\n", r.status().ToString().c_str());
     return;
   }
-  incarnation_ = r->incarnation();
   std::fprintf(stderr, "registered again as incarnation %lld\n",
                static_cast<long long>(r->incarnation()));
 }

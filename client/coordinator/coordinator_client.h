@@ -56,6 +56,9 @@ class CoordinatorClient {
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
 
   int64_t incarnation() const { return incarnation_.load(); }
+  // True while the heartbeat thread registers this member again: the coordinator may
+  // already refuse calls as incarnation() (NOT_FOUND) before it has the new one.
+  bool registering_again() const { return registering_again_.load(); }
   // The coordinator's liveness timeout (ps_coordinator --heartbeat_timeout_ms).
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
@@ -115,6 +118,7 @@ class CoordinatorClient {
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
   std::atomic<int64_t> incarnation_{0};  // the heartbeat thread may register again
+  std::atomic<bool> registering_again_{false};
   absl::Duration heartbeat_timeout_ = absl::Seconds(5);
   absl::Notification stop_;
   std::thread heartbeats_;

@@ -165,6 +165,28 @@ TEST_F(FaultSuite, WorkerKilled) {
   KillWorkerAndReplace(cluster, "SIGKILL worker 1 (PS mode), replaced", "ps");
 }
 
+// Regression (the docker network_cut case): a member that comes back and fails again
+// while the others roll back. Worker 1 is killed; a replacement registers (a new
+// generation) and dies before its part of the rollback (here: a wrong --world, after it
+// registered); worker 0, waiting for it, sees that and starts over with the next
+// replacement, instead of waiting out the recovery timeout for a process that is gone.
+TEST_F(FaultSuite, WorkerReplacementDiesDuringTheRollback) {
+  Cluster cluster(Dir("replacement_dies"), ClusterOptions());
+  AwaitFirstEpochCheckpoint(cluster);
+  const absl::Time fault = absl::Now();
+  ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+  ASSERT_TRUE(cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1)).ok());
+  cluster.StartWorker(1, {"--world=3"});
+  EXPECT_TRUE(cluster.worker(1).Wait(absl::Minutes(1)).ok()) << "the bad replacement ran on";
+  ASSERT_TRUE(
+      cluster.coordinator().WaitForLine("worker 1 DEAD (incarnation 2", absl::Minutes(1)).ok());
+  cluster.StartWorker(1);
+  auto recovered = RolledBack(cluster, absl::Minutes(2));
+  EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
+  ExpectCompletesBitwise(cluster, "SIGKILL worker 1; its replacement dies during the rollback",
+                         fault, recovered);
+}
+
 // A worker killed in each collective mode (ALLREDUCE is also in //tests:recovery_test).
 class WorkerKilledInMode : public FaultSuite, public ::testing::WithParamInterface<std::string> {};
 

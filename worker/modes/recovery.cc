@@ -12,6 +12,12 @@
 #include "worker/modes/trainer.h"
 
 namespace pscluster::modes {
+namespace {
+
+// How long a rollback waits on another worker between two looks at the cluster.
+constexpr absl::Duration kRollbackSlice = absl::Seconds(2);
+
+}  // namespace
 
 Mode RollbackMode(const coord::ClusterView& view, int64_t step) {
   return coord::ModeAt(view, step - 1);
@@ -48,7 +54,11 @@ absl::StatusOr<int64_t> Trainer::Start() {
   if (c != nullptr) {
     // A worker that replaces a failed one finds the run started: it joins the rollback.
     auto started = c->KvGet("run/started", /*wait=*/false, options_.rpc_timeout);
-    if (started.ok()) return Rejoin(Generation(view_));
+    if (started.ok()) {
+      absl::StatusOr<int64_t> back_to = Rejoin(Generation(view_));
+      if (back_to.ok() || !PeerFailure(back_to.status())) return back_to;
+      return Recover(std::nullopt, back_to.status());  // the cluster changed meanwhile
+    }
     if (started.status().code() != absl::StatusCode::kNotFound) return started.status();
   }
   if (options_.connect) {
@@ -91,8 +101,9 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   int64_t back_to = 0;
   if (rank == 0) {  // once every worker has stopped, roll every shard back
     for (int r = 0; r < options_.world; ++r) {
-      RETURN_IF_ERROR(
-          c->KvGet(absl::StrCat(prefix, "stopped/", r), true, options_.recovery_timeout).status());
+      RETURN_IF_ERROR(AwaitRollbackKey(absl::StrCat(prefix, "stopped/", r),
+                                       absl::StrCat("worker rank ", r, " to stop"))
+                          .status());
     }
     if (client_ == nullptr) {
       return absl::FailedPreconditionError(
@@ -110,7 +121,8 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
     RETURN_IF_ERROR(client_->Restore(back_to));
     RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
   } else {
-    ASSIGN_OR_RETURN(std::string value, c->KvGet(prefix + "step", true, options_.recovery_timeout));
+    ASSIGN_OR_RETURN(std::string value,
+                     AwaitRollbackKey(prefix + "step", "worker rank 0 to pick the checkpoint"));
     if (!absl::SimpleAtoi(value, &back_to)) {
       return absl::DataLossError("bad rollback step " + value);
     }
@@ -130,14 +142,40 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   return back_to;
 }
 
+absl::StatusOr<std::string> Trainer::AwaitRollbackKey(const std::string& key,
+                                                      const std::string& what) {
+  const absl::Time end = absl::Now() + options_.recovery_timeout;
+  while (true) {
+    const absl::Duration slice = std::min(kRollbackSlice, end - absl::Now());
+    absl::StatusOr<std::string> value = options_.coordinator->KvGet(key, true, slice);
+    if (value.ok() || value.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return value;
+    }
+    if (absl::Now() >= end) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("waited ", absl::FormatDuration(options_.recovery_timeout), " for ", what,
+                       " (coordinator key ", key, "); is that worker running?"));
+    }
+    RETURN_IF_ERROR(CheckLiveness());
+  }
+}
+
 absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
   const std::string before = Generation(view_);
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
   int64_t version = view_.version();
   std::set<std::pair<int, int>> named;  // members already reported down
   while (true) {                        // each AwaitView blocks until the next change of the view
-    ASSIGN_OR_RETURN(coord::ClusterView v,
-                     options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now()));
+    absl::StatusOr<coord::ClusterView> next =
+        options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now());
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited ", absl::FormatDuration(options_.recovery_timeout),
+          " for the cluster to be whole again (the members named down above were not "
+          "replaced: start them again, or raise the recovery timeout)"));
+    }
+    if (!next.ok()) return next.status();
+    const coord::ClusterView& v = *next;
     for (const auto& m : v.members()) {  // name what failed, as the coordinator saw it
       if (m.alive() || (m.role() == coord::SHARD && ShardHolds(v, m.id())) ||
           !named.insert({m.role(), m.id()}).second) {
@@ -152,18 +190,39 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
   }
 }
 
-absl::StatusOr<int64_t> Trainer::Recover(int64_t failed_step, const absl::Status& cause) {
-  std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
-              options_.rank, static_cast<long long>(failed_step), cause.ToString().c_str());
-  std::fflush(stdout);
-  ASSIGN_OR_RETURN(view_, AwaitHealedView());
-  placement_.reset();
-  ASSIGN_OR_RETURN(int64_t back_to, Rejoin(Generation(view_)));
-  known_.reset();  // the switches from the checkpoint on are asked for again
-  std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
-              options_.rank, static_cast<long long>(failed_step), static_cast<long long>(back_to));
-  std::fflush(stdout);
-  return back_to;
+absl::StatusOr<int64_t> Trainer::Recover(std::optional<int64_t> failed_step,
+                                         absl::Status cause) {
+  const absl::Time end = absl::Now() + options_.recovery_timeout;
+  while (true) {
+    if (failed_step) {
+      std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
+                  options_.rank, static_cast<long long>(*failed_step), cause.ToString().c_str());
+    } else {
+      std::printf("worker %d: the rollback it joined was interrupted (%s); waiting for the "
+                  "cluster to be whole again\n",
+                  options_.rank, cause.ToString().c_str());
+    }
+    std::fflush(stdout);
+    ASSIGN_OR_RETURN(view_, AwaitHealedView());
+    placement_.reset();
+    absl::StatusOr<int64_t> back_to = Rejoin(Generation(view_));
+    if (back_to.ok()) {
+      known_.reset();  // the switches from the checkpoint on are asked for again
+      if (failed_step) {
+        std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
+                    options_.rank, static_cast<long long>(*failed_step),
+                    static_cast<long long>(*back_to));
+        std::fflush(stdout);
+      }
+      return back_to;
+    }
+    // A member failed or came back (again) before the rollback was agreed: start over in
+    // the newer generation, as the others do.
+    if (!(PeerFailure(back_to.status()) || DeclaredDead()) || absl::Now() >= end) {
+      return back_to.status();
+    }
+    cause = back_to.status();
+  }
 }
 
 }  // namespace pscluster::modes

@@ -21,14 +21,13 @@ std::string FormatEta(double seconds) {
   return absl::StrCat(s / 60, "m", s % 60 < 10 ? "0" : "", s % 60, "s");
 }
 
-// Failures another process caused: a shard or a worker went away or stopped answering.
+}  // namespace
+
 bool PeerFailure(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded ||
          s.code() == absl::StatusCode::kCancelled;
 }
-
-}  // namespace
 
 Trainer::Trainer(TrainerOptions options, const data::Dataset* train, const data::Dataset* test)
     : options_(std::move(options)), train_(train), test_(test) {}
@@ -132,6 +131,7 @@ absl::Status Trainer::Leave() {
 }
 
 bool Trainer::DeclaredDead() const {
+  if (options_.coordinator->registering_again()) return true;
   for (const auto& m : view_.members()) {
     if (m.role() == coord::WORKER && m.id() == options_.rank) {
       return m.incarnation() != options_.coordinator->incarnation();

@@ -136,8 +136,15 @@ class Trainer {
   // Stops, agrees on the newest complete checkpoint with the others (generation `gen`),
   // rolls back to it and loads it into the current mode. Returns its step.
   absl::StatusOr<int64_t> Rejoin(const std::string& gen);
+  // Another worker's part of the rollback (the coordinator key `key`, under this
+  // generation's prefix), waited for in slices: between them CheckLiveness gives up when a
+  // member failed or the generation changed again (the rollback then starts over).
+  absl::StatusOr<std::string> AwaitRollbackKey(const std::string& key, const std::string& what);
   absl::StatusOr<coord::ClusterView> AwaitHealedView();
-  absl::StatusOr<int64_t> Recover(int64_t failed_step, const absl::Status& cause);
+  // Waits for the healed view and rejoins (Rejoin), again while a member fails or comes
+  // back before the rollback is agreed, up to recovery_timeout. `failed_step` failed with
+  // `cause` (none: a replacement's join was interrupted).
+  absl::StatusOr<int64_t> Recover(std::optional<int64_t> failed_step, absl::Status cause);
   // The PsClient's wait check: UNAVAILABLE naming the member the coordinator declared
   // dead, or a change of generation; OK to go on waiting.
   absl::Status CheckLiveness() const;
@@ -187,6 +194,8 @@ Mode RollbackMode(const coord::ClusterView& view, int64_t step);
 // The generation of a cluster view: every worker's incarnation and every shard chain's
 // generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
 std::string Generation(const coord::ClusterView& view);
+// Failures another process caused: a shard or a worker went away or stopped answering.
+bool PeerFailure(const absl::Status& s);
 // Whether shard `shard`'s chain still has a live replica (its state is not lost).
 bool ShardHolds(const coord::ClusterView& view, int32_t shard);
 
