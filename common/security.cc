@@ -154,6 +154,18 @@ absl::StatusOr<Security> Security::Load(const SecurityOptions& o) {
   return s;
 }
 
+Security Security::ForClient(bool tls, std::string ca, std::string cert, std::string key,
+                             std::string token, std::string server_name) {
+  Security s;
+  s.tls_ = tls;
+  s.ca_ = std::move(ca);
+  s.cert_ = std::move(cert);
+  s.key_ = std::move(key);
+  s.token_ = std::move(token);
+  s.server_name_ = std::move(server_name);
+  return s;
+}
+
 std::shared_ptr<grpc::Channel> Security::Channel(const std::string& target,
                                                  grpc::ChannelArguments args) const {
   if (!tls_) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);

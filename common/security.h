@@ -39,6 +39,10 @@ class Security {
   // Reads the files; refuses missing or unreadable files, a key without a cert, tokens
   // without TLS, and tokens that are short or not printable ASCII.
   static absl::StatusOr<Security> Load(const SecurityOptions& options);
+  // A client's, from PEM contents and a token already read and checked elsewhere (the
+  // Python client's pscluster.Security, for its C++ data path): TLS when `tls`.
+  static Security ForClient(bool tls, std::string ca, std::string cert, std::string key,
+                            std::string token, std::string server_name);
 
   bool tls() const { return tls_; }
   bool tokens() const { return !token_.empty() || !admin_token_.empty(); }

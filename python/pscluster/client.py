@@ -10,11 +10,18 @@ It mirrors the C++ PsClient (client/ps/):
   - every shard is called in parallel, each call with a deadline; every error is a PsError
     carrying the gRPC code, the server's message and the shard.
 Each blocking call has an `_async` twin returning a concurrent.futures.Future.
+
+The dense data calls (pull_dense, push_dense, push_pull_dense) go through the C++ client
+itself when pscluster._native is built (python/native/native.cc; the .deb ships it): the
+same requests on the numpy arrays' memory, with the GIL released, without grpc-python's
+per-message copies. `Cluster(native=False)` or PSCLUSTER_NATIVE=0 keeps them on grpc-python.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import os
+import re
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
@@ -28,6 +35,11 @@ from pscluster import _wire
 from pscluster.security import Security
 from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2, ps_pb2_grpc
 
+try:  # the C++ data path (python/BUILD.bazel builds it beside the stubs)
+    from pscluster import _native
+except ImportError:
+    _native = None
+
 T = TypeVar("T")
 
 # As the C++ client (PsClientOptions, dense.cc): chunks of 1 MiB, unary pulls up to 256 KiB,
@@ -38,6 +50,8 @@ MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
 # gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
 THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
 _REQUEST_COUNTER = itertools.count(1)
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+_SHARD_NAMED = re.compile(r"shard (\d+) \(")  # how the C++ client's errors begin
 
 _OPTIMIZERS = {k.lower(): v for k, v in ps_pb2.OptimizerConfig.Kind.items()}
 _CONSISTENCY = {k.lower(): v for k, v in ps_pb2.ConsistencyConfig.Mode.items()}
@@ -175,7 +189,8 @@ class Cluster:
     def __init__(self, shard_addresses: Sequence[str], timeout: float = 10.0,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  coordinator: Optional[str] = None, security: Optional[Security] = None,
-                 replicas: Optional[Sequence[Sequence[str]]] = None):
+                 replicas: Optional[Sequence[Sequence[str]]] = None,
+                 native: Optional[bool] = None):
         if not shard_addresses or any(not a for a in shard_addresses):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"every shard needs an address; got {list(shard_addresses)}")
@@ -226,6 +241,33 @@ class Cluster:
         self._specs: Dict[int, ps_pb2.TableSpec] = {}
         self._names: Dict[str, int] = {}
         self._registered: set = set()
+        if native is None:
+            native = _native is not None and os.environ.get("PSCLUSTER_NATIVE", "1") != "0"
+        if native and _native is None:
+            raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                          "native=True, but pscluster._native is not built (bazel build "
+                          "//python:pscluster, or install the .deb)")
+        self._native = None
+        if native:
+            s = self.security
+            self._native = _native.Client(
+                self._replica_addresses, timeout, chunk_bytes, s.tls, s.ca or b"",
+                s.cert or b"", s.key or b"", s.token or "", s.server_name or "")
+
+    @property
+    def native(self) -> bool:
+        """Whether the dense data calls go through the C++ client (pscluster._native)."""
+        return self._native is not None
+
+    def _native_call(self, fn: Callable[..., T], *args) -> T:
+        """fn(*args) on the C++ client; its error becomes a PsError (the shard it names)."""
+        try:
+            return fn(*args)
+        except _native.Error as e:
+            code, message = e.args
+            named = _SHARD_NAMED.match(message)
+            raise PsError(_CODES.get(code, grpc.StatusCode.UNKNOWN), message,
+                          int(named.group(1)) if named else None) from None
 
     @classmethod
     def from_shards(cls, shard_addresses: Sequence[str], timeout: float = 10.0,
@@ -433,6 +475,9 @@ class Cluster:
         spec = self._spec_of_kind(table, worker)
         out = _output(out, spec.size, f"table {spec.table_id}")
         self._ensure_registered(worker)
+        if self._native is not None:
+            self._native_call(self._native.pull_dense, worker, spec.table_id, step, out)
+            return out
         self._each(lambda s: self._pull_shard(s, spec.table_id, step, worker,
                                               *shard_range(spec.size, s, self.num_shards), out))
         return out
@@ -483,6 +528,9 @@ class Cluster:
         flat = _float32(grad, spec.size, f"table {spec.table_id}", "gradient")
         self._check_finite(spec, flat)
         self._ensure_registered(worker)
+        if self._native is not None:
+            self._native_call(self._native.push_dense, worker, spec.table_id, step, flat)
+            return
         self._each(lambda s: self._push_shard(s, spec.table_id, step, worker,
                                               *shard_range(spec.size, s, self.num_shards), flat))
 
@@ -523,6 +571,10 @@ class Cluster:
         outs = [_output(None if outs is None else o, sp.size, f"table {sp.table_id}")
                 for o, sp in zip(outs or [None] * len(specs), specs)]
         self._ensure_registered(worker)
+        if self._native is not None:
+            self._native_call(self._native.push_pull_dense, worker, step,
+                              [sp.table_id for sp in specs], flats, outs)
+            return outs
         self._each(lambda s: self._push_pull_shard(s, specs, flats, step, worker, outs))
         return outs
 
