@@ -12,7 +12,8 @@ It mirrors the C++ PsClient (client/ps/):
 Each blocking call has an `_async` twin returning a concurrent.futures.Future.
 
 The dense data calls (pull_dense, push_dense, push_pull_dense) go through the C++ client
-itself when pscluster._native is built (python/native/native.cc; the .deb ships it): the
+itself when pscluster._native is built (python/native/native.cc; the .deb does not ship it
+yet, and an installed client uses grpc-python): the
 same requests on the numpy arrays' memory, with the GIL released, without grpc-python's
 per-message copies. `Cluster(native=False)` or PSCLUSTER_NATIVE=0 keeps them on grpc-python.
 """
