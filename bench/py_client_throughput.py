@@ -52,6 +52,9 @@ def main() -> int:
     module, _, name = args.cluster_class.partition(":")
     cluster_class = getattr(importlib.import_module(module), name)
     with cluster_class.from_shards(addresses, timeout=60.0) as cluster:
+        native = bool(getattr(cluster, "native", False))
+        print(f"dense data path: {'C++ PsClient (pscluster._native)' if native else 'grpc-python'}",
+              file=sys.stderr)
         print(f"{'shards':<7} {'tensor':<10} {'push GB/s':>10} {'pull GB/s':>10} "
               f"{'push cpu ms':>12} {'pull cpu ms':>12}")
         for k, kib in enumerate(int(s) for s in args.sizes_kib.split(",")):
@@ -76,7 +79,7 @@ def main() -> int:
             if not (out[0] < 0 and np.all(out == out[0])):
                 print(f"pulled values disagree: {out.min()} .. {out.max()}", file=sys.stderr)
                 return 1
-            r = {"client": args.client, "shards": len(addresses), "bytes": nbytes,
+            r = {"client": args.client, "native": native, "shards": len(addresses), "bytes": nbytes,
                  "reps": reps, "push_gbps": nbytes / _median(push) / 1e9,
                  "pull_gbps": nbytes / _median(pull) / 1e9,
                  "push_cpu_ms": 1e3 * _median(push_cpu), "pull_cpu_ms": 1e3 * _median(pull_cpu)}

@@ -10,9 +10,9 @@
 #   bench/python_vs_cpp_client.sh                      # builds -c opt, uses bazel-bin
 #   BIN=/tmp/bin ROUNDS=5 bench/python_vs_cpp_client.sh
 #
-# BIN: a folder with ps_server, client_throughput and python/proto/*_pb2*.py (default: build
-# //server/ps:ps_server //bench:client_throughput //python:py_proto_gen with -c opt and use
-# bazel-bin). Also: ROUNDS (5), REPS (9), SIZES_KIB (64,1024,16384,65536), SHARDS ("1 2"),
+# BIN: a folder with ps_server, client_throughput and python/pscluster/proto/*_pb2*.py (and
+# python/pscluster/_native.so for the C++ data path; default: build //server/ps:ps_server
+# //bench:client_throughput //python:pscluster with -c opt and use bazel-bin). Also: ROUNDS (5), REPS (9), SIZES_KIB (64,1024,16384,65536), SHARDS ("1 2"),
 # PYTHON (/usr/bin/python3: Debian's, with numpy and grpcio), PY_CLUSTER_CLASS (MODULE:CLASS
 # to measure a variant of the Python client, default pscluster:Cluster), SERVER_FLAGS (more
 # ps_server flags, e.g. --max_chunk_bytes=1048576), OUT (folder for the per-round JSON and
@@ -31,7 +31,7 @@ read -r -a EXTRA_SERVER_FLAGS <<<"${SERVER_FLAGS:-}"
 
 if [[ -z "${BIN:-}" ]]; then
   (cd "$ROOT" && bazel build -c opt //server/ps:ps_server //bench:client_throughput \
-      //python:py_proto_gen >&2)
+      //python:pscluster >&2)
   BIN="$ROOT/bazel-bin"
   SERVER="$BIN/server/ps/ps_server"
   CPP="$BIN/bench/client_throughput"
@@ -39,7 +39,7 @@ else
   SERVER="$BIN/ps_server"
   CPP="$BIN/client_throughput"
 fi
-for f in "$SERVER" "$CPP" "$BIN/python/proto/ps_pb2.py"; do
+for f in "$SERVER" "$CPP" "$BIN/python/pscluster/proto/ps_pb2.py"; do
   [[ -e "$f" ]] || { echo "missing $f" >&2; exit 1; }
 done
 export PYTHONPATH="$ROOT/python:$BIN/python${PYTHONPATH:+:$PYTHONPATH}"

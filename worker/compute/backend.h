@@ -1,5 +1,5 @@
 // The compute backend a worker trains with: dense float32 linear algebra and the few
-// element-wise kernels an MLP needs. CPU (OpenBLAS) and CUDA (cuBLAS + kernels)
+// kernels an MLP and a transformer need. CPU (OpenBLAS) and CUDA (cuBLAS + kernels)
 // implement it; the model code is the same for both.
 //
 // Memory: buffers come from Alloc() and live where the backend computes (host memory for
@@ -45,6 +45,45 @@ class Backend {
   // of rows whose argmax equals the label into *correct (may be null). Returns the loss.
   virtual float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                     float* dlogits, int* correct) = 0;
+
+  // --- What a transformer needs besides the above (worker/model/gpt). ---
+
+  // y = x, n floats within the backend's memory.
+  virtual void Copy(const float* x, float* y, size_t n) = 0;
+  // y += alpha * x.
+  virtual void Axpy(float alpha, const float* x, float* y, size_t n) = 0;
+  // `count` products c_i = alpha * op(a_i) * op(b_i) + beta * c_i (sizes as in Gemm), where
+  // a_i = a + i * stride_a and so on, and lda, ldb, ldc are the row lengths as stored (>= the
+  // columns of the stored matrix): sub-matrices of wider ones, as attention heads are.
+  virtual void GemmBatched(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                           const float* a, int lda, int64_t stride_a, const float* b, int ldb,
+                           int64_t stride_b, float beta, float* c, int ldc, int64_t stride_c,
+                           int count) = 0;
+  // Per row of x (rows x cols): y = (x - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var +
+  // eps) with the biased variance; mean and rstd (rows floats each) are kept for the backward.
+  virtual void LayerNorm(const float* x, const float* gamma, const float* beta, int rows, int cols,
+                         float eps, float* y, float* mean, float* rstd) = 0;
+  // The backward of LayerNorm: dx is written; dgamma and dbeta are ADDED to (sums over rows).
+  virtual void LayerNormBackward(const float* dy, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, int rows, int cols,
+                                 float* dx, float* dgamma, float* dbeta) = 0;
+  // GELU, tanh approximation (GPT-2's; PyTorch's gelu(approximate="tanh")); in place allowed.
+  virtual void Gelu(const float* x, float* y, size_t n) = 0;
+  // dx = dy * gelu'(x); in place (dx == dy) allowed.
+  virtual void GeluBackward(const float* x, const float* dy, float* dx, size_t n) = 0;
+  // In place over `count` square t x t matrices: row i becomes the softmax of its first
+  // i + 1 entries, the rest 0 (causal attention).
+  virtual void CausalSoftmax(float* s, int count, int t) = 0;
+  // Per row of the softmax output p (rows x cols): ds = p * (dp - sum(p * dp)); in place
+  // (ds == dp) allowed.
+  virtual void SoftmaxBackward(const float* p, const float* dp, float* ds, int rows, int cols) = 0;
+  // out[i] = table[ids[i]] (rows of dim floats); ids are n whole numbers held as floats in
+  // [0, table rows): the caller checks them.
+  virtual void GatherRows(const float* table, int dim, const float* ids, int n, float* out) = 0;
+  // table[ids[i]] += rows[i] for a table of table_rows rows, summed in order of i for every
+  // row of the table (deterministic).
+  virtual void ScatterAddRows(const float* rows, int dim, const float* ids, int n, float* table,
+                              int table_rows) = 0;
 };
 
 // A backend buffer, freed when it goes out of scope; optionally filled from host data.

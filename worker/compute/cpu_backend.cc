@@ -125,7 +125,140 @@ class CpuBackend final : public Backend {
     return rows > 0 ? static_cast<float>(total_loss / rows) : 0.0f;
   }
 
+  void Copy(const float* x, float* y, size_t n) override {
+    if (n > 0 && x != y) std::memmove(y, x, n * sizeof(float));
+  }
+
+  void Axpy(float alpha, const float* x, float* y, size_t n) override {
+    for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+
+  void GemmBatched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, int64_t stride_a, const float* b, int ldb, int64_t stride_b, float beta,
+                   float* c, int ldc, int64_t stride_c, int count) override {
+    if (m <= 0 || n <= 0) return;
+    for (int i = 0; i < count; ++i) {
+      float* ci = c + i * stride_c;
+      if (k <= 0) {
+        for (int r = 0; r < m; ++r) ScaleInPlace(ci + static_cast<size_t>(r) * ldc, n, beta);
+        continue;
+      }
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a + i * stride_a, lda,
+                  b + i * stride_b, ldb, beta, ci, ldc);
+    }
+  }
+
+  void LayerNorm(const float* x, const float* gamma, const float* beta, int rows, int cols,
+                 float eps, float* y, float* mean, float* rstd) override {
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x + static_cast<size_t>(r) * cols;
+      float* yr = y + static_cast<size_t>(r) * cols;
+      double sum = 0, sq = 0;
+      for (int c = 0; c < cols; ++c) sum += xr[c];
+      const float mu = static_cast<float>(sum / cols);
+      for (int c = 0; c < cols; ++c) sq += static_cast<double>(xr[c] - mu) * (xr[c] - mu);
+      const float rs = static_cast<float>(1.0 / std::sqrt(sq / cols + eps));
+      for (int c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * gamma[c] + beta[c];
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  }
+
+  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, int rows, int cols, float* dx, float* dgamma,
+                         float* dbeta) override {
+    // With xhat = (x - mean) * rstd and g = dy * gamma:
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+    for (int r = 0; r < rows; ++r) {
+      const float* dyr = dy + static_cast<size_t>(r) * cols;
+      const float* xr = x + static_cast<size_t>(r) * cols;
+      float* dxr = dx + static_cast<size_t>(r) * cols;
+      const float mu = mean[r], rs = rstd[r];
+      double sum_g = 0, sum_gx = 0;
+      for (int c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - mu) * rs;
+        const float g = dyr[c] * gamma[c];
+        sum_g += g;
+        sum_gx += static_cast<double>(g) * xhat;
+        dgamma[c] += dyr[c] * xhat;
+        dbeta[c] += dyr[c];
+      }
+      const float mean_g = static_cast<float>(sum_g / cols);
+      const float mean_gx = static_cast<float>(sum_gx / cols);
+      for (int c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - mu) * rs;
+        dxr[c] = rs * (dyr[c] * gamma[c] - mean_g - xhat * mean_gx);
+      }
+    }
+  }
+
+  void Gelu(const float* x, float* y, size_t n) override {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      y[i] = 0.5f * v * (1.0f + std::tanh(kGeluC * (v + kGeluA * v * v * v)));
+    }
+  }
+
+  void GeluBackward(const float* x, const float* dy, float* dx, size_t n) override {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      const float t = std::tanh(kGeluC * (v + kGeluA * v * v * v));
+      const float dt = (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+      dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+    }
+  }
+
+  void CausalSoftmax(float* s, int count, int t) override {
+    for (int m = 0; m < count; ++m) {
+      for (int i = 0; i < t; ++i) {
+        float* row = s + (static_cast<size_t>(m) * t + i) * t;
+        float max = row[0];
+        for (int j = 1; j <= i; ++j) max = std::max(max, row[j]);
+        float sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - max);
+          sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        for (int j = i + 1; j < t; ++j) row[j] = 0.0f;
+      }
+    }
+  }
+
+  void SoftmaxBackward(const float* p, const float* dp, float* ds, int rows, int cols) override {
+    for (int r = 0; r < rows; ++r) {
+      const float* pr = p + static_cast<size_t>(r) * cols;
+      const float* dpr = dp + static_cast<size_t>(r) * cols;
+      float* dsr = ds + static_cast<size_t>(r) * cols;
+      float dot = 0;
+      for (int c = 0; c < cols; ++c) dot += pr[c] * dpr[c];
+      for (int c = 0; c < cols; ++c) dsr[c] = pr[c] * (dpr[c] - dot);
+    }
+  }
+
+  void GatherRows(const float* table, int dim, const float* ids, int n, float* out) override {
+    for (int i = 0; i < n; ++i) {
+      const size_t row = static_cast<size_t>(ids[i]);
+      std::memcpy(out + static_cast<size_t>(i) * dim, table + row * dim, dim * sizeof(float));
+    }
+  }
+
+  void ScatterAddRows(const float* rows, int dim, const float* ids, int n, float* table,
+                      int table_rows) override {
+    for (int i = 0; i < n; ++i) {
+      assert(ids[i] >= 0 && ids[i] < table_rows);
+      float* to = table + static_cast<size_t>(ids[i]) * dim;
+      const float* from = rows + static_cast<size_t>(i) * dim;
+      for (int c = 0; c < dim; ++c) to[c] += from[c];
+    }
+  }
+
  private:
+  static constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+  static constexpr float kGeluA = 0.044715f;
+
   // x *= beta, with beta == 0 writing zeros whatever x held (the BLAS convention).
   static void ScaleInPlace(float* x, size_t n, float beta) {
     if (beta == 0.0f) {

@@ -183,6 +183,178 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* la
   }
 }
 
+// --- Transformer kernels. One warp per row where a row is reduced; sums in a fixed order
+// (the xor butterfly), so results are the same bits run to run. ---
+
+__global__ void AxpyKernel(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    y[i] += alpha * x[i];
+  }
+}
+
+// c_i *= beta (beta == 0 writes zeros) for count m x n matrices of row length ldc.
+__global__ void ScaleMatricesKernel(float* c, int m, int n, int ldc, long long stride_c, int count,
+                                    float beta) {
+  const size_t total = static_cast<size_t>(count) * m * n;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t mat = i / (static_cast<size_t>(m) * n), rest = i % (static_cast<size_t>(m) * n);
+    float* p = c + mat * stride_c + (rest / n) * ldc + rest % n;
+    *p = beta == 0.0f ? 0.0f : *p * beta;
+  }
+}
+
+__device__ double WarpSum(double v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ float WarpMax(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+
+constexpr int kRowWarps = 8;  // rows (warps) per block of the row kernels
+
+unsigned RowBlocks(long long rows) {
+  return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
+}
+
+__global__ void LayerNormKernel(const float* x, const float* gamma, const float* beta, int rows,
+                                int cols, float eps, float* y, float* mean, float* rstd) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowWarps + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const float* xr = x + static_cast<size_t>(row) * cols;
+  double sum = 0;
+  for (int c = lane; c < cols; c += kWarp) sum += xr[c];
+  const float mu = static_cast<float>(WarpSum(sum) / cols);
+  double sq = 0;
+  for (int c = lane; c < cols; c += kWarp) sq += static_cast<double>(xr[c] - mu) * (xr[c] - mu);
+  const float rs = static_cast<float>(1.0 / sqrt(WarpSum(sq) / cols + eps));
+  float* yr = y + static_cast<size_t>(row) * cols;
+  for (int c = lane; c < cols; c += kWarp) yr[c] = (xr[c] - mu) * rs * gamma[c] + beta[c];
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+__global__ void LayerNormBackwardKernel(const float* dy, const float* x, const float* gamma,
+                                        const float* mean, const float* rstd, int rows, int cols,
+                                        float* dx) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowWarps + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const size_t at = static_cast<size_t>(row) * cols;
+  const float mu = mean[row], rs = rstd[row];
+  double sum_g = 0, sum_gx = 0;
+  for (int c = lane; c < cols; c += kWarp) {
+    const float g = dy[at + c] * gamma[c];
+    sum_g += g;
+    sum_gx += static_cast<double>(g) * ((x[at + c] - mu) * rs);
+  }
+  const float mean_g = static_cast<float>(WarpSum(sum_g) / cols);
+  const float mean_gx = static_cast<float>(WarpSum(sum_gx) / cols);
+  for (int c = lane; c < cols; c += kWarp) {
+    const float xhat = (x[at + c] - mu) * rs;
+    dx[at + c] = rs * (dy[at + c] * gamma[c] - mean_g - xhat * mean_gx);
+  }
+}
+
+// dgamma[c] += sum over rows of dy * xhat, dbeta[c] += sum of dy: a thread per column, rows
+// in order.
+__global__ void LayerNormParamGradsKernel(const float* dy, const float* x, const float* mean,
+                                          const float* rstd, int rows, int cols, float* dgamma,
+                                          float* dbeta) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float g = 0, b = 0;
+  for (int r = 0; r < rows; ++r) {
+    const size_t at = static_cast<size_t>(r) * cols + c;
+    g += dy[at] * ((x[at] - mean[r]) * rstd[r]);
+    b += dy[at];
+  }
+  dgamma[c] += g;
+  dbeta[c] += b;
+}
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+__global__ void GeluKernel(const float* x, float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(kGeluC * (v + kGeluA * v * v * v)));
+  }
+}
+
+__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
+    const float dt = (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+  }
+}
+
+// Row r of count * t rows is row i = r % t of its matrix: softmax over its first i + 1.
+__global__ void CausalSoftmaxKernel(float* s, long long rows, int t) {
+  const int lane = threadIdx.x % kWarp;
+  const long long row = blockIdx.x * static_cast<long long>(kRowWarps) + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % t);
+  float* r = s + row * t;
+  float max = -INFINITY;
+  for (int j = lane; j <= i; j += kWarp) max = fmaxf(max, r[j]);
+  max = WarpMax(max);
+  double sum = 0;
+  for (int j = lane; j <= i; j += kWarp) sum += expf(r[j] - max);
+  const float inv = static_cast<float>(1.0 / WarpSum(sum));
+  for (int j = lane; j < t; j += kWarp) r[j] = j <= i ? expf(r[j] - max) * inv : 0.0f;
+}
+
+__global__ void SoftmaxBackwardKernel(const float* p, const float* dp, float* ds, int rows,
+                                      int cols) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowWarps + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const size_t at = static_cast<size_t>(row) * cols;
+  double dot = 0;
+  for (int c = lane; c < cols; c += kWarp) dot += static_cast<double>(p[at + c]) * dp[at + c];
+  const float d = static_cast<float>(WarpSum(dot));
+  __syncwarp();  // every lane has read dp before any lane overwrites it (ds may alias dp)
+  for (int c = lane; c < cols; c += kWarp) ds[at + c] = p[at + c] * (dp[at + c] - d);
+}
+
+__global__ void GatherRowsKernel(const float* table, int dim, const float* ids, int n, float* out) {
+  const size_t total = static_cast<size_t>(n) * dim;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t row = static_cast<size_t>(ids[i / dim]);
+    out[i] = table[row * dim + i % dim];
+  }
+}
+
+// A block per table row: its threads take the row's columns and add, in order of i, every
+// rows[i] whose id is this row. No atomics: the same bits every run.
+__global__ void ScatterAddRowsKernel(const float* rows, int dim, const float* ids, int n,
+                                     float* table) {
+  const int row = blockIdx.x;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+    float acc = table[static_cast<size_t>(row) * dim + c];
+    for (int i = 0; i < n; ++i) {
+      if (static_cast<int>(ids[i]) == row) acc += rows[static_cast<size_t>(i) * dim + c];
+    }
+    table[static_cast<size_t>(row) * dim + c] = acc;
+  }
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cublasHandle_t handle) : device_(device), handle_(handle) {}
@@ -343,6 +515,96 @@ class CudaBackend final : public Backend {
     }
     if (correct != nullptr) *correct = hits;
     return static_cast<float>(total / rows);
+  }
+
+  void Copy(const float* x, float* y, size_t n) override {
+    if (n == 0 || x == y || !SelectDevice()) return;
+    Check(cudaMemcpy(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice),
+          "cudaMemcpy device to device (" + std::to_string(n) + " floats)");
+  }
+
+  void Axpy(float alpha, const float* x, float* y, size_t n) override {
+    if (n == 0 || !SelectDevice()) return;
+    AxpyKernel<<<BlocksFor(n), kThreads>>>(alpha, x, y, n);
+    Check(cudaGetLastError(), "AxpyKernel launch");
+  }
+
+  void GemmBatched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, int64_t stride_a, const float* b, int ldb, int64_t stride_b, float beta,
+                   float* c, int ldc, int64_t stride_c, int count) override {
+    if (m <= 0 || n <= 0 || count <= 0 || !SelectDevice()) return;
+    if (k <= 0) {
+      if (beta == 1.0f) return;
+      ScaleMatricesKernel<<<BlocksFor(static_cast<size_t>(count) * m * n), kThreads>>>(
+          c, m, n, ldc, stride_c, count, beta);
+      Check(cudaGetLastError(), "ScaleMatricesKernel launch");
+      return;
+    }
+    // Row-major as in Gemm: C^T = op(B)^T * op(A)^T, B first, m and n swapped.
+    Check(cublasSgemmStridedBatched(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+                                    stride_b, a, lda, stride_a, &beta, c, ldc, stride_c, count),
+          "cublasSgemmStridedBatched(m=" + std::to_string(m) + ", n=" + std::to_string(n) +
+              ", k=" + std::to_string(k) + ", count=" + std::to_string(count) + ")");
+  }
+
+  void LayerNorm(const float* x, const float* gamma, const float* beta, int rows, int cols,
+                 float eps, float* y, float* mean, float* rstd) override {
+    if (rows <= 0 || cols <= 0 || !SelectDevice()) return;
+    LayerNormKernel<<<RowBlocks(rows), kRowWarps * kWarp>>>(x, gamma, beta, rows, cols, eps, y,
+                                                            mean, rstd);
+    Check(cudaGetLastError(), "LayerNormKernel launch");
+  }
+
+  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, int rows, int cols, float* dx, float* dgamma,
+                         float* dbeta) override {
+    if (rows <= 0 || cols <= 0 || !SelectDevice()) return;
+    LayerNormParamGradsKernel<<<BlocksFor(cols), kThreads>>>(dy, x, mean, rstd, rows, cols, dgamma,
+                                                             dbeta);
+    Check(cudaGetLastError(), "LayerNormParamGradsKernel launch");
+    LayerNormBackwardKernel<<<RowBlocks(rows), kRowWarps * kWarp>>>(dy, x, gamma, mean, rstd, rows,
+                                                                    cols, dx);
+    Check(cudaGetLastError(), "LayerNormBackwardKernel launch");
+  }
+
+  void Gelu(const float* x, float* y, size_t n) override {
+    if (n == 0 || !SelectDevice()) return;
+    GeluKernel<<<BlocksFor(n), kThreads>>>(x, y, n);
+    Check(cudaGetLastError(), "GeluKernel launch");
+  }
+
+  void GeluBackward(const float* x, const float* dy, float* dx, size_t n) override {
+    if (n == 0 || !SelectDevice()) return;
+    GeluBackwardKernel<<<BlocksFor(n), kThreads>>>(x, dy, dx, n);
+    Check(cudaGetLastError(), "GeluBackwardKernel launch");
+  }
+
+  void CausalSoftmax(float* s, int count, int t) override {
+    if (count <= 0 || t <= 0 || !SelectDevice()) return;
+    const long long rows = static_cast<long long>(count) * t;
+    CausalSoftmaxKernel<<<RowBlocks(rows), kRowWarps * kWarp>>>(s, rows, t);
+    Check(cudaGetLastError(), "CausalSoftmaxKernel launch");
+  }
+
+  void SoftmaxBackward(const float* p, const float* dp, float* ds, int rows, int cols) override {
+    if (rows <= 0 || cols <= 0 || !SelectDevice()) return;
+    SoftmaxBackwardKernel<<<RowBlocks(rows), kRowWarps * kWarp>>>(p, dp, ds, rows, cols);
+    Check(cudaGetLastError(), "SoftmaxBackwardKernel launch");
+  }
+
+  void GatherRows(const float* table, int dim, const float* ids, int n, float* out) override {
+    if (n <= 0 || dim <= 0 || !SelectDevice()) return;
+    GatherRowsKernel<<<BlocksFor(static_cast<size_t>(n) * dim), kThreads>>>(table, dim, ids, n,
+                                                                            out);
+    Check(cudaGetLastError(), "GatherRowsKernel launch");
+  }
+
+  void ScatterAddRows(const float* rows, int dim, const float* ids, int n, float* table,
+                      int table_rows) override {
+    if (n <= 0 || dim <= 0 || table_rows <= 0 || !SelectDevice()) return;
+    ScatterAddRowsKernel<<<static_cast<unsigned>(table_rows), kThreads>>>(rows, dim, ids, n, table);
+    Check(cudaGetLastError(), "ScatterAddRowsKernel launch");
   }
 
  private:

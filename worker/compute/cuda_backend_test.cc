@@ -9,6 +9,7 @@
 //   ColumnSums           |gpu - exact| <= 1e-5 * (sum of |x| in the column) + 1e-6
 //   SoftmaxCrossEntropy  loss within 1e-5 relative, gradient within 1e-6 absolute,
 //                        correct count equal
+//   Gpt ForwardBackward  as Mlp's, and bit-identical run to run
 //   Mlp ForwardBackward  loss within 1e-4 * (1 + loss), correct count equal, each
 //                        gradient tensor within 1e-3 of its largest CPU magnitude
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "worker/compute/backend.h"
+#include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
 
 namespace pscluster::compute {
@@ -463,6 +465,68 @@ TEST_F(CudaBackendTest, MlpEvaluateMatchesCpuOverSeveralChunks) {
   // Argmax near-ties are not screened out here, so allow one example to differ.
   EXPECT_NEAR(results[1].correct, results[0].correct, 1);
   EXPECT_EQ(results[1].examples, count);
+}
+
+// Every transformer kernel at once (LayerNorm, GELU, causal softmax and their backwards,
+// batched GEMMs over heads, gathers and scatter-adds): a GPT step on both backends, and the
+// CUDA step again for the same bits.
+TEST_F(CudaBackendTest, GptForwardBackwardMatchesCpuAndIsDeterministic) {
+  model::GptOptions options;
+  options.layers = 2;
+  options.heads = 4;
+  options.width = 64;
+  options.context = 33;  // odd: not a multiple of a warp
+  const int batch = 3;
+  auto def = model::MakeGptDef(options, 7);
+  ASSERT_TRUE(def.ok()) << def.status();
+  std::mt19937_64 rng(5);
+  std::vector<float> x(static_cast<size_t>(batch) * options.context);
+  std::vector<int32_t> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(rng() % options.vocab);
+    y[i] = static_cast<int32_t>(rng() % options.vocab);
+  }
+  std::vector<std::vector<float>> params;
+  for (const model::TensorSpec& t : (*def)->spec().params) {
+    params.push_back(RandomVector(t.size(), rng, t.shape.size() == 1 ? 1.0f : 0.1f));
+  }
+  struct Run {
+    model::StepResult step;
+    std::vector<std::vector<float>> grads;
+  };
+  auto run = [&](Backend* backend) -> Run {
+    auto gpt = (*def)->Create(backend, model::WholeModel(batch));
+    EXPECT_TRUE(gpt.ok()) << gpt.status();
+    if (!gpt.ok()) return {};
+    for (size_t i = 0; i < params.size(); ++i)
+      (*gpt)->SetParam(static_cast<int>(i), params[i].data());
+    auto step = (*gpt)->ForwardBackward(x.data(), y.data(), batch);
+    EXPECT_TRUE(step.ok()) << step.status();
+    Run out;
+    if (step.ok()) out.step = *step;
+    for (size_t i = 0; i < params.size(); ++i) {
+      out.grads.emplace_back(params[i].size());
+      (*gpt)->GetGrad(static_cast<int>(i), out.grads.back().data());
+    }
+    return out;
+  };
+  const Run cpu = run(cpu_.get());
+  const Run gpu = run(gpu_.get());
+  ASSERT_EQ(gpu.grads.size(), params.size());
+  std::printf("gpt loss cpu %.7f, cuda %.7f\n", cpu.step.loss, gpu.step.loss);
+  EXPECT_NEAR(gpu.step.loss, cpu.step.loss, 1e-4 * (1 + std::abs(cpu.step.loss)));
+  for (size_t i = 0; i < params.size(); ++i) {
+    double scale = 0;
+    for (float g : cpu.grads[i]) scale = std::max(scale, static_cast<double>(std::abs(g)));
+    ExpectAllNear(
+        gpu.grads[i], cpu.grads[i], [&](size_t) { return 1e-3 * scale + 1e-7; },
+        (*def)->spec().params[i].name + " gradient");
+  }
+  const Run again = run(gpu_.get());
+  EXPECT_EQ(again.step.loss, gpu.step.loss);
+  for (size_t i = 0; i < params.size() && i < again.grads.size(); ++i) {
+    EXPECT_TRUE(SameBits(again.grads[i], gpu.grads[i])) << (*def)->spec().params[i].name;
+  }
 }
 
 }  // namespace

@@ -38,12 +38,12 @@ uint64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
 absl::StatusOr<BatchIterator> BatchIterator::Create(const Dataset* data, int rank, int world,
                                                     int batch_size, uint64_t seed) {
   if (data == nullptr) return absl::InvalidArgumentError("data is null");
-  if (data->size < 0 || data->dim < 1 ||
+  if (data->size < 0 || data->dim < 1 || data->label_width < 1 ||
       data->x.size() != static_cast<size_t>(data->size) * static_cast<size_t>(data->dim) ||
-      data->y.size() != static_cast<size_t>(data->size)) {
-    return absl::InvalidArgumentError(absl::StrCat("data is inconsistent: size ", data->size,
-                                                   ", dim ", data->dim, ", ", data->x.size(),
-                                                   " floats, ", data->y.size(), " labels"));
+      data->y.size() != static_cast<size_t>(data->size) * data->label_width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data is inconsistent: size ", data->size, ", dim ", data->dim, ", label width ",
+        data->label_width, ", ", data->x.size(), " floats, ", data->y.size(), " labels"));
   }
   if (batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size must be >= 1, got ", batch_size));
@@ -90,13 +90,15 @@ void BatchIterator::Next(Batch* out) {
   const size_t dim = static_cast<size_t>(data_->dim);
   out->size = batch_size_;
   out->x.resize(static_cast<size_t>(batch_size_) * dim);
-  out->y.resize(static_cast<size_t>(batch_size_));
+  const size_t labels = static_cast<size_t>(data_->label_width);
+  out->y.resize(static_cast<size_t>(batch_size_) * labels);
   const int64_t first = position_ * world_ * int64_t{batch_size_} + int64_t{rank_} * batch_size_;
   for (int k = 0; k < batch_size_; ++k) {
     const int64_t example = perm_[first + k];
     const float* src = data_->x.data() + static_cast<size_t>(example) * dim;
     std::copy(src, src + dim, out->x.data() + static_cast<size_t>(k) * dim);
-    out->y[k] = data_->y[example];
+    const int32_t* y = data_->y.data() + static_cast<size_t>(example) * labels;
+    std::copy(y, y + labels, out->y.data() + static_cast<size_t>(k) * labels);
   }
   if (++position_ == batches_per_epoch_) {
     ++epoch_;

@@ -13,7 +13,7 @@ namespace pscluster::data {
 struct Batch {
   int size = 0;            // examples
   std::vector<float> x;    // size * dim, row-major
-  std::vector<int32_t> y;  // size labels
+  std::vector<int32_t> y;  // size * label_width labels (the dataset's)
 };
 
 // Where a worker is in its data: enough to resume exactly (saved in checkpoints).

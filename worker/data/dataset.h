@@ -1,5 +1,5 @@
-// In-memory classification datasets for workers: Fashion-MNIST read from Debian's
-// dataset-fashion-mnist package, and a synthetic, learnable source for tests.
+// In-memory datasets for workers: Fashion-MNIST read from Debian's dataset-fashion-mnist
+// package, a synthetic, learnable source for tests, and byte-level text (text.h).
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,9 @@ struct Dataset {
   int64_t size = 0;  // examples
   int dim = 0;       // floats per example
   int classes = 0;
+  int label_width = 1;     // labels per example (a language model: one per position)
   std::vector<float> x;    // size * dim, row-major
-  std::vector<int32_t> y;  // size labels in [0, classes)
+  std::vector<int32_t> y;  // size * label_width labels in [0, classes), row-major
 };
 
 enum class Split { kTrain, kTest };

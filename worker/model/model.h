@@ -49,6 +49,7 @@ struct ModelSpec {
   std::vector<std::vector<int>> layer_params;  // per layer: indices into params
   std::vector<double> layer_costs;             // per layer: multiply-adds per example
   int input_width = 0;                         // floats per example of the input
+  int label_width = 1;                         // labels per example (a language model: context)
   int classes = 0;
   int num_layers() const { return static_cast<int>(layer_params.size()); }
 };
