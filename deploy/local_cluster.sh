@@ -4,13 +4,14 @@
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
 #                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
-#                           [--batch_size 64] [--model mlp|embedding] [--metrics on|off]
-#                           [--tls on|off] [--replicas 1|2|3] [--out DIR]
+#                           [--batch_size 64] [--model mlp|embedding|gpt] [--metrics on|off]
+#                           [--tls on|off] [--replicas 1|2|3] [--worker_args "ARGS"] [--out DIR]
 #   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
 # shards and the workers on free loopback ports, prints progress, and ends with the test
-# accuracy.
+# accuracy. --model gpt trains a byte-level transformer on Debian's fortunes instead (the
+# test loss in bits per byte); --worker_args passes more ps_worker flags (--gpt_layers=2).
 # DIR (default runs/<timestamp>) gets summary.json, loss.png, accuracy.png, prometheus.yml
 # (every process serves metrics), every process's log and the shards'
 # snapshots. Every process it started is stopped on exit, on Ctrl-C, or when one fails.
@@ -35,9 +36,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp run="" metrics=on tls=off replicas=1
+switches="" micro_batches=4 model=mlp run="" metrics=on tls=off replicas=1 worker_args=
 out="runs/$(date +%Y%m%d-%H%M%S)"
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
   case $1 in
     --workers) workers=$2; shift 2 ;;
@@ -56,6 +57,7 @@ while (($#)); do
     --metrics) metrics=$2; shift 2 ;;
     --tls) tls=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
+    --worker_args) worker_args=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
@@ -177,7 +179,8 @@ start_worker() {  # rank [metrics port]
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
     --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" \
-    --metrics_port="${2:-$any_port}" --progress_every=1s ${sec[@]+"${sec[@]}"} >>"$out/worker$1.log" 2>&1 &
+    --metrics_port="${2:-$any_port}" --progress_every=1s ${sec[@]+"${sec[@]}"} $worker_args \
+    >>"$out/worker$1.log" 2>&1 &
 }
 echo "$coordinator" >"$out/coordinator.address"
 for ((r = 0; r < workers; ++r)); do

@@ -9,6 +9,7 @@ killed (its replacement's file starts after them). PLOTS: the plots deploy/plot_
 wrote, one path a line (none when it failed), listed as "plots" and on the summary line.
 """
 import json
+import math
 import os
 import sys
 
@@ -24,6 +25,8 @@ def summarize(out, workers, shards, epochs, consistency, wall, mode, micro_batch
     checkpoints = f"{out}/coordinator/checkpoints.json"
     return {
         "test_accuracy": ws[0]["test_accuracy"],
+        "test_loss": ws[0].get("test_loss", -1),
+        "model": ws[0].get("model", "mlp"),
         "epochs": int(epochs),
         "steps": ws[0]["steps"],
         "samples_per_sec": round(sum(w["samples_per_sec"] for w in ws), 1),
@@ -51,7 +54,10 @@ def main(argv):
     summary = summarize(*argv[:8], plots=argv[8].splitlines() if len(argv) > 8 else [])
     json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
     plots = f"; plots: {', '.join(summary['plots'])}" if summary["plots"] else ""
-    print(f"== test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs "
+    # A byte-level language model's figure is its test loss in bits per byte.
+    bits = (f"test loss {summary['test_loss'] / math.log(2):.4f} bits per byte, "
+            if summary["model"] == "gpt" and summary["test_loss"] > 0 else "")
+    print(f"== {bits}test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs "
           f"({summary['samples_per_sec']:.0f} samples/s, {wall} s); summary: {out}/summary.json"
           f"{plots}")
 

@@ -128,6 +128,33 @@ TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference)
   });
 }
 
+// The GPT through the shards and the data-parallel modes (it has no pipeline stages yet):
+// PS -> ALLREDUCE -> FSDP -> PS every 3 steps matches the reference.
+TEST_F(ModesSwitchTest, GptSwitchingBetweenPsAllReduceAndFsdpMatchesTheReference) {
+  auto options = [this](int r) {
+    TrainerOptions o =
+        modes::testing::GptOptions(coord::PS, r, kWorkers, ps::OptimizerConfig::MOMENTUM);
+    o.shards = addresses_;
+    o.rpc_timeout = absl::Seconds(60);
+    return o;
+  };
+  const ModelState want = Reference(options(0), 12);
+  OnRanks(kWorkers, options, [&](int r, Trainer& t) {
+    const Mode order[] = {coord::PS, coord::ALLREDUCE, coord::FSDP, coord::PS};
+    for (int64_t step = 0; step < 12; ++step) {
+      if (step % 3 == 0 && step > 0) {
+        absl::Status s = t.SwitchTo(order[step / 3], step);
+        ASSERT_TRUE(s.ok()) << "switch at step " << step << ": " << s;
+      }
+      auto loss = t.Step(step);
+      ASSERT_TRUE(loss.ok()) << "step " << step << ": " << loss.status();
+    }
+    auto got = t.State(12);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectNear(*got, want, 1e-5f, absl::StrCat("rank ", r));
+  });
+}
+
 TEST_F(ModesSwitchTest, StateHandedToTheShardsAndBackIsBitwiseTheSame) {
   auto options = WithShards(coord::ALLREDUCE, ps::OptimizerConfig::ADAM);
   OnRanks(kWorkers, options, [&](int r, Trainer& t) {

@@ -31,8 +31,16 @@ ABSL_FLAG(
     "The learning rate decays exponentially to this fraction by the last step (1: constant).");
 ABSL_FLAG(std::string, consistency, "bsp", "bsp | ssp:<staleness> | asp.");
 ABSL_FLAG(std::string, model, "mlp",
-          "The model: mlp (--layers), or embedding (an embedding table of bucketed input "
-          "features under the same MLP).");
+          "The model: mlp (--layers) or embedding (an embedding table of bucketed input "
+          "features under the same MLP), both on Fashion-MNIST; or gpt (a decoder-only "
+          "transformer, --gpt_*) on byte-level text (--text_dir).");
+ABSL_FLAG(int, gpt_layers, 4, "gpt: transformer blocks.");
+ABSL_FLAG(int, gpt_heads, 4, "gpt: attention heads (must divide --gpt_width).");
+ABSL_FLAG(int, gpt_width, 256, "gpt: the model width (embedding size).");
+ABSL_FLAG(int, gpt_context, 128, "gpt: tokens (bytes) per example.");
+ABSL_FLAG(std::string, text_dir, "/usr/share/games/fortunes",
+          "gpt: the text corpus, Debian's fortunes files (package fortunes); every 10th fortune "
+          "is held out for the validation loss.");
 ABSL_FLAG(std::vector<std::string>, layers,
           std::vector<std::string>({"784", "256", "128", "64", "10"}),
           "MLP layer sizes: input, hidden..., classes.");
@@ -119,6 +127,14 @@ absl::StatusOr<model::ModelConfig> ModelFromFlags() {
     m.embedding.range_lo = 0;  // Fashion-MNIST pixels are in [0, 1]
     m.embedding.range_hi = 1;
   }
+  m.gpt.layers = absl::GetFlag(FLAGS_gpt_layers);
+  m.gpt.heads = absl::GetFlag(FLAGS_gpt_heads);
+  m.gpt.width = absl::GetFlag(FLAGS_gpt_width);
+  m.gpt.context = absl::GetFlag(FLAGS_gpt_context);
+  if (m.name == "gpt") {
+    absl::Status s = model::ValidateGpt(m.gpt);
+    if (!s.ok()) return absl::InvalidArgumentError("--gpt_*: " + std::string(s.message()));
+  }
   return m;
 }
 
@@ -165,6 +181,7 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   f.backend = absl::GetFlag(FLAGS_backend);
   f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   f.dataset_dir = absl::GetFlag(FLAGS_dataset_dir);
+  f.text_dir = absl::GetFlag(FLAGS_text_dir);
   f.synthetic = absl::GetFlag(FLAGS_synthetic);
   f.summary_json = absl::GetFlag(FLAGS_summary_json);
   RETURN_IF_ERROR(Check(f.collectives == "gloo" || f.collectives == "nccl",

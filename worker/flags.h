@@ -20,6 +20,7 @@ struct WorkerFlags {
   std::string backend;  // cpu | cuda
   int cuda_device = -1;
   std::string dataset_dir;  // Fashion-MNIST
+  std::string text_dir;     // --model=gpt: the fortunes corpus
   int64_t synthetic = 0;    // > 0: that many synthetic examples instead
   std::string summary_json;
 };

@@ -13,6 +13,7 @@
 #include "worker/collective/coordinator_store.h"
 #include "worker/collective/staging_communicator.h"
 #include "worker/compute/cuda_device.h"
+#include "worker/data/text.h"
 
 namespace pscluster::worker {
 namespace {
@@ -109,6 +110,16 @@ absl::StatusOr<Datasets> LoadData(const WorkerFlags& f) {
     d.test = take(n, held_out);
     return d;
   }
+  if (f.trainer.model.name == "gpt") {
+    ASSIGN_OR_RETURN(data::TextCorpus corpus, data::LoadFortunes(f.text_dir));
+    const int context = f.trainer.model.gpt.context;
+    ASSIGN_OR_RETURN(d.train, data::MakeLanguageModelData(corpus.train, context));
+    ASSIGN_OR_RETURN(d.test, data::MakeLanguageModelData(corpus.held_out, context));
+    std::printf("worker %d: text %s: %zu training bytes (%lld windows of %d), %zu held out\n",
+                f.trainer.rank, f.text_dir.c_str(), corpus.train.size(),
+                static_cast<long long>(d.train.size), context, corpus.held_out.size());
+    return d;
+  }
   ASSIGN_OR_RETURN(d.train, data::LoadFashionMnist(f.dataset_dir, data::Split::kTrain));
   ASSIGN_OR_RETURN(d.test, data::LoadFashionMnist(f.dataset_dir, data::Split::kTest));
   return d;
@@ -127,9 +138,11 @@ absl::Status WriteSummaryJson(const std::string& path, int rank, const std::stri
                               const modes::TrainSummary& summary) {
   std::ofstream f(path);
   f << absl::StrCat("{\"rank\": ", rank, ", \"mode\": \"", mode, "\", \"final_mode\": \"",
-                    summary.final_mode, "\", \"steps\": ", summary.steps,
+                    summary.final_mode, "\", \"model\": \"", summary.model,
+                    "\", \"steps\": ", summary.steps,
                     ", \"epochs\": ", summary.epochs, ", \"final_loss\": ", summary.final_loss,
                     ", \"test_accuracy\": ", summary.test_accuracy,
+                    ", \"test_loss\": ", summary.test_loss,
                     ", \"samples_per_sec\": ", summary.samples_per_sec,
                     ", \"train_seconds\": ", summary.train_seconds, ", \"snapshots\": [",
                     absl::StrJoin(summary.snapshots, ", "), "], \"rollbacks\": [",

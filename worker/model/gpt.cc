@@ -472,6 +472,7 @@ ModelSpec GptSpec(const GptOptions& o, uint64_t seed) {
   spec.input_width = o.context;
   spec.label_width = o.context;
   spec.classes = o.vocab;
+  spec.eval_batch = 16;  // activations: ~0.6 MB per example and block at the default sizes
   const int64_t d = o.width;
   auto add = [&](std::string name, std::vector<int64_t> shape, float normal_scale, float constant) {
     TensorSpec t{std::move(name), std::move(shape), {}};

@@ -51,6 +51,7 @@ struct ModelSpec {
   int input_width = 0;                         // floats per example of the input
   int label_width = 1;                         // labels per example (a language model: context)
   int classes = 0;
+  int eval_batch = 1024;                       // examples per chunk when evaluating (memory)
   int num_layers() const { return static_cast<int>(layer_params.size()); }
 };
 

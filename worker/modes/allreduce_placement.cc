@@ -35,6 +35,12 @@ class AllReducePlacement final : public Placement {
     }
     buckets_.push_back({bucket_begin, at});
     flat_.resize(at);
+    for (size_t i = 0; i < params.size(); ++i) {  // which bucket holds each gradient
+      size_t b = 0;
+      while (offset_[i] >= buckets_[b].second) ++b;
+      bucket_of_.push_back(b);
+    }
+    missing_.resize(buckets_.size());
     hooks_.after_backward = [this](int layer) { return BucketsReady(layer); };
     return absl::OkStatus();
   }
@@ -62,6 +68,8 @@ class AllReducePlacement final : public Placement {
   absl::StatusOr<float> Step(int64_t step) override {
     BatchAt(batches_.get(), step, &batch_);
     next_bucket_ = 0;
+    std::fill(missing_.begin(), missing_.end(), 0);
+    for (size_t b : bucket_of_) ++missing_[b];
     // Each bucket is all-reduced as soon as the backward pass has filled it.
     ASSIGN_OR_RETURN(model::StepResult r, model_->ForwardBackward(batch_.x.data(), batch_.y.data(),
                                                                   batch_.size, &hooks_));
@@ -84,16 +92,16 @@ class AllReducePlacement final : public Placement {
   }
 
  private:
-  // Layer `layer`'s backward is done: its gradients into flat_, then every bucket that is
-  // now complete (flat_ holds the layers top down) all-reduced.
+  // Layer `layer`'s backward is done: its gradients into flat_, then every bucket whose
+  // gradients are all there, in bucket order (the same on every worker). Layers usually
+  // finish top down, filling the buckets in order; a layer whose gradient is complete only
+  // at the end (the GPT's tied embedding) holds its bucket back until then.
   absl::Status BucketsReady(int layer) {
-    size_t filled = 0;
     for (int i : spec_.layer_params[layer]) {
       model_->GetGrad(i, flat_.data() + offset_[i]);
-      filled = std::max(filled, offset_[i] + model_->params()[i].size);
+      --missing_[bucket_of_[i]];
     }
-    for (; next_bucket_ < buckets_.size() && buckets_[next_bucket_].second <= filled;
-         ++next_bucket_) {
+    for (; next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0; ++next_bucket_) {
       const auto [begin, end] = buckets_[next_bucket_];
       RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(flat_.data() + begin, end - begin)));
     }
@@ -146,6 +154,8 @@ class AllReducePlacement final : public Placement {
   std::vector<float> flat_;     // every gradient, the last layer's first
   std::vector<size_t> offset_;  // per parameter: where its gradient starts in flat_
   std::vector<std::pair<size_t, size_t>> buckets_;  // [begin, end) in flat_, in order
+  std::vector<size_t> bucket_of_;                   // per parameter: its bucket
+  std::vector<int> missing_;  // per bucket: gradients not yet in flat_ this step
   size_t next_bucket_ = 0;
   model::LayerHooks hooks_;
 };

@@ -45,6 +45,32 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeEquivalenceTest,
                                                "_workers");
                          });
 
+// The GPT (a tied embedding whose gradient is complete only after the embedding's
+// backward, layer 0 gathered once by FSDP) in the data-parallel modes.
+class GptModeEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GptModeEquivalenceTest, OneAndTenStepsMatchTheSingleProcessReference) {
+  const Case c = GetParam();
+  auto options = [&](int r) {
+    TrainerOptions o = testing::GptOptions(c.mode, r, c.world, ps::OptimizerConfig::MOMENTUM);
+    o.bucket_bytes = 300 * sizeof(float);  // ALLREDUCE: several buckets, the tied one last
+    return o;
+  };
+  const ModelState one = Reference(options(0), 1), ten = Reference(options(0), 10);
+  OnRanks(c.world, options, [&](int r, Trainer& t) {
+    ASSERT_EQ(t.mode(), c.mode);
+    ExpectOneAndTenStepsMatch(t, r, one, ten, /*with_slots=*/true, /*ten_tolerance=*/1e-5f);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GptModeEquivalenceTest,
+                         ::testing::Values(Case{coord::ALLREDUCE, 2}, Case{coord::ALLREDUCE, 3},
+                                           Case{coord::FSDP, 2}, Case{coord::FSDP, 3}),
+                         [](const auto& info) {
+                           return absl::StrCat(ModeName(info.param.mode), "_", info.param.world,
+                                               "_workers");
+                         });
+
 // ALLREDUCE in small buckets, each all-reduced as the backward pass fills it (a 160-float
 // cap cuts the tensors, last layer first, into 3 buckets), matches the reference too.
 TEST(ModeEquivalenceTest, AllReduceInSmallBucketsMatchesTheReference) {

@@ -1,5 +1,5 @@
 // PS mode with the parameter store in this process (server/ps/testing: a real shard's tables,
-// clocks and optimizers, no gRPC), ranks as threads: the MLP and the embedding test model
+// clocks and optimizers, no gRPC), ranks as threads: the MLP, the GPT and the embedding test model
 // match the single-process reference after 1 and 10 BSP steps, as through real ps_server
 // processes (tests/modes_switch_test.cc).
 #include "server/ps/testing/in_process_parameter_store.h"
@@ -9,13 +9,12 @@
 namespace pscluster::modes {
 namespace {
 
-using testing::Data;
 using testing::ExpectNear;
 using testing::Reference;
 
 // `world` PS placements over one in-process shard; checks 1 and 10 steps against the
 // reference (parameters and embedding rows: a PS gather carries no optimizer slots).
-void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
+void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tolerance = 2e-6f) {
   const ModelState one = Reference(o, 1), ten = Reference(o, 10);
   auto def = *model::MakeModelDef(o.model, o.seed);
   auto opt = *core::MakeOptimizer(o.optimizer);
@@ -40,7 +39,7 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
       ctx.world = world;
       ctx.batch_size = o.batch_size;
       ctx.seed = o.seed;
-      ctx.train = &Data();
+      ctx.train = &testing::DataFor(o);
       ctx.backend = backend.get();
       ctx.comm = comm->get();
       ctx.ps = stores[r].get();
@@ -54,7 +53,7 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
         if (step == 0 || step == 9) {
           auto got = (*p)->Gather(step + 1, /*with_slots=*/false);
           ASSERT_TRUE(got.ok()) << got.status();
-          ExpectNear(*got, step == 0 ? one : ten, step == 0 ? 1e-6f : 2e-6f,
+          ExpectNear(*got, step == 0 ? one : ten, step == 0 ? 1e-6f : ten_tolerance,
                      absl::StrCat("rank ", r, " after ", step + 1, " steps"), false);
         }
       }
@@ -65,6 +64,13 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world) {
 
 TEST(PsInProcessTest, MlpMatchesTheSingleProcessReference) {
   ExpectPsMatchesReference(testing::Options(coord::PS, 0, 2, ps::OptimizerConfig::MOMENTUM), 2);
+}
+
+TEST(PsInProcessTest, GptMatchesTheSingleProcessReference) {
+  for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
+    ExpectPsMatchesReference(testing::GptOptions(coord::PS, 0, 2, kind), 2,
+                             kind == ps::OptimizerConfig::ADAM ? 2e-4f : 1e-5f);
+  }
 }
 
 TEST(PsInProcessTest, EmbeddingModelMatchesTheSingleProcessReference) {

@@ -1,6 +1,7 @@
 #include "worker/modes/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -188,13 +189,12 @@ void Trainer::RequestCheckpoint(int64_t epoch, TrainSummary* summary) {
   }
 }
 
-absl::StatusOr<double> Trainer::Evaluate(int64_t step) {
+absl::StatusOr<model::StepResult> Trainer::Evaluate(int64_t step) {
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/false));
-  ASSIGN_OR_RETURN(auto model, model_->Create(backend_.get(), model::WholeModel(1024)));
+  ASSIGN_OR_RETURN(auto model,
+                   model_->Create(backend_.get(), model::WholeModel(model_->spec().eval_batch)));
   RETURN_IF_ERROR(SetWholeState(model.get(), model_->spec(), state));
-  ASSIGN_OR_RETURN(model::StepResult r,
-                   model->Evaluate(test_->x.data(), test_->y.data(), test_->size));
-  return static_cast<double>(r.correct) / r.examples;
+  return model->Evaluate(test_->x.data(), test_->y.data(), test_->size);
 }
 
 void Trainer::ReportProgress(int64_t step, double loss, double rate) {
@@ -252,9 +252,18 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
     RequestCheckpoint(epoch, &summary);
     if (options_.evaluate && test_ != nullptr) {
-      ASSIGN_OR_RETURN(summary.test_accuracy, Evaluate(step + 1));
-      std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
-                  static_cast<long long>(epoch), summary.test_accuracy);
+      ASSIGN_OR_RETURN(model::StepResult r, Evaluate(step + 1));
+      summary.test_accuracy = static_cast<double>(r.correct) / std::max(r.examples, 1);
+      summary.test_loss = r.loss;
+      if (model_->spec().label_width > 1) {  // a language model: the loss is what matters
+        std::printf("worker %d: epoch %lld test loss %.4f (%.4f bits per token), next-token "
+                    "accuracy %.4f\n",
+                    options_.rank, static_cast<long long>(epoch), r.loss, r.loss / std::log(2.0),
+                    summary.test_accuracy);
+      } else {
+        std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
+                    static_cast<long long>(epoch), summary.test_accuracy);
+      }
       std::fflush(stdout);
       if (options_.metrics != nullptr) options_.metrics->Evaluated(summary.test_accuracy);
       if (options_.coordinator != nullptr) {  // feeds keep-the-best checkpoints
@@ -297,6 +306,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   }
   summary.figures = placement_->Figures();
   summary.final_mode = ModeName(placement_->mode());
+  summary.model = model_->spec().kind;
   summary.steps = total;
   summary.epochs = options_.epochs;
   summary.train_seconds = absl::ToDoubleSeconds(train_time);

@@ -88,7 +88,9 @@ struct TrainSummary {
   int64_t steps = 0;
   int epochs = 0;
   double final_loss = 0;       // mean training loss over the last epoch
-  double test_accuracy = -1;   // after the last epoch, -1 if not evaluated
+  double test_accuracy = -1;   // after the last epoch, -1 if not evaluated (a language
+                               // model: next-token accuracy)
+  double test_loss = -1;       // the mean loss there (a byte-level model: nats per byte)
   double samples_per_sec = 0;  // this worker's training examples / training seconds
   double train_seconds = 0;
   std::vector<int64_t> snapshots;  // steps of the snapshots this worker requested
@@ -96,6 +98,7 @@ struct TrainSummary {
   std::vector<SwitchDone> switches;
   std::vector<std::pair<std::string, double>> figures;  // the last placement's (placement.h)
   std::string final_mode;
+  std::string model;  // ModelSpec::kind
   uint32_t param_crc32c = 0;  // CRC-32C of the final parameters, in table order
 };
 
@@ -157,7 +160,8 @@ class Trainer {
   absl::Status Publish(int64_t step);
   // Rank 0, every --snapshot_every_epochs: a cluster checkpoint through the coordinator.
   void RequestCheckpoint(int64_t epoch, TrainSummary* summary);
-  absl::StatusOr<double> Evaluate(int64_t step);
+  // The test set's loss and accuracy with the parameters of `step`.
+  absl::StatusOr<model::StepResult> Evaluate(int64_t step);
   void ReportProgress(int64_t step, double loss, double rate);
   // options_.connect for generation `name`, its calls timed into comm_clock_.
   absl::Status ConnectCommunicator(const std::string& name);
