@@ -35,9 +35,9 @@ constexpr int kWte = 0, kWpe = 1;
 int BlockParam(int block, int tensor) { return 2 + kBlockTensors * block + tensor; }
 int LnfGamma(int layers) { return 2 + kBlockTensors * layers; }
 
-// One block's saved activations for the backward (n = batch * context rows).
+// One block's saved activations for the backward (n = batch * context rows); its input
+// is the stage's xs[j].
 struct BlockActivations {
-  float* x;      // n x d, the block's input
   float* ln1;    // n x d
   float* mean1;  // n
   float* rstd1;  // n
@@ -52,6 +52,17 @@ struct BlockActivations {
   float* g;      // n x 4d: after it
 };
 
+// What one micro-batch in flight keeps (pipeline slots; a whole model has one).
+struct Slot {
+  float* tokens = nullptr;  // n token ids as floats (the embedding's stage)
+  std::vector<float*> xs;   // n x d each: xs[j] is block j's input, xs.back() the output
+  std::vector<BlockActivations> blocks;
+  float *lnf = nullptr, *meanf = nullptr, *rstdf = nullptr;  // the head's stage
+  float* logits = nullptr;  // n x vocab; after the loss, d(loss)/d(logits)
+};
+
+// Layers: 0 the embedding (wte, wpe), 1 + b block b, layers + 1 the head (lnf; it reads
+// wte). An instance computes layers [first, end): a whole model, or a pipeline stage.
 class Gpt final : public Model {
  public:
   static absl::StatusOr<std::unique_ptr<Gpt>> Create(compute::Backend* backend, const GptOptions& o,
@@ -64,74 +75,80 @@ class Gpt final : public Model {
   Gpt& operator=(const Gpt&) = delete;
 
   const std::vector<Param>& params() const override { return params_; }
-  void SetParam(int index, const float* host) override {
-    backend_->Upload(host, values_[index], params_[index].size);
+  void SetParam(int local, const float* host) override {
+    backend_->Upload(host, values_[params_[local].index], params_[local].size);
   }
-  void GetParam(int index, float* host) const override {
-    backend_->Download(values_[index], host, params_[index].size);
+  void GetParam(int local, float* host) const override {
+    backend_->Download(values_[params_[local].index], host, params_[local].size);
   }
-  void GetGrad(int index, float* host) const override {
-    backend_->Download(grads_[index], host, params_[index].size);
+  void GetGrad(int local, float* host) const override {
+    backend_->Download(grads_[params_[local].index], host, params_[local].size);
   }
 
   absl::StatusOr<StepResult> ForwardBackward(const float* x, const int32_t* y, int batch,
                                              const LayerHooks* hooks) override;
   absl::StatusOr<StepResult> Evaluate(const float* x, const int32_t* y, int64_t count) override;
-
-  absl::Status StageForward(int, const float*, int, float*) override { return NoStages(); }
-  absl::StatusOr<StepResult> StageBackward(int, const int32_t*, const float*, int, float,
-                                           float*) override {
-    return NoStages();
-  }
+  absl::Status StageForward(int slot, const float* x, int batch, float* out) override;
+  absl::StatusOr<StepResult> StageBackward(int slot, const int32_t* labels, const float* dout,
+                                           int batch, float grad_scale, float* dx) override;
   void ZeroGrads() override {
-    for (size_t i = 0; i < params_.size(); ++i) ZeroGrad(static_cast<int>(i));
+    for (const Param& p : params_) ZeroGrad(p.index);
   }
-  bool first_stage() const override { return true; }
-  bool last_stage() const override { return true; }
-  int input_width() const override { return o_.context; }
-  int output_width() const override { return o_.context * o_.vocab; }
+  bool first_stage() const override { return embed_; }
+  bool last_stage() const override { return head_; }
+  int input_width() const override { return embed_ ? o_.context : o_.context * o_.width; }
+  int output_width() const override { return o_.context * (head_ ? o_.vocab : o_.width); }
 
  private:
-  Gpt(compute::Backend* backend, const GptOptions& o, int max_batch, bool share)
-      : backend_(backend), o_(o), max_batch_(max_batch), share_(share) {}
+  Gpt(compute::Backend* backend, const GptOptions& o, const InstanceOptions& instance)
+      : backend_(backend),
+        o_(o),
+        max_batch_(instance.max_batch),
+        share_(instance.share_layer_buffers),
+        embed_(instance.first_layer == 0),
+        head_(instance.end_layer == -1 || instance.end_layer == o.layers + 2),
+        b0_(std::max(instance.first_layer, 1) - 1),
+        b1_(std::min(instance.end_layer == -1 ? o.layers + 2 : instance.end_layer, o.layers + 1) -
+            1) {}
 
-  static absl::Status NoStages() {
-    return absl::FailedPreconditionError("the gpt model has no pipeline stages yet");
-  }
-  absl::Status Allocate(const ModelSpec& spec);
-  absl::Status CheckBatch(const float* x, const int32_t* y, int64_t first, int batch) const;
+  absl::Status Allocate(const ModelSpec& spec, int slots);
+  absl::Status AllocateParams(const ModelSpec& spec);
+  absl::Status CheckTokens(const float* x, int64_t first, int batch) const;
+  absl::Status CheckLabels(const int32_t* y, int64_t first, int batch) const;
+  absl::Status CheckStage(int slot, int batch) const;
+  bool whole() const { return embed_ && head_; }
+  int blocks() const { return b1_ - b0_; }
 
-  // Forward through the logits for `batch` examples of x (token ids as floats).
-  absl::Status Forward(const float* x, int batch, const LayerHooks* hooks);
-  void BlockForward(int l, int batch);
-  // From logits_ holding d(loss)/d(logits): every gradient, accumulated.
-  absl::Status Backward(int batch, const LayerHooks* hooks);
-  void BlockBackward(int l,
-                     int batch);  // dx_: in, the gradient of the block's output; out, of its input
-  void ZeroGrad(int index) { backend_->Upload(zeros_.data(), grads_[index], params_[index].size); }
+  // Forward through the stage: from tokens (the embedding's stage) or the previous stage's
+  // output, to the logits (the head's stage) or xs.back().
+  absl::Status Forward(Slot& s, const float* x, int batch, const LayerHooks* hooks);
+  void BlockForward(Slot& s, int j, int batch);
+  // Backward through the stage: from s.logits holding d(loss)/d(logits) (the head's stage;
+  // scaled by grad_scale here) or dx_ holding the gradient of the stage's output, to the
+  // parameters' gradients (accumulated) and dx_ holding the gradient of its input.
+  absl::Status Backward(Slot& s, int batch, float grad_scale, const LayerHooks* hooks);
+  void BlockBackward(const Slot& s, int j, int batch);
+  void ZeroGrad(int index) { backend_->Upload(zeros_.data(), grads_[index], spec_sizes_[index]); }
 
-  const float* W(int l, int t) const { return values_[BlockParam(l, t)]; }
-  float* G(int l, int t) const { return grads_[BlockParam(l, t)]; }
-  float* X(int l) const { return l < o_.layers ? acts_[l].x : x_out_; }
-  // Rows of every GEMM (n = batch * context) and the model's widths.
+  const float* W(int b, int t) const { return values_[BlockParam(b, t)]; }
+  float* G(int b, int t) const { return grads_[BlockParam(b, t)]; }
   int dh() const { return o_.width / o_.heads; }
 
   compute::Backend* const backend_;
   const GptOptions o_;
   const int max_batch_;
   const bool share_;  // FSDP: one block's parameters and gradients at a time
-  std::vector<Param> params_;
+  const bool embed_, head_;
+  const int b0_, b1_;               // the blocks [b0_, b1_) this instance computes
+  std::vector<Param> params_;       // this instance's tensors, in spec order
+  std::vector<size_t> spec_sizes_;  // per spec tensor
   std::vector<float*> owned_;
-  std::vector<float*> values_, grads_;  // per param (blocks alias one set when share_)
+  std::vector<float*> values_, grads_;  // per spec tensor, null if not held here
   std::vector<float> zeros_;            // host zeros, as many as the largest tensor
-  std::vector<BlockActivations> acts_;
-  float* x_out_ = nullptr;  // n x d: the last block's output
-  float *lnf_ = nullptr, *meanf_ = nullptr, *rstdf_ = nullptr;
-  float* logits_ = nullptr;     // n x vocab; after the loss, d(loss)/d(logits)
-  float* tokens_ = nullptr;     // n token ids as floats
+  std::vector<Slot> slots_;
   float* positions_ = nullptr;  // n: the position of each row (0..context-1, repeated)
   float* ones_ = nullptr;       // n ones: bias gradients by GEMM
-  // Backward scratch.
+  // Backward scratch, one micro-batch at a time.
   float *dx_ = nullptr, *tmp_ = nullptr, *dln_ = nullptr, *dattn_ = nullptr;
   float *dqkv_ = nullptr, *dh_ = nullptr, *datt_ = nullptr;
 };
@@ -141,74 +158,93 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(compute::Backend* backend, cons
                                                  const InstanceOptions& instance) {
   if (backend == nullptr) return absl::InvalidArgumentError("the gpt model needs a backend");
   RETURN_IF_ERROR(ValidateGpt(o));
-  if (instance.first_layer != 0 ||
-      (instance.end_layer != -1 && instance.end_layer != spec.num_layers()) ||
-      instance.slots != 1) {
-    return absl::InvalidArgumentError(
-        "the gpt model has no pipeline stages yet: it computes the whole model only");
+  const int layers = spec.num_layers();
+  const int end = instance.end_layer == -1 ? layers : instance.end_layer;
+  if (instance.first_layer < 0 || instance.first_layer >= end || end > layers) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt layer range [", instance.first_layer, ", ",
+                                                   end, ") is not within the ", layers, " layers"));
   }
-  if (instance.max_batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gpt max_batch must be >= 1, got ", instance.max_batch));
+  if (instance.max_batch < 1 || instance.slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpt max_batch (", instance.max_batch, ") and slots (", instance.slots, ") must be >= 1"));
   }
-  std::unique_ptr<Gpt> gpt(new Gpt(backend, o, instance.max_batch, instance.share_layer_buffers));
-  RETURN_IF_ERROR(gpt->Allocate(spec));
+  std::unique_ptr<Gpt> gpt(new Gpt(backend, o, instance));
+  RETURN_IF_ERROR(gpt->Allocate(spec, instance.slots));
   return gpt;
 }
 
-absl::Status Gpt::Allocate(const ModelSpec& spec) {
-  auto alloc = [&](size_t n) -> float* {
-    float* p = backend_->Alloc(n);
-    if (p != nullptr) owned_.push_back(p);
-    return p;
-  };
+absl::Status Gpt::AllocateParams(const ModelSpec& spec) {
+  const int lnf = LnfGamma(o_.layers);
+  std::vector<int> held;
+  if (embed_ || head_) held.push_back(kWte);  // the head reads the tied embedding
+  if (embed_) held.push_back(kWpe);
+  for (int b = b0_; b < b1_; ++b) {
+    for (int t = 0; t < kBlockTensors; ++t) held.push_back(BlockParam(b, t));
+  }
+  if (head_) held.insert(held.end(), {lnf, lnf + 1});
   size_t largest = 0;
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    params_.push_back({spec.params[i].name, spec.params[i].size(), static_cast<int>(i)});
-    largest = std::max(largest, spec.params[i].size());
+  for (const TensorSpec& t : spec.params) {
+    spec_sizes_.push_back(t.size());
+    largest = std::max(largest, t.size());
   }
   zeros_.assign(largest, 0.0f);
-  values_.assign(params_.size(), nullptr);
-  grads_.assign(params_.size(), nullptr);
+  values_.assign(spec.params.size(), nullptr);
+  grads_.assign(spec.params.size(), nullptr);
   std::vector<float*> shared_values(kBlockTensors), shared_grads(kBlockTensors);
-  for (const Param& p : params_) {
-    const int block_tensor = (p.index - 2) % kBlockTensors;
-    const bool in_block = p.index >= 2 && p.index < LnfGamma(o_.layers);
-    if (share_ && in_block && shared_values[block_tensor] != nullptr) {
-      values_[p.index] = shared_values[block_tensor];
-      grads_[p.index] = shared_grads[block_tensor];
+  for (int i : held) {
+    params_.push_back({spec.params[i].name, spec.params[i].size(), i});
+    const bool in_block = i >= 2 && i < lnf;
+    const int t = (i - 2) % kBlockTensors;
+    if (share_ && in_block && shared_values[t] != nullptr) {
+      values_[i] = shared_values[t];
+      grads_[i] = shared_grads[t];
       continue;
     }
-    values_[p.index] = alloc(p.size);
-    grads_[p.index] = alloc(p.size);
-    if (values_[p.index] == nullptr || grads_[p.index] == nullptr) {
+    values_[i] = backend_->Alloc(spec_sizes_[i]);
+    grads_[i] = backend_->Alloc(spec_sizes_[i]);
+    for (float* p : {values_[i], grads_[i]}) {
+      if (p != nullptr) owned_.push_back(p);
+    }
+    if (values_[i] == nullptr || grads_[i] == nullptr) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("backend ", backend_->name(), " could not allocate ", p.name));
+          absl::StrCat("backend ", backend_->name(), " could not allocate ", params_.back().name));
     }
     if (in_block) {
-      shared_values[block_tensor] = values_[p.index];
-      shared_grads[block_tensor] = grads_[p.index];
+      shared_values[t] = values_[i];
+      shared_grads[t] = grads_[i];
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Gpt::Allocate(const ModelSpec& spec, int slots) {
+  RETURN_IF_ERROR(AllocateParams(spec));
   const size_t n = static_cast<size_t>(max_batch_) * o_.context, d = o_.width;
   const size_t att = static_cast<size_t>(max_batch_) * o_.heads * o_.context * o_.context;
   bool ok = true;
   auto take = [&](size_t count) {
-    float* p = alloc(count);
+    float* p = backend_->Alloc(count);
+    if (p != nullptr) owned_.push_back(p);
     ok = ok && p != nullptr;
     return p;
   };
-  for (int l = 0; l < o_.layers; ++l) {
-    acts_.push_back({take(n * d), take(n * d), take(n), take(n), take(n * 3 * d), take(att),
-                     take(n * d), take(n * d), take(n * d), take(n), take(n), take(n * 4 * d),
-                     take(n * 4 * d)});
+  for (int k = 0; k < slots; ++k) {
+    Slot s;
+    if (embed_) s.tokens = take(n);
+    for (int j = 0; j <= blocks(); ++j) s.xs.push_back(take(n * d));
+    for (int j = 0; j < blocks(); ++j) {
+      s.blocks.push_back({take(n * d), take(n), take(n), take(n * 3 * d), take(att), take(n * d),
+                          take(n * d), take(n * d), take(n), take(n), take(n * 4 * d),
+                          take(n * 4 * d)});
+    }
+    if (head_) {
+      s.lnf = take(n * d);
+      s.meanf = take(n);
+      s.rstdf = take(n);
+      s.logits = take(n * o_.vocab);
+    }
+    slots_.push_back(std::move(s));
   }
-  x_out_ = take(n * d);
-  lnf_ = take(n * d);
-  meanf_ = take(n);
-  rstdf_ = take(n);
-  logits_ = take(n * o_.vocab);
-  tokens_ = take(n);
   positions_ = take(n);
   ones_ = take(n);
   dx_ = take(n * d);
@@ -221,7 +257,7 @@ absl::Status Gpt::Allocate(const ModelSpec& spec) {
   if (!ok) {
     return absl::ResourceExhaustedError(
         absl::StrCat("backend ", backend_->name(), " could not allocate the gpt's activations for ",
-                     max_batch_, " examples of ", o_.context, " tokens"));
+                     slots, " x ", max_batch_, " examples of ", o_.context, " tokens"));
   }
   std::vector<float> host(n);
   for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % o_.context);
@@ -231,7 +267,7 @@ absl::Status Gpt::Allocate(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status Gpt::CheckBatch(const float* x, const int32_t* y, int64_t first, int batch) const {
+absl::Status Gpt::CheckTokens(const float* x, int64_t first, int batch) const {
   const size_t n = static_cast<size_t>(batch) * o_.context;
   for (size_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -240,6 +276,13 @@ absl::Status Gpt::CheckBatch(const float* x, const int32_t* y, int64_t first, in
           absl::StrCat("token ", v, " at position ", i % o_.context, " of example ",
                        first + i / o_.context, " is not a whole number in [0, ", o_.vocab, ")"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gpt::CheckLabels(const int32_t* y, int64_t first, int batch) const {
+  const size_t n = static_cast<size_t>(batch) * o_.context;
+  for (size_t i = 0; i < n; ++i) {
     if (y[i] < 0 || y[i] >= o_.vocab) {
       return absl::InvalidArgumentError(
           absl::StrCat("label ", y[i], " at position ", i % o_.context, " of example ",
@@ -249,34 +292,54 @@ absl::Status Gpt::CheckBatch(const float* x, const int32_t* y, int64_t first, in
   return absl::OkStatus();
 }
 
-absl::Status Gpt::Forward(const float* x, int batch, const LayerHooks* hooks) {
-  const int n = batch * o_.context, d = o_.width;
-  const bool hooked = hooks != nullptr && hooks->before;
-  backend_->Upload(x, tokens_, n);
-  if (hooked) RETURN_IF_ERROR(hooks->before(0, /*backward=*/false));
-  backend_->GatherRows(values_[kWte], d, tokens_, n, X(0));
-  backend_->GatherRows(values_[kWpe], d, positions_, n, tmp_);
-  backend_->Axpy(1.0f, tmp_, X(0), static_cast<size_t>(n) * d);
-  for (int l = 0; l < o_.layers; ++l) {
-    if (hooked) RETURN_IF_ERROR(hooks->before(1 + l, /*backward=*/false));
-    BlockForward(l, batch);
+absl::Status Gpt::CheckStage(int slot, int batch) const {
+  if (batch < 1 || batch > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch ", batch, " is outside [1, max_batch = ", max_batch_, "]"));
   }
-  const int lnf = LnfGamma(o_.layers);
-  backend_->LayerNorm(X(o_.layers), values_[lnf], values_[lnf + 1], n, d, o_.ln_eps, lnf_, meanf_,
-                      rstdf_);
-  // logits[n x vocab] = lnf[n x d] * wte^T.
-  backend_->Gemm(false, true, n, o_.vocab, d, 1.0f, lnf_, values_[kWte], 0.0f, logits_);
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", slots_.size(), ")"));
+  }
   return absl::OkStatus();
 }
 
-void Gpt::BlockForward(int l, int batch) {
-  const BlockActivations& a = acts_[l];
+absl::Status Gpt::Forward(Slot& s, const float* x, int batch, const LayerHooks* hooks) {
+  const int n = batch * o_.context, d = o_.width;
+  const bool hooked = hooks != nullptr && hooks->before;
+  if (embed_) {
+    backend_->Upload(x, s.tokens, n);
+    if (hooked) RETURN_IF_ERROR(hooks->before(0, /*backward=*/false));
+    backend_->GatherRows(values_[kWte], d, s.tokens, n, s.xs[0]);
+    backend_->GatherRows(values_[kWpe], d, positions_, n, tmp_);
+    backend_->Axpy(1.0f, tmp_, s.xs[0], static_cast<size_t>(n) * d);
+  } else {
+    backend_->Upload(x, s.xs[0], static_cast<size_t>(n) * d);
+  }
+  for (int j = 0; j < blocks(); ++j) {
+    if (hooked) RETURN_IF_ERROR(hooks->before(1 + b0_ + j, /*backward=*/false));
+    BlockForward(s, j, batch);
+  }
+  if (!head_) return absl::OkStatus();
+  if (hooked) RETURN_IF_ERROR(hooks->before(o_.layers + 1, /*backward=*/false));
+  const int lnf = LnfGamma(o_.layers);
+  backend_->LayerNorm(s.xs.back(), values_[lnf], values_[lnf + 1], n, d, o_.ln_eps, s.lnf, s.meanf,
+                      s.rstdf);
+  // logits[n x vocab] = lnf[n x d] * wte^T.
+  backend_->Gemm(false, true, n, o_.vocab, d, 1.0f, s.lnf, values_[kWte], 0.0f, s.logits);
+  return absl::OkStatus();
+}
+
+void Gpt::BlockForward(Slot& s, int j, int batch) {
+  const BlockActivations& a = s.blocks[j];
+  const int l = b0_ + j;
+  const float* x = s.xs[j];
   const int t = o_.context, d = o_.width, heads = o_.heads, n = batch * t, k = dh();
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t att = static_cast<int64_t>(t) * t;
   const float scale = 1.0f / std::sqrt(static_cast<float>(k));
   compute::Backend& be = *backend_;
-  be.LayerNorm(a.x, W(l, kLn1Gamma), W(l, kLn1Beta), n, d, o_.ln_eps, a.ln1, a.mean1, a.rstd1);
+  be.LayerNorm(x, W(l, kLn1Gamma), W(l, kLn1Beta), n, d, o_.ln_eps, a.ln1, a.mean1, a.rstd1);
   be.Gemm(false, false, n, 3 * d, d, 1.0f, a.ln1, W(l, kQkvWeight), 0.0f, a.qkv);
   be.AddRowVector(a.qkv, W(l, kQkvBias), n, 3 * d);
   for (int b = 0; b < batch; ++b) {  // per example, the heads as one batched product
@@ -291,43 +354,52 @@ void Gpt::BlockForward(int l, int batch) {
     be.GemmBatched(false, false, t, k, t, 1.0f, a.att + b * heads * att, t, att, v, 3 * d, k, 0.0f,
                    a.attn + static_cast<size_t>(b) * t * d, d, k, heads);
   }
-  be.Copy(a.x, a.x1, nd);  // x1 = x + attn proj
+  be.Copy(x, a.x1, nd);  // x1 = x + attn proj
   be.Gemm(false, false, n, d, d, 1.0f, a.attn, W(l, kProjWeight), 1.0f, a.x1);
   be.AddRowVector(a.x1, W(l, kProjBias), n, d);
   be.LayerNorm(a.x1, W(l, kLn2Gamma), W(l, kLn2Beta), n, d, o_.ln_eps, a.ln2, a.mean2, a.rstd2);
   be.Gemm(false, false, n, 4 * d, d, 1.0f, a.ln2, W(l, kFcWeight), 0.0f, a.h);
   be.AddRowVector(a.h, W(l, kFcBias), n, 4 * d);
   be.Gelu(a.h, a.g, static_cast<size_t>(n) * 4 * d);
-  float* out = X(l + 1);  // out = x1 + mlp
+  float* out = s.xs[j + 1];  // out = x1 + mlp
   be.Copy(a.x1, out, nd);
   be.Gemm(false, false, n, d, 4 * d, 1.0f, a.g, W(l, kMlpWeight), 1.0f, out);
   be.AddRowVector(out, W(l, kMlpBias), n, d);
 }
 
-absl::Status Gpt::Backward(int batch, const LayerHooks* hooks) {
+absl::Status Gpt::Backward(Slot& s, int batch, float grad_scale, const LayerHooks* hooks) {
   const int n = batch * o_.context, d = o_.width, lnf = LnfGamma(o_.layers);
   compute::Backend& be = *backend_;
-  // logits = lnf wte^T: d lnf = dlogits wte, d wte += dlogits^T lnf.
-  be.Gemm(false, false, n, d, o_.vocab, 1.0f, logits_, values_[kWte], 0.0f, dln_);
-  be.Gemm(true, false, o_.vocab, d, n, 1.0f, logits_, lnf_, 1.0f, grads_[kWte]);
-  be.LayerNormBackward(dln_, X(o_.layers), values_[lnf], meanf_, rstdf_, n, d, dx_, grads_[lnf],
-                       grads_[lnf + 1]);
-  for (int l = o_.layers - 1; l >= 0; --l) {
+  const bool after = hooks != nullptr && static_cast<bool>(hooks->after_backward);
+  if (head_) {
+    // logits = lnf wte^T: d lnf = dlogits wte, d wte += dlogits^T lnf (both scaled).
+    be.Gemm(false, false, n, d, o_.vocab, grad_scale, s.logits, values_[kWte], 0.0f, dln_);
+    be.Gemm(true, false, o_.vocab, d, n, grad_scale, s.logits, s.lnf, 1.0f, grads_[kWte]);
+    be.LayerNormBackward(dln_, s.xs.back(), values_[lnf], s.meanf, s.rstdf, n, d, dx_, grads_[lnf],
+                         grads_[lnf + 1]);
+    if (after) RETURN_IF_ERROR(hooks->after_backward(o_.layers + 1));
+  }
+  for (int j = blocks() - 1; j >= 0; --j) {
+    const int l = b0_ + j;
     if (hooks != nullptr && hooks->before) RETURN_IF_ERROR(hooks->before(1 + l, true));
     if (share_) {
       for (int t = 0; t < kBlockTensors; ++t) ZeroGrad(BlockParam(l, t));
     }
-    BlockBackward(l, batch);
-    if (hooks != nullptr && hooks->after_backward) RETURN_IF_ERROR(hooks->after_backward(1 + l));
+    BlockBackward(s, j, batch);
+    if (after) RETURN_IF_ERROR(hooks->after_backward(1 + l));
   }
-  be.ScatterAddRows(dx_, d, tokens_, n, grads_[kWte], o_.vocab);
-  be.ScatterAddRows(dx_, d, positions_, n, grads_[kWpe], o_.context);
-  if (hooks != nullptr && hooks->after_backward) RETURN_IF_ERROR(hooks->after_backward(0));
+  if (embed_) {
+    be.ScatterAddRows(dx_, d, s.tokens, n, grads_[kWte], o_.vocab);
+    be.ScatterAddRows(dx_, d, positions_, n, grads_[kWpe], o_.context);
+    if (after) RETURN_IF_ERROR(hooks->after_backward(0));
+  }
   return absl::OkStatus();
 }
 
-void Gpt::BlockBackward(int l, int batch) {
-  const BlockActivations& a = acts_[l];
+void Gpt::BlockBackward(const Slot& s, int j, int batch) {
+  const BlockActivations& a = s.blocks[j];
+  const int l = b0_ + j;
+  const float* x = s.xs[j];
   const int t = o_.context, d = o_.width, heads = o_.heads, n = batch * t, k = dh();
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t att = static_cast<int64_t>(t) * t;
@@ -374,32 +446,65 @@ void Gpt::BlockBackward(int l, int batch) {
   be.Gemm(true, false, d, 3 * d, n, 1.0f, a.ln1, dqkv_, 1.0f, G(l, kQkvWeight));
   be.Gemm(false, false, 1, 3 * d, n, 1.0f, ones_, dqkv_, 1.0f, G(l, kQkvBias));
   be.Gemm(false, true, n, d, 3 * d, 1.0f, dqkv_, W(l, kQkvWeight), 0.0f, dln_);
-  be.LayerNormBackward(dln_, a.x, W(l, kLn1Gamma), a.mean1, a.rstd1, n, d, tmp_, G(l, kLn1Gamma),
+  be.LayerNormBackward(dln_, x, W(l, kLn1Gamma), a.mean1, a.rstd1, n, d, tmp_, G(l, kLn1Gamma),
                        G(l, kLn1Beta));
   be.Axpy(1.0f, tmp_, dx_, nd);
 }
 
 absl::StatusOr<StepResult> Gpt::ForwardBackward(const float* x, const int32_t* y, int batch,
                                                 const LayerHooks* hooks) {
-  if (batch < 1 || batch > max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch ", batch, " is outside [1, max_batch = ", max_batch_, "]"));
+  RETURN_IF_ERROR(CheckStage(0, batch));
+  if (!whole()) {
+    return absl::FailedPreconditionError("ForwardBackward needs the whole model; use Stage*");
   }
   if (share_ && hooks == nullptr) {
     return absl::FailedPreconditionError("shared layer buffers need LayerHooks");
   }
-  RETURN_IF_ERROR(CheckBatch(x, y, 0, batch));
+  RETURN_IF_ERROR(CheckTokens(x, 0, batch));
+  RETURN_IF_ERROR(CheckLabels(y, 0, batch));
   if (share_) {  // the blocks' shared gradients are zeroed block by block in Backward
     for (int i : {kWte, kWpe, LnfGamma(o_.layers), LnfGamma(o_.layers) + 1}) ZeroGrad(i);
   } else {
     ZeroGrads();
   }
-  RETURN_IF_ERROR(Forward(x, batch, hooks));
+  Slot& s = slots_[0];
+  RETURN_IF_ERROR(Forward(s, x, batch, hooks));
   const int n = batch * o_.context;
   StepResult result;
   result.examples = n;
-  result.loss = backend_->SoftmaxCrossEntropy(logits_, y, n, o_.vocab, logits_, &result.correct);
-  RETURN_IF_ERROR(Backward(batch, hooks));
+  result.loss = backend_->SoftmaxCrossEntropy(s.logits, y, n, o_.vocab, s.logits, &result.correct);
+  RETURN_IF_ERROR(Backward(s, batch, 1.0f, hooks));
+  return result;
+}
+
+absl::Status Gpt::StageForward(int slot, const float* x, int batch, float* out) {
+  RETURN_IF_ERROR(CheckStage(slot, batch));
+  if (embed_) RETURN_IF_ERROR(CheckTokens(x, 0, batch));
+  Slot& s = slots_[slot];
+  RETURN_IF_ERROR(Forward(s, x, batch, nullptr));
+  if (!head_) {
+    backend_->Download(s.xs.back(), out, static_cast<size_t>(batch) * o_.context * o_.width);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Gpt::StageBackward(int slot, const int32_t* labels, const float* dout,
+                                              int batch, float grad_scale, float* dx) {
+  RETURN_IF_ERROR(CheckStage(slot, batch));
+  Slot& s = slots_[slot];
+  const size_t nd = static_cast<size_t>(batch) * o_.context * o_.width;
+  StepResult result;
+  if (head_) {
+    RETURN_IF_ERROR(CheckLabels(labels, 0, batch));
+    const int n = batch * o_.context;
+    result.examples = n;
+    result.loss =
+        backend_->SoftmaxCrossEntropy(s.logits, labels, n, o_.vocab, s.logits, &result.correct);
+  } else {
+    backend_->Upload(dout, dx_, nd);
+  }
+  RETURN_IF_ERROR(Backward(s, batch, grad_scale, nullptr));
+  if (!embed_) backend_->Download(dx_, dx, nd);
   return result;
 }
 
@@ -408,20 +513,22 @@ absl::StatusOr<StepResult> Gpt::Evaluate(const float* x, const int32_t* y, int64
     return absl::InvalidArgumentError(
         absl::StrCat("count ", count, " examples of ", o_.context, " tokens is outside [0, 2^31)"));
   }
-  if (share_) {
+  if (share_ || !whole()) {
     return absl::FailedPreconditionError("Evaluate needs the whole model with its own buffers");
   }
-  RETURN_IF_ERROR(CheckBatch(x, y, 0, static_cast<int>(count)));
+  RETURN_IF_ERROR(CheckTokens(x, 0, static_cast<int>(count)));
+  RETURN_IF_ERROR(CheckLabels(y, 0, static_cast<int>(count)));
   StepResult result;
   double total = 0;
   const size_t width = o_.context;
+  Slot& s = slots_[0];
   for (int64_t start = 0; start < count; start += max_batch_) {
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, count - start));
-    (void)Forward(x + start * width, batch, nullptr);  // no hooks: cannot fail
+    (void)Forward(s, x + start * width, batch, nullptr);  // no hooks: cannot fail
     const int n = batch * o_.context;
     int correct = 0;
     const float loss =
-        backend_->SoftmaxCrossEntropy(logits_, y + start * width, n, o_.vocab, nullptr, &correct);
+        backend_->SoftmaxCrossEntropy(s.logits, y + start * width, n, o_.vocab, nullptr, &correct);
     total += static_cast<double>(loss) * n;
     result.correct += correct;
   }
@@ -507,15 +614,19 @@ ModelSpec GptSpec(const GptOptions& o, uint64_t seed) {
   add("lnf.gamma", {d}, 0, 1);
   add("lnf.beta", {d}, 0, 0);
   const int lnf = LnfGamma(o.layers);
-  spec.layer_params.push_back({kWte, kWpe, lnf, lnf + 1});
   const double t = o.context;
-  spec.layer_costs.push_back(t * d * o.vocab);  // the head (the embedding is a lookup)
+  spec.layer_params.push_back({kWte, kWpe});  // the embedding: a lookup and an add
+  spec.layer_costs.push_back(t * d);
   for (int l = 0; l < o.layers; ++l) {
     std::vector<int> block;
     for (int i = 0; i < kBlockTensors; ++i) block.push_back(BlockParam(l, i));
     spec.layer_params.push_back(std::move(block));
     spec.layer_costs.push_back(t * 12 * d * d + 2 * t * t * d);  // weights + attention
   }
+  spec.layer_params.push_back({lnf, lnf + 1});  // the head, which reads wte
+  spec.layer_costs.push_back(t * d * o.vocab);
+  spec.layer_reads.assign(spec.layer_params.size(), {});
+  spec.layer_reads.back() = {kWte};
   return spec;
 }
 

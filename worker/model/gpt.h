@@ -17,10 +17,11 @@
 //   "h<l>.ln2.beta", "h<l>.mlp.fc.weight" {width, 4 width}, "h<l>.mlp.fc.bias",
 //   "h<l>.mlp.proj.weight" {4 width, width}, "h<l>.mlp.proj.bias",
 //   and last "lnf.gamma", "lnf.beta".
-// Layers (ModelSpec::layer_params): layer 0 is "the ends" (wte, wpe, lnf: the embedding
-// and the head share wte), layer 1 + l is block l. FSDP's hooks gather layer 0 once
-// before the embedding and its gradient is complete after the embedding's backward, which
-// comes last.
+// Layers (ModelSpec::layer_params): layer 0 is the embedding (wte, wpe), layer 1 + l is
+// block l, and layer layers + 1 the head (lnf), which also reads wte (layer_reads): the
+// tied embedding's gradient is complete only after the embedding's backward, which comes
+// last. A pipeline stage holding the head keeps a copy of wte (the pipeline placement
+// sums the two copies' gradients).
 #pragma once
 
 #include <cstdint>
@@ -50,8 +51,8 @@ absl::Status ValidateGpt(const GptOptions& options);
 // by seed * 1000 + i. Layer costs: multiply-adds per example.
 ModelSpec GptSpec(const GptOptions& options, uint64_t seed);
 
-// The GPT as a ModelDef. Instances compute the whole model (pipeline stages are not
-// supported yet: INVALID_ARGUMENT for stage options).
+// The GPT as a ModelDef: instances of the whole model or of a pipeline stage (any layer
+// range, with slots for the micro-batches in flight).
 absl::StatusOr<std::unique_ptr<ModelDef>> MakeGptDef(const GptOptions& options, uint64_t seed);
 
 }  // namespace pscluster::model

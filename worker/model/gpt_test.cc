@@ -90,8 +90,10 @@ TEST_F(GptTest, SpecNamesShapesAndLayers) {
   EXPECT_EQ(spec_.params[2 + 12 + 2].name, "h1.attn.qkv.weight");
   EXPECT_EQ(spec_.params[2 + 12 + 2].shape, (std::vector<int64_t>{8, 24}));
   EXPECT_EQ(spec_.params.back().name, "lnf.beta");
-  EXPECT_EQ(spec_.num_layers(), 3);
-  EXPECT_EQ(spec_.layer_params[0], (std::vector<int>{0, 1, 26, 27}));
+  EXPECT_EQ(spec_.num_layers(), 4);  // embedding, 2 blocks, head
+  EXPECT_EQ(spec_.layer_params[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(spec_.layer_params[3], (std::vector<int>{26, 27}));
+  EXPECT_EQ(spec_.layer_reads[3], (std::vector<int>{0}));  // the head reads wte
   EXPECT_EQ(spec_.input_width, 5);
   EXPECT_EQ(spec_.label_width, 5);
   EXPECT_EQ(spec_.classes, 11);
@@ -212,13 +214,69 @@ TEST_F(GptTest, BadTokensAndLabelsAreRefused) {
             absl::StatusCode::kInvalidArgument);  // over max_batch
 }
 
-TEST_F(GptTest, PipelineStagesAreRefusedForNow) {
-  auto def = MakeGptDef(Tiny(), 1);
+// Two stages (embedding + block 0 | block 1 + head) over two micro-batches, each scaled by
+// 1/2: the same loss and gradients as the whole model on the whole batch, wte's being the
+// sum of the two stages' copies.
+TEST_F(GptTest, PipelineStagesComposeToTheWholeModel) {
+  const GptOptions o = Tiny();
+  auto whole = Make(o, 4);
+  auto def = MakeGptDef(o, 3);
   ASSERT_TRUE(def.ok());
-  InstanceOptions stage = WholeModel(2);
-  stage.end_layer = 2;
-  EXPECT_EQ((*def)->Create(backend_.get(), stage).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  InstanceOptions first = WholeModel(2), second = WholeModel(2);
+  first.end_layer = 2;
+  second.first_layer = 2;
+  first.slots = second.slots = 2;
+  auto a = (*def)->Create(backend_.get(), first);
+  auto b = (*def)->Create(backend_.get(), second);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  const auto params = Params();
+  Load(whole.get(), params);
+  for (Model* stage : {a->get(), b->get()}) {
+    for (size_t i = 0; i < stage->params().size(); ++i) {
+      stage->SetParam(static_cast<int>(i), params[stage->params()[i].index].data());
+    }
+    stage->ZeroGrads();
+  }
+  EXPECT_TRUE((*a)->first_stage() && !(*a)->last_stage());
+  EXPECT_EQ((*b)->params().front().name, "wte");  // the head's copy of the tied embedding
+  const Batch batch = RandomBatch(o, 4, 21);
+  auto want = whole->ForwardBackward(batch.x.data(), batch.y.data(), 4);
+  ASSERT_TRUE(want.ok());
+  const size_t acts = 2 * o.context * o.width;  // one micro-batch between the stages
+  std::vector<float> out(2 * acts), dx(acts);
+  double loss = 0;
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(
+        (*a)->StageForward(m, batch.x.data() + m * 2 * o.context, 2, out.data() + m * acts).ok());
+    ASSERT_TRUE((*b)->StageForward(m, out.data() + m * acts, 2, nullptr).ok());
+  }
+  for (int m = 0; m < 2; ++m) {
+    auto r =
+        (*b)->StageBackward(m, batch.y.data() + m * 2 * o.context, nullptr, 2, 0.5f, dx.data());
+    ASSERT_TRUE(r.ok()) << r.status();
+    loss += r->loss / 2;
+    ASSERT_TRUE((*a)->StageBackward(m, nullptr, dx.data(), 2, 0.5f, nullptr).ok());
+  }
+  EXPECT_NEAR(loss, want->loss, 1e-6);
+  std::vector<std::vector<float>> got(params.size());
+  for (Model* stage : {a->get(), b->get()}) {
+    for (size_t i = 0; i < stage->params().size(); ++i) {
+      std::vector<float> g(stage->params()[i].size);
+      stage->GetGrad(static_cast<int>(i), g.data());
+      std::vector<float>& sum = got[stage->params()[i].index];
+      sum.resize(g.size());
+      for (size_t k = 0; k < g.size(); ++k) sum[k] += g[k];
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<float> expected(params[i].size());
+    whole->GetGrad(static_cast<int>(i), expected.data());
+    ASSERT_EQ(got[i].size(), expected.size()) << spec_.params[i].name;
+    for (size_t k = 0; k < expected.size(); ++k) {
+      ASSERT_NEAR(got[i][k], expected[k], 1e-5 + 1e-4 * std::abs(expected[k]))
+          << spec_.params[i].name << " element " << k;
+    }
+  }
 }
 
 }  // namespace

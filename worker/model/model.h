@@ -47,6 +47,10 @@ struct ModelSpec {
   std::vector<TensorSpec> params;              // dense tensors, in a fixed order
   std::vector<EmbeddingSpec> embeddings;       // sparse tables
   std::vector<std::vector<int>> layer_params;  // per layer: indices into params
+  // Per layer (empty, or one entry per layer): tensors of OTHER layers it also reads (a
+  // tied weight, as the GPT's head reads the token embedding). A pipeline stage holding
+  // such a layer keeps a copy of the tensor, and the two copies' gradients are summed.
+  std::vector<std::vector<int>> layer_reads;
   std::vector<double> layer_costs;             // per layer: multiply-adds per example
   int input_width = 0;                         // floats per example of the input
   int label_width = 1;                         // labels per example (a language model: context)

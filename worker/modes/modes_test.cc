@@ -46,7 +46,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeEquivalenceTest,
                          });
 
 // The GPT (a tied embedding whose gradient is complete only after the embedding's
-// backward, layer 0 gathered once by FSDP) in the data-parallel modes.
+// backward; in PIPELINE the head's stage holds a copy of it) in the collective modes.
 class GptModeEquivalenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GptModeEquivalenceTest, OneAndTenStepsMatchTheSingleProcessReference) {
@@ -65,7 +65,9 @@ TEST_P(GptModeEquivalenceTest, OneAndTenStepsMatchTheSingleProcessReference) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, GptModeEquivalenceTest,
                          ::testing::Values(Case{coord::ALLREDUCE, 2}, Case{coord::ALLREDUCE, 3},
-                                           Case{coord::FSDP, 2}, Case{coord::FSDP, 3}),
+                                           Case{coord::FSDP, 2}, Case{coord::FSDP, 3},
+                                           Case{coord::PIPELINE, 1}, Case{coord::PIPELINE, 2},
+                                           Case{coord::PIPELINE, 3}, Case{coord::PIPELINE, 4}),
                          [](const auto& info) {
                            return absl::StrCat(ModeName(info.param.mode), "_", info.param.world,
                                                "_workers");

@@ -6,6 +6,9 @@
 // gradients backward with paired send/recv (both posted before waiting, so neighbours
 // never deadlock). Gradients accumulate over the micro-batches (each scaled by 1/M, so
 // the sum is the gradient of the global batch's mean loss) and each stage steps at the end.
+// A tensor that a layer of another stage also reads (ModelSpec::layer_reads: the GPT's head
+// reads the token embedding) is held by both stages; before the step the two exchange its
+// gradient and each adds the other's, so both step the same sum and the copies stay equal.
 #include <algorithm>
 #include <map>
 
@@ -77,6 +80,19 @@ class PipelinePlacement final : public Placement {
     for (int l = 0; l < layers; ++l) {
       for (int i : spec_.layer_params[l]) layer_of_[i] = l;
     }
+    for (size_t local = 0; local < model_->params().size(); ++local) {
+      const int i = model_->params()[local].index;
+      local_of_[i] = static_cast<int>(local);
+      if (StageOf(layer_of_.at(i)) != k_) tied_.push_back({i, StageOf(layer_of_.at(i))});
+    }
+    for (size_t l = 0; l < spec_.layer_reads.size(); ++l) {
+      for (int i : spec_.layer_reads[l]) {
+        const int reader = StageOf(static_cast<int>(l)), owner = StageOf(layer_of_.at(i));
+        if (owner == k_ && reader != k_) tied_.push_back({i, reader});
+      }
+    }
+    std::sort(tied_.begin(), tied_.end());  // the same order on both sides of each pair
+    tied_.erase(std::unique(tied_.begin(), tied_.end()), tied_.end());
     // One rank's view of the whole global batch: the data-parallel ranks' batches in order.
     ASSIGN_OR_RETURN(auto batches,
                      data::BatchIterator::Create(ctx_.train, 0, 1, global, ctx_.seed));
@@ -106,12 +122,10 @@ class PipelinePlacement final : public Placement {
   absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
     ModelState state;
     state.updates = updates_;
-    size_t local = 0;                                   // the next of this stage's tensors
     for (size_t i = 0; i < spec_.params.size(); ++i) {  // each broadcast by the owning stage
-      const int owner =
-          static_cast<int>(std::upper_bound(first_of_.begin(), first_of_.end(), layer_of_.at(i)) -
-                           first_of_.begin() - 1);
+      const int owner = StageOf(layer_of_.at(i));
       const bool mine = owner == k_;
+      const int local = mine ? local_of_.at(i) : -1;
       std::vector<float> p = mine ? params_[local] : std::vector<float>(spec_.params[i].size());
       RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(p), owner));
       state.params.push_back(std::move(p));
@@ -121,7 +135,6 @@ class PipelinePlacement final : public Placement {
         RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(slots[s]), owner));
       }
       state.slots.push_back(std::move(slots));
-      if (mine) ++local;
     }
     return state;
   }
@@ -158,15 +171,21 @@ class PipelinePlacement final : public Placement {
     }
     const absl::Time t0 = absl::Now();
     ++updates_;
-    std::vector<float> grad;
+    std::vector<std::vector<float>> grads(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
-      grad.resize(params_[i].size());
-      model_->GetGrad(i, grad.data());
+      grads[i].resize(params_[i].size());
+      model_->GetGrad(i, grads[i].data());
+    }
+    busy_ += absl::Now() - t0;
+    RETURN_IF_ERROR(SumTiedGradients(&grads));
+    const absl::Time t1 = absl::Now();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      std::vector<float>& grad = grads[i];
       ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots_[i], params_[i].size(),
                      updates_);
       model_->SetParam(i, params_[i].data());
     }
-    busy_ += absl::Now() - t0;
+    busy_ += absl::Now() - t1;
     // Every stage reports the global batch's loss, which only the last stage computed.
     float loss = static_cast<float>(loss_);
     RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1));
@@ -186,6 +205,25 @@ class PipelinePlacement final : public Placement {
 
  private:
   enum Direction { kNone, kForward, kBackward };
+
+  int StageOf(int layer) const {
+    return static_cast<int>(std::upper_bound(first_of_.begin(), first_of_.end(), layer) -
+                            first_of_.begin() - 1);
+  }
+
+  // Each tied tensor's gradient exchanged with the other stage holding it; both add the
+  // other's (a + b == b + a: the copies stay bitwise equal).
+  absl::Status SumTiedGradients(std::vector<std::vector<float>>* grads) {
+    std::vector<float> theirs;
+    for (const auto& [index, peer] : tied_) {
+      std::vector<float>& mine = (*grads)[local_of_.at(index)];
+      theirs.resize(mine.size());
+      const int tag = kTiedTag + index;
+      RETURN_IF_ERROR(ctx_.comm->SendRecv(mine, peer, tag, absl::MakeSpan(theirs), peer, tag));
+      for (size_t k = 0; k < mine.size(); ++k) mine[k] += theirs[k];
+    }
+    return absl::OkStatus();
+  }
 
   bool first() const { return k_ == 0; }
   bool last() const { return k_ + 1 == stages_; }
@@ -223,7 +261,8 @@ class PipelinePlacement final : public Placement {
 
   absl::Status Backward(int m) {
     const absl::Time t0 = absl::Now();
-    const int32_t* labels = last() ? batch_.y.data() + static_cast<size_t>(m) * rows_ : nullptr;
+    const int32_t* labels =
+        last() ? batch_.y.data() + static_cast<size_t>(m) * rows_ * spec_.label_width : nullptr;
     ASSIGN_OR_RETURN(model::StepResult r,
                      model_->StageBackward(slot(m), labels, last() ? nullptr : dout_.data(), rows_,
                                            1.0f / micro_, dx_.data()));
@@ -235,9 +274,12 @@ class PipelinePlacement final : public Placement {
   const PlacementContext ctx_;
   const model::ModelSpec& spec_;
   const int k_, stages_, micro_;
-  int rows_ = 0;                 // examples per micro-batch
-  std::vector<int> first_of_;    // stage s owns layers [first_of_[s], first_of_[s + 1])
-  std::map<int, int> layer_of_;  // tensor index -> its layer
+  int rows_ = 0;                            // examples per micro-batch
+  std::vector<int> first_of_;               // stage s owns layers [first_of_[s], first_of_[s + 1])
+  static constexpr int kTiedTag = 1 << 20;  // above every micro-batch's tags
+  std::map<int, int> layer_of_;             // tensor index -> its layer
+  std::map<int, int> local_of_;             // tensor index -> this stage's index of it, if held
+  std::vector<std::pair<int, int>> tied_;   // (tensor index, the other stage holding it)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<data::BatchIterator> batches_;
   data::Batch batch_;
