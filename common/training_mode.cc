@@ -7,7 +7,7 @@
 namespace pscluster::coord {
 namespace {
 
-constexpr char kValid[] = "ps, allreduce, fsdp or pipeline";
+constexpr char kValid[] = "ps, allreduce, fsdp, pipeline or tensor";
 
 }  // namespace
 
@@ -21,6 +21,8 @@ const char* ModeName(TrainingMode mode) {
       return "fsdp";
     case PIPELINE:
       return "pipeline";
+    case TENSOR:
+      return "tensor";
     default:
       return "unspecified";
   }

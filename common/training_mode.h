@@ -13,15 +13,15 @@
 namespace pscluster::coord {
 
 // Every training mode, in the enum's order.
-inline constexpr TrainingMode kTrainingModes[] = {PS, ALLREDUCE, FSDP, PIPELINE};
+inline constexpr TrainingMode kTrainingModes[] = {PS, ALLREDUCE, FSDP, PIPELINE, TENSOR};
 
-// "ps", "allreduce", "fsdp", "pipeline"; "unspecified" for anything else.
+// "ps", "allreduce", "fsdp", "pipeline", "tensor"; "unspecified" for anything else.
 const char* ModeName(TrainingMode mode);
 
 // The mode named `name` (ModeName's inverse); INVALID_ARGUMENT listing the valid names.
 absl::StatusOr<TrainingMode> ParseMode(absl::string_view name);
 
-// OK for PS, ALLREDUCE, FSDP and PIPELINE; INVALID_ARGUMENT (naming `what` and listing
+// OK for PS, ALLREDUCE, FSDP, PIPELINE and TENSOR; INVALID_ARGUMENT (naming `what` and listing
 // the valid ones) for UNSPECIFIED and values outside the enum (they arrive over the wire).
 absl::Status CheckMode(absl::string_view what, TrainingMode mode);
 

@@ -13,7 +13,7 @@ SwitchRecord Switch(int64_t at_step, TrainingMode to) {
 }
 
 TEST(TrainingModeTest, EveryModeParsesBackFromItsName) {
-  for (TrainingMode m : {PS, ALLREDUCE, FSDP, PIPELINE}) {
+  for (TrainingMode m : {PS, ALLREDUCE, FSDP, PIPELINE, TENSOR}) {
     absl::StatusOr<TrainingMode> parsed = ParseMode(ModeName(m));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, m);
@@ -24,7 +24,7 @@ TEST(TrainingModeTest, AnUnknownNameIsInvalidAndTheMessageListsTheValidOnes) {
   for (absl::string_view bad : {"zero3", "", "PS", "unspecified"}) {
     absl::StatusOr<TrainingMode> parsed = ParseMode(bad);
     ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(parsed.status().message().find("ps, allreduce, fsdp or pipeline"),
+    EXPECT_NE(parsed.status().message().find("ps, allreduce, fsdp, pipeline or tensor"),
               absl::string_view::npos);
   }
 }

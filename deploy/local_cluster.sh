@@ -2,7 +2,7 @@
 # The main job: a local pscluster training the MLP on Fashion-MNIST.
 #
 #   deploy/local_cluster.sh [--workers N] [--shards N] [--epochs N] [--consistency bsp|ssp:S|asp]
-#                           [--mode ps|allreduce|fsdp|pipeline] [--switch "STEP:MODE,..."]
+#                           [--mode ps|allreduce|fsdp|pipeline|tensor] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--model mlp|embedding|gpt] [--metrics on|off]
 #                           [--tls on|off] [--replicas 1|2|3] [--worker_args "ARGS"] [--out DIR]
@@ -62,13 +62,13 @@ while (($#)); do
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
 done
-modes_re='^(ps|allreduce|fsdp|pipeline)$'
-[[ $mode =~ $modes_re ]] || { echo "local_cluster.sh: --mode must be ps, allreduce, fsdp or pipeline" >&2; exit 2; }
+modes_re='^(ps|allreduce|fsdp|pipeline|tensor)$'
+[[ $mode =~ $modes_re ]] || { echo "local_cluster.sh: --mode must be ps, allreduce, fsdp, pipeline or tensor" >&2; exit 2; }
 if [[ -n $switches ]]; then
   IFS=, read -r -a switch_list <<<"$switches"
   for sw in "${switch_list[@]}"; do
-    [[ $sw =~ ^[1-9][0-9]*:(ps|allreduce|fsdp|pipeline)$ ]] \
-      || { echo "local_cluster.sh: --switch entry '$sw' is not STEP:MODE (MODE: ps, allreduce, fsdp, pipeline)" >&2; exit 2; }
+    [[ $sw =~ ^[1-9][0-9]*:(ps|allreduce|fsdp|pipeline|tensor)$ ]] \
+      || { echo "local_cluster.sh: --switch entry '$sw' is not STEP:MODE (MODE: ps, allreduce, fsdp, pipeline, tensor)" >&2; exit 2; }
   done
 fi
 [[ $shards =~ ^[0-9]+$ ]] || { echo "local_cluster.sh: --shards '$shards' is not a count" >&2; exit 2; }

@@ -518,7 +518,7 @@ TEST_F(ModeSwitchTest, RefusedSwitchesGetTheirCodesMessagesAndPsctlExitCodes) {
   auto unknown = workers_[0]->SwitchMode(static_cast<coord::TrainingMode>(17), 0);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(unknown.status().message()),
-              HasSubstr("use one of ps, allreduce, fsdp or pipeline"));
+              HasSubstr("use one of ps, allreduce, fsdp, pipeline or tensor"));
   EXPECT_EQ(Psctl({"switch-mode", "--mode=zero3"}, &out), 2);
   EXPECT_EQ(workers_[0]->SwitchMode(coord::FSDP, -1).status().code(),
             absl::StatusCode::kInvalidArgument);

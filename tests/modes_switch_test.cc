@@ -129,7 +129,8 @@ TEST_F(ModesSwitchTest, SwitchingThroughEveryModeAndBackToPsMatchesTheReference)
 }
 
 // The GPT (its head's pipeline stage holds a copy of the tied embedding) through every
-// mode: PS -> ALLREDUCE -> FSDP -> PIPELINE -> PS every 3 steps matches the reference.
+// mode: PS -> ALLREDUCE -> FSDP -> PIPELINE -> TENSOR -> PS every 3 steps matches the
+// reference.
 TEST_F(ModesSwitchTest, GptSwitchingThroughEveryModeMatchesTheReference) {
   auto options = [this](int r) {
     TrainerOptions o =
@@ -138,10 +139,11 @@ TEST_F(ModesSwitchTest, GptSwitchingThroughEveryModeMatchesTheReference) {
     o.rpc_timeout = absl::Seconds(60);
     return o;
   };
-  const ModelState want = Reference(options(0), 15);
+  const ModelState want = Reference(options(0), 18);
   OnRanks(kWorkers, options, [&](int r, Trainer& t) {
-    const Mode order[] = {coord::PS, coord::ALLREDUCE, coord::FSDP, coord::PIPELINE, coord::PS};
-    for (int64_t step = 0; step < 15; ++step) {
+    const Mode order[] = {coord::PS,       coord::ALLREDUCE, coord::FSDP,
+                          coord::PIPELINE, coord::TENSOR,    coord::PS};
+    for (int64_t step = 0; step < 18; ++step) {
       if (step % 3 == 0 && step > 0) {
         absl::Status s = t.SwitchTo(order[step / 3], step);
         ASSERT_TRUE(s.ok()) << "switch at step " << step << ": " << s;
@@ -149,7 +151,7 @@ TEST_F(ModesSwitchTest, GptSwitchingThroughEveryModeMatchesTheReference) {
       auto loss = t.Step(step);
       ASSERT_TRUE(loss.ok()) << "step " << step << ": " << loss.status();
     }
-    auto got = t.State(15);
+    auto got = t.State(18);
     ASSERT_TRUE(got.ok()) << got.status();
     ExpectNear(*got, want, 1e-5f, absl::StrCat("rank ", r));
   });

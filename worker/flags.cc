@@ -22,6 +22,9 @@ ABSL_FLAG(int, rank, 0, "This worker's rank in [0, world).");
 ABSL_FLAG(int, world, 1, "Number of workers.");
 ABSL_FLAG(int, epochs, 10, "Training epochs.");
 ABSL_FLAG(int, batch_size, 64, "Examples per step per worker.");
+ABSL_FLAG(int64_t, max_steps, 0,
+          "> 0: stop after this many steps (evaluating there), before the epochs' end; the "
+          "learning rate decays over them.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the data order and the initial parameters.");
 ABSL_FLAG(std::string, optimizer, "adam",
           "Server-side optimizer: sgd|momentum|adagrad|adam|adamw|ftrl.");
@@ -146,6 +149,8 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world = absl::GetFlag(FLAGS_world);
   o.epochs = absl::GetFlag(FLAGS_epochs);
+  o.max_steps = absl::GetFlag(FLAGS_max_steps);
+  RETURN_IF_ERROR(Check(o.max_steps >= 0, "--max_steps must be >= 0"));
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.micro_batches = absl::GetFlag(FLAGS_micro_batches);

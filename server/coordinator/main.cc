@@ -54,7 +54,7 @@ ABSL_FLAG(int, http_port, 0,
 ABSL_FLAG(std::string, http_host, "127.0.0.1",
           "Address the status page listens on (0.0.0.0 for every interface).");
 ABSL_FLAG(std::string, mode, "",
-          "Training mode at start: ps, allreduce, fsdp or pipeline. Default ps, or allreduce "
+          "Training mode at start: ps, allreduce, fsdp, pipeline or tensor. Default ps, or allreduce "
           "when --num_shards=0 ('ps' needs shards). psctl switch-mode changes it live.");
 
 namespace {

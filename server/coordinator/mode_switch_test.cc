@@ -74,7 +74,7 @@ class SwitchScheduleTest : public ::testing::Test {
 // Modes.
 
 TEST(ValidateModeTest, AcceptsTheFourModes) {
-  for (TrainingMode mode : {PS, ALLREDUCE, FSDP, PIPELINE}) {
+  for (TrainingMode mode : {PS, ALLREDUCE, FSDP, PIPELINE, TENSOR}) {
     EXPECT_TRUE(ValidateMode(mode, 1).ok()) << ModeName(mode);
   }
 }
@@ -82,7 +82,7 @@ TEST(ValidateModeTest, AcceptsTheFourModes) {
 TEST(ValidateModeTest, UnknownModeIsInvalidArgumentListingTheModes) {
   absl::Status s = ValidateMode(static_cast<TrainingMode>(9), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Msg(s), "mode 9 is not a training mode; use one of ps, allreduce, fsdp or pipeline");
+  EXPECT_EQ(Msg(s), "mode 9 is not a training mode; use one of ps, allreduce, fsdp, pipeline or tensor");
   EXPECT_EQ(ValidateMode(TRAINING_MODE_UNSPECIFIED, 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -190,7 +190,7 @@ TEST_F(SwitchScheduleTest, UnknownModeIsInvalidArgumentAndPsWithoutShardsIsFaile
   SwitchSchedule s(Options(1, /*num_shards=*/0, ALLREDUCE));
   absl::StatusOr<SwitchModeResponse> r = s.Schedule(static_cast<TrainingMode>(17), 10, kNow);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Msg(r.status()), HasSubstr("ps, allreduce, fsdp or pipeline"));
+  EXPECT_THAT(Msg(r.status()), HasSubstr("ps, allreduce, fsdp, pipeline or tensor"));
   r = s.Schedule(PS, 10, kNow);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(View(s).pending_switches_size(), 0);

@@ -15,7 +15,8 @@
 //   psctl --coordinator=HOST:PORT checkpoint    asks the coordinator for a checkpoint now
 //                                               (its step, every shard); waits until durable
 //   psctl --coordinator=HOST:PORT checkpoints   the coordinator's complete checkpoints
-//   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline [--at_step=N]
+//   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline|tensor
+//                                               [--at_step=N]
 //                                               switch every worker live at step N
 //                                               (default: the next step boundary)
 //   psctl --address=HOST:PORT health            asks a shard or the coordinator (default:
@@ -90,7 +91,7 @@ ABSL_FLAG(std::string, address, "",
           "health: the server to ask, a ps_server or the ps_coordinator (default: --coordinator).");
 ABSL_FLAG(int, timeout_seconds, 10, "Deadline of each RPC (checkpoint: of the whole write).");
 ABSL_FLAG(std::string, mode, "",
-          "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline).");
+          "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline, tensor).");
 ABSL_FLAG(int64_t, at_step, 0,
           "switch-mode: the step every worker switches before (0: the next step boundary).");
 ABSL_FLAG(bool, json, false, "status: print the view as one JSON object.");
@@ -105,7 +106,7 @@ constexpr int kOk = 0, kUnhealthy = 1, kUsage = 2, kUnreachable = 3;
 
 constexpr char kUsageLine[] =
     "psctl --coordinator=HOST:PORT status|top|checkpoint|checkpoints|switch-mode [--json] "
-    "[--interval_seconds=S --iterations=N] [--mode=ps|allreduce|fsdp|pipeline --at_step=N] "
+    "[--interval_seconds=S --iterations=N] [--mode=ps|allreduce|fsdp|pipeline|tensor --at_step=N] "
     "[--timeout_seconds=S] | psctl --address=HOST:PORT health";
 
 int Error(int code, const std::string& message) {
@@ -322,7 +323,7 @@ int Checkpoint(const std::string& address, const Security& security) {
 
 int SwitchMode(const std::string& address, const Security& security) {
   const std::string name = absl::GetFlag(FLAGS_mode);
-  if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline");
+  if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline|tensor");
   absl::StatusOr<coord::TrainingMode> parsed = coord::ParseMode(name);
   if (!parsed.ok()) return Error(kUsage, "switch-mode: --mode: " + parsed.status().ToString());
   if (absl::GetFlag(FLAGS_at_step) < 0) {

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -58,11 +59,18 @@ struct Slot {
   std::vector<float*> xs;   // n x d each: xs[j] is block j's input, xs.back() the output
   std::vector<BlockActivations> blocks;
   float *lnf = nullptr, *meanf = nullptr, *rstdf = nullptr;  // the head's stage
-  float* logits = nullptr;  // n x vocab; after the loss, d(loss)/d(logits)
+  float* logits = nullptr;        // n x vocab; after the loss, d(loss)/d(logits)
+  float* logits_local = nullptr;  // TENSOR: n x this worker's vocabulary part
 };
 
 // Layers: 0 the embedding (wte, wpe), 1 + b block b, layers + 1 the head (lnf; it reads
-// wte). An instance computes layers [first, end): a whole model, or a pipeline stage.
+// wte). An instance computes layers [first, end): a whole model, or a pipeline stage; or,
+// in TENSOR mode, worker tensor_rank's part of the whole model (Megatron-LM): its heads'
+// q, k, v columns and attention-output rows, its columns of the MLP's first layer and rows
+// of its second, its rows (vocabulary) of wte, with an all-reduce after each row-split
+// product in forward and after each column-split one's input gradient in backward, the
+// embedding's rows summed and the logits' columns gathered. LayerNorms, wpe and the
+// row-split layers' biases are replicated: every worker computes them the same.
 class Gpt final : public Model {
  public:
   static absl::StatusOr<std::unique_ptr<Gpt>> Create(compute::Backend* backend, const GptOptions& o,
@@ -103,6 +111,12 @@ class Gpt final : public Model {
   Gpt(compute::Backend* backend, const GptOptions& o, const InstanceOptions& instance)
       : backend_(backend),
         o_(o),
+        tp_(instance.tensor_size),
+        tp_rank_(instance.tensor_rank),
+        hl_(o.heads / instance.tensor_size),
+        dl_(o.width / instance.tensor_size),
+        fl_(4 * o.width / instance.tensor_size),
+        vl_(o.vocab / instance.tensor_size),
         max_batch_(instance.max_batch),
         share_(instance.share_layer_buffers),
         embed_(instance.first_layer == 0),
@@ -122,13 +136,20 @@ class Gpt final : public Model {
   // Forward through the stage: from tokens (the embedding's stage) or the previous stage's
   // output, to the logits (the head's stage) or xs.back().
   absl::Status Forward(Slot& s, const float* x, int batch, const LayerHooks* hooks);
-  void BlockForward(Slot& s, int j, int batch);
+  absl::Status BlockForward(Slot& s, int j, int batch, const LayerHooks* hooks);
+  // TENSOR: the sum over the workers of a partial product (in place); nothing otherwise.
+  absl::Status AllReduce(float* data, size_t n, const LayerHooks* hooks) {
+    return tp_ > 1 ? hooks->all_reduce_sum(data, n) : absl::OkStatus();
+  }
+  // The embedding's row ids of x's tokens: TENSOR maps another worker's tokens to the zero
+  // row past this worker's part (vl_), which gathers zeros and takes their gradients.
+  void UploadTokenIds(const float* x, int n, float* ids);
   // Backward through the stage: from s.logits holding d(loss)/d(logits) (the head's stage;
   // scaled by grad_scale here) or dx_ holding the gradient of the stage's output, to the
   // parameters' gradients (accumulated) and dx_ holding the gradient of its input.
   absl::Status Backward(Slot& s, int batch, float grad_scale, const LayerHooks* hooks);
-  void BlockBackward(const Slot& s, int j, int batch);
-  void ZeroGrad(int index) { backend_->Upload(zeros_.data(), grads_[index], spec_sizes_[index]); }
+  absl::Status BlockBackward(const Slot& s, int j, int batch, const LayerHooks* hooks);
+  void ZeroGrad(int index) { backend_->Upload(zeros_.data(), grads_[index], alloc_sizes_[index]); }
 
   const float* W(int b, int t) const { return values_[BlockParam(b, t)]; }
   float* G(int b, int t) const { return grads_[BlockParam(b, t)]; }
@@ -136,12 +157,14 @@ class Gpt final : public Model {
 
   compute::Backend* const backend_;
   const GptOptions o_;
+  const int tp_, tp_rank_;       // TENSOR: workers and this one's rank (1, 0 otherwise)
+  const int hl_, dl_, fl_, vl_;  // this worker's heads, their width, MLP units, vocabulary
   const int max_batch_;
   const bool share_;  // FSDP: one block's parameters and gradients at a time
   const bool embed_, head_;
-  const int b0_, b1_;               // the blocks [b0_, b1_) this instance computes
-  std::vector<Param> params_;       // this instance's tensors, in spec order
-  std::vector<size_t> spec_sizes_;  // per spec tensor
+  const int b0_, b1_;                // the blocks [b0_, b1_) this instance computes
+  std::vector<Param> params_;        // this instance's tensors, in spec order
+  std::vector<size_t> alloc_sizes_;  // per spec tensor: floats allocated here
   std::vector<float*> owned_;
   std::vector<float*> values_, grads_;  // per spec tensor, null if not held here
   std::vector<float> zeros_;            // host zeros, as many as the largest tensor
@@ -164,6 +187,20 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(compute::Backend* backend, cons
     return absl::InvalidArgumentError(absl::StrCat("gpt layer range [", instance.first_layer, ", ",
                                                    end, ") is not within the ", layers, " layers"));
   }
+  if (instance.tensor_size < 1 || o.heads % instance.tensor_size != 0 ||
+      o.vocab % instance.tensor_size != 0 || instance.tensor_rank < 0 ||
+      instance.tensor_rank >= instance.tensor_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt tensor parallelism over ", instance.tensor_size, " workers (rank ",
+                     instance.tensor_rank, ") needs a worker count dividing heads (", o.heads,
+                     ") and vocab (", o.vocab, ")"));
+  }
+  if (instance.tensor_size > 1 &&
+      (instance.first_layer != 0 || (instance.end_layer != -1 && instance.end_layer != layers) ||
+       instance.share_layer_buffers)) {
+    return absl::InvalidArgumentError(
+        "gpt tensor parallelism splits the whole model: no pipeline stages or shared buffers");
+  }
   if (instance.max_batch < 1 || instance.slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gpt max_batch (", instance.max_batch, ") and slots (", instance.slots, ") must be >= 1"));
@@ -183,16 +220,20 @@ absl::Status Gpt::AllocateParams(const ModelSpec& spec) {
   }
   if (head_) held.insert(held.end(), {lnf, lnf + 1});
   size_t largest = 0;
-  for (const TensorSpec& t : spec.params) {
-    spec_sizes_.push_back(t.size());
-    largest = std::max(largest, t.size());
+  std::vector<size_t> local(spec.params.size());  // this worker's part of each tensor
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const bool split = spec.splits[i].kind != TensorSplit::kReplicated;
+    local[i] = split ? spec.params[i].size() / tp_ : spec.params[i].size();
+    // TENSOR: wte's part gets one more, zero, row for the other workers' tokens.
+    alloc_sizes_.push_back(local[i] + (static_cast<int>(i) == kWte && tp_ > 1 ? o_.width : 0));
+    largest = std::max(largest, alloc_sizes_.back());
   }
   zeros_.assign(largest, 0.0f);
   values_.assign(spec.params.size(), nullptr);
   grads_.assign(spec.params.size(), nullptr);
   std::vector<float*> shared_values(kBlockTensors), shared_grads(kBlockTensors);
   for (int i : held) {
-    params_.push_back({spec.params[i].name, spec.params[i].size(), i});
+    params_.push_back({spec.params[i].name, local[i], i});
     const bool in_block = i >= 2 && i < lnf;
     const int t = (i - 2) % kBlockTensors;
     if (share_ && in_block && shared_values[t] != nullptr) {
@@ -200,8 +241,8 @@ absl::Status Gpt::AllocateParams(const ModelSpec& spec) {
       grads_[i] = shared_grads[t];
       continue;
     }
-    values_[i] = backend_->Alloc(spec_sizes_[i]);
-    grads_[i] = backend_->Alloc(spec_sizes_[i]);
+    values_[i] = backend_->Alloc(alloc_sizes_[i]);
+    grads_[i] = backend_->Alloc(alloc_sizes_[i]);
     for (float* p : {values_[i], grads_[i]}) {
       if (p != nullptr) owned_.push_back(p);
     }
@@ -220,7 +261,8 @@ absl::Status Gpt::AllocateParams(const ModelSpec& spec) {
 absl::Status Gpt::Allocate(const ModelSpec& spec, int slots) {
   RETURN_IF_ERROR(AllocateParams(spec));
   const size_t n = static_cast<size_t>(max_batch_) * o_.context, d = o_.width;
-  const size_t att = static_cast<size_t>(max_batch_) * o_.heads * o_.context * o_.context;
+  const size_t dl = dl_, fl = fl_;  // TENSOR: this worker's attention width and MLP units
+  const size_t att = static_cast<size_t>(max_batch_) * hl_ * o_.context * o_.context;
   bool ok = true;
   auto take = [&](size_t count) {
     float* p = backend_->Alloc(count);
@@ -233,15 +275,15 @@ absl::Status Gpt::Allocate(const ModelSpec& spec, int slots) {
     if (embed_) s.tokens = take(n);
     for (int j = 0; j <= blocks(); ++j) s.xs.push_back(take(n * d));
     for (int j = 0; j < blocks(); ++j) {
-      s.blocks.push_back({take(n * d), take(n), take(n), take(n * 3 * d), take(att), take(n * d),
-                          take(n * d), take(n * d), take(n), take(n), take(n * 4 * d),
-                          take(n * 4 * d)});
+      s.blocks.push_back({take(n * d), take(n), take(n), take(n * 3 * dl), take(att), take(n * dl),
+                          take(n * d), take(n * d), take(n), take(n), take(n * fl), take(n * fl)});
     }
     if (head_) {
       s.lnf = take(n * d);
       s.meanf = take(n);
       s.rstdf = take(n);
       s.logits = take(n * o_.vocab);
+      if (tp_ > 1) s.logits_local = take(n * vl_);
     }
     slots_.push_back(std::move(s));
   }
@@ -250,9 +292,9 @@ absl::Status Gpt::Allocate(const ModelSpec& spec, int slots) {
   dx_ = take(n * d);
   tmp_ = take(n * d);
   dln_ = take(n * d);
-  dattn_ = take(n * d);
-  dqkv_ = take(n * 3 * d);
-  dh_ = take(n * 4 * d);
+  dattn_ = take(n * dl);
+  dqkv_ = take(n * 3 * dl);
+  dh_ = take(n * fl);
   datt_ = take(att);
   if (!ok) {
     return absl::ResourceExhaustedError(
@@ -304,13 +346,28 @@ absl::Status Gpt::CheckStage(int slot, int batch) const {
   return absl::OkStatus();
 }
 
+void Gpt::UploadTokenIds(const float* x, int n, float* ids) {
+  if (tp_ == 1) {
+    backend_->Upload(x, ids, n);
+    return;
+  }
+  std::vector<float> local(n);
+  const float first = static_cast<float>(tp_rank_ * vl_);
+  for (int i = 0; i < n; ++i) {
+    const float row = x[i] - first;
+    local[i] = row >= 0 && row < vl_ ? row : static_cast<float>(vl_);
+  }
+  backend_->Upload(local.data(), ids, n);
+}
+
 absl::Status Gpt::Forward(Slot& s, const float* x, int batch, const LayerHooks* hooks) {
   const int n = batch * o_.context, d = o_.width;
   const bool hooked = hooks != nullptr && hooks->before;
   if (embed_) {
-    backend_->Upload(x, s.tokens, n);
+    UploadTokenIds(x, n, s.tokens);
     if (hooked) RETURN_IF_ERROR(hooks->before(0, /*backward=*/false));
     backend_->GatherRows(values_[kWte], d, s.tokens, n, s.xs[0]);
+    RETURN_IF_ERROR(AllReduce(s.xs[0], static_cast<size_t>(n) * d, hooks));  // TENSOR: rows
     backend_->GatherRows(values_[kWpe], d, positions_, n, tmp_);
     backend_->Axpy(1.0f, tmp_, s.xs[0], static_cast<size_t>(n) * d);
   } else {
@@ -318,53 +375,73 @@ absl::Status Gpt::Forward(Slot& s, const float* x, int batch, const LayerHooks* 
   }
   for (int j = 0; j < blocks(); ++j) {
     if (hooked) RETURN_IF_ERROR(hooks->before(1 + b0_ + j, /*backward=*/false));
-    BlockForward(s, j, batch);
+    RETURN_IF_ERROR(BlockForward(s, j, batch, hooks));
   }
   if (!head_) return absl::OkStatus();
   if (hooked) RETURN_IF_ERROR(hooks->before(o_.layers + 1, /*backward=*/false));
   const int lnf = LnfGamma(o_.layers);
   backend_->LayerNorm(s.xs.back(), values_[lnf], values_[lnf + 1], n, d, o_.ln_eps, s.lnf, s.meanf,
                       s.rstdf);
-  // logits[n x vocab] = lnf[n x d] * wte^T.
-  backend_->Gemm(false, true, n, o_.vocab, d, 1.0f, s.lnf, values_[kWte], 0.0f, s.logits);
+  // logits[n x vocab] = lnf[n x d] * wte^T (TENSOR: this worker's vocabulary columns, then
+  // every worker's side by side).
+  float* logits = tp_ > 1 ? s.logits_local : s.logits;
+  backend_->Gemm(false, true, n, vl_, d, 1.0f, s.lnf, values_[kWte], 0.0f, logits);
+  if (tp_ > 1) RETURN_IF_ERROR(hooks->all_gather_columns(logits, n, vl_, s.logits));
   return absl::OkStatus();
 }
 
-void Gpt::BlockForward(Slot& s, int j, int batch) {
+absl::Status Gpt::BlockForward(Slot& s, int j, int batch, const LayerHooks* hooks) {
   const BlockActivations& a = s.blocks[j];
   const int l = b0_ + j;
   const float* x = s.xs[j];
-  const int t = o_.context, d = o_.width, heads = o_.heads, n = batch * t, k = dh();
+  const int t = o_.context, d = o_.width, dl = dl_, fl = fl_, heads = hl_, n = batch * t;
+  const int k = dh();
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t att = static_cast<int64_t>(t) * t;
   const float scale = 1.0f / std::sqrt(static_cast<float>(k));
   compute::Backend& be = *backend_;
   be.LayerNorm(x, W(l, kLn1Gamma), W(l, kLn1Beta), n, d, o_.ln_eps, a.ln1, a.mean1, a.rstd1);
-  be.Gemm(false, false, n, 3 * d, d, 1.0f, a.ln1, W(l, kQkvWeight), 0.0f, a.qkv);
-  be.AddRowVector(a.qkv, W(l, kQkvBias), n, 3 * d);
+  be.Gemm(false, false, n, 3 * dl, d, 1.0f, a.ln1, W(l, kQkvWeight), 0.0f, a.qkv);
+  be.AddRowVector(a.qkv, W(l, kQkvBias), n, 3 * dl);
   for (int b = 0; b < batch; ++b) {  // per example, the heads as one batched product
-    const float* q = a.qkv + static_cast<size_t>(b) * t * 3 * d;
+    const float* q = a.qkv + static_cast<size_t>(b) * t * 3 * dl;
     // scores[h] = scale * q_h k_h^T
-    be.GemmBatched(false, true, t, t, k, scale, q, 3 * d, k, q + d, 3 * d, k, 0.0f,
+    be.GemmBatched(false, true, t, t, k, scale, q, 3 * dl, k, q + dl, 3 * dl, k, 0.0f,
                    a.att + b * heads * att, t, att, heads);
   }
   be.CausalSoftmax(a.att, batch * heads, t);
   for (int b = 0; b < batch; ++b) {  // out_h = p_h v_h, side by side
-    const float* v = a.qkv + static_cast<size_t>(b) * t * 3 * d + 2 * d;
-    be.GemmBatched(false, false, t, k, t, 1.0f, a.att + b * heads * att, t, att, v, 3 * d, k, 0.0f,
-                   a.attn + static_cast<size_t>(b) * t * d, d, k, heads);
+    const float* v = a.qkv + static_cast<size_t>(b) * t * 3 * dl + 2 * dl;
+    be.GemmBatched(false, false, t, k, t, 1.0f, a.att + b * heads * att, t, att, v, 3 * dl, k, 0.0f,
+                   a.attn + static_cast<size_t>(b) * t * dl, dl, k, heads);
   }
-  be.Copy(x, a.x1, nd);  // x1 = x + attn proj
-  be.Gemm(false, false, n, d, d, 1.0f, a.attn, W(l, kProjWeight), 1.0f, a.x1);
+  // x1 = x + attn Wo + bo (TENSOR: attn Wo is a sum over the workers' rows of Wo).
+  if (tp_ > 1) {
+    be.Gemm(false, false, n, d, dl, 1.0f, a.attn, W(l, kProjWeight), 0.0f, tmp_);
+    RETURN_IF_ERROR(AllReduce(tmp_, nd, hooks));
+    be.Copy(x, a.x1, nd);
+    be.Axpy(1.0f, tmp_, a.x1, nd);
+  } else {
+    be.Copy(x, a.x1, nd);
+    be.Gemm(false, false, n, d, dl, 1.0f, a.attn, W(l, kProjWeight), 1.0f, a.x1);
+  }
   be.AddRowVector(a.x1, W(l, kProjBias), n, d);
   be.LayerNorm(a.x1, W(l, kLn2Gamma), W(l, kLn2Beta), n, d, o_.ln_eps, a.ln2, a.mean2, a.rstd2);
-  be.Gemm(false, false, n, 4 * d, d, 1.0f, a.ln2, W(l, kFcWeight), 0.0f, a.h);
-  be.AddRowVector(a.h, W(l, kFcBias), n, 4 * d);
-  be.Gelu(a.h, a.g, static_cast<size_t>(n) * 4 * d);
-  float* out = s.xs[j + 1];  // out = x1 + mlp
-  be.Copy(a.x1, out, nd);
-  be.Gemm(false, false, n, d, 4 * d, 1.0f, a.g, W(l, kMlpWeight), 1.0f, out);
+  be.Gemm(false, false, n, fl, d, 1.0f, a.ln2, W(l, kFcWeight), 0.0f, a.h);
+  be.AddRowVector(a.h, W(l, kFcBias), n, fl);
+  be.Gelu(a.h, a.g, static_cast<size_t>(n) * fl);
+  float* out = s.xs[j + 1];  // out = x1 + g Wm + bm (TENSOR: summed over Wm's rows)
+  if (tp_ > 1) {
+    be.Gemm(false, false, n, d, fl, 1.0f, a.g, W(l, kMlpWeight), 0.0f, tmp_);
+    RETURN_IF_ERROR(AllReduce(tmp_, nd, hooks));
+    be.Copy(a.x1, out, nd);
+    be.Axpy(1.0f, tmp_, out, nd);
+  } else {
+    be.Copy(a.x1, out, nd);
+    be.Gemm(false, false, n, d, fl, 1.0f, a.g, W(l, kMlpWeight), 1.0f, out);
+  }
   be.AddRowVector(out, W(l, kMlpBias), n, d);
+  return absl::OkStatus();
 }
 
 absl::Status Gpt::Backward(Slot& s, int batch, float grad_scale, const LayerHooks* hooks) {
@@ -372,9 +449,14 @@ absl::Status Gpt::Backward(Slot& s, int batch, float grad_scale, const LayerHook
   compute::Backend& be = *backend_;
   const bool after = hooks != nullptr && static_cast<bool>(hooks->after_backward);
   if (head_) {
-    // logits = lnf wte^T: d lnf = dlogits wte, d wte += dlogits^T lnf (both scaled).
-    be.Gemm(false, false, n, d, o_.vocab, grad_scale, s.logits, values_[kWte], 0.0f, dln_);
-    be.Gemm(true, false, o_.vocab, d, n, grad_scale, s.logits, s.lnf, 1.0f, grads_[kWte]);
+    // logits = lnf wte^T: d lnf = dlogits wte, d wte += dlogits^T lnf (both scaled; TENSOR:
+    // this worker's vocabulary columns of dlogits, and d lnf summed over the workers).
+    const float* dlogits = s.logits + static_cast<size_t>(tp_rank_) * vl_;
+    be.GemmBatched(false, false, n, d, vl_, grad_scale, dlogits, o_.vocab, 0, values_[kWte], d, 0,
+                   0.0f, dln_, d, 0, 1);
+    RETURN_IF_ERROR(AllReduce(dln_, static_cast<size_t>(n) * d, hooks));
+    be.GemmBatched(true, false, vl_, d, n, grad_scale, dlogits, o_.vocab, 0, s.lnf, d, 0, 1.0f,
+                   grads_[kWte], d, 0, 1);
     be.LayerNormBackward(dln_, s.xs.back(), values_[lnf], s.meanf, s.rstdf, n, d, dx_, grads_[lnf],
                          grads_[lnf + 1]);
     if (after) RETURN_IF_ERROR(hooks->after_backward(o_.layers + 1));
@@ -385,70 +467,74 @@ absl::Status Gpt::Backward(Slot& s, int batch, float grad_scale, const LayerHook
     if (share_) {
       for (int t = 0; t < kBlockTensors; ++t) ZeroGrad(BlockParam(l, t));
     }
-    BlockBackward(s, j, batch);
+    RETURN_IF_ERROR(BlockBackward(s, j, batch, hooks));
     if (after) RETURN_IF_ERROR(hooks->after_backward(1 + l));
   }
   if (embed_) {
-    be.ScatterAddRows(dx_, d, s.tokens, n, grads_[kWte], o_.vocab);
+    be.ScatterAddRows(dx_, d, s.tokens, n, grads_[kWte], tp_ > 1 ? vl_ + 1 : vl_);
     be.ScatterAddRows(dx_, d, positions_, n, grads_[kWpe], o_.context);
     if (after) RETURN_IF_ERROR(hooks->after_backward(0));
   }
   return absl::OkStatus();
 }
 
-void Gpt::BlockBackward(const Slot& s, int j, int batch) {
+absl::Status Gpt::BlockBackward(const Slot& s, int j, int batch, const LayerHooks* hooks) {
   const BlockActivations& a = s.blocks[j];
   const int l = b0_ + j;
   const float* x = s.xs[j];
-  const int t = o_.context, d = o_.width, heads = o_.heads, n = batch * t, k = dh();
+  const int t = o_.context, d = o_.width, dl = dl_, fl = fl_, heads = hl_, n = batch * t;
+  const int k = dh();
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t att = static_cast<int64_t>(t) * t;
   const float scale = 1.0f / std::sqrt(static_cast<float>(k));
   compute::Backend& be = *backend_;
-  // out = x1 + g Wm + bm.
-  be.Gemm(true, false, 4 * d, d, n, 1.0f, a.g, dx_, 1.0f, G(l, kMlpWeight));
+  // out = x1 + g Wm + bm (Wm: this worker's rows; dx_ and bm replicated).
+  be.Gemm(true, false, fl, d, n, 1.0f, a.g, dx_, 1.0f, G(l, kMlpWeight));
   be.Gemm(false, false, 1, d, n, 1.0f, ones_, dx_, 1.0f, G(l, kMlpBias));
-  be.Gemm(false, true, n, 4 * d, d, 1.0f, dx_, W(l, kMlpWeight), 0.0f, dh_);
-  be.GeluBackward(a.h, dh_, dh_, static_cast<size_t>(n) * 4 * d);
-  // h = ln2 Wfc + bfc.
-  be.Gemm(true, false, d, 4 * d, n, 1.0f, a.ln2, dh_, 1.0f, G(l, kFcWeight));
-  be.Gemm(false, false, 1, 4 * d, n, 1.0f, ones_, dh_, 1.0f, G(l, kFcBias));
-  be.Gemm(false, true, n, d, 4 * d, 1.0f, dh_, W(l, kFcWeight), 0.0f, dln_);
+  be.Gemm(false, true, n, fl, d, 1.0f, dx_, W(l, kMlpWeight), 0.0f, dh_);
+  be.GeluBackward(a.h, dh_, dh_, static_cast<size_t>(n) * fl);
+  // h = ln2 Wfc + bfc (Wfc: this worker's columns; d ln2 summed over the workers).
+  be.Gemm(true, false, d, fl, n, 1.0f, a.ln2, dh_, 1.0f, G(l, kFcWeight));
+  be.Gemm(false, false, 1, fl, n, 1.0f, ones_, dh_, 1.0f, G(l, kFcBias));
+  be.Gemm(false, true, n, d, fl, 1.0f, dh_, W(l, kFcWeight), 0.0f, dln_);
+  RETURN_IF_ERROR(AllReduce(dln_, nd, hooks));
   be.LayerNormBackward(dln_, a.x1, W(l, kLn2Gamma), a.mean2, a.rstd2, n, d, tmp_, G(l, kLn2Gamma),
                        G(l, kLn2Beta));
   be.Axpy(1.0f, tmp_, dx_, nd);  // dx_ is now d x1
   // x1 = x + attn Wo + bo.
-  be.Gemm(true, false, d, d, n, 1.0f, a.attn, dx_, 1.0f, G(l, kProjWeight));
+  be.Gemm(true, false, dl, d, n, 1.0f, a.attn, dx_, 1.0f, G(l, kProjWeight));
   be.Gemm(false, false, 1, d, n, 1.0f, ones_, dx_, 1.0f, G(l, kProjBias));
-  be.Gemm(false, true, n, d, d, 1.0f, dx_, W(l, kProjWeight), 0.0f, dattn_);
+  be.Gemm(false, true, n, dl, d, 1.0f, dx_, W(l, kProjWeight), 0.0f, dattn_);
   for (int b = 0; b < batch; ++b) {
     const size_t row = static_cast<size_t>(b) * t;
-    const float* v = a.qkv + row * 3 * d + 2 * d;
-    const float* dout = dattn_ + row * d;
+    const float* v = a.qkv + row * 3 * dl + 2 * dl;
+    const float* dout = dattn_ + row * dl;
     // dp_h = dout_h v_h^T; dv_h = p_h^T dout_h.
-    be.GemmBatched(false, true, t, t, k, 1.0f, dout, d, k, v, 3 * d, k, 0.0f,
+    be.GemmBatched(false, true, t, t, k, 1.0f, dout, dl, k, v, 3 * dl, k, 0.0f,
                    datt_ + b * heads * att, t, att, heads);
-    be.GemmBatched(true, false, t, k, t, 1.0f, a.att + b * heads * att, t, att, dout, d, k, 0.0f,
-                   dqkv_ + row * 3 * d + 2 * d, 3 * d, k, heads);
+    be.GemmBatched(true, false, t, k, t, 1.0f, a.att + b * heads * att, t, att, dout, dl, k, 0.0f,
+                   dqkv_ + row * 3 * dl + 2 * dl, 3 * dl, k, heads);
   }
   be.SoftmaxBackward(a.att, datt_, datt_, batch * heads * t, t);
   for (int b = 0; b < batch; ++b) {
     const size_t row = static_cast<size_t>(b) * t;
-    const float* q = a.qkv + row * 3 * d;
+    const float* q = a.qkv + row * 3 * dl;
     const float* ds = datt_ + b * heads * att;
     // dq_h = scale ds_h k_h; dk_h = scale ds_h^T q_h.
-    be.GemmBatched(false, false, t, k, t, scale, ds, t, att, q + d, 3 * d, k, 0.0f,
-                   dqkv_ + row * 3 * d, 3 * d, k, heads);
-    be.GemmBatched(true, false, t, k, t, scale, ds, t, att, q, 3 * d, k, 0.0f,
-                   dqkv_ + row * 3 * d + d, 3 * d, k, heads);
+    be.GemmBatched(false, false, t, k, t, scale, ds, t, att, q + dl, 3 * dl, k, 0.0f,
+                   dqkv_ + row * 3 * dl, 3 * dl, k, heads);
+    be.GemmBatched(true, false, t, k, t, scale, ds, t, att, q, 3 * dl, k, 0.0f,
+                   dqkv_ + row * 3 * dl + dl, 3 * dl, k, heads);
   }
-  // qkv = ln1 Wqkv + bqkv.
-  be.Gemm(true, false, d, 3 * d, n, 1.0f, a.ln1, dqkv_, 1.0f, G(l, kQkvWeight));
-  be.Gemm(false, false, 1, 3 * d, n, 1.0f, ones_, dqkv_, 1.0f, G(l, kQkvBias));
-  be.Gemm(false, true, n, d, 3 * d, 1.0f, dqkv_, W(l, kQkvWeight), 0.0f, dln_);
+  // qkv = ln1 Wqkv + bqkv (Wqkv: this worker's heads' columns; d ln1 summed).
+  be.Gemm(true, false, d, 3 * dl, n, 1.0f, a.ln1, dqkv_, 1.0f, G(l, kQkvWeight));
+  be.Gemm(false, false, 1, 3 * dl, n, 1.0f, ones_, dqkv_, 1.0f, G(l, kQkvBias));
+  be.Gemm(false, true, n, d, 3 * dl, 1.0f, dqkv_, W(l, kQkvWeight), 0.0f, dln_);
+  RETURN_IF_ERROR(AllReduce(dln_, nd, hooks));
   be.LayerNormBackward(dln_, x, W(l, kLn1Gamma), a.mean1, a.rstd1, n, d, tmp_, G(l, kLn1Gamma),
                        G(l, kLn1Beta));
   be.Axpy(1.0f, tmp_, dx_, nd);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Gpt::ForwardBackward(const float* x, const int32_t* y, int batch,
@@ -459,6 +545,10 @@ absl::StatusOr<StepResult> Gpt::ForwardBackward(const float* x, const int32_t* y
   }
   if (share_ && hooks == nullptr) {
     return absl::FailedPreconditionError("shared layer buffers need LayerHooks");
+  }
+  if (tp_ > 1 && (hooks == nullptr || !hooks->all_reduce_sum || !hooks->all_gather_columns)) {
+    return absl::FailedPreconditionError(
+        "a tensor-parallel gpt needs the hooks' all_reduce_sum and all_gather_columns");
   }
   RETURN_IF_ERROR(CheckTokens(x, 0, batch));
   RETURN_IF_ERROR(CheckLabels(y, 0, batch));
@@ -513,8 +603,9 @@ absl::StatusOr<StepResult> Gpt::Evaluate(const float* x, const int32_t* y, int64
     return absl::InvalidArgumentError(
         absl::StrCat("count ", count, " examples of ", o_.context, " tokens is outside [0, 2^31)"));
   }
-  if (share_ || !whole()) {
-    return absl::FailedPreconditionError("Evaluate needs the whole model with its own buffers");
+  if (share_ || !whole() || tp_ > 1) {
+    return absl::FailedPreconditionError(
+        "Evaluate needs the whole model with its own buffers, not split");
   }
   RETURN_IF_ERROR(CheckTokens(x, 0, static_cast<int>(count)));
   RETURN_IF_ERROR(CheckLabels(y, 0, static_cast<int>(count)));
@@ -581,7 +672,9 @@ ModelSpec GptSpec(const GptOptions& o, uint64_t seed) {
   spec.classes = o.vocab;
   spec.eval_batch = 16;  // activations: ~0.6 MB per example and block at the default sizes
   const int64_t d = o.width;
-  auto add = [&](std::string name, std::vector<int64_t> shape, float normal_scale, float constant) {
+  using Split = TensorSplit;
+  auto add = [&](std::string name, std::vector<int64_t> shape, float normal_scale, float constant,
+                 Split split = {}) {
     TensorSpec t{std::move(name), std::move(shape), {}};
     if (normal_scale > 0) {
       t.init.set_kind(ps::InitializerConfig::NORMAL);
@@ -592,27 +685,30 @@ ModelSpec GptSpec(const GptOptions& o, uint64_t seed) {
     }
     t.init.set_seed(seed * 1000 + spec.params.size());
     spec.params.push_back(std::move(t));
+    spec.splits.push_back(split);
   };
   const float sigma = 0.02f, residual = 0.02f / std::sqrt(2.0f * std::max(o.layers, 1));
-  add("wte", {o.vocab, d}, sigma, 0);
+  const Split rows{Split::kRows, 1}, columns{Split::kColumns, 1}, qkv{Split::kColumns, 3};
+  add("wte", {o.vocab, d}, sigma, 0, rows);  // TENSOR: split by vocabulary
   add("wpe", {o.context, d}, sigma, 0);
   for (int l = 0; l < o.layers; ++l) {
     const std::string h = absl::StrCat("h", l, ".");
     add(h + "ln1.gamma", {d}, 0, 1);
     add(h + "ln1.beta", {d}, 0, 0);
-    add(h + "attn.qkv.weight", {d, 3 * d}, sigma, 0);
-    add(h + "attn.qkv.bias", {3 * d}, 0, 0);
-    add(h + "attn.proj.weight", {d, d}, residual, 0);
+    add(h + "attn.qkv.weight", {d, 3 * d}, sigma, 0, qkv);  // column-parallel, by heads
+    add(h + "attn.qkv.bias", {3 * d}, 0, 0, qkv);
+    add(h + "attn.proj.weight", {d, d}, residual, 0, rows);  // row-parallel
     add(h + "attn.proj.bias", {d}, 0, 0);
     add(h + "ln2.gamma", {d}, 0, 1);
     add(h + "ln2.beta", {d}, 0, 0);
-    add(h + "mlp.fc.weight", {d, 4 * d}, sigma, 0);
-    add(h + "mlp.fc.bias", {4 * d}, 0, 0);
-    add(h + "mlp.proj.weight", {4 * d, d}, residual, 0);
+    add(h + "mlp.fc.weight", {d, 4 * d}, sigma, 0, columns);  // column-parallel
+    add(h + "mlp.fc.bias", {4 * d}, 0, 0, columns);
+    add(h + "mlp.proj.weight", {4 * d, d}, residual, 0, rows);  // row-parallel
     add(h + "mlp.proj.bias", {d}, 0, 0);
   }
   add("lnf.gamma", {d}, 0, 1);
   add("lnf.beta", {d}, 0, 0);
+  spec.max_tensor_parallel = std::gcd(o.heads, o.vocab);
   const int lnf = LnfGamma(o.layers);
   const double t = o.context;
   spec.layer_params.push_back({kWte, kWpe});  // the embedding: a lookup and an add

@@ -35,6 +35,16 @@ struct TensorSpec {
   size_t size() const;         // product of shape
 };
 
+// How TENSOR mode splits a dense tensor over T workers (Megatron-LM): kRows gives worker r
+// rows [r n/T, (r + 1) n/T) of the first dimension; kColumns columns of the last dimension
+// (a 1-D tensor is one row), cut into `groups` equal groups first and each group split
+// (the fused q|k|v projection: worker r takes its heads' q, k and v columns).
+struct TensorSplit {
+  enum Kind { kReplicated, kRows, kColumns };
+  Kind kind = kReplicated;
+  int groups = 1;
+};
+
 struct EmbeddingSpec {
   std::string name;            // unique in the model, e.g. "emb0"
   int dim = 0;                 // floats per row
@@ -51,11 +61,15 @@ struct ModelSpec {
   // tied weight, as the GPT's head reads the token embedding). A pipeline stage holding
   // such a layer keeps a copy of the tensor, and the two copies' gradients are summed.
   std::vector<std::vector<int>> layer_reads;
-  std::vector<double> layer_costs;             // per layer: multiply-adds per example
-  int input_width = 0;                         // floats per example of the input
-  int label_width = 1;                         // labels per example (a language model: context)
+  std::vector<double> layer_costs;  // per layer: multiply-adds per example
+  int input_width = 0;              // floats per example of the input
+  int label_width = 1;              // labels per example (a language model: context)
   int classes = 0;
-  int eval_batch = 1024;                       // examples per chunk when evaluating (memory)
+  int eval_batch = 1024;  // examples per chunk when evaluating (memory)
+  // TENSOR mode: per param, how it splits (empty: the model has no tensor-parallel form).
+  std::vector<TensorSplit> splits;
+  // TENSOR mode: a worker count T can split the model when T divides this.
+  int max_tensor_parallel = 1;
   int num_layers() const { return static_cast<int>(layer_params.size()); }
 };
 
@@ -65,6 +79,12 @@ struct ModelSpec {
 struct LayerHooks {
   std::function<absl::Status(int layer, bool backward)> before;
   std::function<absl::Status(int layer)> after_backward;
+  // TENSOR mode (an instance with tensor_size > 1), on backend buffers: sum `n` floats over
+  // the tensor-parallel workers in place; and concatenate every worker's rows x cols
+  // matrix side by side into `out` (rows x tensor_size * cols, worker r's columns at r cols).
+  std::function<absl::Status(float* data, size_t n)> all_reduce_sum;
+  std::function<absl::Status(const float* local, int rows, int cols, float* out)>
+      all_gather_columns;
 };
 
 struct StepResult {
@@ -83,6 +103,11 @@ struct InstanceOptions {
   int slots = 1;  // pipeline: activations kept for this many micro-batches
   // FSDP: one layer's tensors at a time, loaded through LayerHooks.
   bool share_layer_buffers = false;
+  // TENSOR: this instance holds worker tensor_rank's part of every tensor
+  // (ModelSpec::splits); params() sizes are the parts'. ForwardBackward then needs the
+  // hooks' collectives.
+  int tensor_rank = 0;
+  int tensor_size = 1;
 };
 
 // The whole model for batches of up to max_batch examples.

@@ -5,6 +5,8 @@
 // slots and update count included) bitwise; and a run that switches between modes every
 // few steps matches the reference too. (PS mode and switches through the shards:
 // tests/modes_switch_test.cc, with real ps_server processes.)
+#include <map>
+
 #include "worker/modes/mode_testing.h"
 
 namespace pscluster::modes {
@@ -67,11 +69,63 @@ INSTANTIATE_TEST_SUITE_P(Modes, GptModeEquivalenceTest,
                          ::testing::Values(Case{coord::ALLREDUCE, 2}, Case{coord::ALLREDUCE, 3},
                                            Case{coord::FSDP, 2}, Case{coord::FSDP, 3},
                                            Case{coord::PIPELINE, 1}, Case{coord::PIPELINE, 2},
-                                           Case{coord::PIPELINE, 3}, Case{coord::PIPELINE, 4}),
+                                           Case{coord::PIPELINE, 3}, Case{coord::PIPELINE, 4},
+                                           Case{coord::TENSOR, 1}, Case{coord::TENSOR, 2}),
                          [](const auto& info) {
                            return absl::StrCat(ModeName(info.param.mode), "_", info.param.world,
                                                "_workers");
                          });
+
+// TENSOR over 4 workers (4 heads of 2: one each, 256 / 4 tokens of the vocabulary each),
+// with Adam; a worker holds a quarter of every split tensor and its slots.
+TEST(GptTensorModeTest, FourWorkersWithAdamMatchTheReference) {
+  auto options = [](int r) {
+    TrainerOptions o = testing::GptOptions(coord::TENSOR, r, 4, ps::OptimizerConfig::ADAM);
+    o.model.gpt.heads = 4;
+    return o;
+  };
+  const ModelState ten = Reference(options(0), 10);
+  OnRanks(4, options, [&](int r, Trainer& t) {
+    for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(t.Step(step).ok()) << step;
+    auto state = t.State(10);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ExpectNear(*state, ten, 2e-4f, absl::StrCat("rank ", r));
+    const auto list = t.Figures();
+    std::map<std::string, double> figures(list.begin(), list.end());
+    EXPECT_LT(figures["tensor_state_bytes"], 0.5 * figures["replica_state_bytes"]);
+  });
+}
+
+TEST(GptTensorModeTest, ModelsWithoutTensorSplitsOrTooManyWorkersAreRefused) {
+  for (bool gpt : {false, true}) {
+    gloo::rendezvous::HashStore store;
+    TrainerOptions o = gpt ? testing::GptOptions(coord::TENSOR, 0, 3, ps::OptimizerConfig::SGD)
+                           : Options(coord::TENSOR, 0, 3, ps::OptimizerConfig::SGD);
+    const int world = 3;  // the test GPT's 2 heads do not split 3 ways
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> results(world);
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        TrainerOptions mine = o;
+        mine.rank = r;
+        mine.connect =
+            [&store, r, world](
+                const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+          return collective::CreateGlooCommunicator(&store, collective::GlooOptions{r, world});
+        };
+        results[r] =
+            Trainer::Create(mine, &testing::DataFor(mine), nullptr, compute::MakeCpuBackend(1))
+                .status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition) << results[0];
+    EXPECT_NE(results[0].message().find(gpt ? "splits over worker counts dividing 2"
+                                            : "needs a model with tensor-parallel layers"),
+              std::string::npos)
+        << results[0];
+  }
+}
 
 // ALLREDUCE in small buckets, each all-reduced as the backward pass fills it (a 160-float
 // cap cuts the tensors, last layer first, into 3 buckets), matches the reference too.

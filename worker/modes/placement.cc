@@ -154,6 +154,8 @@ absl::StatusOr<std::unique_ptr<Placement>> MakePlacement(Mode mode, const Placem
       return internal::MakeFsdpPlacement(ctx);
     case coord::PIPELINE:
       return internal::MakePipelinePlacement(ctx);
+    case coord::TENSOR:
+      return internal::MakeTensorPlacement(ctx);
     default:
       return coord::CheckMode("mode", mode);
   }

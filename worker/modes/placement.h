@@ -1,4 +1,4 @@
-// The four ways a worker group trains the same model, as "placements" of its training
+// The five ways a worker group trains the same model, as "placements" of its training
 // state (parameters, optimizer slots, update count) across workers and shards:
 //
 //   PS         the shards hold everything; workers pull, compute, push (BSP/SSP/ASP).
@@ -8,6 +8,9 @@
 //              reduce-scattered, and each worker steps its own shard.
 //   PIPELINE   worker k holds a contiguous stage of layers; the global batch runs as
 //              micro-batches in a 1F1B schedule, activations and gradients by send/recv.
+//   TENSOR     worker r holds its part of every layer (heads, MLP units, vocabulary:
+//              Megatron-LM); every worker runs the global batch, partial activations and
+//              input gradients are all-reduced inside each layer.
 //
 // All of them see the same global batch per step (the union of the ranks' batches of the
 // data-parallel order), average the same gradient and apply the server's optimizer code

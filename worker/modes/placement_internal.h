@@ -32,5 +32,6 @@ absl::StatusOr<std::unique_ptr<Placement>> MakePsPlacement(const PlacementContex
 absl::StatusOr<std::unique_ptr<Placement>> MakeAllReducePlacement(const PlacementContext& ctx);
 absl::StatusOr<std::unique_ptr<Placement>> MakeFsdpPlacement(const PlacementContext& ctx);
 absl::StatusOr<std::unique_ptr<Placement>> MakePipelinePlacement(const PlacementContext& ctx);
+absl::StatusOr<std::unique_ptr<Placement>> MakeTensorPlacement(const PlacementContext& ctx);
 
 }  // namespace pscluster::modes::internal

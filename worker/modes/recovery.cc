@@ -77,9 +77,10 @@ absl::StatusOr<int64_t> Trainer::Start() {
         std::printf("worker 0: checkpoint of the initial state (step %lld) taken\n",
                     static_cast<long long>(taken->step()));
       } else {
-        std::printf("worker 0: no checkpoint of the initial state (%s); a failure before the "
-                    "first later checkpoint cannot be rolled back\n",
-                    taken.status().ToString().c_str());
+        std::printf(
+            "worker 0: no checkpoint of the initial state (%s); a failure before the "
+            "first later checkpoint cannot be rolled back\n",
+            taken.status().ToString().c_str());
       }
       std::fflush(stdout);
     }
@@ -169,10 +170,10 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
     absl::StatusOr<coord::ClusterView> next =
         options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now());
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "waited ", absl::FormatDuration(options_.recovery_timeout),
-          " for the cluster to be whole again (the members named down above were not "
-          "replaced: start them again, or raise the recovery timeout)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("waited ", absl::FormatDuration(options_.recovery_timeout),
+                       " for the cluster to be whole again (the members named down above were not "
+                       "replaced: start them again, or raise the recovery timeout)"));
     }
     if (!next.ok()) return next.status();
     const coord::ClusterView& v = *next;
@@ -190,17 +191,17 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
   }
 }
 
-absl::StatusOr<int64_t> Trainer::Recover(std::optional<int64_t> failed_step,
-                                         absl::Status cause) {
+absl::StatusOr<int64_t> Trainer::Recover(std::optional<int64_t> failed_step, absl::Status cause) {
   const absl::Time end = absl::Now() + options_.recovery_timeout;
   while (true) {
     if (failed_step) {
       std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
                   options_.rank, static_cast<long long>(*failed_step), cause.ToString().c_str());
     } else {
-      std::printf("worker %d: the rollback it joined was interrupted (%s); waiting for the "
-                  "cluster to be whole again\n",
-                  options_.rank, cause.ToString().c_str());
+      std::printf(
+          "worker %d: the rollback it joined was interrupted (%s); waiting for the "
+          "cluster to be whole again\n",
+          options_.rank, cause.ToString().c_str());
     }
     std::fflush(stdout);
     ASSIGN_OR_RETURN(view_, AwaitHealedView());

@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (o.lr_decay < 1.0f) {
     // Tables count updates: one per step under BSP (and in every collective mode), one per
     // worker push otherwise.
-    const int64_t updates = t->per_epoch_ * o.epochs *
-                            (o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world);
+    const int64_t updates =
+        t->total_steps() * (o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world);
     t->optimizer_config_.set_lr_decay_rate(o.lr_decay);
     t->optimizer_config_.set_lr_decay_steps(std::max<int64_t>(1, updates));
   }
@@ -101,17 +101,16 @@ absl::Status Trainer::CheckLiveness() const {
   if (!now.ok()) return absl::OkStatus();
   for (const auto& m : now->members()) {
     if (!m.alive() && (m.role() == coord::WORKER || !ShardHolds(*now, m.id()))) {
-      return absl::UnavailableError(absl::StrCat(
-          m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
-          " is down (the coordinator saw its heartbeats stop)"));
+      return absl::UnavailableError(
+          absl::StrCat(m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
+                       " is down (the coordinator saw its heartbeats stop)"));
     }
   }
   if (Generation(*now) != Generation(view_)) {
     // Name the member that came back (declared dead, then registered again), if another.
     for (const auto& m : now->members()) {
       for (const auto& was : view_.members()) {
-        if (m.role() == was.role() && m.id() == was.id() &&
-            m.incarnation() != was.incarnation() &&
+        if (m.role() == was.role() && m.id() == was.id() && m.incarnation() != was.incarnation() &&
             !(m.role() == coord::WORKER && m.id() == options_.rank)) {
           return absl::UnavailableError(absl::StrCat(
               m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
@@ -206,7 +205,7 @@ void Trainer::ReportProgress(int64_t step, double loss, double rate) {
 
 absl::StatusOr<TrainSummary> Trainer::Run() {
   TrainSummary summary;
-  const int64_t total = per_epoch_ * options_.epochs;
+  const int64_t total = total_steps();
   absl::Time start = absl::Now(), last_report = start;
   absl::Duration eval_time;
   double epoch_loss = 0;
@@ -243,11 +242,13 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
       if (options_.metrics != nullptr) options_.metrics->Progress(rate, step / per_epoch_ + 1);
       last_report = now;
     }
-    if ((step + 1) % per_epoch_ != 0) return absl::OkStatus();
+    // An epoch's end, or the last step of a run cut short by max_steps: checkpoint and
+    // evaluation.
+    if ((step + 1) % per_epoch_ != 0 && step + 1 != total) return absl::OkStatus();
     summary.final_loss = epoch_loss / epoch_steps;
     epoch_loss = 0;
     epoch_steps = 0;
-    const int64_t epoch = (step + 1) / per_epoch_;
+    const int64_t epoch = (step + per_epoch_) / per_epoch_;  // the epoch this step is in
     const absl::Time t0 = absl::Now();
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
     RequestCheckpoint(epoch, &summary);
@@ -256,10 +257,11 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
       summary.test_accuracy = static_cast<double>(r.correct) / std::max(r.examples, 1);
       summary.test_loss = r.loss;
       if (model_->spec().label_width > 1) {  // a language model: the loss is what matters
-        std::printf("worker %d: epoch %lld test loss %.4f (%.4f bits per token), next-token "
-                    "accuracy %.4f\n",
-                    options_.rank, static_cast<long long>(epoch), r.loss, r.loss / std::log(2.0),
-                    summary.test_accuracy);
+        std::printf(
+            "worker %d: epoch %lld test loss %.4f (%.4f bits per token), next-token "
+            "accuracy %.4f\n",
+            options_.rank, static_cast<long long>(epoch), r.loss, r.loss / std::log(2.0),
+            summary.test_accuracy);
       } else {
         std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
                     static_cast<long long>(epoch), summary.test_accuracy);

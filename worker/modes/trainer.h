@@ -16,6 +16,7 @@
 // one mode restores in any other.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,6 +46,7 @@ struct TrainerOptions {
   int world = 1;
   int batch_size = 64;  // per worker
   int epochs = 10;
+  int64_t max_steps = 0;          // > 0: stop after this many steps (the epochs' steps otherwise)
   uint64_t seed = 1;              // data order and initial parameters
   ps::OptimizerConfig optimizer;  // the shards' and the workers' optimizer
   // The learning rate decays exponentially to this fraction of itself by the last step
@@ -98,7 +100,7 @@ struct TrainSummary {
   std::vector<SwitchDone> switches;
   std::vector<std::pair<std::string, double>> figures;  // the last placement's (placement.h)
   std::string final_mode;
-  std::string model;  // ModelSpec::kind
+  std::string model;          // ModelSpec::kind
   uint32_t param_crc32c = 0;  // CRC-32C of the final parameters, in table order
 };
 
@@ -176,12 +178,17 @@ class Trainer {
   // Time the training thread spends communicating: the placements reach the shards and
   // the other workers only through these timed wrappers.
   CommClock comm_clock_;
-  std::unique_ptr<PsClient> client_;            // null without shards
-  std::unique_ptr<TimedParameterStore> timed_ps_;  // client_, timed
-  std::unique_ptr<collective::Communicator> comm_;  // a TimedCommunicator
+  std::unique_ptr<PsClient> client_;                       // null without shards
+  std::unique_ptr<TimedParameterStore> timed_ps_;          // client_, timed
+  std::unique_ptr<collective::Communicator> comm_;         // a TimedCommunicator
   Mode reported_mode_ = coord::TRAINING_MODE_UNSPECIFIED;  // to options_.metrics
   std::unique_ptr<Placement> placement_;
   coord::ClusterView view_;  // with a coordinator: the view training uses
+  // The steps of the whole run: the epochs', or fewer with max_steps.
+  int64_t total_steps() const {
+    const int64_t all = per_epoch_ * options_.epochs;
+    return options_.max_steps > 0 ? std::min(all, options_.max_steps) : all;
+  }
   int64_t per_epoch_ = 0;
   int64_t start_step_ = 0;
   // Switch polling: the last answer covers boundaries [polled_at_, next_poll_).

@@ -28,8 +28,7 @@ absl::Status TimedParameterStore::PullDenseMany(int64_t step, absl::Span<const u
                                                 absl::Span<const absl::Span<float>> out) {
   return Timed(clock_, [&] { return inner_->PullDenseMany(step, tables, out); });
 }
-absl::Status TimedParameterStore::PushPullDenseMany(int64_t step,
-                                                    absl::Span<const uint32_t> tables,
+absl::Status TimedParameterStore::PushPullDenseMany(int64_t step, absl::Span<const uint32_t> tables,
                                                     absl::Span<const absl::Span<const float>> grads,
                                                     absl::Span<const absl::Span<float>> out) {
   return Timed(clock_, [&] { return inner_->PushPullDenseMany(step, tables, grads, out); });
@@ -38,8 +37,9 @@ absl::Status TimedParameterStore::ExportDense(uint32_t table_id, int64_t step,
                                               absl::Span<float> values,
                                               std::vector<absl::Span<float>> slots,
                                               int64_t* updates) {
-  return Timed(clock_,
-               [&] { return inner_->ExportDense(table_id, step, values, std::move(slots), updates); });
+  return Timed(clock_, [&] {
+    return inner_->ExportDense(table_id, step, values, std::move(slots), updates);
+  });
 }
 absl::Status TimedParameterStore::ImportDense(uint32_t table_id, int64_t step, int64_t updates,
                                               absl::Span<const float> values,
@@ -94,13 +94,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry* r)
                          .Register(*r)),
       compute_seconds_(phase_seconds_.Add({{"phase", "compute"}})),
       communication_seconds_(phase_seconds_.Add({{"phase", "communication"}})),
-      step_seconds_(prometheus::BuildHistogram()
-                        .Name("pscluster_worker_step_seconds")
-                        .Help("Wall time of each training step.")
-                        .Register(*r)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                     2.5, 10})),
+      step_seconds_(
+          prometheus::BuildHistogram()
+              .Name("pscluster_worker_step_seconds")
+              .Help("Wall time of each training step.")
+              .Register(*r)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                               0.05, 0.1, 0.25, 0.5, 1, 2.5, 10})),
       loss_(Gauge(r, "pscluster_worker_loss", "Training loss of the last step.")),
       samples_per_sec_(Gauge(r, "pscluster_worker_samples_per_second",
                              "Training throughput since the start (as in the progress lines).")),
