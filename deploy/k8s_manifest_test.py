@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """deploy/k8s/: the Kubernetes manifests, checked against each other and against the flags
 the binaries define (server/ps/flags.cc, server/coordinator/main.cc, worker/flags.cc,
-tools/psctl/main.cc, common/security_flags.cc), and with deploy/k8s/README.md's commands
-for the TLS secret.
+tools/psctl/main.cc and plan_flags.cc, common/security_flags.cc), and with
+deploy/k8s/README.md's commands for the TLS secret.
 
     /usr/bin/python3 deploy/k8s_manifest_test.py      # from the checkout
     bazel test //deploy:k8s_manifest_test
@@ -35,7 +35,7 @@ FLAG_SOURCES = {  # binary -> the sources that define its ABSL_FLAGs
                        "common/security_flags.cc"],
     "ps_server": ["server/ps/flags.cc", "common/metrics_flags.cc", "common/security_flags.cc"],
     "ps_worker": ["worker/flags.cc", "common/metrics_flags.cc", "common/security_flags.cc"],
-    "psctl": ["tools/psctl/main.cc", "common/security_flags.cc"],
+    "psctl": ["tools/psctl/main.cc", "tools/psctl/plan_flags.cc", "common/security_flags.cc"],
 }
 ABSL_OWN_FLAGS = {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch",
                   "version", "only_check_args", "flagfile", "fromenv", "tryfromenv", "undefok"}

@@ -1,4 +1,5 @@
-// psctl: the operator's command line for a running pscluster.
+// psctl: the operator's command line for a running pscluster, and (plan) the arithmetic of
+// a training job before there is one.
 //
 //   psctl --coordinator=HOST:PORT status        mode, members (role, id, alive, heartbeat
 //                                               age, address, incarnation; workers: step,
@@ -22,6 +23,27 @@
 //   psctl --address=HOST:PORT health            asks a shard or the coordinator (default:
 //                                               --coordinator) the gRPC health protocol:
 //                                               SERVING (exit 0) or NOT_SERVING (exit 1)
+//   psctl plan [--json] MODEL DATA CLUSTER      no cluster needed: how to train a model on
+//                                               GPUs, by arithmetic (tools/psctl/plan.h) --
+//                                               memory per GPU of each layout (DDP, ZeRO-1/2/3,
+//                                               tensor x pipeline x data), the recommended one
+//                                               and its traffic per step, the data split into
+//                                               steps, compute time, checkpoint interval
+//
+// plan's flags (defaults in brackets; GB/s = 1e9 bytes/s one way):
+//   MODEL    --params=13e9, or --layers --width --heads [--vocab=50257 --context=2048]
+//            (count 12·L·h² + 13·L·h + V·h + s·h + 2h; with both, --params counts and the
+//            shape gives activations; --params alone derives h = 128·L, heads of 128)
+//   DATA     --dataset_bytes=200e9 [--bytes_per_token=4] or --dataset_tokens; [--epochs=1
+//            --global_batch_tokens=4194304 --micro_batch=1]
+//   CLUSTER  [--nodes=1 --gpus_per_node=8 --gpu=a100-80gb] (a100-40gb, a100-80gb,
+//            h100-80gb, h200-141gb; any other name, e.g. cpu to check a local run against
+//            measured figures, with --gpu_memory_bytes --gpu_flops --host_copy_gbps and
+//            --intra_node_gbps) [--inter_node_gbit=100 (per node) --checkpoint_write_gbps=2
+//            (per node) --mtbf_hours=1000 (per node) --mfu_low=0.35 --mfu_high=0.5
+//            --memory_headroom=0.1]; a preset's --gpu_memory_bytes, --gpu_flops,
+//            --intra_node_gbps (A100 300, H100/H200 450) or --host_copy_gbps (25, 50) can
+//            be overridden.
 //
 // A cluster with TLS and tokens: add --tls_ca=CA.pem (and --tls_cert/--tls_key for mutual
 // TLS, --tls_server_name when the certificates name another host) and --token_file=F, or
@@ -43,8 +65,8 @@
 // already passed, another switch is scheduled there, or 'ps' without shards); 2 usage (an
 // unknown flag, a flag without its value or with one it cannot hold, a missing or unknown
 // command; switch-mode: no or an unknown mode, a negative step; top: an interval that is not
-// a positive number of seconds, negative iterations); 3 cannot reach the coordinator or a
-// shard.
+// a positive number of seconds, negative iterations; plan: input that describes no job, the
+// message naming the flag); 3 cannot reach the coordinator or a shard.
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -85,6 +107,9 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "tools/psctl/plan.h"
+#include "tools/psctl/plan_flags.h"
+#include "tools/psctl/plan_format.h"
 
 ABSL_FLAG(std::string, coordinator, "", "ps_coordinator address (host:port).");
 ABSL_FLAG(std::string, address, "",
@@ -94,7 +119,7 @@ ABSL_FLAG(std::string, mode, "",
           "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline, tensor).");
 ABSL_FLAG(int64_t, at_step, 0,
           "switch-mode: the step every worker switches before (0: the next step boundary).");
-ABSL_FLAG(bool, json, false, "status: print the view as one JSON object.");
+ABSL_FLAG(bool, json, false, "status: print the view as one JSON object; plan: the plan.");
 ABSL_FLAG(double, interval_seconds, 1, "top: seconds between redraws (> 0).");
 ABSL_FLAG(int64_t, iterations, 0, "top: exit after this many redraws (0: run until q).");
 
@@ -107,7 +132,9 @@ constexpr int kOk = 0, kUnhealthy = 1, kUsage = 2, kUnreachable = 3;
 constexpr char kUsageLine[] =
     "psctl --coordinator=HOST:PORT status|top|checkpoint|checkpoints|switch-mode [--json] "
     "[--interval_seconds=S --iterations=N] [--mode=ps|allreduce|fsdp|pipeline|tensor --at_step=N] "
-    "[--timeout_seconds=S] | psctl --address=HOST:PORT health";
+    "[--timeout_seconds=S] | psctl --address=HOST:PORT health | psctl plan [--json] "
+    "--params=N|--layers=L --width=H --heads=A --dataset_bytes=B|--dataset_tokens=T "
+    "[--nodes=N --gpus_per_node=G --gpu=a100-80gb ...]";
 
 int Error(int code, const std::string& message) {
   std::fprintf(stderr, "psctl: %s\n", message.c_str());
@@ -312,8 +339,9 @@ int ExitCodeOf(const absl::Status& s) {
 
 // Asks the coordinator (the only checkpoint initiator) for a checkpoint now.
 int Checkpoint(const std::string& address, const Security& security) {
-  absl::StatusOr<coord::Checkpoint> done = Connect(address, security).Checkpoint(
-      std::nullopt, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
+  absl::StatusOr<coord::Checkpoint> done =
+      Connect(address, security)
+          .Checkpoint(std::nullopt, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
   if (!done.ok())
     return Error(ExitCodeOf(done.status()), "checkpoint: " + done.status().ToString());
   std::printf("checkpoint of step %lld is complete on every shard\n",
@@ -491,20 +519,30 @@ absl::StatusOr<TopOptions> TopOptionsFromFlags() {
   return options;
 }
 
+// plan: the flags' PlanInput, printed as a table or --json; no cluster involved.
+int PlanCommand(bool json) {
+  const absl::StatusOr<plan::Plan> p = plan::MakePlan(plan::PlanInputFromFlags());
+  if (!p.ok()) return Error(kUsage, absl::StrCat("plan: ", p.status().message()));
+  const std::string text = json ? plan::PlanJson(*p) : plan::PlanTable(*p);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsageLine);
   if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  constexpr char kCommands[] = "status, top, checkpoint, checkpoints, switch-mode or health";
+  constexpr char kCommands[] = "status, top, checkpoint, checkpoints, switch-mode, health or plan";
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
-  const std::set<std::string> known = {"status",      "top",         "checkpoint",
-                                       "checkpoints", "switch-mode", "health"};
+  const std::set<std::string> known = {"status",      "top",    "checkpoint", "checkpoints",
+                                       "switch-mode", "health", "plan"};
   if (known.count(command) == 0) {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
+  if (command == "plan") return PlanCommand(absl::GetFlag(FLAGS_json));
   if (absl::GetFlag(FLAGS_timeout_seconds) <= 0) {
     return Error(kUsage, absl::StrCat("--timeout_seconds=", absl::GetFlag(FLAGS_timeout_seconds),
                                       " must be positive"));
