@@ -351,7 +351,8 @@ int Checkpoint(const std::string& address, const Security& security) {
 
 int SwitchMode(const std::string& address, const Security& security) {
   const std::string name = absl::GetFlag(FLAGS_mode);
-  if (name.empty()) return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline|tensor");
+  if (name.empty())
+    return Error(kUsage, "switch-mode needs --mode=ps|allreduce|fsdp|pipeline|tensor");
   absl::StatusOr<coord::TrainingMode> parsed = coord::ParseMode(name);
   if (!parsed.ok()) return Error(kUsage, "switch-mode: --mode: " + parsed.status().ToString());
   if (absl::GetFlag(FLAGS_at_step) < 0) {

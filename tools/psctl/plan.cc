@@ -69,6 +69,15 @@ absl::Status CheckCluster(const PlanInput& in) {
   if (!(in.mfu_high >= in.mfu_low && in.mfu_high <= 1)) {
     return Invalid("mfu_high", in.mfu_high, "must be within [--mfu_low, 1]");
   }
+  if (in.precision != "mixed" && in.precision != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision=", in.precision, " is not mixed or fp32"));
+  }
+  if (!(in.state_bytes_per_param == 0 ||
+        (in.state_bytes_per_param >= 1 && in.state_bytes_per_param <= 1000))) {
+    return Invalid("state_bytes_per_param", in.state_bytes_per_param,
+                   "must be 0 (the precision's 16) or within [1, 1000]");
+  }
   if (!(in.memory_headroom >= 0 && in.memory_headroom < 1)) {
     return Invalid("memory_headroom", in.memory_headroom, "must be within [0, 1)");
   }
@@ -232,9 +241,9 @@ absl::StatusOr<Model> ResolveModel(const PlanInput& in) {
   return m;
 }
 
-double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t) {
+double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t, bool fp32) {
   const double sbh = static_cast<double>(s) * b * h;
-  return sbh * (34 + 5.0 * a * s / h) / t;
+  return sbh * (fp32 ? 64 + 4.0 * a * s / h : 34 + 5.0 * a * s / h) / t;
 }
 
 double YoungDalyInterval(double checkpoint_seconds, double mtbf_seconds) {

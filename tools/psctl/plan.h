@@ -56,6 +56,14 @@ struct PlanInput {
   double mfu_low = 0.35;
   double mfu_high = 0.5;
   double memory_headroom = 0.1;  // fraction of GPU memory kept free (CUDA context, allocator)
+  // "mixed" (bf16 weights, gradients and activations, fp32 master and Adam: 16 bytes/param)
+  // or "fp32" (everything in float32, no dropout masks: 4 + 4 + 8 = 16 bytes/param, and
+  // activations of 4 bytes, as pscluster's CPU workers train).
+  std::string precision = "mixed";
+  // > 0: the replica's (DDP's) state bytes per parameter of the framework planned for, when
+  // it keeps more copies than the precision's 16 (pscluster's CPU replica: 24, the model's
+  // weights and gradients beside the optimizer's weights, m, v and a flat gradient).
+  double state_bytes_per_param = 0;
 };
 
 // An accelerator: a --gpu preset, or a custom one (--gpu=cpu with measured figures).
@@ -103,8 +111,10 @@ absl::StatusOr<Model> ResolveModel(const PlanInput& input);
 // Activation bytes of one transformer layer for one micro-batch of b sequences of s tokens,
 // width h, a heads, mixed precision, no recomputation (Korthikanti et al. 2022, "Reducing
 // Activation Recomputation in Large Transformer Models"): s·b·h·(34 + 5·a·s/h), divided by
-// the tensor-parallel degree t with sequence parallelism.
-double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t);
+// the tensor-parallel degree t with sequence parallelism. fp32, with no dropout: the same
+// tensors in 4 bytes, s·b·h·(64 + 4·a·s/h).
+double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t,
+                               bool fp32 = false);
 
 // Young/Daly: the checkpoint interval that minimises lost time, sqrt(2 · C · MTBF).
 double YoungDalyInterval(double checkpoint_seconds, double mtbf_seconds);
@@ -130,6 +140,10 @@ struct Layout {
   double batch_sequences = 0;    // the global batch it runs: micro_batches · D · micro_batch
   double model_state_bytes = 0;  // 16 bytes/param, divided by T·P and by ZeRO over D
   double activation_bytes = 0;   // no recomputation
+  // Working buffers beside the activations: the logits (4·s·b·V/T, float32 for the loss)
+  // and, while a layer's backward runs, the gradients of its activations (one layer's
+  // activations' worth).
+  double buffer_bytes = 0;
   double activation_recompute_bytes = 0;  // full recomputation
   Fit fit = Fit::kNo;
   bool recompute = false;  // it fits only with full recomputation

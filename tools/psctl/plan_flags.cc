@@ -61,6 +61,12 @@ ABSL_FLAG(double, mfu_low, Defaults().mfu_low, "plan: model FLOPs utilisation, l
 ABSL_FLAG(double, mfu_high, Defaults().mfu_high, "plan: model FLOPs utilisation, high end.");
 ABSL_FLAG(double, memory_headroom, Defaults().memory_headroom,
           "plan: fraction of GPU memory kept free (CUDA context, allocator, buffers).");
+ABSL_FLAG(std::string, precision, Defaults().precision,
+          "plan: mixed (bf16 with fp32 master weights and Adam) or fp32 (everything in float32, "
+          "no dropout: pscluster's CPU workers).");
+ABSL_FLAG(double, state_bytes_per_param, Defaults().state_bytes_per_param,
+          "plan: > 0: DDP's state bytes per parameter in the framework planned for (0: the "
+          "precision's 16; pscluster's CPU replica keeps 24).");
 
 namespace pscluster::plan {
 
@@ -91,6 +97,8 @@ PlanInput PlanInputFromFlags() {
   in.mfu_low = absl::GetFlag(FLAGS_mfu_low);
   in.mfu_high = absl::GetFlag(FLAGS_mfu_high);
   in.memory_headroom = absl::GetFlag(FLAGS_memory_headroom);
+  in.precision = absl::GetFlag(FLAGS_precision);
+  in.state_bytes_per_param = absl::GetFlag(FLAGS_state_bytes_per_param);
   return in;
 }
 

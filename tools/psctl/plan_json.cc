@@ -121,6 +121,7 @@ std::string LayoutJson(const Layout& l) {
                  {"micro_batches", Number(l.micro_batches)},
                  {"batch_sequences", Number(l.batch_sequences)},
                  {"model_state_bytes", Number(l.model_state_bytes)},
+                 {"buffer_bytes", Number(l.buffer_bytes)},
                  {"activation_bytes", Number(l.activation_bytes)},
                  {"activation_recompute_bytes", Number(l.activation_recompute_bytes)},
                  {"fits", String(fits)},

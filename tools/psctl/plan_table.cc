@@ -136,37 +136,50 @@ const char* FitName(Fit f) {
 std::string MemorySection(const Plan& p) {
   double largest = 0;
   for (const Layout& l : p.layouts) {
-    largest = std::max(largest, l.model_state_bytes + l.activation_bytes);
+    largest = std::max(largest, l.model_state_bytes + l.buffer_bytes + l.activation_bytes);
   }
   const double unit = largest >= 1e9 ? 1e9 : largest >= 1e6 ? 1e6 : 1e3;
   const char* name = unit == 1e9 ? "GB" : unit == 1e6 ? "MB" : "kB";
   std::string out = absl::StrFormat(
       "2. Memory per GPU, %s: %.1f usable of %.1f (%s kept free)\n"
-      "  %-14s %-9s %7s %7s %7s %7s %7s  %-9s  %s\n",
+      "  %-14s %-9s %7s %7s %7s %7s %7s %7s  %-9s  %s\n",
       name, p.usable_memory_bytes / unit, p.device.memory_bytes / unit,
-      Percent(p.input.memory_headroom), "layout", "TxPxD", "state", "activ", "act.rc", "total",
-      "tot.rc", "fits", "est. step");
+      Percent(p.input.memory_headroom), "layout", "TxPxD", "state", "buffers", "activ", "act.rc",
+      "total", "tot.rc", "fits", "est. step");
   for (const Layout& l : p.layouts) {
-    const double state = l.model_state_bytes / unit;
+    const double state = l.model_state_bytes / unit, fixed = state + l.buffer_bytes / unit;
     std::string row = absl::StrFormat(
-        "  %-14s %-9s %7.1f %7.1f %7.1f %7.1f %7.1f  %-9s  %s", l.name,
-        absl::StrFormat("%dx%dx%d", l.t, l.p, l.d), state, l.activation_bytes / unit,
-        l.activation_recompute_bytes / unit, state + l.activation_bytes / unit,
-        state + l.activation_recompute_bytes / unit, FitName(l.fit),
-        l.fit == Fit::kNo ? "" : Seconds(l.step_seconds));
+        "  %-14s %-9s %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f  %-9s  %s", l.name,
+        absl::StrFormat("%dx%dx%d", l.t, l.p, l.d), state, l.buffer_bytes / unit,
+        l.activation_bytes / unit, l.activation_recompute_bytes / unit,
+        fixed + l.activation_bytes / unit, fixed + l.activation_recompute_bytes / unit,
+        FitName(l.fit), l.fit == Fit::kNo ? "" : Seconds(l.step_seconds));
     absl::StripTrailingAsciiWhitespace(&row);
     absl::StrAppend(&out, row, "\n");
   }
+  const bool fp32 = p.input.precision == "fp32";
   absl::StrAppend(
       &out,
-      "  state: mixed-precision Adam, 16 bytes/param (2 bf16 weights + 2 bf16 gradients + 12 fp32\n"
-      "    master, m, v) over T·P; ZeRO-1 divides the 12 by D, ZeRO-2 also the 2 gradient bytes,\n"
-      "    ZeRO-3 all 16; the TxPxD rows shard the optimizer over D (ZeRO-1, Megatron's\n"
-      "    distributed optimizer). T is tensor parallelism within a node, P pipeline stages.\n"
-      "  activ: s·b·h·(34 + 5·a·s/h) bytes per layer per micro-batch (Korthikanti et al. 2022),\n"
-      "    /T with sequence parallelism; a stage holds ceil(L/P) layers, min(P, micro-batches)\n"
-      "    of them in flight under 1F1B. act.rc: full recomputation, 2·s·b·h/T per layer (its\n"
-      "    input) + one layer's full activations. Not counted: logits, buffers (the headroom).\n"
+      fp32 ? "  state: fp32 Adam, 16 bytes/param (4 weights + 4 gradients + 8 m, v) over T·P;\n"
+             "    ZeRO-1 divides the 8 by D, ZeRO-2 also the 4 gradient bytes, ZeRO-3 all 16;\n"
+           : "  state: mixed-precision Adam, 16 bytes/param (2 bf16 weights + 2 bf16 gradients +\n"
+             "    12 fp32 master, m, v) over T·P; ZeRO-1 divides the 12 by D, ZeRO-2 also the 2\n"
+             "    gradient bytes, ZeRO-3 all 16;\n",
+      p.input.state_bytes_per_param > 0
+          ? absl::StrFormat("    DDP %g bytes/param (--state_bytes_per_param: the framework's "
+                            "copies);\n",
+                            p.input.state_bytes_per_param)
+          : "",
+      "    the TxPxD rows shard the optimizer over D (ZeRO-1, Megatron's distributed\n"
+      "    optimizer). T is tensor parallelism within a node, P pipeline stages.\n",
+      fp32 ? "  activ: s·b·h·(64 + 4·a·s/h) bytes per layer per micro-batch (Korthikanti et al.'s\n"
+             "    tensors in fp32, no dropout),"
+           : "  activ: s·b·h·(34 + 5·a·s/h) bytes per layer per micro-batch (Korthikanti et al.\n"
+             "    2022),",
+      " /T with sequence parallelism; a stage holds ceil(L/P) layers,\n"
+      "    min(P, micro-batches) of them in flight under 1F1B. act.rc: full recomputation,\n"
+      "    2·s·b·h/T per layer (its input) + one layer's full activations. buffers: the\n"
+      "    logits (4·s·b·V/T) and one layer's activation gradients while its backward runs.\n",
       "  est. step: compute at --mfu_high (x4/3 with recomputation, + the 1F1B bubble (P-1)/m)\n"
       "    + communication (section 4), none of it assumed hidden; the layouts are ranked by it\n"
       "    per sequence of their batch.\n\n");
@@ -178,7 +191,8 @@ std::string Need(const Layout& l) {
   if (l.fit == Fit::kWithRecompute) {
     return absl::StrCat("fits only with recomputation, ", Seconds(l.step_seconds), " per step");
   }
-  return absl::StrCat("needs ", Bytes(l.model_state_bytes + l.activation_recompute_bytes),
+  return absl::StrCat("needs ",
+                      Bytes(l.model_state_bytes + l.buffer_bytes + l.activation_recompute_bytes),
                       " even with recomputation");
 }
 
@@ -286,7 +300,7 @@ std::string RecommendationWhy(const Plan& p) {
   const Layout& l = p.layouts[p.recommended];
   std::string why = absl::StrCat(
       "It fits (",
-      Bytes(l.model_state_bytes +
+      Bytes(l.model_state_bytes + l.buffer_bytes +
             (l.recompute ? l.activation_recompute_bytes : l.activation_bytes)),
       " of ", Bytes(p.usable_memory_bytes), ") with the shortest estimated step, ",
       Seconds(l.step_seconds), ": ", Seconds(l.compute_seconds), " of compute",

@@ -242,6 +242,43 @@ TEST(PlanTest, CustomDeviceTakesItsMeasuredFigures) {
   EXPECT_DOUBLE_EQ(plan.checkpoint.pause_seconds, 12 * plan.model.params / 2 / 5e9);
 }
 
+// pscluster's CPU workers: everything in fp32 (4-byte activations, no dropout masks,
+// 4-byte gradients on the wire) and the replica's own copies (24 bytes/param).
+TEST(PlanTest, Fp32PrecisionAndAFrameworksReplicaBytes) {
+  PlanInput in;
+  in.layers = 4;
+  in.width = 256;
+  in.heads = 4;
+  in.vocab = 256;
+  in.context = 128;
+  in.dataset_tokens = 2314000;
+  in.bytes_per_token = 1;
+  in.global_batch_tokens = 4096;
+  in.micro_batch = 16;
+  in.nodes = 1;
+  in.gpus_per_node = 2;
+  in.gpu = "cpu";
+  in.gpu_memory_bytes = 12e9;
+  in.gpu_flops = 100e9;
+  in.intra_node_gbps = 2;
+  in.host_copy_gbps = 5;
+  in.precision = "fp32";
+  in.state_bytes_per_param = 24;
+  const Plan plan = MustPlan(in);
+  const double s = 128, b = 16, h = 256, a = 4, v = 256, n = plan.model.params;
+  const double layer = s * b * h * (64 + 4 * a * s / h);
+  const Layout ddp = MustFind(plan, "DDP");
+  EXPECT_DOUBLE_EQ(ddp.model_state_bytes, 24 * n);
+  EXPECT_DOUBLE_EQ(ddp.activation_bytes, 4 * layer);
+  EXPECT_DOUBLE_EQ(ddp.buffer_bytes, 4 * s * b * v + layer);
+  EXPECT_DOUBLE_EQ(MustFind(plan, "ZeRO-3/FSDP").model_state_bytes, 16 * n / 2);
+  EXPECT_DOUBLE_EQ(MustFind(plan, "ZeRO-1").model_state_bytes, (8 + 8.0 / 2) * n);
+  ASSERT_EQ(ddp.collectives.size(), 1u);  // a float32 gradient ring all-reduce
+  EXPECT_DOUBLE_EQ(ddp.collectives[0].bytes, 2 * 0.5 * 4 * n);
+  in.precision = "fp16";
+  EXPECT_EQ(MakePlan(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PlanTest, PresetFiguresCanBeOverridden) {
   PlanInput in = Exercise13B();
   in.gpu_flops = 400e12;

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
 #include "worker/modes/model_tables.h"
@@ -65,6 +66,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     RETURN_IF_ERROR(t->CreateTables());
     RETURN_IF_ERROR(t->client_->AwaitWorkers(o.world, o.rpc_timeout));
   }
+  // The memory training takes is measured from here (OpenBLAS's own buffers, set up by its
+  // first product, belong to the process, not to the model).
+  compute::BackendBuffer warm(t->backend_.get(), 64 * 64);
+  t->backend_->Gemm(false, false, 64, 64, 64, 1.0f, warm.get(), warm.get(), 0.0f, warm.get());
+  t->memory_before_ = ResidentMemoryBytes();
   ASSIGN_OR_RETURN(t->start_step_, t->Start());
   return t;
 }
@@ -252,6 +258,8 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     const absl::Time t0 = absl::Now();
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
     RequestCheckpoint(epoch, &summary);
+    // Training's memory: the peak before the first evaluation (which builds a model of its own).
+    if (memory_peak_ == 0) memory_peak_ = PeakResidentMemoryBytes();
     if (options_.evaluate && test_ != nullptr) {
       ASSIGN_OR_RETURN(model::StepResult r, Evaluate(step + 1));
       summary.test_accuracy = static_cast<double>(r.correct) / std::max(r.examples, 1);
@@ -307,6 +315,10 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     summary.param_crc32c = crc32c::Extend(summary.param_crc32c, p.data(), p.size() * sizeof(float));
   }
   summary.figures = placement_->Figures();
+  if (memory_peak_ > memory_before_) {  // resident memory training added, this worker's
+    summary.figures.emplace_back("train_memory_bytes",
+                                 static_cast<double>(memory_peak_ - memory_before_));
+  }
   summary.final_mode = ModeName(placement_->mode());
   summary.model = model_->spec().kind;
   summary.steps = total;

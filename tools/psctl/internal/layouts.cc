@@ -10,6 +10,9 @@
 namespace pscluster::plan::internal {
 namespace {
 
+// Bytes of a communicated element: bf16 in mixed precision, float32 in fp32.
+double Element(const Cluster& c) { return c.input.precision == "fp32" ? 4 : 2; }
+
 Layout Shape(std::string name, int64_t t, int64_t p, int64_t d, int zero) {
   Layout l;
   l.name = std::move(name);
@@ -57,16 +60,20 @@ void SetBatch(const Cluster& c, Layout& l) {
 void SetMemory(const Cluster& c, Layout& l) {
   const Model& m = c.model;
   const int64_t b = c.input.micro_batch;
-  l.model_state_bytes = StateBytesPerParam(l.zero, l.d) * m.params / (l.t * l.p);
+  const bool fp32 = c.input.precision == "fp32";
+  l.model_state_bytes =
+      StateBytesPerParam(l.zero, l.d, fp32, c.input.state_bytes_per_param) * m.params / (l.t * l.p);
   const double stage_layers = std::ceil(static_cast<double>(m.layers) / l.p);
   const double in_flight = l.p > 1 ? std::min(l.p, l.micro_batches) : 1;
-  const double layer = ActivationBytesPerLayer(m.context, b, m.width, m.heads, l.t);
-  const double layer_input = 2.0 * m.context * b * m.width / l.t;
+  const double layer = ActivationBytesPerLayer(m.context, b, m.width, m.heads, l.t, fp32);
+  const double layer_input = (fp32 ? 4.0 : 2.0) * m.context * b * m.width / l.t;
   l.activation_bytes = stage_layers * in_flight * layer;
   l.activation_recompute_bytes = stage_layers * in_flight * layer_input + layer;
-  if (l.model_state_bytes + l.activation_bytes <= c.usable_memory_bytes) {
+  l.buffer_bytes = 4.0 * m.context * b * m.vocab / l.t + layer;
+  const double fixed = l.model_state_bytes + l.buffer_bytes;
+  if (fixed + l.activation_bytes <= c.usable_memory_bytes) {
     l.fit = Fit::kFits;
-  } else if (l.model_state_bytes + l.activation_recompute_bytes <= c.usable_memory_bytes) {
+  } else if (fixed + l.activation_recompute_bytes <= c.usable_memory_bytes) {
     l.fit = Fit::kWithRecompute;
     l.recompute = true;
   }
@@ -85,7 +92,7 @@ Collective OnLink(std::string what, std::string how, double bytes, const Link& l
 
 // bf16 gradients (and parameters) of N/(T·P) per GPU, over the D ranks.
 Collective DataParallel(const Cluster& c, const Layout& l) {
-  const double w = 2 * c.model.params / (l.t * l.p);
+  const double w = Element(c) * c.model.params / (l.t * l.p);
   const double f = (l.d - 1.0) / l.d, m = l.micro_batches;
   const Link link = GroupLink(c, l.t, l.d);
   const std::string each = absl::StrCat("(D-1)/D x 2 bytes x N/(T·P), D=", l.d);
@@ -121,7 +128,8 @@ Collective TensorParallel(const Cluster& c, const Layout& l) {
   const double sbh = static_cast<double>(c.model.context) * c.input.micro_batch * c.model.width;
   const int count = l.recompute ? 6 : 4;
   const int64_t stage_layers = (c.model.layers + l.p - 1) / l.p;
-  const double bytes = 2.0 * (l.t - 1) / l.t * 2 * sbh * count * stage_layers * l.micro_batches;
+  const double bytes =
+      2.0 * (l.t - 1) / l.t * Element(c) * sbh * count * stage_layers * l.micro_batches;
   return OnLink("tensor parallel",
                 absl::StrCat(count, " all-reduces per layer per micro-batch of the s·b·h bf16 ",
                              "activations, ring 2(T-1)/T, T=", l.t, ": x ", stage_layers,
@@ -135,7 +143,7 @@ Collective Pipeline(const Cluster& c, const Layout& l) {
                 absl::StrCat("per micro-batch the s·b·h/T bf16 activations to the next stage and ",
                              "their gradients back: 2 x 2 bytes x s·b·h/T x ", l.micro_batches,
                              " micro-batches"),
-                2.0 * 2 * sbh / l.t * l.micro_batches, GroupLink(c, l.t * l.d, l.p));
+                2.0 * Element(c) * sbh / l.t * l.micro_batches, GroupLink(c, l.t * l.d, l.p));
 }
 
 void SetTraffic(const Cluster& c, Layout& l) {
@@ -163,14 +171,14 @@ Link GroupLink(const Cluster& c, int64_t stride, int64_t size) {
   return {true, c.input.inter_node_gbit / 8 / sharing, sharing};
 }
 
-double StateBytesPerParam(int zero, int64_t d) {
+double StateBytesPerParam(int zero, int64_t d, bool fp32, double replica) {
   switch (zero) {
     case 0:
-      return 16;
+      return replica > 0 ? replica : 16;
     case 1:
-      return 4 + 12.0 / d;
+      return fp32 ? 8 + 8.0 / d : 4 + 12.0 / d;
     case 2:
-      return 2 + 14.0 / d;
+      return fp32 ? 4 + 12.0 / d : 2 + 14.0 / d;
     default:
       return 16.0 / d;
   }

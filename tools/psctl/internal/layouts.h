@@ -33,8 +33,10 @@ Link GroupLink(const Cluster& c, int64_t stride, int64_t size);
 
 // Bytes per parameter of mixed-precision Adam state on one GPU: 2 (bf16 weights) + 2 (bf16
 // gradients) + 12 (fp32 master, m, v). ZeRO-1 divides the 12 by D, ZeRO-2 the 14 of
-// gradients and optimizer, ZeRO-3 all 16.
-double StateBytesPerParam(int zero, int64_t d);
+// gradients and optimizer, ZeRO-3 all 16. fp32: 4 (weights) + 4 (gradients) + 8 (m, v),
+// ZeRO dividing the 8, then 12, then 16. `replica` > 0 replaces DDP's 16 (a framework's
+// own copies).
+double StateBytesPerParam(int zero, int64_t d, bool fp32 = false, double replica = 0);
 
 // DDP, ZeRO-1, ZeRO-2 and ZeRO-3 over every GPU; then every T x P x D = GPUs with T a power
 // of two within a node dividing the heads, P at most the layers (ZeRO-1 over D, as
