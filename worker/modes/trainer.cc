@@ -1,5 +1,7 @@
 #include "worker/modes/trainer.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -70,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // first product, belong to the process, not to the model).
   compute::BackendBuffer warm(t->backend_.get(), 64 * 64);
   t->backend_->Gemm(false, false, 64, 64, 64, 1.0f, warm.get(), warm.get(), 0.0f, warm.get());
+  malloc_trim(0);  // free pages back to the system: what is resident is what is live
   t->memory_before_ = ResidentMemoryBytes();
   ASSIGN_OR_RETURN(t->start_step_, t->Start());
   return t;
@@ -258,8 +261,14 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     const absl::Time t0 = absl::Now();
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
     RequestCheckpoint(epoch, &summary);
-    // Training's memory: the peak before the first evaluation (which builds a model of its own).
-    if (memory_peak_ == 0) memory_peak_ = PeakResidentMemoryBytes();
+    // Training's memory, before the first evaluation (which builds a model of its own): what
+    // is live after the steps (free pages returned first), and the peak so far (with the
+    // start's transient copies of the state: the initial state, the first checkpoint).
+    if (memory_live_ == 0) {
+      memory_peak_ = PeakResidentMemoryBytes();
+      malloc_trim(0);
+      memory_live_ = ResidentMemoryBytes();
+    }
     if (options_.evaluate && test_ != nullptr) {
       ASSIGN_OR_RETURN(model::StepResult r, Evaluate(step + 1));
       summary.test_accuracy = static_cast<double>(r.correct) / std::max(r.examples, 1);
@@ -315,8 +324,10 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     summary.param_crc32c = crc32c::Extend(summary.param_crc32c, p.data(), p.size() * sizeof(float));
   }
   summary.figures = placement_->Figures();
-  if (memory_peak_ > memory_before_) {  // resident memory training added, this worker's
+  if (memory_live_ > memory_before_) {  // resident memory training added, this worker's
     summary.figures.emplace_back("train_memory_bytes",
+                                 static_cast<double>(memory_live_ - memory_before_));
+    summary.figures.emplace_back("peak_memory_bytes",
                                  static_cast<double>(memory_peak_ - memory_before_));
   }
   summary.final_mode = ModeName(placement_->mode());

@@ -189,7 +189,7 @@ class Trainer {
     const int64_t all = per_epoch_ * options_.epochs;
     return options_.max_steps > 0 ? std::min(all, options_.max_steps) : all;
   }
-  uint64_t memory_before_ = 0, memory_peak_ = 0;  // resident bytes (train_memory_bytes)
+  uint64_t memory_before_ = 0, memory_live_ = 0, memory_peak_ = 0;  // resident bytes
   int64_t per_epoch_ = 0;
   int64_t start_step_ = 0;
   // Switch polling: the last answer covers boundaries [polled_at_, next_poll_).

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# psctl plan's predictions for this machine against what the GPT's runs measure.
+#
+#   bench/plan_vs_measured.sh            # STEPS=40 ROUNDS=3 BATCH=16
+#
+# Calibration, measured first in the same sitting: the GEMM rate of one core (numpy on the
+# same OpenBLAS, one thread, the GPT's own GEMM shapes) as the "GPU" FLOP rate, and loopback
+# TCP (iperf3, one stream, 3 s) as the link between the 2 workers. Then `psctl plan
+# --precision=fp32 --state_bytes_per_param=24` for the default GPT (4 blocks, 4 heads, width
+# 256, context 128, vocabulary 256) on 1 node x 2 workers with --mfu_high=1, and ROUNDS runs
+# of each mode (local_cluster.sh --model gpt --mode M --worker_args --max_steps=STEPS).
+# Measured memory: worker 0's train_memory_bytes (resident memory training added, before the
+# first evaluation); measured step: worker 0's training seconds / steps. Prints a markdown table:
+# predicted, measured (median over rounds) and their ratio, per mode against the plan's
+# layout for it (allreduce: DDP; fsdp: ZeRO-3/FSDP; tensor: T2xP1xD1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-40} ROUNDS=${ROUNDS:-3} BATCH=${BATCH:-16}
+PY=/usr/bin/python3
+deploy/install_deps.sh
+command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null
+bazel build -c opt //worker:ps_worker //server/ps:ps_server //server/coordinator:ps_coordinator \
+  //tools/psctl 2>&1 | tail -n 1
+out=$(mktemp -d /tmp/plan_vs_measured.XXXXXX)
+echo "== per-run output in $out"
+
+gflops=$(OPENBLAS_NUM_THREADS=1 $PY - "$BATCH" <<'EOF'
+import sys, time
+import numpy as np
+n = int(sys.argv[1]) * 128  # rows of the GPT's products: batch x context
+rng = np.random.default_rng(0)
+flops = seconds = 0.0
+for m, k, c in [(n, 256, 768), (n, 256, 256), (n, 256, 1024), (n, 1024, 256), (256, n, 1024)]:
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, c), dtype=np.float32)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    seconds += time.perf_counter() - start
+    flops += 10 * 2.0 * m * k * c
+print(f"{flops / seconds / 1e9:.1f}")
+EOF
+)
+iperf3 -s -1 -p 5299 -B 127.0.0.1 >/dev/null 2>&1 &
+server=$!
+sleep 0.5
+gbps=$(iperf3 -c 127.0.0.1 -p 5299 -t 3 -J | $PY -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))')
+wait "$server" 2>/dev/null || true
+echo "== calibration: GEMM $gflops GFLOP/s per core, loopback TCP $gbps GB/s"
+
+plan() {  # global batch in sequences, file
+  bazel-bin/tools/psctl/psctl plan --layers=4 --width=256 --heads=4 --vocab=256 --context=128 \
+    --dataset_tokens=2314000 --bytes_per_token=1 --global_batch_tokens=$(($1 * 128)) \
+    --micro_batch="$BATCH" --nodes=1 --gpus_per_node=2 --gpu=cpu --gpu_memory_bytes=12e9 \
+    --gpu_flops="${gflops}e9" --intra_node_gbps="$gbps" --host_copy_gbps=5 --mfu_low=0.9 \
+    --mfu_high=1 --precision=fp32 --state_bytes_per_param=24 --json >"$2"
+}
+# The data-parallel layouts run 2 x BATCH sequences a step; TENSOR's 2 workers run one
+# global batch of BATCH together (--batch_size BATCH/2 each), as the plan's T2xP1xD1 runs
+# one micro-batch of BATCH.
+plan $((2 * BATCH)) "$out/plan.json"
+plan "$BATCH" "$out/plan_tensor.json"
+
+for ((r = 0; r < ROUNDS; ++r)); do
+  for mode in allreduce fsdp tensor; do
+    batch=$BATCH
+    [[ $mode == tensor ]] && batch=$((BATCH / 2))
+    deploy/local_cluster.sh --model gpt --mode "$mode" --batch_size "$batch" --epochs 1 \
+      --metrics off --out "$out/$mode-$r" --worker_args "--max_steps=$STEPS" \
+      >"$out/$mode-$r.log" 2>&1 || { tail -n 20 "$out/$mode-$r.log" >&2; exit 1; }
+    echo "   $mode round $r: $(tail -n 1 "$out/$mode-$r.log" | cut -c1-100)"
+  done
+done
+
+$PY - "$out" "$ROUNDS" "$STEPS" "$gflops" "$gbps" <<'EOF'
+import json, statistics, sys
+out, rounds, steps_run, gflops, gbps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+layouts = {l["name"]: l for l in json.load(open(f"{out}/plan.json"))["layouts"]}
+tensor = {l["name"]: l for l in json.load(open(f"{out}/plan_tensor.json"))["layouts"]}
+print(f"\ncalibration: GEMM {gflops} GFLOP/s per core, loopback TCP {gbps} GB/s; "
+      f"{rounds} rounds, medians\n")
+print("| mode (plan layout) | memory predicted MB | measured MB | **ratio** "
+      "| step predicted ms | measured ms | **ratio** |")
+print("|---|---|---|---|---|---|---|")
+for mode, name in [("allreduce", "DDP"), ("fsdp", "ZeRO-3/FSDP"), ("tensor", "T2xP1xD1")]:
+    l = (tensor if mode == "tensor" else layouts)[name]
+    predicted_mem = l["model_state_bytes"] + l["buffer_bytes"] + l["activation_bytes"]
+    mems, steps = [], []
+    for r in range(rounds):
+        w = json.load(open(f"{out}/{mode}-{r}/worker0.json"))
+        mems.append(w["figures"]["train_memory_bytes"])
+        steps.append(w["train_seconds"] / steps_run)
+    mem, step = statistics.median(mems), statistics.median(steps)
+    print(f"| {mode} ({name}) | {predicted_mem / 1e6:.1f} | {mem / 1e6:.1f} | "
+          f"**{predicted_mem / mem:.2f}** | {1e3 * l['step_seconds']:.0f} | {1e3 * step:.0f} | "
+          f"**{l['step_seconds'] / step:.2f}** |")
+print(f"\nplan: {out}/plan.json")
+EOF
