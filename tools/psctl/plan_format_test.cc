@@ -6,26 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tools/psctl/plan_testing.h"
 
 namespace pscluster::plan {
 namespace {
 
-PlanInput Exercise13B() {
-  PlanInput in;
-  in.params = 13e9;
-  in.dataset_bytes = 200e9;
-  in.nodes = 4;
-  in.gpus_per_node = 8;
-  in.inter_node_gbit = 200;
-  in.mfu_low = 0.4;
-  return in;
-}
-
-Plan MustPlan(const PlanInput& in) {
-  absl::StatusOr<Plan> plan = MakePlan(in);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  return plan.ok() ? *plan : Plan{};
-}
+using testing::Exercise13B;
+using testing::MustPlan;
 
 bool Contains(absl::string_view text, absl::string_view part) {
   return text.find(part) != absl::string_view::npos;

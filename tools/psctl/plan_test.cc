@@ -4,25 +4,13 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tools/psctl/plan_testing.h"
 
 namespace pscluster::plan {
 namespace {
 
-// psctl plan --params=13e9 --dataset_bytes=200e9 --bytes_per_token=4 --nodes=4
-//   --gpus_per_node=8 --gpu=a100-80gb --inter_node_gbit=200 --mfu_low=0.4 --mfu_high=0.5
-PlanInput Exercise13B() {
-  PlanInput in;
-  in.params = 13e9;
-  in.dataset_bytes = 200e9;
-  in.bytes_per_token = 4;
-  in.nodes = 4;
-  in.gpus_per_node = 8;
-  in.gpu = "a100-80gb";
-  in.inter_node_gbit = 200;
-  in.mfu_low = 0.4;
-  in.mfu_high = 0.5;
-  return in;
-}
+using testing::Exercise13B;
+using testing::MustPlan;
 
 // GPT-3 125M's shape (L 12, h 768, 12 heads) on one node of 8 A100s.
 PlanInput Small125M() {
@@ -34,12 +22,6 @@ PlanInput Small125M() {
   in.nodes = 1;
   in.gpus_per_node = 8;
   return in;
-}
-
-Plan MustPlan(const PlanInput& in) {
-  absl::StatusOr<Plan> plan = MakePlan(in);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  return plan.ok() ? *plan : Plan{};
 }
 
 Layout MustFind(const Plan& plan, absl::string_view name) {

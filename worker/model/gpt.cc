@@ -154,6 +154,14 @@ class Gpt final : public Model {
   const float* W(int b, int t) const { return values_[BlockParam(b, t)]; }
   float* G(int b, int t) const { return grads_[BlockParam(b, t)]; }
   int dh() const { return o_.width / o_.heads; }
+  // A block's sizes for `batch` examples: context, width, this worker's attention width and
+  // MLP units and heads (TENSOR: its part), rows, head width.
+  struct BlockDims {
+    int t, d, dl, fl, heads, n, k;
+  };
+  BlockDims Dims(int batch) const {
+    return {o_.context, o_.width, dl_, fl_, hl_, batch * o_.context, dh()};
+  }
 
   compute::Backend* const backend_;
   const GptOptions o_;
@@ -394,8 +402,7 @@ absl::Status Gpt::BlockForward(Slot& s, int j, int batch, const LayerHooks* hook
   const BlockActivations& a = s.blocks[j];
   const int l = b0_ + j;
   const float* x = s.xs[j];
-  const int t = o_.context, d = o_.width, dl = dl_, fl = fl_, heads = hl_, n = batch * t;
-  const int k = dh();
+  const auto [t, d, dl, fl, heads, n, k] = Dims(batch);
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t att = static_cast<int64_t>(t) * t;
   const float scale = 1.0f / std::sqrt(static_cast<float>(k));
@@ -482,8 +489,7 @@ absl::Status Gpt::BlockBackward(const Slot& s, int j, int batch, const LayerHook
   const BlockActivations& a = s.blocks[j];
   const int l = b0_ + j;
   const float* x = s.xs[j];
-  const int t = o_.context, d = o_.width, dl = dl_, fl = fl_, heads = hl_, n = batch * t;
-  const int k = dh();
+  const auto [t, d, dl, fl, heads, n, k] = Dims(batch);
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t att = static_cast<int64_t>(t) * t;
   const float scale = 1.0f / std::sqrt(static_cast<float>(k));
