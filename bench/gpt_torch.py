@@ -52,10 +52,14 @@ class Gpt(nn.Module):
         self.init_like_gpt2(layers)
 
     def init_like_gpt2(self, layers):
-        """GPT-2's initialisation, as the C++ spec's (different random numbers)."""
+        """GPT-2's initialisation, as the C++ spec's (other random numbers): weights N(0,
+        0.02^2), the residual projections 0.02 / sqrt(2 layers), biases 0, LayerNorms 1, 0."""
         residual = 0.02 / math.sqrt(2 * layers)
         for name, p in self.named_parameters():
-            if name.endswith("bias") or ".ln" in name or name.startswith("lnf"):
+            if ".ln" in name or name.startswith("lnf"):
+                continue
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
                 continue
             std = residual if name.endswith(("proj.weight", "mlp_proj.weight")) else 0.02
             nn.init.normal_(p, 0.0, std)
@@ -187,8 +191,10 @@ def train(args):
     total = per_epoch * args.epochs
     if args.max_steps:
         total = min(total, args.max_steps)
-    # ps_worker's schedule: lr * decay^((t - 1) / total) at update t (1-based).
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: args.lr_decay ** (t / total))
+    # ps_worker's schedule at update t (1-based): lr * min(1, t / warmup) * decay^((t-1)/total).
+    warmup = max(args.lr_warmup_steps, 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: min(1.0, (t + 1) / warmup) * args.lr_decay ** (t / total))
     start, last = time.perf_counter(), time.perf_counter()
     step, losses = 0, []
     while step < total:
@@ -239,6 +245,8 @@ def main():
     p.add_argument("--max_steps", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr_decay", type=float, default=0.1)
+    p.add_argument("--lr_warmup_steps", type=int, default=100,
+                   help="linear warmup, as ps_worker --model=gpt (its default too)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--text_dir", default="/usr/share/games/fortunes")
     p.add_argument("--bigram", action="store_true", help="print the bigram baseline and exit")

@@ -32,6 +32,10 @@ ABSL_FLAG(double, lr, 1e-3, "Learning rate.");
 ABSL_FLAG(
     double, lr_decay, 0.1,
     "The learning rate decays exponentially to this fraction by the last step (1: constant).");
+ABSL_FLAG(int64_t, lr_warmup_steps, -1,
+          "The learning rate rises linearly to --lr over this many steps (0: none; -1: the "
+          "model's default, 100 for gpt, which collapses to the byte frequencies without it at "
+          "lr 1e-3, and 0 for the others).");
 ABSL_FLAG(std::string, consistency, "bsp", "bsp | ssp:<staleness> | asp.");
 ABSL_FLAG(std::string, model, "mlp",
           "The model: mlp (--layers) or embedding (an embedding table of bucketed input "
@@ -161,6 +165,8 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   o.progress_every = absl::GetFlag(FLAGS_progress_every);
   o.snapshot_every_epochs = absl::GetFlag(FLAGS_snapshot_every_epochs);
   o.lr_decay = static_cast<float>(absl::GetFlag(FLAGS_lr_decay));
+  o.lr_warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
+  RETURN_IF_ERROR(Check(o.lr_warmup_steps >= -1, "--lr_warmup_steps must be >= 0 (or -1)"));
   RETURN_IF_ERROR(Check(o.lr_decay > 0 && o.lr_decay <= 1, "--lr_decay must be in (0, 1]"));
   RETURN_IF_ERROR(
       Check(o.world >= 1 && o.rank >= 0 && o.rank < o.world, "--rank must be in [0, --world)"));
@@ -169,6 +175,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
                    ParseOptimizer(absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr)));
   ASSIGN_OR_RETURN(o.consistency, ParseConsistency(absl::GetFlag(FLAGS_consistency)));
   ASSIGN_OR_RETURN(o.model, ModelFromFlags());
+  if (o.lr_warmup_steps < 0) o.lr_warmup_steps = o.model.name == "gpt" ? 100 : 0;
   return o;
 }
 

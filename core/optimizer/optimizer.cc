@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -20,15 +20,21 @@ using Kind = OptimizerOptions::Kind;
 // The learning rate at update `step` (1-based), with the optional exponential decay.
 struct Schedule {
   explicit Schedule(const OptimizerOptions& o)
-      : lr(o.learning_rate), rate(o.lr_decay_rate), steps(o.lr_decay_steps) {}
+      : lr(o.learning_rate),
+        rate(o.lr_decay_rate),
+        steps(o.lr_decay_steps),
+        warmup(o.lr_warmup_steps) {}
   float At(int64_t step) const {
-    if (steps <= 0) return lr;
     const double t = static_cast<double>(step < 1 ? 0 : step - 1);
-    return static_cast<float>(lr * std::pow(double{rate}, t / static_cast<double>(steps)));
+    double at = lr;
+    if (steps > 0) at *= std::pow(double{rate}, t / static_cast<double>(steps));
+    if (warmup > 0 && t + 1 < warmup) at *= (t + 1) / static_cast<double>(warmup);
+    return static_cast<float>(at);
   }
   float lr;
   float rate;
   int64_t steps;
+  int64_t warmup;
 };
 
 // Each loop below is a plain element-wise pass over restrict-qualified
@@ -223,6 +229,10 @@ absl::Status Validate(const OptimizerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("lr_decay_rate must be in (0, 1], got ", o.lr_decay_rate));
   }
+  if (o.lr_warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr_warmup_steps must be >= 0, got ", o.lr_warmup_steps));
+  }
   if (o.lr_decay_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lr_decay_steps must be >= 0, got ", o.lr_decay_steps));
@@ -263,7 +273,8 @@ size_t FirstOverflow(const Optimizer& optimizer, const float* w, const float* g,
     const size_t m = std::min(kBlock, n - at);
     std::memcpy(scratch_w, w + at, m * sizeof(float));
     for (size_t i = 0; i < m; ++i) scratch_g[i] = g[at + i] * g_scale;
-    for (int k = 0; k < num_slots; ++k) std::memcpy(scratch_slots[k], slots[k] + at, m * sizeof(float));
+    for (int k = 0; k < num_slots; ++k)
+      std::memcpy(scratch_slots[k], slots[k] + at, m * sizeof(float));
     optimizer.Apply(scratch_w, scratch_g, slot_ptrs, m, step);
     for (size_t i = 0; i < m; ++i) {
       bool finite = std::isfinite(scratch_w[i]);

@@ -50,6 +50,8 @@ struct OptimizerOptions {
   // lr_decay_steps = 0 (default) disables it; the rate must be in (0, 1].
   float lr_decay_rate = 1.0f;
   int64_t lr_decay_steps = 0;
+  // Linear warmup, times the above: lr(t) *= min(1, t / lr_warmup_steps); 0 (default): none.
+  int64_t lr_warmup_steps = 0;
 };
 
 // Applies server-side updates. Stateless apart from its options: state lives
@@ -63,7 +65,7 @@ struct OptimizerOptions {
 //             w -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
 //   AdamW:    w *= 1 - lr*wd, then the Adam step.
 //   FTRL:     sigma = (sqrt(n+g*g) - sqrt(n)) / lr;  z += g - sigma*w;
-//   (lr is the decayed rate lr(t) when lr_decay_steps > 0.)
+//   (lr is the scheduled rate lr(t): decayed, warmed up.)
 //             n += g*g;
 //             w = |z| <= l1 ? 0
 //                           : -(z - sign(z)*l1) / ((beta + sqrt(n))/lr + l2)

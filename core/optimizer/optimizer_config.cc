@@ -48,6 +48,7 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFrom(const ps::OptimizerConfig&
   o.ftrl_beta = OrDefault(c.ftrl_beta(), d.ftrl_beta);
   o.lr_decay_rate = OrDefault(c.lr_decay_rate(), d.lr_decay_rate);
   o.lr_decay_steps = c.lr_decay_steps();
+  o.lr_warmup_steps = c.lr_warmup_steps();
   return o;
 }
 

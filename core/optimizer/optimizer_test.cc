@@ -510,6 +510,27 @@ TEST(LearningRateDecayTest, SgdStepsShrinkExponentiallyWithTheUpdateCount) {
   }
 }
 
+// Warmup times decay: lr(t) = lr * min(1, t/3) * rate^((t-1)/steps); updates 1..5 with
+// rate 0.5 over 4 steps use lr * {1/3, 2/3 * 2^-0.25, 2^-0.5, 2^-0.75, 0.5}.
+TEST(LearningRateDecayTest, WarmupRampsTheDecayedRateLinearly) {
+  OptimizerOptions o;
+  o.kind = OptimizerOptions::Kind::kSgd;
+  o.learning_rate = 0.9f;
+  o.lr_decay_rate = 0.5f;
+  o.lr_decay_steps = 4;
+  o.lr_warmup_steps = 3;
+  auto opt = Optimizer::Create(o).value();
+  for (int64_t t = 1; t <= 5; ++t) {
+    float w = 0.0f;
+    const float g = 1.0f;
+    opt->Apply(&w, &g, nullptr, 1, t);
+    const double expected = -0.9 * std::min(1.0, t / 3.0) * std::pow(0.5, (t - 1) / 4.0);
+    EXPECT_NEAR(w, expected, 1e-6) << "update " << t;
+  }
+  o.lr_warmup_steps = -1;
+  EXPECT_EQ(Optimizer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LearningRateDecayTest, AdamWDecayUsesTheDecayedRate) {
   OptimizerOptions o;
   o.kind = OptimizerOptions::Kind::kAdamW;

@@ -1,12 +1,13 @@
 // Writes one forward and backward of worker/model/gpt for worker/model/gpt_torch_test.py,
 // which recomputes it in PyTorch (bench/gpt_torch.py) on the same weights and inputs.
 //
-//   gpt_dump OUT_FILE
+//   gpt_dump OUT_FILE [LAYERS HEADS WIDTH CONTEXT BATCH]   (default 3 4 32 16 4)
 //
 // OUT_FILE: a JSON line (the options, batch, loss and every tensor's size), then raw
 // little-endian float32: the tokens, the labels, every parameter and every gradient, in
 // the spec's order.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <vector>
@@ -20,14 +21,13 @@
 namespace pscluster::model {
 namespace {
 
-int Run(const char* path) {
+int Run(const char* path, int layers, int heads, int width, int context, int batch) {
   GptOptions o;
-  o.layers = 3;
-  o.heads = 4;
-  o.width = 32;
-  o.context = 16;
+  o.layers = layers;
+  o.heads = heads;
+  o.width = width;
+  o.context = context;
   o.vocab = 256;
-  const int batch = 4;
   auto def = MakeGptDef(o, 5);
   if (!def.ok()) return std::fprintf(stderr, "%s\n", def.status().ToString().c_str()), 1;
   auto backend = compute::MakeCpuBackend(1);
@@ -78,6 +78,10 @@ int Run(const char* path) {
 }  // namespace pscluster::model
 
 int main(int argc, char** argv) {
-  if (argc != 2) return std::fprintf(stderr, "usage: gpt_dump OUT_FILE\n"), 2;
-  return pscluster::model::Run(argv[1]);
+  if (argc != 2 && argc != 7) {
+    return std::fprintf(stderr, "usage: gpt_dump OUT_FILE [LAYERS HEADS WIDTH CONTEXT BATCH]\n"), 2;
+  }
+  if (argc == 2) return pscluster::model::Run(argv[1], 3, 4, 32, 16, 4);
+  return pscluster::model::Run(argv[1], std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+                               std::atoi(argv[5]), std::atoi(argv[6]));
 }

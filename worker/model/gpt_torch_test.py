@@ -28,7 +28,7 @@ class GptAgainstTorchTest(unittest.TestCase):
         dump = os.environ.get("GPT_DUMP", "worker/model/gpt_dump")
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "gpt.bin")
-            subprocess.run([dump, path], check=True)
+            subprocess.run([dump, path] + os.environ.get("GPT_DUMP_SHAPE", "").split(), check=True)
             with open(path, "rb") as f:
                 meta = json.loads(f.readline())
                 floats = np.frombuffer(f.read(), dtype=np.float32)

@@ -48,13 +48,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                    data::BatchIterator::Create(train, o.rank, o.world, o.batch_size, o.seed));
   t->per_epoch_ = batches.batches_per_epoch();
   t->optimizer_config_ = o.optimizer;
+  // The schedule counts updates: tables count one per step under BSP (and in every
+  // collective mode), one per worker push otherwise.
+  const int64_t updates_per_step = o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world;
+  t->optimizer_config_.set_lr_warmup_steps(o.lr_warmup_steps * updates_per_step);
   if (o.lr_decay < 1.0f) {
-    // Tables count updates: one per step under BSP (and in every collective mode), one per
-    // worker push otherwise.
-    const int64_t updates =
-        t->total_steps() * (o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world);
     t->optimizer_config_.set_lr_decay_rate(o.lr_decay);
-    t->optimizer_config_.set_lr_decay_steps(std::max<int64_t>(1, updates));
+    t->optimizer_config_.set_lr_decay_steps(
+        std::max<int64_t>(1, t->total_steps() * updates_per_step));
   }
   ASSIGN_OR_RETURN(t->optimizer_, core::MakeOptimizer(t->optimizer_config_));
   ASSIGN_OR_RETURN(t->model_, model::MakeModelDef(o.model, o.seed));

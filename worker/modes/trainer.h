@@ -52,6 +52,7 @@ struct TrainerOptions {
   // The learning rate decays exponentially to this fraction of itself by the last step
   // (1: constant).
   float lr_decay = 1.0f;
+  int64_t lr_warmup_steps = 0;  // the learning rate rises linearly over these updates
   ps::ConsistencyConfig consistency;       // PS mode's tables
   model::ModelConfig model;                // --model and its sizes
   int micro_batches = 4;                   // PIPELINE
