@@ -96,34 +96,31 @@ TEST(GptTensorModeTest, FourWorkersWithAdamMatchTheReference) {
   });
 }
 
+// Straight through the placement (a refusal comes before any collective): the MLP has no
+// tensor-parallel layers, and the test GPT's 2 heads do not split 3 ways.
 TEST(GptTensorModeTest, ModelsWithoutTensorSplitsOrTooManyWorkersAreRefused) {
   for (bool gpt : {false, true}) {
-    gloo::rendezvous::HashStore store;
     TrainerOptions o = gpt ? testing::GptOptions(coord::TENSOR, 0, 3, ps::OptimizerConfig::SGD)
                            : Options(coord::TENSOR, 0, 3, ps::OptimizerConfig::SGD);
-    const int world = 3;  // the test GPT's 2 heads do not split 3 ways
-    std::vector<std::thread> threads;
-    std::vector<absl::Status> results(world);
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        TrainerOptions mine = o;
-        mine.rank = r;
-        mine.connect =
-            [&store, r, world](
-                const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
-          return collective::CreateGlooCommunicator(&store, collective::GlooOptions{r, world});
-        };
-        results[r] =
-            Trainer::Create(mine, &testing::DataFor(mine), nullptr, compute::MakeCpuBackend(1))
-                .status();
-      });
-    }
-    for (auto& t : threads) t.join();
-    EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition) << results[0];
-    EXPECT_NE(results[0].message().find(gpt ? "splits over worker counts dividing 2"
+    auto def = *model::MakeModelDef(o.model, o.seed);
+    gloo::rendezvous::HashStore store;
+    auto comm = *collective::CreateGlooCommunicator(&store, collective::GlooOptions{0, 1});
+    auto backend = compute::MakeCpuBackend(1);
+    auto opt = *core::MakeOptimizer(o.optimizer);
+    PlacementContext ctx;
+    ctx.model = def.get();
+    ctx.world = 3;
+    ctx.batch_size = kBatch;
+    ctx.train = &testing::DataFor(o);
+    ctx.backend = backend.get();
+    ctx.optimizer = opt.get();
+    ctx.comm = comm.get();
+    auto p = MakePlacement(coord::TENSOR, ctx);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition) << p.status();
+    EXPECT_NE(p.status().message().find(gpt ? "splits over worker counts dividing 2"
                                             : "needs a model with tensor-parallel layers"),
               std::string::npos)
-        << results[0];
+        << p.status();
   }
 }
 
