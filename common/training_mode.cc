@@ -1,5 +1,6 @@
 #include "common/training_mode.h"
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,31 @@ absl::Status CheckMode(absl::string_view what, TrainingMode mode) {
   }
   return absl::InvalidArgumentError(absl::StrCat(what, " ", static_cast<int>(mode),
                                                  " is not a training mode; use one of ", kValid));
+}
+
+absl::Status CheckModeFits(TrainingMode mode, const ModeLimits& limits, int workers) {
+  const std::string& model = limits.model();
+  if (limits.embedding_tables() && (mode == FSDP || mode == PIPELINE || mode == TENSOR)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ModeName(mode), " mode does not support models with embedding tables yet (the ", model,
+        " model has some): use ps or allreduce"));
+  }
+  if (mode == PIPELINE && workers > limits.layers()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pipeline mode needs at least one layer per worker: the ", model,
+                     " model has ", limits.layers(), " layers, the cluster ", workers, " workers"));
+  }
+  if (mode == TENSOR && limits.max_tensor_parallel() < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor mode needs a model with tensor-parallel layers (gpt); the ", model,
+        " model has none"));
+  }
+  if (mode == TENSOR && (workers < 1 || limits.max_tensor_parallel() % workers != 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor mode over ", workers, " workers: the ", model, " model splits over worker counts ",
+        "dividing ", limits.max_tensor_parallel(), " (its heads and vocabulary)"));
+  }
+  return absl::OkStatus();
 }
 
 const SwitchRecord* SwitchInEffectAt(int64_t step, absl::Span<const SwitchRecord* const> switches) {

@@ -25,6 +25,12 @@ absl::StatusOr<TrainingMode> ParseMode(absl::string_view name);
 // the valid ones) for UNSPECIFIED and values outside the enum (they arrive over the wire).
 absl::Status CheckMode(absl::string_view what, TrainingMode mode);
 
+// OK when a model with `limits` can train in `mode` over `workers` workers; else
+// FAILED_PRECONDITION saying why (pipeline: at least one layer per worker; tensor: a model
+// with tensor-parallel layers whose split divides by `workers`; fsdp, pipeline and tensor:
+// no embedding tables yet). The placements check the same (worker/modes).
+absl::Status CheckModeFits(TrainingMode mode, const ModeLimits& limits, int workers);
+
 // A switch with at_step S is taken at the boundary before step S: step S already runs in
 // the new mode. The switch in effect at `step` is the one with the highest at_step <= step
 // among `switches` (any order); null when none is.

@@ -60,5 +60,37 @@ TEST(TrainingModeTest, AViewCountsDoneAndPendingSwitchesFromItsInitialMode) {
   EXPECT_EQ(ModeAt(view, 8), FSDP);
 }
 
+ModeLimits Limits(const char* model, int layers, int max_tensor_parallel, bool embeddings) {
+  ModeLimits l;
+  l.set_model(model);
+  l.set_layers(layers);
+  l.set_max_tensor_parallel(max_tensor_parallel);
+  l.set_embedding_tables(embeddings);
+  return l;
+}
+
+TEST(TrainingModeTest, ModesAModelCannotTakeAreRefusedSayingWhy) {
+  const ModeLimits mlp = Limits("mlp", 4, 0, false);
+  const ModeLimits gpt = Limits("gpt", 6, 4, false);  // 4 heads
+  const ModeLimits embedding = Limits("embedding", 3, 0, true);
+  for (TrainingMode m : {PS, ALLREDUCE, FSDP, PIPELINE}) {
+    EXPECT_TRUE(CheckModeFits(m, mlp, 4).ok()) << ModeName(m);
+  }
+  for (TrainingMode m : kTrainingModes) EXPECT_TRUE(CheckModeFits(m, gpt, 2).ok()) << ModeName(m);
+  EXPECT_TRUE(CheckModeFits(TENSOR, gpt, 4).ok());
+  EXPECT_TRUE(CheckModeFits(PS, embedding, 8).ok());
+  EXPECT_TRUE(CheckModeFits(ALLREDUCE, embedding, 8).ok());
+
+  auto refused = [](TrainingMode m, const ModeLimits& l, int workers, const char* says) {
+    const absl::Status s = CheckModeFits(m, l, workers);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << ModeName(m) << " " << workers;
+    EXPECT_NE(s.message().find(says), absl::string_view::npos) << s.message();
+  };
+  refused(TENSOR, mlp, 2, "the mlp model has none");
+  refused(TENSOR, gpt, 3, "dividing 4");
+  refused(PIPELINE, mlp, 5, "4 layers, the cluster 5 workers");
+  for (TrainingMode m : {FSDP, PIPELINE, TENSOR}) refused(m, embedding, 2, "embedding tables");
+}
+
 }  // namespace
 }  // namespace pscluster::coord

@@ -131,7 +131,8 @@ TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
 // Live switching through the real binaries: a coordinator, two shards and two workers;
 // psctl schedules PS -> ALLREDUCE -> FSDP -> PIPELINE -> PS before training starts; every
 // switch happens at its step on both workers, the coordinator records them, and training
-// finishes with a high held-out accuracy.
+// finishes with a high held-out accuracy. A switch to tensor mode, which the MLP cannot
+// run, is refused.
 TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
   const std::string dir = ::testing::TempDir() + "/switch";
   auto c = testing::Subprocess::Start(
@@ -181,8 +182,16 @@ TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
       from = mode;
     }
   }
+  // The workers registered their MLP's limits: a switch to a mode it cannot run is refused
+  // by the coordinator (not scheduled to stop the workers at the switch), saying why.
+  absl::StatusOr<std::string> refused = testing::OutputOf(
+      {"tools/psctl/psctl", "--coordinator=" + coordinator, "switch-mode", "--mode=tensor"});
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("wait status 256"))
+      << "psctl's exit code 1: refused (its message, on stderr, is checked in "
+         "cluster_state_switch_test)";
   const std::string status = psctl({"status"});
   EXPECT_THAT(status, ::testing::HasSubstr("ps"));
+  EXPECT_THAT(status, ::testing::Not(::testing::HasSubstr("tensor"))) << "nothing scheduled";
   for (const auto& [step, mode] : plan) {
     EXPECT_THAT(status, ::testing::HasSubstr(absl::StrCat(step))) << "switch history";
   }

@@ -14,6 +14,8 @@
 #include "worker/collective/staging_communicator.h"
 #include "worker/compute/cuda_device.h"
 #include "worker/data/text.h"
+#include "worker/model/registry.h"
+#include "worker/modes/placement.h"
 
 namespace pscluster::worker {
 namespace {
@@ -64,6 +66,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     // Which process this member is, for operators: host name and pid (pid 1 in a container).
     const std::string host = HostName();
     co.address = absl::StrCat(host.empty() ? "?" : host, "/pid:", getpid());
+    // The model's sizes are checked before joining; the coordinator learns what it can run.
+    ASSIGN_OR_RETURN(std::unique_ptr<model::ModelDef> def, model::MakeModelDef(o.model, o.seed));
+    co.limits = modes::ModeLimitsOf(def->spec());
     ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
     ASSIGN_OR_RETURN(coord::ClusterView view,
                      coordinator->AwaitView(0, /*complete=*/true, absl::Minutes(5)));

@@ -27,6 +27,8 @@ struct CoordinatorClientOptions {
   int32_t id = 0;       // shard id or worker rank
   int32_t replica = 0;  // shards: which copy (ps_server --replica)
   std::string address;  // where this member serves ("" for none)
+  // Workers: what their model can run (the coordinator refuses switches it cannot take).
+  std::optional<coord::ModeLimits> limits;
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
   // A member's calls retry this long while the coordinator is unreachable (restarting).

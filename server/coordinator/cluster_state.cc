@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/training_mode.h"
 
 namespace pscluster::coord {
 namespace {
@@ -127,6 +128,11 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
     if (options_.replicas == 1 && m->address() != r.address()) shard_map_version_ = version_ + 1;
   }
   m->set_address(r.address());
+  if (r.has_limits()) {
+    *m->mutable_limits() = r.limits();
+  } else {
+    m->clear_limits();
+  }
   m->set_incarnation(m->incarnation() + 1);
   m->clear_step();  // a new incarnation has reported nothing yet
   m->clear_loss();
@@ -208,6 +214,15 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
 
 absl::StatusOr<SwitchModeResponse> ClusterState::SwitchMode(const SwitchModeRequest& r) {
   absl::MutexLock lock(&mu_);
+  // Refused here, not at the switch: a worker whose model cannot take the mode would stop
+  // there, and the others with it.
+  for (const auto& [key, m] : members_) {
+    if (m.role() != WORKER || !m.has_limits()) continue;
+    if (absl::Status s = CheckModeFits(r.mode(), m.limits(), options_.num_workers); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", m.id(), "'s model cannot switch: ", s.message()));
+    }
+  }
   absl::StatusOr<SwitchModeResponse> response =
       switches_.Schedule(r.mode(), r.at_step(), absl::ToUnixMillis(now_()));
   if (response.ok() && !response->no_op()) ChangedLocked();

@@ -119,6 +119,29 @@ TEST_F(ClusterStateSwitchTest, SchedulingBumpsTheVersionAndPollsAndNoOpsDoNot) {
   EXPECT_EQ(cluster_->View().version(), v0 + 1);
 }
 
+TEST_F(ClusterStateSwitchTest, ASwitchARegisteredWorkersModelCannotTakeIsRefusedUnscheduled) {
+  Start(2);
+  RegisterRequest r;  // worker 1 again, as ps_worker registers: with its model's limits
+  r.set_role(WORKER);
+  r.set_id(1);
+  r.set_address("w1");
+  r.mutable_limits()->set_model("mlp");
+  r.mutable_limits()->set_layers(1);
+  ASSERT_TRUE(cluster_->Register(r).ok());
+  const ClusterView before = cluster_->View();
+  for (TrainingMode m : {TENSOR, PIPELINE}) {
+    absl::StatusOr<SwitchModeResponse> s = cluster_->SwitchMode(Switch(m, 0));
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.status().message().find("worker 1's model cannot switch"), std::string::npos)
+        << s.status();
+  }
+  EXPECT_EQ(cluster_->View().SerializeAsString(), before.SerializeAsString());
+
+  r.mutable_limits()->set_layers(2);  // restarted with a deeper model: pipeline fits 2 workers
+  ASSERT_TRUE(cluster_->Register(r).ok());
+  EXPECT_FALSE(MustSwitch(PIPELINE, 0).no_op());
+}
+
 TEST_F(ClusterStateSwitchTest, EachNewReportBumpsTheVersionAndTheLastSetsTheMode) {
   Start(2);
   SwitchModeResponse s = MustSwitch(FSDP, 3);

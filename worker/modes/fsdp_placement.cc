@@ -19,10 +19,7 @@ class FsdpPlacement final : public Placement {
       : ctx_(ctx), spec_(ctx.model->spec()), m_(ctx.world) {}
 
   absl::Status Init() {
-    if (!spec_.embeddings.empty()) {
-      return absl::FailedPreconditionError(
-          "fsdp mode does not support models with embedding tables yet");
-    }
+    RETURN_IF_ERROR(coord::CheckModeFits(coord::FSDP, ModeLimitsOf(spec_), m_));
     model::InstanceOptions shared = model::WholeModel(ctx_.batch_size);
     shared.share_layer_buffers = true;
     ASSIGN_OR_RETURN(model_, NewModel(ctx_, shared));

@@ -55,16 +55,8 @@ class PipelinePlacement final : public Placement {
         micro_(ctx.micro_batches) {}
 
   absl::Status Init() {
-    if (!spec_.embeddings.empty()) {
-      return absl::FailedPreconditionError(
-          "pipeline mode does not support models with embedding tables yet");
-    }
+    RETURN_IF_ERROR(coord::CheckModeFits(coord::PIPELINE, ModeLimitsOf(spec_), stages_));
     const int layers = spec_.num_layers();
-    if (stages_ > layers) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("pipeline mode needs at least one layer per worker: ", layers, " layers, ",
-                       stages_, " workers"));
-    }
     const int global = ctx_.world * ctx_.batch_size;
     if (micro_ < 1 || global % micro_ != 0) {
       return absl::InvalidArgumentError(absl::StrCat(

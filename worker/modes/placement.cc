@@ -39,6 +39,16 @@ ModelState InitialState(const model::ModelSpec& spec, const core::Optimizer& opt
   return state;
 }
 
+coord::ModeLimits ModeLimitsOf(const model::ModelSpec& spec) {
+  coord::ModeLimits limits;
+  limits.set_model(spec.kind);
+  limits.set_layers(spec.num_layers());
+  const bool tensor_form = !spec.splits.empty() && spec.splits.size() == spec.params.size();
+  limits.set_max_tensor_parallel(tensor_form ? spec.max_tensor_parallel : 0);
+  limits.set_embedding_tables(!spec.embeddings.empty());
+  return limits;
+}
+
 std::vector<uint64_t> AllIds(const model::EmbeddingSpec& table) {
   std::vector<uint64_t> ids(table.vocab);
   for (uint64_t k = 0; k < ids.size(); ++k) ids[k] = k;

@@ -65,6 +65,10 @@ struct ModelState {
 // slots (rows as the shards would create them on first touch).
 ModelState InitialState(const model::ModelSpec& spec, const core::Optimizer& opt);
 
+// What a model of `spec` can run (coord::CheckModeFits): the placements check it, and the
+// worker registers it so the coordinator refuses a switch to a mode the model cannot take.
+coord::ModeLimits ModeLimitsOf(const model::ModelSpec& spec);
+
 // Every id of an embedding table, ascending: [0, vocab).
 std::vector<uint64_t> AllIds(const model::EmbeddingSpec& table);
 

@@ -15,6 +15,9 @@ namespace pscluster::modes {
 
 absl::Status Trainer::SwitchTo(Mode mode, int64_t step, double* seconds) {
   const absl::Time start = absl::Now();
+  // The coordinator refuses such switches; one scheduled before this worker registered fails
+  // here, before the state is gathered.
+  RETURN_IF_ERROR(coord::CheckModeFits(mode, ModeLimitsOf(model_->spec()), options_.world));
   // Every worker has finished step - 1 (its pushes included) before anyone reads state.
   if (comm_ != nullptr) RETURN_IF_ERROR(comm_->Barrier());
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));

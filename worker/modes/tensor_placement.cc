@@ -21,16 +21,7 @@ class TensorPlacement final : public Placement {
       : ctx_(ctx), spec_(ctx.model->spec()), m_(ctx.world) {}
 
   absl::Status Init() {
-    if (spec_.splits.size() != spec_.params.size() || !spec_.embeddings.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tensor mode needs a model with tensor-parallel layers (gpt); ", spec_.kind,
-                       " has none"));
-    }
-    if (spec_.max_tensor_parallel % m_ != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tensor mode over ", m_, " workers: the ", spec_.kind, " model splits over worker ",
-          "counts dividing ", spec_.max_tensor_parallel, " (its heads and vocabulary)"));
-    }
+    RETURN_IF_ERROR(coord::CheckModeFits(coord::TENSOR, ModeLimitsOf(spec_), m_));
     const int global = ctx_.world * ctx_.batch_size;
     model::InstanceOptions part = model::WholeModel(global);
     part.tensor_rank = ctx_.rank;
