@@ -4,10 +4,13 @@
 #   bench/plan_vs_measured.sh            # STEPS=40 ROUNDS=3 BATCH=16
 #
 # Calibration, measured first in the same sitting: the GEMM rate of one core (numpy on the
-# same OpenBLAS, one thread, the GPT's own GEMM shapes) as the "GPU" FLOP rate, and loopback
-# TCP (iperf3, one stream, 3 s) as the link between the 2 workers. Then `psctl plan
-# --precision=fp32 --state_bytes_per_param=24` for the default GPT (4 blocks, 4 heads, width
-# 256, context 128, vocabulary 256) on 1 node x 2 workers with --mfu_high=1, and ROUNDS runs
+# same OpenBLAS, one thread, the GPT's own GEMM shapes) as the "GPU" FLOP rate, the memory
+# bandwidth each of 2 processes copying 64 MB arrays at once gets (numpy copyto, bytes read
+# + written; the 2 workers share the memory bus) as the "HBM" rate, and loopback TCP
+# (iperf3, one stream, 3 s) as the link between the 2 workers. Then `psctl plan
+# --precision=fp32 --state_bytes_per_param=24 --nosequence_parallel` for the default GPT (4
+# blocks, 4 heads, width 256, context 128, vocabulary 256) on 1 node x 2 workers with
+# --mfu_high=1, and ROUNDS runs
 # of each mode (local_cluster.sh --model gpt --mode M --worker_args --max_steps=STEPS).
 # Measured memory: worker 0's train_memory_bytes (resident memory training added, before the
 # first evaluation); measured step: worker 0's training seconds / steps. Prints a markdown table:
@@ -42,19 +45,38 @@ for m, k, c in [(n, 256, 768), (n, 256, 256), (n, 256, 1024), (n, 1024, 256), (2
 print(f"{flops / seconds / 1e9:.1f}")
 EOF
 )
+copy_rate() {
+  OPENBLAS_NUM_THREADS=1 $PY - <<'EOF'
+import time
+import numpy as np
+a = np.ones(16 << 20, dtype=np.float32)  # 64 MB: far past the caches
+b = np.empty_like(a)
+np.copyto(b, a)
+start, n = time.perf_counter(), 0
+while time.perf_counter() - start < 3.0:
+    np.copyto(b, a)
+    n += 1
+print(f"{2 * a.nbytes * n / (time.perf_counter() - start) / 1e9:.2f}")
+EOF
+}
+copy_rate >"$out/copy0" &
+copy_rate >"$out/copy1"
+wait
+membw=$($PY -c 'import sys; print("%.2f" % ((float(open(sys.argv[1]).read()) + float(open(sys.argv[2]).read())) / 2))' "$out/copy0" "$out/copy1")
 iperf3 -s -1 -p 5299 -B 127.0.0.1 >/dev/null 2>&1 &
 server=$!
 sleep 0.5
 gbps=$(iperf3 -c 127.0.0.1 -p 5299 -t 3 -J | $PY -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))')
 wait "$server" 2>/dev/null || true
-echo "== calibration: GEMM $gflops GFLOP/s per core, loopback TCP $gbps GB/s"
+echo "== calibration: GEMM $gflops GFLOP/s per core, memory $membw GB/s per process (2 at once), loopback TCP $gbps GB/s"
 
 plan() {  # global batch in sequences, file
   bazel-bin/tools/psctl/psctl plan --layers=4 --width=256 --heads=4 --vocab=256 --context=128 \
     --dataset_tokens=2314000 --bytes_per_token=1 --global_batch_tokens=$(($1 * 128)) \
     --micro_batch="$BATCH" --nodes=1 --gpus_per_node=2 --gpu=cpu --gpu_memory_bytes=12e9 \
-    --gpu_flops="${gflops}e9" --intra_node_gbps="$gbps" --host_copy_gbps=5 --mfu_low=0.9 \
-    --mfu_high=1 --precision=fp32 --state_bytes_per_param=24 --json >"$2"
+    --gpu_flops="${gflops}e9" --memory_gbps="$membw" --intra_node_gbps="$gbps" --host_copy_gbps=5 \
+    --mfu_low=0.9 --mfu_high=1 --precision=fp32 --state_bytes_per_param=24 --nosequence_parallel \
+    --json >"$2"
 }
 # The data-parallel layouts run 2 x BATCH sequences a step; TENSOR's 2 workers run one
 # global batch of BATCH together (--batch_size BATCH/2 each), as the plan's T2xP1xD1 runs
@@ -73,15 +95,15 @@ for ((r = 0; r < ROUNDS; ++r)); do
   done
 done
 
-$PY - "$out" "$ROUNDS" "$STEPS" "$gflops" "$gbps" <<'EOF'
+$PY - "$out" "$ROUNDS" "$STEPS" "$gflops" "$gbps" "$membw" <<'EOF'
 import json, statistics, sys
-out, rounds, steps_run, gflops, gbps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+out, rounds, steps_run, gflops, gbps, membw = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
 layouts = {l["name"]: l for l in json.load(open(f"{out}/plan.json"))["layouts"]}
 tensor = {l["name"]: l for l in json.load(open(f"{out}/plan_tensor.json"))["layouts"]}
-print(f"\ncalibration: GEMM {gflops} GFLOP/s per core, loopback TCP {gbps} GB/s; "
-      f"{rounds} rounds, medians\n")
+print(f"\ncalibration: GEMM {gflops} GFLOP/s per core, memory {membw} GB/s per process, "
+      f"loopback TCP {gbps} GB/s; {rounds} rounds, medians\n")
 print("| mode (plan layout) | memory predicted MB | measured MB | **ratio** "
-      "| step predicted ms | measured ms | **ratio** |")
+      "| step predicted ms (GEMM + memory + comm.) | measured ms | **ratio** |")
 print("|---|---|---|---|---|---|---|")
 for mode, name in [("allreduce", "DDP"), ("fsdp", "ZeRO-3/FSDP"), ("tensor", "T2xP1xD1")]:
     l = (tensor if mode == "tensor" else layouts)[name]
@@ -93,7 +115,8 @@ for mode, name in [("allreduce", "DDP"), ("fsdp", "ZeRO-3/FSDP"), ("tensor", "T2
         steps.append(w["train_seconds"] / steps_run)
     mem, step = statistics.median(mems), statistics.median(steps)
     print(f"| {mode} ({name}) | {predicted_mem / 1e6:.1f} | {mem / 1e6:.1f} | "
-          f"**{predicted_mem / mem:.2f}** | {1e3 * l['step_seconds']:.0f} | {1e3 * step:.0f} | "
+          f"**{predicted_mem / mem:.2f}** | {1e3 * l['step_seconds']:.0f} ({1e3 * l['gemm_seconds']:.0f} + "
+          f"{1e3 * l['memory_seconds']:.0f} + {1e3 * l['communication']['seconds']:.0f}) | {1e3 * step:.0f} | "
           f"**{l['step_seconds'] / step:.2f}** |")
 print(f"\nplan: {out}/plan.json")
 EOF

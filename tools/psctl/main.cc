@@ -38,12 +38,12 @@
 //            --global_batch_tokens=4194304 --micro_batch=1]
 //   CLUSTER  [--nodes=1 --gpus_per_node=8 --gpu=a100-80gb] (a100-40gb, a100-80gb,
 //            h100-80gb, h200-141gb; any other name, e.g. cpu to check a local run against
-//            measured figures, with --gpu_memory_bytes --gpu_flops --host_copy_gbps and
-//            --intra_node_gbps) [--inter_node_gbit=100 (per node) --checkpoint_write_gbps=2
-//            (per node) --mtbf_hours=1000 (per node) --mfu_low=0.35 --mfu_high=0.5
-//            --memory_headroom=0.1]; a preset's --gpu_memory_bytes, --gpu_flops,
-//            --intra_node_gbps (A100 300, H100/H200 450) or --host_copy_gbps (25, 50) can
-//            be overridden.
+//            measured figures, with --gpu_memory_bytes --gpu_flops --host_copy_gbps
+//            --memory_gbps and --intra_node_gbps) [--inter_node_gbit=100 (per node)
+//            --checkpoint_write_gbps=2 (per node) --mtbf_hours=1000 (per node) --mfu_low=0.35
+//            --mfu_high=0.5 --memory_headroom=0.1 --sequence_parallel]; a preset's
+//            --gpu_memory_bytes, --gpu_flops, --intra_node_gbps (A100 300, H100/H200 450),
+//            --host_copy_gbps (25, 50) or --memory_gbps (1555 .. 4800) can be overridden.
 //
 // A cluster with TLS and tokens: add --tls_ca=CA.pem (and --tls_cert/--tls_key for mutual
 // TLS, --tls_server_name when the certificates name another host) and --token_file=F, or

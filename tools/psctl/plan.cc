@@ -149,10 +149,10 @@ int Recommend(const std::vector<Layout>& layouts) {
 
 const std::vector<Device>& GpuPresets() {
   static const auto* const kPresets = new std::vector<Device>{
-      {"a100-40gb", 40 * kGiB, 312e12, 300, 25},
-      {"a100-80gb", 80 * kGiB, 312e12, 300, 25},
-      {"h100-80gb", 80 * kGiB, 989e12, 450, 50},
-      {"h200-141gb", 141 * kGiB, 989e12, 450, 50},
+      {"a100-40gb", 40 * kGiB, 312e12, 300, 25, 1555},
+      {"a100-80gb", 80 * kGiB, 312e12, 300, 25, 2039},
+      {"h100-80gb", 80 * kGiB, 989e12, 450, 50, 3350},
+      {"h200-141gb", 141 * kGiB, 989e12, 450, 50, 4800},
   };
   return *kPresets;
 }
@@ -166,7 +166,8 @@ absl::StatusOr<Device> ResolveDevice(const PlanInput& in) {
   const std::pair<double*, double> fields[] = {{&d.memory_bytes, in.gpu_memory_bytes},
                                                {&d.flops, in.gpu_flops},
                                                {&d.intra_node_gbps, in.intra_node_gbps},
-                                               {&d.host_copy_gbps, in.host_copy_gbps}};
+                                               {&d.host_copy_gbps, in.host_copy_gbps},
+                                               {&d.memory_gbps, in.memory_gbps}};
   for (const auto& [field, given] : fields) {
     if (given != 0) *field = given;
   }
@@ -184,6 +185,7 @@ absl::StatusOr<Device> ResolveDevice(const PlanInput& in) {
     return Invalid("intra_node_gbps", d.intra_node_gbps, why);
   }
   if (!(d.host_copy_gbps > 0)) return Invalid("host_copy_gbps", d.host_copy_gbps, why);
+  if (!(d.memory_gbps > 0)) return Invalid("memory_gbps", d.memory_gbps, why);
   return d;
 }
 
@@ -241,9 +243,21 @@ absl::StatusOr<Model> ResolveModel(const PlanInput& in) {
   return m;
 }
 
-double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t, bool fp32) {
+double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t, bool fp32,
+                               bool sequence_parallel) {
   const double sbh = static_cast<double>(s) * b * h;
-  return sbh * (fp32 ? 64 + 4.0 * a * s / h : 34 + 5.0 * a * s / h) / t;
+  const double attention = (fp32 ? 4.0 : 5.0) * a * s / h;
+  if (sequence_parallel) return sbh * ((fp32 ? 64 : 34) + attention) / t;
+  return sbh * ((fp32 ? 16 : 10) + ((fp32 ? 48 : 24) + attention) / t);
+}
+
+double FlopsPerToken(const Model& m) {
+  return 6 * m.params + 12.0 * m.layers * m.context * m.width;
+}
+
+ElementwiseCounts ElementwisePerTokenLayer(const Model& m) {
+  const double h = m.width;
+  return {30 * h, 24 * h + 6.0 * m.heads * m.context};
 }
 
 double YoungDalyInterval(double checkpoint_seconds, double mtbf_seconds) {

@@ -50,6 +50,7 @@ struct PlanInput {
   double gpu_flops = 0;              // dense BF16 peak (or a measured GEMM rate); 0: the preset's
   double intra_node_gbps = 0;        // per GPU, one direction (NVLink); 0: the preset's
   double host_copy_gbps = 0;         // per GPU, device to host memory (PCIe); 0: the preset's
+  double memory_gbps = 0;            // per GPU, its memory's bandwidth (HBM); 0: the preset's
   double inter_node_gbit = 100;      // per node, one direction, all its NICs together
   double checkpoint_write_gbps = 2;  // per node, to checkpoint storage
   double mtbf_hours = 1000;          // per node; the cluster's is this / nodes
@@ -64,6 +65,10 @@ struct PlanInput {
   // it keeps more copies than the precision's 16 (pscluster's CPU replica: 24, the model's
   // weights and gradients beside the optimizer's weights, m, v and a flat gradient).
   double state_bytes_per_param = 0;
+  // Tensor parallelism with sequence parallelism (Megatron-LM since 2022): the LayerNorm and
+  // residual activations split over T too. false: they are whole on every GPU (pscluster's
+  // TENSOR mode).
+  bool sequence_parallel = true;
 };
 
 // An accelerator: a --gpu preset, or a custom one (--gpu=cpu with measured figures).
@@ -73,12 +78,14 @@ struct Device {
   double flops = 0;  // peak FLOP/s
   double intra_node_gbps = 0;
   double host_copy_gbps = 0;
+  double memory_gbps = 0;  // device memory bandwidth, read + write together
 };
 
 // a100-40gb, a100-80gb, h100-80gb, h200-141gb. Memory in GiB as nvidia-smi counts it (the
 // datasheets' "80GB" is 81920 MiB); dense BF16 peaks 312e12 (A100), 989e12 (H100 SXM,
 // H200); NVLink 600 and 900 GB/s both directions together, so 300 and 450 one way; PCIe
-// 4.0 and 5.0 x16 device-to-host at about 25 and 50 GB/s achieved.
+// 4.0 and 5.0 x16 device-to-host at about 25 and 50 GB/s achieved; HBM 1555 (A100 40GB),
+// 2039 (A100 80GB), 3350 (H100 SXM) and 4800 GB/s (H200), the datasheets' figures.
 const std::vector<Device>& GpuPresets();
 
 // The preset with the input's fields that are set (non-zero) laid over it; with a name
@@ -111,10 +118,28 @@ absl::StatusOr<Model> ResolveModel(const PlanInput& input);
 // Activation bytes of one transformer layer for one micro-batch of b sequences of s tokens,
 // width h, a heads, mixed precision, no recomputation (Korthikanti et al. 2022, "Reducing
 // Activation Recomputation in Large Transformer Models"): s·b·h·(34 + 5·a·s/h), divided by
-// the tensor-parallel degree t with sequence parallelism. fp32, with no dropout: the same
-// tensors in 4 bytes, s·b·h·(64 + 4·a·s/h).
+// the tensor-parallel degree t with sequence parallelism; without it the LayerNorms' inputs
+// and outputs (and dropout masks) stay whole: s·b·h·(10 + (24 + 5·a·s/h)/t). fp32, with no
+// dropout: the same tensors in 4 bytes, s·b·h·(64 + 4·a·s/h), or without sequence
+// parallelism s·b·h·(16 + (48 + 4·a·s/h)/t).
 double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t,
-                               bool fp32 = false);
+                               bool fp32 = false, bool sequence_parallel = true);
+
+// FLOP per token of a training step (forward and backward): 6·N for the products with the
+// weights and 12·L·s·h for attention's two products with the context (PaLM's accounting,
+// Chowdhery et al. 2022, appendix B).
+double FlopsPerToken(const Model& m);
+
+// Elements per token per layer that a training step's element-wise kernels read and write
+// (forward and backward: about 3x the forward's; the GEMMs' operands not counted). Forward:
+// two LayerNorms (2·h each), two residual adds (3·h each), GELU (8·h: 4·h in, 4·h out),
+// softmax (2·a·s).
+struct ElementwiseCounts {
+  double whole = 0;  // 30·h: LayerNorms and residual adds (split over T only with sequence
+                     // parallelism)
+  double split = 0;  // 24·h + 6·a·s: GELU and softmax (split over T)
+};
+ElementwiseCounts ElementwisePerTokenLayer(const Model& m);
 
 // Young/Daly: the checkpoint interval that minimises lost time, sqrt(2 · C · MTBF).
 double YoungDalyInterval(double checkpoint_seconds, double mtbf_seconds);
@@ -154,6 +179,12 @@ struct Layout {
   // the 1F1B bubble; plus comm_seconds (none assumed hidden). The recommended layout is the
   // fitting one with the least step_seconds per sequence of its batch (ties, within 1 %, go
   // to the earlier, simpler layout).
+  // compute_seconds = (gemm_seconds + memory_seconds) x the factors above: gemm_seconds is
+  // FlopsPerToken · tokens / (GPUs · peak · mfu_high), memory_seconds the element-wise
+  // kernels' bytes (ElementwisePerTokenLayer, and 6·V/T per token for the loss's softmax)
+  // and the optimizer reading and writing its state once, at memory_gbps.
+  double gemm_seconds = 0;
+  double memory_seconds = 0;
   double compute_seconds = 0;
   double step_seconds = 0;
 };

@@ -39,8 +39,8 @@ ABSL_FLAG(int64_t, nodes, Defaults().nodes, "plan: nodes.");
 ABSL_FLAG(int64_t, gpus_per_node, Defaults().gpus_per_node, "plan: GPUs (workers) per node.");
 ABSL_FLAG(std::string, gpu, Defaults().gpu,
           "plan: a100-40gb, a100-80gb, h100-80gb or h200-141gb; any other name (e.g. cpu) "
-          "needs --gpu_memory_bytes, --gpu_flops, --host_copy_gbps (and --intra_node_gbps with "
-          "several per node).");
+          "needs --gpu_memory_bytes, --gpu_flops, --host_copy_gbps, --memory_gbps (and "
+          "--intra_node_gbps with several per node).");
 ABSL_FLAG(double, gpu_memory_bytes, Defaults().gpu_memory_bytes,
           "plan: memory per GPU in bytes (0: the --gpu preset's).");
 ABSL_FLAG(double, gpu_flops, Defaults().gpu_flops,
@@ -51,6 +51,10 @@ ABSL_FLAG(double, intra_node_gbps, Defaults().intra_node_gbps,
 ABSL_FLAG(double, host_copy_gbps, Defaults().host_copy_gbps,
           "plan: GB/s per GPU from device to host memory, for asynchronous checkpoints (PCIe; "
           "0: the preset's).");
+ABSL_FLAG(double, memory_gbps, Defaults().memory_gbps,
+          "plan: GB/s of each GPU's memory, read + write (HBM; 0: the preset's: 1555 A100 40GB, "
+          "2039 A100 80GB, 3350 H100, 4800 H200), for the element-wise kernels and the "
+          "optimizer.");
 ABSL_FLAG(double, inter_node_gbit, Defaults().inter_node_gbit,
           "plan: Gbit/s per node between nodes, one direction, all its NICs together.");
 ABSL_FLAG(double, checkpoint_write_gbps, Defaults().checkpoint_write_gbps,
@@ -67,6 +71,10 @@ ABSL_FLAG(std::string, precision, Defaults().precision,
 ABSL_FLAG(double, state_bytes_per_param, Defaults().state_bytes_per_param,
           "plan: > 0: DDP's state bytes per parameter in the framework planned for (0: the "
           "precision's 16; pscluster's CPU replica keeps 24).");
+ABSL_FLAG(bool, sequence_parallel, Defaults().sequence_parallel,
+          "plan: tensor parallelism splits the LayerNorm and residual activations too "
+          "(Megatron-LM's sequence parallelism); false: they stay whole on every GPU, as in "
+          "pscluster's tensor mode.");
 
 namespace pscluster::plan {
 
@@ -91,6 +99,7 @@ PlanInput PlanInputFromFlags() {
   in.gpu_flops = absl::GetFlag(FLAGS_gpu_flops);
   in.intra_node_gbps = absl::GetFlag(FLAGS_intra_node_gbps);
   in.host_copy_gbps = absl::GetFlag(FLAGS_host_copy_gbps);
+  in.memory_gbps = absl::GetFlag(FLAGS_memory_gbps);
   in.inter_node_gbit = absl::GetFlag(FLAGS_inter_node_gbit);
   in.checkpoint_write_gbps = absl::GetFlag(FLAGS_checkpoint_write_gbps);
   in.mtbf_hours = absl::GetFlag(FLAGS_mtbf_hours);
@@ -99,6 +108,7 @@ PlanInput PlanInputFromFlags() {
   in.memory_headroom = absl::GetFlag(FLAGS_memory_headroom);
   in.precision = absl::GetFlag(FLAGS_precision);
   in.state_bytes_per_param = absl::GetFlag(FLAGS_state_bytes_per_param);
+  in.sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
   return in;
 }
 

@@ -76,11 +76,13 @@ TEST(PlanFormatTest, JsonEscapesADeviceNameAndGivesNoCommunicationForALayoutThat
   in.gpu_flops = 300e12;
   in.intra_node_gbps = 300;
   in.host_copy_gbps = 25;
+  in.memory_gbps = 2000;
   const std::string json = PlanJson(MustPlan(in));
   EXPECT_TRUE(WellFormed(json)) << json;
   EXPECT_TRUE(Contains(json, R"("name":"my \"gpu\"\\2")")) << json;
   EXPECT_TRUE(Contains(json, R"("name":"DDP",)"));
-  EXPECT_TRUE(Contains(json, R"("fits":"no","recompute":false,"compute_seconds":null,)"
+  EXPECT_TRUE(Contains(json, R"("fits":"no","recompute":false,"gemm_seconds":null,"memory_seconds":null,)"
+                             R"("compute_seconds":null,)"
                              R"("step_seconds":null,"communication":null})"));
 }
 

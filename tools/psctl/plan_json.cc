@@ -67,7 +67,8 @@ std::string DeviceJson(const Plan& p) {
                  {"memory_bytes", Number(d.memory_bytes)},
                  {"flops", Number(d.flops)},
                  {"intra_node_gbps", Number(d.intra_node_gbps)},
-                 {"host_copy_gbps", Number(d.host_copy_gbps)}});
+                 {"host_copy_gbps", Number(d.host_copy_gbps)},
+                 {"memory_gbps", Number(d.memory_gbps)}});
 }
 
 std::string ClusterJson(const Plan& p) {
@@ -77,6 +78,7 @@ std::string ClusterJson(const Plan& p) {
                  {"gpus", Number(p.gpus)},
                  {"inter_node_gbit", Number(in.inter_node_gbit)},
                  {"memory_headroom", Number(in.memory_headroom)},
+                 {"sequence_parallel", Bool(in.sequence_parallel)},
                  {"usable_memory_bytes", Number(p.usable_memory_bytes)}});
 }
 
@@ -126,6 +128,8 @@ std::string LayoutJson(const Layout& l) {
                  {"activation_recompute_bytes", Number(l.activation_recompute_bytes)},
                  {"fits", String(fits)},
                  {"recompute", Bool(l.recompute)},
+                 {"gemm_seconds", fitting ? Number(l.gemm_seconds) : "null"},
+                 {"memory_seconds", fitting ? Number(l.memory_seconds) : "null"},
                  {"compute_seconds", fitting ? Number(l.compute_seconds) : "null"},
                  {"step_seconds", fitting ? Number(l.step_seconds) : "null"},
                  {"communication", fitting ? CommunicationJson(l) : "null"}});

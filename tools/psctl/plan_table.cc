@@ -176,13 +176,19 @@ std::string MemorySection(const Plan& p) {
              "    tensors in fp32, no dropout),"
            : "  activ: s·b·h·(34 + 5·a·s/h) bytes per layer per micro-batch (Korthikanti et al.\n"
              "    2022),",
-      " /T with sequence parallelism; a stage holds ceil(L/P) layers,\n"
+      " /T with sequence parallelism; a stage holds ceil(L/P) layers,\n",
+      p.input.sequence_parallel ? ""
+                                : "    (--nosequence_parallel: s·b·h·(16 + (48 + 4·a·s/h)/T), or\n"
+                                  "    s·b·h·(10 + (24 + 5·a·s/h)/T) mixed: the LayerNorms' part whole)\n",
       "    min(P, micro-batches) of them in flight under 1F1B. act.rc: full recomputation,\n"
       "    2·s·b·h/T per layer (its input) + one layer's full activations. buffers: the\n"
       "    logits (4·s·b·V/T) and one layer's activation gradients while its backward runs.\n",
-      "  est. step: compute at --mfu_high (x4/3 with recomputation, + the 1F1B bubble (P-1)/m)\n"
-      "    + communication (section 4), none of it assumed hidden; the layouts are ranked by it\n"
-      "    per sequence of their batch.\n\n");
+      "  est. step: (6·N + 12·L·s·h) FLOP per token at --mfu_high (PaLM's count: attention's\n"
+      "    products too), + the element-wise kernels (LayerNorm, GELU, softmax, residuals:\n"
+      "    54·h + 6·a·s elements per token per layer) and the optimizer (its state read and\n"
+      "    written once) at --memory_gbps; x4/3 with recomputation, x(1 + (P-1)/m) for the\n"
+      "    1F1B bubble; + communication (section 4), none of it assumed hidden. The layouts\n"
+      "    are ranked by it per sequence of their batch.\n\n");
   return out;
 }
 

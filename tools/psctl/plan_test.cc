@@ -212,8 +212,10 @@ TEST(PlanTest, CustomDeviceTakesItsMeasuredFigures) {
   in.gpu_flops = 50e9;
   in.intra_node_gbps = 2;
   in.host_copy_gbps = 5;
+  in.memory_gbps = 10;
   const Plan plan = MustPlan(in);
   EXPECT_EQ(plan.device.name, "cpu");
+  EXPECT_DOUBLE_EQ(plan.device.memory_gbps, 10);
   EXPECT_DOUBLE_EQ(plan.compute.total_seconds_high,
                    6 * plan.model.params * 1e6 / (2 * 50e9 * in.mfu_high));
   const Layout ddp = MustFind(plan, "DDP");
@@ -244,6 +246,7 @@ TEST(PlanTest, Fp32PrecisionAndAFrameworksReplicaBytes) {
   in.gpu_flops = 100e9;
   in.intra_node_gbps = 2;
   in.host_copy_gbps = 5;
+  in.memory_gbps = 10;
   in.precision = "fp32";
   in.state_bytes_per_param = 24;
   const Plan plan = MustPlan(in);
@@ -257,6 +260,25 @@ TEST(PlanTest, Fp32PrecisionAndAFrameworksReplicaBytes) {
   EXPECT_DOUBLE_EQ(MustFind(plan, "ZeRO-1").model_state_bytes, (8 + 8.0 / 2) * n);
   ASSERT_EQ(ddp.collectives.size(), 1u);  // a float32 gradient ring all-reduce
   EXPECT_DOUBLE_EQ(ddp.collectives[0].bytes, 2 * 0.5 * 4 * n);
+  // The step: PaLM's FLOPs per token at the GEMM rate, then the element-wise kernels (54·h +
+  // 6·a·s elements per token per layer, 6·V for the loss) and Adam's state read and written
+  // at the memory bandwidth. 2 x 16 sequences of 128 tokens: 2048 tokens per worker.
+  const double tokens = 2 * b * s;
+  EXPECT_DOUBLE_EQ(ddp.gemm_seconds, (6 * n + 12 * 4 * s * h) * tokens / (2 * 100e9 * in.mfu_high));
+  EXPECT_DOUBLE_EQ(ddp.memory_seconds,
+                   (4 * tokens / 2 * (4 * (54 * h + 6 * a * s) + 6 * v) + 2 * 24 * n) / 10e9);
+  EXPECT_DOUBLE_EQ(ddp.step_seconds,
+                   ddp.gemm_seconds + ddp.memory_seconds + ddp.collectives[0].seconds);
+
+  // Tensor parallelism without sequence parallelism (pscluster's TENSOR mode): the
+  // LayerNorms' inputs and outputs and the residual adds stay whole on both workers.
+  in.global_batch_tokens = 0;
+  const Layout sp = MustFind(MustPlan(in), "T2xP1xD1");
+  in.sequence_parallel = false;
+  const Layout whole = MustFind(MustPlan(in), "T2xP1xD1");
+  EXPECT_DOUBLE_EQ(sp.activation_bytes, 4 * layer / 2);
+  EXPECT_DOUBLE_EQ(whole.activation_bytes, 4 * s * b * h * (16 + (48 + 4 * a * s / h) / 2));
+  EXPECT_DOUBLE_EQ(whole.memory_seconds - sp.memory_seconds, 4 * b * s * 4 * 30 * h / 2 / 10e9);
   in.precision = "fp16";
   EXPECT_EQ(MakePlan(in).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -301,6 +323,10 @@ TEST(PlanTest, InvalidInputNamesTheFlag) {
   ExpectInvalid(in, "--gpu_memory_bytes");
   in.gpu_memory_bytes = 32e9;
   ExpectInvalid(in, "--gpu_flops");
+  in.gpu_flops = 100e12;
+  in.intra_node_gbps = 300;
+  in.host_copy_gbps = 25;
+  ExpectInvalid(in, "--memory_gbps");
   in = Small125M();
   in.width = 0;
   ExpectInvalid(in, "--width");

@@ -65,8 +65,9 @@ void SetMemory(const Cluster& c, Layout& l) {
       StateBytesPerParam(l.zero, l.d, fp32, c.input.state_bytes_per_param) * m.params / (l.t * l.p);
   const double stage_layers = std::ceil(static_cast<double>(m.layers) / l.p);
   const double in_flight = l.p > 1 ? std::min(l.p, l.micro_batches) : 1;
-  const double layer = ActivationBytesPerLayer(m.context, b, m.width, m.heads, l.t, fp32);
-  const double layer_input = (fp32 ? 4.0 : 2.0) * m.context * b * m.width / l.t;
+  const bool sp = c.input.sequence_parallel;
+  const double layer = ActivationBytesPerLayer(m.context, b, m.width, m.heads, l.t, fp32, sp);
+  const double layer_input = (fp32 ? 4.0 : 2.0) * m.context * b * m.width / (sp ? l.t : 1);
   l.activation_bytes = stage_layers * in_flight * layer;
   l.activation_recompute_bytes = stage_layers * in_flight * layer_input + layer;
   l.buffer_bytes = 4.0 * m.context * b * m.vocab / l.t + layer;
@@ -154,10 +155,21 @@ void SetTraffic(const Cluster& c, Layout& l) {
     l.comm_bytes += x.bytes;
     l.comm_seconds += x.seconds;
   }
-  const double tokens = l.batch_sequences * c.model.context;
-  const double ideal = 6 * c.model.params * tokens / (c.gpus * c.device.flops * c.input.mfu_high);
+  const Model& m = c.model;
+  const double tokens = l.batch_sequences * m.context;
+  l.gemm_seconds = FlopsPerToken(m) * tokens / (c.gpus * c.device.flops * c.input.mfu_high);
+  // Each GPU runs the element-wise kernels of its data shard's tokens through its stage's
+  // layers, its 1/T of them (the whole part on every GPU without sequence parallelism), the
+  // loss's softmax (the last stage's, which sets the pace), and the optimizer over its state.
+  const ElementwiseCounts e = ElementwisePerTokenLayer(m);
+  const double token_layers = tokens / l.d * std::ceil(static_cast<double>(m.layers) / l.p);
+  const double whole = c.input.sequence_parallel ? e.whole / l.t : e.whole;
+  const double elements =
+      token_layers * (whole + e.split / l.t) + tokens / l.d * 6.0 * m.vocab / l.t;  // + the loss
+  l.memory_seconds = (Element(c) * elements + 2 * l.model_state_bytes) /
+                     (c.device.memory_gbps * 1e9);
   const double bubble = 1 + (l.p - 1.0) / l.micro_batches;
-  l.compute_seconds = ideal * (l.recompute ? 4.0 / 3 : 1) * bubble;
+  l.compute_seconds = (l.gemm_seconds + l.memory_seconds) * (l.recompute ? 4.0 / 3 : 1) * bubble;
   l.step_seconds = l.compute_seconds + l.comm_seconds;
 }
 
