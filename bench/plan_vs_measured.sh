@@ -3,11 +3,13 @@
 #
 #   bench/plan_vs_measured.sh            # STEPS=40 ROUNDS=3 BATCH=16
 #
-# Calibration, measured first in the same sitting: the GEMM rate of one core (numpy on the
-# same OpenBLAS, one thread, the GPT's own GEMM shapes) as the "GPU" FLOP rate, the memory
-# bandwidth each of 2 processes copying 64 MB arrays at once gets (numpy copyto, bytes read
-# + written; the 2 workers share the memory bus) as the "HBM" rate, and loopback TCP
-# (iperf3, one stream, 3 s) as the link between the 2 workers. Then `psctl plan
+# Calibration, measured first in the same sitting, with 2 processes at once as the 2 workers
+# share the machine: the CPU backend's own kernels at the GPT's shapes
+# (bench/gpt_kernel_rates: its products, forward and backward, as the "GPU" FLOP rate; its
+# element-wise kernels in the plan's count of bytes as the "HBM" rate: on a CPU core they
+# are compute-bound, at about 0.4x of a copy's bandwidth), a copy's bandwidth (numpy copyto
+# of 64 MB arrays, bytes read + written: the physical ceiling, printed for reference), and
+# loopback TCP (iperf3, one stream, 3 s) as the link between the 2 workers. Then `psctl plan
 # --precision=fp32 --state_bytes_per_param=24 --nosequence_parallel` for the default GPT (4
 # blocks, 4 heads, width 256, context 128, vocabulary 256) on 1 node x 2 workers with
 # --mfu_high=1, and ROUNDS runs
@@ -23,28 +25,21 @@ PY=/usr/bin/python3
 deploy/install_deps.sh
 command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null
 bazel build -c opt //worker:ps_worker //server/ps:ps_server //server/coordinator:ps_coordinator \
-  //tools/psctl 2>&1 | tail -n 1
+  //tools/psctl //bench:gpt_kernel_rates 2>&1 | tail -n 1
 out=$(mktemp -d /tmp/plan_vs_measured.XXXXXX)
 echo "== per-run output in $out"
 
-gflops=$(OPENBLAS_NUM_THREADS=1 $PY - "$BATCH" <<'EOF'
-import sys, time
-import numpy as np
-n = int(sys.argv[1]) * 128  # rows of the GPT's products: batch x context
-rng = np.random.default_rng(0)
-flops = seconds = 0.0
-for m, k, c in [(n, 256, 768), (n, 256, 256), (n, 256, 1024), (n, 1024, 256), (256, n, 1024)]:
-    a = rng.standard_normal((m, k), dtype=np.float32)
-    b = rng.standard_normal((k, c), dtype=np.float32)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    seconds += time.perf_counter() - start
-    flops += 10 * 2.0 * m * k * c
-print(f"{flops / seconds / 1e9:.1f}")
-EOF
-)
+rates() {  # file
+  bazel-bin/bench/gpt_kernel_rates --batch="$BATCH" --seconds=2 >"$1"
+}
+rates "$out/rates0" &
+rates "$out/rates1"
+wait
+mean() {  # field: the mean over the 2 processes
+  $PY -c 'import json,sys; print("%.2f" % (sum(json.load(open(f))[sys.argv[1]] for f in sys.argv[2:]) / 2))' \
+    "$1" "$out/rates0" "$out/rates1"
+}
+gflops=$(mean gemm_gflops) ewbw=$(mean elementwise_gbps)
 copy_rate() {
   OPENBLAS_NUM_THREADS=1 $PY - <<'EOF'
 import time
@@ -68,13 +63,13 @@ server=$!
 sleep 0.5
 gbps=$(iperf3 -c 127.0.0.1 -p 5299 -t 3 -J | $PY -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))')
 wait "$server" 2>/dev/null || true
-echo "== calibration: GEMM $gflops GFLOP/s per core, memory $membw GB/s per process (2 at once), loopback TCP $gbps GB/s"
+echo "== calibration, per process with 2 at once: GEMM $gflops GFLOP/s, element-wise $ewbw GB/s (a copy: $membw GB/s), loopback TCP $gbps GB/s"
 
 plan() {  # global batch in sequences, file
   bazel-bin/tools/psctl/psctl plan --layers=4 --width=256 --heads=4 --vocab=256 --context=128 \
     --dataset_tokens=2314000 --bytes_per_token=1 --global_batch_tokens=$(($1 * 128)) \
     --micro_batch="$BATCH" --nodes=1 --gpus_per_node=2 --gpu=cpu --gpu_memory_bytes=12e9 \
-    --gpu_flops="${gflops}e9" --memory_gbps="$membw" --intra_node_gbps="$gbps" --host_copy_gbps=5 \
+    --gpu_flops="${gflops}e9" --memory_gbps="$ewbw" --intra_node_gbps="$gbps" --host_copy_gbps=5 \
     --mfu_low=0.9 --mfu_high=1 --precision=fp32 --state_bytes_per_param=24 --nosequence_parallel \
     --json >"$2"
 }
@@ -95,13 +90,13 @@ for ((r = 0; r < ROUNDS; ++r)); do
   done
 done
 
-$PY - "$out" "$ROUNDS" "$STEPS" "$gflops" "$gbps" "$membw" <<'EOF'
+$PY - "$out" "$ROUNDS" "$STEPS" "$gflops" "$gbps" "$membw" "$ewbw" <<'EOF'
 import json, statistics, sys
-out, rounds, steps_run, gflops, gbps, membw = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+out, rounds, steps_run, gflops, gbps, membw, ewbw = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:8]
 layouts = {l["name"]: l for l in json.load(open(f"{out}/plan.json"))["layouts"]}
 tensor = {l["name"]: l for l in json.load(open(f"{out}/plan_tensor.json"))["layouts"]}
-print(f"\ncalibration: GEMM {gflops} GFLOP/s per core, memory {membw} GB/s per process, "
-      f"loopback TCP {gbps} GB/s; {rounds} rounds, medians\n")
+print(f"\ncalibration, per process with 2 at once: GEMM {gflops} GFLOP/s, element-wise {ewbw} "
+      f"GB/s (a copy: {membw} GB/s), loopback TCP {gbps} GB/s; {rounds} rounds, medians\n")
 print("| mode (plan layout) | memory predicted MB | measured MB | **ratio** "
       "| step predicted ms (GEMM + memory + comm.) | measured ms | **ratio** |")
 print("|---|---|---|---|---|---|---|")

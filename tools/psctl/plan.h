@@ -63,7 +63,8 @@ struct PlanInput {
   std::string precision = "mixed";
   // > 0: the replica's (DDP's) state bytes per parameter of the framework planned for, when
   // it keeps more copies than the precision's 16 (pscluster's CPU replica: 24, the model's
-  // weights and gradients beside the optimizer's weights, m, v and a flat gradient).
+  // weights and gradients beside the optimizer's weights, m, v and a flat gradient). ZeRO-1
+  // and the TxPxD layouts shard what is beyond the weights and gradients over D.
   double state_bytes_per_param = 0;
   // Tensor parallelism with sequence parallelism (Megatron-LM since 2022): the LayerNorm and
   // residual activations split over T too. false: they are whole on every GPU (pscluster's

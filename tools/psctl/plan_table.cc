@@ -167,7 +167,8 @@ std::string MemorySection(const Plan& p) {
              "    gradient bytes, ZeRO-3 all 16;\n",
       p.input.state_bytes_per_param > 0
           ? absl::StrFormat("    DDP %g bytes/param (--state_bytes_per_param: the framework's "
-                            "copies);\n",
+                            "copies; ZeRO-1 divides\n    what is beyond the weights and "
+                            "gradients by D);\n",
                             p.input.state_bytes_per_param)
           : "",
       "    the TxPxD rows shard the optimizer over D (ZeRO-1, Megatron's distributed\n"
@@ -176,13 +177,16 @@ std::string MemorySection(const Plan& p) {
              "    tensors in fp32, no dropout),"
            : "  activ: s·b·h·(34 + 5·a·s/h) bytes per layer per micro-batch (Korthikanti et al.\n"
              "    2022),",
-      " /T with sequence parallelism; a stage holds ceil(L/P) layers,\n",
-      p.input.sequence_parallel ? ""
-                                : "    (--nosequence_parallel: s·b·h·(16 + (48 + 4·a·s/h)/T), or\n"
-                                  "    s·b·h·(10 + (24 + 5·a·s/h)/T) mixed: the LayerNorms' part whole)\n",
-      "    min(P, micro-batches) of them in flight under 1F1B. act.rc: full recomputation,\n"
-      "    2·s·b·h/T per layer (its input) + one layer's full activations. buffers: the\n"
-      "    logits (4·s·b·V/T) and one layer's activation gradients while its backward runs.\n",
+      p.input.sequence_parallel
+          ? " /T with sequence parallelism.\n"
+          : absl::StrCat(" /T with sequence parallelism; here without\n    it "
+                         "(--nosequence_parallel): s·b·h·(",
+                         fp32 ? "16 + (48 + 4·a·s/h)/T" : "10 + (24 + 5·a·s/h)/T",
+                         "), the LayerNorms' part whole.\n"),
+      "    A stage holds ceil(L/P) layers, min(P, micro-batches) of them in flight under\n"
+      "    1F1B. act.rc: full recomputation, 2·s·b·h/T per layer (its input) + one layer's\n"
+      "    full activations. buffers: the logits (4·s·b·V/T) and one layer's activation\n"
+      "    gradients while its backward runs.\n",
       "  est. step: (6·N + 12·L·s·h) FLOP per token at --mfu_high (PaLM's count: attention's\n"
       "    products too), + the element-wise kernels (LayerNorm, GELU, softmax, residuals:\n"
       "    54·h + 6·a·s elements per token per layer) and the optimizer (its state read and\n"

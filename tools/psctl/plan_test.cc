@@ -257,7 +257,8 @@ TEST(PlanTest, Fp32PrecisionAndAFrameworksReplicaBytes) {
   EXPECT_DOUBLE_EQ(ddp.activation_bytes, 4 * layer);
   EXPECT_DOUBLE_EQ(ddp.buffer_bytes, 4 * s * b * v + layer);
   EXPECT_DOUBLE_EQ(MustFind(plan, "ZeRO-3/FSDP").model_state_bytes, 16 * n / 2);
-  EXPECT_DOUBLE_EQ(MustFind(plan, "ZeRO-1").model_state_bytes, (8 + 8.0 / 2) * n);
+  // ZeRO-1 shards what the replica keeps beyond its weights and gradients: 8 + 16 / D.
+  EXPECT_DOUBLE_EQ(MustFind(plan, "ZeRO-1").model_state_bytes, (8 + 16.0 / 2) * n);
   ASSERT_EQ(ddp.collectives.size(), 1u);  // a float32 gradient ring all-reduce
   EXPECT_DOUBLE_EQ(ddp.collectives[0].bytes, 2 * 0.5 * 4 * n);
   // The step: PaLM's FLOPs per token at the GEMM rate, then the element-wise kernels (54·h +

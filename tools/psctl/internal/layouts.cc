@@ -187,8 +187,10 @@ double StateBytesPerParam(int zero, int64_t d, bool fp32, double replica) {
   switch (zero) {
     case 0:
       return replica > 0 ? replica : 16;
-    case 1:
-      return fp32 ? 8 + 8.0 / d : 4 + 12.0 / d;
+    case 1: {  // the weights and gradients stay whole; the rest is the optimizer's, sharded
+      const double whole = fp32 ? 8 : 4;
+      return whole + ((replica > 0 ? replica : 16) - whole) / d;
+    }
     case 2:
       return fp32 ? 4 + 12.0 / d : 2 + 14.0 / d;
     default:

@@ -35,7 +35,8 @@ Link GroupLink(const Cluster& c, int64_t stride, int64_t size);
 // gradients) + 12 (fp32 master, m, v). ZeRO-1 divides the 12 by D, ZeRO-2 the 14 of
 // gradients and optimizer, ZeRO-3 all 16. fp32: 4 (weights) + 4 (gradients) + 8 (m, v),
 // ZeRO dividing the 8, then 12, then 16. `replica` > 0 replaces DDP's 16 (a framework's
-// own copies).
+// own copies: those beyond the weights and gradients are the optimizer's, which ZeRO-1, and
+// the TxPxD layouts, divide by D).
 double StateBytesPerParam(int zero, int64_t d, bool fp32 = false, double replica = 0);
 
 // DDP, ZeRO-1, ZeRO-2 and ZeRO-3 over every GPU; then every T x P x D = GPUs with T a power
