@@ -15,8 +15,8 @@
 #
 # Here: the GPT at its defaults (4 blocks, width 256, 16 sequences of 128 per worker), one
 # worker alone (local_cluster.sh --workers 1 --mode allreduce: no collective) against 2
-# workers in each of allreduce, fsdp, tensor (both workers on the 32 sequences together)
-# and ps, ROUNDS rounds of STEPS steps, medians; calibrated as bench/plan_vs_measured.sh
+# workers in each of allreduce, fsdp, tensor (both workers on the 32 sequences together),
+# pipeline (the 32 in MICRO=4 micro-batches) and ps, ROUNDS rounds of STEPS steps, medians; calibrated as bench/plan_vs_measured.sh
 # does, once with one process (for the lone worker) and once with 2 at once. Speed-up =
 # tokens/s of the 2 workers / tokens/s of the lone one (the limit is 2).
 #
@@ -29,7 +29,8 @@
 # (P <= layers; T <= the GPUs of one node, as the plan allows), so they stop where those do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-40} BATCH=${BATCH:-16} PREDICT_ONLY=${PREDICT_ONLY:-0}
+ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-40} BATCH=${BATCH:-16} MICRO=${MICRO:-4}
+PREDICT_ONLY=${PREDICT_ONLY:-0}
 PY=/usr/bin/python3
 deploy/install_deps.sh
 command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null
@@ -50,19 +51,20 @@ if ((PREDICT_ONLY == 0)); then
   wait "$server" 2>/dev/null || true
   run() {  # name workers mode batch
     deploy/local_cluster.sh --model gpt --workers "$2" --mode "$3" --batch_size "$4" --epochs 1 \
-      --metrics off --out "$out/$1" --worker_args "--max_steps=$STEPS" >"$out/$1.log" 2>&1 \
+      --micro_batches "$MICRO" --metrics off --out "$out/$1" --worker_args "--max_steps=$STEPS" >"$out/$1.log" 2>&1 \
       || { tail -n 20 "$out/$1.log" >&2; exit 1; }
     echo "   $1: $(tail -n 1 "$out/$1.log" | cut -c1-90)"
   }
   for ((r = 0; r < ROUNDS; ++r)); do
     run "one-$r" 1 allreduce "$BATCH"
-    for mode in allreduce fsdp tensor ps; do run "$mode-$r" 2 "$mode" "$BATCH"; done
+    for mode in allreduce fsdp tensor pipeline ps; do run "$mode-$r" 2 "$mode" "$BATCH"; done
   done
 fi
 
-$PY - "$out" "$ROUNDS" "$BATCH" "$PREDICT_ONLY" <<'EOF'
+$PY - "$out" "$ROUNDS" "$BATCH" "$PREDICT_ONLY" "$MICRO" <<'EOF'
 import json, statistics, subprocess, sys
 out, rounds, batch, predict_only = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+micro = int(sys.argv[5])
 psctl = "bazel-bin/tools/psctl/psctl"
 
 def plan(args):
@@ -95,7 +97,7 @@ if not predict_only:
     one = plan(gpt + [f"--micro_batch={batch}", "--gpus_per_node=1",
                       f"--gpu_flops={alone['gemm_gflops']}e9",
                       f"--memory_gbps={alone['elementwise_gbps']}"])
-    two = lambda micro: plan(gpt + [f"--micro_batch={micro}", "--gpus_per_node=2",
+    two = lambda m, extra=[]: plan(gpt + extra + [f"--micro_batch={m}", "--gpus_per_node=2",
                                     f"--gpu_flops={pair['gemm_gflops']}e9",
                                     f"--memory_gbps={pair['elementwise_gbps']}"])
     tokens1 = batch * 128
@@ -109,6 +111,10 @@ if not predict_only:
         "allreduce": 2 * tokens1 / ddp2["step_seconds"],
         "fsdp": 2 * tokens1 / layout(two_b, "ZeRO-3/FSDP")["step_seconds"],
         "tensor": 2 * tokens1 / layout(two(2 * batch), "T2xP1xD1")["step_seconds"],
+        # The 2 x batch sequences in `micro` micro-batches through 2 stages (1F1B).
+        "pipeline": 2 * tokens1 / layout(
+            two(2 * batch // micro, [f"--global_batch_tokens={2 * tokens1}"]),
+            "T1xP2xD1")["step_seconds"],
         "ps": 2 * tokens1 / ps2,
     }
     med = statistics.median
@@ -120,7 +126,7 @@ if not predict_only:
     print("| run | tokens/s predicted | measured | speed-up 1 -> 2 predicted | measured | **predicted / measured** |")
     print("|---|---|---|---|---|---|")
     print(f"| 1 worker | {predicted_one:,.0f} | {measured_one:,.0f} | | | |")
-    for mode in ("allreduce", "fsdp", "tensor", "ps"):
+    for mode in ("allreduce", "fsdp", "tensor", "pipeline", "ps"):
         m = med(tok(f"{mode}-{r}") for r in range(rounds))
         sp, sm = predicted[mode] / predicted_one, m / measured_one
         print(f"| 2 workers, {mode} | {predicted[mode]:,.0f} | {m:,.0f} | {sp:.2f} | {sm:.2f} | **{sp / sm:.2f}** |")
