@@ -7,9 +7,8 @@
 //                      FLOPs (2·m·n·k each) over their time;
 //   elementwise_gbps   the step's element-wise kernels (LayerNorm, GELU, causal softmax,
 //                      bias adds, residual copies and adds, their backwards, the loss's
-//                      softmax) over their time, counted as the plan counts them: 4 bytes x
-//                      (L·(54·h + 6·a·s) + 6·V) per token (tools/psctl/plan.h
-//                      ElementwisePerTokenLayer). On a GPU these kernels are bound by the
+//                      softmax) over their time, counted as the plan counts them: 4 bytes
+//                      per element of tools/psctl/plan.h's ElementwisePerTokenLayer. On a GPU these kernels are bound by the
 //                      memory bandwidth (the plan's --memory_gbps presets); on a CPU core
 //                      GELU's tanh and softmax's exp make them compute-bound, so the rate is
 //                      measured rather than taken from a copy's bandwidth.
@@ -27,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
+#include "tools/psctl/plan.h"
 #include "worker/compute/backend.h"
 
 ABSL_FLAG(int, batch, 16, "Sequences per step (per worker).");
@@ -145,9 +145,15 @@ int main(int argc, char** argv) {
   const double loss = TimePerCall(seconds, [&] {
     be->SoftmaxCrossEntropy(logits->get(), labels.data(), n, v, logits->get(), nullptr);
   });
-  // The plan's count (tools/psctl/plan.h): per token per layer 54·h + 6·a·s elements, and
-  // 6·V for the loss; 4 bytes each.
-  const double block_bytes = 4.0 * n * (54.0 * d + 6.0 * a * t), loss_bytes = 4.0 * n * 6 * v;
+  // The plan's count, 4 bytes an element.
+  plan::Model shape;
+  shape.layers = layers;
+  shape.width = d;
+  shape.heads = a;
+  shape.vocab = v;
+  shape.context = t;
+  const plan::ElementwiseCounts e = plan::ElementwisePerTokenLayer(shape);
+  const double block_bytes = 4.0 * n * (e.whole + e.split), loss_bytes = 4.0 * n * e.loss;
   std::printf(
       "{\"gemm_gflops\": %.2f, \"block_gemm_gflops\": %.2f, \"head_gemm_gflops\": %.2f, "
       "\"elementwise_gbps\": %.2f, \"block_elementwise_gbps\": %.2f, \"loss_gbps\": %.2f, "

@@ -257,7 +257,7 @@ double FlopsPerToken(const Model& m) {
 
 ElementwiseCounts ElementwisePerTokenLayer(const Model& m) {
   const double h = m.width;
-  return {30 * h, 24 * h + 6.0 * m.heads * m.context};
+  return {30 * h, 24 * h + 6.0 * m.heads * m.context, 6.0 * m.vocab};
 }
 
 double YoungDalyInterval(double checkpoint_seconds, double mtbf_seconds) {

@@ -131,14 +131,15 @@ double ActivationBytesPerLayer(int64_t s, int64_t b, int64_t h, int64_t a, int64
 // Chowdhery et al. 2022, appendix B).
 double FlopsPerToken(const Model& m);
 
-// Elements per token per layer that a training step's element-wise kernels read and write
-// (forward and backward: about 3x the forward's; the GEMMs' operands not counted). Forward:
-// two LayerNorms (2·h each), two residual adds (3·h each), GELU (8·h: 4·h in, 4·h out),
-// softmax (2·a·s).
+// Elements per token that a training step's element-wise kernels read and write (forward
+// and backward: about 3x the forward's; the GEMMs' operands not counted). Per layer,
+// forward: two LayerNorms (2·h each), two residual adds (3·h each), GELU (8·h: 4·h in, 4·h
+// out), softmax (2·a·s); once per token, the loss's softmax (2·V forward).
 struct ElementwiseCounts {
-  double whole = 0;  // 30·h: LayerNorms and residual adds (split over T only with sequence
-                     // parallelism)
-  double split = 0;  // 24·h + 6·a·s: GELU and softmax (split over T)
+  double whole = 0;  // per layer, 30·h: LayerNorms and residual adds (split over T only
+                     // with sequence parallelism)
+  double split = 0;  // per layer, 24·h + 6·a·s: GELU and softmax (split over T)
+  double loss = 0;   // per token, 6·V: the loss's softmax (split over T)
 };
 ElementwiseCounts ElementwisePerTokenLayer(const Model& m);
 
