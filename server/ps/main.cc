@@ -130,9 +130,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
   auto refresh = [follow, client, shard = f.shard.shard_id] {
     Replicator* r = follow->load();
     CoordinatorClient* c = client->load();
-    if (r == nullptr || c == nullptr) return;
+    if (r == nullptr || c == nullptr) return false;
     auto view = c->AwaitView(0, false, absl::Seconds(2));
     if (view.ok()) r->Update(ChainOf(*view, shard));
+    return view.ok();
   };
   co.on_heartbeat = [follow, seen, refresh](int64_t version, absl::Time sent) {
     Replicator* r = follow->load();

@@ -42,6 +42,10 @@ std::string Replicator::Name() const {
 
 void Replicator::Update(const ChainConfig& config) {
   absl::MutexLock lock(&mu_);
+  UpdateLocked(config);
+}
+
+void Replicator::UpdateLocked(const ChainConfig& config) {
   if (config.epoch <= config_.epoch) return;  // views arrive out of order: keep the newest
   config_ = config;
   formed_ |= config.formed;
@@ -215,7 +219,7 @@ absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate u
   if (seen) return AwaitDone(seq, absl::Now() + options_.forward_timeout);
   update.set_seq(seq);
   update.set_request_id(request_id);
-  absl::Status s = Forward(std::move(update), chunks);
+  absl::Status s = Forward(std::move(update), chunks, /*from_head=*/true);
   if (s.ok()) Done(seq);
   return s;
 }
@@ -253,7 +257,8 @@ grpc::Status Replicator::SendOnce(const std::string& successor, const Replicated
   return writer->Finish();
 }
 
-absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::string>* chunks) {
+absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::string>* chunks,
+                                 bool from_head) {
   const absl::Time deadline = absl::Now() + options_.forward_timeout;
   absl::Duration backoff = absl::Milliseconds(1);
   grpc::Status last;
@@ -264,7 +269,9 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       absl::MutexLock lock(&mu_);
       p = PlaceLocked();
     }
-    if (p.learning) return absl::OkStatus();  // a joiner is the end of the line
+    // A joiner is the end of the line for the updates the tail hands it; an update this
+    // replica applied as the head before it left the chain reached no one.
+    if (p.learning && !from_head) return absl::OkStatus();
     if (!p.in_chain) {
       return absl::UnavailableError(absl::StrCat(
           Name(), " was taken out of its chain (epoch ", p.epoch, ") before update ",
@@ -358,10 +365,15 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     }
     if (!s.ok()) return ToGrpcStatus(s);
     if (seq <= applied_) {  // handed on again after a member failed: it is here already
+      if (DoneLocked(seq)) return grpc::Status::OK;
+      // Not acknowledged yet: its first trip down the chain may still be under way, or may
+      // have failed (this replica's place changed meanwhile, as when a joiner becomes the
+      // tail). Hand it on again: the members after this one skip it if they hold it.
       mu_.Unlock();
-      absl::Status done = AwaitDone(seq, deadline);
+      absl::Status s = Forward(std::move(update), &chunks, /*from_head=*/false);
+      if (s.ok()) Done(seq);
       mu_.Lock();
-      return ToGrpcStatus(done);
+      return ToGrpcStatus(s);
     }
     const int64_t epoch = update.epoch();
     auto turn = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -395,7 +407,7 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     absl::MutexLock lock(&mu_);
     AppliedLocked(seq, update.request_id());
   }
-  absl::Status s = Forward(std::move(update), &chunks);
+  absl::Status s = Forward(std::move(update), &chunks, /*from_head=*/false);
   if (s.ok()) Done(seq);
   return ToGrpcStatus(s);
 }
@@ -507,11 +519,9 @@ grpc::Status Replicator::JoinedChain(const JoinedChainRequest* req, JoinedChainR
 void Replicator::JoinLoop() {
   absl::Duration wait = absl::Milliseconds(50);
   while (!stop_.WaitForNotificationWithTimeout(wait)) {
-    ChainConfig c;
     bool in_chain = false, formed = false;
     {
       absl::MutexLock lock(&mu_);
-      c = config_;
       in_chain = PlaceLocked().in_chain;
       formed = formed_;
     }
@@ -521,32 +531,55 @@ void Replicator::JoinLoop() {
       continue;
     }
     wait = absl::Milliseconds(500);
+    if (in_chain) continue;
+    // Join only on the coordinator's word of now: a replica that joined, or whose join the
+    // tail completed without this replica hearing the answer, is in the chain already, and
+    // joining again would drop the order of the updates it holds.
+    if (options_.refresh && !options_.refresh()) continue;
+    ChainConfig c;
+    {
+      absl::MutexLock lock(&mu_);
+      c = config_;
+      in_chain = PlaceLocked().in_chain;
+    }
     if (in_chain || c.addresses.empty()) continue;
     std::printf("ps_server: %s: outside its chain (epoch %lld); joining it from the tail, %s\n",
                 Name().c_str(), static_cast<long long>(c.epoch), c.addresses.back().c_str());
     std::fflush(stdout);
-    absl::Status s = JoinOnce(c.addresses.back(), c.epoch);
+    absl::StatusOr<int64_t> joined = JoinOnce(c.addresses.back(), c.epoch);
     {
       absl::MutexLock lock(&mu_);
       learning_epoch_ = -1;
+      if (joined.ok()) {
+        // The coordinator appended this replica to the chain of c.epoch: it is the tail of
+        // the next epoch from now on, whenever its next view of the chain comes.
+        c.epoch = *joined;
+        c.replicas.push_back(options_.replica);
+        c.addresses.push_back(options_.address);
+        UpdateLocked(c);
+      }
     }
-    if (s.ok()) {
+    if (joined.ok()) {
       std::printf("ps_server: %s: joined its chain\n", Name().c_str());
     } else {
       std::fprintf(stderr, "ps_server: %s: joining its chain failed (%s); trying again\n",
-                   Name().c_str(), std::string(s.message()).c_str());
+                   Name().c_str(), std::string(joined.status().message()).c_str());
     }
     std::fflush(stdout);
     if (options_.refresh) options_.refresh();
   }
 }
 
-absl::Status Replicator::JoinOnce(const std::string& tail, int64_t epoch) {
+absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t epoch) {
   {
     // What this replica held is no longer the chain's: updates handed to it from now on
     // wait (in order) for the state they follow.
     absl::MutexLock order(&apply_mu_);
     absl::MutexLock lock(&mu_);
+    if (config_.epoch != epoch || PlaceLocked().in_chain) {
+      return absl::AbortedError(absl::StrCat("the chain moved on from epoch ", epoch,
+                                             " before the join began"));
+    }
     learning_epoch_ = epoch;
     applied_ = done_through_ = 0;
     done_above_.clear();
@@ -630,8 +663,9 @@ absl::Status Replicator::JoinOnce(const std::string& tail, int64_t epoch) {
   joined.set_replica(options_.replica);
   joined.set_epoch(epoch);
   JoinedChainResponse resp;
-  return FromGrpcStatus(StubFor(tail)->JoinedChain(&joined_ctx, joined, &resp),
-                        absl::StrCat("the tail ", tail));
+  RETURN_IF_ERROR(FromGrpcStatus(StubFor(tail)->JoinedChain(&joined_ctx, joined, &resp),
+                                 absl::StrCat("the tail ", tail)));
+  return resp.epoch();
 }
 
 }  // namespace pscluster::ps

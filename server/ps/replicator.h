@@ -80,8 +80,9 @@ struct ReplicatorOptions {
   size_t max_request_ids = 1 << 16;  // request ids remembered for retries after a failover
   Security security;
   // Asks the coordinator for the chain now (after a successor failed or spoke of a newer
-  // epoch); calls Update itself. Bounded; may be null.
-  std::function<void()> refresh;
+  // epoch); calls Update itself. Bounded; false when the coordinator did not answer (the
+  // chain known here may be out of date). May be null.
+  std::function<bool()> refresh;
   std::string address;  // where this replica serves (a joiner tells the tail)
   ShardOptions shard;   // a joiner loads the tail's state into a shard of these options
   // The tail: asks the coordinator to append a joiner that holds the chain's state and
@@ -167,8 +168,9 @@ class Replicator {
   };
   Place PlaceLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Sends the update (seq set) to the successor until it answers OK or this replica is the
-  // tail, bounded by forward_timeout.
-  absl::Status Forward(ReplicatedUpdate update, std::vector<std::string>* chunks);
+  // tail, bounded by forward_timeout. `from_head`: a client's update this replica applied as
+  // the head (not done once it left the chain, even to join it again).
+  absl::Status Forward(ReplicatedUpdate update, std::vector<std::string>* chunks, bool from_head);
   grpc::Status SendOnce(const std::string& successor, const ReplicatedUpdate& update,
                         std::vector<std::string>* chunks, absl::Time deadline);
   // seq applied here: remembered (with its request id) and, once handed on, done.
@@ -184,7 +186,9 @@ class Replicator {
   ParameterServer::Stub* StubFor(const std::string& address);
   // The joiner's side: the thread, and one attempt at joining the chain of `epoch`.
   void JoinLoop();
-  absl::Status JoinOnce(const std::string& tail, int64_t epoch);
+  // The chain's epoch once this replica was appended to it.
+  absl::StatusOr<int64_t> JoinOnce(const std::string& tail, int64_t epoch);
+  void UpdateLocked(const ChainConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tail stops handing updates to a joiner it could not reach.
   void DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why);
   std::string Name() const;

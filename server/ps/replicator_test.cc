@@ -1,0 +1,149 @@
+// Chain replication in one process: two replicas of one shard, each a ParameterServerService
+// with its Replicator behind a real gRPC server on loopback, and the coordinator played by
+// the test (the chain each replica is told of, and the joins it grants).
+#include "server/ps/replicator.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/ps/service.h"
+
+namespace pscluster::ps {
+namespace {
+
+// One replica: its shard, its service and its gRPC server (the chain is attached later).
+struct Replica {
+  explicit Replica(int32_t replica) : replica(replica), shard(ShardOptions()),
+      service(&shard, nullptr, ServiceOptions()) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    address = absl::StrCat("127.0.0.1:", port);
+    stub = ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  ~Replica() {
+    server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    chain.reset();
+  }
+  void Follow(ReplicatorOptions o) {
+    o.replica = replica;
+    o.address = address;
+    o.serving = service.serving_mu();
+    o.forward_timeout = absl::Seconds(5);
+    chain = std::make_unique<Replicator>(
+        o, [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
+          return service.ApplyReplicated(u, chunks);
+        },
+        [this] { return service.CaptureState(); },
+        [this](std::unique_ptr<Shard> staged) { return service.InstallState(std::move(staged)); });
+    chain->Renew(absl::InfiniteFuture());  // the coordinator always answers this replica's heartbeats
+    service.SetReplicator(chain.get());
+  }
+  uint32_t Fingerprint() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    StatsRequest req;
+    req.set_fingerprint(true);
+    StatsResponse stats;
+    EXPECT_TRUE(stub->Stats(&ctx, req, &stats).ok());
+    return stats.fingerprint();
+  }
+
+  const int32_t replica;
+  Shard shard;
+  ParameterServerService service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  std::unique_ptr<ParameterServer::Stub> stub;
+  std::unique_ptr<Replicator> chain;
+};
+
+grpc::Status Push(ParameterServer::Stub* head, int64_t step) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  DenseChunk c;
+  c.set_worker_id(0);
+  c.set_step(step);
+  c.set_table_id(1);
+  c.set_total_length(64);
+  std::vector<float> grad(64);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.01f * static_cast<float>((i * 7 + step) % 13) - 0.06f;
+  c.set_data(grad.data(), grad.size() * sizeof(float));
+  PushDenseResponse resp;
+  return head->PushDense(&ctx, c, &resp);
+}
+
+// A replica that joined, but heard nothing from the coordinator since (its link to it down
+// for a while, as after a network partition heals), is the chain's tail all the same: it
+// takes the head's updates in order and holds the head's state, instead of taking itself
+// for an outsider and starting its join over with the state it holds dropped.
+TEST(ReplicatorTest, AJoinerThatCannotHearTheCoordinatorIsTheTailItJoinedAs) {
+  Replica head(1), joiner(0);
+  std::atomic<bool> coordinator_reachable{true};
+  absl::Notification appended;
+  ChainConfig alone{/*epoch=*/3, {1}, {head.address}, /*formed=*/true};
+
+  ReplicatorOptions ho;
+  ho.append = [&](int32_t replica, int64_t epoch) -> absl::StatusOr<int64_t> {
+    EXPECT_EQ(replica, 0);
+    EXPECT_EQ(epoch, 3);
+    // The coordinator appends the joiner, tells the head, and from now on the joiner does
+    // not reach it.
+    coordinator_reachable = false;
+    head.chain->Update(ChainConfig{4, {1, 0}, {head.address, joiner.address}, true});
+    appended.Notify();
+    return 4;
+  };
+  head.Follow(ho);
+  head.chain->Update(alone);
+
+  // The head's state before the join: a worker and a BSP table with a step applied.
+  {
+    grpc::ClientContext ctx;
+    RegisterWorkerRequest req;
+    req.set_worker_id(0);
+    RegisterWorkerResponse resp;
+    ASSERT_TRUE(head.stub->RegisterWorker(&ctx, req, &resp).ok());
+    grpc::ClientContext create_ctx;
+    CreateTableRequest create;
+    TableSpec* spec = create.mutable_spec();
+    spec->set_table_id(1);
+    spec->set_kind(TableSpec::DENSE);
+    spec->set_size(64);
+    spec->mutable_optimizer()->set_kind(OptimizerConfig::ADAM);  // BSP by default
+    spec->mutable_optimizer()->set_learning_rate(0.01f);
+    CreateTableResponse created;
+    grpc::Status s = head.stub->CreateTable(&create_ctx, create, &created);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    s = Push(head.stub.get(), 0);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  ReplicatorOptions jo;
+  jo.refresh = [&] { return coordinator_reachable.load(); };  // the view it holds stays
+  joiner.Follow(jo);
+  joiner.chain->Update(alone);
+  joiner.chain->StartJoining();
+  ASSERT_TRUE(appended.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "the joiner never completed a state transfer";
+
+  // Updates after the join go down the chain to the joiner (a head that cannot hand one on
+  // within forward_timeout stops the process), and both hold the same state.
+  for (int64_t step = 1; step <= 20; ++step) {
+    grpc::Status s = Push(head.stub.get(), step);
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
+  }
+  EXPECT_EQ(joiner.Fingerprint(), head.Fingerprint());
+  EXPECT_TRUE(joiner.chain->CheckHead().code() == absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pscluster::ps
