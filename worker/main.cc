@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   // instead of fresh mmaps whose pages fault in again each time.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // One malloc arena for every thread: the gRPC, Gloo and pool threads each had their own,
+  // and each kept 2-6 MB of freed memory resident that no other thread could reuse (31 MB
+  // of a GPT worker's 307 MB in ALLREDUCE mode; bench/RESULTS.md, psctl plan's predictions).
+  mallopt(M_ARENA_MAX, 1);
   absl::StatusOr<worker::WorkerFlags> flags = worker::WorkerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
   auto metrics = ServeMetricsFromFlags("ps_worker", std::to_string(flags->trainer.rank));
