@@ -566,7 +566,8 @@ void Replicator::JoinLoop() {
                    Name().c_str(), std::string(joined.status().message()).c_str());
     }
     std::fflush(stdout);
-    if (options_.refresh) options_.refresh();
+    // (No view asked for here: a replica that joined holds its chain already, and one that
+    // failed asks before it tries again.)
   }
 }
 

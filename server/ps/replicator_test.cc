@@ -27,7 +27,8 @@ struct Replica {
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
     address = absl::StrCat("127.0.0.1:", port);
-    stub = ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
   ~Replica() {
     server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -44,7 +45,7 @@ struct Replica {
         },
         [this] { return service.CaptureState(); },
         [this](std::unique_ptr<Shard> staged) { return service.InstallState(std::move(staged)); });
-    chain->Renew(absl::InfiniteFuture());  // the coordinator always answers this replica's heartbeats
+    chain->Renew(absl::InfiniteFuture());  // the coordinator answers every heartbeat
     service.SetReplicator(chain.get());
   }
   uint32_t Fingerprint() {
@@ -75,7 +76,9 @@ grpc::Status Push(ParameterServer::Stub* head, int64_t step) {
   c.set_table_id(1);
   c.set_total_length(64);
   std::vector<float> grad(64);
-  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.01f * static_cast<float>((i * 7 + step) % 13) - 0.06f;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    grad[i] = 0.01f * static_cast<float>((i * 7 + step) % 13) - 0.06f;
+  }
   c.set_data(grad.data(), grad.size() * sizeof(float));
   PushDenseResponse resp;
   return head->PushDense(&ctx, c, &resp);
@@ -142,7 +145,7 @@ TEST(ReplicatorTest, AJoinerThatCannotHearTheCoordinatorIsTheTailItJoinedAs) {
     ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
   }
   EXPECT_EQ(joiner.Fingerprint(), head.Fingerprint());
-  EXPECT_TRUE(joiner.chain->CheckHead().code() == absl::StatusCode::kUnavailable);
+  EXPECT_EQ(joiner.chain->CheckHead().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
