@@ -1,10 +1,15 @@
-// Push and pull goodput of the parameter server against its ceiling, a raw gRPC stream of
-// the same bytes in the same chunks with no table work, measured in one run, interleaved.
+// Push and pull goodput of the parameter server against three ceilings measured in the
+// same run: a raw gRPC stream of the same bytes in the same chunks with no table work
+// (what gRPC itself allows), the same bytes over plain loopback TCP sockets (TcpServer
+// below: what a request and its answer cost with no RPC system), and iperf3's one-stream
+// loopback bandwidth (what the kernel moves, no request/answer turn at all), measured
+// before each figure. PS, raw gRPC and raw TCP calls are interleaved.
 //
 //   bazel run -c opt //bench:ps_throughput -- --reps=7 --json=/tmp/ps_throughput.json
 //
-// Shards and the raw servers run in this process, each its own grpc::Server on loopback
-// TCP; the client is the real PsClient. Goodput = tensor bytes / wall time of one call.
+// Shards and the ceiling servers run in this process, each shard its own grpc::Server on
+// loopback TCP; the client is the real PsClient. Goodput = tensor bytes / wall time of one
+// call.
 // --metrics: each shard also counts its RPCs (the interceptor ps_server installs with
 // --metrics_port) and serves /metrics, scraped over HTTP every --scrape_ms as Prometheus
 // would: run with and without it to see what metrics cost (bench/metrics_cost.sh).
@@ -12,8 +17,16 @@
 // clusters in this process, interleaved. tls: the shards serve TLS and check the tokens of
 // --tls_dir (deploy/make_certs.sh), the client speaks TLS with the admin token
 // (bench/tls_cost.sh).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -51,6 +64,9 @@ ABSL_FLAG(bool, ab_control, false,
 ABSL_FLAG(std::string, tls_dir, "",
           "With --ab=tls: deploy/make_certs.sh's output (ca.pem, node.pem, node.key, tokens).");
 ABSL_FLAG(int, scrape_ms, 1000, "With --metrics: time between scrapes of each shard.");
+ABSL_FLAG(std::string, iperf3, "iperf3",
+          "iperf3 to measure loopback TCP with (one stream, 2 s) before each figure; empty: "
+          "not measured.");
 ABSL_FLAG(int, rounds, 3,
           "Whole sweeps; each figure is the median over rounds of the per-round medians.");
 
@@ -261,6 +277,171 @@ class RawClient {
   std::vector<std::unique_ptr<RawStream::Stub>> stubs_;
 };
 
+
+// The physical ceiling: the same bytes over plain loopback TCP, split across as many
+// servers in parallel, no framing and no copies but the kernel's. A push sends an 8-byte
+// length and the bytes, and waits for a 1-byte acknowledgement sent once the server has
+// read them all (into one reused 1 MiB buffer, dropped); a pull sends the length with the
+// top bit set and reads that many bytes back (written from a preallocated buffer).
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k <= 0) return false;
+    p += k, n -= k;
+  }
+  return true;
+}
+bool ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t k = ::recv(fd, p, n, 0);
+    if (k <= 0) return false;
+    p += k, n -= k;
+  }
+  return true;
+}
+constexpr uint64_t kTcpPull = uint64_t{1} << 63;
+
+class TcpServer {
+ public:
+  TcpServer() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::listen(listen_, 1) != 0 ||
+        ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      std::perror("ps_throughput: TCP ceiling server");
+      std::exit(1);
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~TcpServer() {
+    ::shutdown(listen_, SHUT_RDWR);  // ends an accept still waiting
+    thread_.join();
+    ::close(listen_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void Serve() {
+    int fd = ::accept(listen_, nullptr, nullptr);
+    if (fd < 0) return;
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<char> buffer(1 << 20), source;
+    for (uint64_t header; ReadAll(fd, &header, sizeof(header));) {
+      const uint64_t n = header & ~kTcpPull;
+      if (header & kTcpPull) {
+        if (source.size() < n) source.resize(n, 1);
+        if (!WriteAll(fd, source.data(), n)) break;
+        continue;
+      }
+      bool ok = true;
+      for (uint64_t done = 0; ok && done < n; done += buffer.size()) {
+        ok = ReadAll(fd, buffer.data(), std::min<uint64_t>(buffer.size(), n - done));
+      }
+      const char ack = 1;
+      if (!ok || !WriteAll(fd, &ack, 1)) break;
+    }
+    ::close(fd);
+  }
+  int listen_ = -1, port_ = 0;
+  std::thread thread_;
+};
+
+class TcpClient {
+ public:
+  explicit TcpClient(const std::vector<std::unique_ptr<TcpServer>>& servers) {
+    for (const auto& server : servers) {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(server->port());
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        std::perror("ps_throughput: TCP ceiling client");
+        std::exit(1);
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      fds_.push_back(fd);
+    }
+  }
+  ~TcpClient() {
+    for (int fd : fds_) ::close(fd);
+  }
+  void Push(const std::vector<float>& data) {
+    OnShards(data.size(), [&](int s, Range r) {
+      const uint64_t n = r.size() * sizeof(float);
+      char ack;
+      if (!WriteAll(fds_[s], &n, sizeof(n)) || !WriteAll(fds_[s], data.data() + r.begin, n) ||
+          !ReadAll(fds_[s], &ack, 1)) {
+        std::abort();
+      }
+    });
+  }
+  void Pull(std::vector<float>* out) {
+    OnShards(out->size(), [&](int s, Range r) {
+      const uint64_t header = r.size() * sizeof(float) | kTcpPull;
+      if (!WriteAll(fds_[s], &header, sizeof(header)) ||
+          !ReadAll(fds_[s], out->data() + r.begin, r.size() * sizeof(float))) {
+        std::abort();
+      }
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void OnShards(uint64_t size, Fn fn) {
+    std::vector<std::thread> threads;
+    int n = static_cast<int>(fds_.size());
+    for (int s = 1; s < n; ++s)
+      threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
+    fn(0, DenseShardRange(size, 0, n));
+    for (auto& t : threads) t.join();
+  }
+  std::vector<int> fds_;
+};
+
+// Loopback TCP as iperf3 measures it (one stream, 2 s), in GB/s; 0 when it cannot run.
+double Iperf3Gbps() {
+  const std::string iperf3 = absl::GetFlag(FLAGS_iperf3);
+  if (iperf3.empty()) return 0;
+  const std::string port = absl::StrCat(20000 + getpid() % 20000);
+  std::thread server([&] {  // one test, then it exits; bounded if the client never comes
+    std::system(absl::StrCat("timeout 30 ", iperf3, " -s -1 -p ", port, " >/dev/null 2>&1")
+                    .c_str());
+  });
+  double gbps = 0;
+  for (int attempt = 0; attempt < 50 && gbps == 0; ++attempt) {  // until the server listens
+    FILE* p = ::popen(
+        absl::StrCat(iperf3, " -c 127.0.0.1 -p ", port, " -t 2 -J 2>/dev/null").c_str(), "r");
+    std::string json;
+    char buf[4096];
+    for (size_t k; p != nullptr && (k = std::fread(buf, 1, sizeof(buf), p)) > 0;) {
+      json.append(buf, k);
+    }
+    if (p != nullptr) ::pclose(p);
+    const size_t at = json.find("\"sum_received\"");
+    const size_t bps = at == std::string::npos ? at : json.find("\"bits_per_second\":", at);
+    if (bps != std::string::npos) {
+      gbps = std::strtod(json.c_str() + bps + 18, nullptr) / 8e9;
+    } else {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  server.join();
+  if (gbps == 0) {
+    std::fprintf(stderr, "ps_throughput: %s did not run; no iperf3 figure\n", iperf3.c_str());
+  }
+  return gbps;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -276,8 +457,11 @@ double Seconds(Fn fn) {
 struct Result {
   uint32_t shards;
   uint64_t bytes;
-  double push_gbps, raw_push_gbps, pull_gbps, raw_pull_gbps;
-  double push_ratio = 0, pull_ratio = 0;  // medians of per-round ratios
+  double push_gbps, raw_push_gbps, pull_gbps, raw_pull_gbps, tcp_push_gbps, tcp_pull_gbps,
+      iperf3_gbps;
+  double push_ratio = 0, pull_ratio = 0;  // to raw gRPC: medians of per-round ratios
+  double push_tcp_ratio = 0, pull_tcp_ratio = 0;        // to raw TCP
+  double push_iperf3_ratio = 0, pull_iperf3_ratio = 0;  // to iperf3
 };
 
 // A client of `cluster` with table 1 (`bytes` of float32, SGD, ASP) created.
@@ -308,10 +492,13 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   Cluster cluster = StartCluster(num_shards, metrics);
   auto client = ConnectWithTable(cluster, bytes);
   RawClient raw(cluster.raw_addresses);
+  std::vector<std::unique_ptr<TcpServer>> tcp_servers;
+  for (uint32_t s = 0; s < num_shards; ++s) tcp_servers.push_back(std::make_unique<TcpServer>());
+  TcpClient tcp(tcp_servers);
   const size_t n = bytes / sizeof(float);
-  std::vector<float> grad(n, 0.5f), out(n), raw_out(n);
-  std::vector<double> push, raw_push, pull, raw_pull;
-  for (int i = 0; i < reps + 2; ++i) {  // interleaved: PS, raw, PS, raw ...
+  std::vector<float> grad(n, 0.5f), out(n), raw_out(n), tcp_out(n);
+  std::vector<double> push, raw_push, pull, raw_pull, tcp_push, tcp_pull;
+  for (int i = 0; i < reps + 2; ++i) {  // interleaved: PS, raw gRPC, TCP, PS ...
     double a = Seconds([&] {
       if (!client->PushDense(1, i, grad).ok()) std::abort();
     });
@@ -320,8 +507,11 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
       if (!client->PullDense(1, i, absl::MakeSpan(out)).ok()) std::abort();
     });
     double d = Seconds([&] { raw.Pull(&raw_out); });
+    double e = Seconds([&] { tcp.Push(grad); });
+    double f = Seconds([&] { tcp.Pull(&tcp_out); });
     if (i < 2) continue;  // warm-up
     push.push_back(a), raw_push.push_back(b), pull.push_back(c), raw_pull.push_back(d);
+    tcp_push.push_back(e), tcp_pull.push_back(f);
   }
   // Correctness: every value took the same SGD steps, and the raw pull moved the bytes.
   for (float v : out) {
@@ -331,8 +521,11 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
     }
   }
   if (raw_out.front() != 1.0f || raw_out.back() != 1.0f) std::abort();
+  if (tcp_out.front() == 0.0f || tcp_out.back() == 0.0f) std::abort();
   auto gbps = [&](const std::vector<double>& t) { return bytes / Median(t) / 1e9; };
-  Result r{num_shards, bytes, gbps(push), gbps(raw_push), gbps(pull), gbps(raw_pull)};
+  Result r{num_shards,     bytes,          gbps(push),    gbps(raw_push),
+           gbps(pull),     gbps(raw_pull), gbps(tcp_push), gbps(tcp_pull),
+           Iperf3Gbps()};
   for (auto& s : cluster.servers) s->Shutdown();
   return r;
 }
@@ -425,26 +618,48 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::vector<Result> results;
-  std::printf("%-7s %-9s %10s %10s %6s %10s %10s %6s\n", "shards", "tensor", "push GB/s",
-              "raw GB/s", "ratio", "pull GB/s", "raw GB/s", "ratio");
+  std::printf("goodput GB/s; ratios are medians of per-round ratios (PS over the ceiling)\n");
+  std::printf("%-6s %-9s | %7s %7s %7s %7s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s\n",
+              "shards", "tensor", "iperf3", "push", "grpc", "tcp", "pull", "grpc", "tcp",
+              "/grpc", "/tcp", "/iperf", "/grpc", "/tcp", "/iperf");
   for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
     for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
       uint32_t shards = std::stoul(shards_flag);
       uint64_t kib = std::stoull(kib_flag);
       int reps = absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1);
-      std::vector<double> push, raw_push, pull, raw_pull, push_ratio, pull_ratio;
+      std::vector<Result> rounds;
       for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-        Result r = pscluster::bench::Measure(shards, kib << 10, reps);
-        push.push_back(r.push_gbps), raw_push.push_back(r.raw_push_gbps);
-        pull.push_back(r.pull_gbps), raw_pull.push_back(r.raw_pull_gbps);
-        push_ratio.push_back(r.push_gbps / r.raw_push_gbps);
-        pull_ratio.push_back(r.pull_gbps / r.raw_pull_gbps);
+        rounds.push_back(pscluster::bench::Measure(shards, kib << 10, reps));
       }
-      Result r{shards,       kib << 10,        median(push),       median(raw_push),
-               median(pull), median(raw_pull), median(push_ratio), median(pull_ratio)};
-      std::printf("%-7u %6lu KiB %10.3f %10.3f %6.2f %10.3f %10.3f %6.2f\n", shards,
-                  static_cast<unsigned long>(kib), r.push_gbps, r.raw_push_gbps, r.push_ratio,
-                  r.pull_gbps, r.raw_pull_gbps, r.pull_ratio);
+      auto m = [&](auto field) {
+        std::vector<double> v;
+        for (const Result& r : rounds) v.push_back(field(r));
+        return median(v);
+      };
+      Result r{shards,
+               kib << 10,
+               m([](const Result& r) { return r.push_gbps; }),
+               m([](const Result& r) { return r.raw_push_gbps; }),
+               m([](const Result& r) { return r.pull_gbps; }),
+               m([](const Result& r) { return r.raw_pull_gbps; }),
+               m([](const Result& r) { return r.tcp_push_gbps; }),
+               m([](const Result& r) { return r.tcp_pull_gbps; }),
+               m([](const Result& r) { return r.iperf3_gbps; })};
+      r.push_ratio = m([](const Result& r) { return r.push_gbps / r.raw_push_gbps; });
+      r.pull_ratio = m([](const Result& r) { return r.pull_gbps / r.raw_pull_gbps; });
+      r.push_tcp_ratio = m([](const Result& r) { return r.push_gbps / r.tcp_push_gbps; });
+      r.pull_tcp_ratio = m([](const Result& r) { return r.pull_gbps / r.tcp_pull_gbps; });
+      if (r.iperf3_gbps > 0) {
+        r.push_iperf3_ratio = m([](const Result& r) { return r.push_gbps / r.iperf3_gbps; });
+        r.pull_iperf3_ratio = m([](const Result& r) { return r.pull_gbps / r.iperf3_gbps; });
+      }
+      std::printf(
+          "%-6u %5lu KiB | %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f | %6.2f %6.2f %6.2f | "
+          "%6.2f %6.2f %6.2f\n",
+          shards, static_cast<unsigned long>(kib), r.iperf3_gbps, r.push_gbps, r.raw_push_gbps,
+          r.tcp_push_gbps, r.pull_gbps, r.raw_pull_gbps, r.tcp_pull_gbps, r.push_ratio,
+          r.push_tcp_ratio, r.push_iperf3_ratio, r.pull_ratio, r.pull_tcp_ratio,
+          r.pull_iperf3_ratio);
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -459,7 +674,12 @@ int main(int argc, char** argv) {
           "  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes, ", \"push_gbps\": ", r.push_gbps,
           ", \"raw_push_gbps\": ", r.raw_push_gbps, ", \"push_ratio\": ", r.push_ratio,
           ", \"pull_gbps\": ", r.pull_gbps, ", \"raw_pull_gbps\": ", r.raw_pull_gbps,
-          ", \"pull_ratio\": ", r.pull_ratio, "}", i + 1 < results.size() ? ",\n" : "\n");
+          ", \"pull_ratio\": ", r.pull_ratio, ", \"tcp_push_gbps\": ", r.tcp_push_gbps,
+          ", \"tcp_pull_gbps\": ", r.tcp_pull_gbps, ", \"iperf3_gbps\": ", r.iperf3_gbps,
+          ", \"push_tcp_ratio\": ", r.push_tcp_ratio, ", \"pull_tcp_ratio\": ", r.pull_tcp_ratio,
+          ", \"push_iperf3_ratio\": ", r.push_iperf3_ratio,
+          ", \"pull_iperf3_ratio\": ", r.pull_iperf3_ratio, "}",
+          i + 1 < results.size() ? ",\n" : "\n");
     }
     f << "]\n";
   }

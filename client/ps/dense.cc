@@ -7,11 +7,37 @@
 #include "common/sharding.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/client_unary_call.h"
 
 namespace pscluster {
 namespace {
 
+using internal::DenseMethods;
+
 constexpr uint64_t kUnaryPullBytes = 256 << 10;
+
+// One unary call of a dense method on the replica `d`, with a request or an answer (or
+// both) coded by dense_wire as grpc::ByteBuffer.
+template <typename Req, typename Resp>
+grpc::Status DenseCall(const internal::ShardCalls::Dense& d,
+                       grpc::internal::RpcMethod DenseMethods::*method, grpc::ClientContext* ctx,
+                       const Req& req, Resp* resp) {
+  return grpc::internal::BlockingUnaryCall<Req, Resp>(d.channel, d.methods->*method, ctx, req,
+                                                       resp);
+}
+
+// A chunk's header: every field but data.
+ps::DenseChunk Header(int32_t worker, int64_t step, uint32_t table, uint64_t offset,
+                      uint64_t begin, uint64_t total_length) {
+  ps::DenseChunk c;
+  c.set_worker_id(worker);
+  c.set_step(step);
+  c.set_table_id(table);
+  c.set_offset(offset);
+  c.set_begin(begin);
+  c.set_total_length(total_length);
+  return c;
+}
 
 }  // namespace
 
@@ -49,9 +75,9 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
       }
       return absl::OkStatus();
     }
-    ps::DenseBatch resp;
+    grpc::ByteBuffer resp;
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
-      return calls_.stub(shard)->PullDenseBatch(ctx, req, &resp);
+      return DenseCall(calls_.dense(shard), &DenseMethods::pull_dense_batch, ctx, req, &resp);
     }));
     return CopyBatch(shard, resp, order, tables, out);
   });
@@ -91,7 +117,6 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
   }
   const bool pull = !out.empty();
   return calls_.ForEach([&](int shard) -> absl::Status {
-    ps::DenseBatch batch;
     std::vector<size_t> order;
     uint64_t total = 0;
     for (size_t i = 0; i < tables.size(); ++i) {
@@ -112,22 +137,21 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       }
       return absl::OkStatus();
     }
+    std::vector<ps::DenseChunk> headers;
+    std::vector<absl::Span<const float>> data;
     for (size_t i = 0; i < tables.size(); ++i) {
       Range r = DenseShardRange(grads[i].size(), shard, num_shards());
       if (r.size() == 0) continue;
-      ps::DenseChunk* c = batch.add_chunks();
-      c->set_worker_id(options_.worker_id);
-      c->set_step(step);
-      c->set_table_id(tables[i]);
-      c->set_offset(r.begin);
-      c->set_begin(r.begin);
-      c->set_total_length(r.size());
-      c->set_data(grads[i].data() + r.begin, r.size() * sizeof(float));
+      headers.push_back(Header(options_.worker_id, step, tables[i], r.begin, r.begin, r.size()));
+      data.push_back(grads[i].subspan(r.begin, r.size()));
       order.push_back(i);
     }
+    const grpc::ByteBuffer batch = internal::EncodeDenseBatch(headers, data);
     if (!pull) {
       ps::PushDenseBatchResponse resp;
-      return calls_.Unary(shard, &ps::ParameterServer::Stub::PushDenseBatch, batch, &resp);
+      return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
+        return DenseCall(calls_.dense(shard), &DenseMethods::push_dense_batch, ctx, batch, &resp);
+      }));
     }
     // The push and the wait for step + 1 in one call; when the wait outlasts a slice the
     // push is in (the shard pushes before it waits), so the later attempts only pull. With
@@ -135,7 +159,7 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     // have run out on a head cut off before the push reached it, and a head that has the
     // push answers the repeat from it.
     ps::PullDenseBatchRequest again;
-    for (const ps::DenseChunk& c : batch.chunks()) {
+    for (const ps::DenseChunk& c : headers) {
       ps::PullDenseRequest* p = again.add_pulls();
       p->set_worker_id(c.worker_id());
       p->set_step(step + 1);
@@ -143,60 +167,68 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       p->set_offset(c.offset());
       p->set_length(c.total_length());
     }
-    ps::DenseBatch resp;
+    grpc::ByteBuffer resp;
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int n) {
       return n == 0 || calls_.replicated()
-                 ? calls_.stub(shard)->PushPullDenseBatch(ctx, batch, &resp)
-                 : calls_.stub(shard)->PullDenseBatch(ctx, again, &resp);
+                 ? DenseCall(calls_.dense(shard), &DenseMethods::push_pull_dense_batch, ctx,
+                             batch, &resp)
+                 : DenseCall(calls_.dense(shard), &DenseMethods::pull_dense_batch, ctx, again,
+                             &resp);
     }));
     return CopyBatch(shard, resp, order, tables, out);
   });
 }
 
-absl::Status PsClient::CopyBatch(int shard, const ps::DenseBatch& resp,
+absl::Status PsClient::CopyBatch(int shard, const grpc::ByteBuffer& resp,
                                  const std::vector<size_t>& order,
                                  absl::Span<const uint32_t> tables,
                                  absl::Span<const absl::Span<float>> out) {
-  if (resp.chunks_size() != static_cast<int>(order.size())) {
-    return absl::InternalError(absl::StrCat(calls_.Name(shard), " answered ", resp.chunks_size(),
-                                            " chunks for ", order.size(), " tables"));
+  absl::StatusOr<int> chunks = internal::DecodeDenseBatch(
+      resp, [&](int k, const ps::DenseChunk&, size_t bytes) -> absl::StatusOr<char*> {
+        if (k >= static_cast<int>(order.size())) {
+          return absl::InternalError(absl::StrCat("more than ", order.size(), " chunks"));
+        }
+        const size_t i = order[k];
+        Range r = DenseShardRange(out[i].size(), shard, num_shards());
+        if (bytes != r.size() * sizeof(float)) {
+          return absl::InternalError(absl::StrCat(bytes, " bytes for table ", tables[i],
+                                                  ", expected ", r.size() * sizeof(float)));
+        }
+        return reinterpret_cast<char*>(out[i].data() + r.begin);
+      });
+  if (chunks.ok() && *chunks != static_cast<int>(order.size())) {
+    chunks = absl::InternalError(absl::StrCat(*chunks, " chunks for ", order.size(), " tables"));
   }
-  for (size_t k = 0; k < order.size(); ++k) {
-    const size_t i = order[k];
-    Range r = DenseShardRange(out[i].size(), shard, num_shards());
-    const std::string& data = resp.chunks(k).data();
-    if (data.size() != r.size() * sizeof(float)) {
-      return absl::InternalError(absl::StrCat(calls_.Name(shard), " answered ", data.size(),
-                                              " bytes for table ", tables[i], ", expected ",
-                                              r.size() * sizeof(float)));
-    }
-    std::memcpy(out[i].data() + r.begin, data.data(), data.size());
+  if (!chunks.ok()) {
+    return absl::InternalError(
+        absl::StrCat(calls_.Name(shard), " answered a bad batch: ", chunks.status().message()));
   }
   return absl::OkStatus();
 }
 
 absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                                       absl::Span<const float> grad) {
-  ps::DenseChunk chunk;
-  chunk.set_worker_id(options_.worker_id);
-  chunk.set_step(step);
-  chunk.set_table_id(table_id);
-  chunk.set_begin(begin);
-  chunk.set_total_length(grad.size());
   ps::PushDenseResponse resp;
+  auto chunk = [&](uint64_t done, uint64_t n) {
+    return internal::EncodeDenseChunk(
+        Header(options_.worker_id, step, table_id, begin + done, begin, grad.size()),
+        grad.subspan(done, n));
+  };
   const uint64_t per_chunk = options_.chunk_bytes / sizeof(float);
   if (grad.size() <= per_chunk) {  // one message: unary
-    chunk.set_offset(begin);
-    chunk.set_data(grad.data(), grad.size() * sizeof(float));
-    return calls_.Unary(shard, &ps::ParameterServer::Stub::PushDense, chunk, &resp);
+    const grpc::ByteBuffer whole = chunk(0, grad.size());
+    return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
+      return DenseCall(calls_.dense(shard), &DenseMethods::push_dense, ctx, whole, &resp);
+    }));
   }
   return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
-    auto writer = calls_.stub(shard)->PushDenseStream(ctx, &resp);
+    const internal::ShardCalls::Dense d = calls_.dense(shard);
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            d.channel, d.methods->push_dense_stream, ctx, &resp));
     for (uint64_t done = 0; done < grad.size(); done += per_chunk) {
-      uint64_t n = std::min<uint64_t>(per_chunk, grad.size() - done);
-      chunk.set_offset(begin + done);
-      chunk.set_data(grad.data() + done, n * sizeof(float));
-      if (!writer->Write(chunk)) break;  // the server ended the stream; Finish says why
+      // the server ended the stream when a write fails; Finish says why
+      if (!writer->Write(chunk(done, std::min<uint64_t>(per_chunk, grad.size() - done)))) break;
     }
     writer->WritesDone();
     return writer->Finish();
@@ -211,47 +243,51 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
   req.set_table_id(table_id);
   req.set_offset(begin);
   req.set_length(out.size());
-  auto misplaced = [&](const ps::DenseChunk& c, uint64_t got) {
-    return absl::InternalError(absl::StrCat(calls_.Name(shard), " sent chunk at offset ",
-                                            c.offset(), " with ", c.data().size(), " bytes after ",
-                                            got, " of ", out.size(), " values"));
-  };
-  ps::DenseChunk chunk;
-  // Small slices: unary. Larger ones stream even when they fit one message: the stream
-  // reuses its chunk buffer, a unary response allocates (and page-faults) a new one.
-  if (out.size() * sizeof(float) <= std::min<uint64_t>(options_.chunk_bytes, kUnaryPullBytes)) {
-    absl::Status st = calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
-      return calls_.stub(shard)->PullDense(ctx, req, &chunk);
-    });
-    if (!st.ok()) return st;
-    if (chunk.data().size() != out.size() * sizeof(float)) return misplaced(chunk, 0);
-    std::memcpy(out.data(), chunk.data().data(), chunk.data().size());
-    return absl::OkStatus();
-  }
+  // Each chunk's values go straight to their place in `out`, checked first.
   uint64_t got = 0;
-  absl::Status bad;  // a chunk out of place
-  absl::Status st = calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
-    got = 0;
-    auto reader = calls_.stub(shard)->PullDenseStream(ctx, req);
-    while (reader->Read(&chunk)) {
-      uint64_t n = chunk.data().size() / sizeof(float);
-      if (chunk.offset() != begin + got || n > out.size() - got) {
-        ctx->TryCancel();
-        reader->Finish();
-        bad = misplaced(chunk, got);
-        return grpc::Status::OK;
-      }
-      std::memcpy(out.data() + got, chunk.data().data(), n * sizeof(float));
-      got += n;
+  auto place = [&](int, const ps::DenseChunk& c, size_t bytes) -> absl::StatusOr<char*> {
+    const uint64_t n = bytes / sizeof(float);
+    if (c.offset() != begin + got || bytes % sizeof(float) != 0 || n > out.size() - got) {
+      return absl::InternalError(absl::StrCat(calls_.Name(shard), " sent chunk at offset ",
+                                              c.offset(), " with ", bytes, " bytes after ", got,
+                                              " of ", out.size(), " values"));
     }
-    return reader->Finish();
-  });
-  if (!bad.ok()) return bad;
-  if (st.ok() && got != out.size()) {
-    return absl::DataLossError(absl::StrCat(calls_.Name(shard), " pull stream ended after ", got,
+    char* at = reinterpret_cast<char*>(out.data() + got);
+    got += n;
+    return at;
+  };
+  grpc::ByteBuffer chunk;
+  // Small slices: unary. Larger ones stream even when they fit one message.
+  if (out.size() * sizeof(float) <= std::min<uint64_t>(options_.chunk_bytes, kUnaryPullBytes)) {
+    RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
+      return DenseCall(calls_.dense(shard), &DenseMethods::pull_dense, ctx, req, &chunk);
+    }));
+    RETURN_IF_ERROR(internal::DecodeDenseChunk(chunk, place));
+  } else {
+    absl::Status bad;  // a chunk out of place, or one that does not parse
+    absl::Status st = calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
+      got = 0;
+      const internal::ShardCalls::Dense d = calls_.dense(shard);
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+              d.channel, d.methods->pull_dense_stream, ctx, req));
+      while (reader->Read(&chunk)) {
+        if (bad = internal::DecodeDenseChunk(chunk, place); !bad.ok()) {
+          ctx->TryCancel();
+          reader->Finish();
+          return grpc::Status::OK;
+        }
+      }
+      return reader->Finish();
+    });
+    RETURN_IF_ERROR(bad);
+    RETURN_IF_ERROR(st);
+  }
+  if (got != out.size()) {
+    return absl::DataLossError(absl::StrCat(calls_.Name(shard), " pull ended after ", got,
                                             " of ", out.size(), " values"));
   }
-  return st;
+  return absl::OkStatus();
 }
 
 }  // namespace pscluster

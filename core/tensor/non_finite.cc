@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace pscluster::core {
 
@@ -25,6 +26,19 @@ size_t FirstNonFinite(absl::Span<const float> values) {
     }
   }
   return values.size();
+}
+
+float MaxAbs(absl::Span<const float> values) {
+  uint32_t biggest = 0;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    biggest = std::max(biggest, bits & 0x7fffffffu);
+  }
+  if (biggest >= 0x7f800000u) return std::numeric_limits<float>::infinity();
+  float out;
+  std::memcpy(&out, &biggest, sizeof(out));
+  return out;
 }
 
 }  // namespace pscluster::core

@@ -11,4 +11,9 @@ namespace pscluster::core {
 // vectorisable blocks (integer exponent test), so it runs near memory bandwidth.
 size_t FirstNonFinite(absl::Span<const float> values);
 
+// The largest |value| in `values` (0 when empty), or +Inf when any value is Inf or NaN
+// (FirstNonFinite then says where). One vectorisable integer pass: for IEEE floats without
+// their sign bit, integer order is magnitude order, and Inf/NaN sort above every finite.
+float MaxAbs(absl::Span<const float> values);
+
 }  // namespace pscluster::core

@@ -29,5 +29,20 @@ TEST(NonFiniteTest, FindsTheFirstNanOrInfAcrossBlocks) {
   }
 }
 
+TEST(NonFiniteTest, MaxAbsIsTheLargestMagnitudeOrInfinity) {
+  EXPECT_EQ(MaxAbs({}), 0.0f);
+  std::vector<float> v(3001, 0.5f);
+  v[1500] = -7.25f;
+  v[9] = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(MaxAbs(v), 7.25f);
+  v[3000] = std::numeric_limits<float>::max();
+  EXPECT_EQ(MaxAbs(v), std::numeric_limits<float>::max());
+  for (float bad : {std::nanf(""), -std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    v[2047] = bad;
+    EXPECT_EQ(MaxAbs(v), std::numeric_limits<float>::infinity()) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace pscluster::core

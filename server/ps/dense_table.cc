@@ -7,9 +7,11 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "core/init/initializer.h"
 
@@ -80,33 +82,40 @@ void ForEachPart(const std::vector<Piece>& pieces, uint64_t total,
   for (auto& t : threads) t.join();
 }
 
-// Local index of the first non-finite value, or UINT64_MAX.
-uint64_t FirstNonFinite(const std::vector<Piece>& pieces, uint64_t total) {
+// Local index of the first non-finite value, or UINT64_MAX; *max_abs: the largest
+// |value| when all are finite.
+uint64_t ScanPieces(const std::vector<Piece>& pieces, uint64_t total, float* max_abs) {
   std::atomic<uint64_t> first{UINT64_MAX};
+  absl::Mutex mu;
+  float biggest = 0;
   ForEachPart(pieces, total, [&](const std::vector<Piece>& part) {
+    float part_max = 0;
     for (const Piece& p : part) {
-      if (size_t bad = core::FirstNonFinite(p.grad); bad < p.grad.size()) {
-        uint64_t at = p.at + bad, seen = first.load();
+      part_max = std::max(part_max, core::MaxAbs(p.grad));
+      if (std::isinf(part_max)) {
+        uint64_t at = p.at + core::FirstNonFinite(p.grad), seen = first.load();
         while (at < seen && !first.compare_exchange_weak(seen, at)) {
         }
         return;
       }
     }
+    absl::MutexLock lock(&mu);
+    biggest = std::max(biggest, part_max);
   });
+  *max_abs = biggest;
   return first.load();
 }
 
 }  // namespace
 
 uint64_t DenseTable::FirstOverflowLocked(const std::vector<Piece>& pieces, uint64_t total,
-                                         float g_scale) const {
+                                         float g_scale, float max_abs) const {
   const float large = LargeGradientThreshold() / g_scale;
+  if (max_abs < large) return UINT64_MAX;  // the common case: known from the scan
   std::atomic<uint64_t> first{UINT64_MAX};
   ForEachPart(pieces, total, [&](const std::vector<Piece>& part) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const Piece& p : part) {
-      float biggest = 0;
-      for (float g : p.grad) biggest = std::max(biggest, std::fabs(g));
-      if (biggest < large) continue;  // the common case: one cheap scan
+      if (core::MaxAbs(p.grad) < large) continue;  // one cheap scan
       const float* slots[8];
       for (size_t k = 0; k < slots_.size(); ++k) slots[k] = slots_[k].data() + p.at;
       size_t bad = core::FirstOverflow(*optimizer_, values_.data() + p.at, p.grad.data(), slots,
@@ -123,11 +132,16 @@ uint64_t DenseTable::FirstOverflowLocked(const std::vector<Piece>& pieces, uint6
 }
 
 absl::Status DenseTable::ScanChunk(uint64_t first_index, absl::Span<const float> chunk,
-                                   bool* has_nonfinite) const {
-  size_t bad = core::FirstNonFinite(chunk);
-  if (bad == chunk.size()) return absl::OkStatus();
+                                   Scanned* scanned) const {
+  scanned->done = true;
+  const float biggest = core::MaxAbs(chunk);
+  if (!std::isinf(biggest)) {
+    scanned->max_abs = std::max(scanned->max_abs, biggest);
+    return absl::OkStatus();
+  }
+  const size_t bad = core::FirstNonFinite(chunk);
   if (!spec_.skip_nonfinite()) return NonFinite(chunk[bad], first_index + bad);
-  *has_nonfinite = true;
+  scanned->has_nonfinite = true;
   return absl::OkStatus();
 }
 
@@ -142,9 +156,10 @@ absl::StatusOr<DenseTable::Prepared> DenseTable::Prepare(
     p.pieces.push_back({at, c});
     at += c.size();
   }
-  const uint64_t bad = scanned == Scanned::kNo          ? FirstNonFinite(p.pieces, p.total)
-                       : scanned == Scanned::kAllFinite ? UINT64_MAX
-                                                        : 0;
+  p.max_abs = scanned.max_abs;
+  const uint64_t bad = !scanned.done          ? ScanPieces(p.pieces, p.total, &p.max_abs)
+                       : scanned.has_nonfinite ? 0
+                                               : UINT64_MAX;
   p.finite = bad == UINT64_MAX;
   if (!p.finite && !spec_.skip_nonfinite()) {
     for (const Piece& piece : p.pieces) {
@@ -160,7 +175,8 @@ absl::Status DenseTable::CheckLocked(Prepared* p) {
   RETURN_IF_ERROR(CheckPushLocked(p->worker, p->step));
   // A finite gradient whose update would overflow is refused like a non-finite one. Under
   // BSP it is checked alone, scaled by the number of workers whose gradients are summed.
-  p->over = p->finite ? FirstOverflowLocked(p->pieces, p->total, bsp() ? num_workers_locked() : 1)
+  p->over = p->finite ? FirstOverflowLocked(p->pieces, p->total,
+                                           bsp() ? num_workers_locked() : 1, p->max_abs)
                       : UINT64_MAX;
   if (p->over != UINT64_MAX && !spec_.skip_nonfinite()) return Overflow(range_.begin + p->over);
   return absl::OkStatus();
@@ -249,7 +265,9 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
   pending_.erase(it);
   // Each push was checked alone; their sum may still overflow: then the step leaves this
   // table as it was, counted and said.
-  if (uint64_t over = FirstOverflowLocked({{0, sum}}, sum.size(), 1.0f); over != UINT64_MAX) {
+  if (uint64_t over = FirstOverflowLocked({{0, sum}}, sum.size(), 1.0f,
+                                          std::numeric_limits<float>::infinity());
+      over != UINT64_MAX) {
     nonfinite_skipped_++;
     std::fprintf(stderr,
                  "ps_server: table %u: the summed gradient of BSP step %lld would make index "

@@ -47,6 +47,15 @@ class DenseStateBuilder {
   std::map<uint64_t, uint64_t> runs_;  // begin -> end of every non-empty chunk added
 };
 
+// What a caller knows of a gradient's values, from scanning it chunk by chunk as it
+// arrived (DenseTable::ScanChunk, while each chunk is hot in cache). A default one knows
+// nothing: DenseTable::Push scans the gradient itself.
+struct GradientScan {
+  bool done = false;
+  bool has_nonfinite = false;
+  float max_abs = 0;  // the largest |value| (of a finite gradient)
+};
+
 class DenseTable final : public Table {
  public:
   // A run of gradient values for the table's local indices [at, at + grad.size()).
@@ -63,14 +72,12 @@ class DenseTable final : public Table {
   // OUT_OF_RANGE unless [begin, begin + length) lies inside this shard's range.
   absl::Status CheckRange(uint64_t begin, uint64_t length) const;
 
-  // What the caller already knows of a gradient's values.
-  enum class Scanned { kNo, kAllFinite, kHasNonFinite };
+  using Scanned = GradientScan;
 
-  // For a caller that scans chunks as they arrive (while they are hot in cache): OK, or
-  // the non-finite error (global index `first_index` + i) unless skip_nonfinite, in which
-  // case *has_nonfinite is set.
+  // Scans one chunk into *scanned: OK, or the non-finite error (global index
+  // `first_index` + i) unless skip_nonfinite, in which case has_nonfinite is set.
   absl::Status ScanChunk(uint64_t first_index, absl::Span<const float> chunk,
-                         bool* has_nonfinite) const;
+                         Scanned* scanned) const;
 
   // Applies (ASP/SSP) or stages (BSP) one worker's gradient for `step`: the concatenation
   // of `chunks` covers [begin, begin + total). All or nothing: a rejected push changes
@@ -79,7 +86,7 @@ class DenseTable final : public Table {
   // under skip_nonfinite.
   absl::Status Push(int32_t worker, int64_t step, uint64_t begin,
                     const std::vector<absl::Span<const float>>& chunks, bool* skipped,
-                    Scanned scanned = Scanned::kNo);
+                    Scanned scanned = {});
 
   // Copy on write (see Cow below): the block a capture copies at a time, and the filling
   // of a capture (Table::CompleteCapture).
@@ -146,6 +153,7 @@ class DenseTable final : public Table {
     std::vector<Piece> pieces;
     uint64_t total = 0;
     bool finite = true;
+    float max_abs = 0;           // the largest |gradient| when finite
     uint64_t over = UINT64_MAX;  // set by CheckLocked: the first index it would overflow
   };
   absl::StatusOr<Prepared> Prepare(int32_t worker, int64_t step, uint64_t begin,
@@ -158,8 +166,10 @@ class DenseTable final : public Table {
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The first local index the update with gradient `pieces` * g_scale would make
   // non-finite (value or slot), or UINT64_MAX; changes nothing.
-  uint64_t FirstOverflowLocked(const std::vector<Piece>& pieces, uint64_t total,
-                               float g_scale) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `max_abs`: the largest |gradient| when known (below the threshold where an update
+  // could overflow, no value needs a closer look), +Inf when not.
+  uint64_t FirstOverflowLocked(const std::vector<Piece>& pieces, uint64_t total, float g_scale,
+                               float max_abs) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t MemoryBytes(const TableInfo& info) const override;
   void PrepareImage(TableImage* image) const override;

@@ -636,8 +636,8 @@ TEST(DenseTableTest, PushAllAppliesEveryPushOrNone) {
   bool skipped[2];
   auto batch = [&](const std::vector<float>& a, const std::vector<float>& b, int64_t step) {
     return std::vector<DenseTable::PushArgs>{
-        {second.get(), 0, step, 0, absl::MakeConstSpan(b), DenseTable::Scanned::kNo, &skipped[1]},
-        {first.get(), 0, step, 0, absl::MakeConstSpan(a), DenseTable::Scanned::kNo, &skipped[0]}};
+        {second.get(), 0, step, 0, absl::MakeConstSpan(b), DenseTable::Scanned{}, &skipped[1]},
+        {first.get(), 0, step, 0, absl::MakeConstSpan(a), DenseTable::Scanned{}, &skipped[0]}};
   };
   const uint32_t before_first = first->Fingerprint(), before_second = second->Fingerprint();
   size_t refused = 99;

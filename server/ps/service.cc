@@ -222,7 +222,7 @@ absl::Status ParameterServerService::ApplyReplicated(const ReplicatedUpdate& u,
       std::vector<std::string> buffers;
       if (!u.push_dense().data().empty()) buffers.push_back(u.push_dense().data());
       for (std::string& c : *chunks) buffers.push_back(std::move(c));
-      absl::Status s = PushStreamed(u.push_dense(), buffers, DenseTable::Scanned::kNo, &resp);
+      absl::Status s = PushStreamed(u.push_dense(), buffers, {}, &resp);
       // Handed on down the chain next: give the bytes back.
       chunks->clear();
       for (size_t i = u.push_dense().data().empty() ? 0 : 1; i < buffers.size(); ++i) {
@@ -420,7 +420,7 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
                                                PushDenseBatchResponse* resp) {
   const DenseBatch* req = &batch;
   std::vector<DenseTable*> tables;
-  std::vector<bool> nonfinite;
+  std::vector<DenseTable::Scanned> scanned;
   uint64_t total_bytes = 0;
   for (const DenseChunk& c : req->chunks()) total_bytes += c.data().size();
   if (total_bytes > options_.max_chunk_bytes) {
@@ -448,13 +448,13 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
         return fail(absl::InvalidArgumentError("the table appears twice in the batch"));
       }
     }
-    bool has_nonfinite = false;
-    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &has_nonfinite);
+    DenseTable::Scanned chunk_scan;
+    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &chunk_scan);
         !s.ok()) {
       return fail(s);
     }
     tables.push_back(*table);
-    nonfinite.push_back(has_nonfinite);
+    scanned.push_back(chunk_scan);
   }
   // Checked against the tables' state and applied under all their locks at once: a batch
   // is applied whole or not at all.
@@ -463,9 +463,7 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
   for (int i = 0; i < req->chunks_size(); ++i) {
     const DenseChunk& c = req->chunks(i);
     pushes.push_back({tables[i], c.worker_id(), c.step(), c.offset(), AsFloats(c.data()),
-                      nonfinite[i] ? DenseTable::Scanned::kHasNonFinite
-                                   : DenseTable::Scanned::kAllFinite,
-                      &skipped[i]});
+                      scanned[i], &skipped[i]});
   }
   size_t refused = 0;
   if (absl::Status s = DenseTable::PushAll(pushes, &refused); !s.ok()) {
@@ -583,7 +581,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
   } recycle{&buffers_, &buffers};
   const uint64_t chunk_bytes = std::max<uint64_t>(first.data().size(), 1);
   uint64_t received = 0, held = 0;
-  bool has_nonfinite = false;
+  DenseTable::Scanned scanned;
   for (bool have = true; have;
        *chunk.mutable_data() = buffers_.Get(chunk_bytes), have = reader->Read(&chunk)) {
     DenseChunk& c = buffers.empty() ? first : chunk;
@@ -607,7 +605,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
     held += c.data().capacity();
     if (absl::Status s = charge.GrowTo(held, what); !s.ok()) return ToGrpcStatus(s);
     // Scan now, while the chunk is in cache; a bad value ends the stream at once.
-    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &has_nonfinite);
+    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &scanned);
         !s.ok()) {
       return ToGrpcStatus(s);
     }
@@ -630,10 +628,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
       },
       &buffers,
       [&] {
-        return PushStreamed(first, buffers,
-                            has_nonfinite ? DenseTable::Scanned::kHasNonFinite
-                                          : DenseTable::Scanned::kAllFinite,
-                            resp);
+        return PushStreamed(first, buffers, scanned, resp);
       }));
 }
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/ps/internal/dense_wire.h"
 #include "common/executor.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
@@ -45,8 +46,13 @@ class ShardCalls {
     for (size_t s = 0; s < replicas_.size(); ++s) {
       current_[s] = 0;
       stubs_.emplace_back();
+      channels_.emplace_back();
+      dense_.emplace_back();
       for (const std::string& address : replicas_[s]) {
-        stubs_.back().push_back(ps::ParameterServer::NewStub(security.Channel(address, args)));
+        std::shared_ptr<grpc::Channel> channel = security.Channel(address, args);
+        stubs_.back().push_back(ps::ParameterServer::NewStub(channel));
+        dense_.back().push_back(std::make_unique<DenseMethods>(channel));
+        channels_.back().push_back(std::move(channel));
       }
       replicated_ |= replicas_[s].size() > 1;
     }
@@ -63,6 +69,16 @@ class ShardCalls {
   int size() const { return static_cast<int>(stubs_.size()); }
   // The replica of `shard` calls go to now (the head, as far as this client knows).
   Stub* stub(int shard) const { return stubs_[shard][current_[shard].load()].get(); }
+  // The same replica's channel, with the dense methods whose messages the client codes
+  // itself (dense_wire.h) registered on it.
+  struct Dense {
+    grpc::ChannelInterface* channel;
+    const DenseMethods* methods;
+  };
+  Dense dense(int shard) const {
+    const int at = current_[shard].load();
+    return {channels_[shard][at].get(), dense_[shard][at].get()};
+  }
   std::string Name(int shard) const {
     return absl::StrCat("shard ", shard, " (", replicas_[shard][current_[shard].load()], ")");
   }
@@ -212,6 +228,8 @@ class ShardCalls {
   const absl::Duration wait_slice_;
   const std::function<absl::Status()> wait_check_;
   std::vector<std::vector<std::unique_ptr<Stub>>> stubs_;
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels_;
+  std::vector<std::vector<std::unique_ptr<DenseMethods>>> dense_;
   std::unique_ptr<std::atomic<int>[]> current_;  // by shard: the replica calls go to
   bool replicated_ = false;
   std::string request_prefix_;  // random per client: request ids unique across clients
