@@ -52,4 +52,17 @@ for i, row in enumerate(runs["base"][0]):
         b = med(run[i][k] for run in runs["base"])
         n = med(run[i][k] for run in runs["new"])
         print(f"| {row['shards']} shard(s), {row['bytes'] >> 10} KiB, {k[:4]} | {b:.3f} | {n:.3f} | **{n / b:.2f}** |")
+if "iperf3_gbps" in runs["new"][0][0]:  # the ceilings, measured by both sides' runs
+    print()
+    print("| ps_throughput ceilings (GB/s, median of both sides' runs) | iperf3 | raw TCP | raw gRPC | base / iperf3 | new / iperf3 | new / raw TCP |")
+    print("|---|---|---|---|---|---|---|")
+    for i, row in enumerate(runs["new"][0]):
+        for d in ("push", "pull"):
+            both = runs["base"] + runs["new"]
+            ceil = lambda k: med(run[i][k] for run in both)
+            ratio = lambda side, k: med(run[i][k] for run in runs[side])
+            print(f"| {row['shards']} shard(s), {row['bytes'] >> 10} KiB, {d} | {ceil('iperf3_gbps'):.3f} "
+                  f"| {ceil(f'tcp_{d}_gbps'):.3f} | {ceil(f'raw_{d}_gbps'):.3f} "
+                  f"| {ratio('base', f'{d}_iperf3_ratio'):.2f} | **{ratio('new', f'{d}_iperf3_ratio'):.2f}** "
+                  f"| {ratio('new', f'{d}_tcp_ratio'):.2f} |")
 PY

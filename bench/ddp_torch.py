@@ -7,6 +7,11 @@ Run it with Debian's interpreter and PyTorch (python3-torch 1.13) on OpenBLAS
 
     /usr/bin/python3 bench/ddp_torch.py --world 2 --epochs 1
     /usr/bin/python3 bench/ddp_torch.py --world 2 --epochs 10
+    /usr/bin/python3 bench/ddp_torch.py --world 1 --epochs 3   # single-process PyTorch
+
+With --world 1 the model is not wrapped in DDP: plain single-process PyTorch (the baseline
+"PS-mode training >= 1.5x a single process" is measured against), framework
+"torch-single-process" in the JSON.
 
 What matches our workers (worker/main.cc, worker/modes/*, worker/data/*, worker/model/*):
   - model: MLP --layers (default 784-256-128-64-10), Linear + ReLU between layers, mean
@@ -253,7 +258,8 @@ def run(rank, a, port, t_launch):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    ddp = DDP(model)
+    ddp = DDP(model) if world > 1 else model  # one process: plain PyTorch, no DDP hooks
+    framework = FRAMEWORK if world > 1 else "torch-single-process"
     opt = torch.optim.Adam(ddp.parameters(), lr=a.lr)
 
     def evaluate():
@@ -268,7 +274,7 @@ def run(rank, a, port, t_launch):
     dist.barrier()  # every rank ready: start-up ends here
     startup = time.perf_counter() - t_launch
     if rank == 0:
-        print(f"{FRAMEWORK}: world {world}, batch {B}/rank, {total} steps ({per_epoch}/epoch), "
+        print(f"{framework}: world {world}, batch {B}/rank, {total} steps ({per_epoch}/epoch), "
               f"{a.threads} thread(s)/rank, torch {torch.__version__}; start-up {startup:.1f} s",
               flush=True)
 
@@ -319,7 +325,7 @@ def run(rank, a, port, t_launch):
         return
     per_rank = [total * B / g["train_seconds"] for g in gathered]
     result = {
-        "framework": FRAMEWORK,
+        "framework": framework,
         "world": world,
         "batch_size": B,
         "steps": total,

@@ -4,7 +4,9 @@
 # thread per process. Each round runs DDP (bench/ddp_torch.py) and then each of our modes
 # (deploy/local_cluster.sh: 2 workers, 2 shards, a coordinator); the rounds interleave so
 # machine noise hits all alike. Prints the median samples/s (summed over the 2 workers,
-# training time only) and the ratio to DDP's median, plus each run's test accuracy.
+# training time only) and the ratio to DDP's median, to single-process PyTorch's (the same
+# script with --world 1: no DDP, one process, one thread) and to the 2x limit of 2 workers
+# on this 2-core machine (2x single-process), plus each run's test accuracy.
 #   bench/modes_compare.sh [ROUNDS=3] [EPOCHS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,8 @@ echo "runs under $tmp"
 for ((r = 0; r < rounds; ++r)); do
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/ddp_torch.py --world 2 --epochs "$epochs" \
     | tail -n 1 >"$tmp/ddp$r.json"
+  OMP_NUM_THREADS=1 /usr/bin/python3 bench/ddp_torch.py --world 1 --epochs "$epochs" \
+    | tail -n 1 >"$tmp/single$r.json"
   for m in "${modes[@]}"; do
     deploy/local_cluster.sh --mode "$m" --epochs "$epochs" --out "$tmp/$m$r" >/dev/null 2>&1 \
       || { echo "modes_compare.sh: $m round $r failed; see $tmp/$m$r" >&2; exit 1; }
@@ -25,14 +29,19 @@ python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
 import json, statistics, sys
 tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 ddp = [json.load(open(f"{tmp}/ddp{r}.json")) for r in range(rounds)]
+single = [json.load(open(f"{tmp}/single{r}.json")) for r in range(rounds)]
 base = statistics.median(d["samples_per_sec"] for d in ddp)
-print("| run | samples/s (median) | runs | **/ DDP** | test accuracy |")
-print("|---|---|---|---|---|")
-print(f"| PyTorch DDP (gloo) | {base:,.0f} | {rounds} | 1.00 | "
-      f"{', '.join(str(d['test_accuracy']) for d in ddp)} |")
+one = statistics.median(d["samples_per_sec"] for d in single)
+print("| run | samples/s (median) | runs | **/ DDP** | **/ single process** | / 2x limit | test accuracy |")
+print("|---|---|---|---|---|---|---|")
+print(f"| PyTorch single process | {one:,.0f} | {rounds} | {one / base:.2f} | 1.00 | 0.50 | "
+      f"{', '.join(str(d['test_accuracy']) for d in single)} |")
+print(f"| PyTorch DDP (gloo) | {base:,.0f} | {rounds} | 1.00 | {base / one:.2f} | "
+      f"{base / one / 2:.2f} | {', '.join(str(d['test_accuracy']) for d in ddp)} |")
 for m in modes:
     runs = [json.load(open(f"{tmp}/{m}{r}/summary.json")) for r in range(rounds)]
     med = statistics.median(x["samples_per_sec"] for x in runs)
     acc = ", ".join(str(x["test_accuracy"]) for x in runs)
-    print(f"| {m} | {med:,.0f} | {rounds} | **{med / base:.2f}** | {acc} |")
+    print(f"| {m} | {med:,.0f} | {rounds} | **{med / base:.2f}** | **{med / one:.2f}** | "
+          f"{med / one / 2:.2f} | {acc} |")
 PY

@@ -32,9 +32,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
         methods->GetSendStatus().error_code() == grpc::StatusCode::INTERNAL) {
       methods->ModifySendStatus(grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
-          std::string(info_->method()) +
-              ": the request did not parse as this method's request message (a client built "
-              "from another .proto, or corrupted bytes)"));
+          std::string(info_->method()) + ": " + kUnparsableRequest));
     }
     methods->Proceed();
   }

@@ -11,6 +11,12 @@
 
 namespace pscluster {
 
+// What follows the method's name in that message (also for handlers that parse their
+// request themselves).
+inline constexpr char kUnparsableRequest[] =
+    "the request did not parse as this method's request message (a client built from another "
+    ".proto, or corrupted bytes)";
+
 // `after` run after it (e.g. RpcMetrics' interceptor, which then counts the code sent).
 void NameUnparsableRequests(
     grpc::ServerBuilder* builder,

@@ -281,10 +281,14 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
 }
 
 absl::Status DenseTable::Read(uint64_t begin, absl::Span<float> out) const {
-  RETURN_IF_ERROR(CheckRange(begin, out.size()));
+  return ReadBytes(begin, out.size(), reinterpret_cast<char*>(out.data()));
+}
+
+absl::Status DenseTable::ReadBytes(uint64_t begin, uint64_t length, char* out) const {
+  RETURN_IF_ERROR(CheckRange(begin, length));
   absl::ReaderMutexLock lock(&mu_);
-  std::memcpy(out.data(), values_.data() + (begin - range_.begin), out.size() * sizeof(float));
-  bytes_pulled_ += out.size() * sizeof(float);
+  std::memcpy(out, values_.data() + (begin - range_.begin), length * sizeof(float));
+  bytes_pulled_ += length * sizeof(float);
   return absl::OkStatus();
 }
 

@@ -118,6 +118,8 @@ class DenseTable final : public Table {
 
   // Copies [begin, begin + out.size()) into `out`. Call AwaitPullable first.
   absl::Status Read(uint64_t begin, absl::Span<float> out) const;
+  // The same into bytes at any alignment (a message being coded in place).
+  absl::Status ReadBytes(uint64_t begin, uint64_t length, char* out) const;
 
   // Restore, before serving: the optimizer step count, and a block of a snapshot covering
   // global indices [begin, begin + n) laid out as values then each slot (n floats each);

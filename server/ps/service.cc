@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dense_wire.h"
 #include "common/grpc_status.h"
+#include "common/parse_errors.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 
@@ -84,6 +86,39 @@ ParameterServerService::ParameterServerService(Shard* shard, Snapshotter* snapsh
       options_(options),
       buffers_(std::min(options.buffer_pool_bytes, options.max_inflight_request_bytes / 4)),
       budget_(options.max_inflight_request_bytes) {
+  // The pull methods answer through the *Wire handlers (see service.h), which receive the
+  // request as protobuf and send the answer as bytes they code: a unary method served as
+  // "streamed unary" and a server stream as "split streaming", as gRPC's generated
+  // WithStreamedUnaryMethod_ and WithSplitStreamingMethod_ do, with grpc::ByteBuffer answers.
+  auto index = [](const char* method) {
+    return google::protobuf::DescriptorPool::generated_pool()
+        ->FindServiceByName("pscluster.ps.ParameterServer")
+        ->FindMethodByName(method)
+        ->index();
+  };
+  MarkMethodStreamed(index("PullDense"),
+                     new grpc::internal::StreamedUnaryHandler<PullDenseRequest, grpc::ByteBuffer>(
+                         [this](grpc::ServerContext* ctx, Unary<PullDenseRequest>* stream) {
+                           return PullDenseWire(ctx, stream);
+                         }));
+  MarkMethodStreamed(
+      index("PullDenseBatch"),
+      new grpc::internal::StreamedUnaryHandler<PullDenseBatchRequest, grpc::ByteBuffer>(
+          [this](grpc::ServerContext* ctx, Unary<PullDenseBatchRequest>* stream) {
+            return PullDenseBatchWire(ctx, stream);
+          }));
+  MarkMethodStreamed(index("PushPullDenseBatch"),
+                     new grpc::internal::StreamedUnaryHandler<DenseBatch, grpc::ByteBuffer>(
+                         [this](grpc::ServerContext* ctx, Unary<DenseBatch>* stream) {
+                           return PushPullDenseBatchWire(ctx, stream);
+                         }));
+  MarkMethodStreamed(
+      index("PullDenseStream"),
+      new grpc::internal::SplitServerStreamingHandler<PullDenseRequest, grpc::ByteBuffer>(
+          [this](grpc::ServerContext* ctx,
+                 grpc::ServerSplitStreamer<PullDenseRequest, grpc::ByteBuffer>* stream) {
+            return PullDenseStreamWire(ctx, stream);
+          }));
   if (options_.release_idle_memory_after != absl::InfiniteDuration()) {
     releaser_ = std::thread([this] { ReleaseIdleMemory(); });
   }
@@ -317,32 +352,59 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const grpc::Serv
   return table;
 }
 
+absl::StatusOr<ParameterServerService::PullChunk> ParameterServerService::PullOne(
+    const grpc::ServerContext* ctx, const PullDenseRequest& req, RequestBudget::Charge* charge) {
+  uint64_t length = 0;
+  ASSIGN_OR_RETURN(DenseTable * table, PreparePull(ctx, req, &length));
+  if (length * sizeof(float) > options_.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("length ", length, " values exceeds the unary limit of ",
+                     options_.max_chunk_bytes, " bytes; use PullDenseStream"));
+  }
+  charge->ForceGrowTo(length * sizeof(float));  // at most max_chunk_bytes: counted, not refused
+  return PlanChunk(table, req, req.offset(), length);
+}
+
 grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
                                                const PullDenseRequest* req, DenseChunk* resp) {
   Scope scope(this);
-  uint64_t length = 0;
-  auto table = PreparePull(ctx, *req, &length);
-  if (!table.ok()) return ToGrpcStatus(table.status());
-  if (length * sizeof(float) > options_.max_chunk_bytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError(
-        absl::StrCat("length ", length, " values exceeds the unary limit of ",
-                     options_.max_chunk_bytes, " bytes; use PullDenseStream")));
-  }
   RequestBudget::Charge charge(&budget_);
-  charge.ForceGrowTo(length * sizeof(float));  // at most max_chunk_bytes: counted, not refused
-  return ToGrpcStatus(ReadChunk(**table, *req, length, resp));
+  absl::StatusOr<PullChunk> chunk = PullOne(ctx, *req, &charge);
+  if (!chunk.ok()) return ToGrpcStatus(chunk.status());
+  return ToGrpcStatus(ReadChunk(*chunk, resp));
 }
 
-absl::Status ParameterServerService::ReadChunk(const DenseTable& table, const PullDenseRequest& req,
-                                               uint64_t length, DenseChunk* chunk) {
-  chunk->set_table_id(req.table_id());
-  chunk->set_step(req.step());
-  chunk->set_offset(req.offset());
-  chunk->set_begin(req.offset());
-  chunk->set_total_length(length);
-  std::string* data = chunk->mutable_data();
-  data->resize(length * sizeof(float));
-  return table.Read(req.offset(), absl::MakeSpan(reinterpret_cast<float*>(data->data()), length));
+ParameterServerService::PullChunk ParameterServerService::PlanChunk(const DenseTable* table,
+                                                                    const PullDenseRequest& req,
+                                                                    uint64_t offset,
+                                                                    uint64_t length) {
+  PullChunk c{table, {}, length};
+  c.header.set_table_id(req.table_id());
+  c.header.set_step(req.step());
+  c.header.set_offset(offset);
+  c.header.set_begin(offset);
+  c.header.set_total_length(length);
+  return c;
+}
+
+absl::Status ParameterServerService::ReadChunk(const PullChunk& chunk, DenseChunk* out) {
+  *out = chunk.header;
+  std::string* data = out->mutable_data();
+  data->resize(chunk.length * sizeof(float));
+  return chunk.table->ReadBytes(chunk.header.offset(), chunk.length, data->data());
+}
+
+absl::StatusOr<grpc::ByteBuffer> ParameterServerService::EncodeChunks(
+    const std::vector<PullChunk>& chunks, bool batch) {
+  std::vector<DenseChunk> headers;
+  std::vector<size_t> bytes;
+  for (const PullChunk& c : chunks) {
+    headers.push_back(c.header);
+    bytes.push_back(c.length * sizeof(float));
+  }
+  return internal::EncodeDense(headers, bytes, batch, [&](size_t i, char* dst) {
+    return chunks[i].table->ReadBytes(chunks[i].header.offset(), chunks[i].length, dst);
+  });
 }
 
 grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
@@ -350,12 +412,19 @@ grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
                                                     DenseBatch* resp) {
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
-  return ToGrpcStatus(PullBatch(ctx, req->pulls(), resp, &charge));
+  std::vector<PullChunk> chunks;
+  if (absl::Status s = PullBatch(ctx, req->pulls(), &chunks, &charge); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  for (const PullChunk& c : chunks) {
+    if (absl::Status s = ReadChunk(c, resp->add_chunks()); !s.ok()) return ToGrpcStatus(s);
+  }
+  return grpc::Status::OK;
 }
 
 absl::Status ParameterServerService::PullBatch(
     const grpc::ServerContext* ctx,
-    const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls, DenseBatch* resp,
+    const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls, std::vector<PullChunk>* out,
     RequestBudget::Charge* charge) {
   const uint64_t charged = charge->bytes();
   uint64_t total = 0;
@@ -375,7 +444,7 @@ absl::Status ParameterServerService::PullBatch(
                        " bytes at pull ", i, "; pull the large tables one by one"));
     }
     charge->ForceGrowTo(charged + total * sizeof(float));  // at most max_chunk_bytes
-    RETURN_IF_ERROR(ReadChunk(**table, pull, length, resp->add_chunks()));
+    out->push_back(PlanChunk(*table, pull, pull.offset(), length));
   }
   return absl::OkStatus();
 }
@@ -396,16 +465,24 @@ grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx
                                                         const DenseBatch* req, DenseBatch* resp) {
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
-  charge.ForceGrowTo(PayloadBytes(*req));  // then the pulled chunks (PullBatch)
-  PushDenseBatchResponse pushed;
-  if (absl::Status s = Write(
-          ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = *req; }, nullptr,
-          [&] { return PushBatch(*req, &pushed); });
-      !s.ok()) {
-    return ToGrpcStatus(s);
+  std::vector<PullChunk> chunks;
+  if (absl::Status s = PushPull(ctx, *req, &chunks, &charge); !s.ok()) return ToGrpcStatus(s);
+  for (const PullChunk& c : chunks) {
+    if (absl::Status s = ReadChunk(c, resp->add_chunks()); !s.ok()) return ToGrpcStatus(s);
   }
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::PushPull(const grpc::ServerContext* ctx,
+                                              const DenseBatch& req, std::vector<PullChunk>* out,
+                                              RequestBudget::Charge* charge) {
+  charge->ForceGrowTo(PayloadBytes(req));  // then the pulled chunks (PullBatch)
+  PushDenseBatchResponse pushed;
+  RETURN_IF_ERROR(Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
+      [&] { return PushBatch(req, &pushed); }));
   google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
-  for (const DenseChunk& c : req->chunks()) {
+  for (const DenseChunk& c : req.chunks()) {
     PullDenseRequest* p = pulls.Add();
     p->set_worker_id(c.worker_id());
     p->set_step(c.step() + 1);
@@ -413,7 +490,7 @@ grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx
     p->set_offset(c.offset());
     p->set_length(c.data().size() / sizeof(float));
   }
-  return ToGrpcStatus(PullBatch(ctx, pulls, resp, &charge));
+  return PullBatch(ctx, pulls, out, charge);
 }
 
 absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
@@ -483,35 +560,109 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
                                                      const PullDenseRequest* req,
                                                      grpc::ServerWriter<DenseChunk>* writer) {
   Scope scope(this);
+  DenseChunk message;  // reused: its buffer is allocated once
+  return ToGrpcStatus(PullStream(ctx, *req, [&](const PullChunk& c) {
+    RETURN_IF_ERROR(ReadChunk(c, &message));
+    if (!writer->Write(message)) {
+      return absl::CancelledError("client stopped reading the pull stream");
+    }
+    return absl::OkStatus();
+  }));
+}
+
+absl::Status ParameterServerService::PullStream(
+    const grpc::ServerContext* ctx, const PullDenseRequest& req,
+    const std::function<absl::Status(const PullChunk&)>& write) {
   uint64_t length = 0;
-  auto table = PreparePull(ctx, *req, &length);
-  if (!table.ok()) return ToGrpcStatus(table.status());
-  const uint64_t chunk_bytes = req->chunk_bytes() == 0
+  ASSIGN_OR_RETURN(DenseTable * table, PreparePull(ctx, req, &length));
+  const uint64_t chunk_bytes = req.chunk_bytes() == 0
                                    ? options_.max_chunk_bytes
-                                   : std::min(req->chunk_bytes(), options_.max_chunk_bytes);
+                                   : std::min(req.chunk_bytes(), options_.max_chunk_bytes);
   const uint64_t per_chunk = std::max<uint64_t>(1, chunk_bytes / sizeof(float));
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(std::min(length, per_chunk) * sizeof(float));  // one chunk at a time
-  DenseChunk chunk;  // reused: its buffer is allocated once
-  chunk.set_table_id(req->table_id());
-  chunk.set_step(req->step());
-  chunk.set_begin(req->offset());
-  chunk.set_total_length(length);
   for (uint64_t done = 0; done < length || (length == 0 && done == 0);) {
     uint64_t n = std::min(per_chunk, length - done);
-    chunk.set_offset(req->offset() + done);
-    std::string* data = chunk.mutable_data();
-    data->resize(n * sizeof(float));
-    absl::Status s = (*table)->Read(req->offset() + done,
-                                    absl::MakeSpan(reinterpret_cast<float*>(data->data()), n));
-    if (!s.ok()) return ToGrpcStatus(s);
-    if (!writer->Write(chunk)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the pull stream");
-    }
+    PullChunk c = PlanChunk(table, req, req.offset() + done, n);
+    c.header.set_begin(req.offset());  // the whole transfer's
+    c.header.set_total_length(length);
+    RETURN_IF_ERROR(write(c));
     done += n;
     if (length == 0) break;
   }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A request that did not parse, named as ps_server's parse-error interceptor names those of
+// the other methods (common/parse_errors.h).
+grpc::Status Unparsable(const char* method) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("/pscluster.ps.ParameterServer/", method, ": ",
+                                   kUnparsableRequest));
+}
+
+// Sends `answer` (or its error) as a unary call's answer.
+template <typename Stream>
+grpc::Status Answer(absl::StatusOr<grpc::ByteBuffer> answer, Stream* stream) {
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  if (!stream->Write(*answer)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away before the answer");
+  }
   return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status ParameterServerService::PullDenseWire(grpc::ServerContext* ctx,
+                                                   Unary<PullDenseRequest>* stream) {
+  PullDenseRequest req;
+  if (!stream->Read(&req)) return Unparsable("PullDense");
+  Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  absl::StatusOr<PullChunk> chunk = PullOne(ctx, req, &charge);
+  if (!chunk.ok()) return ToGrpcStatus(chunk.status());
+  return Answer(EncodeChunks({*chunk}, /*batch=*/false), stream);
+}
+
+grpc::Status ParameterServerService::PullDenseBatchWire(grpc::ServerContext* ctx,
+                                                        Unary<PullDenseBatchRequest>* stream) {
+  PullDenseBatchRequest req;
+  if (!stream->Read(&req)) return Unparsable("PullDenseBatch");
+  Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  std::vector<PullChunk> chunks;
+  if (absl::Status s = PullBatch(ctx, req.pulls(), &chunks, &charge); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  return Answer(EncodeChunks(chunks, /*batch=*/true), stream);
+}
+
+grpc::Status ParameterServerService::PushPullDenseBatchWire(grpc::ServerContext* ctx,
+                                                            Unary<DenseBatch>* stream) {
+  DenseBatch req;
+  if (!stream->Read(&req)) return Unparsable("PushPullDenseBatch");
+  Scope scope(this);
+  RequestBudget::Charge charge(&budget_);
+  std::vector<PullChunk> chunks;
+  if (absl::Status s = PushPull(ctx, req, &chunks, &charge); !s.ok()) return ToGrpcStatus(s);
+  return Answer(EncodeChunks(chunks, /*batch=*/true), stream);
+}
+
+grpc::Status ParameterServerService::PullDenseStreamWire(
+    grpc::ServerContext* ctx,
+    grpc::ServerSplitStreamer<PullDenseRequest, grpc::ByteBuffer>* stream) {
+  PullDenseRequest req;
+  if (!stream->Read(&req)) return Unparsable("PullDenseStream");
+  Scope scope(this);
+  return ToGrpcStatus(PullStream(ctx, req, [&](const PullChunk& c) {
+    ASSIGN_OR_RETURN(grpc::ByteBuffer bytes, EncodeChunks({c}, /*batch=*/false));
+    if (!stream->Write(bytes)) {
+      return absl::CancelledError("client stopped reading the pull stream");
+    }
+    return absl::OkStatus();
+  }));
 }
 
 grpc::Status ParameterServerService::PushDense(grpc::ServerContext* ctx, const DenseChunk* req,

@@ -111,6 +111,42 @@ class ParameterServerService final : public ParameterServer::Service {
                            JoinedChainResponse* resp) override;
 
  private:
+  // How the pull handlers above answer on the wire: the constructor installs these in their
+  // place (the ones above stay for callers in this process, the fuzzer's). The same work,
+  // with the answer's values read from the tables straight into the bytes gRPC sends
+  // (common/dense_wire.h) instead of into a message that gRPC then copies again.
+  template <typename Req>
+  using Unary = grpc::ServerUnaryStreamer<Req, grpc::ByteBuffer>;
+  grpc::Status PullDenseWire(grpc::ServerContext* ctx, Unary<PullDenseRequest>* stream);
+  grpc::Status PullDenseBatchWire(grpc::ServerContext* ctx, Unary<PullDenseBatchRequest>* stream);
+  grpc::Status PushPullDenseBatchWire(grpc::ServerContext* ctx, Unary<DenseBatch>* stream);
+  grpc::Status PullDenseStreamWire(
+      grpc::ServerContext* ctx,
+      grpc::ServerSplitStreamer<PullDenseRequest, grpc::ByteBuffer>* stream);
+
+  // A dense pull's answer before its values are read: the chunk's every field but data, and
+  // the table its `length` values come from, from header.offset() on.
+  struct PullChunk {
+    const DenseTable* table;
+    DenseChunk header;
+    uint64_t length;
+  };
+  // The chunk of `length` values of `table` from req.offset() on.
+  static PullChunk PlanChunk(const DenseTable* table, const PullDenseRequest& req,
+                             uint64_t offset, uint64_t length);
+  // The answer as a message, or coded as gRPC sends it (a DenseBatch, or one DenseChunk).
+  static absl::Status ReadChunk(const PullChunk& chunk, DenseChunk* out);
+  static absl::StatusOr<grpc::ByteBuffer> EncodeChunks(const std::vector<PullChunk>& chunks,
+                                                       bool batch);
+  // The pull RPCs' work up to reading the values. A stream's chunks go to write() one by
+  // one (an error from it ends the stream).
+  absl::StatusOr<PullChunk> PullOne(const grpc::ServerContext* ctx, const PullDenseRequest& req,
+                                    RequestBudget::Charge* charge);
+  absl::Status PushPull(const grpc::ServerContext* ctx, const DenseBatch& req,
+                        std::vector<PullChunk>* out, RequestBudget::Charge* charge);
+  absl::Status PullStream(const grpc::ServerContext* ctx, const PullDenseRequest& req,
+                          const std::function<absl::Status(const PullChunk&)>& write);
+
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
   // OK when this shard serves clients: not replicated, or the head of its chain.
   absl::Status CheckServing() const;
@@ -131,13 +167,10 @@ class ParameterServerService final : public ParameterServer::Service {
   // resolved length (0 in the request = to the end of this shard's range).
   // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.
   absl::Status PushBatch(const DenseBatch& batch, PushDenseBatchResponse* resp);
-  // The answer's bytes are added to `charge` as they are read.
+  // The answer's bytes are added to `charge` as its chunks are planned.
   absl::Status PullBatch(const grpc::ServerContext* ctx,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
-                         DenseBatch* resp, RequestBudget::Charge* charge);
-  // `length` values of `table` from req.offset() into `chunk` (a unary pull's answer).
-  static absl::Status ReadChunk(const DenseTable& table, const PullDenseRequest& req,
-                                uint64_t length, DenseChunk* chunk);
+                         std::vector<PullChunk>* out, RequestBudget::Charge* charge);
   absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx,
                                           const PullDenseRequest& req, uint64_t* length);
 

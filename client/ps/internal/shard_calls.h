@@ -16,14 +16,34 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/ps/internal/dense_wire.h"
+#include "common/dense_wire.h"
 #include "common/executor.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace pscluster::internal {
+
+// The ParameterServer methods whose messages the client codes itself (common/dense_wire.h),
+// registered on one channel.
+struct DenseMethods {
+  using M = grpc::internal::RpcMethod;
+  explicit DenseMethods(const std::shared_ptr<grpc::ChannelInterface>& channel)
+      : pull_dense("/pscluster.ps.ParameterServer/PullDense", M::NORMAL_RPC, channel),
+        push_dense("/pscluster.ps.ParameterServer/PushDense", M::NORMAL_RPC, channel),
+        pull_dense_stream("/pscluster.ps.ParameterServer/PullDenseStream", M::SERVER_STREAMING,
+                          channel),
+        push_dense_stream("/pscluster.ps.ParameterServer/PushDenseStream", M::CLIENT_STREAMING,
+                          channel),
+        pull_dense_batch("/pscluster.ps.ParameterServer/PullDenseBatch", M::NORMAL_RPC, channel),
+        push_dense_batch("/pscluster.ps.ParameterServer/PushDenseBatch", M::NORMAL_RPC, channel),
+        push_pull_dense_batch("/pscluster.ps.ParameterServer/PushPullDenseBatch", M::NORMAL_RPC,
+                              channel) {}
+  M pull_dense, push_dense, pull_dense_stream, push_dense_stream, pull_dense_batch,
+      push_dense_batch, push_pull_dense_batch;
+};
 
 class ShardCalls {
  public:

@@ -1,4 +1,4 @@
-#include "client/ps/internal/dense_wire.h"
+#include "common/dense_wire.h"
 
 #include <cstring>
 #include <string>
@@ -56,6 +56,22 @@ TEST(DenseWireTest, EncodesExactlyWhatProtobufWrites) {
   const std::vector<ps::DenseChunk> headers = {Header(4, 10), Header(9, 0), Header(11, 2)};
   const std::vector<absl::Span<const float>> data = {a, b, {}};
   EXPECT_EQ(Bytes(EncodeDenseBatch(headers, data)), batch.SerializeAsString());
+}
+
+TEST(DenseWireTest, SmallMessagesHeldInlineBySlicesToo) {
+  // A few bytes: gRPC keeps them inside the slice itself, not in a separate block.
+  const std::vector<float> one = {2.5f};
+  ps::DenseChunk empty, small = Header(1, 0);
+  empty.set_table_id(1);
+  small.set_data(one.data(), sizeof(float));
+  EXPECT_EQ(Bytes(EncodeDenseChunk(Header(1, 0), one)), small.SerializeAsString());
+  ps::DenseChunk only_table;
+  only_table.set_table_id(1);
+  EXPECT_EQ(Bytes(EncodeDenseChunk(only_table, {})), empty.SerializeAsString());
+  ps::DenseBatch batch;
+  *batch.add_chunks() = empty;
+  EXPECT_EQ(Bytes(EncodeDenseBatch({only_table}, {absl::Span<const float>()})),
+            batch.SerializeAsString());
 }
 
 TEST(DenseWireTest, DecodesProtobufsBytesFromAnySlicing) {

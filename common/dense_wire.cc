@@ -1,4 +1,4 @@
-#include "client/ps/internal/dense_wire.h"
+#include "common/dense_wire.h"
 
 #include <grpc/slice.h>
 
@@ -21,25 +21,8 @@ size_t DataFieldBytes(size_t bytes) {
   return bytes == 0 ? 0 : 1 + CodedOutputStream::VarintSize64(bytes) + bytes;
 }
 
-// Writes `header` (its size computed: ByteSizeLong) then its data field at `out`; returns
-// the end.
-uint8_t* WriteChunk(const ps::DenseChunk& header, absl::Span<const float> data, uint8_t* out) {
-  out = header.SerializeWithCachedSizesToArray(out);
-  const size_t bytes = data.size() * sizeof(float);
-  if (bytes == 0) return out;
-  *out++ = kDataTag;
-  out = CodedOutputStream::WriteVarint64ToArray(bytes, out);
-  std::memcpy(out, data.data(), bytes);
-  return out + bytes;
-}
-
-// One slice of `bytes`, filled by fill(start); the buffer owns it (no lifetime to manage).
-template <typename Fill>
-grpc::ByteBuffer OneSlice(size_t bytes, Fill fill) {
-  grpc_slice s = grpc_slice_malloc(bytes);
-  fill(GRPC_SLICE_START_PTR(s));
-  grpc::Slice slice(s, grpc::Slice::STEAL_REF);
-  return grpc::ByteBuffer(&slice, 1);
+size_t ChunkBytes(const ps::DenseChunk& header, size_t data_bytes) {
+  return header.ByteSizeLong() + DataFieldBytes(data_bytes);  // ByteSizeLong caches the size
 }
 
 // A cursor over a received message's slices.
@@ -151,26 +134,57 @@ absl::Status ReadChunk(Reader& r, size_t end, int index, const ChunkSink& sink) 
 
 }  // namespace
 
+absl::StatusOr<grpc::ByteBuffer> EncodeDense(absl::Span<const ps::DenseChunk> headers,
+                                             absl::Span<const size_t> data_bytes, bool batch,
+                                             const ChunkFill& fill) {
+  std::vector<size_t> chunk_bytes(headers.size());
+  size_t total = 0;
+  for (size_t i = 0; i < headers.size(); ++i) {
+    chunk_bytes[i] = ChunkBytes(headers[i], data_bytes[i]);
+    total += chunk_bytes[i];
+    if (batch) total += 1 + CodedOutputStream::VarintSize64(chunk_bytes[i]);
+  }
+  // The buffer owns the slice: no lifetime to manage. (Small slices hold their bytes inline,
+  // so they are written through the Slice that keeps them, not a copy of it.)
+  grpc::Slice slice(grpc_slice_malloc(total), grpc::Slice::STEAL_REF);
+  uint8_t* out = const_cast<uint8_t*>(slice.begin());
+  for (size_t i = 0; i < headers.size(); ++i) {
+    if (batch) {
+      *out++ = kChunksTag;
+      out = CodedOutputStream::WriteVarint64ToArray(chunk_bytes[i], out);
+    }
+    out = headers[i].SerializeWithCachedSizesToArray(out);
+    if (data_bytes[i] == 0) continue;
+    *out++ = kDataTag;
+    out = CodedOutputStream::WriteVarint64ToArray(data_bytes[i], out);
+    if (absl::Status st = fill(i, reinterpret_cast<char*>(out)); !st.ok()) return st;
+    out += data_bytes[i];
+  }
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+namespace {
+
+// The spans' bytes as chunk data.
+grpc::ByteBuffer EncodeSpans(absl::Span<const ps::DenseChunk> headers,
+                             absl::Span<const absl::Span<const float>> data, bool batch) {
+  std::vector<size_t> bytes;
+  for (const auto& d : data) bytes.push_back(d.size() * sizeof(float));
+  return *EncodeDense(headers, bytes, batch, [&](size_t i, char* dst) {
+    std::memcpy(dst, data[i].data(), bytes[i]);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
 grpc::ByteBuffer EncodeDenseChunk(const ps::DenseChunk& header, absl::Span<const float> data) {
-  return OneSlice(header.ByteSizeLong() + DataFieldBytes(data.size() * sizeof(float)),
-                  [&](uint8_t* out) { WriteChunk(header, data, out); });
+  return EncodeSpans({&header, 1}, {&data, 1}, /*batch=*/false);
 }
 
 grpc::ByteBuffer EncodeDenseBatch(absl::Span<const ps::DenseChunk> headers,
                                   absl::Span<const absl::Span<const float>> data) {
-  std::vector<size_t> chunk_bytes(headers.size());
-  size_t total = 0;
-  for (size_t i = 0; i < headers.size(); ++i) {
-    chunk_bytes[i] = headers[i].ByteSizeLong() + DataFieldBytes(data[i].size() * sizeof(float));
-    total += 1 + CodedOutputStream::VarintSize64(chunk_bytes[i]) + chunk_bytes[i];
-  }
-  return OneSlice(total, [&](uint8_t* out) {
-    for (size_t i = 0; i < headers.size(); ++i) {
-      *out++ = kChunksTag;
-      out = CodedOutputStream::WriteVarint64ToArray(chunk_bytes[i], out);
-      out = WriteChunk(headers[i], data[i], out);
-    }
-  });
+  return EncodeSpans(headers, data, /*batch=*/true);
 }
 
 absl::Status DecodeDenseChunk(const grpc::ByteBuffer& buffer, const ChunkSink& sink) {
@@ -210,21 +224,5 @@ absl::StatusOr<int> DecodeDenseBatch(const grpc::ByteBuffer& buffer, const Chunk
   }
   return chunks;
 }
-
-DenseMethods::DenseMethods(const std::shared_ptr<grpc::ChannelInterface>& channel)
-    : pull_dense("/pscluster.ps.ParameterServer/PullDense", grpc::internal::RpcMethod::NORMAL_RPC,
-                 channel),
-      push_dense("/pscluster.ps.ParameterServer/PushDense", grpc::internal::RpcMethod::NORMAL_RPC,
-                 channel),
-      pull_dense_stream("/pscluster.ps.ParameterServer/PullDenseStream",
-                        grpc::internal::RpcMethod::SERVER_STREAMING, channel),
-      push_dense_stream("/pscluster.ps.ParameterServer/PushDenseStream",
-                        grpc::internal::RpcMethod::CLIENT_STREAMING, channel),
-      pull_dense_batch("/pscluster.ps.ParameterServer/PullDenseBatch",
-                       grpc::internal::RpcMethod::NORMAL_RPC, channel),
-      push_dense_batch("/pscluster.ps.ParameterServer/PushDenseBatch",
-                       grpc::internal::RpcMethod::NORMAL_RPC, channel),
-      push_pull_dense_batch("/pscluster.ps.ParameterServer/PushPullDenseBatch",
-                            grpc::internal::RpcMethod::NORMAL_RPC, channel) {}
 
 }  // namespace pscluster::internal

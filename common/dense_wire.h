@@ -1,10 +1,12 @@
 // DenseChunk and DenseBatch, the bulk messages, coded by hand straight into and out of
-// gRPC's byte buffers, as TensorFlow's gRPC tensor coding does for its tensors. A push
-// copies each tensor once, into the one slice gRPC sends (through protobuf it is copied
-// twice: into the message's string, then into gRPC's buffer); a pull copies each value
-// once, from the received slices into the caller's array (through protobuf: parsed into a
-// string, then copied out). The bytes are the protobuf encoding with the fields in number
-// order, as protobuf writes them: the shards cannot tell the difference.
+// gRPC's byte buffers, as TensorFlow's gRPC tensor coding does for its tensors. A client's
+// push copies each tensor once, into the one slice gRPC sends (through protobuf it is
+// copied twice: into the message's string, then into gRPC's buffer); a shard's pull answer
+// is read from the table straight into that slice (through protobuf: into the message's
+// string, then into gRPC's buffer); a client copies each received value once, from the
+// slices into the caller's array (through protobuf: parsed into a string, then copied
+// out). The bytes are the protobuf encoding with the fields in number order, as protobuf
+// writes them: the other side cannot tell the difference.
 #pragma once
 
 #include <cstddef>
@@ -13,10 +15,19 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/impl/rpc_method.h"
 #include "proto/ps.pb.h"
 
 namespace pscluster::internal {
+
+// Writes chunk i's data, data_bytes[i] bytes, at dst; an error abandons the encoding.
+using ChunkFill = std::function<absl::Status(size_t i, char* dst)>;
+
+// Chunk i is headers[i]'s fields (its data must be empty) and a data field of data_bytes[i]
+// bytes that fill(i, ...) writes in place, in one slice: a DenseBatch of them (`batch`), or
+// the one DenseChunk (!batch, one header).
+absl::StatusOr<grpc::ByteBuffer> EncodeDense(absl::Span<const ps::DenseChunk> headers,
+                                             absl::Span<const size_t> data_bytes, bool batch,
+                                             const ChunkFill& fill);
 
 // One DenseChunk: `header`'s fields (its data must be empty) with `data` as its data.
 grpc::ByteBuffer EncodeDenseChunk(const ps::DenseChunk& header, absl::Span<const float> data);
@@ -36,12 +47,5 @@ absl::Status DecodeDenseChunk(const grpc::ByteBuffer& buffer, const ChunkSink& s
 
 // Decodes a DenseBatch, its chunks in order; the number of chunks.
 absl::StatusOr<int> DecodeDenseBatch(const grpc::ByteBuffer& buffer, const ChunkSink& sink);
-
-// The ParameterServer methods whose messages are coded here, registered on one channel.
-struct DenseMethods {
-  explicit DenseMethods(const std::shared_ptr<grpc::ChannelInterface>& channel);
-  grpc::internal::RpcMethod pull_dense, push_dense, pull_dense_stream, push_dense_stream,
-      pull_dense_batch, push_dense_batch, push_pull_dense_batch;
-};
 
 }  // namespace pscluster::internal
