@@ -64,6 +64,10 @@ ABSL_FLAG(int, micro_batches, 4, "pipeline: micro-batches per global batch.");
 ABSL_FLAG(double, bucket_mb, 25,
           "allreduce: gradients are all-reduced in buckets of at most this many MiB, each as "
           "soon as the backward pass filled it.");
+ABSL_FLAG(bool, overlap_allreduce, true,
+          "allreduce: all-reduce each bucket on a communication thread while the backward pass "
+          "of the earlier layers goes on (as PyTorch DDP does); false: on the training thread, "
+          "after each bucket fills. (CPU backend; the CUDA backend always does the latter.)");
 ABSL_FLAG(int, switch_poll_steps, 8,
           "Ask the coordinator for mode switches every this many steps (a next-boundary switch "
           "lands at most this far ahead).");
@@ -160,6 +164,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   RETURN_IF_ERROR(Check(absl::GetFlag(FLAGS_bucket_mb) > 0, "--bucket_mb must be > 0"));
   o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
+  o.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
   RETURN_IF_ERROR(Check(o.switch_poll_steps >= 1, "--switch_poll_steps must be >= 1"));
   o.progress_every = absl::GetFlag(FLAGS_progress_every);

@@ -4,12 +4,79 @@
 // only rows some worker touched are stepped, each with its own update count: the shards'
 // sparse-table semantics, so PS and ALLREDUCE train the same run.
 #include <algorithm>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
 
 #include "common/status_macros.h"
 #include "worker/modes/placement_internal.h"
 
 namespace pscluster::modes::internal {
 namespace {
+
+// One thread that runs posted work in order, while the poster goes on: the all-reduces of a
+// step's buckets as the backward pass fills them (PyTorch's c10d Work, in its simplest
+// form). Wait() returns once everything posted so far has run, with the first error; later
+// work of a step that failed is skipped. Each all-reduce is bounded by the communicator's
+// timeout, so Wait is too.
+class CommThread {
+ public:
+  CommThread() : thread_([this] { Loop(); }) {}
+  ~CommThread() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  void Post(std::function<absl::Status()> fn) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+  }
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](CommThread* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
+          return t->queue_.empty() && !t->running_;
+        },
+        this));
+    absl::Status first = std::move(first_error_);
+    first_error_ = absl::OkStatus();
+    return first;
+  }
+
+ private:
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(
+          +[](CommThread* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
+            return t->stopping_ || !t->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, nothing left
+      std::function<absl::Status()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      if (!first_error_.ok()) continue;  // the step failed: its later buckets are moot
+      running_ = true;
+      mu_.Unlock();
+      absl::Status s = fn();
+      mu_.Lock();
+      running_ = false;
+      if (!s.ok() && first_error_.ok()) first_error_ = std::move(s);
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
 
 class AllReducePlacement final : public Placement {
  public:
@@ -42,6 +109,9 @@ class AllReducePlacement final : public Placement {
     }
     missing_.resize(buckets_.size());
     hooks_.after_backward = [this](int layer) { return BucketsReady(layer); };
+    if (ctx_.overlap_allreduce && ctx_.backend->name() != "cuda") {
+      comm_thread_ = std::make_unique<CommThread>();
+    }
     return absl::OkStatus();
   }
 
@@ -71,8 +141,13 @@ class AllReducePlacement final : public Placement {
     std::fill(missing_.begin(), missing_.end(), 0);
     for (size_t b : bucket_of_) ++missing_[b];
     // Each bucket is all-reduced as soon as the backward pass has filled it.
-    ASSIGN_OR_RETURN(model::StepResult r, model_->ForwardBackward(batch_.x.data(), batch_.y.data(),
-                                                                  batch_.size, &hooks_));
+    absl::StatusOr<model::StepResult> r =
+        model_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size, &hooks_);
+    // Every posted all-reduce has ended (each is bounded by the communicator's timeout)
+    // before anything reads the sums, or returns while they may still write flat_.
+    const absl::Status reduced = comm_thread_ ? comm_thread_->Wait() : absl::OkStatus();
+    if (!r.ok()) return r.status();
+    RETURN_IF_ERROR(reduced);
     if (next_bucket_ != buckets_.size()) return absl::InternalError("a bucket was not reduced");
     // Every communication before any update: a failed all-reduce leaves the replica as it was.
     std::vector<std::vector<float>> row_sums(spec_.embeddings.size());
@@ -88,7 +163,7 @@ class AllReducePlacement final : public Placement {
       model_->SetParam(i, state_.params[i].data());
     }
     for (size_t e = 0; e < row_sums.size(); ++e) RETURN_IF_ERROR(StepRows(e, scale, &row_sums[e]));
-    return r.loss;
+    return r->loss;
   }
 
  private:
@@ -102,8 +177,14 @@ class AllReducePlacement final : public Placement {
       --missing_[bucket_of_[i]];
     }
     for (; next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0; ++next_bucket_) {
-      const auto [begin, end] = buckets_[next_bucket_];
-      RETURN_IF_ERROR(ctx_.comm->AllReduceSum(absl::MakeSpan(flat_.data() + begin, end - begin)));
+      const absl::Span<float> bucket =
+          absl::MakeSpan(flat_.data() + buckets_[next_bucket_].first,
+                         buckets_[next_bucket_].second - buckets_[next_bucket_].first);
+      if (comm_thread_ == nullptr) {
+        RETURN_IF_ERROR(ctx_.comm->AllReduceSum(bucket));
+      } else {  // the backward pass goes on; it writes only the buckets after this one
+        comm_thread_->Post([this, bucket] { return ctx_.comm->AllReduceSum(bucket); });
+      }
     }
     return absl::OkStatus();
   }
@@ -158,6 +239,7 @@ class AllReducePlacement final : public Placement {
   std::vector<int> missing_;  // per bucket: gradients not yet in flat_ this step
   size_t next_bucket_ = 0;
   model::LayerHooks hooks_;
+  std::unique_ptr<CommThread> comm_thread_;  // overlap_allreduce; last: stopped first
 };
 
 }  // namespace

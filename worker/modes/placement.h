@@ -99,6 +99,11 @@ struct PlacementContext {
   // ALLREDUCE: gradients are all-reduced in buckets of at most this many bytes, each as
   // soon as the backward pass has filled it (PyTorch DDP's default cap: 25 MiB).
   size_t bucket_bytes = size_t{25} << 20;
+  // ALLREDUCE: the buckets are all-reduced on a communication thread, in order, while the
+  // backward pass goes on (PyTorch's c10d Work); the step waits for them all before any
+  // update. False, or the CUDA backend (its streams belong to the training thread): on the
+  // training thread. The sums are the same either way.
+  bool overlap_allreduce = true;
   const data::Dataset* train = nullptr;
   compute::Backend* backend = nullptr;
   collective::Communicator* comm = nullptr;    // collective modes (size() == world)

@@ -167,6 +167,7 @@ PlacementContext Trainer::Context() const {
   c.seed = options_.seed;
   c.micro_batches = options_.micro_batches;
   c.bucket_bytes = options_.bucket_bytes;
+  c.overlap_allreduce = options_.overlap_allreduce;
   c.train = train_;
   c.backend = backend_.get();
   c.comm = comm_.get();
