@@ -218,6 +218,16 @@ Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
   return c;
 }
 
+// fn(s, range of shard s) for each of n shards of `size` values, in parallel, as the
+// client splits a tensor (the ceilings' clients).
+template <typename Fn>
+void OnEachShard(int n, uint64_t size, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int s = 1; s < n; ++s) threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
+  fn(0, DenseShardRange(size, 0, n));
+  for (auto& t : threads) t.join();
+}
+
 // Raw ceiling client: the same split across shards, in parallel, same chunks.
 class RawClient {
  public:
@@ -267,12 +277,7 @@ class RawClient {
  private:
   template <typename Fn>
   void OnShards(uint64_t size, Fn fn) {
-    std::vector<std::thread> threads;
-    int n = static_cast<int>(stubs_.size());
-    for (int s = 1; s < n; ++s)
-      threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
-    fn(0, DenseShardRange(size, 0, n));
-    for (auto& t : threads) t.join();
+    OnEachShard(static_cast<int>(stubs_.size()), size, fn);
   }
   std::vector<std::unique_ptr<RawStream::Stub>> stubs_;
 };
@@ -398,12 +403,7 @@ class TcpClient {
  private:
   template <typename Fn>
   void OnShards(uint64_t size, Fn fn) {
-    std::vector<std::thread> threads;
-    int n = static_cast<int>(fds_.size());
-    for (int s = 1; s < n; ++s)
-      threads.emplace_back([&, s] { fn(s, DenseShardRange(size, s, n)); });
-    fn(0, DenseShardRange(size, 0, n));
-    for (auto& t : threads) t.join();
+    OnEachShard(static_cast<int>(fds_.size()), size, fn);
   }
   std::vector<int> fds_;
 };

@@ -86,6 +86,24 @@ absl::Status Malformed(const char* what, size_t at) {
       absl::StrCat("the answer does not parse as a ", what, " (at byte ", at, ")"));
 }
 
+// Skips the value of a field of wire type `type` (its tag read) that must end by `end`;
+// false when it does not parse.
+bool SkipField(Reader& r, uint64_t type, size_t end) {
+  uint64_t v;
+  switch (type) {
+    case 0:
+      return r.Varint(&v) && r.consumed() <= end;
+    case 1:
+      return 8 <= end - r.consumed() && r.Take(8, nullptr);
+    case 2:
+      return r.Varint(&v) && v <= end - r.consumed() && r.Take(v, nullptr);
+    case 5:
+      return 4 <= end - r.consumed() && r.Take(4, nullptr);
+    default:  // groups (3, 4) are not in these messages; 6 and 7 do not exist
+      return false;
+  }
+}
+
 // Parses the DenseChunk in [r.consumed(), end) and hands its data to sink.
 absl::Status ReadChunk(Reader& r, size_t end, int index, const ChunkSink& sink) {
   ps::DenseChunk header;
@@ -95,29 +113,20 @@ absl::Status ReadChunk(Reader& r, size_t end, int index, const ChunkSink& sink) 
     uint64_t tag, v;
     if (!r.Varint(&tag)) return Malformed("DenseChunk", r.consumed());
     const uint32_t field = static_cast<uint32_t>(tag >> 3);
-    switch (tag & 7) {
-      case 0:
-        if (!r.Varint(&v)) return Malformed("DenseChunk", r.consumed());
-        if (field == 1) header.set_worker_id(static_cast<int32_t>(v));
-        if (field == 2) header.set_step(static_cast<int64_t>(v));
-        if (field == 3) header.set_table_id(static_cast<uint32_t>(v));
-        if (field == 4) header.set_offset(v);
-        if (field == 5) header.set_total_length(v);
-        if (field == 6) header.set_begin(v);
-        break;
-      case 2:
-        if (!r.Varint(&v) || v > end - r.consumed()) return Malformed("DenseChunk", r.consumed());
-        if (field == 7) data = r.mark(), data_bytes = v;  // the last one counts, as in protobuf
-        r.Take(v, nullptr);
-        break;
-      case 1:
-        if (!r.Take(8, nullptr)) return Malformed("DenseChunk", r.consumed());
-        break;
-      case 5:
-        if (!r.Take(4, nullptr)) return Malformed("DenseChunk", r.consumed());
-        break;
-      default:
-        return Malformed("DenseChunk", r.consumed());
+    if ((tag & 7) == 0 && field >= 1 && field <= 6) {
+      if (!r.Varint(&v)) return Malformed("DenseChunk", r.consumed());
+      if (field == 1) header.set_worker_id(static_cast<int32_t>(v));
+      if (field == 2) header.set_step(static_cast<int64_t>(v));
+      if (field == 3) header.set_table_id(static_cast<uint32_t>(v));
+      if (field == 4) header.set_offset(v);
+      if (field == 5) header.set_total_length(v);
+      if (field == 6) header.set_begin(v);
+    } else if (tag == kDataTag) {
+      if (!r.Varint(&v) || v > end - r.consumed()) return Malformed("DenseChunk", r.consumed());
+      data = r.mark(), data_bytes = v;  // the last one counts, as in protobuf
+      r.Take(v, nullptr);
+    } else if (!SkipField(r, tag & 7, end)) {
+      return Malformed("DenseChunk", r.consumed());
     }
   }
   if (r.consumed() != end) return Malformed("DenseChunk", r.consumed());
@@ -198,28 +207,13 @@ absl::StatusOr<int> DecodeDenseBatch(const grpc::ByteBuffer& buffer, const Chunk
   while (r.consumed() < r.size()) {
     uint64_t tag, v;
     if (!r.Varint(&tag)) return Malformed("DenseBatch", r.consumed());
-    switch (tag & 7) {
-      case 0:
-        if (!r.Varint(&v)) return Malformed("DenseBatch", r.consumed());
-        break;
-      case 2:
-        if (!r.Varint(&v) || v > r.size() - r.consumed()) {
-          return Malformed("DenseBatch", r.consumed());
-        }
-        if (tag == kChunksTag) {
-          if (absl::Status s = ReadChunk(r, r.consumed() + v, chunks++, sink); !s.ok()) return s;
-        } else {
-          r.Take(v, nullptr);
-        }
-        break;
-      case 1:
-        if (!r.Take(8, nullptr)) return Malformed("DenseBatch", r.consumed());
-        break;
-      case 5:
-        if (!r.Take(4, nullptr)) return Malformed("DenseBatch", r.consumed());
-        break;
-      default:
+    if (tag == kChunksTag) {
+      if (!r.Varint(&v) || v > r.size() - r.consumed()) {
         return Malformed("DenseBatch", r.consumed());
+      }
+      if (absl::Status s = ReadChunk(r, r.consumed() + v, chunks++, sink); !s.ok()) return s;
+    } else if (!SkipField(r, tag & 7, r.size())) {
+      return Malformed("DenseBatch", r.consumed());
     }
   }
   return chunks;

@@ -7,7 +7,6 @@
 #include "common/sharding.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/impl/client_unary_call.h"
 
 namespace pscluster {
 namespace {
@@ -16,19 +15,9 @@ using internal::DenseMethods;
 
 constexpr uint64_t kUnaryPullBytes = 256 << 10;
 
-// One unary call of a dense method on the replica `d`, with a request or an answer (or
-// both) coded by dense_wire as grpc::ByteBuffer.
-template <typename Req, typename Resp>
-grpc::Status DenseCall(const internal::ShardCalls::Dense& d,
-                       grpc::internal::RpcMethod DenseMethods::*method, grpc::ClientContext* ctx,
-                       const Req& req, Resp* resp) {
-  return grpc::internal::BlockingUnaryCall<Req, Resp>(d.channel, d.methods->*method, ctx, req,
-                                                       resp);
-}
-
 // A chunk's header: every field but data.
-ps::DenseChunk Header(int32_t worker, int64_t step, uint32_t table, uint64_t offset,
-                      uint64_t begin, uint64_t total_length) {
+ps::DenseChunk Header(int32_t worker, int64_t step, uint32_t table, uint64_t offset, uint64_t begin,
+                      uint64_t total_length) {
   ps::DenseChunk c;
   c.set_worker_id(worker);
   c.set_step(step);
@@ -77,7 +66,7 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
     }
     grpc::ByteBuffer resp;
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
-      return DenseCall(calls_.dense(shard), &DenseMethods::pull_dense_batch, ctx, req, &resp);
+      return calls_.DenseCall(shard, &DenseMethods::pull_dense_batch, ctx, req, &resp);
     }));
     return CopyBatch(shard, resp, order, tables, out);
   });
@@ -149,9 +138,7 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     const grpc::ByteBuffer batch = internal::EncodeDenseBatch(headers, data);
     if (!pull) {
       ps::PushDenseBatchResponse resp;
-      return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
-        return DenseCall(calls_.dense(shard), &DenseMethods::push_dense_batch, ctx, batch, &resp);
-      }));
+      return calls_.DenseUnary(shard, &DenseMethods::push_dense_batch, batch, &resp);
     }
     // The push and the wait for step + 1 in one call; when the wait outlasts a slice the
     // push is in (the shard pushes before it waits), so the later attempts only pull. With
@@ -170,10 +157,8 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     grpc::ByteBuffer resp;
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int n) {
       return n == 0 || calls_.replicated()
-                 ? DenseCall(calls_.dense(shard), &DenseMethods::push_pull_dense_batch, ctx,
-                             batch, &resp)
-                 : DenseCall(calls_.dense(shard), &DenseMethods::pull_dense_batch, ctx, again,
-                             &resp);
+                 ? calls_.DenseCall(shard, &DenseMethods::push_pull_dense_batch, ctx, batch, &resp)
+                 : calls_.DenseCall(shard, &DenseMethods::pull_dense_batch, ctx, again, &resp);
     }));
     return CopyBatch(shard, resp, order, tables, out);
   });
@@ -217,9 +202,7 @@ absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step
   const uint64_t per_chunk = options_.chunk_bytes / sizeof(float);
   if (grad.size() <= per_chunk) {  // one message: unary
     const grpc::ByteBuffer whole = chunk(0, grad.size());
-    return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
-      return DenseCall(calls_.dense(shard), &DenseMethods::push_dense, ctx, whole, &resp);
-    }));
+    return calls_.DenseUnary(shard, &DenseMethods::push_dense, whole, &resp);
   }
   return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
     const internal::ShardCalls::Dense d = calls_.dense(shard);
@@ -260,7 +243,7 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
   // Small slices: unary. Larger ones stream even when they fit one message.
   if (out.size() * sizeof(float) <= std::min<uint64_t>(options_.chunk_bytes, kUnaryPullBytes)) {
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
-      return DenseCall(calls_.dense(shard), &DenseMethods::pull_dense, ctx, req, &chunk);
+      return calls_.DenseCall(shard, &DenseMethods::pull_dense, ctx, req, &chunk);
     }));
     RETURN_IF_ERROR(internal::DecodeDenseChunk(chunk, place));
   } else {
@@ -284,8 +267,8 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
     RETURN_IF_ERROR(st);
   }
   if (got != out.size()) {
-    return absl::DataLossError(absl::StrCat(calls_.Name(shard), " pull ended after ", got,
-                                            " of ", out.size(), " values"));
+    return absl::DataLossError(
+        absl::StrCat(calls_.Name(shard), " pull ended after ", got, " of ", out.size(), " values"));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,10 +74,53 @@ Heap HeapNow() {
   return h;
 }
 
+// A request that did not parse, named as ps_server's parse-error interceptor names those of
+// the other methods (common/parse_errors.h).
+grpc::Status Unparsable(const char* method) {
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrCat("/pscluster.ps.ParameterServer/", method, ": ", kUnparsableRequest));
+}
+
+// Sends `answer` (or its error) as a unary call's answer.
+template <typename Stream>
+grpc::Status Answer(absl::StatusOr<grpc::ByteBuffer> answer, Stream* stream) {
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  if (!stream->Write(*answer)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away before the answer");
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 int MaxMessageBytes(const ServiceOptions& options) {
   return static_cast<int>(options.max_chunk_bytes + (64 << 10));
+}
+
+template <typename Stream, typename Req>
+void ParameterServerService::ServeCoded(
+    const char* method,
+    grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*, const Req&, Stream*)) {
+  // A unary method is served as "streamed unary", a server stream as "split streaming", as
+  // gRPC's generated WithStreamedUnaryMethod_ / WithSplitStreamingMethod_ do, with
+  // grpc::ByteBuffer answers.
+  const int index = google::protobuf::DescriptorPool::generated_pool()
+                        ->FindServiceByName("pscluster.ps.ParameterServer")
+                        ->FindMethodByName(method)
+                        ->index();
+  auto serve = [this, method, handler](grpc::ServerContext* ctx, Stream* stream) {
+    Req req;
+    if (!stream->Read(&req)) return Unparsable(method);
+    return (this->*handler)(ctx, req, stream);
+  };
+  if constexpr (std::is_same_v<Stream, Unary<Req>>) {
+    MarkMethodStreamed(index,
+                       new grpc::internal::StreamedUnaryHandler<Req, grpc::ByteBuffer>(serve));
+  } else {
+    MarkMethodStreamed(
+        index, new grpc::internal::SplitServerStreamingHandler<Req, grpc::ByteBuffer>(serve));
+  }
 }
 
 ParameterServerService::ParameterServerService(Shard* shard, Snapshotter* snapshotter,
@@ -86,39 +130,11 @@ ParameterServerService::ParameterServerService(Shard* shard, Snapshotter* snapsh
       options_(options),
       buffers_(std::min(options.buffer_pool_bytes, options.max_inflight_request_bytes / 4)),
       budget_(options.max_inflight_request_bytes) {
-  // The pull methods answer through the *Wire handlers (see service.h), which receive the
-  // request as protobuf and send the answer as bytes they code: a unary method served as
-  // "streamed unary" and a server stream as "split streaming", as gRPC's generated
-  // WithStreamedUnaryMethod_ and WithSplitStreamingMethod_ do, with grpc::ByteBuffer answers.
-  auto index = [](const char* method) {
-    return google::protobuf::DescriptorPool::generated_pool()
-        ->FindServiceByName("pscluster.ps.ParameterServer")
-        ->FindMethodByName(method)
-        ->index();
-  };
-  MarkMethodStreamed(index("PullDense"),
-                     new grpc::internal::StreamedUnaryHandler<PullDenseRequest, grpc::ByteBuffer>(
-                         [this](grpc::ServerContext* ctx, Unary<PullDenseRequest>* stream) {
-                           return PullDenseWire(ctx, stream);
-                         }));
-  MarkMethodStreamed(
-      index("PullDenseBatch"),
-      new grpc::internal::StreamedUnaryHandler<PullDenseBatchRequest, grpc::ByteBuffer>(
-          [this](grpc::ServerContext* ctx, Unary<PullDenseBatchRequest>* stream) {
-            return PullDenseBatchWire(ctx, stream);
-          }));
-  MarkMethodStreamed(index("PushPullDenseBatch"),
-                     new grpc::internal::StreamedUnaryHandler<DenseBatch, grpc::ByteBuffer>(
-                         [this](grpc::ServerContext* ctx, Unary<DenseBatch>* stream) {
-                           return PushPullDenseBatchWire(ctx, stream);
-                         }));
-  MarkMethodStreamed(
-      index("PullDenseStream"),
-      new grpc::internal::SplitServerStreamingHandler<PullDenseRequest, grpc::ByteBuffer>(
-          [this](grpc::ServerContext* ctx,
-                 grpc::ServerSplitStreamer<PullDenseRequest, grpc::ByteBuffer>* stream) {
-            return PullDenseStreamWire(ctx, stream);
-          }));
+  // The pull methods answer with bytes they code themselves (see service.h).
+  ServeCoded("PullDense", &ParameterServerService::PullDenseWire);
+  ServeCoded("PullDenseBatch", &ParameterServerService::PullDenseBatchWire);
+  ServeCoded("PushPullDenseBatch", &ParameterServerService::PushPullDenseBatchWire);
+  ServeCoded("PullDenseStream", &ParameterServerService::PullDenseStreamWire);
   if (options_.release_idle_memory_after != absl::InfiniteDuration()) {
     releaser_ = std::thread([this] { ReleaseIdleMemory(); });
   }
@@ -593,32 +609,9 @@ absl::Status ParameterServerService::PullStream(
   return absl::OkStatus();
 }
 
-namespace {
-
-// A request that did not parse, named as ps_server's parse-error interceptor names those of
-// the other methods (common/parse_errors.h).
-grpc::Status Unparsable(const char* method) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("/pscluster.ps.ParameterServer/", method, ": ",
-                                   kUnparsableRequest));
-}
-
-// Sends `answer` (or its error) as a unary call's answer.
-template <typename Stream>
-grpc::Status Answer(absl::StatusOr<grpc::ByteBuffer> answer, Stream* stream) {
-  if (!answer.ok()) return ToGrpcStatus(answer.status());
-  if (!stream->Write(*answer)) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away before the answer");
-  }
-  return grpc::Status::OK;
-}
-
-}  // namespace
-
 grpc::Status ParameterServerService::PullDenseWire(grpc::ServerContext* ctx,
+                                                   const PullDenseRequest& req,
                                                    Unary<PullDenseRequest>* stream) {
-  PullDenseRequest req;
-  if (!stream->Read(&req)) return Unparsable("PullDense");
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
   absl::StatusOr<PullChunk> chunk = PullOne(ctx, req, &charge);
@@ -627,9 +620,8 @@ grpc::Status ParameterServerService::PullDenseWire(grpc::ServerContext* ctx,
 }
 
 grpc::Status ParameterServerService::PullDenseBatchWire(grpc::ServerContext* ctx,
+                                                        const PullDenseBatchRequest& req,
                                                         Unary<PullDenseBatchRequest>* stream) {
-  PullDenseBatchRequest req;
-  if (!stream->Read(&req)) return Unparsable("PullDenseBatch");
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
   std::vector<PullChunk> chunks;
@@ -640,9 +632,8 @@ grpc::Status ParameterServerService::PullDenseBatchWire(grpc::ServerContext* ctx
 }
 
 grpc::Status ParameterServerService::PushPullDenseBatchWire(grpc::ServerContext* ctx,
+                                                            const DenseBatch& req,
                                                             Unary<DenseBatch>* stream) {
-  DenseBatch req;
-  if (!stream->Read(&req)) return Unparsable("PushPullDenseBatch");
   Scope scope(this);
   RequestBudget::Charge charge(&budget_);
   std::vector<PullChunk> chunks;
@@ -650,11 +641,9 @@ grpc::Status ParameterServerService::PushPullDenseBatchWire(grpc::ServerContext*
   return Answer(EncodeChunks(chunks, /*batch=*/true), stream);
 }
 
-grpc::Status ParameterServerService::PullDenseStreamWire(
-    grpc::ServerContext* ctx,
-    grpc::ServerSplitStreamer<PullDenseRequest, grpc::ByteBuffer>* stream) {
-  PullDenseRequest req;
-  if (!stream->Read(&req)) return Unparsable("PullDenseStream");
+grpc::Status ParameterServerService::PullDenseStreamWire(grpc::ServerContext* ctx,
+                                                         const PullDenseRequest& req,
+                                                         Split<PullDenseRequest>* stream) {
   Scope scope(this);
   return ToGrpcStatus(PullStream(ctx, req, [&](const PullChunk& c) {
     ASSIGN_OR_RETURN(grpc::ByteBuffer bytes, EncodeChunks({c}, /*batch=*/false));

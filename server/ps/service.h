@@ -117,12 +117,24 @@ class ParameterServerService final : public ParameterServer::Service {
   // (common/dense_wire.h) instead of into a message that gRPC then copies again.
   template <typename Req>
   using Unary = grpc::ServerUnaryStreamer<Req, grpc::ByteBuffer>;
-  grpc::Status PullDenseWire(grpc::ServerContext* ctx, Unary<PullDenseRequest>* stream);
-  grpc::Status PullDenseBatchWire(grpc::ServerContext* ctx, Unary<PullDenseBatchRequest>* stream);
-  grpc::Status PushPullDenseBatchWire(grpc::ServerContext* ctx, Unary<DenseBatch>* stream);
-  grpc::Status PullDenseStreamWire(
-      grpc::ServerContext* ctx,
-      grpc::ServerSplitStreamer<PullDenseRequest, grpc::ByteBuffer>* stream);
+  template <typename Req>
+  using Split = grpc::ServerSplitStreamer<Req, grpc::ByteBuffer>;
+  grpc::Status PullDenseWire(grpc::ServerContext* ctx, const PullDenseRequest& req,
+                             Unary<PullDenseRequest>* stream);
+  grpc::Status PullDenseBatchWire(grpc::ServerContext* ctx, const PullDenseBatchRequest& req,
+                                  Unary<PullDenseBatchRequest>* stream);
+  grpc::Status PushPullDenseBatchWire(grpc::ServerContext* ctx, const DenseBatch& req,
+                                      Unary<DenseBatch>* stream);
+  grpc::Status PullDenseStreamWire(grpc::ServerContext* ctx, const PullDenseRequest& req,
+                                   Split<PullDenseRequest>* stream);
+  // Serves `method` through handler(ctx, request, stream) in place of its generated
+  // handler: the request parsed here (one that does not parse is INVALID_ARGUMENT, as the
+  // parse-error interceptor says for every other method), the answer coded by the handler.
+  // Stream: Unary (one answer) or Split (a stream of them).
+  template <typename Stream, typename Req>
+  void ServeCoded(const char* method,
+                  grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*,
+                                                                  const Req&, Stream*));
 
   // A dense pull's answer before its values are read: the chunk's every field but data, and
   // the table its `length` values come from, from header.offset() on.

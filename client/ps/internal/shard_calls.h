@@ -21,6 +21,7 @@
 #include "common/grpc_status.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -173,6 +174,24 @@ class ShardCalls {
                    replicas_[shard][(at + 1) % n].c_str());
       *said = true;
     }
+  }
+
+  // One call of a dense method, its request or answer (or both) coded by dense_wire as
+  // grpc::ByteBuffer, on the replica of `shard` calls go to now.
+  template <typename Req, typename Resp>
+  grpc::Status DenseCall(int shard, grpc::internal::RpcMethod DenseMethods::*method,
+                         grpc::ClientContext* ctx, const Req& req, Resp* resp) const {
+    const Dense d = dense(shard);
+    return grpc::internal::BlockingUnaryCall<Req, Resp>(d.channel, d.methods->*method, ctx, req,
+                                                         resp);
+  }
+  // The same with the deadline (Retrying), as Unary.
+  template <typename Req, typename Resp>
+  absl::Status DenseUnary(int shard, grpc::internal::RpcMethod DenseMethods::*method,
+                          const Req& req, Resp* resp) const {
+    return Status(shard, Retrying(shard, [&](grpc::ClientContext* ctx) {
+                    return DenseCall(shard, method, ctx, req, resp);
+                  }));
   }
 
   // One unary call on `shard` with the deadline (Retrying).
