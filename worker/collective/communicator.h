@@ -1,9 +1,10 @@
 // Collective communication among the `size()` ranks of one group: what the all-reduce,
 // FSDP and pipeline modes are built on. Implementations: Gloo (CPU, TCP; below) and NCCL
 // (GPU, device buffers; nccl_communicator.h). Every call has a timeout; errors name the
-// operation and, where one is known, the peer rank waited for. All ranks must make the same collective calls in the same order.
-// Not thread-safe: one caller per communicator. The process should ignore SIGPIPE (Gloo
-// writes with writev; a peer that died is then an error naming it, not a signal).
+// operation and, where one is known, the peer rank waited for. All ranks must make the same
+// collective calls in the same order. Not thread-safe: one caller per communicator. The process
+// should ignore SIGPIPE (Gloo writes with writev; a peer that died is then an error naming it, not
+// a signal).
 #pragma once
 
 #include <memory>
@@ -33,7 +34,9 @@ class Communicator {
   virtual absl::Status AllGather(absl::Span<const float> in, absl::Span<float> out) = 0;
   // data = root's data on every rank.
   virtual absl::Status Broadcast(absl::Span<float> data, int root) = 0;
-  // Point to point; (peer, tag) pairs match sends to receives.
+  // Point to point; (peer, tag) pairs match sends to receives, and two ranks receive each
+  // other's messages in the order they were sent. Send returns once the message is on its
+  // way; a large one may wait for the peer to receive it (as MPI_Send may).
   virtual absl::Status Send(absl::Span<const float> data, int peer, int tag) = 0;
   virtual absl::Status Recv(absl::Span<float> data, int peer, int tag) = 0;
   // Sends `out` to `to` while receiving `in` from `from`, both posted before either is

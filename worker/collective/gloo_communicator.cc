@@ -1,17 +1,25 @@
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gloo/barrier.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "worker/collective/communicator.h"
 
@@ -33,17 +41,22 @@ absl::Status Guard(const std::string& what, Fn fn) {
   }
 }
 
-// Ring collectives on a mesh of synchronous pairs: the calling thread writes and reads the
-// sockets itself. Gloo's asynchronous pairs hand every message to its event-loop thread and
-// wake the caller when it is done; with few cores (two workers on two here) those
-// hand-offs, not the bytes, were most of an all-reduce's time (in training, 2.5 ms of a
-// ~1 MB all-reduce against 0.6 ms this way). Bound buffers over the caller's memory, one
-// fresh slot per call (every rank calls in the same order). Writes block, so in each ring
-// step rank 0 sends before it receives and every other rank receives before it sends: no
-// cycle of ranks all blocked in writes, whatever the socket buffer sizes.
-class SyncRing {
+// Ring collectives and point-to-point messages on a mesh of synchronous pairs: the calling
+// thread writes and reads the sockets itself. Gloo's asynchronous pairs hand every message
+// to its event-loop thread and wake the caller when it is done (an unbound buffer's send
+// also waits for the receiver's "ready" notice); with few cores (two workers on two here)
+// those hand-offs, not the bytes, were most of an all-reduce's time (in training, 2.5 ms
+// of a ~1 MB all-reduce against 0.6 ms this way) and of a pipeline stage's idle time.
+// Bound buffers over the caller's memory, created per call. Writes block until the bytes
+// are in the socket, so a rank that sends a message over kEagerBytes and also receives
+// writes first only if its rank is below the one it receives from: a cycle
+// of ranks all blocked in writes would need each to write to a lower rank that writes
+// first, which cannot close. A synchronous pair reads its messages in the order they were
+// sent, so two ranks must receive each other's point-to-point messages in that order.
+class SyncPairs {
  public:
-  explicit SyncRing(std::shared_ptr<gloo::Context> context) : context_(std::move(context)) {}
+  explicit SyncPairs(std::shared_ptr<gloo::Context> context)
+      : context_(std::move(context)), sockets_(Sockets()) {}
 
   int rank() const { return context_->rank; }
   int size() const { return context_->size; }
@@ -59,7 +72,7 @@ class SyncRing {
   void ReduceScatter(float* data, size_t count) {
     const size_t c = (count + size() - 1) / size();
     scratch_.resize(c);
-    const int slot = context_->nextSlot();
+    const int slot = NextSlot();
     auto send = Next().createSendBuffer(slot, data, count * sizeof(float));
     auto recv = Prev().createRecvBuffer(slot, scratch_.data(), c * sizeof(float));
     for (int s = 0; s + 1 < size(); ++s) {
@@ -72,7 +85,7 @@ class SyncRing {
 
   // In place: afterwards every block k of data holds rank k's block k.
   void AllGather(float* data, size_t count) {
-    const int slot = context_->nextSlot();
+    const int slot = NextSlot();
     auto send = Next().createSendBuffer(slot, data, count * sizeof(float));
     auto recv = Prev().createRecvBuffer(slot, data, count * sizeof(float));
     for (int s = 0; s + 1 < size(); ++s) {
@@ -81,7 +94,139 @@ class SyncRing {
     }
   }
 
+  // Gloo's binomial tree (gloo::broadcast): in the round of `mask`, the ranks [0, mask)
+  // (counted from the root) have the data and send it to [mask, 2 mask). Each rank
+  // receives before it sends, and a tree has no cycle of writers to deadlock.
+  void Broadcast(float* data, size_t count, int root) {
+    const int slot = NextSlot(), n = size(), vrank = (rank() - root + n) % n;
+    const size_t bytes = count * sizeof(float);
+    for (int mask = 1; mask < n; mask <<= 1) {
+      if (vrank < mask && vrank + mask < n) {
+        const int peer = (vrank + mask + root) % n;
+        Named("sending to", peer, [&] {
+          auto send = context_->getPair(peer)->createSendBuffer(slot, data, bytes);
+          send->send(0, bytes);
+          send->waitSend();
+        });
+      } else if (vrank >= mask && vrank < 2 * mask) {
+        const int peer = (vrank - mask + root) % n;
+        Named("receiving from", peer, [&] {
+          auto recv = context_->getPair(peer)->createRecvBuffer(slot, data, bytes);
+          recv->waitRecv();
+        });
+      }
+    }
+  }
+
+  // Point to point: sends `out` to `to` (unless to < 0) and receives `in` from `from`
+  // (unless null), in the order that cannot deadlock; tags are below kMaxTag.
+  void SendRecv(absl::Span<const float> out, int to, int send_tag, absl::Span<float>* in, int from,
+                int recv_tag) {
+    std::unique_ptr<gloo::transport::Buffer> recv;
+    if (in != nullptr) {  // registered before anything is read from the pair
+      recv = context_->getPair(from)->createRecvBuffer(P2pSlot(from, rank(), recv_tag), in->data(),
+                                                       in->size() * sizeof(float));
+    }
+    const size_t bytes = out.size() * sizeof(float);
+    auto do_send = [&] {
+      if (to < 0) return;
+      auto send = context_->getPair(to)->createSendBuffer(P2pSlot(rank(), to, send_tag),
+                                                          const_cast<float*>(out.data()), bytes);
+      send->send(0, bytes);
+      send->waitSend();
+    };
+    if (recv == nullptr || bytes <= kEagerBytes || rank() < from) {
+      do_send();
+      if (recv != nullptr) Receive(recv.get(), from);
+    } else {
+      Receive(recv.get(), from);
+      do_send();
+    }
+  }
+
+  static constexpr int kMaxTag = 1 << 29;
+  // A message this small is written first whatever the ranks, so that the peer finds it
+  // waiting instead of paying a round trip of wake-ups for it: the socket takes it whole
+  // without the peer reading (Gloo sizes the send buffer to the message, which Linux
+  // doubles, and the peer's receive buffer starts at 128 KiB).
+  static constexpr size_t kEagerBytes = 64 << 10;
+  static constexpr std::chrono::microseconds kSpin{200};
+
  private:
+  // Collectives' slots: below 2^30, the same sequence on every rank.
+  int NextSlot() { return slot_++ % (1 << 30); }
+
+  // A point-to-point message's slot: above the collectives', with its direction, since a
+  // buffer's destruction unregisters its slot on the pair whichever buffer registered it
+  // (a send buffer must not drop the receive buffer of the same tag from the same peer).
+  static int P2pSlot(int sender, int receiver, int tag) {
+    return (1 << 30) + 2 * tag + (sender < receiver ? 1 : 0);
+  }
+
+  void Receive(gloo::transport::Buffer* recv, int from) {
+    SpinUntilReadable(from);
+    try {
+      recv->waitRecv();
+    } catch (const std::exception& e) {
+      // Gloo's words when the message at the head of the pair is for a slot with no buffer.
+      if (std::string(e.what()).find("read() returned false") == std::string::npos) throw;
+      throw std::runtime_error(
+          "a message for another tag came first: two ranks must receive each other's "
+          "point-to-point messages in the order they were sent");
+    }
+  }
+
+  // Polls the socket from `peer` for up to kSpin before the blocking read: a thread that
+  // sleeps in the read takes tens of microseconds to wake (more on a virtual machine's
+  // idle core), and a pipeline's stages meet at every micro-batch's exchange.
+  void SpinUntilReadable(int peer) {
+    const int fd = sockets_[peer];
+    if (fd < 0) return;
+    pollfd p{fd, POLLIN, 0};
+    const auto end = std::chrono::steady_clock::now() + kSpin;
+    while (poll(&p, 1, 0) == 0 && std::chrono::steady_clock::now() < end) {
+    }
+  }
+
+  // Each peer's socket (-1 where not found): Gloo keeps the descriptor to itself, so it is
+  // the one of this process whose local address is the pair's.
+  std::vector<int> Sockets() const {
+    std::vector<int> fds(size(), -1);
+    std::vector<sockaddr_storage> want(size());
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      const auto* a =
+          dynamic_cast<const gloo::transport::tcp::Address*>(&context_->getPair(r)->address());
+      if (a != nullptr) want[r] = a->getSockaddr();
+    }
+    if (size() == 1) return fds;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+      int fd = -1;
+      if (!absl::SimpleAtoi(entry.path().filename().string(), &fd)) continue;
+      sockaddr_storage got{};
+      socklen_t len = sizeof(got);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&got), &len) != 0) continue;
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank() && want[r].ss_family != AF_UNSPEC &&
+            std::memcmp(&got, &want[r], len) == 0) {
+          fds[r] = fd;
+        }
+      }
+    }
+    return fds;
+  }
+
+  // Runs one transfer, naming the peer in what it throws.
+  template <typename Fn>
+  static void Named(const char* what, int peer, Fn fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(absl::StrCat(what, " rank ", peer, ": ", e.what()));
+    }
+  }
+
   gloo::transport::Pair& Next() { return *context_->getPair((rank() + 1) % size()); }
   gloo::transport::Pair& Prev() { return *context_->getPair((rank() + size() - 1) % size()); }
 
@@ -91,20 +236,12 @@ class SyncRing {
             gloo::transport::Buffer* recv) {
     const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
     auto do_send = [&] {
-      try {
+      Named("sending to", next, [&] {
         send->send(offset * sizeof(float), n * sizeof(float), roffset * sizeof(float));
         send->waitSend();
-      } catch (const std::exception& e) {
-        throw std::runtime_error(absl::StrCat("sending to rank ", next, ": ", e.what()));
-      }
+      });
     };
-    auto do_recv = [&] {
-      try {
-        recv->waitRecv();
-      } catch (const std::exception& e) {
-        throw std::runtime_error(absl::StrCat("receiving from rank ", prev, ": ", e.what()));
-      }
-    };
+    auto do_recv = [&] { Named("receiving from", prev, [&] { recv->waitRecv(); }); };
     if (rank() == 0) {
       do_send();
       do_recv();
@@ -116,6 +253,8 @@ class SyncRing {
 
   std::shared_ptr<gloo::Context> context_;
   std::vector<float> scratch_;
+  std::vector<int> sockets_;  // by peer
+  int slot_ = 0;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -123,7 +262,7 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::shared_ptr<gloo::Context> context,
                    std::shared_ptr<gloo::Context> sync_context, absl::Duration timeout)
       : context_(std::move(context)),
-        ring_(std::move(sync_context)),
+        sync_(std::move(sync_context)),
         timeout_(absl::ToChronoMilliseconds(timeout)) {}
 
   int rank() const override { return context_->rank; }
@@ -132,8 +271,8 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllReduceSum(absl::Span<float> data) override {
     if (data.empty() || size() == 1) return absl::OkStatus();
     return Guard(absl::StrCat("all-reduce of ", data.size(), " floats on rank ", rank()), [&] {
-      ring_.ReduceScatter(data.data(), data.size());
-      ring_.AllGather(data.data(), data.size());
+      sync_.ReduceScatter(data.data(), data.size());
+      sync_.AllGather(data.data(), data.size());
     });
   }
 
@@ -150,7 +289,7 @@ class GlooCommunicator final : public Communicator {
     }
     acc_.assign(in.begin(), in.end());
     return Guard(absl::StrCat("reduce-scatter of ", in.size(), " floats on rank ", rank()), [&] {
-      ring_.ReduceScatter(acc_.data(), acc_.size());  // equal blocks: block r is out's
+      sync_.ReduceScatter(acc_.data(), acc_.size());  // equal blocks: block r is out's
       std::copy_n(acc_.begin() + rank() * n, n, out.begin());
     });
   }
@@ -164,7 +303,7 @@ class GlooCommunicator final : public Communicator {
     std::copy(in.begin(), in.end(), out.begin() + rank() * in.size());
     if (size() == 1) return absl::OkStatus();
     return Guard(absl::StrCat("all-gather of ", in.size(), " floats on rank ", rank()),
-                 [&] { ring_.AllGather(out.data(), out.size()); });
+                 [&] { sync_.AllGather(out.data(), out.size()); });
   }
 
   absl::Status Broadcast(absl::Span<float> data, int root) override {
@@ -172,77 +311,29 @@ class GlooCommunicator final : public Communicator {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank"));
     }
     if (data.empty() || size() == 1) return absl::OkStatus();
-    const uint64_t slot = NextTag();
-    return Guard(absl::StrCat("broadcast from rank ", root, " on rank ", rank()), [&] {
-      // Gloo's binomial tree (gloo::broadcast), with one buffer per peer so that a failure
-      // names the peer it happened with, not just this rank: in the round of `mask`, the
-      // ranks [0, mask) (counted from the root) have the data and send it to [mask, 2 mask).
-      const int n = size(), vrank = (rank() - root + n) % n;
-      const size_t bytes = data.size() * sizeof(float);
-      std::string failed;  // what failed, each naming its peer
-      auto named = [&](const char* what, int peer, auto fn) {
-        try {
-          fn();
-          return true;
-        } catch (const std::exception& e) {
-          absl::StrAppend(&failed, failed.empty() ? "" : "; ", what, " rank ", peer, ": ",
-                          e.what());
-          return false;
-        }
-      };
-      std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>> sends;
-      for (int mask = 1; mask < n; mask <<= 1) {
-        if (vrank < mask && vrank + mask < n) {
-          const int peer = (vrank + mask + root) % n;
-          auto buf = context_->createUnboundBuffer(data.data(), bytes);
-          if (named("sending to", peer, [&] { buf->send(peer, slot); })) {
-            sends.emplace_back(peer, std::move(buf));
-          }
-        } else if (vrank >= mask && vrank < 2 * mask) {  // before any send of this rank
-          const int peer = (vrank - mask + root) % n;
-          auto buf = context_->createUnboundBuffer(data.data(), bytes);
-          named("receiving from", peer, [&] {
-            buf->recv(peer, slot);
-            if (!buf->waitRecv(nullptr, timeout_)) throw std::runtime_error("aborted");
-          });
-          if (!failed.empty()) throw std::runtime_error(failed);
-        }
-      }
-      for (auto& send : sends) {  // all waited for: the data must outlive them
-        named("sending to", send.first, [&] {
-          if (!send.second->waitSend(nullptr, timeout_)) throw std::runtime_error("aborted");
-        });
-      }
-      if (!failed.empty()) throw std::runtime_error(failed);
-    });
+    return Guard(absl::StrCat("broadcast from rank ", root, " on rank ", rank()),
+                 [&] { sync_.Broadcast(data.data(), data.size(), root); });
   }
 
   absl::Status Send(absl::Span<const float> data, int peer, int tag) override {
-    if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
-    return Guard(absl::StrCat("send to rank ", peer, " (tag ", tag, ")"), [&] {
-      auto buf = context_->createUnboundBuffer(const_cast<float*>(data.data()),
-                                               data.size() * sizeof(float));
-      buf->send(peer, static_cast<uint64_t>(tag));
-      if (!buf->waitSend(nullptr, timeout_)) throw std::runtime_error("send aborted");
-    });
+    RETURN_IF_ERROR(CheckPeer(peer, tag));
+    return Guard(absl::StrCat("send to rank ", peer, " (tag ", tag, ")"),
+                 [&] { sync_.SendRecv(data, peer, tag, nullptr, -1, 0); });
   }
 
   absl::Status Recv(absl::Span<float> data, int peer, int tag) override {
-    if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
-    return Guard(absl::StrCat("receive from rank ", peer, " (tag ", tag, ")"), [&] {
-      auto buf = context_->createUnboundBuffer(data.data(), data.size() * sizeof(float));
-      buf->recv(peer, static_cast<uint64_t>(tag));
-      if (!buf->waitRecv(nullptr, timeout_)) throw std::runtime_error("receive aborted");
-    });
+    RETURN_IF_ERROR(CheckPeer(peer, tag));
+    return Guard(absl::StrCat("receive from rank ", peer, " (tag ", tag, ")"),
+                 [&] { sync_.SendRecv({}, -1, 0, &data, peer, tag); });
   }
 
   absl::Status SendRecv(absl::Span<const float> out, int to, int send_tag, absl::Span<float> in,
                         int from, int recv_tag) override {
-    if (absl::Status s = CheckPeer(to); !s.ok()) return s;
-    if (absl::Status s = CheckPeer(from); !s.ok()) return s;
-    return Exchange(out, to, send_tag, in, from, recv_tag,
-                    absl::StrCat("send to rank ", to, " (tag ", send_tag,
-                                 ") and receive from rank ", from, " (tag ", recv_tag, ")"));
+    RETURN_IF_ERROR(CheckPeer(to, send_tag));
+    RETURN_IF_ERROR(CheckPeer(from, recv_tag));
+    return Guard(absl::StrCat("send to rank ", to, " (tag ", send_tag, ") and receive from rank ",
+                              from, " (tag ", recv_tag, ")"),
+                 [&] { sync_.SendRecv(out, to, send_tag, &in, from, recv_tag); });
   }
 
   absl::Status Barrier() override {
@@ -255,28 +346,16 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  absl::Status CheckPeer(int peer) const {
+  absl::Status CheckPeer(int peer, int tag) const {
     if (peer < 0 || peer >= size() || peer == rank()) {
       return absl::InvalidArgumentError(
           absl::StrCat("peer ", peer, " is not another rank of ", size()));
     }
+    if (tag < 0 || tag >= SyncPairs::kMaxTag) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tag ", tag, " is not in [0, ", SyncPairs::kMaxTag, ")"));
+    }
     return absl::OkStatus();
-  }
-
-  // Sends `out` to `to` while receiving `in` from `from` (both posted before waiting, so
-  // a ring of these never deadlocks).
-  absl::Status Exchange(absl::Span<const float> out, int to, int send_tag, absl::Span<float> in,
-                        int from, int recv_tag, const std::string& what) {
-    return Guard(what, [&] {
-      auto send =
-          context_->createUnboundBuffer(const_cast<float*>(out.data()), out.size() * sizeof(float));
-      auto recv = context_->createUnboundBuffer(in.data(), in.size() * sizeof(float));
-      recv->recv(from, static_cast<uint64_t>(recv_tag));
-      send->send(to, static_cast<uint64_t>(send_tag));
-      if (!recv->waitRecv(nullptr, timeout_) || !send->waitSend(nullptr, timeout_)) {
-        throw std::runtime_error("aborted");
-      }
-    });
   }
 
   // Collective tags: distinct per call, identical across ranks (same call order), and kept
@@ -284,7 +363,7 @@ class GlooCommunicator final : public Communicator {
   uint32_t NextTag() { return 0x80000000u | (tag_++ & 0x7fffffffu); }
 
   std::shared_ptr<gloo::Context> context_;
-  SyncRing ring_;  // all-reduce, reduce-scatter, all-gather
+  SyncPairs sync_;  // all-reduce, reduce-scatter, all-gather, point to point
   std::vector<float> acc_;
   const std::chrono::milliseconds timeout_;
   uint32_t tag_ = 0;
@@ -312,6 +391,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(gloo::rende
     for (int r = 0; r < options.size; ++r) {
       if (r != options.rank) sync_context->getPair(r)->setSync(true, /*busyPoll=*/false);
     }
+    // Until every rank has switched, a message could reach a pair still read by the
+    // device thread, which would take it before its buffer exists.
+    gloo::BarrierOptions barrier(context);
+    barrier.setTimeout(absl::ToChronoMilliseconds(options.timeout));
+    gloo::barrier(barrier);
   });
   if (!s.ok()) return s;
   return std::unique_ptr<Communicator>(

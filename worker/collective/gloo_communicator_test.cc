@@ -83,9 +83,12 @@ TEST_P(GlooCommunicatorTest, EveryCollectiveMatchesItsFormulaForEveryPayloadSize
 
       if (n > 1) {  // a ring of sends: each rank receives its predecessor's values
         std::vector<float> got(len);
-        std::thread sender([&] { EXPECT_TRUE(c.Send(own, (r + 1) % n, 7).ok()); });
-        ASSERT_TRUE(c.Recv(absl::MakeSpan(got), (r + n - 1) % n, 7).ok());
-        sender.join();
+        // A large Send waits for its receiver: rank 0 sends first, the others receive first.
+        const int next = (r + 1) % n, prev = (r + n - 1) % n;
+        if (r == 0) ASSERT_TRUE(c.Send(own, next, 7).ok());
+        absl::Status recv = c.Recv(absl::MakeSpan(got), prev, 7);
+        ASSERT_TRUE(recv.ok()) << recv;
+        if (r != 0) ASSERT_TRUE(c.Send(own, next, 7).ok());
         for (size_t i = 0; i < len; ++i)
           ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send/recv";
         // Both directions at once from one thread (a pipeline stage's exchange): send to
@@ -190,6 +193,21 @@ TEST(GlooCommunicatorErrorsTest, RootGoneDuringABroadcastIsNamed) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 0")) << s;
 }
 
+// Point-to-point messages received in another order than sent: an error that says so, at
+// once, not a hang or a wrong buffer filled.
+TEST(GlooCommunicatorErrorsTest, MessagesReceivedOutOfOrderAreAnError) {
+  gloo::rendezvous::HashStore store;
+  auto comms = ConnectPair(&store, absl::Seconds(30));
+  std::vector<float> first(8, 1.0f), second(8, 2.0f), got(8, 0.0f);
+  ASSERT_TRUE(comms[0]->Send(first, 1, 1).ok());
+  ASSERT_TRUE(comms[0]->Send(second, 1, 2).ok());
+  absl::Status s = comms[1]->Recv(absl::MakeSpan(got), 0, 2);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("in the order they were sent")) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 0")) << s;
+  EXPECT_EQ(got, std::vector<float>(8, 0.0f));
+}
+
 TEST(GlooCommunicatorErrorsTest, BadArgumentsAreInvalidArgument) {
   OnRanks(1, [](Communicator& c) {
     std::vector<float> x(4), y(3);
@@ -197,6 +215,12 @@ TEST(GlooCommunicatorErrorsTest, BadArgumentsAreInvalidArgument) {
     EXPECT_EQ(c.AllGather(x, absl::MakeSpan(y)).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(c.Broadcast(absl::MakeSpan(x), 3).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(c.Send(x, 0, 1).code(), absl::StatusCode::kInvalidArgument);
+  });
+  OnRanks(2, [](Communicator& c) {
+    std::vector<float> x(4);
+    EXPECT_EQ(c.Send(x, 1 - c.rank(), -1).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.Recv(absl::MakeSpan(x), 1 - c.rank(), 1 << 29).code(),
+              absl::StatusCode::kInvalidArgument);
   });
   gloo::rendezvous::HashStore store;
   EXPECT_EQ(CreateGlooCommunicator(&store, GlooOptions{2, 2}).status().code(),

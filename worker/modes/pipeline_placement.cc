@@ -133,7 +133,6 @@ class PipelinePlacement final : public Placement {
 
   absl::StatusOr<float> Step(int64_t step) override {
     const absl::Time start = absl::Now();
-    busy_ = absl::ZeroDuration();
     if (first() || last()) BatchAt(batches_.get(), step, &batch_);
     model_->ZeroGrads();
     loss_ = 0;
@@ -161,28 +160,24 @@ class PipelinePlacement final : public Placement {
       RETURN_IF_ERROR(Backward(m));
       RETURN_IF_ERROR(Exchange(&dx_, kBackward, m, kNone, 0));
     }
-    const absl::Time t0 = absl::Now();
     ++updates_;
     std::vector<std::vector<float>> grads(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
       grads[i].resize(params_[i].size());
       model_->GetGrad(i, grads[i].data());
     }
-    busy_ += absl::Now() - t0;
     RETURN_IF_ERROR(SumTiedGradients(&grads));
-    const absl::Time t1 = absl::Now();
     for (size_t i = 0; i < params_.size(); ++i) {
       std::vector<float>& grad = grads[i];
       ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots_[i], params_[i].size(),
                      updates_);
       model_->SetParam(i, params_[i].data());
     }
-    busy_ += absl::Now() - t1;
     // Every stage reports the global batch's loss, which only the last stage computed.
     float loss = static_cast<float>(loss_);
-    RETURN_IF_ERROR(ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1));
+    RETURN_IF_ERROR(
+        Waited([&] { return ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1); }));
     step_time_ += absl::Now() - start;
-    busy_time_ += busy_;
     return loss;
   }
 
@@ -190,8 +185,8 @@ class PipelinePlacement final : public Placement {
     const double step = absl::ToDoubleSeconds(step_time_);
     return {{"pipeline_stages", static_cast<double>(stages_)},
             {"pipeline_micro_batches", static_cast<double>(micro_)},
-            // Idle share of this stage's step time (waiting on its neighbours).
-            {"pipeline_bubble", step > 0 ? 1 - absl::ToDoubleSeconds(busy_time_) / step : 0},
+            // Idle share of this stage's step time: in messages, waiting on its neighbours.
+            {"pipeline_bubble", step > 0 ? absl::ToDoubleSeconds(wait_time_) / step : 0},
             {"pipeline_bubble_ideal", static_cast<double>(stages_ - 1) / (micro_ + stages_ - 1)}};
   }
 
@@ -211,7 +206,8 @@ class PipelinePlacement final : public Placement {
       std::vector<float>& mine = (*grads)[local_of_.at(index)];
       theirs.resize(mine.size());
       const int tag = kTiedTag + index;
-      RETURN_IF_ERROR(ctx_.comm->SendRecv(mine, peer, tag, absl::MakeSpan(theirs), peer, tag));
+      RETURN_IF_ERROR(Waited(
+          [&] { return ctx_.comm->SendRecv(mine, peer, tag, absl::MakeSpan(theirs), peer, tag); }));
       for (size_t k = 0; k < mine.size(); ++k) mine[k] += theirs[k];
     }
     return absl::OkStatus();
@@ -234,32 +230,38 @@ class PipelinePlacement final : public Placement {
     const int send_tag = 2 * sm + (send_dir == kBackward),
               recv_tag = 2 * rm + (recv_dir == kBackward);
     std::vector<float>& in = recv_dir == kForward ? in_ : dout_;
-    if (do_send && do_recv) {
-      return ctx_.comm->SendRecv(*send, to, send_tag, absl::MakeSpan(in), from, recv_tag);
-    }
-    if (do_send) return ctx_.comm->Send(*send, to, send_tag);
-    if (do_recv) return ctx_.comm->Recv(absl::MakeSpan(in), from, recv_tag);
-    return absl::OkStatus();
+    return Waited([&] {
+      if (do_send && do_recv) {
+        return ctx_.comm->SendRecv(*send, to, send_tag, absl::MakeSpan(in), from, recv_tag);
+      }
+      if (do_send) return ctx_.comm->Send(*send, to, send_tag);
+      if (do_recv) return ctx_.comm->Recv(absl::MakeSpan(in), from, recv_tag);
+      return absl::OkStatus();
+    });
+  }
+
+  // Runs a message exchange, its time counted as waiting.
+  template <typename Fn>
+  absl::Status Waited(Fn fn) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = fn();
+    wait_time_ += absl::Now() - t0;
+    return s;
   }
 
   absl::Status Forward(int m) {
-    const absl::Time t0 = absl::Now();
     const float* x =
         first() ? batch_.x.data() + static_cast<size_t>(m) * rows_ * spec_.input_width : in_.data();
-    RETURN_IF_ERROR(model_->StageForward(slot(m), x, rows_, out_.data()));
-    busy_ += absl::Now() - t0;
-    return absl::OkStatus();
+    return model_->StageForward(slot(m), x, rows_, out_.data());
   }
 
   absl::Status Backward(int m) {
-    const absl::Time t0 = absl::Now();
     const int32_t* labels =
         last() ? batch_.y.data() + static_cast<size_t>(m) * rows_ * spec_.label_width : nullptr;
     ASSIGN_OR_RETURN(model::StepResult r,
                      model_->StageBackward(slot(m), labels, last() ? nullptr : dout_.data(), rows_,
                                            1.0f / micro_, dx_.data()));
     loss_ += r.loss / micro_;
-    busy_ += absl::Now() - t0;
     return absl::OkStatus();
   }
 
@@ -280,7 +282,7 @@ class PipelinePlacement final : public Placement {
   std::vector<float> in_, dx_, out_, dout_;             // one micro-batch each
   int64_t updates_ = 0;
   double loss_ = 0;
-  absl::Duration busy_, busy_time_, step_time_;
+  absl::Duration wait_time_, step_time_;  // over every step: in messages, in all
 };
 
 }  // namespace
