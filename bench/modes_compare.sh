@@ -7,11 +7,11 @@
 # training time only) and the ratio to DDP's median, to single-process PyTorch's (the same
 # script with --world 1: no DDP, one process, one thread) and to the 2x limit of 2 workers
 # on this 2-core machine (2x single-process), plus each run's test accuracy.
-#   bench/modes_compare.sh [ROUNDS=3] [EPOCHS=3]
+#   [MODES="ps allreduce fsdp pipeline"] bench/modes_compare.sh [ROUNDS=3] [EPOCHS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3} epochs=${2:-3}
-modes=(ps allreduce fsdp pipeline)
+read -r -a modes <<<"${MODES:-ps allreduce fsdp pipeline}"
 tmp=$(mktemp -d /tmp/modes_compare.XXXXXX)
 echo "runs under $tmp"
 for ((r = 0; r < rounds; ++r)); do

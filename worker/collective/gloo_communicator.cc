@@ -1,4 +1,4 @@
-#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -53,6 +53,7 @@ absl::Status Guard(const std::string& what, Fn fn) {
 // of ranks all blocked in writes would need each to write to a lower rank that writes
 // first, which cannot close. A synchronous pair reads its messages in the order they were
 // sent, so two ranks must receive each other's point-to-point messages in that order.
+// Before each blocking read the caller polls the socket for up to kSpin (AwaitBytes).
 class SyncPairs {
  public:
   explicit SyncPairs(std::shared_ptr<gloo::Context> context)
@@ -78,7 +79,7 @@ class SyncPairs {
     for (int s = 0; s + 1 < size(); ++s) {
       const auto [sb, sn] = Block(count, (rank() - s - 1 + 2 * size()) % size());
       const auto [rb, rn] = Block(count, (rank() - s - 2 + 2 * size()) % size());
-      Step(send.get(), sb, sn, 0, recv.get());
+      Step(send.get(), sb, sn, 0, recv.get(), rn);
       for (size_t i = 0; i < rn; ++i) data[rb + i] += scratch_[i];
     }
   }
@@ -90,7 +91,8 @@ class SyncPairs {
     auto recv = Prev().createRecvBuffer(slot, data, count * sizeof(float));
     for (int s = 0; s + 1 < size(); ++s) {
       const auto [sb, sn] = Block(count, (rank() - s + size()) % size());
-      Step(send.get(), sb, sn, sb, recv.get());
+      const size_t rn = Block(count, (rank() - s - 1 + size()) % size()).second;
+      Step(send.get(), sb, sn, sb, recv.get(), rn);
     }
   }
 
@@ -112,7 +114,7 @@ class SyncPairs {
         const int peer = (vrank - mask + root) % n;
         Named("receiving from", peer, [&] {
           auto recv = context_->getPair(peer)->createRecvBuffer(slot, data, bytes);
-          recv->waitRecv();
+          Receive(recv.get(), peer, bytes);
         });
       }
     }
@@ -137,9 +139,9 @@ class SyncPairs {
     };
     if (recv == nullptr || bytes <= kEagerBytes || rank() < from) {
       do_send();
-      if (recv != nullptr) Receive(recv.get(), from);
+      if (recv != nullptr) Receive(recv.get(), from, in->size() * sizeof(float));
     } else {
-      Receive(recv.get(), from);
+      Receive(recv.get(), from, in->size() * sizeof(float));
       do_send();
     }
   }
@@ -148,9 +150,11 @@ class SyncPairs {
   // A message this small is written first whatever the ranks, so that the peer finds it
   // waiting instead of paying a round trip of wake-ups for it: the socket takes it whole
   // without the peer reading (Gloo sizes the send buffer to the message, which Linux
-  // doubles, and the peer's receive buffer starts at 128 KiB).
-  static constexpr size_t kEagerBytes = 64 << 10;
+  // doubles, and the peer's receive window starts at 64 KiB). At 64 KiB both writes
+  // stalled: an exchange took twice as long as in turn (bench/p2p_latency).
+  static constexpr size_t kEagerBytes = 32 << 10;
   static constexpr std::chrono::microseconds kSpin{200};
+  static constexpr size_t kSpinBytes = 32 << 10;
 
  private:
   // Collectives' slots: below 2^30, the same sequence on every rank.
@@ -163,28 +167,34 @@ class SyncPairs {
     return (1 << 30) + 2 * tag + (sender < receiver ? 1 : 0);
   }
 
-  void Receive(gloo::transport::Buffer* recv, int from) {
-    SpinUntilReadable(from);
+  // Reads the message of up to `bytes` for `recv` from `from`.
+  void Receive(gloo::transport::Buffer* recv, int from, size_t bytes) {
+    AwaitBytes(from, bytes);
     try {
       recv->waitRecv();
     } catch (const std::exception& e) {
       // Gloo's words when the message at the head of the pair is for a slot with no buffer.
       if (std::string(e.what()).find("read() returned false") == std::string::npos) throw;
       throw std::runtime_error(
-          "a message for another tag came first: two ranks must receive each other's "
-          "point-to-point messages in the order they were sent");
+          "a message for another operation came first: ranks must make the same collective "
+          "calls in the same order, and receive each other's point-to-point messages in the "
+          "order they were sent");
     }
   }
 
-  // Polls the socket from `peer` for up to kSpin before the blocking read: a thread that
-  // sleeps in the read takes tens of microseconds to wake (more on a virtual machine's
-  // idle core), and a pipeline's stages meet at every micro-batch's exchange.
-  void SpinUntilReadable(int peer) {
+  // Polls the socket from `peer` until `bytes` have arrived (at most kSpinBytes: a larger
+  // message may not fit the receive window until read) or kSpin has passed, before the
+  // blocking read: a thread that sleeps in the read takes tens of microseconds to wake
+  // (more on a virtual machine's idle core), paid at every ring step and every
+  // micro-batch's exchange of a pipeline.
+  void AwaitBytes(int peer, size_t bytes) {
     const int fd = sockets_[peer];
     if (fd < 0) return;
-    pollfd p{fd, POLLIN, 0};
+    const int want = static_cast<int>(std::clamp<size_t>(bytes, 1, kSpinBytes));
     const auto end = std::chrono::steady_clock::now() + kSpin;
-    while (poll(&p, 1, 0) == 0 && std::chrono::steady_clock::now() < end) {
+    int queued = 0;
+    while ((ioctl(fd, FIONREAD, &queued) != 0 || queued < want) &&
+           std::chrono::steady_clock::now() < end) {
     }
   }
 
@@ -231,9 +241,9 @@ class SyncPairs {
   gloo::transport::Pair& Prev() { return *context_->getPair((rank() + size() - 1) % size()); }
 
   // Sends floats [offset, offset + n) to the next rank (at roffset there) and receives the
-  // previous rank's message into `recv`, in the order that cannot deadlock.
+  // previous rank's message of recv_n floats into `recv`, in the order that cannot deadlock.
   void Step(gloo::transport::Buffer* send, size_t offset, size_t n, size_t roffset,
-            gloo::transport::Buffer* recv) {
+            gloo::transport::Buffer* recv, size_t recv_n) {
     const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
     auto do_send = [&] {
       Named("sending to", next, [&] {
@@ -241,7 +251,9 @@ class SyncPairs {
         send->waitSend();
       });
     };
-    auto do_recv = [&] { Named("receiving from", prev, [&] { recv->waitRecv(); }); };
+    auto do_recv = [&] {
+      Named("receiving from", prev, [&] { Receive(recv, prev, recv_n * sizeof(float)); });
+    };
     if (rank() == 0) {
       do_send();
       do_recv();
