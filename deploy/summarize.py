@@ -29,6 +29,7 @@ def summarize(out, workers, shards, epochs, consistency, wall, mode, micro_batch
         "model": ws[0].get("model", "mlp"),
         "epochs": int(epochs),
         "steps": ws[0]["steps"],
+        "steps_per_epoch": ws[0].get("steps_per_epoch", 0),
         "samples_per_sec": round(sum(w["samples_per_sec"] for w in ws), 1),
         "wall_seconds": int(wall),
         "checkpoints": json.load(open(checkpoints)) if os.path.exists(checkpoints) else [],
@@ -57,7 +58,11 @@ def main(argv):
     # A byte-level language model's figure is its test loss in bits per byte.
     bits = (f"test loss {summary['test_loss'] / math.log(2):.4f} bits per byte, "
             if summary["model"] == "gpt" and summary["test_loss"] > 0 else "")
-    print(f"== {bits}test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs "
+    # A run cut short by --max_steps says how many steps it trained.
+    steps, per_epoch = summary["steps"], summary["steps_per_epoch"]
+    span = (f"{steps} steps" if per_epoch and steps < int(epochs) * per_epoch
+            else f"{epochs} epoch{'' if int(epochs) == 1 else 's'}")
+    print(f"== {bits}test accuracy {summary['test_accuracy']:.4f} after {span} "
           f"({summary['samples_per_sec']:.0f} samples/s, {wall} s); summary: {out}/summary.json"
           f"{plots}")
 

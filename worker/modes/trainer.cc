@@ -335,6 +335,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   summary.final_mode = ModeName(placement_->mode());
   summary.model = model_->spec().kind;
   summary.steps = total;
+  summary.steps_per_epoch = per_epoch_;
   summary.epochs = options_.epochs;
   summary.train_seconds = absl::ToDoubleSeconds(train_time);
   summary.samples_per_sec =

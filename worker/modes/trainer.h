@@ -91,6 +91,7 @@ struct SwitchDone {
 struct TrainSummary {
   int64_t steps = 0;
   int epochs = 0;
+  int64_t steps_per_epoch = 0;  // steps < epochs * steps_per_epoch: cut short by max_steps
   double final_loss = 0;       // mean training loss over the last epoch
   double test_accuracy = -1;   // after the last epoch, -1 if not evaluated (a language
                                // model: next-token accuracy)
