@@ -29,40 +29,14 @@ bazel build -c opt //worker:ps_worker //server/ps:ps_server //server/coordinator
 out=$(mktemp -d /tmp/plan_vs_measured.XXXXXX)
 echo "== per-run output in $out"
 
-rates() {  # file
-  bazel-bin/bench/gpt_kernel_rates --batch="$BATCH" --seconds=2 >"$1"
-}
-rates "$out/rates0" &
-rates "$out/rates1"
-wait
-mean() {  # field: the mean over the 2 processes
+bench/calibrate.sh "$out" "$BATCH"
+mean() {  # field: the mean over the 2 processes run at once
   $PY -c 'import json,sys; print("%.2f" % (sum(json.load(open(f))[sys.argv[1]] for f in sys.argv[2:]) / 2))' \
-    "$1" "$out/rates0" "$out/rates1"
+    "$1" "$out/pair0" "$out/pair1"
 }
 gflops=$(mean gemm_gflops) ewbw=$(mean elementwise_gbps)
-copy_rate() {
-  OPENBLAS_NUM_THREADS=1 $PY - <<'EOF'
-import time
-import numpy as np
-a = np.ones(16 << 20, dtype=np.float32)  # 64 MB: far past the caches
-b = np.empty_like(a)
-np.copyto(b, a)
-start, n = time.perf_counter(), 0
-while time.perf_counter() - start < 3.0:
-    np.copyto(b, a)
-    n += 1
-print(f"{2 * a.nbytes * n / (time.perf_counter() - start) / 1e9:.2f}")
-EOF
-}
-copy_rate >"$out/copy0" &
-copy_rate >"$out/copy1"
-wait
 membw=$($PY -c 'import sys; print("%.2f" % ((float(open(sys.argv[1]).read()) + float(open(sys.argv[2]).read())) / 2))' "$out/copy0" "$out/copy1")
-iperf3 -s -1 -p 5299 -B 127.0.0.1 >/dev/null 2>&1 &
-server=$!
-sleep 0.5
-gbps=$(iperf3 -c 127.0.0.1 -p 5299 -t 3 -J | $PY -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))')
-wait "$server" 2>/dev/null || true
+gbps=$($PY -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' "$out/iperf3.json")
 echo "== calibration, per process with 2 at once: GEMM $gflops GFLOP/s, element-wise $ewbw GB/s (a copy: $membw GB/s), loopback TCP $gbps GB/s"
 
 plan() {  # global batch in sequences, file

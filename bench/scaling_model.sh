@@ -40,15 +40,7 @@ out=$(mktemp -d /tmp/scaling_model.XXXXXX)
 echo "== per-run output in $out"
 
 if ((PREDICT_ONLY == 0)); then
-  bazel-bin/bench/gpt_kernel_rates --batch="$BATCH" --seconds=2 >"$out/alone"
-  bazel-bin/bench/gpt_kernel_rates --batch="$BATCH" --seconds=2 >"$out/pair0" &
-  bazel-bin/bench/gpt_kernel_rates --batch="$BATCH" --seconds=2 >"$out/pair1"
-  wait
-  iperf3 -s -1 -p 5298 -B 127.0.0.1 >/dev/null 2>&1 &
-  server=$!
-  sleep 0.5
-  iperf3 -c 127.0.0.1 -p 5298 -t 3 -J >"$out/iperf3.json"
-  wait "$server" 2>/dev/null || true
+  bench/calibrate.sh "$out" "$BATCH"
   run() {  # name workers mode batch
     deploy/local_cluster.sh --model gpt --workers "$2" --mode "$3" --batch_size "$4" --epochs 1 \
       --micro_batches "$MICRO" --metrics off --out "$out/$1" --worker_args "--max_steps=$STEPS" >"$out/$1.log" 2>&1 \
