@@ -79,6 +79,9 @@ ABSL_FLAG(std::string, collectives, "gloo",
 ABSL_FLAG(int, cuda_device, -1, "--backend=cuda: the GPU to use (-1: rank modulo the GPUs).");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "A collective that waits this long for a peer fails, naming it (e.g. 120s, 2m).");
+ABSL_FLAG(absl::Duration, collective_spin, absl::Microseconds(200),
+          "Gloo: how long a receive polls its socket before it sleeps (waking costs tens of "
+          "microseconds a message); 0 where workers share cores with other busy processes.");
 ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(5), "Time between progress lines.");
 ABSL_FLAG(std::string, summary_json, "", "Write the final figures here as JSON.");
 ABSL_FLAG(int, snapshot_every_epochs, 0,
@@ -195,6 +198,7 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   f.host = absl::GetFlag(FLAGS_host);
   f.collectives = absl::GetFlag(FLAGS_collectives);
   f.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
+  f.collective_spin = absl::GetFlag(FLAGS_collective_spin);
   f.backend = absl::GetFlag(FLAGS_backend);
   f.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   f.dataset_dir = absl::GetFlag(FLAGS_dataset_dir);

@@ -17,6 +17,7 @@ struct WorkerFlags {
   std::string host;               // the address other workers reach this one at
   std::string collectives;        // gloo | nccl
   absl::Duration collective_timeout;
+  absl::Duration collective_spin;
   std::string backend;  // cpu | cuda
   int cuda_device = -1;
   std::string dataset_dir;  // Fashion-MNIST

@@ -30,8 +30,8 @@ int CudaDevice(int flag, int rank) {
 // The communicator factory of the collective modes, rendezvoused through the coordinator.
 void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::TrainerOptions* o) {
   const int rank = o->rank, world = o->world, device = CudaDevice(f.cuda_device, rank);
-  const absl::Duration timeout = f.collective_timeout;
-  o->connect = [coordinator, rank, world, device, timeout, host = f.host,
+  const absl::Duration timeout = f.collective_timeout, spin = f.collective_spin;
+  o->connect = [coordinator, rank, world, device, timeout, spin, host = f.host,
                 nccl = f.collectives == "nccl"](const std::string& generation)
       -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
     if (nccl) {
@@ -47,8 +47,8 @@ void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::Tra
       return collective::MakeStagingCommunicator(std::move(comm), std::move(staging));
     }
     collective::CoordinatorStore store(coordinator, generation, absl::Minutes(5));
-    return collective::CreateGlooCommunicator(&store,
-                                              collective::GlooOptions{rank, world, host, timeout});
+    return collective::CreateGlooCommunicator(
+        &store, collective::GlooOptions{rank, world, host, timeout, spin});
   };
 }
 
@@ -142,34 +142,31 @@ absl::StatusOr<std::unique_ptr<compute::Backend>> MakeBackend(const WorkerFlags&
 absl::Status WriteSummaryJson(const std::string& path, int rank, const std::string& mode,
                               const modes::TrainSummary& summary) {
   std::ofstream f(path);
-  f << absl::StrCat("{\"rank\": ", rank, ", \"mode\": \"", mode, "\", \"final_mode\": \"",
-                    summary.final_mode, "\", \"model\": \"", summary.model,
-                    "\", \"steps\": ", summary.steps,
-                    ", \"epochs\": ", summary.epochs,
-                    ", \"steps_per_epoch\": ", summary.steps_per_epoch,
-                    ", \"final_loss\": ", summary.final_loss,
-                    ", \"test_accuracy\": ", summary.test_accuracy,
-                    ", \"test_loss\": ", summary.test_loss,
-                    ", \"samples_per_sec\": ", summary.samples_per_sec,
-                    ", \"train_seconds\": ", summary.train_seconds, ", \"snapshots\": [",
-                    absl::StrJoin(summary.snapshots, ", "), "], \"rollbacks\": [",
-                    absl::StrJoin(summary.rollbacks, ", ",
-                                  [](std::string* out, const std::pair<int64_t, int64_t>& r) {
-                                    absl::StrAppend(out, "[", r.first, ", ", r.second, "]");
-                                  }),
-                    "], \"switches\": [",
-                    absl::StrJoin(summary.switches, ", ",
-                                  [](std::string* out, const modes::SwitchDone& s) {
-                                    absl::StrAppend(out, "{\"step\": ", s.step, ", \"from\": \"",
-                                                    s.from, "\", \"to\": \"", s.to,
-                                                    "\", \"handoff_seconds\": ", s.seconds, "}");
-                                  }),
-                    "], \"figures\": {",
-                    absl::StrJoin(summary.figures, ", ",
-                                  [](std::string* out, const std::pair<std::string, double>& f) {
-                                    absl::StrAppend(out, "\"", f.first, "\": ", f.second);
-                                  }),
-                    "}, \"param_crc32c\": ", summary.param_crc32c, "}\n");
+  f << absl::StrCat(
+      "{\"rank\": ", rank, ", \"mode\": \"", mode, "\", \"final_mode\": \"", summary.final_mode,
+      "\", \"model\": \"", summary.model, "\", \"steps\": ", summary.steps,
+      ", \"epochs\": ", summary.epochs, ", \"steps_per_epoch\": ", summary.steps_per_epoch,
+      ", \"final_loss\": ", summary.final_loss, ", \"test_accuracy\": ", summary.test_accuracy,
+      ", \"test_loss\": ", summary.test_loss, ", \"samples_per_sec\": ", summary.samples_per_sec,
+      ", \"train_seconds\": ", summary.train_seconds, ", \"snapshots\": [",
+      absl::StrJoin(summary.snapshots, ", "), "], \"rollbacks\": [",
+      absl::StrJoin(summary.rollbacks, ", ",
+                    [](std::string* out, const std::pair<int64_t, int64_t>& r) {
+                      absl::StrAppend(out, "[", r.first, ", ", r.second, "]");
+                    }),
+      "], \"switches\": [",
+      absl::StrJoin(summary.switches, ", ",
+                    [](std::string* out, const modes::SwitchDone& s) {
+                      absl::StrAppend(out, "{\"step\": ", s.step, ", \"from\": \"", s.from,
+                                      "\", \"to\": \"", s.to,
+                                      "\", \"handoff_seconds\": ", s.seconds, "}");
+                    }),
+      "], \"figures\": {",
+      absl::StrJoin(summary.figures, ", ",
+                    [](std::string* out, const std::pair<std::string, double>& f) {
+                      absl::StrAppend(out, "\"", f.first, "\": ", f.second);
+                    }),
+      "}, \"param_crc32c\": ", summary.param_crc32c, "}\n");
   if (!f) return absl::UnavailableError("cannot write --summary_json=" + path);
   return absl::OkStatus();
 }

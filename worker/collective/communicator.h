@@ -52,6 +52,10 @@ struct GlooOptions {
   int size = 1;
   std::string host = "127.0.0.1";              // the address peers reach this rank at
   absl::Duration timeout = absl::Seconds(30);  // of every operation
+  // How long a receive polls its socket before it sleeps in the read: a sleeping thread takes
+  // tens of microseconds to wake, paid at every ring step and pipeline exchange. Zero where
+  // the ranks have no core to spare (more ranks than cores).
+  absl::Duration spin = absl::Microseconds(200);
 };
 
 // Connects the group through `store` (the rendezvous: a coordinator-backed store in the

@@ -53,11 +53,13 @@ absl::Status Guard(const std::string& what, Fn fn) {
 // of ranks all blocked in writes would need each to write to a lower rank that writes
 // first, which cannot close. A synchronous pair reads its messages in the order they were
 // sent, so two ranks must receive each other's point-to-point messages in that order.
-// Before each blocking read the caller polls the socket for up to kSpin (AwaitBytes).
+// Before each blocking read the caller polls the socket for up to GlooOptions::spin.
 class SyncPairs {
  public:
-  explicit SyncPairs(std::shared_ptr<gloo::Context> context)
-      : context_(std::move(context)), sockets_(Sockets()) {}
+  SyncPairs(std::shared_ptr<gloo::Context> context, absl::Duration spin)
+      : context_(std::move(context)),
+        spin_(absl::ToChronoMicroseconds(spin)),
+        sockets_(Sockets()) {}
 
   int rank() const { return context_->rank; }
   int size() const { return context_->size; }
@@ -153,7 +155,6 @@ class SyncPairs {
   // doubles, and the peer's receive window starts at 64 KiB). At 64 KiB both writes
   // stalled: an exchange took twice as long as in turn (bench/p2p_latency).
   static constexpr size_t kEagerBytes = 32 << 10;
-  static constexpr std::chrono::microseconds kSpin{200};
   static constexpr size_t kSpinBytes = 32 << 10;
 
  private:
@@ -183,15 +184,15 @@ class SyncPairs {
   }
 
   // Polls the socket from `peer` until `bytes` have arrived (at most kSpinBytes: a larger
-  // message may not fit the receive window until read) or kSpin has passed, before the
+  // message may not fit the receive window until read) or the spin has passed, before the
   // blocking read: a thread that sleeps in the read takes tens of microseconds to wake
   // (more on a virtual machine's idle core), paid at every ring step and every
   // micro-batch's exchange of a pipeline.
   void AwaitBytes(int peer, size_t bytes) {
     const int fd = sockets_[peer];
-    if (fd < 0) return;
+    if (fd < 0 || spin_.count() <= 0) return;
     const int want = static_cast<int>(std::clamp<size_t>(bytes, 1, kSpinBytes));
-    const auto end = std::chrono::steady_clock::now() + kSpin;
+    const auto end = std::chrono::steady_clock::now() + spin_;
     int queued = 0;
     while ((ioctl(fd, FIONREAD, &queued) != 0 || queued < want) &&
            std::chrono::steady_clock::now() < end) {
@@ -264,6 +265,7 @@ class SyncPairs {
   }
 
   std::shared_ptr<gloo::Context> context_;
+  const std::chrono::microseconds spin_;  // GlooOptions::spin
   std::vector<float> scratch_;
   std::vector<int> sockets_;  // by peer
   int slot_ = 0;
@@ -272,10 +274,10 @@ class SyncPairs {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> context,
-                   std::shared_ptr<gloo::Context> sync_context, absl::Duration timeout)
+                   std::shared_ptr<gloo::Context> sync_context, const GlooOptions& options)
       : context_(std::move(context)),
-        sync_(std::move(sync_context)),
-        timeout_(absl::ToChronoMilliseconds(timeout)) {}
+        sync_(std::move(sync_context), options.spin),
+        timeout_(absl::ToChronoMilliseconds(options.timeout)) {}
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
@@ -410,8 +412,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(gloo::rende
     gloo::barrier(barrier);
   });
   if (!s.ok()) return s;
-  return std::unique_ptr<Communicator>(
-      new GlooCommunicator(context, sync_context, options.timeout));
+  return std::unique_ptr<Communicator>(new GlooCommunicator(context, sync_context, options));
 }
 
 }  // namespace pscluster::collective

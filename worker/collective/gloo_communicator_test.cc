@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gloo/rendezvous/hash_store.h"
@@ -21,13 +22,15 @@ namespace {
 float Value(int r, size_t i) { return static_cast<float>((r + 1) * (i % 7 + 1)); }
 float SumOverRanks(int n, size_t i) { return static_cast<float>((i % 7 + 1) * n * (n + 1) / 2); }
 
-// Connects `n` ranks and runs fn(comm) on each, on its own thread.
-void OnRanks(int n, const std::function<void(Communicator&)>& fn) {
+// Connects `n` ranks and runs fn(comm) on each, on its own thread; `spin`: GlooOptions'.
+void OnRanks(int n, const std::function<void(Communicator&)>& fn,
+             absl::Duration spin = GlooOptions().spin) {
   gloo::rendezvous::HashStore store;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto comm = CreateGlooCommunicator(&store, GlooOptions{r, n, "127.0.0.1", absl::Seconds(30)});
+      auto comm =
+          CreateGlooCommunicator(&store, GlooOptions{r, n, "127.0.0.1", absl::Seconds(30), spin});
       ASSERT_TRUE(comm.ok()) << comm.status();
       fn(**comm);
     });
@@ -35,7 +38,8 @@ void OnRanks(int n, const std::function<void(Communicator&)>& fn) {
   for (auto& t : threads) t.join();
 }
 
-class GlooCommunicatorTest : public ::testing::TestWithParam<int> {};
+// (ranks, whether receives poll before they sleep)
+class GlooCommunicatorTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 // Two ranks connected through `store`, each op bounded by `timeout`.
 std::array<std::unique_ptr<Communicator>, 2> ConnectPair(gloo::rendezvous::Store* store,
@@ -50,61 +54,69 @@ std::array<std::unique_ptr<Communicator>, 2> ConnectPair(gloo::rendezvous::Store
 }
 
 TEST_P(GlooCommunicatorTest, EveryCollectiveMatchesItsFormulaForEveryPayloadSize) {
-  const int n = GetParam();
-  OnRanks(n, [&](Communicator& c) {
-    const int r = c.rank();
-    EXPECT_EQ(c.size(), n);
-    for (size_t len : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18}) {
-      SCOPED_TRACE(testing::Message() << "rank " << r << " of " << n << ", " << len << " floats");
-      std::vector<float> data(len);
-      for (size_t i = 0; i < len; ++i) data[i] = Value(r, i);
-      ASSERT_TRUE(c.AllReduceSum(absl::MakeSpan(data)).ok());
-      for (size_t i = 0; i < len; ++i) ASSERT_EQ(data[i], SumOverRanks(n, i)) << "all-reduce " << i;
+  const auto [n, spin] = GetParam();
+  OnRanks(
+      n,
+      [&](Communicator& c) {
+        const int r = c.rank();
+        EXPECT_EQ(c.size(), n);
+        for (size_t len : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18}) {
+          SCOPED_TRACE(testing::Message()
+                       << "rank " << r << " of " << n << ", " << len << " floats");
+          std::vector<float> data(len);
+          for (size_t i = 0; i < len; ++i) data[i] = Value(r, i);
+          ASSERT_TRUE(c.AllReduceSum(absl::MakeSpan(data)).ok());
+          for (size_t i = 0; i < len; ++i)
+            ASSERT_EQ(data[i], SumOverRanks(n, i)) << "all-reduce " << i;
 
-      std::vector<float> blocks(len * n), mine(len);
-      for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Value(r, i);
-      absl::Status s = c.ReduceScatterSum(blocks, absl::MakeSpan(mine));
-      ASSERT_TRUE(s.ok()) << s;
-      for (size_t i = 0; i < len; ++i)
-        ASSERT_EQ(mine[i], SumOverRanks(n, r * len + i)) << "reduce-scatter";
+          std::vector<float> blocks(len * n), mine(len);
+          for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Value(r, i);
+          absl::Status s = c.ReduceScatterSum(blocks, absl::MakeSpan(mine));
+          ASSERT_TRUE(s.ok()) << s;
+          for (size_t i = 0; i < len; ++i)
+            ASSERT_EQ(mine[i], SumOverRanks(n, r * len + i)) << "reduce-scatter";
 
-      std::vector<float> own(len), all(len * n);
-      for (size_t i = 0; i < len; ++i) own[i] = Value(r, i);
-      ASSERT_TRUE(c.AllGather(own, absl::MakeSpan(all)).ok());
-      for (int q = 0; q < n; ++q) {
-        for (size_t i = 0; i < len; ++i) ASSERT_EQ(all[q * len + i], Value(q, i)) << "all-gather";
-      }
+          std::vector<float> own(len), all(len * n);
+          for (size_t i = 0; i < len; ++i) own[i] = Value(r, i);
+          ASSERT_TRUE(c.AllGather(own, absl::MakeSpan(all)).ok());
+          for (int q = 0; q < n; ++q) {
+            for (size_t i = 0; i < len; ++i)
+              ASSERT_EQ(all[q * len + i], Value(q, i)) << "all-gather";
+          }
 
-      const int root = n - 1;
-      std::vector<float> b(len, r == root ? 0.0f : -1.0f);
-      for (size_t i = 0; i < len && r == root; ++i) b[i] = Value(root, i);
-      ASSERT_TRUE(c.Broadcast(absl::MakeSpan(b), root).ok());
-      for (size_t i = 0; i < len; ++i) ASSERT_EQ(b[i], Value(root, i)) << "broadcast";
+          const int root = n - 1;
+          std::vector<float> b(len, r == root ? 0.0f : -1.0f);
+          for (size_t i = 0; i < len && r == root; ++i) b[i] = Value(root, i);
+          ASSERT_TRUE(c.Broadcast(absl::MakeSpan(b), root).ok());
+          for (size_t i = 0; i < len; ++i) ASSERT_EQ(b[i], Value(root, i)) << "broadcast";
 
-      if (n > 1) {  // a ring of sends: each rank receives its predecessor's values
-        std::vector<float> got(len);
-        // A large Send waits for its receiver: rank 0 sends first, the others receive first.
-        const int next = (r + 1) % n, prev = (r + n - 1) % n;
-        if (r == 0) ASSERT_TRUE(c.Send(own, next, 7).ok());
-        absl::Status recv = c.Recv(absl::MakeSpan(got), prev, 7);
-        ASSERT_TRUE(recv.ok()) << recv;
-        if (r != 0) ASSERT_TRUE(c.Send(own, next, 7).ok());
-        for (size_t i = 0; i < len; ++i)
-          ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send/recv";
-        // Both directions at once from one thread (a pipeline stage's exchange): send to
-        // the successor, receive from the predecessor.
-        std::fill(got.begin(), got.end(), -1.0f);
-        absl::Status sr = c.SendRecv(own, (r + 1) % n, 9, absl::MakeSpan(got), (r + n - 1) % n, 9);
-        ASSERT_TRUE(sr.ok()) << sr;
-        for (size_t i = 0; i < len; ++i)
-          ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send-recv";
-      }
-      ASSERT_TRUE(c.Barrier().ok());
-    }
-  });
+          if (n > 1) {  // a ring of sends: each rank receives its predecessor's values
+            std::vector<float> got(len);
+            // A large Send waits for its receiver: rank 0 sends first, the others receive first.
+            const int next = (r + 1) % n, prev = (r + n - 1) % n;
+            if (r == 0) ASSERT_TRUE(c.Send(own, next, 7).ok());
+            absl::Status recv = c.Recv(absl::MakeSpan(got), prev, 7);
+            ASSERT_TRUE(recv.ok()) << recv;
+            if (r != 0) ASSERT_TRUE(c.Send(own, next, 7).ok());
+            for (size_t i = 0; i < len; ++i)
+              ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send/recv";
+            // Both directions at once from one thread (a pipeline stage's exchange): send to
+            // the successor, receive from the predecessor.
+            std::fill(got.begin(), got.end(), -1.0f);
+            absl::Status sr =
+                c.SendRecv(own, (r + 1) % n, 9, absl::MakeSpan(got), (r + n - 1) % n, 9);
+            ASSERT_TRUE(sr.ok()) << sr;
+            for (size_t i = 0; i < len; ++i)
+              ASSERT_EQ(got[i], Value((r + n - 1) % n, i)) << "send-recv";
+          }
+          ASSERT_TRUE(c.Barrier().ok());
+        }
+      },
+      spin ? GlooOptions().spin : absl::ZeroDuration());
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCommunicatorTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCommunicatorTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()));
 
 TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
   gloo::rendezvous::HashStore store;
