@@ -107,11 +107,7 @@ class SyncPairs {
     for (int mask = 1; mask < n; mask <<= 1) {
       if (vrank < mask && vrank + mask < n) {
         const int peer = (vrank + mask + root) % n;
-        Named("sending to", peer, [&] {
-          auto send = context_->getPair(peer)->createSendBuffer(slot, data, bytes);
-          send->send(0, bytes);
-          send->waitSend();
-        });
+        Named("sending to", peer, [&] { Write(peer, slot, data, bytes); });
       } else if (vrank >= mask && vrank < 2 * mask) {
         const int peer = (vrank - mask + root) % n;
         Named("receiving from", peer, [&] {
@@ -133,11 +129,7 @@ class SyncPairs {
     }
     const size_t bytes = out.size() * sizeof(float);
     auto do_send = [&] {
-      if (to < 0) return;
-      auto send = context_->getPair(to)->createSendBuffer(P2pSlot(rank(), to, send_tag),
-                                                          const_cast<float*>(out.data()), bytes);
-      send->send(0, bytes);
-      send->waitSend();
+      if (to >= 0) Write(to, P2pSlot(rank(), to, send_tag), out.data(), bytes);
     };
     if (recv == nullptr || bytes <= kEagerBytes || rank() < from) {
       do_send();
@@ -166,6 +158,13 @@ class SyncPairs {
   // (a send buffer must not drop the receive buffer of the same tag from the same peer).
   static int P2pSlot(int sender, int receiver, int tag) {
     return (1 << 30) + 2 * tag + (sender < receiver ? 1 : 0);
+  }
+
+  // Writes one message of `bytes` to `peer`'s buffer at `slot`.
+  void Write(int peer, int slot, const float* data, size_t bytes) {
+    auto send = context_->getPair(peer)->createSendBuffer(slot, const_cast<float*>(data), bytes);
+    send->send(0, bytes);
+    send->waitSend();
   }
 
   // Reads the message of up to `bytes` for `recv` from `from`.
