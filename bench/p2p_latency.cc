@@ -10,7 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
+#include "bench/median.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "worker/collective/communicator.h"
 
@@ -116,11 +116,6 @@ double TcpExchange(size_t bytes, int iterations) {
   return us;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,7 +134,7 @@ int main(int argc, char** argv) {
       "| bytes each way | Gloo communicator, us | loopback TCP, us | communicator / TCP |\n"
       "|---|---|---|---|\n");
   for (size_t i = 0; i < sizes.size(); ++i) {
-    const double g = Median(gloo[i]), t = Median(tcp[i]);
+    const double g = bench::Median(gloo[i]), t = bench::Median(tcp[i]);
     std::printf("| %zu KiB | %.1f | %.1f | %.2f |\n", sizes[i] >> 10, g, t, g / t);
   }
   return 0;

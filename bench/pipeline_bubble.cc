@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/median.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "worker/collective/communicator.h"
@@ -88,11 +89,6 @@ Figures Run(int micro, int steps) {
           steps * 128.0 / seconds};
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,9 +110,9 @@ int main(int argc, char** argv) {
       b1.push_back(f.bubble[1]);
       rate.push_back(f.samples_per_s);
     }
-    const double ideal = runs[i][0].ideal, m0 = Median(b0), m1 = Median(b1);
+    const double ideal = runs[i][0].ideal, m0 = bench::Median(b0), m1 = bench::Median(b1);
     std::printf("| %d | %.3f | %.3f | %.3f | %.2f | %.0f |\n", micros[i], ideal, m0, m1,
-                std::max(m0, m1) / ideal, Median(rate));
+                std::max(m0, m1) / ideal, bench::Median(rate));
   }
   return 0;
 }
