@@ -160,23 +160,24 @@ class PipelinePlacement final : public Placement {
       RETURN_IF_ERROR(Backward(m));
       RETURN_IF_ERROR(Exchange(&dx_, kBackward, m, kNone, 0));
     }
-    ++updates_;
+    // Every stage reports the global batch's loss, which only the last stage computed; like
+    // every message of the step, before any update, so that a failure leaves the stage as it was.
+    float loss = static_cast<float>(loss_);
+    RETURN_IF_ERROR(
+        Waited([&] { return ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1); }));
     std::vector<std::vector<float>> grads(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
       grads[i].resize(params_[i].size());
       model_->GetGrad(i, grads[i].data());
     }
     RETURN_IF_ERROR(SumTiedGradients(&grads));
+    ++updates_;
     for (size_t i = 0; i < params_.size(); ++i) {
       std::vector<float>& grad = grads[i];
       ApplyOptimizer(*ctx_.optimizer, params_[i].data(), grad.data(), slots_[i], params_[i].size(),
                      updates_);
       model_->SetParam(i, params_[i].data());
     }
-    // Every stage reports the global batch's loss, which only the last stage computed.
-    float loss = static_cast<float>(loss_);
-    RETURN_IF_ERROR(
-        Waited([&] { return ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1); }));
     step_time_ += absl::Now() - start;
     return loss;
   }
