@@ -68,6 +68,11 @@ ABSL_FLAG(bool, overlap_allreduce, true,
           "allreduce: all-reduce each bucket on a communication thread while the backward pass "
           "of the earlier layers goes on (as PyTorch DDP does); false: on the training thread, "
           "after each bucket fills. (CPU backend; the CUDA backend always does the latter.)");
+ABSL_FLAG(bool, overlap_push, true,
+          "ps with --consistency=ssp:S (S >= 1) or asp: push/pull a step's gradients and "
+          "parameters on a communication thread while the next step computes on parameters "
+          "one step older, which that consistency allows; false: every step waits for its "
+          "own push/pull. (BSP and ssp:0 always wait.)");
 ABSL_FLAG(int, switch_poll_steps, 8,
           "Ask the coordinator for mode switches every this many steps (a next-boundary switch "
           "lands at most this far ahead).");
@@ -168,6 +173,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   RETURN_IF_ERROR(Check(absl::GetFlag(FLAGS_bucket_mb) > 0, "--bucket_mb must be > 0"));
   o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
   o.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
+  o.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
   RETURN_IF_ERROR(Check(o.switch_poll_steps >= 1, "--switch_poll_steps must be >= 1"));
   o.progress_every = absl::GetFlag(FLAGS_progress_every);

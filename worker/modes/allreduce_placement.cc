@@ -7,76 +7,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
-
-#include "absl/synchronization/mutex.h"
 
 #include "common/status_macros.h"
+#include "worker/modes/comm_thread.h"
 #include "worker/modes/placement_internal.h"
 
 namespace pscluster::modes::internal {
 namespace {
-
-// One thread that runs posted work in order, while the poster goes on: the all-reduces of a
-// step's buckets as the backward pass fills them (PyTorch's c10d Work, in its simplest
-// form). Wait() returns once everything posted so far has run, with the first error; later
-// work of a step that failed is skipped. Each all-reduce is bounded by the communicator's
-// timeout, so Wait is too.
-class CommThread {
- public:
-  CommThread() : thread_([this] { Loop(); }) {}
-  ~CommThread() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    thread_.join();
-  }
-  void Post(std::function<absl::Status()> fn) {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(fn));
-  }
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](CommThread* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-          return t->queue_.empty() && !t->running_;
-        },
-        this));
-    absl::Status first = std::move(first_error_);
-    first_error_ = absl::OkStatus();
-    return first;
-  }
-
- private:
-  void Loop() {
-    absl::MutexLock lock(&mu_);
-    while (true) {
-      mu_.Await(absl::Condition(
-          +[](CommThread* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-            return t->stopping_ || !t->queue_.empty();
-          },
-          this));
-      if (queue_.empty()) return;  // stopping, nothing left
-      std::function<absl::Status()> fn = std::move(queue_.front());
-      queue_.pop_front();
-      if (!first_error_.ok()) continue;  // the step failed: its later buckets are moot
-      running_ = true;
-      mu_.Unlock();
-      absl::Status s = fn();
-      mu_.Lock();
-      running_ = false;
-      if (!s.ok() && first_error_.ok()) first_error_ = std::move(s);
-    }
-  }
-
-  absl::Mutex mu_;
-  std::deque<std::function<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
 
 class AllReducePlacement final : public Placement {
  public:

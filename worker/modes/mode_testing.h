@@ -106,8 +106,10 @@ inline void OnRanks(int world, const std::function<TrainerOptions(int rank)>& op
 // The single-process reference: the whole global batch of each step (the union of the
 // ranks' batches) through one model, its mean gradient, the server's optimizer code; an
 // embedding row is stepped (with its own update count) only when the batch touches it,
-// as the shards' sparse tables do.
-inline ModelState Reference(const TrainerOptions& o, int64_t steps) {
+// as the shards' sparse tables do. With `stale`, step S >= 1's dense gradients are taken
+// at the parameters before step S-1's update (PS with overlap_push, one worker; embedding
+// rows stay current: their pulls and pushes do not overlap).
+inline ModelState Reference(const TrainerOptions& o, int64_t steps, bool stale = false) {
   auto backend = compute::MakeCpuBackend(1);
   const int global = o.world * o.batch_size;
   auto def = *model::MakeModelDef(o.model, o.seed);
@@ -119,9 +121,14 @@ inline ModelState Reference(const TrainerOptions& o, int64_t steps) {
   auto apply = [&](float* w, const float* g, std::vector<float*> slots, size_t n, int64_t t) {
     opt->Apply(w, g, slots.empty() ? nullptr : slots.data(), n, t);
   };
+  std::vector<std::vector<float>> before = s.params;  // before the last update
   for (int64_t step = 0; step < steps; ++step) {
     batches.Next(&b);
     EXPECT_TRUE(SetWholeState(m.get(), def->spec(), s).ok());
+    if (stale) {
+      for (size_t i = 0; i < before.size(); ++i) m->SetParam(i, before[i].data());
+      before = s.params;
+    }
     EXPECT_TRUE(m->ForwardBackward(b.x.data(), b.y.data(), b.size).ok());
     ++s.updates;
     for (size_t i = 0; i < s.params.size(); ++i) {

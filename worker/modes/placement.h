@@ -104,6 +104,10 @@ struct PlacementContext {
   // update. False, or the CUDA backend (its streams belong to the training thread): on the
   // training thread. The sums are the same either way.
   bool overlap_allreduce = true;
+  // PS: step S's dense push/pull runs on a communication thread while step S+1 computes on
+  // the parameters from step S-1's (ps_placement.cc). Only where the tables' consistency
+  // lets a step read parameters one step stale (SSP with staleness >= 1, ASP).
+  bool overlap_push = false;
   const data::Dataset* train = nullptr;
   compute::Backend* backend = nullptr;
   collective::Communicator* comm = nullptr;    // collective modes (size() == world)
@@ -123,6 +127,9 @@ class Placement {
   // Trains step `step` on the global batch of that step; returns this worker's view of the
   // training loss (data-parallel modes: of its own batch; PIPELINE: of the global batch).
   virtual absl::StatusOr<float> Step(int64_t step) = 0;
+  // Completes the communication of the steps run so far (PS with overlap_push: the push/pull
+  // in flight), so that a checkpoint at this boundary holds them. Gather and Load do too.
+  virtual absl::Status Flush() { return absl::OkStatus(); }
   // Mode-specific figures for the summary (e.g. "bubble": measured pipeline bubble).
   virtual std::vector<std::pair<std::string, double>> Figures() const { return {}; }
 };

@@ -1,7 +1,7 @@
 // PS mode with the parameter store in this process (server/ps/testing: a real shard's tables,
 // clocks and optimizers, no gRPC), ranks as threads: the MLP, the GPT and the embedding test model
 // match the single-process reference after 1 and 10 BSP steps, as through real ps_server
-// processes (tests/modes_switch_test.cc).
+// processes (tests/modes_switch_test.cc); with overlap_push, the one-step-stale reference.
 #include "server/ps/testing/in_process_parameter_store.h"
 #include "worker/modes/mode_testing.h"
 #include "worker/modes/model_tables.h"
@@ -14,8 +14,9 @@ using testing::Reference;
 
 // `world` PS placements over one in-process shard; checks 1 and 10 steps against the
 // reference (parameters and embedding rows: a PS gather carries no optimizer slots).
-void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tolerance = 2e-6f) {
-  const ModelState one = Reference(o, 1), ten = Reference(o, 10);
+void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tolerance = 2e-6f,
+                              bool overlap_push = false) {
+  const ModelState one = Reference(o, 1, overlap_push), ten = Reference(o, 10, overlap_push);
   auto def = *model::MakeModelDef(o.model, o.seed);
   auto opt = *core::MakeOptimizer(o.optimizer);
   ps::Shard shard({});
@@ -44,13 +45,15 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tole
       ctx.comm = comm->get();
       ctx.ps = stores[r].get();
       ctx.optimizer = opt.get();
+      ctx.overlap_push = overlap_push;
       auto p = MakePlacement(coord::PS, ctx);
       ASSERT_TRUE(p.ok()) << p.status();
       ASSERT_TRUE((*p)->Load(InitialState(def->spec(), *opt), 0).ok());
       for (int64_t step = 0; step < 10; ++step) {
         auto loss = (*p)->Step(step);
         ASSERT_TRUE(loss.ok()) << "rank " << r << " step " << step << ": " << loss.status();
-        if (step == 0 || step == 9) {
+        // (A Gather drains the push/pull in flight: the next step would not be stale.)
+        if ((step == 0 && !overlap_push) || step == 9) {
           auto got = (*p)->Gather(step + 1, /*with_slots=*/false);
           ASSERT_TRUE(got.ok()) << got.status();
           ExpectNear(*got, step == 0 ? one : ten, step == 0 ? 1e-6f : ten_tolerance,
@@ -77,6 +80,32 @@ TEST(PsInProcessTest, EmbeddingModelMatchesTheSingleProcessReference) {
   for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
     ExpectPsMatchesReference(testing::EmbeddingOptions(coord::PS, 0, 2, kind), 2);
   }
+}
+
+// One worker on an ASP table (each push applied as it arrives, so the run is the same
+// whatever the timing): step S computes while step S-1's push/pull is in flight, on the
+// parameters before step S-1's update.
+TEST(PsInProcessTest, OverlappedPushTrainsOnParametersOneStepOld) {
+  for (auto kind : {ps::OptimizerConfig::MOMENTUM, ps::OptimizerConfig::ADAM}) {
+    for (auto make : {testing::Options, testing::GptOptions}) {
+      TrainerOptions o = make(coord::PS, 0, 1, kind);
+      o.consistency.set_mode(ps::ConsistencyConfig::ASP);
+      ExpectPsMatchesReference(o, 1, 2e-5f, /*overlap_push=*/true);
+    }
+  }
+}
+
+// The stale reference is another run: overlap_push is not a no-op.
+TEST(PsInProcessTest, TheOneStepOldRunDiffersFromTheSynchronousOne) {
+  const TrainerOptions o = testing::Options(coord::PS, 0, 1, ps::OptimizerConfig::ADAM);
+  const ModelState now = Reference(o, 10), stale = Reference(o, 10, /*stale=*/true);
+  float most = 0;
+  for (size_t i = 0; i < now.params.size(); ++i) {
+    for (size_t k = 0; k < now.params[i].size(); ++k) {
+      most = std::max(most, std::abs(now.params[i][k] - stale.params[i][k]));
+    }
+  }
+  EXPECT_GT(most, 1e-3f);
 }
 
 }  // namespace

@@ -2,8 +2,16 @@
 // push brought them) and the embedding rows the batch touches, computes, and pushes the
 // dense gradients and those rows' gradients. The shards sum the workers' gradients, so
 // each worker pushes 1/world of its own.
+//
+// With overlap_push (SSP with staleness >= 1, ASP) the dense push/pull of step S runs on a
+// communication thread while step S+1 computes on the parameters step S-1's push/pull
+// brought: those lack at most the updates of step S, which is what a pull at step S+1 may
+// lack under SSP(1). Step S+1 waits for step S's push/pull after its backward pass, puts
+// its parameters into the model and posts its own: one push/pull in flight at a time, the
+// step as long as the longer of compute and round trip instead of their sum.
 #include "common/concurrent.h"
 #include "common/status_macros.h"
+#include "worker/modes/comm_thread.h"
 #include "worker/modes/model_tables.h"
 #include "worker/modes/placement_internal.h"
 
@@ -21,6 +29,7 @@ class PsPlacement final : public Placement {
     batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
     for (const auto& param : model_->params()) host_.emplace_back(param.size);
     dense_ids_ = tables_.dense_ids();
+    if (ctx_.overlap_push) comm_ = std::make_unique<CommThread>();
     return absl::OkStatus();
   }
 
@@ -28,6 +37,7 @@ class PsPlacement final : public Placement {
 
   absl::Status Load(const ModelState& state, int64_t step) override {
     RETURN_IF_ERROR(CheckState(state, spec_, nullptr));
+    Drain().IgnoreError();  // the state before `step` replaces what it would have brought
     pulled_ = -1;
     if (ctx_.rank == 0) {  // one writer; the tables then stand at `step`
       RETURN_IF_ERROR(ImportState(ctx_.ps, spec_, state, step));
@@ -37,6 +47,7 @@ class PsPlacement final : public Placement {
   }
 
   absl::StatusOr<ModelState> Gather(int64_t step, bool with_slots) override {
+    RETURN_IF_ERROR(Drain());
     if (with_slots) return GatherWithSlots(step);
     ModelState state;  // a pull at `step` (BSP: waits until the step is applied)
     state.slots.resize(host_.size());
@@ -54,8 +65,12 @@ class PsPlacement final : public Placement {
     return state;
   }
 
+  absl::Status Flush() override { return Drain(); }
+
   absl::StatusOr<float> Step(int64_t step) override {
-    if (pulled_ != step) RETURN_IF_ERROR(Pull(step));  // else the last push brought them
+    if (in_flight_ >= 0 && in_flight_ != step - 1) RETURN_IF_ERROR(Drain());
+    // Else the last push brought them, or (overlap) the one before it did.
+    if (in_flight_ < 0 && pulled_ != step) RETURN_IF_ERROR(Pull(step));
     BatchAt(batches_.get(), step, &batch_);
     std::vector<std::vector<uint64_t>> keys(spec_.embeddings.size());
     for (size_t e = 0; e < keys.size(); ++e) {
@@ -66,6 +81,7 @@ class PsPlacement final : public Placement {
                      model_->ForwardBackward(batch_.x.data(), batch_.y.data(), batch_.size));
     const float scale = 1.0f / ctx_.world;
     for (size_t e = 0; e < keys.size(); ++e) RETURN_IF_ERROR(PushRows(e, step, keys[e], scale));
+    RETURN_IF_ERROR(Drain());  // host_ is the in-flight push/pull's until it is done
     std::vector<absl::Span<const float>> grads;
     std::vector<absl::Span<float>> next;
     for (size_t i = 0; i < host_.size(); ++i) {
@@ -76,9 +92,16 @@ class PsPlacement final : public Placement {
     }
     // One round trip per shard: this step's gradients out, the next step's parameters back.
     pulled_ = -1;
-    RETURN_IF_ERROR(ctx_.ps->PushPullDenseMany(step, dense_ids_, grads, next));
-    for (size_t i = 0; i < host_.size(); ++i) model_->SetParam(i, host_[i].data());
-    pulled_ = step + 1;
+    auto push_pull = [this, step, grads = std::move(grads), next = std::move(next)] {
+      return ctx_.ps->PushPullDenseMany(step, dense_ids_, grads, next);
+    };
+    if (comm_ == nullptr) {
+      RETURN_IF_ERROR(push_pull());
+      SetParams(step + 1);
+    } else {
+      comm_->Post(std::move(push_pull));
+      in_flight_ = step;
+    }
     return r.loss;
   }
 
@@ -109,8 +132,25 @@ class PsPlacement final : public Placement {
     std::vector<absl::Span<float>> out;
     for (auto& h : host_) out.emplace_back(absl::MakeSpan(h));
     RETURN_IF_ERROR(ctx_.ps->PullDenseMany(step, dense_ids_, out));  // one RPC per shard
+    SetParams(step);
+    return absl::OkStatus();
+  }
+
+  // host_ holds the parameters of `step` (pulled or brought by a push/pull): into the model.
+  void SetParams(int64_t step) {
     for (size_t i = 0; i < host_.size(); ++i) model_->SetParam(i, host_[i].data());
     pulled_ = step;
+  }
+
+  // Waits for the push/pull in flight, if any (bounded by the client's deadline), and puts
+  // the parameters it brought into the model; on an error the model keeps the older ones
+  // and the next step pulls.
+  absl::Status Drain() {
+    if (in_flight_ < 0) return absl::OkStatus();
+    const int64_t step = in_flight_;
+    in_flight_ = -1;
+    RETURN_IF_ERROR(comm_->Wait());
+    SetParams(step + 1);
     return absl::OkStatus();
   }
 
@@ -136,7 +176,9 @@ class PsPlacement final : public Placement {
   std::vector<std::vector<float>> host_;  // per parameter: pulled values, then gradients
   std::vector<uint32_t> dense_ids_;       // the parameters' table ids
   std::vector<float> rows_;               // one embedding table's rows or row gradients
-  int64_t pulled_ = -1;  // the step whose parameters the model holds (-1: none known)
+  int64_t pulled_ = -1;     // the step whose parameters the model holds (-1: none known)
+  int64_t in_flight_ = -1;  // overlap_push: the step whose push/pull comm_ runs (-1: none)
+  std::unique_ptr<CommThread> comm_;  // overlap_push; last: stopped first
 };
 
 }  // namespace

@@ -168,6 +168,11 @@ PlacementContext Trainer::Context() const {
   c.micro_batches = options_.micro_batches;
   c.bucket_bytes = options_.bucket_bytes;
   c.overlap_allreduce = options_.overlap_allreduce;
+  const ps::ConsistencyConfig& consistency = options_.consistency;
+  c.overlap_push =
+      options_.overlap_push &&
+      (consistency.mode() == ps::ConsistencyConfig::ASP ||
+       (consistency.mode() == ps::ConsistencyConfig::SSP && consistency.staleness() >= 1));
   c.train = train_;
   c.backend = backend_.get();
   c.comm = comm_.get();
@@ -229,8 +234,11 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     const absl::Duration comm_before = comm_clock_.total();
     ASSIGN_OR_RETURN(float loss, placement_->Step(step));
     if (options_.metrics != nullptr) {
-      const absl::Duration comm = comm_clock_.total() - comm_before;
-      options_.metrics->Step(options_.batch_size, absl::Now() - step_start - comm, comm, loss);
+      // With a communication thread (ALLREDUCE, PS overlap_push) communication overlaps
+      // compute: it counts up to the step's length.
+      const absl::Duration took = absl::Now() - step_start;
+      const absl::Duration comm = std::min(comm_clock_.total() - comm_before, took);
+      options_.metrics->Step(options_.batch_size, took - comm, comm, loss);
       if (placement_->mode() != reported_mode_) {
         reported_mode_ = placement_->mode();
         options_.metrics->SetMode(reported_mode_);
@@ -261,6 +269,7 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     epoch_steps = 0;
     const int64_t epoch = (step + per_epoch_) / per_epoch_;  // the epoch this step is in
     const absl::Time t0 = absl::Now();
+    RETURN_IF_ERROR(placement_->Flush());  // the boundary's checkpoint sees every step before it
     if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
     RequestCheckpoint(epoch, &summary);
     // Training's memory, before the first evaluation (which builds a model of its own): what
