@@ -189,7 +189,16 @@ void DenseTable::CommitLocked(const Prepared& p, bool* skipped) {
     nonfinite_skipped_++;
   } else if (bsp()) {
     std::vector<float>& staged = pending_[p.step][p.worker];
-    staged.assign(range_.size(), 0.0f);
+    if (!spare_.empty()) {
+      staged = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    // Zeros where this push has no piece: none when it covers the range (the usual push).
+    if (p.total != range_.size()) {
+      staged.assign(range_.size(), 0.0f);
+    } else {
+      staged.resize(range_.size());
+    }
     for (const Piece& piece : p.pieces) {
       std::memcpy(staged.data() + piece.at, piece.grad.data(), piece.grad.size() * sizeof(float));
     }
@@ -258,9 +267,16 @@ void DenseTable::ApplyLocked(const std::vector<Piece>& pieces, uint64_t total) {
 void DenseTable::ApplyBspStepLocked(int64_t step) {
   auto it = pending_.find(step);
   if (it == pending_.end()) return;  // every push of this step was a skipped non-finite one
+  // Staging buffers go back to spare_, at most one per worker.
+  auto keep = [this](std::vector<float>* buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (spare_.size() < std::max<size_t>(1, num_workers_locked())) {
+      spare_.push_back(std::move(*buffer));
+    }
+  };
   std::vector<float> sum = std::move(it->second.begin()->second);
   for (auto w = std::next(it->second.begin()); w != it->second.end(); ++w) {
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += w->second[i];
+    keep(&w->second);
   }
   pending_.erase(it);
   // Each push was checked alone; their sum may still overflow: then the step leaves this
@@ -274,10 +290,12 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
                  "%llu non-finite; the step's update was not applied to this table\n",
                  id(), static_cast<long long>(step),
                  static_cast<unsigned long long>(range_.begin + over));
+    keep(&sum);
     return;
   }
   ++updates_;
   ApplyLocked({{0, sum}}, sum.size());
+  keep(&sum);
 }
 
 absl::Status DenseTable::Read(uint64_t begin, absl::Span<float> out) const {
@@ -506,6 +524,7 @@ absl::Status DenseTable::ImportState(int64_t step, DenseState state) {
   slots_.swap(state.slots);
   updates_ = state.updates;
   pending_.clear();
+  spare_.clear();
   ResetClocksLocked(step);
   return absl::OkStatus();
 }  // the replaced state is freed here, after the lock is released

@@ -199,6 +199,9 @@ class DenseTable final : public Table {
   int64_t updates_ ABSL_GUARDED_BY(mu_) = 0;  // optimizer steps applied (Adam bias correction)
   // BSP: step -> worker -> gradient over the whole range (zeros where not pushed).
   std::map<int64_t, std::map<int32_t, std::vector<float>>> pending_ ABSL_GUARDED_BY(mu_);
+  // BSP: staging buffers of applied steps, kept for the next ones (a fresh one is zeroed
+  // and, at this size, page-faulted in by the kernel on every push).
+  std::vector<std::vector<float>> spare_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::ps

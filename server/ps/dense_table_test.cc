@@ -281,6 +281,19 @@ TEST(DenseTableTest, BspSumsSubRangePushesOfDifferentWorkers) {
   EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 3, kInit - 5, kInit - 2, kInit));
 }
 
+TEST(DenseTableTest, BspSubRangePushAfterWholeRangeStepsSumsZerosElsewhere) {
+  // Step 0's staging buffers (whole-range pushes) are kept for later steps; step 1's
+  // sub-range push must still count as zeros outside its range, not as step 0's values.
+  auto table = MakeTable(DenseSpec(4, ConsistencyConfig::BSP, 0.5f), {0, 1});
+  ASSERT_TRUE(PushOne(*table, 0, 0, 0, {8, 8, 8, 8}).ok());
+  ASSERT_TRUE(PushOne(*table, 1, 0, 0, {2, 2, 2, 2}).ok());
+  EXPECT_THAT(ReadAll(*table), Each(kInit - 5));
+  ASSERT_TRUE(PushOne(*table, 1, 1, 2, {4, 6}).ok());
+  ASSERT_TRUE(PushOne(*table, 0, 1, 0, {2}).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 2);
+  EXPECT_THAT(ReadAll(*table), ElementsAre(kInit - 6, kInit - 5, kInit - 7, kInit - 8));
+}
+
 TEST(DenseTableTest, BspStepIsOneOptimizerUpdate) {
   // With Adam, one update of g0 + g1 differs clearly from two updates of g0 then g1.
   TableSpec spec = DenseSpec(1, ConsistencyConfig::BSP, 0.1f, 0.5f);
