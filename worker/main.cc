@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/metrics_flags.h"
+#include "common/mutex_mode.h"
 #include "worker/flags.h"
 #include "worker/modes/worker_metrics.h"
 #include "worker/setup.h"
@@ -29,6 +30,7 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pscluster::NoMutexDeadlockDetection();
   using namespace pscluster;
   absl::SetProgramUsageMessage(
       "Trains a model: ps_worker --coordinator=ADDR --rank=R --world=W [--mode=MODE] "

@@ -21,6 +21,7 @@
 #include "common/atomic_file.h"
 #include "common/graceful_shutdown.h"
 #include "common/metrics_flags.h"
+#include "common/mutex_mode.h"
 #include "common/parse_errors.h"
 #include "common/security_flags.h"
 #include "grpcpp/grpcpp.h"
@@ -244,6 +245,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusP
 }  // namespace
 
 int main(int argc, char** argv) {
+  pscluster::NoMutexDeadlockDetection();
   absl::SetProgramUsageMessage("ps_coordinator --port=P --num_shards=N --num_workers=M");
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<pscluster::coord::ClusterStateOptions> options = MembershipFromFlags();

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/coordinator/coordinator_client.h"
 #include "common/metrics_flags.h"
+#include "common/mutex_mode.h"
 #include "common/parse_errors.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
@@ -198,6 +199,7 @@ int Fail(const absl::Status& status) {
 }  // namespace pscluster::ps
 
 int main(int argc, char** argv) {
+  pscluster::NoMutexDeadlockDetection();
   using namespace pscluster::ps;
   absl::SetProgramUsageMessage(
       "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
