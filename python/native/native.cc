@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/ps/ps_client.h"
+#include "common/mutex_mode.h"
 #include "common/security.h"
 
 namespace py = pybind11;
@@ -145,6 +146,7 @@ class Client {
 
 PYBIND11_MODULE(_native, m) {
   using pscluster::Client;
+  pscluster::NoMutexDeadlockDetection();  // as the daemons (common/mutex_mode.h)
   m.doc() = "The Python client's dense data path through the C++ PsClient (python/native/).";
   static py::exception<pscluster::StatusError> error(m, "Error");
   py::register_exception_translator([](std::exception_ptr p) {
