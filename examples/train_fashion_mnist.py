@@ -53,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--consistency", default="bsp", help="bsp, ssp or asp")
     p.add_argument("--staleness", type=int, default=0, help="ssp's bound")
+    p.add_argument("--overlap", action="store_true",
+                   help="push/pull in the background while the next step computes (ssp with "
+                        "--staleness >= 1, or asp)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per RPC")
     p.add_argument("--out", default="", help="directory for the local cluster's logs and "
@@ -78,7 +81,7 @@ def worker(args) -> dict:
     opt = pst.ParameterServerOptimizer(
         model, cluster, optimizer="adam", lr=args.lr, consistency=args.consistency,
         staleness=args.staleness, worker=rank, num_workers=world, name=args.model,
-        wait_timeout=120.0)
+        wait_timeout=120.0, overlap=args.overlap)
     loss_fn = torch.nn.CrossEntropyLoss()
     steps_per_epoch = len(images) // (world * args.batch_size)
     total = steps_per_epoch * args.epochs
@@ -106,6 +109,7 @@ def worker(args) -> dict:
                 eta = (total - step) * args.batch_size / rate
                 print(f"step {step}/{total} epoch {epoch} loss {loss:.4f} "
                       f"{rate:,.0f} samples/s (this worker) ETA {eta:.0f} s", flush=True)
+        opt.flush()  # overlap: the last step's values into the model
         train_seconds += time.perf_counter() - start
         accuracy = fm.accuracy(model, test_images, test_labels)
         if rank == 0:

@@ -98,8 +98,26 @@ class TorchTest(unittest.TestCase):
             opt.step()
         return model
 
+    def reference_one_step_old(self, make: Callable[[], torch.nn.Module], batches, lr: float):
+        """torch.optim.Adam where step S >= 1 takes its gradient at the values before step
+        S-1's update (what overlap=True computes with one worker)."""
+        torch.manual_seed(0)
+        model = make()
+        torch.manual_seed(0)
+        lag = make()
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        for x, y in batches:
+            lag.zero_grad()
+            torch.nn.functional.cross_entropy(lag(x), y).backward()
+            for p, q in zip(model.parameters(), lag.parameters()):
+                p.grad = q.grad.clone()
+            lag.load_state_dict(model.state_dict())
+            opt.step()
+        return model
+
     def train(self, make: Callable[[], torch.nn.Module], batches, lr: float, workers: int,
-              consistency: str = "bsp") -> List[torch.nn.Module]:
+              consistency: str = "bsp", staleness: int = 0,
+              overlap: bool = False) -> List[torch.nn.Module]:
         """`workers` threads, each its own client and model copy and its part of every
         batch, through the cluster."""
         base, models, errors = self.base(), [None] * workers, []
@@ -117,13 +135,15 @@ class TorchTest(unittest.TestCase):
                     model = built[rank]
                     opt = pst.ParameterServerOptimizer(
                         model, cluster, optimizer="adam", lr=lr, consistency=consistency,
-                        worker=rank, num_workers=workers, table_base=base)
+                        staleness=staleness, worker=rank, num_workers=workers, table_base=base,
+                        overlap=overlap)
                     started.wait()
                     for x, y in batches:
                         part = slice(rank * len(x) // workers, (rank + 1) * len(x) // workers)
                         opt.zero_grad()
                         torch.nn.functional.cross_entropy(model(x[part]), y[part]).backward()
                         opt.step()
+                    opt.flush()
                     models[rank] = model
                     cluster.unregister_worker(rank)
             except BaseException as e:  # noqa: BLE001 - reported by the test thread
@@ -168,6 +188,32 @@ class TorchTest(unittest.TestCase):
         start = Mlp()
         models = self.train(Mlp, batches, 1e-2, workers=2, consistency="asp")
         self.assertGreater(max_diff(models[0], start), 100 * ATOL)
+
+    def test_overlap_trains_on_values_one_step_old(self) -> None:
+        # One worker on ASP tables (each push applied as it arrives): whatever the timing,
+        # step S computes on the values before step S-1's update; flush() brings the last.
+        batches = data(STEPS, 32)
+        ref = self.reference_one_step_old(Mlp, batches, 1e-2)
+        synchronous = self.reference(Mlp, batches, 1e-2)
+        self.assertGreater(max_diff(ref, synchronous), 100 * ATOL, "overlap would be a no-op")
+        [model] = self.train(Mlp, batches, 1e-2, workers=1, consistency="asp", overlap=True)
+        self.assertLess(max_diff(model, ref), ATOL)
+
+    def test_overlap_with_two_workers_under_ssp_trains(self) -> None:
+        batches = data(STEPS, 32)
+        torch.manual_seed(0)
+        start = Mlp()
+        models = self.train(Mlp, batches, 1e-2, workers=2, consistency="ssp", staleness=1,
+                            overlap=True)
+        for m in models:
+            self.assertGreater(max_diff(m, start), 100 * ATOL)
+
+    def test_overlap_under_bsp_is_refused(self) -> None:
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            with self.assertRaises(pscluster.PsError) as e:
+                pst.ParameterServerOptimizer(Mlp(), cluster, consistency="bsp", overlap=True,
+                                             table_base=self.base())
+            self.assertIn("overlap=True", str(e.exception))
 
     def test_embedding_equals_torch_embedding_with_adagrad(self) -> None:
         # Adagrad leaves rows without gradient exactly as they are in both (sparse

@@ -21,6 +21,13 @@ Gradients are scaled by 1 / num_workers before the push: a BSP step applies the 
 workers' gradients, which is then the gradient of the mean loss over the global batch, as
 with DistributedDataParallel.
 
+With `overlap=True` (needs consistency "ssp" with staleness >= 1, or "asp") a step's push
+and pull run on the client's pool while the next forward and backward run on the values
+the step before brought, one step older, which that consistency allows (ps_worker
+--overlap_push does the same): the step then takes about the longer of compute and round
+trip, not their sum. The module's values then trail by the step in flight: call
+`flush()` before evaluating or saving the module, and at the end.
+
 `Embedding` is an embedding bag whose rows live in a sparse table: forward pulls the rows a
 batch touches (each distinct id once), backward gives their gradients, and the optimizer's
 step pushes them, so the table can be far larger than one worker's memory.
@@ -135,16 +142,23 @@ class ParameterServerOptimizer:
 
     optimizer/lr/optimizer_fields: the tables' OptimizerConfig (e.g. beta1, weight_decay).
     consistency: bsp, ssp (with staleness) or asp. step: the step to start at (0, or a
-    restored checkpoint's: then the values come from the server, not the module)."""
+    restored checkpoint's: then the values come from the server, not the module).
+    overlap: each step's push and pull in the background while the next step computes
+    (ssp with staleness >= 1, or asp; see the module's docstring and flush())."""
 
     def __init__(self, module: torch.nn.Module, cluster: Cluster, *, optimizer: str = "adam",
                  lr: float = 1e-3, consistency: str = "bsp", staleness: int = 0,
                  worker: int = 0, num_workers: int = 1, step: int = 0,
                  table_base: int = DEFAULT_TABLE_BASE, name: str = "model",
                  grad_scale: Optional[float] = None, wait_timeout: Optional[float] = None,
-                 **optimizer_fields):
+                 overlap: bool = False, **optimizer_fields):
         if not 0 <= worker < num_workers:
             raise PsError(_invalid(), f"worker {worker} is outside [0, {num_workers})")
+        if overlap and not (consistency == "asp" or (consistency == "ssp" and staleness >= 1)):
+            raise PsError(_invalid(), "overlap=True reads values one step old: it needs "
+                          "consistency='ssp' with staleness >= 1, or 'asp'")
+        self.overlap = overlap
+        self._in_flight = None  # overlap: the push/pull running (a Future), into _incoming
         self.cluster, self.worker, self.num_workers = cluster, worker, num_workers
         self.step_count = step
         self.grad_scale = 1.0 / num_workers if grad_scale is None else grad_scale
@@ -156,6 +170,7 @@ class ParameterServerOptimizer:
                                             if isinstance(m, Embedding)]
         for n, p in self.params:
             _numpy(p.data, f"parameter {n}")
+        self._incoming = [np.empty(p.numel(), np.float32) for _, p in self.params] if overlap else []
         self.tables = [cluster.create_dense(f"{name}/{n}", p.numel(), table_id=table_base + i,
                                             worker=worker, **spec)
                        for i, (n, p) in enumerate(self.params)]
@@ -194,17 +209,37 @@ class ParameterServerOptimizer:
             g = torch.zeros_like(p.data) if p.grad is None else p.grad.detach()
             if self.grad_scale != 1.0:
                 g = g * self.grad_scale
+            elif self.overlap:  # sent while the next backward writes p.grad
+                g = g.clone()
             grads.append(_numpy(g.contiguous(), f"gradient of {n}"))
         pushes = [self.cluster.submit(e.push) for e in self.embeddings]
         try:
-            with torch.no_grad():
-                self.cluster.push_pull_dense(
-                    self.tables, grads, step=self.step_count, worker=self.worker,
-                    outs=[_numpy(p.data, f"parameter {n}") for n, p in self.params])
+            if self.overlap:
+                self.flush()  # the step before's values into the module, _incoming free
+                self._in_flight = self.cluster.submit(
+                    self.cluster.push_pull_dense, self.tables, grads, step=self.step_count,
+                    worker=self.worker, outs=self._incoming)
+            else:
+                with torch.no_grad():
+                    self.cluster.push_pull_dense(
+                        self.tables, grads, step=self.step_count, worker=self.worker,
+                        outs=[_numpy(p.data, f"parameter {n}") for n, p in self.params])
         finally:
             for f in pushes:
                 f.result()
         self.step_count += 1
+
+    def flush(self) -> None:
+        """overlap: waits for the push/pull in flight and puts the values it brought into
+        the module (raises its PsError; the module then keeps the older values). A no-op
+        without overlap, or with nothing in flight."""
+        if self._in_flight is None:
+            return
+        f, self._in_flight = self._in_flight, None
+        f.result()
+        with torch.no_grad():
+            for (n, p), values in zip(self.params, self._incoming):
+                _numpy(p.data, f"parameter {n}")[:] = values
 
     def state(self) -> Dict[str, Union[int, List[int]]]:
         return {"step": self.step_count, "tables": list(self.tables),
