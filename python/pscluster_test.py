@@ -599,6 +599,32 @@ class CheckpointTest(ClusterTestCase):
         self.assertIn("bogus", e.exception.message)
 
 
+class AspCheckpointTest(ClusterTestCase):
+    """A checkpoint of ASP tables is taken at the slowest worker's clock (before: at step 0,
+    the BSP steps applied, so no checkpoint after the first was ever taken)."""
+    data_dir = True
+
+    def test_checkpoint_is_at_the_slowest_clock_and_restores(self) -> None:
+        c = self.cluster
+        t = c.create_dense("asp_ckpt", 100, optimizer="sgd", learning_rate=0.1,
+                           consistency="asp", initializer="uniform", scale=1.0)
+        g = np.ones(100, F32)
+        c.register_worker(0)
+        c.register_worker(1)  # both before any push (a late joiner starts at the others' clock)
+        for step in range(6):
+            c.push_dense(t, g, step=step, worker=0)
+        for step in range(3):
+            c.push_dense(t, g, step=step, worker=1)
+        self.assertEqual(c.applied_step(t), 3)
+        saved = c.pull_dense(t, step=3)
+        record = c.checkpoint()
+        self.assertEqual(record["step"], 3)
+        c.push_dense(t, g, step=3, worker=1)
+        self.assertFalse(np.array_equal(c.pull_dense(t, step=4), saved))
+        c.restore(3)
+        np.testing.assert_array_equal(c.pull_dense(t, step=3), saved)
+
+
 if __name__ == "__main__":
     import pytest  # Debian's python3-pytest; it runs the unittest classes too
     sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider"]))

@@ -420,7 +420,8 @@ class Cluster:
             s, lambda stub: stub.DescribeTable(req, timeout=self.timeout)))
 
     def applied_step(self, table: Union[str, int]) -> int:
-        """BSP: the steps every shard has fully applied to the table (the step to pull)."""
+        """BSP: the steps every shard has fully applied to the table (the step to pull).
+        SSP/ASP (pushes applied as they arrive): the steps every worker has pushed."""
         return min(info.applied_steps for info in self.describe(table))
 
     def _table_id(self, table: Union[str, int]) -> int:

@@ -17,7 +17,20 @@ void ConsistencyClock::AddWorker(int32_t worker) {
   clocks_[worker] = start;
 }
 
-void ConsistencyClock::RemoveWorker(int32_t worker) { clocks_.erase(worker); }
+void ConsistencyClock::RemoveWorker(int32_t worker) {
+  clocks_.erase(worker);
+  RaiseWatermark();
+}
+
+void ConsistencyClock::RaiseWatermark() {
+  if (bsp() || clocks_.empty()) return;
+  for (const auto& [w, clock] : clocks_) {
+    if (clock <= applied_steps_) return;
+  }
+  applied_steps_ = std::min_element(clocks_.begin(), clocks_.end(), [](auto& a, auto& b) {
+                     return a.second < b.second;
+                   })->second;
+}
 
 absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step));
@@ -43,7 +56,11 @@ absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
 void ConsistencyClock::RecordPush(int32_t worker, int64_t step) {
   int64_t& clock = clocks_[worker];
   clock = std::max(clock, step + 1);
-  if (bsp()) pushed_[step].insert(worker);
+  if (bsp()) {
+    pushed_[step].insert(worker);
+  } else {
+    RaiseWatermark();
+  }
 }
 
 bool ConsistencyClock::NextStepReady() const {

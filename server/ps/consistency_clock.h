@@ -26,6 +26,11 @@ class ConsistencyClock {
       : table_id_(table_id), config_(std::move(config)) {}
 
   bool bsp() const { return config_.mode() == ConsistencyConfig::BSP; }
+  // The steps the table holds every worker's push of. BSP: the steps applied. SSP/ASP,
+  // which apply each push as it arrives: the slowest worker's clock, kept when workers
+  // leave (a watermark: it never goes back but by Reset or Restore). A checkpoint is taken
+  // at it (the coordinator snapshots the furthest); under SSP/ASP the capture may also hold
+  // later pushes of faster workers, which a run resumed there pushes again.
   int64_t applied_steps() const { return applied_steps_; }
   const std::map<int32_t, int64_t>& clocks() const { return clocks_; }
 
@@ -71,11 +76,14 @@ class ConsistencyClock {
   bool shut_down() const { return shutdown_; }
 
  private:
+  // SSP/ASP: applied_steps_ up to the slowest worker's clock.
+  void RaiseWatermark();
+
   const uint32_t table_id_;
   const ConsistencyConfig config_;
   std::map<int32_t, int64_t> clocks_;            // worker -> steps pushed
   std::map<int64_t, std::set<int32_t>> pushed_;  // BSP: step -> workers that pushed it
-  int64_t applied_steps_ = 0;
+  int64_t applied_steps_ = 0;  // see applied_steps()
   std::multiset<int64_t> capture_at_;  // BSP steps held for a capture
   bool shutdown_ = false;
 };

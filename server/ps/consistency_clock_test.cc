@@ -12,6 +12,26 @@ ConsistencyConfig Mode(ConsistencyConfig::Mode mode, int staleness = 0) {
   return c;
 }
 
+TEST(ConsistencyClockTest, SspAndAspAppliedStepsAreTheSlowestClockAndNeverGoBack) {
+  for (auto mode : {ConsistencyConfig::SSP, ConsistencyConfig::ASP}) {
+    ConsistencyClock clock(7, Mode(mode, 2));
+    clock.AddWorker(0);
+    clock.AddWorker(1);
+    for (int64_t s = 0; s < 5; ++s) clock.RecordPush(0, s);
+    EXPECT_EQ(clock.applied_steps(), 0) << "worker 1 has pushed nothing";
+    clock.RecordPush(1, 0);
+    clock.RecordPush(1, 1);
+    EXPECT_EQ(clock.applied_steps(), 2);
+    clock.RemoveWorker(1);
+    EXPECT_EQ(clock.applied_steps(), 5) << "worker 0 alone";
+    clock.RemoveWorker(0);
+    EXPECT_EQ(clock.applied_steps(), 5) << "kept when every worker has left";
+    clock.AddWorker(2);  // a late joiner starts there, not at 0
+    EXPECT_EQ(clock.clocks().at(2), 5);
+    EXPECT_EQ(clock.applied_steps(), 5);
+  }
+}
+
 TEST(ConsistencyClockTest, BspStepIsReadyOnlyWhenEveryWorkerPushedItAndNoHoldStopsIt) {
   ConsistencyClock clock(7, Mode(ConsistencyConfig::BSP));
   clock.AddWorker(0);
