@@ -38,6 +38,7 @@ struct ClusterOptions {
   std::string mode = "ps";              // the coordinator's --mode
   std::vector<std::string> switches;    // "STEP:MODE", scheduled before the workers start
   std::vector<std::string> shard_args;  // extra ps_server flags
+  std::vector<std::string> worker_args;  // extra ps_worker flags (before StartWorker's own)
   int epochs = 4;
   // The workers' --progress_every. A test that must act mid-training shortens it: an epoch
   // of this model can take well under a second. (Not 0: a line per step fills the pipe of
@@ -111,6 +112,7 @@ class Cluster {
                                          : "--snapshot_every_epochs=1",
         "--collective_timeout=20s", "--progress_every=" + options_.progress_every,
         absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")};
+    argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto w = Subprocess::Start(std::move(argv));
     EXPECT_TRUE(w.ok());

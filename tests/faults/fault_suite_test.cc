@@ -5,7 +5,9 @@
 // (restarted on its port); SIGSTOP of a shard and of a worker shorter and longer than the
 // 2 s liveness deadline. Expected for each: the run completes, the final parameters are
 // bitwise those of the uninterrupted run (CRC-32C), and every wait is bounded (each
-// WaitForLine and Finish below has its limit). Each prints one row of the table:
+// WaitForLine and Finish below has its limit). One more scenario runs under SSP(1), where
+// runs depend on timing: a shard killed after the epoch's checkpoint, the run rolled back
+// to it and finished. Each prints one row of the table:
 //   scenario | outcome | time to recover | steps lost
 // (time to recover: from the fault to the end of the workers' rollback, or for the
 // coordinator to its restart's first checkpoint; "none" when nothing had to recover). The disk filling during a snapshot is
@@ -185,6 +187,45 @@ TEST_F(FaultSuite, WorkerReplacementDiesDuringTheRollback) {
   EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
   ExpectCompletesBitwise(cluster, "SIGKILL worker 1; its replacement dies during the rollback",
                          fault, recovered);
+}
+
+// SSP(1), with each step's push/pull overlapping the next step: the epoch's checkpoint is
+// taken at the slowest worker's clock (until SSP tables reported it, every checkpoint after
+// the initial one came back as step 0's, and a failure restarted the run), a shard is
+// killed and restored, and the workers roll back to that checkpoint and finish. Not
+// compared bitwise: SSP's runs depend on timing.
+TEST_F(FaultSuite, ShardKilledUnderSspRollsBackToTheEpochCheckpoint) {
+  ClusterOptions o;
+  o.worker_args = {"--consistency=ssp:1"};
+  Cluster cluster(Dir("ssp_shard_killed"), o);
+  ASSERT_TRUE(
+      cluster.coordinator().WaitForLine("checkpoint of step 0 complete", absl::Minutes(1)).ok());
+  auto epoch = cluster.coordinator().WaitForLine(" complete on ", absl::Minutes(2));
+  ASSERT_TRUE(epoch.ok()) << "no checkpoint after the initial one: " << epoch.status();
+  int64_t checkpoint = 0;  // "... checkpoint of step N complete on ..."
+  const std::string after = epoch->substr(epoch->find("checkpoint of step ") + 19);
+  ASSERT_TRUE(absl::SimpleAtoi(after.substr(0, after.find(' ')), &checkpoint)) << *epoch;
+  EXPECT_GE(checkpoint, kStepsPerEpoch - 1) << *epoch;
+  const absl::Time fault = absl::Now();
+  ASSERT_TRUE(cluster.shard(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+  cluster.StartShard(1, /*restore=*/true);
+  auto line = cluster.worker(0).WaitForLine("rolled back from step", absl::Minutes(2));
+  ASSERT_TRUE(line.ok()) << "worker 0 did not roll back: " << line.status();
+  const absl::Time recovered = absl::Now();
+  int64_t back_to = -1;  // "... rolled back from step F to the checkpoint of step B"
+  ASSERT_TRUE(absl::SimpleAtoi(line->substr(line->rfind(' ') + 1), &back_to)) << *line;
+  EXPECT_GE(back_to, checkpoint) << "rolled back past the epoch's checkpoint: " << *line;
+  std::vector<std::string> run = cluster.Finish();
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_NE(Field(run[r], "rollbacks"), "[]") << run[r];
+    EXPECT_GT(std::stod(Field(run[r], "test_accuracy")), 0.5) << run[r];
+  }
+  std::printf(
+      "FAULT-TABLE | SIGKILL shard 1 under SSP(1), overlapped pushes | completed "
+      "(SSP: not compared bitwise), rolled back to step %lld | %.1f s | %lld |\n",
+      static_cast<long long>(back_to), absl::ToDoubleSeconds(recovered - fault),
+      static_cast<long long>(StepsLost(Field(run[0], "rollbacks"))));
+  std::fflush(stdout);
 }
 
 // A worker killed in each collective mode (ALLREDUCE is also in //tests:recovery_test).
