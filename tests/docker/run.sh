@@ -55,6 +55,10 @@ cleanup() {
   compose down -v --remove-orphans >/dev/null 2>&1 || true
   "$DOCKER" rm -f pscluster_deb_test >/dev/null 2>&1 || true
   "$DOCKER" image prune -f >/dev/null 2>&1 || true
+  # BuildKit's cache under the vfs driver is a whole copy of the file system per layer:
+  # kept from run to run it filled this machine's disk (72 GB after a few dozen runs). A
+  # run's two builds share it; the next run starts without.
+  "$DOCKER" builder prune -af >/dev/null 2>&1 || true
 }
 on_exit() { cleanup; docker_down; rm -rf "$work"; }
 trap on_exit EXIT
