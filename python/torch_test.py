@@ -88,30 +88,23 @@ class TorchTest(unittest.TestCase):
         TorchTest.next_base += 100
         return TorchTest.next_base
 
-    def reference(self, make: Callable[[], torch.nn.Module], batches, lr: float):
-        torch.manual_seed(0)
-        model = make()
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        for x, y in batches:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        return model
-
-    def reference_one_step_old(self, make: Callable[[], torch.nn.Module], batches, lr: float):
-        """torch.optim.Adam where step S >= 1 takes its gradient at the values before step
-        S-1's update (what overlap=True computes with one worker)."""
+    def reference(self, make: Callable[[], torch.nn.Module], batches, lr: float,
+                  one_step_old: bool = False):
+        """torch.optim.Adam over the batches. one_step_old: step S >= 1 takes its gradient at
+        the values before step S-1's update (what overlap=True computes with one worker)."""
         torch.manual_seed(0)
         model = make()
         torch.manual_seed(0)
-        lag = make()
+        lag = make()  # one_step_old: the values before the last update
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         for x, y in batches:
-            lag.zero_grad()
-            torch.nn.functional.cross_entropy(lag(x), y).backward()
-            for p, q in zip(model.parameters(), lag.parameters()):
-                p.grad = q.grad.clone()
-            lag.load_state_dict(model.state_dict())
+            at = lag if one_step_old else model
+            at.zero_grad()
+            torch.nn.functional.cross_entropy(at(x), y).backward()
+            if one_step_old:
+                for p, q in zip(model.parameters(), lag.parameters()):
+                    p.grad = q.grad.clone()
+                lag.load_state_dict(model.state_dict())
             opt.step()
         return model
 
@@ -193,7 +186,7 @@ class TorchTest(unittest.TestCase):
         # One worker on ASP tables (each push applied as it arrives): whatever the timing,
         # step S computes on the values before step S-1's update; flush() brings the last.
         batches = data(STEPS, 32)
-        ref = self.reference_one_step_old(Mlp, batches, 1e-2)
+        ref = self.reference(Mlp, batches, 1e-2, one_step_old=True)
         synchronous = self.reference(Mlp, batches, 1e-2)
         self.assertGreater(max_diff(ref, synchronous), 100 * ATOL, "overlap would be a no-op")
         [model] = self.train(Mlp, batches, 1e-2, workers=1, consistency="asp", overlap=True)
