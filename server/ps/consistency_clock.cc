@@ -8,12 +8,7 @@ namespace pscluster::ps {
 
 void ConsistencyClock::AddWorker(int32_t worker) {
   if (clocks_.count(worker)) return;
-  int64_t start = applied_steps_;
-  if (!bsp() && !clocks_.empty()) {
-    start = std::min_element(clocks_.begin(), clocks_.end(), [](auto& a, auto& b) {
-              return a.second < b.second;
-            })->second;
-  }
+  const int64_t start = !bsp() && !clocks_.empty() ? SlowestClock() : applied_steps_;
   clocks_[worker] = start;
 }
 
@@ -23,13 +18,13 @@ void ConsistencyClock::RemoveWorker(int32_t worker) {
 }
 
 void ConsistencyClock::RaiseWatermark() {
-  if (bsp() || clocks_.empty()) return;
-  for (const auto& [w, clock] : clocks_) {
-    if (clock <= applied_steps_) return;
-  }
-  applied_steps_ = std::min_element(clocks_.begin(), clocks_.end(), [](auto& a, auto& b) {
-                     return a.second < b.second;
-                   })->second;
+  if (!bsp() && !clocks_.empty()) applied_steps_ = std::max(applied_steps_, SlowestClock());
+}
+
+int64_t ConsistencyClock::SlowestClock() const {
+  int64_t slowest = clocks_.begin()->second;
+  for (const auto& [w, clock] : clocks_) slowest = std::min(slowest, clock);
+  return slowest;
 }
 
 absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
@@ -95,9 +90,7 @@ bool ConsistencyClock::Pullable(int64_t step) const {
 
 int64_t ConsistencyClock::Staleness(int64_t step) const {
   if (bsp() || clocks_.empty()) return 0;
-  int64_t slowest = step;
-  for (const auto& [w, clock] : clocks_) slowest = std::min(slowest, clock);
-  return std::max<int64_t>(0, step - slowest);
+  return std::max<int64_t>(0, step - SlowestClock());
 }
 
 std::string ConsistencyClock::DescribeLaggards(int64_t step) const {

@@ -78,6 +78,8 @@ class ConsistencyClock {
  private:
   // SSP/ASP: applied_steps_ up to the slowest worker's clock.
   void RaiseWatermark();
+  // The smallest of clocks_ (which must not be empty).
+  int64_t SlowestClock() const;
 
   const uint32_t table_id_;
   const ConsistencyConfig config_;
