@@ -259,11 +259,15 @@ grpc::Status Replicator::SendOnce(const std::string& successor, const Replicated
 
 absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::string>* chunks,
                                  bool from_head) {
-  const absl::Time deadline = absl::Now() + options_.forward_timeout;
+  const absl::Time start = absl::Now();
+  absl::Time deadline = start + options_.forward_timeout;
   absl::Duration backoff = absl::Milliseconds(1);
   grpc::Status last;
   std::string last_to;
-  for (bool said = false;;) {
+  // Whether the coordinator answered the last time it was asked for the chain: only then
+  // does "the successor is still in the chain" come from it rather than from an old view.
+  bool coordinator_answered = true;
+  for (bool said = false, said_cut_off = false;;) {
     Place p;
     {
       absl::MutexLock lock(&mu_);
@@ -288,7 +292,22 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       DropLearner(p.learner, p.epoch, last);
       continue;
     }
-    if (absl::Now() >= deadline) break;
+    if (absl::Now() >= deadline) {
+      if (coordinator_answered || absl::Now() >= start + options_.cut_off_timeout) break;
+      // Cut off from the successor and the coordinator alike (a network partition): the
+      // coordinator may well have taken this replica out of the chain meanwhile, which it
+      // will say once it can be reached, so wait for it instead of stopping; once it
+      // answers, the successor has forward_timeout at most.
+      deadline = std::min(start + options_.cut_off_timeout, absl::Now() + options_.forward_timeout);
+      if (!said_cut_off) {
+        std::fprintf(stderr, "ps_server: %s: update %llu: the coordinator cannot be reached "
+                     "either; waiting for it (up to %s) to learn whether %s is still in the "
+                     "chain\n",
+                     Name().c_str(), static_cast<unsigned long long>(update.seq()),
+                     absl::FormatDuration(options_.cut_off_timeout).c_str(), last_to.c_str());
+        said_cut_off = true;
+      }
+    }
     if (!said) {
       std::fprintf(stderr, "ps_server: %s: update %llu not acknowledged by %s (%s); asking the "
                    "coordinator for the chain and retrying for up to %s\n",
@@ -297,7 +316,7 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
                    absl::FormatDuration(options_.forward_timeout).c_str());
       said = true;
     }
-    if (options_.refresh) options_.refresh();
+    if (options_.refresh) coordinator_answered = options_.refresh();
     absl::SleepFor(backoff);
     backoff = std::min(2 * backoff, absl::Milliseconds(50));
   }
@@ -306,11 +325,11 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
   // coordinator then takes this replica out and the chain goes on without it.
   std::fprintf(stderr,
                "ps_server: %s: FATAL: update %llu applied here could not be handed to %s for %s "
-               "(%s), while the coordinator keeps it in the chain; stopping so the chain goes "
-               "on without this replica (restart it to hold a copy again)\n",
+               "(%s), while the coordinator %s; stopping so the chain goes on without this "
+               "replica (restart it to hold a copy again)\n",
                Name().c_str(), static_cast<unsigned long long>(update.seq()), last_to.c_str(),
-               absl::FormatDuration(options_.forward_timeout).c_str(),
-               last.error_message().c_str());
+               absl::FormatDuration(absl::Now() - start).c_str(), last.error_message().c_str(),
+               coordinator_answered ? "keeps it in the chain" : "could not be reached either");
   std::fflush(stderr);
   std::_Exit(3);
 }

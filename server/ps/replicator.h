@@ -9,9 +9,12 @@
 // the same updates in the same order, so they hold bitwise the same state.
 //
 // Failures: a member that cannot reach its successor (dead, cut off, or of another epoch)
-// asks the coordinator for the chain again and retries, bounded by forward_timeout: once
-// the coordinator has taken a dead member out, the update reaches the new successor (who
-// skips what it already holds, by sequence number) or this member is the tail. A head
+// asks the coordinator for the chain again and retries, bounded by forward_timeout (by
+// cut_off_timeout while the coordinator cannot be reached either: a member cut off from
+// both learns from the coordinator, once it hears it again, whether it is still in the
+// chain): once the coordinator has taken a dead member out, the update reaches the new
+// successor (who skips what it already holds, by sequence number) or this member is the
+// tail, or this member learns it was taken out and joins again. A head
 // that dies before answering leaves its clients to retry on the next head with the same
 // request id (gRPC metadata ps-request-id), which answers from what the first call did
 // instead of applying it again.
@@ -76,6 +79,10 @@ struct ReplicatorOptions {
   int32_t replica = 0;
   absl::Duration lease = absl::Seconds(3);            // see the file comment
   absl::Duration forward_timeout = absl::Seconds(20);  // an update's trip down the chain
+  // An update's trip down the chain while neither the successor nor the coordinator can be
+  // reached (this replica cut off): the coordinator decides whether the successor is still
+  // in the chain, so forward_timeout runs only while it answers.
+  absl::Duration cut_off_timeout = absl::Minutes(10);
   int max_message_bytes = 4 << 20;
   size_t max_request_ids = 1 << 16;  // request ids remembered for retries after a failover
   Security security;

@@ -34,11 +34,11 @@ struct Replica {
     server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     chain.reset();
   }
-  void Follow(ReplicatorOptions o) {
+  void Follow(ReplicatorOptions o, absl::Duration forward_timeout = absl::Seconds(5)) {
     o.replica = replica;
     o.address = address;
     o.serving = service.serving_mu();
-    o.forward_timeout = absl::Seconds(5);
+    o.forward_timeout = forward_timeout;
     chain = std::make_unique<Replicator>(
         o, [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
           return service.ApplyReplicated(u, chunks);
@@ -66,6 +66,26 @@ struct Replica {
   std::unique_ptr<ParameterServer::Stub> stub;
   std::unique_ptr<Replicator> chain;
 };
+
+// Worker 0 registered and table 1 created (64 values, Adam, BSP) on the head.
+void RegisterAndCreateTable(ParameterServer::Stub* head) {
+  grpc::ClientContext ctx;
+  RegisterWorkerRequest req;
+  req.set_worker_id(0);
+  RegisterWorkerResponse resp;
+  ASSERT_TRUE(head->RegisterWorker(&ctx, req, &resp).ok());
+  grpc::ClientContext create_ctx;
+  CreateTableRequest create;
+  TableSpec* spec = create.mutable_spec();
+  spec->set_table_id(1);
+  spec->set_kind(TableSpec::DENSE);
+  spec->set_size(64);
+  spec->mutable_optimizer()->set_kind(OptimizerConfig::ADAM);  // BSP by default
+  spec->mutable_optimizer()->set_learning_rate(0.01f);
+  CreateTableResponse created;
+  grpc::Status s = head->CreateTable(&create_ctx, create, &created);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
 
 grpc::Status Push(ParameterServer::Stub* head, int64_t step) {
   grpc::ClientContext ctx;
@@ -109,24 +129,9 @@ TEST(ReplicatorTest, AJoinerThatCannotHearTheCoordinatorIsTheTailItJoinedAs) {
   head.chain->Update(alone);
 
   // The head's state before the join: a worker and a BSP table with a step applied.
+  RegisterAndCreateTable(head.stub.get());
   {
-    grpc::ClientContext ctx;
-    RegisterWorkerRequest req;
-    req.set_worker_id(0);
-    RegisterWorkerResponse resp;
-    ASSERT_TRUE(head.stub->RegisterWorker(&ctx, req, &resp).ok());
-    grpc::ClientContext create_ctx;
-    CreateTableRequest create;
-    TableSpec* spec = create.mutable_spec();
-    spec->set_table_id(1);
-    spec->set_kind(TableSpec::DENSE);
-    spec->set_size(64);
-    spec->mutable_optimizer()->set_kind(OptimizerConfig::ADAM);  // BSP by default
-    spec->mutable_optimizer()->set_learning_rate(0.01f);
-    CreateTableResponse created;
-    grpc::Status s = head.stub->CreateTable(&create_ctx, create, &created);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    s = Push(head.stub.get(), 0);
+    grpc::Status s = Push(head.stub.get(), 0);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
@@ -146,6 +151,47 @@ TEST(ReplicatorTest, AJoinerThatCannotHearTheCoordinatorIsTheTailItJoinedAs) {
   }
   EXPECT_EQ(joiner.Fingerprint(), head.Fingerprint());
   EXPECT_EQ(joiner.chain->CheckHead().code(), absl::StatusCode::kUnavailable);
+}
+
+// A head cut off from its successor and from the coordinator alike (a network partition)
+// for longer than forward_timeout does not stop the process: it waits to hear from the
+// coordinator, and told then that it was taken out of the chain, it refuses the update it
+// could not hand on (UNAVAILABLE, naming the new head) and lives on to join again.
+TEST(ReplicatorTest, AHeadCutOffFromEveryoneWaitsForTheCoordinatorInsteadOfStopping) {
+  Replica head(0);
+  std::string unreachable;  // a successor that answers nothing: its server is gone
+  {
+    Replica gone(1);
+    unreachable = gone.address;
+  }
+  const absl::Duration forward_timeout = absl::Milliseconds(200);
+  absl::Time cut_at = absl::InfiniteFuture();
+  absl::Mutex mu;
+  int refreshes = 0;
+  ReplicatorOptions o;
+  // The coordinator cannot be reached until the cut has lasted 5 forward timeouts; then it
+  // says what it decided meanwhile: the chain is the successor alone.
+  o.refresh = [&] {
+    absl::MutexLock lock(&mu);
+    ++refreshes;
+    if (absl::Now() < cut_at + 5 * forward_timeout) return false;
+    head.chain->Update(ChainConfig{3, {1}, {unreachable}, true});
+    return true;
+  };
+  head.Follow(o, forward_timeout);
+  head.chain->Update(ChainConfig{1, {0}, {head.address}, true});
+  RegisterAndCreateTable(head.stub.get());
+  head.chain->Update(ChainConfig{2, {0, 1}, {head.address, unreachable}, true});
+  {
+    absl::MutexLock lock(&mu);
+    cut_at = absl::Now();
+  }
+  grpc::Status s = Push(head.stub.get(), 0);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("taken out of its chain"), std::string::npos)
+      << s.error_message();
+  absl::MutexLock lock(&mu);
+  EXPECT_GT(refreshes, 1);
 }
 
 }  // namespace
