@@ -17,6 +17,11 @@ ABSL_FLAG(int, replica, 0,
           "Which copy of the shard this is, in [0, ps_coordinator --replicas): the coordinator "
           "chains the copies (chain replication). Replica R > 0 keeps its snapshots under "
           "--data_dir/replica-R.");
+ABSL_FLAG(absl::Duration, forward_timeout, absl::Seconds(20),
+          "With --replica (chain replication): how long an update this replica applied may take "
+          "to reach its successor while the coordinator answers; past it the replica stops "
+          "itself and the chain goes on without it. Cut off from the coordinator as well, it "
+          "waits up to 10 minutes to hear from it whether it is still in the chain.");
 ABSL_FLAG(int, threads, 64,
           "Most RPC handler threads. Pulls waiting on BSP/SSP hold one each, so keep it above "
           "the number of workers times the tables they pull at once.");
@@ -124,6 +129,11 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
         f.snapshots.read_roots.push_back(root);  // (a root not there yet holds nothing)
       }
     }
+  }
+  f.forward_timeout = absl::GetFlag(FLAGS_forward_timeout);
+  if (f.forward_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--forward_timeout=", absl::FormatDuration(f.forward_timeout), " must be positive"));
   }
   f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   f.advertise_port = absl::GetFlag(FLAGS_advertise_port);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/ps/service.h"
 #include "server/ps/shard.h"
 #include "server/ps/snapshotter.h"
@@ -20,6 +21,7 @@ struct ServerFlags {
   std::string restore;           // "", "latest" or a step
   std::string coordinator;       // ps_coordinator address, or empty
   int replica = 0;               // which copy of the shard (chain replication)
+  absl::Duration forward_timeout = absl::Seconds(20);  // ReplicatorOptions::forward_timeout
   std::string advertise_host;    // the host workers reach this shard at
   int advertise_port = 0;        // and the port (0: the one it listens on)
 };

@@ -155,6 +155,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
     // Under the coordinator's liveness timeout, so this head stops serving before the
     // coordinator could have replaced it.
     ro.lease = coordinator->heartbeat_timeout() * 3 / 4;
+    ro.forward_timeout = f.forward_timeout;
     ro.max_message_bytes = MaxMessageBytes(f.service);
     ro.security = security;
     ro.refresh = refresh;

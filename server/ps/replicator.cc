@@ -264,9 +264,11 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
   absl::Duration backoff = absl::Milliseconds(1);
   grpc::Status last;
   std::string last_to;
-  // Whether the coordinator answered the last time it was asked for the chain: only then
-  // does "the successor is still in the chain" come from it rather than from an old view.
-  bool coordinator_answered = true;
+  // Whether the coordinator was asked for the chain since the first failed attempt, and
+  // whether it answered the last time: only then does "the successor is still in the
+  // chain" come from it rather than from an old view. (The chain it answered with is
+  // looked at by the next attempt, before any decision.)
+  bool asked = options_.refresh == nullptr, coordinator_answered = asked;
   for (bool said = false, said_cut_off = false;;) {
     Place p;
     {
@@ -292,7 +294,7 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       DropLearner(p.learner, p.epoch, last);
       continue;
     }
-    if (absl::Now() >= deadline) {
+    if (absl::Now() >= deadline && asked) {
       if (coordinator_answered || absl::Now() >= start + options_.cut_off_timeout) break;
       // Cut off from the successor and the coordinator alike (a network partition): the
       // coordinator may well have taken this replica out of the chain meanwhile, which it
@@ -316,7 +318,10 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
                    absl::FormatDuration(options_.forward_timeout).c_str());
       said = true;
     }
-    if (options_.refresh) coordinator_answered = options_.refresh();
+    if (options_.refresh) {
+      coordinator_answered = options_.refresh();
+      asked = true;
+    }
     absl::SleepFor(backoff);
     backoff = std::min(2 * backoff, absl::Milliseconds(50));
   }

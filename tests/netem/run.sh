@@ -13,7 +13,9 @@
 #     link) until the coordinator has taken both heads out of their chains, and training
 #     goes on on the backups. Healed, an old head refuses a client that still takes it for
 #     the head (UNAVAILABLE: no split brain), joins its chain again by a state transfer, and
-#     ends with its chain's fingerprint; no worker rolls back.
+#     ends with its chain's fingerprint; no worker rolls back. The heads' --forward_timeout
+#     (1 s) is shorter than the cut: a head cut off with an update in flight waits to hear
+#     from the coordinator instead of stopping itself.
 # Each must finish (workers exit 0, test accuracy >= 0.80); samples/s of both are printed.
 # A worker cut off the network and its rejoin run in the Docker stage (network_cut).
 #   tests/netem/run.sh [BAZEL_BIN]       (root; last line "netem stage: P passed, F failed, S skipped")
@@ -131,7 +133,8 @@ run_partition_case() {
   local backups=()
   for s in 0 1; do
     ip netns exec "$ns" "$bin/server/ps/ps_server" --host="$shard_ip" --port=$((5000 + s)) \
-      --shard_id=$s --num_shards=2 --replica=0 --coordinator="$coordinator" >"$dir/head$s.log" 2>&1 &
+      --shard_id=$s --num_shards=2 --replica=0 --coordinator="$coordinator" \
+      --forward_timeout=1s >"$dir/head$s.log" 2>&1 &
     pids+=($!)
     "$bin/server/ps/ps_server" --host="$host_ip" --port=0 --shard_id=$s --num_shards=2 --replica=1 \
       --coordinator="$coordinator" >"$dir/backup$s.log" 2>&1 &
@@ -165,6 +168,7 @@ run_partition_case() {
   for s in 0 1; do
     await_line "$dir/coordinator.log" "shard $s replica 0 joined its chain" 120 || { ok=0; why="old head $s did not rejoin"; }
   done
+  log "$name: old heads that waited out the cut with an update in flight: $(grep -l "coordinator cannot be reached either" "$dir"/head*.log 2>/dev/null | wc -l) of 2"
   for p in "${worker_pids[@]}"; do wait "$p" || { ok=0; why="a worker failed"; }; done
   local acc rollbacks
   acc=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['test_accuracy'])" "$dir/worker0.json" 2>/dev/null || echo 0)
