@@ -162,6 +162,25 @@ TEST_F(BadInputTest, PartialFloatIsInvalidArgument) {
   ExpectError(Push(c), grpc::StatusCode::INVALID_ARGUMENT, "7 bytes");
 }
 
+// A unary push (or a batch entry) is one whole transfer: a header that says otherwise is
+// refused instead of applying the chunk as if it did not.
+TEST_F(BadInputTest, SingleChunkPushWhoseHeaderDescribesAnotherTransferIsInvalidArgument) {
+  DenseChunk longer = Chunk(kDense, 0, std::vector<float>(5, 1.0f));
+  longer.set_total_length(10);
+  ExpectError(Push(longer), grpc::StatusCode::INVALID_ARGUMENT,
+              "total_length=10 but the chunk carries 5 values");
+  DenseChunk elsewhere = Chunk(kDense, 0, std::vector<float>(5, 1.0f));
+  elsewhere.set_begin(5);
+  ExpectError(Push(elsewhere), grpc::StatusCode::INVALID_ARGUMENT, "begin=5 differs from offset=0");
+  ps::DenseBatch batch;
+  *batch.add_chunks() = Chunk(kSkip, 0, std::vector<float>(500, 0.25f));
+  *batch.add_chunks() = longer;
+  grpc::ClientContext ctx;
+  ps::PushDenseBatchResponse r;
+  ExpectError(shard0()->PushDenseBatch(&ctx, batch, &r), grpc::StatusCode::INVALID_ARGUMENT,
+              "chunk 1 of the batch (table 1): total_length=10");
+}
+
 TEST_F(BadInputTest, DenseRangeOutsideShardIsOutOfRange) {
   ExpectError(Push(Chunk(kDense, 450, std::vector<float>(100, 1.0f))),
               grpc::StatusCode::OUT_OF_RANGE, "[450, 550)");

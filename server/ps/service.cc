@@ -30,6 +30,24 @@ absl::Status CheckFloatBytes(const std::string& bytes, absl::string_view field) 
   return absl::OkStatus();
 }
 
+// A unary push or one entry of a batch is a whole transfer in one chunk: its data, then
+// total_length and begin, when set (non-zero), must say so.
+absl::Status CheckWholeChunk(const DenseChunk& c) {
+  RETURN_IF_ERROR(CheckFloatBytes(c.data(), "data"));
+  const uint64_t values = c.data().size() / sizeof(float);
+  if (c.total_length() != 0 && c.total_length() != values) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "total_length=", c.total_length(), " but the chunk carries ", values,
+        " values (a single-chunk push is the whole transfer; larger ones go by PushDenseStream)"));
+  }
+  if (c.begin() != 0 && c.begin() != c.offset()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("begin=", c.begin(), " differs from offset=", c.offset(),
+                     " (a single-chunk push begins where its one chunk does)"));
+  }
+  return absl::OkStatus();
+}
+
 // The header fields every chunk of one push stream must repeat unchanged.
 absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uint64_t index) {
   auto differs = [&](absl::string_view field) {
@@ -529,7 +547,7 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
                           absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
                                        "): ", s.message(), "; nothing in the batch was applied"));
     };
-    if (absl::Status s = CheckFloatBytes(c.data(), "data"); !s.ok()) return fail(s);
+    if (absl::Status s = CheckWholeChunk(c); !s.ok()) return fail(s);
     auto table = shard_->GetDense(c.table_id(), c.worker_id());
     if (!table.ok()) return fail(table.status());
     if (absl::Status s = (*table)->CheckRange(c.offset(), c.data().size() / sizeof(float));
@@ -667,7 +685,7 @@ grpc::Status ParameterServerService::PushDense(grpc::ServerContext* ctx, const D
 absl::Status ParameterServerService::PushDenseChunk(const DenseChunk& chunk,
                                                     PushDenseResponse* resp) {
   const DenseChunk* req = &chunk;
-  RETURN_IF_ERROR(CheckFloatBytes(req->data(), "data"));
+  RETURN_IF_ERROR(CheckWholeChunk(*req));
   if (req->data().size() > options_.max_chunk_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the push carries ", req->data().size(), " bytes; the unary limit is ",
