@@ -625,6 +625,25 @@ class AspCheckpointTest(ClusterTestCase):
         np.testing.assert_array_equal(c.pull_dense(t, step=3), saved)
 
 
+class MixedConsistencyCheckpointTest(ClusterTestCase):
+    data_dir = True
+
+    def test_a_bsp_table_beside_asp_ones_sets_the_step(self) -> None:
+        """With a BSP table beside an ASP table whose clocks ran ahead, the checkpoint is
+        taken at the BSP table's step (before: at the ASP clock, which the BSP table waited
+        for until the request's deadline, and every later checkpoint with it)."""
+        c = self.cluster
+        asp = c.create_dense("ahead", 10, optimizer="sgd", learning_rate=0.1, consistency="asp")
+        bsp = c.create_dense("exact", 10, optimizer="sgd", learning_rate=0.1, consistency="bsp")
+        c.register_worker(0)
+        g = np.ones(10, F32)
+        for step in range(5):
+            c.push_dense(asp, g, step=step, worker=0)
+        for step in range(2):
+            c.push_dense(bsp, g, step=step, worker=0)
+        self.assertEqual(c.checkpoint()["step"], 2)
+
+
 if __name__ == "__main__":
     import pytest  # Debian's python3-pytest; it runs the unittest classes too
     sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider"]))

@@ -124,8 +124,11 @@ class PsClient final : public ParameterStore {
   absl::StatusOr<std::vector<ps::SnapshotInfo>> CompleteSnapshots();
   // The newest snapshot step complete on every shard, or NOT_FOUND.
   absl::StatusOr<int64_t> LatestCompleteSnapshot();
-  // The most steps any table on any shard has applied (where a BSP snapshot can be taken).
-  absl::StatusOr<int64_t> FurthestAppliedStep();
+  // The step to snapshot the tables at: the most steps any BSP table on any shard has
+  // applied (the step a BSP table holds for the capture); with no BSP table, the furthest
+  // SSP/ASP watermark (their slowest worker's clock; captured at once). A BSP table is
+  // never asked for a step an SSP/ASP table's clocks reached but it did not.
+  absl::StatusOr<int64_t> CheckpointStep();
   // Rolls every shard back to snapshot `step` in place.
   absl::Status Restore(int64_t step);
 

@@ -60,14 +60,18 @@ absl::StatusOr<int64_t> PsClient::LatestCompleteSnapshot() {
   return complete->back().step();
 }
 
-absl::StatusOr<int64_t> PsClient::FurthestAppliedStep() {
+absl::StatusOr<int64_t> PsClient::CheckpointStep() {
   auto stats = Stats();
   if (!stats.ok()) return stats.status();
-  int64_t step = 0;
+  int64_t bsp = -1, other = 0;
   for (const auto& shard : *stats) {
-    for (const auto& t : shard.tables()) step = std::max(step, t.info().applied_steps());
+    for (const auto& t : shard.tables()) {
+      const bool is_bsp = t.info().spec().consistency().mode() == ps::ConsistencyConfig::BSP;
+      int64_t& step = is_bsp ? bsp : other;
+      step = std::max(step, t.info().applied_steps());
+    }
   }
-  return step;
+  return bsp >= 0 ? bsp : other;
 }
 
 absl::Status PsClient::Restore(int64_t step) {

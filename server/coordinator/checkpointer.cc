@@ -110,9 +110,9 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     if (auto idle = (*shards)->SnapshotStatus(/*wait_until_idle=*/true); !idle.ok()) {
       return idle.status();
     }
-    auto furthest = (*shards)->FurthestAppliedStep();
-    if (!furthest.ok()) return furthest.status();
-    step = *furthest;
+    auto at = (*shards)->CheckpointStep();
+    if (!at.ok()) return at.status();
+    step = *at;
     step += attempt == 0 ? 0 : 1;
     if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
     // Our retention, decided before the shards write: they keep exactly what we will list.

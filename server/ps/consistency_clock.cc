@@ -29,7 +29,18 @@ int64_t ConsistencyClock::SlowestClock() const {
 
 absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", step));
-  if (!bsp()) return absl::OkStatus();
+  if (!bsp()) {
+    auto it = clocks_.find(worker);
+    const int64_t clock = it == clocks_.end() ? 0 : it->second;
+    if (step - clock > kMaxAsyncStepsAhead) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table ", table_id_, ": step ", step, " is more than ", kMaxAsyncStepsAhead,
+          " steps ahead of worker ", worker, "'s clock ", clock,
+          " (the steps it pushed): push the step after its last; to resume a run at a later "
+          "step, restore its checkpoint, whose clocks come with it"));
+    }
+    return absl::OkStatus();
+  }
   if (step < applied_steps_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "table ", table_id_, ": step ", step, " is already applied (BSP applied_steps=",

@@ -19,6 +19,9 @@ namespace pscluster::ps {
 
 // Under BSP a worker may push at most this many steps beyond the oldest unapplied step.
 inline constexpr int64_t kMaxBspStepsAhead = 4;
+// Under SSP/ASP a worker may push at most this many steps beyond its own clock (a step
+// far ahead would move the table's clocks, and the checkpoints labelled by them, for good).
+inline constexpr int64_t kMaxAsyncStepsAhead = 1024;
 
 class ConsistencyClock {
  public:
@@ -41,7 +44,8 @@ class ConsistencyClock {
   void RemoveWorker(int32_t worker);
 
   // INVALID_ARGUMENT for a negative step; BSP: FAILED_PRECONDITION for a step already
-  // applied, too far ahead (kMaxBspStepsAhead) or already pushed by this worker.
+  // applied, too far ahead (kMaxBspStepsAhead) or already pushed by this worker; SSP/ASP:
+  // for a step more than kMaxAsyncStepsAhead beyond the worker's clock.
   absl::Status CheckPush(int32_t worker, int64_t step) const;
   // Advances the worker's clock past `step` (BSP: records the push).
   void RecordPush(int32_t worker, int64_t step);

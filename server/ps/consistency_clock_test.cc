@@ -1,5 +1,7 @@
 #include "server/ps/consistency_clock.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace pscluster::ps {
@@ -64,6 +66,25 @@ TEST(ConsistencyClockTest, BspRefusesStaleDuplicateAndFarAheadPushes) {
   absl::Status stale = clock.CheckPush(0, 0);
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(stale.message().find("table 7"), absl::string_view::npos) << stale;
+}
+
+// Pushes may run ahead, behind or skip steps under SSP/ASP, but not leap: a step far
+// beyond the worker's clock (a hostile 2^62) is refused, so no clock (and no checkpoint
+// labelled by one) jumps there.
+TEST(ConsistencyClockTest, SspAndAspRefuseAStepFarBeyondTheWorkersClock) {
+  for (auto mode : {ConsistencyConfig::SSP, ConsistencyConfig::ASP}) {
+    ConsistencyClock clock(7, Mode(mode, 2));
+    clock.AddWorker(0);
+    for (int64_t s = 0; s < 3; ++s) clock.RecordPush(0, s);
+    EXPECT_TRUE(clock.CheckPush(0, 1).ok()) << "behind";
+    EXPECT_TRUE(clock.CheckPush(0, 3 + kMaxAsyncStepsAhead).ok());
+    absl::Status far = clock.CheckPush(0, 4 + kMaxAsyncStepsAhead);
+    EXPECT_EQ(far.code(), absl::StatusCode::kFailedPrecondition) << far;
+    EXPECT_NE(far.message().find("worker 0's clock 3"), absl::string_view::npos) << far;
+    EXPECT_EQ(clock.CheckPush(0, int64_t{1} << 62).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(clock.CheckPush(0, std::numeric_limits<int64_t>::max()).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
 }
 
 TEST(ConsistencyClockTest, SspLetsAReaderRunAtMostStalenessStepsAheadOfTheSlowest) {

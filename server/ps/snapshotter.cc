@@ -107,6 +107,12 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
   std::thread finished;  // the previous writer, joined outside the lock
   {
     absl::MutexLock lock(&mu_);
+    if (in_progress_ && capturing_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "snapshot of step ", current_step_, " is still waiting for its tables to reach that "
+          "step (a BSP table captures once every worker pushed the steps before it; it gives "
+          "up at its request's deadline); retry when it completes"));
+    }
     if (in_progress_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "snapshot of step ", current_step_, " is still being written (", bytes_written_.load(),
@@ -121,6 +127,7 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
       }
     }
     in_progress_ = true;
+    capturing_ = true;
     current_step_ = request.step();
     finished = std::move(writer_);
   }
@@ -174,6 +181,7 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     absl::MutexLock lock(&mu_);
     counters_.last_pause_seconds = absl::ToDoubleSeconds(longest_pause);
     bytes_total_ = bytes;
+    capturing_ = false;
     bytes_written_ = 0;
     std::vector<int64_t> keep(request.keep_steps().begin(), request.keep_steps().end());
     if (!keep.empty()) keep.push_back(request.step());

@@ -124,6 +124,7 @@ class Snapshotter {
   bool in_progress_ ABSL_GUARDED_BY(mu_) = false;
   int64_t current_step_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
+  bool capturing_ ABSL_GUARDED_BY(mu_) = false;  // in_progress_, the tables not yet captured
   int64_t last_complete_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t restored_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
