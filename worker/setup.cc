@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +54,48 @@ void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::Tra
   };
 }
 
+// Who the view lacks for the cluster to be complete: the shards and worker ranks with no
+// live member.
+std::string Missing(const coord::ClusterView& view) {
+  auto alive = [&](coord::Role role, int32_t id) {
+    for (const coord::Member& m : view.members()) {
+      if (m.role() == role && m.id() == id && m.alive()) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> missing;
+  for (int32_t s = 0; s < view.num_shards(); ++s) {
+    if (!alive(coord::SHARD, s)) missing.push_back(absl::StrCat("shard ", s));
+  }
+  for (int32_t w = 0; w < view.num_workers(); ++w) {
+    if (!alive(coord::WORKER, w)) missing.push_back(absl::StrCat("worker rank ", w));
+  }
+  return missing.empty() ? "none (a replicated shard's chain is still forming)"
+                         : absl::StrJoin(missing, ", ");
+}
+
+// The first complete view, saying every 10 s who it waits for; up to 5 minutes.
+absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coordinator,
+                                                        int rank) {
+  constexpr absl::Duration kSay = absl::Seconds(10), kLimit = absl::Minutes(5);
+  const absl::Time give_up = absl::Now() + kLimit;
+  while (true) {
+    absl::StatusOr<coord::ClusterView> view =
+        coordinator->AwaitView(0, /*complete=*/true, std::min(kSay, give_up - absl::Now()));
+    if (view.ok() || !absl::IsDeadlineExceeded(view.status())) return view;
+    absl::StatusOr<coord::ClusterView> now = coordinator->AwaitView(0, false, kSay);
+    const std::string missing = now.ok() ? Missing(*now) : now.status().ToString();
+    if (absl::Now() >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the cluster was not complete within ", absl::FormatDuration(kLimit), " (missing: ",
+          missing, "): start them against this coordinator"));
+    }
+    std::printf("worker %d: waiting for the cluster to be complete; missing: %s\n", rank,
+                missing.c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
@@ -62,6 +106,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     co.coordinator = f->coordinator;
     co.role = coord::WORKER;
     co.id = o.rank;
+    co.group_size = o.world;
     co.security = o.security;
     // Which process this member is, for operators: host name and pid (pid 1 in a container).
     const std::string host = HostName();
@@ -70,12 +115,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     ASSIGN_OR_RETURN(std::unique_ptr<model::ModelDef> def, model::MakeModelDef(o.model, o.seed));
     co.limits = modes::ModeLimitsOf(def->spec());
     ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
-    ASSIGN_OR_RETURN(coord::ClusterView view,
-                     coordinator->AwaitView(0, /*complete=*/true, absl::Minutes(5)));
-    if (view.num_workers() != o.world) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--world=", o.world, " but the coordinator expects ", view.num_workers(), " workers"));
-    }
+    ASSIGN_OR_RETURN(coord::ClusterView view, AwaitCompleteCluster(coordinator.get(), o.rank));
     std::printf("worker %d: cluster complete (view %lld, mode %s): shards %s\n", o.rank,
                 static_cast<long long>(view.version()), coord::ModeName(view.mode()),
                 absl::StrJoin(view.shard_addresses(), ",").c_str());

@@ -25,6 +25,7 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
   req.set_id(options.id);
   req.set_address(options.address);
   req.set_replica(options.replica);
+  req.set_group_size(options.group_size);
   if (options.limits) *req.mutable_limits() = *options.limits;
   coord::RegisterResponse resp;
   absl::Duration backoff = absl::Milliseconds(100);

@@ -26,6 +26,7 @@ struct CoordinatorClientOptions {
   coord::Role role = coord::WORKER;
   int32_t id = 0;       // shard id or worker rank
   int32_t replica = 0;  // shards: which copy (ps_server --replica)
+  int32_t group_size = 0;  // RegisterRequest.group_size: --num_shards / --world (0: not said)
   std::string address;  // where this member serves ("" for none)
   // Workers: what their model can run (the coordinator refuses switches it cannot take).
   std::optional<coord::ModeLimits> limits;

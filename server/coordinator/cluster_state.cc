@@ -103,6 +103,16 @@ void ClusterState::LeaveChainLocked(const Member& m, bool keep_last) {
 
 absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r) {
   if (absl::Status s = CheckId(r.role(), r.id(), r.replica()); !s.ok()) return s;
+  if (const int expected = r.role() == SHARD ? options_.num_shards : options_.num_workers;
+      r.group_size() != 0 && r.group_size() != expected) {
+    const char* flag = r.role() == SHARD ? "--num_shards" : "--world";
+    return absl::InvalidArgumentError(absl::StrCat(
+        RoleName(r.role()), " ", r.id(), " was started with ", flag, "=", r.group_size(),
+        " but this coordinator runs ", r.role() == SHARD ? "--num_shards=" : "--num_workers=",
+        expected, ": start it with ", flag, "=", expected,
+        r.role() == SHARD ? " (each shard's key ranges follow the number of shards)"
+                          : " (each worker's share of the data follows the number of workers)"));
+  }
   if (r.role() == SHARD && r.address().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", r.id(), " registered without an address"));

@@ -120,6 +120,29 @@ TEST_F(ClusterStateTest, RegisterShardGetsIncarnationOneAndBumpsVersion) {
   EXPECT_EQ(m.View().version(), 2);
 }
 
+// A shard started with another --num_shards (its key ranges would differ from the other
+// shards') or a worker with another --world is refused, and nothing changes.
+TEST_F(ClusterStateTest, AMemberStartedForAnotherClusterSizeIsRefused) {
+  MAKE_MEMBERSHIP(m, 2, 2);
+  RegisterRequest shard = Reg(SHARD, 0, "host0:5000");
+  shard.set_group_size(3);
+  absl::StatusOr<RegisterResponse> r = m.Register(shard);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(r.status()), HasSubstr("shard 0 was started with --num_shards=3 but this "
+                                         "coordinator runs --num_shards=2"));
+  RegisterRequest worker = Reg(WORKER, 1, "w1");
+  worker.set_group_size(3);
+  r = m.Register(worker);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(r.status()), HasSubstr("--world=3 but this coordinator runs --num_workers=2"));
+  EXPECT_EQ(m.View().version(), 1) << "a refused registration changed the view";
+  shard.set_group_size(2);
+  EXPECT_TRUE(m.Register(shard).ok());
+  shard.set_id(1);
+  shard.set_group_size(0);  // not said: accepted
+  EXPECT_TRUE(m.Register(shard).ok());
+}
+
 TEST_F(ClusterStateTest, RegisterWorkerGetsIncarnationOneAndBumpsVersion) {
   MAKE_MEMBERSHIP(m, 1, 2);
   absl::StatusOr<RegisterResponse> r = m.Register(Reg(WORKER, 0, "w0"));

@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
   co.role = coord::SHARD;
   co.id = static_cast<int32_t>(f.shard.shard_id);
   co.replica = f.replica;
+  co.group_size = static_cast<int32_t>(f.shard.num_shards);
   co.address = absl::StrCat(f.advertise_host, ":", f.advertise_port > 0 ? f.advertise_port : port);
   // Set once the chain exists (the heartbeat thread starts inside Register).
   auto follow = std::make_shared<std::atomic<Replicator*>>(nullptr);

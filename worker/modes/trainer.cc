@@ -153,7 +153,16 @@ bool Trainer::DeclaredDead() const {
 absl::Status Trainer::CreateTables() {  // idempotent across workers
   for (const ps::TableSpec& spec :
        ModelTables(model_->spec()).Specs(optimizer_config_, options_.consistency)) {
-    RETURN_IF_ERROR(client_->CreateTable(spec));
+    absl::Status s = client_->CreateTable(spec);
+    if (absl::IsAlreadyExists(s)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          s.message(), ". Another worker, or the run these shards hold (restored or still "
+          "running), made it from other flags: start every worker with the same model and "
+          "training flags (--model, the sizes, --batch_size, --epochs, --lr, --optimizer, "
+          "--consistency) as that run, or start the shards afresh (no --restore, another "
+          "--data_dir)"));
+    }
+    RETURN_IF_ERROR(s);
   }
   return absl::OkStatus();
 }
