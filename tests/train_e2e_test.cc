@@ -212,5 +212,53 @@ TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
   c->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 
+// Rank 0's test accuracy at each epoch's end is filed under the checkpoint of that very
+// step (the one rank 0 asks for before it evaluates), never under a later one the
+// coordinator took while training went on; checkpoints every 100 steps interleave with them.
+TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt) {
+  const std::string dir = ::testing::TempDir() + "/metric";
+  auto c = testing::Subprocess::Start(
+      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=2", "--num_workers=2",
+       "--data_dir=" + dir + "/coordinator", "--checkpoint_every_steps=100"});
+  ASSERT_TRUE(c.ok());
+  const std::string coordinator = ListeningOn(*c);
+  std::vector<testing::Subprocess> shards, workers;
+  for (int s = 0; s < 2; ++s) {
+    auto p = testing::Subprocess::Start(
+        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
+         "--coordinator=" + coordinator, "--data_dir=" + dir + "/ckpt"});
+    ASSERT_TRUE(p.ok());
+    ListeningOn(*p);
+    shards.push_back(*std::move(p));
+  }
+  // Epochs long enough (~1 s) that the coordinator's checkpoint loop (every 250 ms) sees a
+  // metric while training goes on.
+  constexpr int kStepsPerEpoch = 40000 / (2 * 32);
+  for (int r = 0; r < 2; ++r) {
+    auto p = testing::Subprocess::Start(
+        {"worker/ps_worker", "--coordinator=" + coordinator, absl::StrCat("--rank=", r),
+         "--world=2", "--synthetic=40000", "--layers=20,32,4", "--epochs=3", "--batch_size=32",
+         "--lr=0.01", absl::StrCat("--summary_json=", dir, "/worker", r, ".json")});
+    ASSERT_TRUE(p.ok());
+    workers.push_back(*std::move(p));
+  }
+  for (int r = 0; r < 2; ++r) FinishedSummary(workers[r], absl::StrCat(dir, "/worker", r, ".json"));
+  absl::StatusOr<std::string> listed = testing::OutputOf(
+      {"tools/psctl/psctl", "--coordinator=" + coordinator, "checkpoints"});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  SCOPED_TRACE(*listed);
+  int with_metric = 0;
+  std::istringstream lines(*listed);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    long long step = 0;
+    std::string metric;
+    if (!(fields >> step >> metric) || metric == "-") continue;  // the header, or no metric
+    ++with_metric;
+    EXPECT_EQ(step % kStepsPerEpoch, 0) << "metric " << metric << " filed under step " << step;
+  }
+  EXPECT_GE(with_metric, 1) << "the best checkpoint by metric is always kept";
+}
+
 }  // namespace
 }  // namespace pscluster

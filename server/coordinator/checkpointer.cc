@@ -61,8 +61,8 @@ absl::Status Checkpointer::MaybeCheckpoint() {
   absl::MutexLock lock(&mu_);
   const ClusterView view = cluster_->View();
   if (!view.complete()) return absl::OkStatus();
-  const int64_t last = checkpoints_.empty() ? 0 : checkpoints_.back().step();
   std::optional<double> metric;
+  int64_t metric_step = 0;
   for (const Member& m : view.members()) {  // rank 0's newest validation metric
     if (m.role() != WORKER || m.id() != 0 || !m.has_metric() || m.step() == metric_step_seen_)
       continue;
@@ -71,11 +71,47 @@ absl::Status Checkpointer::MaybeCheckpoint() {
     for (const Checkpoint& c : checkpoints_) {
       if (c.has_metric() && !Better(m.metric(), c.metric())) best = false;
     }
-    if (best) metric = m.metric();
+    if (best) {
+      metric = m.metric();
+      metric_step = m.step();
+    }
   }
-  const bool due = options_.every_steps > 0 && view.global_step() >= last + options_.every_steps;
-  if (!due && !metric) return absl::OkStatus();
-  return CheckpointLocked(metric).status();
+  if (metric) {
+    // The metric was measured on the parameters of its step: it is filed under the
+    // checkpoint of that step (rank 0 asks for one at each epoch's end, before it
+    // evaluates), or under one taken there, never under a later step's.
+    auto same = std::find_if(checkpoints_.begin(), checkpoints_.end(),
+                             [&](const Checkpoint& c) { return c.step() == metric_step; });
+    if (same != checkpoints_.end()) return FileMetricLocked(metric_step, *metric);
+    absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, metric_step);
+    if (!taken.ok()) {
+      std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
+                  *metric, static_cast<long long>(metric_step),
+                  taken.status().ToString().c_str());
+      std::fflush(stdout);
+    }
+  }
+  const bool due = options_.every_steps > 0 &&
+                   view.global_step() >= (checkpoints_.empty() ? 0 : checkpoints_.back().step()) +
+                                             options_.every_steps;
+  if (!due) return absl::OkStatus();
+  return CheckpointLocked(std::nullopt).status();
+}
+
+absl::Status Checkpointer::FileMetricLocked(int64_t step, double metric) {
+  std::vector<Checkpoint> all = checkpoints_;
+  for (Checkpoint& c : all) {
+    if (c.step() != step) continue;
+    c.set_has_metric(true);
+    c.set_metric(metric);
+  }
+  checkpoints_ = Retain(std::move(all));
+  RETURN_IF_ERROR(WriteManifest());
+  cluster_->SetCheckpoints(checkpoints_);
+  std::printf("ps_coordinator: checkpoint of step %lld filed with metric %g\n",
+              static_cast<long long>(step), metric);
+  std::fflush(stdout);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> metric) {
@@ -83,7 +119,8 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointNow(std::optional<double> met
   return CheckpointLocked(metric);
 }
 
-absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> metric) {
+absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> metric,
+                                                          std::optional<int64_t> at) {
   const ClusterView view = cluster_->View();
   if (!view.complete()) {
     return absl::FailedPreconditionError(
@@ -106,15 +143,23 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   // those writes to end and ask again for the next step, which BSP tables hold for us.
   int64_t step = -1;
   absl::Status s;
-  for (int attempt = 0; attempt < 4; ++attempt) {
+  for (int attempt = 0; attempt < (at ? 1 : 4); ++attempt) {
     if (auto idle = (*shards)->SnapshotStatus(/*wait_until_idle=*/true); !idle.ok()) {
       return idle.status();
     }
-    auto at = (*shards)->CheckpointStep();
-    if (!at.ok()) return at.status();
-    step = *at;
-    step += attempt == 0 ? 0 : 1;
-    if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
+    if (at) {
+      step = *at;
+      if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("step ", step, " is not after the newest checkpoint's, ",
+                         checkpoints_.back().step()));
+      }
+    } else {
+      auto reached = (*shards)->CheckpointStep();
+      if (!reached.ok()) return reached.status();
+      step = *reached + (attempt == 0 ? 0 : 1);
+      if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
+    }
     // Our retention, decided before the shards write: they keep exactly what we will list.
     request.clear_keep_steps();
     for (const Checkpoint& c : Retained(step, metric)) request.add_keep_steps(c.step());
@@ -150,6 +195,10 @@ std::vector<Checkpoint> Checkpointer::Retained(int64_t step, std::optional<doubl
   added.set_step(step);
   added.set_has_metric(metric.has_value());
   added.set_metric(metric.value_or(0));
+  return Retain(std::move(all));
+}
+
+std::vector<Checkpoint> Checkpointer::Retain(std::vector<Checkpoint> all) const {
   const Checkpoint* best = nullptr;
   for (const Checkpoint& c : all) {
     if (c.has_metric() && (best == nullptr || !Better(best->metric(), c.metric()))) best = &c;

@@ -43,6 +43,8 @@ class Checkpointer {
 
   // Checkpoints if one is due and the cluster is complete; OK when nothing was due.
   absl::Status MaybeCheckpoint();
+  // Whether the coordinator checkpoints by itself (MaybeCheckpoint: with a data_dir).
+  bool automatic() const { return !options_.data_dir.empty(); }
   // Checkpoints now (metric: the validation metric to file it under). FAILED_PRECONDITION
   // while the cluster is incomplete; a shard's failure is named in the error.
   absl::StatusOr<Checkpoint> CheckpointNow(std::optional<double> metric);
@@ -51,14 +53,20 @@ class Checkpointer {
 
  private:
   Checkpointer(ClusterState* cluster, CheckpointerOptions options);
-  absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric)
+  // At `at` (only there, once), or at the step the tables reached (CheckpointStep).
+  absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric,
+                                              std::optional<int64_t> at = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Files `metric` under the checkpoint of `step` (which exists) and applies retention.
+  absl::Status FileMetricLocked(int64_t step, double metric) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteManifest() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool Better(double a, double b) const;
   // The one retention policy: the checkpoints kept once one of `step` is added (the last
   // keep_last plus the best by metric), ascending; the shards are told to keep the same.
   std::vector<Checkpoint> Retained(int64_t step, std::optional<double> metric) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The policy on a list (ascending step): the last keep_last and the best by metric.
+  std::vector<Checkpoint> Retain(std::vector<Checkpoint> all) const;
 
   ClusterState* const cluster_;
   const CheckpointerOptions options_;

@@ -210,7 +210,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
 void RunBackground(pscluster::coord::ClusterState* cluster,
                    pscluster::coord::Checkpointer* checkpointer, absl::Duration liveness_every,
                    absl::Notification* stop) {
-  const bool automatic = !absl::GetFlag(FLAGS_data_dir).empty();
+  const bool automatic = checkpointer->automatic();
   std::thread checkpoints([&] {
     while (automatic && !stop->WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       absl::Status s = checkpointer->MaybeCheckpoint();
