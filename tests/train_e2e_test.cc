@@ -260,5 +260,36 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
   EXPECT_GE(with_metric, 1) << "the best checkpoint by metric is always kept";
 }
 
+// Workers of one run started with different training flags the tables' specs do not show
+// (here --micro_batches) are refused, naming the flag, instead of training together.
+TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) {
+  auto c = testing::Subprocess::Start({"server/coordinator/ps_coordinator", "--port=0",
+                                       "--num_shards=1", "--num_workers=2"});
+  ASSERT_TRUE(c.ok());
+  const std::string coordinator = ListeningOn(*c);
+  auto shard = testing::Subprocess::Start({"server/ps/ps_server", "--port=0", "--shard_id=0",
+                                           "--num_shards=1", "--coordinator=" + coordinator});
+  ASSERT_TRUE(shard.ok());
+  ListeningOn(*shard);
+  auto worker = [&](int rank, const std::string& extra) {  // its stderr too on the pipe
+    return testing::Subprocess::Start(
+        {"/bin/sh", "-c",
+         absl::StrCat("exec worker/ps_worker --coordinator=", coordinator, " --rank=", rank,
+                      " --world=2 --synthetic=2000 --layers=20,8,4 --epochs=1 ", extra,
+                      " 2>&1")});
+  };
+  auto rank0 = worker(0, "--micro_batches=4");
+  ASSERT_TRUE(rank0.ok());
+  auto rank1 = worker(1, "--micro_batches=8");
+  ASSERT_TRUE(rank1.ok());
+  auto said = rank1->WaitForLine("start every worker with the same flags", absl::Minutes(1));
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_THAT(*said, ::testing::HasSubstr("worker 1 was started with --micro_batches=8 but the "
+                                          "run's rank 0 with"));
+  auto status = rank1->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0);
+}
+
 }  // namespace
 }  // namespace pscluster

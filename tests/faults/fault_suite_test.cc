@@ -169,8 +169,8 @@ TEST_F(FaultSuite, WorkerKilled) {
 
 // Regression (the docker network_cut case): a member that comes back and fails again
 // while the others roll back. Worker 1 is killed; a replacement registers (a new
-// generation) and dies before its part of the rollback (here: a wrong --world, after it
-// registered); worker 0, waiting for it, sees that and starts over with the next
+// generation) and dies before its part of the rollback (here: other training flags than
+// rank 0's, refused after it registered); worker 0, waiting for it, sees that and starts over with the next
 // replacement, instead of waiting out the recovery timeout for a process that is gone.
 TEST_F(FaultSuite, WorkerReplacementDiesDuringTheRollback) {
   Cluster cluster(Dir("replacement_dies"), ClusterOptions());
@@ -178,7 +178,7 @@ TEST_F(FaultSuite, WorkerReplacementDiesDuringTheRollback) {
   const absl::Time fault = absl::Now();
   ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
   ASSERT_TRUE(cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1)).ok());
-  cluster.StartWorker(1, {"--world=3"});
+  cluster.StartWorker(1, {"--micro_batches=8"});
   EXPECT_TRUE(cluster.worker(1).Wait(absl::Minutes(1)).ok()) << "the bad replacement ran on";
   ASSERT_TRUE(
       cluster.coordinator().WaitForLine("worker 1 DEAD (incarnation 2", absl::Minutes(1)).ok());

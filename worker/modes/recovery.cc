@@ -4,10 +4,13 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "worker/modes/trainer.h"
 
@@ -49,11 +52,48 @@ bool ShardHolds(const coord::ClusterView& view, int32_t shard) {
   return false;
 }
 
+namespace {
+
+// The training flags every worker of a run must share beyond what the tables' specs hold
+// (the model's sizes, the optimizer, the consistency), as "--name=value" words.
+std::vector<std::string> SharedFlags(const TrainerOptions& o) {
+  return {absl::StrCat("--batch_size=", o.batch_size), absl::StrCat("--epochs=", o.epochs),
+          absl::StrCat("--max_steps=", o.max_steps),   absl::StrCat("--seed=", o.seed),
+          absl::StrCat("--micro_batches=", o.micro_batches),
+          absl::StrCat("--lr=", o.optimizer.learning_rate()),
+          absl::StrCat("--lr_decay=", o.lr_decay)};
+}
+
+// Rank 0 records its shared flags (run/flags); every other worker, and a rank 0 that
+// replaces a failed one, compares its own with them: a run whose workers differ (batch
+// sizes summed unweighted, other data splits) is refused, naming the flags.
+absl::Status CheckSameFlags(CoordinatorClient* c, const TrainerOptions& o, bool started) {
+  const std::vector<std::string> mine = SharedFlags(o);
+  if (o.rank == 0 && !started) return c->KvPut("run/flags", absl::StrJoin(mine, " "));
+  ASSIGN_OR_RETURN(const std::string theirs,
+                   c->KvGet("run/flags", /*wait=*/true, o.rpc_timeout));
+  std::vector<std::string> differ;
+  const std::vector<std::string> words = absl::StrSplit(theirs, ' ');
+  for (const std::string& w : mine) {
+    if (std::find(words.begin(), words.end(), w) == words.end()) differ.push_back(w);
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "worker ", o.rank, " was started with ", absl::StrJoin(differ, " "),
+      " but the run's rank 0 with ", theirs, ": start every worker with the same flags"));
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Trainer::Start() {
   CoordinatorClient* c = options_.coordinator;
   if (c != nullptr) {
     // A worker that replaces a failed one finds the run started: it joins the rollback.
     auto started = c->KvGet("run/started", /*wait=*/false, options_.rpc_timeout);
+    if (!started.ok() && started.status().code() != absl::StatusCode::kNotFound) {
+      return started.status();
+    }
+    RETURN_IF_ERROR(CheckSameFlags(c, options_, started.ok()));
     if (started.ok()) {
       absl::StatusOr<int64_t> back_to = Rejoin(Generation(view_));
       if (back_to.ok() || !PeerFailure(back_to.status())) return back_to;

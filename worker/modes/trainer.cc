@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -156,7 +157,7 @@ absl::Status Trainer::CreateTables() {  // idempotent across workers
     absl::Status s = client_->CreateTable(spec);
     if (absl::IsAlreadyExists(s)) {
       return absl::AlreadyExistsError(absl::StrCat(
-          s.message(), ". Another worker, or the run these shards hold (restored or still "
+          absl::StripTrailingAsciiWhitespace(s.message()), ". Another worker, or the run these shards hold (restored or still "
           "running), made it from other flags: start every worker with the same model and "
           "training flags (--model, the sizes, --batch_size, --epochs, --lr, --optimizer, "
           "--consistency) as that run, or start the shards afresh (no --restore, another "
