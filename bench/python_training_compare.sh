@@ -6,6 +6,8 @@
 #        server (bench/torch_rpc_ps.py: one PS process, 2 trainers, BSP);
 #   cnn: examples/fashion_mnist.py's CNN, batch 64, against DistributedDataParallel on gloo
 #        (bench/cnn_ddp_torch.py).
+# pscluster.torch runs once per shard count in SHARDS (default "1 2"): 1 shard is as many
+# processes as the RPC parameter server's (one PS, 2 trainers).
 # samples/s = sum over workers of steps * batch / training seconds (evaluation excluded),
 # the figure each script prints in its last JSON line. Prints a markdown table of the
 # medians over rounds and the median of the per-round ratios.
@@ -17,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3} EPOCHS=${EPOCHS:-1} MODELS=${MODELS:-"mlp cnn"} CNN_STEPS=${CNN_STEPS:-300}
+SHARDS=${SHARDS:-"1 2"}
 PY=/usr/bin/python3
 deploy/install_deps.sh --torch
 bazel build -c opt //server/ps:ps_server //server/coordinator:ps_coordinator //python:pscluster \
@@ -50,25 +53,29 @@ for ((r = 0; r < ROUNDS; ++r)); do
     ours=(examples/train_fashion_mnist.py --model "$model" --workers 2 --epochs "$EPOCHS" "${steps[@]}")
     if ((r % 2 == 0)); then  # who goes first alternates
       run "$model-baseline" "$out/$model-baseline-$r.log" $PY "${baseline[@]}"
-      run "$model-pscluster" "$out/$model-pscluster-$r.log" $PY "${ours[@]}"
-    else
-      run "$model-pscluster" "$out/$model-pscluster-$r.log" $PY "${ours[@]}"
+    fi
+    for shards in $SHARDS; do
+      run "$model-pscluster-s$shards" "$out/$model-pscluster-s$shards-$r.log" $PY "${ours[@]}" \
+        --local-shards "$shards"
+    done
+    if ((r % 2 == 1)); then
       run "$model-baseline" "$out/$model-baseline-$r.log" $PY "${baseline[@]}"
     fi
   done
 done
 
-$PY - "$out" $MODELS <<'EOF'
+$PY - "$out" "$SHARDS" $MODELS <<'EOF'
 import json, statistics, sys
-out, models = sys.argv[1], sys.argv[2:]
+out, shards, models = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 names = {"mlp": "torch.distributed.rpc PS", "cnn": "torch DDP (gloo)"}
-print("\n| model | baseline | baseline samples/s | pscluster.torch samples/s | **pscluster / baseline** | accuracy (baseline, pscluster) |")
-print("|---|---|---|---|---|---|")
+print("\n| model | baseline | baseline samples/s | shards | pscluster.torch samples/s | **pscluster / baseline** | accuracy (baseline, pscluster) |")
+print("|---|---|---|---|---|---|---|")
 for m in models:
     b = [json.loads(l) for l in open(f"{out}/{m}-baseline.jsonl")]
-    p = [json.loads(l) for l in open(f"{out}/{m}-pscluster.jsonl")]
-    ratio = statistics.median(y["samples_per_sec"] / x["samples_per_sec"] for x, y in zip(b, p))
-    print(f"| {m} | {names[m]} | {statistics.median(x['samples_per_sec'] for x in b):,.0f} | "
-          f"{statistics.median(y['samples_per_sec'] for y in p):,.0f} | **{ratio:.2f}** | "
-          f"{b[-1]['test_accuracy']:.4f}, {p[-1]['test_accuracy']:.4f} |")
+    for s in shards:
+        p = [json.loads(l) for l in open(f"{out}/{m}-pscluster-s{s}.jsonl")]
+        ratio = statistics.median(y["samples_per_sec"] / x["samples_per_sec"] for x, y in zip(b, p))
+        print(f"| {m} | {names[m]} | {statistics.median(x['samples_per_sec'] for x in b):,.0f} | {s} | "
+              f"{statistics.median(y['samples_per_sec'] for y in p):,.0f} | **{ratio:.2f}** | "
+              f"{b[-1]['test_accuracy']:.4f}, {p[-1]['test_accuracy']:.4f} |")
 EOF
