@@ -46,8 +46,9 @@ ABSL_FLAG(int, advertise_port, 0,
           "one it listens on (a port mapping or a proxy in between); 0: the listening port.");
 ABSL_FLAG(int, snapshot_test_delay_ms, 0, "Tests only: sleep per written block (crash tests).");
 ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / sparse payload.");
-ABSL_FLAG(uint64_t, max_table_bytes, uint64_t{16} << 30,
-          "Largest table slice (values + optimizer state) this shard accepts.");
+ABSL_FLAG(uint64_t, max_table_bytes, 0,
+          "Largest table slice (values + optimizer state) this shard accepts. 0: a quarter of "
+          "the machine's physical memory, at most 16 GiB.");
 ABSL_FLAG(uint64_t, max_inflight_request_bytes, 0,
           "Most bytes the requests in flight may hold at once, shard-wide: a push stream holds "
           "its whole transfer until it is applied, an import or export the table's whole state. "
@@ -58,11 +59,14 @@ ABSL_FLAG(uint64_t, max_inflight_request_bytes, 0,
 
 namespace pscluster::ps {
 
-uint64_t DefaultInflightRequestBytes() {
+uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  const uint64_t physical =
-      pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-  return std::max<uint64_t>(uint64_t{1} << 30, physical / 4);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                               : uint64_t{4} << 30;  // unknown: assume a small machine
+}
+
+uint64_t DefaultInflightRequestBytes() {
+  return std::max<uint64_t>(uint64_t{1} << 30, PhysicalMemoryBytes() / 4);
 }
 
 absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
@@ -70,6 +74,9 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   f.shard.shard_id = absl::GetFlag(FLAGS_shard_id);
   f.shard.num_shards = absl::GetFlag(FLAGS_num_shards);
   f.shard.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
+  if (f.shard.max_table_bytes == 0) {
+    f.shard.max_table_bytes = std::min(uint64_t{16} << 30, PhysicalMemoryBytes() / 4);
+  }
   if (f.shard.num_shards == 0 || f.shard.shard_id >= f.shard.num_shards) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shard_id=", f.shard.shard_id, " must be in [0, --num_shards=", f.shard.num_shards, ")"));

@@ -26,6 +26,8 @@ struct ServerFlags {
   int advertise_port = 0;        // and the port (0: the one it listens on)
 };
 
+// The machine's physical memory (4 GiB when the system does not say).
+uint64_t PhysicalMemoryBytes();
 // --max_inflight_request_bytes=0: a quarter of physical memory, at least 1 GiB.
 uint64_t DefaultInflightRequestBytes();
 
