@@ -625,6 +625,37 @@ class AspCheckpointTest(ClusterTestCase):
         np.testing.assert_array_equal(c.pull_dense(t, step=3), saved)
 
 
+class RestoreTest(ClusterTestCase):
+    data_dir = True
+
+    def test_a_restored_checkpoint_becomes_the_newest_and_later_ones_are_retaken(self) -> None:
+        """Restoring an older checkpoint drops the later ones (manifest and snapshots): the
+        run from there checkpoints its own steps (before: the old timeline's checkpoint of
+        the same step was handed back, and restoring it brought back the other run)."""
+        c = self.cluster
+        t = c.create_dense("rewind", 16, optimizer="sgd", learning_rate=0.1, consistency="asp")
+        c.register_worker(0)
+        g = np.ones(16, F32)
+        for step in range(3):
+            c.push_dense(t, g, step=step, worker=0)
+        self.assertEqual(c.checkpoint()["step"], 3)
+        for step in range(3, 6):
+            c.push_dense(t, g, step=step, worker=0)
+        self.assertEqual(c.checkpoint()["step"], 6)
+        c.restore(3)
+        self.assertEqual([x["step"] for x in c.checkpoints()][-1], 3)
+        for step in range(3, 6):
+            c.push_dense(t, 2 * g, step=step, worker=0)
+        now = c.pull_dense(t, step=6)
+        self.assertEqual(c.checkpoint()["step"], 6)
+        c.push_dense(t, g, step=6, worker=0)
+        c.restore(6)
+        np.testing.assert_array_equal(c.pull_dense(t, step=6), now)
+        with self.assertRaises(pscluster.PsError) as e:
+            c.restore(5)
+        self.assertIn("no checkpoint of step 5", str(e.exception))
+
+
 class MixedConsistencyCheckpointTest(ClusterTestCase):
     data_dir = True
 

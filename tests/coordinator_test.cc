@@ -595,7 +595,9 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{nowhere, "top", "--iterations=-1"}, "--iterations=-1 is negative"},
            {{nowhere, "status", "--json=maybe"}, "--json=maybe"},
            {{nowhere},
-            "give one command: status, top, checkpoint, checkpoints, switch-mode, health or plan"},
+            "give one command: status, top, checkpoint, checkpoints, restore, switch-mode, health "
+            "or plan"},
+           {{nowhere, "restore"}, "restore needs --step=N"},
            {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},
            {{nowhere, "stats"}, "unknown command 'stats'"},
            {{"status"}, "--coordinator=HOST:PORT is required"},

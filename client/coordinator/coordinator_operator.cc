@@ -67,4 +67,16 @@ absl::StatusOr<coord::Checkpoint> CoordinatorOperator::Checkpoint(std::optional<
   return resp;
 }
 
+absl::StatusOr<coord::Checkpoint> CoordinatorOperator::Restore(int64_t step, bool force,
+                                                               absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  coord::RestoreCheckpointRequest req;
+  req.set_step(step);
+  req.set_force(force);
+  coord::Checkpoint resp;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->RestoreCheckpoint(&ctx, req, &resp), "coordinator"));
+  return resp;
+}
+
 }  // namespace pscluster

@@ -40,6 +40,8 @@ class CoordinatorOperator {
   // durable on every shard, or the error naming the shard that failed.
   absl::StatusOr<coord::Checkpoint> Checkpoint(std::optional<double> metric,
                                                absl::Duration timeout);
+  // Every shard back to checkpoint `step`, made the newest (RestoreCheckpointRequest).
+  absl::StatusOr<coord::Checkpoint> Restore(int64_t step, bool force, absl::Duration timeout);
 
  private:
   std::unique_ptr<coord::Coordinator::Stub> owned_;

@@ -129,8 +129,9 @@ class PsClient final : public ParameterStore {
   // SSP/ASP watermark (their slowest worker's clock; captured at once). A BSP table is
   // never asked for a step an SSP/ASP table's clocks reached but it did not.
   absl::StatusOr<int64_t> CheckpointStep();
-  // Rolls every shard back to snapshot `step` in place.
-  absl::Status Restore(int64_t step);
+  // Rolls every shard back to snapshot `step` in place; `drop_later`: and deletes their
+  // snapshots of later steps (RestoreRequest.drop_later).
+  absl::Status Restore(int64_t step, bool drop_later = false);
 
   // The stub of one shard, for callers that need an RPC this class does not wrap.
   ps::ParameterServer::Stub* stub(int shard) { return calls_.stub(shard); }

@@ -74,9 +74,10 @@ absl::StatusOr<int64_t> PsClient::CheckpointStep() {
   return bsp >= 0 ? bsp : other;
 }
 
-absl::Status PsClient::Restore(int64_t step) {
+absl::Status PsClient::Restore(int64_t step, bool drop_later) {
   ps::RestoreRequest req;
   req.set_step(step);
+  req.set_drop_later(drop_later);
   return calls_.All(&Stub::Restore, req).status();
 }
 

@@ -789,12 +789,19 @@ class Cluster:
         return [list(r.snapshots) for r in self._each(lambda s: self._call(
             s, lambda stub: stub.ListSnapshots(req, timeout=self.timeout)))]
 
-    def restore(self, step: int) -> None:
-        """Every shard back to its snapshot of `step` (one complete on every shard: see
-        checkpoints()). Workers then resume at `step`."""
-        req = ps_pb2.RestoreRequest(step=step)
-        self._each(lambda s: self._call(s, lambda stub: stub.Restore(req,
-                                                                    timeout=self.timeout)))
+    def restore(self, step: int, force: bool = False) -> None:
+        """Every shard back to its snapshot of `step` (a checkpoint: see checkpoints()),
+        which becomes the newest: the coordinator drops the later checkpoints and the shards
+        their snapshots, so checkpoints taken from here on are this run's. Refused while
+        ps_worker processes are alive, unless `force`. Without a coordinator
+        (Cluster.from_shards), the shards alone roll back and keep their later snapshots."""
+        if self._coordinator is None:
+            req = ps_pb2.RestoreRequest(step=step)
+            self._each(lambda s: self._call(s, lambda stub: stub.Restore(
+                req, timeout=self.timeout)))
+            return
+        self._coord("RestoreCheckpoint",
+                    coordinator_pb2.RestoreCheckpointRequest(step=step, force=force))
 
     # ---- the coordinator ---------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/ps/ps_client.h"
 #include "common/atomic_file.h"
 #include "common/status_macros.h"
@@ -187,6 +188,45 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
               metric ? absl::StrCat(", metric ", *metric).c_str() : "");
   std::fflush(stdout);
   return c;
+}
+
+absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find_if(checkpoints_.begin(), checkpoints_.end(),
+                         [&](const Checkpoint& c) { return c.step() == step; });
+  if (it == checkpoints_.end()) {
+    std::vector<int64_t> steps;
+    for (const Checkpoint& c : checkpoints_) steps.push_back(c.step());
+    return absl::NotFoundError(absl::StrCat(
+        "no checkpoint of step ", step, "; the manifest lists ",
+        steps.empty() ? "none" : absl::StrJoin(steps, ", ")));
+  }
+  const ClusterView view = cluster_->View();
+  std::vector<std::string> alive;
+  for (const Member& m : view.members()) {
+    if (m.role() == WORKER && m.alive()) alive.push_back(absl::StrCat("rank ", m.id()));
+  }
+  if (!alive.empty() && !force) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "workers are alive (", absl::StrJoin(alive, ", "), "): rolling the tables back under "
+        "them would mix two runs. Stop them first (restarted, they resume from the checkpoint "
+        "restored), or force it (psctl restore --force)"));
+  }
+  PsClientOptions o;
+  o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
+  o.worker_id = -1;
+  o.rpc_timeout = options_.timeout;
+  o.security = options_.security;
+  ASSIGN_OR_RETURN(auto shards, PsClient::Create(o));
+  RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
+  checkpoints_.erase(std::next(it), checkpoints_.end());
+  RETURN_IF_ERROR(WriteManifest());
+  cluster_->SetCheckpoints(checkpoints_);
+  std::printf("ps_coordinator: every shard rolled back to the checkpoint of step %lld; the "
+              "later ones are gone\n",
+              static_cast<long long>(step));
+  std::fflush(stdout);
+  return checkpoints_.back();
 }
 
 std::vector<Checkpoint> Checkpointer::Retained(int64_t step, std::optional<double> metric) const {

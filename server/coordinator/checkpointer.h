@@ -51,6 +51,11 @@ class Checkpointer {
 
   std::vector<Checkpoint> checkpoints() const;
 
+  // Rolls every shard back to checkpoint `step` (one of checkpoints()) and makes it the
+  // newest: later checkpoints leave the manifest, their snapshots are deleted.
+  // FAILED_PRECONDITION while workers are alive, unless `force`.
+  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force);
+
  private:
   Checkpointer(ClusterState* cluster, CheckpointerOptions options);
   // At `at` (only there, once), or at the step the tables reached (CheckpointStep).

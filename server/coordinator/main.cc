@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<pscluster::Security> security = pscluster::SecurityFromFlags();
   if (!security.ok()) return Fail(security.status().ToString());
   auto credentials = security->ServerCredentials(pscluster::AdminMethods(
-      "pscluster.coord.Coordinator", {"SwitchMode", "Checkpoint"}));
+      "pscluster.coord.Coordinator", {"SwitchMode", "Checkpoint", "RestoreCheckpoint"}));
   if (!credentials.ok()) return Fail(credentials.status().ToString());
   auto checkpointer = CheckpointerFromFlags(&cluster, *security);
   if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());

@@ -114,6 +114,16 @@ grpc::Status CoordinatorService::ReportSwitch(grpc::ServerContext*, const Report
   return Answer([&] { return cluster_->ReportSwitch(*req); }, resp);
 }
 
+grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
+                                                   const RestoreCheckpointRequest* req,
+                                                   ::pscluster::coord::Checkpoint* resp) {
+  InFlightCounter::Scope scope(&in_flight_);
+  if (checkpointer_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
+  }
+  return Answer([&] { return checkpointer_->Restore(req->step(), req->force()); }, resp);
+}
+
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
                                             ::pscluster::coord::Checkpoint* resp) {
   InFlightCounter::Scope scope(&in_flight_);

@@ -36,6 +36,8 @@ class CoordinatorService final : public Coordinator::Service {
                             ReportSwitchResponse*) override;
   grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest*,
                           ::pscluster::coord::Checkpoint*) override;
+  grpc::Status RestoreCheckpoint(grpc::ServerContext*, const RestoreCheckpointRequest*,
+                                 ::pscluster::coord::Checkpoint*) override;
   grpc::Status JoinChain(grpc::ServerContext*, const JoinChainRequest*,
                          JoinChainResponse*) override;
   grpc::Status ShrinkChain(grpc::ServerContext*, const ShrinkChainRequest*,

@@ -7,6 +7,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/ps/service.h"
@@ -117,6 +118,13 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   snapshotter_->Install(*std::move(loaded));
   std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
               static_cast<long long>(step));
+  if (req->drop_later()) {
+    const std::vector<int64_t> dropped = snapshotter_->DropAfter(step);
+    if (!dropped.empty()) {
+      std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
+                  absl::StrJoin(dropped, ", ").c_str());
+    }
+  }
   std::fflush(stdout);
   resp->set_step(step);
   return grpc::Status::OK;

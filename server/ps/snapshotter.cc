@@ -383,6 +383,19 @@ void Snapshotter::Install(Loaded loaded) {
   restored_step_ = loaded.step;
 }
 
+std::vector<int64_t> Snapshotter::DropAfter(int64_t step) {
+  std::vector<int64_t> dropped;
+  if (!AwaitIdle(absl::Now() + absl::Minutes(1))) return dropped;
+  absl::MutexLock lock(&mu_);
+  if (in_progress_) return dropped;
+  auto list = store_->List();
+  if (!list.ok()) return dropped;
+  for (const SnapshotManifest& m : *list) {
+    if (m.step() > step && store_->Delete(m.step()).ok()) dropped.push_back(m.step());
+  }
+  return dropped;
+}
+
 absl::StatusOr<int64_t> Snapshotter::Restore(const std::string& which) {
   ASSIGN_OR_RETURN(Loaded loaded, Load(which));
   const int64_t step = loaded.step;

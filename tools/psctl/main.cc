@@ -16,6 +16,10 @@
 //   psctl --coordinator=HOST:PORT checkpoint    asks the coordinator for a checkpoint now
 //                                               (its step, every shard); waits until durable
 //   psctl --coordinator=HOST:PORT checkpoints   the coordinator's complete checkpoints
+//   psctl --coordinator=HOST:PORT restore --step=N [--force]
+//                                               every shard back to checkpoint N, made the
+//                                               newest (later ones deleted); refused while
+//                                               workers are alive unless --force
 //   psctl --coordinator=HOST:PORT switch-mode --mode=ps|allreduce|fsdp|pipeline|tensor
 //                                               [--at_step=N]
 //                                               switch every worker live at step N
@@ -119,6 +123,9 @@ ABSL_FLAG(std::string, mode, "",
           "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline, tensor).");
 ABSL_FLAG(int64_t, at_step, 0,
           "switch-mode: the step every worker switches before (0: the next step boundary).");
+ABSL_FLAG(int64_t, step, -1, "restore: the checkpoint step (psctl checkpoints lists them).");
+ABSL_FLAG(bool, force, false,
+          "restore: even while workers are alive (they train on over the rolled-back tables).");
 ABSL_FLAG(bool, json, false, "status: print the view as one JSON object; plan: the plan.");
 ABSL_FLAG(double, interval_seconds, 1, "top: seconds between redraws (> 0).");
 ABSL_FLAG(int64_t, iterations, 0, "top: exit after this many redraws (0: run until q).");
@@ -130,9 +137,11 @@ using namespace pscluster;
 constexpr int kOk = 0, kUnhealthy = 1, kUsage = 2, kUnreachable = 3;
 
 constexpr char kUsageLine[] =
-    "psctl --coordinator=HOST:PORT status|top|checkpoint|checkpoints|switch-mode [--json] "
-    "[--interval_seconds=S --iterations=N] [--mode=ps|allreduce|fsdp|pipeline|tensor --at_step=N] "
-    "[--timeout_seconds=S] | psctl --address=HOST:PORT health | psctl plan [--json] "
+    "psctl --coordinator=HOST:PORT status|top|checkpoint|checkpoints|restore|switch-mode "
+    "[--json] [--interval_seconds=S --iterations=N] "
+    "[--mode=ps|allreduce|fsdp|pipeline|tensor --at_step=N] "
+    "[--step=N [--force]] [--timeout_seconds=S] | psctl --address=HOST:PORT health | "
+    "psctl plan [--json] "
     "--params=N|--layers=L --width=H --heads=A --dataset_bytes=B|--dataset_tokens=T "
     "[--nodes=N --gpus_per_node=G --gpu=a100-80gb ...]";
 
@@ -349,6 +358,21 @@ int Checkpoint(const std::string& address, const Security& security) {
   return kOk;
 }
 
+// Every shard back to a checkpoint of the manifest, which becomes the newest.
+int Restore(const std::string& address, const Security& security) {
+  const int64_t step = absl::GetFlag(FLAGS_step);
+  if (step < 0) return Error(kUsage, "restore needs --step=N (psctl checkpoints lists them)");
+  absl::StatusOr<coord::Checkpoint> done =
+      Connect(address, security)
+          .Restore(step, absl::GetFlag(FLAGS_force),
+                   absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
+  if (!done.ok()) return Error(ExitCodeOf(done.status()), "restore: " + done.status().ToString());
+  std::printf("every shard is back at the checkpoint of step %lld, now the newest; workers "
+              "started against this coordinator resume there\n",
+              static_cast<long long>(done->step()));
+  return kOk;
+}
+
 int SwitchMode(const std::string& address, const Security& security) {
   const std::string name = absl::GetFlag(FLAGS_mode);
   if (name.empty())
@@ -535,11 +559,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsageLine);
   if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  constexpr char kCommands[] = "status, top, checkpoint, checkpoints, switch-mode, health or plan";
+  constexpr char kCommands[] =
+      "status, top, checkpoint, checkpoints, restore, switch-mode, health or plan";
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
   const std::set<std::string> known = {"status",      "top",    "checkpoint", "checkpoints",
-                                       "switch-mode", "health", "plan"};
+                                       "restore",     "switch-mode", "health", "plan"};
   if (known.count(command) == 0) {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
@@ -560,6 +585,7 @@ int main(int argc, char** argv) {
   if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
   if (command == "switch-mode") return SwitchMode(address, *security);
   if (command == "checkpoint") return Checkpoint(address, *security);
+  if (command == "restore") return Restore(address, *security);
   if (command == "top") {
     absl::StatusOr<TopOptions> options = TopOptionsFromFlags();
     if (!options.ok()) return Error(kUsage, std::string(options.status().message()));

@@ -159,7 +159,9 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
           "--snapshot_every_epochs or a coordinator --checkpoint_every_steps");
     }
     back_to = now.checkpoints().rbegin()->step();
-    RETURN_IF_ERROR(client_->Restore(back_to));
+    // Snapshots after it are of the timeline the failure ended (a checkpoint some shards
+    // wrote before it): gone, so the resumed run's checkpoints of those steps are its own.
+    RETURN_IF_ERROR(client_->Restore(back_to, /*drop_later=*/true));
     RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
   } else {
     ASSIGN_OR_RETURN(std::string value,
