@@ -49,6 +49,10 @@ ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20, "Largest dense chunk / s
 ABSL_FLAG(uint64_t, max_table_bytes, 0,
           "Largest table slice (values + optimizer state) this shard accepts. 0: a quarter of "
           "the machine's physical memory, at most 16 GiB.");
+ABSL_FLAG(uint64_t, max_memory_bytes, 0,
+          "Most bytes of values and optimizer state all tables of this shard may hold: a dense "
+          "table that would pass it is refused at creation (sparse tables count the rows they "
+          "hold, each bounded by --max_table_bytes). 0: half the machine's physical memory.");
 ABSL_FLAG(uint64_t, max_inflight_request_bytes, 0,
           "Most bytes the requests in flight may hold at once, shard-wide: a push stream holds "
           "its whole transfer until it is applied, an import or export the table's whole state. "
@@ -77,6 +81,8 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   if (f.shard.max_table_bytes == 0) {
     f.shard.max_table_bytes = std::min(uint64_t{16} << 30, PhysicalMemoryBytes() / 4);
   }
+  f.shard.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  if (f.shard.max_memory_bytes == 0) f.shard.max_memory_bytes = PhysicalMemoryBytes() / 2;
   if (f.shard.num_shards == 0 || f.shard.shard_id >= f.shard.num_shards) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shard_id=", f.shard.shard_id, " must be in [0, --num_shards=", f.shard.num_shards, ")"));

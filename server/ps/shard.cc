@@ -94,6 +94,20 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
     *response.mutable_info() = it->second->Info();
     return response;
   }
+  if (spec.kind() == TableSpec::DENSE) {
+    auto optimizer = core::MakeOptimizer(spec.optimizer());
+    if (!optimizer.ok()) return optimizer.status();
+    const uint64_t needs = DenseShardRange(spec.size(), options_.shard_id, options_.num_shards)
+                               .size() * 4 * (1 + (*optimizer)->num_slots());
+    uint64_t held = 0;
+    for (const auto& [id, t] : tables_) held += t->Stats().memory_bytes();
+    if (held + needs > options_.max_memory_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table ", spec.table_id(), " needs ", needs, " bytes on this shard beside the ", held,
+          " its ", tables_.size(), " tables hold; the limit is ", options_.max_memory_bytes,
+          " (ps_server --max_memory_bytes)"));
+    }
+  }
   std::unique_ptr<Table> table;
   if (spec.kind() == TableSpec::DENSE) {
     auto t = DenseTable::Create(

@@ -22,6 +22,10 @@ struct ShardOptions {
   uint32_t num_shards = 1;
   // Refuse tables whose slice on this shard (values + optimizer state) would exceed this.
   uint64_t max_table_bytes = uint64_t{16} << 30;
+  // Refuse a new dense table when the tables' values and optimizer state would pass this,
+  // shard-wide (sparse tables count the rows they hold, but a push adding rows is bounded
+  // by max_table_bytes alone).
+  uint64_t max_memory_bytes = UINT64_MAX;
   uint32_t max_sparse_dim = 1 << 16;
 };
 

@@ -268,6 +268,23 @@ TEST(ShardTest, TablesLargerThanMaxTableBytesAreResourceExhausted) {
   EXPECT_EQ(shard.GetTable(2).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Many tables, each under max_table_bytes, cannot together pass max_memory_bytes: the one
+// that would is refused, and the shard keeps the others.
+TEST(ShardTest, DenseTablesPastMaxMemoryBytesTogetherAreResourceExhausted) {
+  ShardOptions options;
+  options.max_table_bytes = 400;    // 100 floats each
+  options.max_memory_bytes = 1000;  // 250 floats in all
+  Shard shard(options);
+  EXPECT_TRUE(shard.CreateTable(DenseSpec(1, 100)).ok());
+  EXPECT_TRUE(shard.CreateTable(DenseSpec(2, 100)).ok());
+  absl::Status third = shard.CreateTable(DenseSpec(3, 100)).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(third), HasSubstr("table 3 needs 400 bytes on this shard beside the 800"));
+  EXPECT_THAT(Message(third), HasSubstr("--max_memory_bytes"));
+  EXPECT_TRUE(shard.CreateTable(DenseSpec(3, 50)).ok());
+  EXPECT_TRUE(shard.CreateTable(DenseSpec(1, 100)).ok()) << "the same spec again: no new table";
+}
+
 TEST(ShardTest, StatsReportTablesAndWorkerClocks) {
   Shard shard(ShardOptions{1, 2});
   shard.RegisterWorker(0);
