@@ -50,7 +50,14 @@ absl::Status CheckModeFits(TrainingMode mode, const ModeLimits& limits, int work
   if (limits.embedding_tables() && (mode == FSDP || mode == PIPELINE || mode == TENSOR)) {
     return absl::FailedPreconditionError(absl::StrCat(
         ModeName(mode), " mode does not support models with embedding tables yet (the ", model,
-        " model has some): use ps or allreduce"));
+        " model has some): use ps"));
+  }
+  if (mode == PIPELINE && limits.micro_batches() > 0 && limits.batch_size() > 0 &&
+      (limits.batch_size() * workers) % limits.micro_batches() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pipeline mode splits the global batch of ", limits.batch_size() * workers,
+        " examples into --micro_batches=", limits.micro_batches(),
+        ", which does not divide it"));
   }
   if (mode == PIPELINE && workers > limits.layers()) {
     return absl::FailedPreconditionError(

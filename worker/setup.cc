@@ -114,6 +114,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     // The model's sizes are checked before joining; the coordinator learns what it can run.
     ASSIGN_OR_RETURN(std::unique_ptr<model::ModelDef> def, model::MakeModelDef(o.model, o.seed));
     co.limits = modes::ModeLimitsOf(def->spec());
+    co.limits->set_batch_size(o.batch_size);
+    co.limits->set_micro_batches(o.micro_batches);
     ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
     ASSIGN_OR_RETURN(coord::ClusterView view, AwaitCompleteCluster(coordinator.get(), o.rank));
     std::printf("worker %d: cluster complete (view %lld, mode %s): shards %s\n", o.rank,

@@ -232,6 +232,12 @@ absl::StatusOr<SwitchModeResponse> ClusterState::SwitchMode(const SwitchModeRequ
       return absl::FailedPreconditionError(
           absl::StrCat("worker ", m.id(), "'s model cannot switch: ", s.message()));
     }
+    if (m.limits().embedding_tables() && r.mode() != PS) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", m.id(), "'s model cannot switch: the ", m.limits().model(),
+          " model has embedding tables, which the shards cannot hand to the workers yet: it "
+          "trains in ps mode only"));
+    }
   }
   absl::StatusOr<SwitchModeResponse> response =
       switches_.Schedule(r.mode(), r.at_step(), absl::ToUnixMillis(now_()));

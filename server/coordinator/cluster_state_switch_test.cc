@@ -142,6 +142,38 @@ TEST_F(ClusterStateSwitchTest, ASwitchARegisteredWorkersModelCannotTakeIsRefused
   EXPECT_FALSE(MustSwitch(PIPELINE, 0).no_op());
 }
 
+// What the workers would find wrong only at the switch (and stop there, every one of them)
+// is refused when the switch is asked for: micro-batches that do not divide the global
+// batch, and any mode but ps for a model with embedding tables (allreduce included).
+TEST_F(ClusterStateSwitchTest, ASwitchTheWorkersWouldFailAtIsRefusedWhenAskedFor) {
+  Start(2);
+  RegisterRequest r;
+  r.set_role(WORKER);
+  r.set_id(1);
+  r.set_address("w1");
+  r.mutable_limits()->set_model("mlp");
+  r.mutable_limits()->set_layers(4);
+  r.mutable_limits()->set_batch_size(8);
+  r.mutable_limits()->set_micro_batches(100);
+  ASSERT_TRUE(cluster_->Register(r).ok());
+  absl::StatusOr<SwitchModeResponse> s = cluster_->SwitchMode(Switch(PIPELINE, 0));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("global batch of 16 examples into --micro_batches=100"),
+            std::string::npos)
+      << s.status();
+  r.mutable_limits()->set_micro_batches(4);
+  r.mutable_limits()->set_model("embedding");
+  r.mutable_limits()->set_embedding_tables(true);
+  ASSERT_TRUE(cluster_->Register(r).ok());
+  for (TrainingMode m : {ALLREDUCE, FSDP}) {
+    s = cluster_->SwitchMode(Switch(m, 0));
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.status().message().find("ps"), std::string::npos) << s.status();
+    EXPECT_EQ(s.status().message().find("allreduce"), std::string::npos)
+        << "recommends a mode that fails: " << s.status();
+  }
+}
+
 TEST_F(ClusterStateSwitchTest, EachNewReportBumpsTheVersionAndTheLastSetsTheMode) {
   Start(2);
   SwitchModeResponse s = MustSwitch(FSDP, 3);
