@@ -29,16 +29,32 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
   if (options.limits) *req.mutable_limits() = *options.limits;
   coord::RegisterResponse resp;
   absl::Duration backoff = absl::Milliseconds(100);
+  absl::Time said_unavailable = absl::InfinitePast();
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
-    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
     absl::Status s = FromGrpcStatus(stub->Register(&ctx, req, &resp),
                                     absl::StrCat("coordinator ", options.coordinator));
     if (s.ok()) return resp;
-    if (s.code() != absl::StatusCode::kAlreadyExists || absl::Now() + backoff > deadline) return s;
-    std::fprintf(stderr, "%s; retrying until the coordinator declares it dead\n",
-                 std::string(s.message()).c_str());
+    if (absl::Now() + backoff > deadline) return s;
+    if (absl::IsAlreadyExists(s)) {
+      std::fprintf(stderr, "%s; retrying until the coordinator declares it dead\n",
+                   std::string(s.message()).c_str());
+    } else if (absl::IsUnavailable(s)) {
+      // Not up yet, or a connection that cannot be made (a TLS handshake refused, a wrong
+      // address): said when it starts and every 10 s, with gRPC's reason.
+      if (absl::Now() - said_unavailable >= absl::Seconds(10)) {
+        std::fprintf(stderr,
+                     "%s; retrying for up to %s (is it running there? with TLS, do --tls_ca "
+                     "and --tls_server_name match its certificate?)\n",
+                     std::string(s.message()).c_str(),
+                     absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1)))
+                         .c_str());
+        said_unavailable = absl::Now();
+      }
+    } else {
+      return s;
+    }
     absl::SleepFor(backoff);  // bounded by register_timeout
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
