@@ -188,8 +188,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& host,
              {}, start);
   });
   try {
-    // Two threads: Prometheus and a person with a browser; a scrape is quick.
-    m->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port), 2);
+    // A scrape is quick, but a connection that sends nothing holds a thread until civetweb's
+    // request timeout (30 s by default): with 2 threads, two idle connections stopped every
+    // scrape. Eight threads, and an idle connection dropped after 5 s.
+    m->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "8",
+        "request_timeout_ms", "5000", "keep_alive_timeout_ms", "5000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host, ":", port, ": ",
                                                e.what(), " (port in use? try another)"));
