@@ -291,5 +291,25 @@ TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) 
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0);
 }
 
+// Flags a worker cannot run with are refused at start, naming the flag (a negative
+// collective timeout aborted inside Gloo; a negative --synthetic fell back to the real data).
+TEST(FlagsE2eTest, AWorkerRefusesFlagsItCannotRunWithNamingThem) {
+  for (const auto& [flag, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--collective_timeout=-5s", "--collective_timeout must be positive"},
+           {"--collective_timeout=0s", "--collective_timeout must be positive"},
+           {"--collective_spin=-1s", "--collective_spin must be >= 0"},
+           {"--synthetic=-1", "--synthetic must be >= 0"},
+           {"--snapshot_every_epochs=-1", "--snapshot_every_epochs must be >= 0"}}) {
+    auto p = testing::Subprocess::Start(
+        {"/bin/sh", "-c", "exec worker/ps_worker --coordinator=127.0.0.1:1 " + flag + " 2>&1"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto said = p->WaitForLine(says, absl::Seconds(30));
+    EXPECT_TRUE(said.ok()) << flag << ": " << said.status();
+    auto status = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << flag;
+  }
+}
+
 }  // namespace
 }  // namespace pscluster

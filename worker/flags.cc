@@ -219,6 +219,14 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
       Check(f.backend == "cpu" || f.backend == "cuda", "--backend must be cpu or cuda"));
   RETURN_IF_ERROR(Check(!f.trainer.shards.empty() || !f.coordinator.empty(),
                         "give --coordinator (or --ps with ps_server addresses)"));
+  RETURN_IF_ERROR(Check(f.collective_timeout > absl::ZeroDuration(),
+                        "--collective_timeout must be positive (how long a collective waits "
+                        "for a peer before it names it and fails)"));
+  RETURN_IF_ERROR(Check(f.collective_spin >= absl::ZeroDuration(),
+                        "--collective_spin must be >= 0"));
+  RETURN_IF_ERROR(Check(f.synthetic >= 0, "--synthetic must be >= 0 (0: the real data)"));
+  RETURN_IF_ERROR(Check(f.trainer.snapshot_every_epochs >= 0,
+                        "--snapshot_every_epochs must be >= 0 (0: never)"));
   return f;
 }
 
