@@ -28,6 +28,11 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view cont
            "and changed nothing: retry after a backoff, or give the server more --threads or "
            "more shards)";
   }
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && s.error_message().empty()) {
+    msg += "the server there does not serve this call: is it the right kind of process (a "
+           "ps_coordinator's address where one is asked for, not a ps_server's, or the "
+           "reverse)?";
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 

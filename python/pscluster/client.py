@@ -906,7 +906,11 @@ def _coordinator_call(stub: coordinator_pb2_grpc.CoordinatorStub, address: str, 
     try:
         return getattr(stub, method)(request, timeout=timeout)
     except grpc.RpcError as e:
-        raise PsError(e.code(), f"coordinator ({address}): {e.details()}") from None
+        details = e.details()
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED and not details:
+            details = ("the server there does not serve this call: is it a ps_coordinator's "
+                       "address (not a ps_server's)?")
+        raise PsError(e.code(), f"coordinator ({address}): {details}") from None
 
 
 def connect(coordinator_address: str, timeout: float = 10.0,

@@ -1,6 +1,7 @@
 #include "server/coordinator/cluster_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -202,6 +203,15 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (r.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", r.rank(), " reported step ",
                                                    r.step(), ": step must not be negative"));
+  }
+  // A diverged run's loss may be NaN or infinite, and is shown so; a metric decides which
+  // checkpoint is kept as the best, and a rate is summed and charted: those must be numbers.
+  if (!std::isfinite(r.samples_per_sec()) || r.samples_per_sec() < 0 ||
+      (r.has_metric() && !std::isfinite(r.metric()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", r.rank(), " reported samples/s ", r.samples_per_sec(), " and metric ",
+        r.has_metric() ? absl::StrCat(r.metric()) : "none",
+        ": samples/s must be a number >= 0 and a metric a finite number"));
   }
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Member*> found = FindWorkerLocked(r.rank(), r.incarnation());

@@ -1,5 +1,6 @@
 #include "server/coordinator/cluster_state.h"
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -536,6 +537,25 @@ TEST_F(ClusterStateTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) 
   EXPECT_EQ(FindMember(m.View(), WORKER, 0).step(), 0);
   absl::Status out_of_range = m.ReportProgress(Progress(2, 1, m.View().version(), 5));
   EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument) << out_of_range;
+}
+
+// A metric picks the checkpoint kept as the best and a rate is summed and charted: not a
+// number, they are refused; a diverged run's NaN loss is shown as it is.
+TEST_F(ClusterStateTest, ReportProgressWithANonFiniteMetricOrRateIsRefused) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  const ClusterView before = m.View();
+  ReportProgressRequest nan_metric = Progress(0, inc, before.version(), 3, 0.5, 100);
+  nan_metric.set_has_metric(true);
+  nan_metric.set_metric(std::nan(""));
+  EXPECT_EQ(m.ReportProgress(nan_metric).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.ReportProgress(Progress(0, inc, before.version(), 3, 0.5, INFINITY)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.ReportProgress(Progress(0, inc, before.version(), 3, 0.5, -1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.View().SerializeAsString(), before.SerializeAsString());
+  EXPECT_TRUE(m.ReportProgress(Progress(0, inc, before.version(), 3, std::nan(""), 100)).ok());
 }
 
 TEST_F(ClusterStateTest, ReportProgressWithANegativeStepIsInvalidArgumentAndChangesNothing) {

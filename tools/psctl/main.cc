@@ -251,7 +251,7 @@ std::string FormatView(const coord::ClusterView& view, absl::Time now) {
                           worker ? "worker" : "shard", m.id(), m.alive() ? "yes" : "DEAD",
                           HeartbeatAgeSeconds(m, now), m.address(), m.incarnation(),
                           worker ? absl::StrCat(m.step()) : "-",
-                          worker ? absl::StrFormat("%.4f", m.loss()) : "-",
+                          worker ? absl::StrFormat("%.4g", m.loss()) : "-",
                           worker ? absl::StrFormat("%.0f", m.samples_per_sec()) : "-",
                           worker && m.has_metric() ? absl::StrFormat("%.4f", m.metric()) : "-");
   }
@@ -592,8 +592,8 @@ int main(int argc, char** argv) {
     return Top(address, *security, *options);
   }
   auto view = Connect(address, *security).View();
-  if (!view.ok()) {
-    return Error(kUnreachable,
+  if (!view.ok()) {  // 3 when unreachable; a refusal (a missing or wrong token) is 1
+    return Error(ExitCodeOf(view.status()),
                  absl::StrCat("coordinator ", address, ": ", view.status().ToString()));
   }
   if (command == "status") return Status(*view, absl::GetFlag(FLAGS_json));
