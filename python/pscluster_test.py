@@ -625,6 +625,28 @@ class AspCheckpointTest(ClusterTestCase):
         np.testing.assert_array_equal(c.pull_dense(t, step=3), saved)
 
 
+class CloseTest(ClusterTestCase):
+    def test_a_closed_cluster_refuses_every_call_and_changes_nothing(self) -> None:
+        """After close() no call reaches the shards, on the C++ data path too (it used to
+        push on), and every one raises the client's exception."""
+        t = self.cluster.create_dense("closed", 8, optimizer="sgd", learning_rate=1.0,
+                                      consistency="asp")
+        before = self.cluster.pull_dense(t, step=0)
+        c = pscluster.connect(self.local.coordinator, timeout=RPC_TIMEOUT)
+        c.pull_dense(t, step=0)  # the table known, the data path set up
+        c.close()
+        c.close()  # idempotent
+        ones = np.ones(8, F32)
+        for call in (lambda: c.push_dense(t, ones, step=0), lambda: c.pull_dense(t, step=0),
+                     lambda: c.push_pull_dense([t], [ones], step=0), lambda: c.checkpoints(),
+                     lambda: c.submit(c.pull_dense, t, 0)):
+            with self.assertRaises(pscluster.PsError) as e:
+                call()
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("closed", str(e.exception))
+        np.testing.assert_array_equal(self.cluster.pull_dense(t, step=0), before)
+
+
 class RestoreTest(ClusterTestCase):
     data_dir = True
 

@@ -209,6 +209,7 @@ class Cluster:
             [list(r) for r in replicas] if replicas is not None else [[a] for a in self.addresses])
         self._replicated = any(len(r) > 1 for r in self._replica_addresses)
         self._local = threading.local()
+        self._closed = False
         self._channels = []
         self._replicas: List[List[_Replica]] = []
         for shard_replicas in self._replica_addresses:
@@ -262,6 +263,7 @@ class Cluster:
 
     def _native_call(self, fn: Callable[..., T], *args) -> T:
         """fn(*args) on the C++ client; its error becomes a PsError (the shard it names)."""
+        self._check_open()
         try:
             return fn(*args)
         except _native.Error as e:
@@ -280,7 +282,15 @@ class Cluster:
     def num_shards(self) -> int:
         return len(self._replicas)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this Cluster is closed: connect again to use the cluster")
+
     def close(self) -> None:
+        """Ends every call path (the C++ one too): later calls raise PsError. Idempotent."""
+        self._closed = True
+        self._native = None  # the C++ client and its channels go with it
         self._async_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         for c in self._channels:
@@ -304,6 +314,7 @@ class Cluster:
         shard refused because every handler thread was busy (it changed nothing) is made
         again after a backoff, 1 ms doubling to 100 ms, for up to the timeout, as the C++
         client does: a push to several shards then lands on all of them, not some."""
+        self._check_open()
         backoff, end = 0.001, time.monotonic() + self.timeout
         n = len(self._replicas[shard])
         if self._replicated:  # one id for every attempt (_RequestIds sends it)
@@ -338,6 +349,7 @@ class Cluster:
     def _each(self, fn: Callable[[int], T]) -> List[T]:
         """fn(shard) on every shard in parallel (shard 0 in the calling thread, as the C++
         client does: no hand-off with one shard); raises the first error in shard order."""
+        self._check_open()
         futures = [self._pool.submit(fn, s) for s in range(1, self.num_shards)]
         results, first = [], None
         try:
@@ -714,6 +726,7 @@ class Cluster:
     def submit(self, fn: Callable[..., T], *args, **kwargs) -> "concurrent.futures.Future[T]":
         """fn(*args, **kwargs) on the client's async pool (a Future; .result() raises the
         call's PsError)."""
+        self._check_open()
         return self._async_pool.submit(fn, *args, **kwargs)
 
     def pull_dense_async(self, *args, **kwargs) -> "concurrent.futures.Future[np.ndarray]":
@@ -806,6 +819,7 @@ class Cluster:
     # ---- the coordinator ---------------------------------------------------------------
 
     def _coord(self, method: str, request: Message, timeout: Optional[float] = None):
+        self._check_open()
         if self._coordinator is None:
             raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
                           "this cluster has no coordinator (Cluster.from_shards)")
