@@ -22,6 +22,7 @@ import threading
 import unittest
 from typing import Callable, List
 
+import grpc
 import numpy as np
 import torch
 
@@ -207,6 +208,21 @@ class TorchTest(unittest.TestCase):
                 pst.ParameterServerOptimizer(Mlp(), cluster, consistency="bsp", overlap=True,
                                              table_base=self.base())
             self.assertIn("overlap=True", str(e.exception))
+
+    def test_a_module_with_the_same_sizes_in_another_layout_is_refused(self) -> None:
+        """Worker 1's weight is worker 0's transposed (as many values): refused, not summed
+        into the same table."""
+        base = self.base()
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            with self.assertRaises(pscluster.PsError):  # worker 1 never comes: gives up at once
+                pst.ParameterServerOptimizer(torch.nn.Linear(4, 2, bias=False), cluster,
+                                             num_workers=2, table_base=base, wait_timeout=0.1)
+            with self.assertRaises(pscluster.PsError) as e:
+                pst.ParameterServerOptimizer(torch.nn.Linear(2, 4, bias=False), cluster,
+                                             worker=1, num_workers=2, table_base=base)
+            self.assertEqual(e.exception.code, grpc.StatusCode.ALREADY_EXISTS)
+            self.assertIn("[2, 4]", str(e.exception))
+            cluster.unregister_worker(0)
 
     def test_embedding_equals_torch_embedding_with_adagrad(self) -> None:
         # Adagrad leaves rows without gradient exactly as they are in both (sparse

@@ -171,7 +171,11 @@ class ParameterServerOptimizer:
         for n, p in self.params:
             _numpy(p.data, f"parameter {n}")
         self._incoming = [np.empty(p.numel(), np.float32) for _, p in self.params] if overlap else []
-        self.tables = [cluster.create_dense(f"{name}/{n}", p.numel(), table_id=table_base + i,
+        # The shape in the name: a worker whose module has the same sizes in another layout
+        # (a transposed weight) is refused (ALREADY_EXISTS naming both) instead of summing
+        # its gradients into this one's.
+        self.tables = [cluster.create_dense(f"{name}/{n}{list(p.shape)}", p.numel(),
+                                            table_id=table_base + i,
                                             worker=worker, **spec)
                        for i, (n, p) in enumerate(self.params)]
         for j, e in enumerate(self.embeddings):
