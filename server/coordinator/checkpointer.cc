@@ -20,6 +20,22 @@ std::string ManifestPath(const std::string& dir) {
   return (fs::path(dir) / "manifest.pb").string();
 }
 
+// A client of the view's shards; with replicas, of each chain, head first, so a call
+// follows a failover as the workers' do.
+PsClientOptions ShardsOf(const ClusterView& view, const CheckpointerOptions& options) {
+  PsClientOptions o;
+  o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
+  if (view.replicas() > 1) {
+    for (const Chain& chain : view.chains()) {
+      o.shard_replicas.emplace_back(chain.addresses().begin(), chain.addresses().end());
+    }
+  }
+  o.worker_id = -1;
+  o.rpc_timeout = options.timeout;
+  o.security = options.security;
+  return o;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(ClusterState* cluster,
@@ -127,12 +143,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     return absl::FailedPreconditionError(
         "the cluster is incomplete (psctl status names who is missing); no checkpoint taken");
   }
-  PsClientOptions o;
-  o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
-  o.worker_id = -1;
-  o.rpc_timeout = options_.timeout;
-  o.security = options_.security;
-  auto shards = PsClient::Create(o);
+  auto shards = PsClient::Create(ShardsOf(view, options_));
   if (!shards.ok()) return shards.status();
   ps::SnapshotRequest request;
   if (metric) {
@@ -212,12 +223,7 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
         "them would mix two runs. Stop them first (restarted, they resume from the checkpoint "
         "restored), or force it (psctl restore --force)"));
   }
-  PsClientOptions o;
-  o.shard_addresses.assign(view.shard_addresses().begin(), view.shard_addresses().end());
-  o.worker_id = -1;
-  o.rpc_timeout = options_.timeout;
-  o.security = options_.security;
-  ASSIGN_OR_RETURN(auto shards, PsClient::Create(o));
+  ASSIGN_OR_RETURN(auto shards, PsClient::Create(ShardsOf(view, options_)));
   RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
   checkpoints_.erase(std::next(it), checkpoints_.end());
   RETURN_IF_ERROR(WriteManifest());

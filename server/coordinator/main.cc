@@ -281,7 +281,13 @@ int main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(4 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", address));
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", address, " (port in use?",
+                             security->tls() ? " or gRPC refused the TLS key and certificate: do "
+                                               "--tls_cert and --tls_key belong together?"
+                                             : "",
+                             ")"));
+  }
   std::printf(
       "ps_coordinator listening on %s:%d (expecting %d shard(s) x %d replica(s), %d worker(s); "
       "mode %s; %s)\n",

@@ -93,7 +93,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, " (port in use? try --port=0)"));
+        absl::StrCat("cannot listen on ", address, " (port in use? try --port=0",
+                     security.tls() ? "; or gRPC refused the TLS key and certificate: do "
+                                      "--tls_cert and --tls_key belong together?"
+                                    : "",
+                     ")"));
   }
   return server;
 }
