@@ -270,6 +270,17 @@ class TorchTest(unittest.TestCase):
             self.assertIn(str(num), e.exception.message)
             cluster.unregister_worker(0)
 
+    def test_embedding_ids_near_the_top_of_a_huge_key_space_are_taken(self) -> None:
+        """Ids are checked as integers: 2^63 - 1 is inside [0, 2^63) (numpy compared it as a
+        float and refused it); -1 is not."""
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            emb = pst.Embedding(cluster, "huge_keys", 2 ** 63, 4, table_id=self.base(),
+                                optimizer="sgd", lr=0.1)
+            self.assertEqual(tuple(emb(torch.tensor([2 ** 63 - 1, 0])).shape), (2, 4))
+            with self.assertRaises(pscluster.PsError) as e:
+                emb(torch.tensor([-1]))
+            self.assertIn("id -1 is outside", e.exception.message)
+
     def test_float64_model_is_refused(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
             with self.assertRaises(pscluster.PsError) as e:

@@ -106,10 +106,12 @@ class Embedding(torch.nn.Module):
             raise PsError(_invalid(), f"embedding {self.name}: ids must be int64 or int32, "
                           f"not {ids.dtype}")
         flat = ids.reshape(-1).numpy()
-        if flat.size and (flat.min() < 0 or flat.max() >= self.num_embeddings):
-            bad = flat[(flat < 0) | (flat >= self.num_embeddings)][0]
-            raise PsError(_invalid(), f"embedding {self.name}: id {int(bad)} is outside "
-                          f"[0, {self.num_embeddings})")
+        # Compared as Python ints: numpy would compare an int64 array with a bound past
+        # 2^63 - 1 through float64 and refuse valid ids near it.
+        lo, hi = (int(flat.min()), int(flat.max())) if flat.size else (0, -1)
+        if lo < 0 or hi >= self.num_embeddings:
+            raise PsError(_invalid(), f"embedding {self.name}: id {lo if lo < 0 else hi} is "
+                          f"outside [0, {self.num_embeddings})")
         unique, inverse = np.unique(flat, return_inverse=True)
         rows = self.cluster.pull_sparse(self.table, unique, step=self.step_, worker=self.worker)
         weight = torch.from_numpy(rows).requires_grad_(self.training)
