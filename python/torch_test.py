@@ -281,6 +281,16 @@ class TorchTest(unittest.TestCase):
                 emb(torch.tensor([-1]))
             self.assertIn("id -1 is outside", e.exception.message)
 
+    def test_table_ids_past_the_limit_are_refused_before_any_table_is_made(self) -> None:
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            with self.assertRaises(pscluster.PsError) as e:
+                pst.ParameterServerOptimizer(torch.nn.Linear(2, 2), cluster,
+                                             table_base=2 ** 32 - 1)
+            self.assertIn("ids up to 4294967296", e.exception.message)
+            with self.assertRaises(pscluster.PsError) as e:
+                cluster.describe(2 ** 32 - 1)
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+
     def test_float64_model_is_refused(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
             with self.assertRaises(pscluster.PsError) as e:

@@ -172,6 +172,12 @@ class ParameterServerOptimizer:
                                             if isinstance(m, Embedding)]
         for n, p in self.params:
             _numpy(p.data, f"parameter {n}")
+        # Every id checked before any table is made, so a refusal leaves none behind.
+        last = table_base + max(len(self.params) - 1, EMBEDDING_OFFSET + len(self.embeddings) - 1
+                                if self.embeddings else 0)
+        if table_base < 0 or last > 2 ** 32 - 1:
+            raise PsError(_invalid(), f"table_base={table_base}: this module's tables would "
+                          f"take ids up to {last}; table ids are in [0, 2^32 - 1]")
         self._incoming = [np.empty(p.numel(), np.float32) for _, p in self.params] if overlap else []
         # The shape in the name: a worker whose module has the same sizes in another layout
         # (a transposed weight) is refused (ALREADY_EXISTS naming both) instead of summing
