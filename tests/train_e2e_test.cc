@@ -45,6 +45,33 @@ std::string FinishedSummary(testing::Subprocess& worker, const std::string& summ
   return ReadFile(summary_path);
 }
 
+// A coordinator checkpointing into dir/coordinator (with `flags` besides) and 2 shards
+// snapshotting into dir/ckpt, registered with it; killed when the struct goes.
+struct CheckpointingCluster {
+  std::vector<testing::Subprocess> processes;  // the coordinator, then the shards
+  std::string coordinator;
+};
+
+void StartCheckpointingCluster(const std::string& dir, const std::vector<std::string>& flags,
+                               CheckpointingCluster* c) {
+  std::vector<std::string> argv = {"server/coordinator/ps_coordinator", "--port=0",
+                                   "--num_shards=2", "--num_workers=2",
+                                   "--data_dir=" + dir + "/coordinator"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto coordinator = testing::Subprocess::Start(argv);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  c->coordinator = ListeningOn(*coordinator);
+  c->processes.push_back(*std::move(coordinator));
+  for (int s = 0; s < 2; ++s) {
+    auto p = testing::Subprocess::Start(
+        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
+         "--coordinator=" + c->coordinator, "--data_dir=" + dir + "/ckpt"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ListeningOn(*p);
+    c->processes.push_back(*std::move(p));
+  }
+}
+
 class TrainE2eTest : public PsClusterTest {
  protected:
   // Two workers with `flags` train the MLP on the two shards; the loss ends well below its
@@ -148,20 +175,11 @@ TEST(AllReduceE2eTest, TwoWorkersTrainThroughTheCoordinatorRendezvous) {
 // run, is refused.
 TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
   const std::string dir = ::testing::TempDir() + "/switch";
-  auto c = testing::Subprocess::Start(
-      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=2", "--num_workers=2",
-       "--mode=ps", "--data_dir=" + dir + "/coordinator", "--checkpoint_every_steps=62"});
-  ASSERT_TRUE(c.ok());
-  const std::string coordinator = ListeningOn(*c);
-  std::vector<testing::Subprocess> shards, workers;
-  for (int s = 0; s < 2; ++s) {
-    auto p = testing::Subprocess::Start(
-        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
-         "--coordinator=" + coordinator, "--data_dir=" + dir + "/ckpt"});
-    ASSERT_TRUE(p.ok());
-    ListeningOn(*p);
-    shards.push_back(*std::move(p));
-  }
+  CheckpointingCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(
+      StartCheckpointingCluster(dir, {"--mode=ps", "--checkpoint_every_steps=62"}, &cluster));
+  const std::string coordinator = cluster.coordinator;
+  std::vector<testing::Subprocess> workers;
   auto psctl = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {"tools/psctl/psctl", "--coordinator=" + coordinator});
     absl::StatusOr<std::string> out = testing::OutputOf(std::move(args));
@@ -208,8 +226,9 @@ TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
   for (const auto& [step, mode] : plan) {
     EXPECT_THAT(status, ::testing::HasSubstr(absl::StrCat(step))) << "switch history";
   }
-  for (auto& s : shards) s.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
-  c->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+  for (auto p = cluster.processes.rbegin(); p != cluster.processes.rend(); ++p) {
+    p->Stop(SIGTERM, absl::Seconds(20)).IgnoreError();  // the shards, then the coordinator
+  }
 }
 
 // Rank 0's test accuracy at each epoch's end is filed under the checkpoint of that very
@@ -217,20 +236,11 @@ TEST(SwitchE2eTest, PsAllReduceFsdpPipelineAndBackToPsFinishes) {
 // coordinator took while training went on; checkpoints every 100 steps interleave with them.
 TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt) {
   const std::string dir = ::testing::TempDir() + "/metric";
-  auto c = testing::Subprocess::Start(
-      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=2", "--num_workers=2",
-       "--data_dir=" + dir + "/coordinator", "--checkpoint_every_steps=100"});
-  ASSERT_TRUE(c.ok());
-  const std::string coordinator = ListeningOn(*c);
-  std::vector<testing::Subprocess> shards, workers;
-  for (int s = 0; s < 2; ++s) {
-    auto p = testing::Subprocess::Start(
-        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
-         "--coordinator=" + coordinator, "--data_dir=" + dir + "/ckpt"});
-    ASSERT_TRUE(p.ok());
-    ListeningOn(*p);
-    shards.push_back(*std::move(p));
-  }
+  CheckpointingCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(
+      StartCheckpointingCluster(dir, {"--checkpoint_every_steps=100"}, &cluster));
+  const std::string coordinator = cluster.coordinator;
+  std::vector<testing::Subprocess> workers;
   // Epochs long enough (~1 s) that the coordinator's checkpoint loop (every 250 ms) sees a
   // metric while training goes on.
   constexpr int kStepsPerEpoch = 40000 / (2 * 32);
