@@ -281,6 +281,41 @@ class TorchTest(unittest.TestCase):
                 emb(torch.tensor([-1]))
             self.assertIn("id -1 is outside", e.exception.message)
 
+    def test_a_step_whose_wait_timed_out_can_be_taken_again(self) -> None:
+        """Under BSP worker 0's step times out waiting for worker 1; once worker 1 has
+        stepped, worker 0's step() again pulls (its push is in) instead of failing for ever
+        with 'already pushed step 0', and both end with the same values."""
+        base = self.base()
+        models = [torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)]
+        models[1].load_state_dict(models[0].state_dict())
+        clusters = [pscluster.connect(self.local.coordinator, timeout=1.0),
+                    pscluster.connect(self.local.coordinator, timeout=TIMEOUT)]
+        opts = [None, None]
+
+        def make(rank: int) -> None:
+            opts[rank] = pst.ParameterServerOptimizer(models[rank], clusters[rank], lr=0.1,
+                                                      worker=rank, num_workers=2,
+                                                      table_base=base, wait_timeout=TIMEOUT)
+        other = threading.Thread(target=make, args=(1,))
+        other.start()
+        make(0)
+        other.join(timeout=60)
+        x = torch.ones(4, 3)
+        try:
+            for rank in (0, 1):
+                opts[rank].zero_grad()
+                models[rank](x).sum().backward()
+            with self.assertRaises(pscluster.PsError) as e:
+                opts[0].step()  # worker 1 has not pushed: the wait times out
+            self.assertEqual(e.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+            opts[1].step()
+            opts[0].step()  # only pulls now
+            self.assertEqual(max_diff(models[0], models[1]), 0.0)
+        finally:
+            for rank, c in enumerate(clusters):
+                c.unregister_worker(rank)
+                c.close()
+
     def test_table_ids_past_the_limit_are_refused_before_any_table_is_made(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
             with self.assertRaises(pscluster.PsError) as e:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
+import grpc
 import numpy as np
 import torch
 
@@ -232,10 +233,23 @@ class ParameterServerOptimizer:
                     self.cluster.push_pull_dense, self.tables, grads, step=self.step_count,
                     worker=self.worker, outs=self._incoming)
             else:
+                outs = [_numpy(p.data, f"parameter {n}") for n, p in self.params]
                 with torch.no_grad():
-                    self.cluster.push_pull_dense(
-                        self.tables, grads, step=self.step_count, worker=self.worker,
-                        outs=[_numpy(p.data, f"parameter {n}") for n, p in self.params])
+                    try:
+                        self.cluster.push_pull_dense(self.tables, grads, step=self.step_count,
+                                                     worker=self.worker, outs=outs)
+                    except PsError as e:
+                        # The step again after its wait for the others timed out: its push is
+                        # on the shards already (they push before they wait; the step pending
+                        # or, once the others pushed, applied), so only pull.
+                        n = self.step_count
+                        if e.code != grpc.StatusCode.FAILED_PRECONDITION or (
+                                f"already pushed step {n}" not in e.message and
+                                f"step {n} is already applied" not in e.message):
+                            raise
+                        for t, out in zip(self.tables, outs):
+                            self.cluster.pull_dense(t, step=self.step_count + 1,
+                                                    worker=self.worker, out=out)
         finally:
             for f in pushes:
                 f.result()
