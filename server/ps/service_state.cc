@@ -113,16 +113,21 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
         absl::StrCat(loaded.status().message(), " (nothing was restored; the shard is unchanged)")));
   }
   const int64_t step = loaded->step;
-  shard_->Shutdown();                           // waiting pulls fail now ...
-  absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
-  snapshotter_->Install(*std::move(loaded));
+  shard_->Shutdown();  // waiting pulls fail now ...
+  {
+    absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
+    snapshotter_->Install(*std::move(loaded));
+  }
   std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
               static_cast<long long>(step));
-  if (req->drop_later()) {
-    const std::vector<int64_t> dropped = snapshotter_->DropAfter(step);
-    if (!dropped.empty()) {
+  if (req->drop_later()) {  // serving again meanwhile: it may wait for a write to end
+    absl::StatusOr<std::vector<int64_t>> dropped = snapshotter_->DropAfter(step);
+    if (!dropped.ok()) {
+      std::printf("ps_server: the snapshots after step %lld are kept: %s\n",
+                  static_cast<long long>(step), dropped.status().ToString().c_str());
+    } else if (!dropped->empty()) {
       std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
-                  absl::StrJoin(dropped, ", ").c_str());
+                  absl::StrJoin(*dropped, ", ").c_str());
     }
   }
   std::fflush(stdout);

@@ -383,15 +383,21 @@ void Snapshotter::Install(Loaded loaded) {
   restored_step_ = loaded.step;
 }
 
-std::vector<int64_t> Snapshotter::DropAfter(int64_t step) {
-  std::vector<int64_t> dropped;
-  if (!AwaitIdle(absl::Now() + absl::Minutes(1))) return dropped;
+absl::StatusOr<std::vector<int64_t>> Snapshotter::DropAfter(int64_t step) {
+  constexpr absl::Duration kWait = absl::Minutes(1);
+  const bool idle = AwaitIdle(absl::Now() + kWait);
   absl::MutexLock lock(&mu_);
-  if (in_progress_) return dropped;
-  auto list = store_->List();
-  if (!list.ok()) return dropped;
-  for (const SnapshotManifest& m : *list) {
-    if (m.step() > step && store_->Delete(m.step()).ok()) dropped.push_back(m.step());
+  if (!idle || in_progress_) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the snapshot of step ", current_step_, " is being written (waited ",
+        absl::FormatDuration(kWait), ")"));
+  }
+  ASSIGN_OR_RETURN(std::vector<SnapshotManifest> list, store_->List());
+  std::vector<int64_t> dropped;
+  for (const SnapshotManifest& m : list) {
+    if (m.step() <= step) continue;
+    RETURN_IF_ERROR(store_->Delete(m.step()));
+    dropped.push_back(m.step());
   }
   return dropped;
 }

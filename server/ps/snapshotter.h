@@ -105,9 +105,9 @@ class Snapshotter {
   // Load then Install, before serving. Returns the step (-1: none).
   absl::StatusOr<int64_t> Restore(const std::string& which);
   // After a rollback to `step`: deletes this shard's snapshots of later steps, once no
-  // write is in progress (bounded: one that is still writing after a minute stays).
-  // Returns the steps deleted.
-  std::vector<int64_t> DropAfter(int64_t step);
+  // write is in progress; DEADLINE_EXCEEDED naming the write still going after a minute,
+  // or the store's error (what was deleted before it stays deleted). The steps deleted.
+  absl::StatusOr<std::vector<int64_t>> DropAfter(int64_t step);
 
  private:
   Snapshotter(Shard* shard, SnapshotterOptions options, std::unique_ptr<SnapshotStorage> local,
