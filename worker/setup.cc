@@ -54,26 +54,6 @@ void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::Tra
   };
 }
 
-// Who the view lacks for the cluster to be complete: the shards and worker ranks with no
-// live member.
-std::string Missing(const coord::ClusterView& view) {
-  auto alive = [&](coord::Role role, int32_t id) {
-    for (const coord::Member& m : view.members()) {
-      if (m.role() == role && m.id() == id && m.alive()) return true;
-    }
-    return false;
-  };
-  std::vector<std::string> missing;
-  for (int32_t s = 0; s < view.num_shards(); ++s) {
-    if (!alive(coord::SHARD, s)) missing.push_back(absl::StrCat("shard ", s));
-  }
-  for (int32_t w = 0; w < view.num_workers(); ++w) {
-    if (!alive(coord::WORKER, w)) missing.push_back(absl::StrCat("worker rank ", w));
-  }
-  return missing.empty() ? "none (a replicated shard's chain is still forming)"
-                         : absl::StrJoin(missing, ", ");
-}
-
 // The first complete view, saying every 10 s who it waits for; up to 5 minutes.
 absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coordinator,
                                                         int rank) {
@@ -84,7 +64,7 @@ absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coord
         coordinator->AwaitView(0, /*complete=*/true, std::min(kSay, give_up - absl::Now()));
     if (view.ok() || !absl::IsDeadlineExceeded(view.status())) return view;
     absl::StatusOr<coord::ClusterView> now = coordinator->AwaitView(0, false, kSay);
-    const std::string missing = now.ok() ? Missing(*now) : now.status().ToString();
+    const std::string missing = now.ok() ? now->missing() : now.status().ToString();
     if (absl::Now() >= give_up) {
       return absl::DeadlineExceededError(absl::StrCat(
           "the cluster was not complete within ", absl::FormatDuration(kLimit), " (missing: ",

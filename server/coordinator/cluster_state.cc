@@ -409,6 +409,7 @@ ClusterView ClusterState::ViewLocked() const {
   }
   v.set_global_step(std::max<int64_t>(global_step, 0));
   v.set_complete(CompleteLocked());
+  if (!v.complete()) v.set_missing(MissingLocked());
   for (const Checkpoint& c : checkpoints_) *v.add_checkpoints() = c;
   switches_.FillView(&v);
   return v;
