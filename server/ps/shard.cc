@@ -56,6 +56,13 @@ UnregisterWorkerResponse Shard::UnregisterWorker(int32_t worker_id) {
   return r;
 }
 
+long double Shard::DenseBytes(const TableSpec& spec) const {
+  auto optimizer = core::MakeOptimizer(spec.optimizer());  // the spec is valid
+  const uint64_t values =
+      DenseShardRange(spec.size(), options_.shard_id, options_.num_shards).size();
+  return static_cast<long double>(values) * 4 * (1 + (*optimizer)->num_slots());
+}
+
 absl::Status Shard::CheckSize(const TableSpec& spec) const {
   if (spec.kind() == TableSpec::SPARSE) {
     if (spec.dim() > options_.max_sparse_dim) {
@@ -64,9 +71,7 @@ absl::Status Shard::CheckSize(const TableSpec& spec) const {
     }
     return absl::OkStatus();
   }
-  auto optimizer = core::MakeOptimizer(spec.optimizer());
-  uint64_t values = DenseShardRange(spec.size(), options_.shard_id, options_.num_shards).size();
-  long double bytes = static_cast<long double>(values) * 4 * (1 + (*optimizer)->num_slots());
+  const long double bytes = DenseBytes(spec);
   if (bytes > options_.max_table_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("spec.size ", spec.size(), " needs ", static_cast<double>(bytes),
@@ -95,10 +100,7 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
     return response;
   }
   if (spec.kind() == TableSpec::DENSE) {
-    auto optimizer = core::MakeOptimizer(spec.optimizer());
-    if (!optimizer.ok()) return optimizer.status();
-    const uint64_t needs = DenseShardRange(spec.size(), options_.shard_id, options_.num_shards)
-                               .size() * 4 * (1 + (*optimizer)->num_slots());
+    const auto needs = static_cast<uint64_t>(DenseBytes(spec));  // <= max_table_bytes (CheckSize)
     uint64_t held = 0;
     for (const auto& [id, t] : tables_) held += t->Stats().memory_bytes();
     if (held + needs > options_.max_memory_bytes) {

@@ -77,6 +77,9 @@ class Shard {
   absl::StatusOr<Table*> GetForWorker(uint32_t table_id, int32_t worker_id,
                                       TableSpec::Kind kind) const;
   absl::Status CheckSize(const TableSpec& spec) const;
+  // A dense table's values and optimizer state on this shard, in bytes (a valid spec; long
+  // double so that no size overflows before it is compared with a limit).
+  long double DenseBytes(const TableSpec& spec) const;
 
   const ShardOptions options_;
   mutable absl::Mutex mu_;

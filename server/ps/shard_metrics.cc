@@ -37,7 +37,8 @@ void CollectTables(const Shard& shard, MetricFamilies* f) {
     f->Gauge("pscluster_ps_table_memory_bytes",
              "Bytes of values and optimizer state held (sparse: without the row index).", kind,
              t.memory_bytes());
-    f->Gauge("pscluster_ps_table_applied_steps", "Steps whose every worker's push the table holds (BSP: applied), per table.", table,
+    f->Gauge("pscluster_ps_table_applied_steps",
+             "Steps whose every worker's push the table holds (BSP: applied), per table.", table,
              t.info().applied_steps());
     f->Counter("pscluster_ps_pull_waits_total",
                "Pulls that waited for their consistency bound (BSP/SSP), per table.", table,
