@@ -97,6 +97,14 @@ class BadInputTest : public PsClusterTest {
     return shard0()->PushDense(&ctx, c, &r);
   }
 
+  grpc::Status PushBatch(std::vector<DenseChunk> chunks) {
+    ps::DenseBatch batch;
+    for (auto& c : chunks) *batch.add_chunks() = std::move(c);
+    grpc::ClientContext ctx;
+    ps::PushDenseBatchResponse r;
+    return shard0()->PushDenseBatch(&ctx, batch, &r);
+  }
+
   grpc::Status PushStream(const std::vector<DenseChunk>& chunks,
                           ps::ParameterServer::Stub* stub = nullptr) {
     grpc::ClientContext ctx;
@@ -172,12 +180,8 @@ TEST_F(BadInputTest, SingleChunkPushWhoseHeaderDescribesAnotherTransferIsInvalid
   DenseChunk elsewhere = Chunk(kDense, 0, std::vector<float>(5, 1.0f));
   elsewhere.set_begin(5);
   ExpectError(Push(elsewhere), grpc::StatusCode::INVALID_ARGUMENT, "begin=5 differs from offset=0");
-  ps::DenseBatch batch;
-  *batch.add_chunks() = Chunk(kSkip, 0, std::vector<float>(500, 0.25f));
-  *batch.add_chunks() = longer;
-  grpc::ClientContext ctx;
-  ps::PushDenseBatchResponse r;
-  ExpectError(shard0()->PushDenseBatch(&ctx, batch, &r), grpc::StatusCode::INVALID_ARGUMENT,
+  ExpectError(PushBatch({Chunk(kSkip, 0, std::vector<float>(500, 0.25f)), longer}),
+              grpc::StatusCode::INVALID_ARGUMENT,
               "chunk 1 of the batch (table 1): total_length=10");
 }
 
@@ -339,21 +343,14 @@ TEST_F(BadInputTest, TooManySparseRowsInOnePullIsResourceExhausted) {
 // A batch push is checked whole before any chunk is applied: one bad chunk (an unknown
 // table, a NaN, a range off the shard, a table twice) and the good ones are not applied.
 TEST_F(BadInputTest, BatchPushWithOneBadChunkAppliesNothing) {
-  auto push = [&](std::vector<DenseChunk> chunks) {
-    ps::DenseBatch batch;
-    for (auto& c : chunks) *batch.add_chunks() = std::move(c);
-    grpc::ClientContext ctx;
-    ps::PushDenseBatchResponse r;
-    return shard0()->PushDenseBatch(&ctx, batch, &r);
-  };
   const DenseChunk good = Chunk(kSkip, 0, std::vector<float>(500, 0.25f));
-  ExpectError(push({good, Chunk(99, 0, {1.0f})}), grpc::StatusCode::NOT_FOUND,
+  ExpectError(PushBatch({good, Chunk(99, 0, {1.0f})}), grpc::StatusCode::NOT_FOUND,
               "chunk 1 of the batch (table 99)");
-  ExpectError(push({good, Chunk(kDense, 0, {NAN})}), grpc::StatusCode::INVALID_ARGUMENT,
+  ExpectError(PushBatch({good, Chunk(kDense, 0, {NAN})}), grpc::StatusCode::INVALID_ARGUMENT,
               "nothing in the batch was applied");
-  ExpectError(push({good, Chunk(kDense, 499, {1.0f, 2.0f})}), grpc::StatusCode::OUT_OF_RANGE,
+  ExpectError(PushBatch({good, Chunk(kDense, 499, {1.0f, 2.0f})}), grpc::StatusCode::OUT_OF_RANGE,
               "chunk 1 of the batch");
-  ExpectError(push({good, good}), grpc::StatusCode::INVALID_ARGUMENT, "appears twice");
+  ExpectError(PushBatch({good, good}), grpc::StatusCode::INVALID_ARGUMENT, "appears twice");
 }
 
 TEST_F(BadInputTest, BatchPullOfAnUnknownTableOrTooMuchIsRejected) {
@@ -456,14 +453,9 @@ TEST_F(BadInputTest, UnaryPushesOverTheChunkLimitAreResourceExhausted) {
   ASSERT_TRUE(clients_[0]->PullDense(9, 0, absl::MakeSpan(initial)).ok());
   DenseChunk c = Chunk(9, 0, std::vector<float>(20000, 1.0f));  // 80000 bytes > 65536
   ExpectError(Push(c), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_chunk_bytes");
-  ps::DenseBatch batch;
-  *batch.add_chunks() = Chunk(9, 0, std::vector<float>(10000, 1.0f));
-  *batch.add_chunks() = Chunk(kDense, 0, std::vector<float>(500, 1.0f));
-  *batch.mutable_chunks(0) = Chunk(9, 0, std::vector<float>(16000, 1.0f));  // 64000 + 2000
-  grpc::ClientContext ctx;
-  ps::PushDenseBatchResponse r;
-  ExpectError(shard0()->PushDenseBatch(&ctx, batch, &r), grpc::StatusCode::RESOURCE_EXHAUSTED,
-              "nothing in the batch was applied");
+  ExpectError(PushBatch({Chunk(9, 0, std::vector<float>(16000, 1.0f)),  // 64000 + 2000
+                         Chunk(kDense, 0, std::vector<float>(500, 1.0f))}),
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "nothing in the batch was applied");
   ASSERT_TRUE(clients_[0]->PullDense(9, 0, absl::MakeSpan(w)).ok());
   EXPECT_EQ(w, initial) << "a refused push was applied";
   before_ = State();

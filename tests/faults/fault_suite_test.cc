@@ -170,8 +170,9 @@ TEST_F(FaultSuite, WorkerKilled) {
 // Regression (the docker network_cut case): a member that comes back and fails again
 // while the others roll back. Worker 1 is killed; a replacement registers (a new
 // generation) and dies before its part of the rollback (here: other training flags than
-// rank 0's, refused after it registered); worker 0, waiting for it, sees that and starts over with the next
-// replacement, instead of waiting out the recovery timeout for a process that is gone.
+// rank 0's, refused after it registered); worker 0, waiting for it, sees that and starts
+// over with the next replacement, instead of waiting out the recovery timeout for a
+// process that is gone.
 TEST_F(FaultSuite, WorkerReplacementDiesDuringTheRollback) {
   Cluster cluster(Dir("replacement_dies"), ClusterOptions());
   AwaitFirstEpochCheckpoint(cluster);
