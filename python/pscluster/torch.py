@@ -173,13 +173,16 @@ class ParameterServerOptimizer:
                                             if isinstance(m, Embedding)]
         for n, p in self.params:
             _numpy(p.data, f"parameter {n}")
-        # Every id checked before any table is made, so a refusal leaves none behind.
-        last = table_base + max(len(self.params) - 1, EMBEDDING_OFFSET + len(self.embeddings) - 1
-                                if self.embeddings else 0)
+        # Every id this makes checked before any table is made: a refusal leaves none behind.
+        ids = [table_base + i for i in range(len(self.params))] + [
+            table_base + EMBEDDING_OFFSET + j for j, e in enumerate(self.embeddings)
+            if e.table is None]
+        last = max(ids, default=table_base)
         if table_base < 0 or last > 2 ** 32 - 1:
             raise PsError(_invalid(), f"table_base={table_base}: this module's tables would "
                           f"take ids up to {last}; table ids are in [0, 2^32 - 1]")
-        self._incoming = [np.empty(p.numel(), np.float32) for _, p in self.params] if overlap else []
+        self._incoming = ([np.empty(p.numel(), np.float32) for _, p in self.params]
+                          if overlap else [])
         # The shape in the name: a worker whose module has the same sizes in another layout
         # (a transposed weight) is refused (ALREADY_EXISTS naming both) instead of summing
         # its gradients into this one's.
@@ -242,14 +245,13 @@ class ParameterServerOptimizer:
                         # The step again after its wait for the others timed out: its push is
                         # on the shards already (they push before they wait; the step pending
                         # or, once the others pushed, applied), so only pull.
-                        n = self.step_count
+                        step = self.step_count
                         if e.code != grpc.StatusCode.FAILED_PRECONDITION or (
-                                f"already pushed step {n}" not in e.message and
-                                f"step {n} is already applied" not in e.message):
+                                f"already pushed step {step}" not in e.message and
+                                f"step {step} is already applied" not in e.message):
                             raise
                         for t, out in zip(self.tables, outs):
-                            self.cluster.pull_dense(t, step=self.step_count + 1,
-                                                    worker=self.worker, out=out)
+                            self.cluster.pull_dense(t, step=step + 1, worker=self.worker, out=out)
         finally:
             for f in pushes:
                 f.result()

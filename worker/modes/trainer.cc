@@ -157,11 +157,11 @@ absl::Status Trainer::CreateTables() {  // idempotent across workers
     absl::Status s = client_->CreateTable(spec);
     if (absl::IsAlreadyExists(s)) {
       return absl::AlreadyExistsError(absl::StrCat(
-          absl::StripTrailingAsciiWhitespace(s.message()), ". Another worker, or the run these shards hold (restored or still "
-          "running), made it from other flags: start every worker with the same model and "
-          "training flags (--model, the sizes, --batch_size, --epochs, --lr, --optimizer, "
-          "--consistency) as that run, or start the shards afresh (no --restore, another "
-          "--data_dir)"));
+          absl::StripTrailingAsciiWhitespace(s.message()),
+          ". Another worker, or the run these shards hold (restored or still running), made "
+          "it from other flags: start every worker with the same model and training flags "
+          "(--model, the sizes, --batch_size, --epochs, --lr, --optimizer, --consistency) as "
+          "that run, or start the shards afresh (no --restore, another --data_dir)"));
     }
     RETURN_IF_ERROR(s);
   }
