@@ -6,8 +6,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/sharding.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/ps_cluster_fixture.h"
 
@@ -273,7 +273,7 @@ TEST_F(BadInputTest, ClientRefusesWhatOneShardWouldRefuseBeforeSendingAny) {
   g[kDenseSize - 3] = std::nanf("");  // in shard 1's range [500, 1000)
   absl::Status s = clients_[0]->PushDense(kDense, 1, g);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("gradient value 997 is nan"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gradient index 997 is nan"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("nothing was pushed to any shard"));
   const uint32_t tables[] = {kDense};
   const absl::Span<const float> grads[] = {g};
@@ -468,19 +468,18 @@ TEST_F(BadInputTest, UnparsableRequestIsInvalidArgumentNamingTheMethod) {
   const std::string garbage = "\xff\xff\xff\xff\x0f not a protobuf";
   grpc::Slice slice(garbage);
   grpc::ByteBuffer request(&slice, 1), response;
-  for (const char* method : {"/pscluster.ps.ParameterServer/PullDense",
-                             "/pscluster.ps.ParameterServer/RegisterWorker",
-                             "/pscluster.ps.ParameterServer/PullDenseStream"}) {
+  for (const char* method :
+       {"/pscluster.ps.ParameterServer/PullDense", "/pscluster.ps.ParameterServer/RegisterWorker",
+        "/pscluster.ps.ParameterServer/PullDenseStream"}) {
     SCOPED_TRACE(method);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     grpc::Status status;
     absl::Notification done;
-    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                      [&](grpc::Status s) {
-                        status = std::move(s);
-                        done.Notify();
-                      });
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
     ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(60)));
     ExpectError(status, grpc::StatusCode::INVALID_ARGUMENT, method);
     EXPECT_THAT(status.error_message(), HasSubstr("did not parse"));

@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "core/tensor/non_finite.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
+#include "core/tensor/non_finite.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pscluster {
@@ -17,9 +17,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
   }
   if (!options.shard_replicas.empty()) {
     if (options.shard_replicas.size() != options.shard_addresses.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PsClientOptions.shard_replicas has ", options.shard_replicas.size(),
-          " shards, shard_addresses ", options.shard_addresses.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PsClientOptions.shard_replicas has ", options.shard_replicas.size(),
+                       " shards, shard_addresses ", options.shard_addresses.size()));
     }
     for (size_t s = 0; s < options.shard_replicas.size(); ++s) {
       if (options.shard_replicas[s].empty()) {
@@ -42,9 +42,8 @@ PsClient::PsClient(PsClientOptions options)
       calls_(options_.shard_replicas.empty()
                  ? internal::ShardCalls::Single(options_.shard_addresses)
                  : options_.shard_replicas,
-             options_.rpc_timeout,
-             static_cast<int>(options_.max_message_bytes), options_.wait_slice,
-             options_.wait_check, options_.security) {}
+             options_.rpc_timeout, static_cast<int>(options_.max_message_bytes),
+             options_.wait_slice, options_.wait_check, options_.security) {}
 
 absl::Status PsClient::RegisterWorker() {
   return calls_.ForEach([&](int s) {
@@ -148,7 +147,7 @@ absl::Status PsClient::CheckFinite(const ps::TableSpec& spec, absl::Span<const f
   if (spec.skip_nonfinite()) return absl::OkStatus();
   const size_t bad = core::FirstNonFinite(grad);
   if (bad == grad.size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("table ", spec.table_id(), ": gradient value ",
+  return absl::InvalidArgumentError(absl::StrCat("table ", spec.table_id(), ": gradient index ",
                                                  bad, " is ", grad[bad],
                                                  "; nothing was pushed to any shard"));
 }
@@ -207,8 +206,8 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
   for (size_t i = 0; i < keys.size(); ++i) {
     if (spec.key_space() != 0 && keys[i] >= spec.key_space()) {
       return absl::OutOfRangeError(absl::StrCat("table ", table_id, ": key ", keys[i],
-                                                " is outside its key space [0, ",
-                                                spec.key_space(), "); nothing was pushed"));
+                                                " is outside its key space [0, ", spec.key_space(),
+                                                "); nothing was pushed"));
     }
     ps::SparseRequest& r = reqs[SparseShardOf(keys[i], num_shards())];
     r.add_keys(keys[i]);

@@ -28,17 +28,38 @@ size_t FirstNonFinite(absl::Span<const float> values) {
   return values.size();
 }
 
-float MaxAbs(absl::Span<const float> values) {
-  uint32_t biggest = 0;
-  for (float v : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    biggest = std::max(biggest, bits & 0x7fffffffu);
-  }
+namespace {
+
+uint32_t MagnitudeBits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits & 0x7fffffffu;
+}
+
+float FromMagnitudeBits(uint32_t biggest) {
   if (biggest >= 0x7f800000u) return std::numeric_limits<float>::infinity();
   float out;
   std::memcpy(&out, &biggest, sizeof(out));
   return out;
+}
+
+}  // namespace
+
+float MaxAbs(absl::Span<const float> values) {
+  uint32_t biggest = 0;
+  for (float v : values) biggest = std::max(biggest, MagnitudeBits(v));
+  return FromMagnitudeBits(biggest);
+}
+
+float AddAndMaxAbs(absl::Span<float> sum, absl::Span<const float> add) {
+  uint32_t biggest = 0;
+  float* s = sum.data();
+  const float* a = add.data();
+  for (size_t i = 0; i < sum.size(); ++i) {
+    s[i] += a[i];
+    biggest = std::max(biggest, MagnitudeBits(s[i]));
+  }
+  return FromMagnitudeBits(biggest);
 }
 
 }  // namespace pscluster::core

@@ -16,4 +16,8 @@ size_t FirstNonFinite(absl::Span<const float> values);
 // their sign bit, integer order is magnitude order, and Inf/NaN sort above every finite.
 float MaxAbs(absl::Span<const float> values);
 
+// sum[i] += add[i] for every i (add.size() == sum.size()), returning MaxAbs of the new sum
+// from the same pass.
+float AddAndMaxAbs(absl::Span<float> sum, absl::Span<const float> add);
+
 }  // namespace pscluster::core

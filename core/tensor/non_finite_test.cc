@@ -44,5 +44,20 @@ TEST(NonFiniteTest, MaxAbsIsTheLargestMagnitudeOrInfinity) {
   }
 }
 
+TEST(NonFiniteTest, AddAndMaxAbsSumsAndMeasuresTheSum) {
+  std::vector<float> sum(2001, 1.0f), add(2001, 0.5f);
+  add[700] = -9.5f;  // the sum's largest magnitude: |1 - 9.5|
+  add[5] = 3.0f;
+  EXPECT_EQ(AddAndMaxAbs(absl::MakeSpan(sum), add), 8.5f);
+  EXPECT_EQ(sum[0], 1.5f);
+  EXPECT_EQ(sum[5], 4.0f);
+  EXPECT_EQ(sum[700], -8.5f);
+  // Finite terms whose sum overflows: the sum is Inf, and so is its MaxAbs.
+  std::vector<float> big(3, std::numeric_limits<float>::max());
+  EXPECT_EQ(AddAndMaxAbs(absl::MakeSpan(big), std::vector<float>(3, 3e38f)),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(AddAndMaxAbs({}, {}), 0.0f);
+}
+
 }  // namespace
 }  // namespace pscluster::core

@@ -183,6 +183,10 @@ class ParameterServerOptimizer:
                           f"take ids up to {last}; table ids are in [0, 2^32 - 1]")
         self._incoming = ([np.empty(p.numel(), np.float32) for _, p in self.params]
                           if overlap else [])
+        # Without overlap each step's scaled gradients are sent before step() returns: one
+        # buffer per parameter, reused (with overlap a step's are in flight during the next).
+        self._scaled = [] if overlap else [torch.empty(p.shape, dtype=torch.float32)
+                                           for _, p in self.params]
         # The shape in the name: a worker whose module has the same sizes in another layout
         # (a transposed weight) is refused (ALREADY_EXISTS naming both) instead of summing
         # its gradients into this one's.
@@ -221,9 +225,11 @@ class ParameterServerOptimizer:
         of the next into the parameters: one round trip per shard; the Embeddings' rows are
         pushed at the same time."""
         grads = []
-        for n, p in self.params:
+        for i, (n, p) in enumerate(self.params):
             g = torch.zeros_like(p.data) if p.grad is None else p.grad.detach()
-            if self.grad_scale != 1.0:
+            if self.grad_scale != 1.0 and not self.overlap:  # into a buffer kept for it
+                g = torch.mul(g, self.grad_scale, out=self._scaled[i])
+            elif self.grad_scale != 1.0:
                 g = g * self.grad_scale
             elif self.overlap:  # sent while the next backward writes p.grad
                 g = g.clone()

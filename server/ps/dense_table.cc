@@ -157,7 +157,7 @@ absl::StatusOr<DenseTable::Prepared> DenseTable::Prepare(
     at += c.size();
   }
   p.max_abs = scanned.max_abs;
-  const uint64_t bad = !scanned.done          ? ScanPieces(p.pieces, p.total, &p.max_abs)
+  const uint64_t bad = !scanned.done           ? ScanPieces(p.pieces, p.total, &p.max_abs)
                        : scanned.has_nonfinite ? 0
                                                : UINT64_MAX;
   p.finite = bad == UINT64_MAX;
@@ -175,8 +175,8 @@ absl::Status DenseTable::CheckLocked(Prepared* p) {
   RETURN_IF_ERROR(CheckPushLocked(p->worker, p->step));
   // A finite gradient whose update would overflow is refused like a non-finite one. Under
   // BSP it is checked alone, scaled by the number of workers whose gradients are summed.
-  p->over = p->finite ? FirstOverflowLocked(p->pieces, p->total,
-                                           bsp() ? num_workers_locked() : 1, p->max_abs)
+  p->over = p->finite ? FirstOverflowLocked(p->pieces, p->total, bsp() ? num_workers_locked() : 1,
+                                            p->max_abs)
                       : UINT64_MAX;
   if (p->over != UINT64_MAX && !spec_.skip_nonfinite()) return Overflow(range_.begin + p->over);
   return absl::OkStatus();
@@ -274,15 +274,16 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
     }
   };
   std::vector<float> sum = std::move(it->second.begin()->second);
+  // The sum's largest |value|, from the last addition's pass (one push alone: unknown).
+  float max_abs = std::numeric_limits<float>::infinity();
   for (auto w = std::next(it->second.begin()); w != it->second.end(); ++w) {
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += w->second[i];
+    max_abs = core::AddAndMaxAbs(absl::MakeSpan(sum), w->second);
     keep(&w->second);
   }
   pending_.erase(it);
   // Each push was checked alone; their sum may still overflow: then the step leaves this
   // table as it was, counted and said.
-  if (uint64_t over = FirstOverflowLocked({{0, sum}}, sum.size(), 1.0f,
-                                          std::numeric_limits<float>::infinity());
+  if (uint64_t over = FirstOverflowLocked({{0, sum}}, sum.size(), 1.0f, max_abs);
       over != UINT64_MAX) {
     nonfinite_skipped_++;
     std::fprintf(stderr,
