@@ -143,6 +143,56 @@ TEST_F(PsClusterTest, ManyTablesPerCallMatchReference) {
   }
 }
 
+// A shard stopped for longer than a wait slice while a push/pull is on its way: the attempt
+// whose slice ran out may have been dropped unread, so the next one pushes again; a shard
+// that did take the first answers the repeat (same request id) with the pull alone. Either
+// way the step is applied once. (Before, the later attempts only pulled: a push dropped with
+// the first attempt was waited for until the deadline.) The wait check resumes the shard
+// after the first slice ran out.
+TEST_F(PsClusterTest, PushPullSurvivesAShardStoppedPastAWaitSlice) {
+  const OptimizerConfig opt = AllOptimizers()[4];  // Adam
+  constexpr uint64_t kSize = 10001;                // one batch message per shard
+  TableSpec spec = Spec(300, TableSpec::DENSE, opt);
+  spec.set_size(kSize);
+  OnAllWorkers([&](int w) { ASSERT_TRUE(clients_[w]->CreateTable(spec).ok()); });
+  Reference ref(opt, kSize);
+  core::InitDense(spec.initializer(), 0, absl::MakeSpan(ref.values));
+  std::vector<float> g0(kSize), g1(kSize), sum(kSize);
+  for (uint64_t i = 0; i < kSize; ++i) {
+    g0[i] = Grad(0, 0, i);
+    g1[i] = Grad(1, 0, i);
+    sum[i] = g0[i] + g1[i];
+  }
+  ref.Apply(0, sum.data(), kSize, 1);
+  const std::vector<uint32_t> ids = {spec.table_id()};
+  ASSERT_TRUE(clients_[1]->PushDenseMany(0, ids, {absl::MakeConstSpan(g1)}).ok());
+
+  int checks = 0;
+  PsClientOptions o;
+  o.shard_addresses = addresses_;
+  o.worker_id = 0;  // registered by the fixture's client of worker 0
+  o.rpc_timeout = absl::Seconds(30);
+  o.wait_slice = absl::Milliseconds(300);
+  const pid_t stopped = servers_[1].pid();
+  o.wait_check = [&checks, stopped] {
+    if (checks++ == 0) kill(stopped, SIGCONT);
+    return absl::OkStatus();
+  };
+  auto worker0 = PsClient::Create(o);
+  ASSERT_TRUE(worker0.ok()) << worker0.status();
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  std::vector<float> got = g0;
+  absl::Status s =
+      (*worker0)->PushPullDenseMany(0, ids, {absl::MakeConstSpan(g0)}, {absl::MakeSpan(got)});
+  kill(stopped, SIGCONT);  // whatever happened
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_GE(checks, 1);        // the stop outlasted a slice
+  EXPECT_EQ(got, ref.values);  // bitwise: the step applied once, with both pushes
+  std::vector<float> again(kSize);
+  ASSERT_TRUE(clients_[1]->PullDense(spec.table_id(), 1, absl::MakeSpan(again)).ok());
+  EXPECT_EQ(again, ref.values);
+}
+
 TEST_F(PsClusterTest, SparseTablesMatchReferenceForEveryOptimizer) {
   constexpr uint32_t kDim = 8;
   uint32_t id = 100;

@@ -140,26 +140,18 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       ps::PushDenseBatchResponse resp;
       return calls_.DenseUnary(shard, &DenseMethods::push_dense_batch, batch, &resp);
     }
-    // The push and the wait for step + 1 in one call; when the wait outlasts a slice the
-    // push is in (the shard pushes before it waits), so the later attempts only pull. With
-    // replicas every attempt pushes again, under the call's one request id: the slice may
-    // have run out on a head cut off before the push reached it, and a head that has the
-    // push answers the repeat from it.
-    ps::PullDenseBatchRequest again;
-    for (const ps::DenseChunk& c : headers) {
-      ps::PullDenseRequest* p = again.add_pulls();
-      p->set_worker_id(c.worker_id());
-      p->set_step(step + 1);
-      p->set_table_id(c.table_id());
-      p->set_offset(c.offset());
-      p->set_length(c.total_length());
-    }
+    // The push and the wait for step + 1 in one call. Every attempt pushes again, under the
+    // call's one request id: an attempt whose slice ran out may have been dropped before
+    // the shard read it (a shard stopped for a few seconds), or taken; a shard that took
+    // the push answers a repeat of its id with the pull alone (so does the next head of a
+    // chain whose head failed after handing the push down).
     grpc::ByteBuffer resp;
-    RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int n) {
-      return n == 0 || calls_.replicated()
-                 ? calls_.DenseCall(shard, &DenseMethods::push_pull_dense_batch, ctx, batch, &resp)
-                 : calls_.DenseCall(shard, &DenseMethods::pull_dense_batch, ctx, again, &resp);
-    }));
+    RETURN_IF_ERROR(calls_.Waiting(
+        shard,
+        [&](grpc::ClientContext* ctx, int) {
+          return calls_.DenseCall(shard, &DenseMethods::push_pull_dense_batch, ctx, batch, &resp);
+        },
+        /*identified=*/true));
     return CopyBatch(shard, resp, order, tables, out);
   });
 }

@@ -8,8 +8,13 @@ namespace {
 class MemorySnapshotStore final : public SnapshotStore {
  public:
   MemorySnapshotStore(std::string dir, std::shared_ptr<MemorySnapshotStorage::Dir> data,
-                      bool read_only, std::function<bool()> fail)
-      : dir_(std::move(dir)), data_(std::move(data)), read_only_(read_only), fail_(fail) {}
+                      bool read_only, std::function<bool()> fail,
+                      std::function<bool()> fail_deletes)
+      : dir_(std::move(dir)),
+        data_(std::move(data)),
+        read_only_(read_only),
+        fail_(std::move(fail)),
+        fail_deletes_(std::move(fail_deletes)) {}
 
   const std::string& dir() const override { return dir_; }
 
@@ -53,6 +58,10 @@ class MemorySnapshotStore final : public SnapshotStore {
 
   absl::Status Delete(int64_t step) override {
     if (read_only_) return absl::FailedPreconditionError(dir_ + " is open read-only");
+    if (fail_deletes_()) {
+      return absl::UnavailableError(
+          absl::StrCat("deleting the snapshot of step ", step, " in ", dir_, ": read-only (test)"));
+    }
     absl::MutexLock lock(&data_->mu);
     data_->snapshots.erase(step);
     return absl::OkStatus();
@@ -98,6 +107,7 @@ class MemorySnapshotStore final : public SnapshotStore {
   const std::shared_ptr<MemorySnapshotStorage::Dir> data_;
   const bool read_only_;
   const std::function<bool()> fail_;
+  const std::function<bool()> fail_deletes_;
 };
 
 }  // namespace
@@ -114,7 +124,12 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> MemorySnapshotStorage::Open(const
     absl::MutexLock lock(&mu_);
     return fail_writes_;
   };
-  return std::unique_ptr<SnapshotStore>(new MemorySnapshotStore(dir, data, read_only, fail));
+  auto fail_deletes = [this] {
+    absl::MutexLock lock(&mu_);
+    return fail_deletes_;
+  };
+  return std::unique_ptr<SnapshotStore>(
+      new MemorySnapshotStore(dir, data, read_only, fail, fail_deletes));
 }
 
 std::vector<std::string> MemorySnapshotStorage::ShardDirs(const std::string& root) const {
@@ -130,6 +145,11 @@ std::vector<std::string> MemorySnapshotStorage::ShardDirs(const std::string& roo
 void MemorySnapshotStorage::FailWrites(bool fail) {
   absl::MutexLock lock(&mu_);
   fail_writes_ = fail;
+}
+
+void MemorySnapshotStorage::FailDeletes(bool fail) {
+  absl::MutexLock lock(&mu_);
+  fail_deletes_ = fail;
 }
 
 }  // namespace pscluster::ps

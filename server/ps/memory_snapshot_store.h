@@ -24,6 +24,8 @@ class MemorySnapshotStorage final : public SnapshotStorage {
 
   // Every later Write fails with RESOURCE_EXHAUSTED (true) or succeeds again (false).
   void FailWrites(bool fail);
+  // Every later Delete fails with UNAVAILABLE (true: a read-only disk) or succeeds again.
+  void FailDeletes(bool fail);
 
   struct Snapshot {
     SnapshotManifest manifest;
@@ -38,6 +40,7 @@ class MemorySnapshotStorage final : public SnapshotStorage {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Dir>> dirs_ ABSL_GUARDED_BY(mu_);
   bool fail_writes_ ABSL_GUARDED_BY(mu_) = false;
+  bool fail_deletes_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pscluster::ps

@@ -308,8 +308,8 @@ absl::Status ParameterServerService::ApplyReplicated(const ReplicatedUpdate& u,
       return PushSparseRows(u.push_sparse(), &resp);
     }
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("Replicate: update kind ", static_cast<int>(u.update_case()), " is unknown"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Replicate: update kind ", static_cast<int>(u.update_case()), " is unknown"));
   }
 }
 
@@ -319,7 +319,8 @@ grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext* ctx,
   Scope scope(this);
   if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status written = Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = *req; }, nullptr, [&] {
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = *req; }, nullptr,
+      [&] {
         *resp = shard_->RegisterWorker(req->worker_id());
         return absl::OkStatus();
       });
@@ -336,7 +337,8 @@ grpc::Status ParameterServerService::UnregisterWorker(grpc::ServerContext* ctx,
   Scope scope(this);
   if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status written = Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = *req; }, nullptr, [&] {
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = *req; }, nullptr,
+      [&] {
         *resp = shard_->UnregisterWorker(req->worker_id());
         return absl::OkStatus();
       });
@@ -507,14 +509,28 @@ grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx
   return grpc::Status::OK;
 }
 
-absl::Status ParameterServerService::PushPull(const grpc::ServerContext* ctx,
-                                              const DenseBatch& req, std::vector<PullChunk>* out,
+absl::Status ParameterServerService::PushPull(const grpc::ServerContext* ctx, const DenseBatch& req,
+                                              std::vector<PullChunk>* out,
                                               RequestBudget::Charge* charge) {
   charge->ForceGrowTo(PayloadBytes(req));  // then the pulled chunks (PullBatch)
   PushDenseBatchResponse pushed;
-  RETURN_IF_ERROR(Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
-      [&] { return PushBatch(req, &pushed); }));
+  const std::string id = RequestId(ctx);
+  if (replicator_.load() == nullptr && !id.empty()) {
+    absl::MutexLock lock(&pushed_mu_);
+    if (pushed_ids_.count(id) == 0) {
+      RETURN_IF_ERROR(PushBatch(req, &pushed));
+      pushed_ids_.insert(id);
+      pushed_order_.push_back(id);
+      if (pushed_order_.size() > kPushedIds) {
+        pushed_ids_.erase(pushed_order_.front());
+        pushed_order_.pop_front();
+      }
+    }
+  } else {  // a chain answers repeats itself (Replicator::Write)
+    RETURN_IF_ERROR(Write(
+        ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
+        [&] { return PushBatch(req, &pushed); }));
+  }
   google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
   for (const DenseChunk& c : req.chunks()) {
     PullDenseRequest* p = pulls.Add();
@@ -537,7 +553,8 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
   if (total_bytes > options_.max_chunk_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the batch carries ", total_bytes, " bytes of gradients; the unary limit is ",
-                     options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); nothing in the "
+                     options_.max_chunk_bytes,
+                     " (ps_server --max_chunk_bytes); nothing in the "
                      "batch was applied: push the large tables with PushDenseStream"));
   }
   for (int i = 0; i < req->chunks_size(); ++i) {  // all checked before any is applied
@@ -717,12 +734,10 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
   // The whole transfer is held until it is applied: charge it to the shard's budget before
   // receiving more than the first chunk, and the buffers as they come (their capacity).
   RequestBudget::Charge charge(&budget_);
-  const std::string what =
-      absl::StrCat("the push stream of table ", first.table_id(), " (total_length=",
-                   first.total_length(), " values)");
+  const std::string what = absl::StrCat("the push stream of table ", first.table_id(),
+                                        " (total_length=", first.total_length(), " values)");
   if (absl::Status s = charge.GrowTo(
-          std::max<uint64_t>(first.total_length() * sizeof(float), first.data().capacity()),
-          what);
+          std::max<uint64_t>(first.total_length() * sizeof(float), first.data().capacity()), what);
       !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -763,19 +778,17 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
     held += c.data().capacity();
     if (absl::Status s = charge.GrowTo(held, what); !s.ok()) return ToGrpcStatus(s);
     // Scan now, while the chunk is in cache; a bad value ends the stream at once.
-    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &scanned);
-        !s.ok()) {
+    if (absl::Status s = (*table)->ScanChunk(c.offset(), AsFloats(c.data()), &scanned); !s.ok()) {
       return ToGrpcStatus(s);
     }
     received += c.data().size() / sizeof(float);
     buffers.push_back(std::move(*c.mutable_data()));
   }
   if (received != first.total_length()) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("push stream truncated: got ", received, " of total_length=",
-                     first.total_length(),
-                     " values (the client ended the stream early, or a chunk did not parse as a "
-                     "DenseChunk); nothing was applied")));
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "push stream truncated: got ", received, " of total_length=", first.total_length(),
+        " values (the client ended the stream early, or a chunk did not parse as a "
+        "DenseChunk); nothing was applied")));
   }
   first.clear_data();  // its bytes are buffers[0]
   return ToGrpcStatus(Write(
@@ -784,10 +797,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
         *u->mutable_push_dense() = first;
         u->set_stream(true);
       },
-      &buffers,
-      [&] {
-        return PushStreamed(first, buffers, scanned, resp);
-      }));
+      &buffers, [&] { return PushStreamed(first, buffers, scanned, resp); }));
 }
 
 absl::Status ParameterServerService::PushStreamed(const DenseChunk& first,
@@ -803,13 +813,12 @@ absl::Status ParameterServerService::PushStreamed(const DenseChunk& first,
     received += spans.back().size();
   }
   if (received != first.total_length()) {
-    return absl::InvalidArgumentError(absl::StrCat("push stream holds ", received,
-                                                   " values, not total_length=",
-                                                   first.total_length()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push stream holds ", received, " values, not total_length=", first.total_length()));
   }
   bool skipped = false;
-  absl::Status s = table->Push(first.worker_id(), first.step(), first.begin(), spans, &skipped,
-                               scanned);
+  absl::Status s =
+      table->Push(first.worker_id(), first.step(), first.begin(), spans, &skipped, scanned);
   resp->set_values_received(received);
   resp->set_skipped_nonfinite(skipped);
   return s;
@@ -858,9 +867,9 @@ absl::Status ParameterServerService::PushSparseRows(const SparseRequest& request
   RETURN_IF_ERROR(CheckFloatBytes(req->grads(), "grads"));
   if (uint64_t bytes = req->grads().size() + uint64_t{8} * req->keys_size();
       bytes > options_.max_chunk_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the push carries ", bytes, " bytes of keys and gradients; the limit is ",
-        options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); split the keys"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the push carries ", bytes, " bytes of keys and gradients; the limit is ",
+                     options_.max_chunk_bytes, " (ps_server --max_chunk_bytes); split the keys"));
   }
   ASSIGN_OR_RETURN(SparseTable * table, shard_->GetSparse(req->table_id(), req->worker_id()));
   bool skipped = false;

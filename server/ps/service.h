@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <string>
 #include <thread>
+#include <unordered_set>
 
 #include "absl/time/time.h"
 #include "common/graceful_shutdown.h"
@@ -133,8 +136,8 @@ class ParameterServerService final : public ParameterServer::Service {
   // Stream: Unary (one answer) or Split (a stream of them).
   template <typename Stream, typename Req>
   void ServeCoded(const char* method,
-                  grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*,
-                                                                  const Req&, Stream*));
+                  grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*, const Req&,
+                                                                  Stream*));
 
   // A dense pull's answer before its values are read: the chunk's every field but data, and
   // the table its `length` values come from, from header.offset() on.
@@ -144,8 +147,8 @@ class ParameterServerService final : public ParameterServer::Service {
     uint64_t length;
   };
   // The chunk of `length` values of `table` from req.offset() on.
-  static PullChunk PlanChunk(const DenseTable* table, const PullDenseRequest& req,
-                             uint64_t offset, uint64_t length);
+  static PullChunk PlanChunk(const DenseTable* table, const PullDenseRequest& req, uint64_t offset,
+                             uint64_t length);
   // The answer as a message, or coded as gRPC sends it (a DenseBatch, or one DenseChunk).
   static absl::Status ReadChunk(const PullChunk& chunk, DenseChunk* out);
   static absl::StatusOr<grpc::ByteBuffer> EncodeChunks(const std::vector<PullChunk>& chunks,
@@ -220,6 +223,14 @@ class ParameterServerService final : public ParameterServer::Service {
   RequestBudget budget_;
   InFlightCounter in_flight_;
   absl::Mutex serving_mu_;
+  // Without a chain: the request ids of the last kPushedIds pushes PushPull applied, so that
+  // a repeated attempt (its slice ran out before the answer came) only pulls. Held across
+  // the check and the push: a repeat that arrives while the first attempt still pushes
+  // waits for it. Cleared when Restore replaces the tables.
+  static constexpr size_t kPushedIds = 4096;
+  absl::Mutex pushed_mu_ ABSL_ACQUIRED_AFTER(serving_mu_);
+  std::unordered_set<std::string> pushed_ids_ ABSL_GUARDED_BY(pushed_mu_);
+  std::deque<std::string> pushed_order_ ABSL_GUARDED_BY(pushed_mu_);
   absl::Mutex release_mu_;
   bool stopping_ ABSL_GUARDED_BY(release_mu_) = false;
   std::thread releaser_;  // last: started once everything it uses exists

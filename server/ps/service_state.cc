@@ -109,27 +109,42 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   auto loaded = snapshotter_->Load(absl::StrCat(req->step()));
   if (!loaded.ok()) {
     return ToGrpcStatus(absl::Status(
-        loaded.status().code(),
-        absl::StrCat(loaded.status().message(), " (nothing was restored; the shard is unchanged)")));
+        loaded.status().code(), absl::StrCat(loaded.status().message(),
+                                             " (nothing was restored; the shard is unchanged)")));
   }
   const int64_t step = loaded->step;
-  shard_->Shutdown();  // waiting pulls fail now ...
-  {
-    absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
-    snapshotter_->Install(*std::move(loaded));
-  }
-  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
-              static_cast<long long>(step));
-  if (req->drop_later()) {  // serving again meanwhile: it may wait for a write to end
+  // The later snapshots go first, while serving (it may wait for a write to end): kept, a
+  // restart with --restore=latest, or a checkpoint of one of their steps, would bring back
+  // the timeline this restore abandons. If they cannot all go, the restore fails and the
+  // tables stay as they are.
+  if (req->drop_later()) {
     absl::StatusOr<std::vector<int64_t>> dropped = snapshotter_->DropAfter(step);
     if (!dropped.ok()) {
-      std::printf("ps_server: the snapshots after step %lld are kept: %s\n",
-                  static_cast<long long>(step), dropped.status().ToString().c_str());
-    } else if (!dropped->empty()) {
+      return ToGrpcStatus(absl::Status(
+          dropped.status().code(),
+          absl::StrCat("restoring step ", step,
+                       " needs the later snapshots deleted, and they "
+                       "could not all be: ",
+                       dropped.status().message(),
+                       " (nothing was "
+                       "restored; the tables are unchanged; make the snapshot directory "
+                       "writable, or delete the later .psnap files, and restore again)")));
+    }
+    if (!dropped->empty()) {
       std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
                   absl::StrJoin(*dropped, ", ").c_str());
     }
   }
+  shard_->Shutdown();  // waiting pulls fail now ...
+  {
+    absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
+    snapshotter_->Install(*std::move(loaded));
+    absl::MutexLock lock(&pushed_mu_);  // repeats of pushes into the old tables push again
+    pushed_ids_.clear();
+    pushed_order_.clear();
+  }
+  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
+              static_cast<long long>(step));
   std::fflush(stdout);
   resp->set_step(step);
   return grpc::Status::OK;
@@ -168,8 +183,8 @@ grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
   if (!table.ok()) return ToGrpcStatus(table.status());
   // The export holds a copy of the table's whole state (values and slots) until it is sent.
   RequestBudget::Charge charge(&budget_);
-  if (absl::Status s = charge.GrowTo(StateBytes(**table),
-                                     absl::StrCat("the export of table ", req->table_id()));
+  if (absl::Status s =
+          charge.GrowTo(StateBytes(**table), absl::StrCat("the export of table ", req->table_id()));
       !s.ok()) {
     return ToGrpcStatus(s);
   }

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
 #include "server/ps/memory_snapshot_store.h"
+#include "server/ps/service.h"
 #include "server/ps/shard.h"
 #include "server/ps/snapshot_store.h"
 
@@ -390,6 +391,45 @@ TEST_F(SnapshotterTest, InMemoryStoreSnapshotsRestoresAndReportsAFailedWrite) {
   EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), ReadDense(b, 1)));
   EXPECT_TRUE(BitwiseEqual(ReadSparse(a, 2, keys), ReadSparse(b, 2, keys)));
   EXPECT_EQ((*b.GetTable(1))->Clocks(), (*a.GetTable(1))->Clocks());
+}
+
+// Restore with drop_later (a rollback, psctl restore) whose later snapshots cannot be
+// deleted (a read-only disk) fails and changes nothing: kept, they would come back with a
+// restart's --restore=latest. Once they can be deleted it goes through.
+TEST_F(SnapshotterTest, ARestoreWhoseLaterSnapshotsCannotGoFailsAndChangesNothing) {
+  const uint64_t kSize = 1000;
+  MemorySnapshotStorage storage;
+  SnapshotterOptions o = Options();
+  o.storage = &storage;
+  Shard a(ShardOptions{0, 1});
+  a.RegisterWorker(0);
+  ASSERT_TRUE(a.CreateTable(DenseAdamSpec(1, kSize)).ok());
+  auto snap = Make(&a, o);
+  ASSERT_NE(snap, nullptr);
+  std::vector<float> at_step_2;
+  for (int step = 0; step < 3; ++step) {
+    PushDenseSlice(a, 1, 0, step, DenseGrads(kSize, step));
+    if (step >= 1) SnapshotAndWait(*snap, Request(step + 1));
+    if (step == 1) at_step_2 = ReadDense(a, 1);
+  }
+  const std::vector<float> before = ReadDense(a, 1);
+  ParameterServerService service(&a, snap.get(), ServiceOptions());
+  RestoreRequest req;
+  req.set_step(2);
+  req.set_drop_later(true);
+  RestoreResponse resp;
+  storage.FailDeletes(true);
+  grpc::Status s = service.Restore(nullptr, &req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("nothing was restored"));
+  EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), before));
+  EXPECT_EQ(ListedSteps(*snap), std::vector<int64_t>({2, 3}));
+  storage.FailDeletes(false);
+  s = service.Restore(nullptr, &req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.step(), 2);
+  EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), at_step_2));
+  EXPECT_EQ(ListedSteps(*snap), std::vector<int64_t>({2}));
 }
 
 TEST_F(SnapshotterTest, DestructorWaitsForTheWrite) {

@@ -77,8 +77,8 @@ class ShardCalls {
       }
       replicated_ |= replicas_[s].size() > 1;
     }
-    if (replicated_) request_prefix_ = absl::StrCat(absl::Hex(std::random_device()()), "-",
-                                                    absl::Hex(std::random_device()()), "-");
+    request_prefix_ = absl::StrCat(absl::Hex(std::random_device()()), "-",
+                                   absl::Hex(std::random_device()()), "-");
   }
   // One address per shard.
   static std::vector<std::vector<std::string>> Single(const std::vector<std::string>& addresses) {
@@ -120,9 +120,11 @@ class ShardCalls {
   }
 
   bool replicated() const { return replicated_; }
-  // A request id for one logical call and all its attempts ("" when not replicated).
-  std::string NewRequestId() const {
-    return replicated_ ? absl::StrCat(request_prefix_, ++requests_) : "";
+  // A request id for one logical call and all its attempts ("" when not replicated and not
+  // `always`: the shards use ids to answer repeated writes, which only a chain needs but
+  // for PushPullDenseBatch, whose attempts all push).
+  std::string NewRequestId(bool always = false) const {
+    return replicated_ || always ? absl::StrCat(request_prefix_, ++requests_) : "";
   }
 
   // attempt(ctx) makes one whole call with the context given (its deadline: `end`, or one
@@ -183,7 +185,7 @@ class ShardCalls {
                          grpc::ClientContext* ctx, const Req& req, Resp* resp) const {
     const Dense d = dense(shard);
     return grpc::internal::BlockingUnaryCall<Req, Resp>(d.channel, d.methods->*method, ctx, req,
-                                                         resp);
+                                                        resp);
   }
   // The same with the deadline (Retrying), as Unary.
   template <typename Req, typename Resp>
@@ -210,19 +212,19 @@ class ShardCalls {
   // repeats the call (pulls are idempotent), up to the client-wide deadline. The first
   // slice that runs out is said once on stderr, with what the shard waits for. A refused
   // attempt (Refused), or one a replica did not take, is made again with the same n
-  // (Retrying, within the deadline). Every attempt carries the same request id; with
+  // (Retrying, within the deadline). Every attempt carries the same request id (with
+  // replicas, or `identified`); with
   // replicas a slice that runs out also moves on to the next replica (which sends the call
   // back if it is not the head): the head may have been cut off.
   template <typename Attempt>
-  absl::Status Waiting(int shard, Attempt attempt) const {
+  absl::Status Waiting(int shard, Attempt attempt, bool identified = false) const {
     const absl::Time end = absl::Now() + rpc_timeout_;
-    const std::string id = NewRequestId();
+    const std::string id = NewRequestId(identified);
     bool said = false;
     for (int n = 0;; ++n) {
       const int at = current_[shard].load();
       const absl::Duration slice =
-          wait_check_ ? wait_slice_
-                      : (replicated_ ? kReplicaAttempt : absl::InfiniteDuration());
+          wait_check_ ? wait_slice_ : (replicated_ ? kReplicaAttempt : absl::InfiniteDuration());
       grpc::Status s = Retrying(
           shard, [&](grpc::ClientContext* ctx) { return attempt(ctx, n); }, end, slice, id);
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && replicated_ &&
