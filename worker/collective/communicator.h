@@ -7,6 +7,7 @@
 // a signal).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,11 @@ class Communicator {
   virtual absl::Status SendRecv(absl::Span<const float> out, int to, int send_tag,
                                 absl::Span<float> in, int from, int recv_tag) = 0;
   virtual absl::Status Barrier() = 0;
+  // A receive that has waited `slice` for its peer calls `check`, and again after every
+  // further slice: an error ends the operation with it (a member the coordinator declared
+  // dead), OK goes on waiting, up to the timeout; the first slice is said on stderr.
+  // Gloo's receives (every collective's and point-to-point's); others ignore it.
+  virtual void SetWaitCheck(std::function<absl::Status()> check, absl::Duration slice) {}
 };
 
 struct GlooOptions {

@@ -1,3 +1,4 @@
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -6,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -56,10 +58,17 @@ absl::Status Guard(const std::string& what, Fn fn) {
 // Before each blocking read the caller polls the socket for up to GlooOptions::spin.
 class SyncPairs {
  public:
-  SyncPairs(std::shared_ptr<gloo::Context> context, absl::Duration spin)
+  SyncPairs(std::shared_ptr<gloo::Context> context, absl::Duration spin, absl::Duration timeout)
       : context_(std::move(context)),
         spin_(absl::ToChronoMicroseconds(spin)),
+        timeout_(timeout),
         sockets_(Sockets()) {}
+
+  // Between the slices of a receive's wait (Communicator::SetWaitCheck).
+  void SetWaitCheck(std::function<absl::Status()> check, absl::Duration slice) {
+    wait_check_ = std::move(check);
+    wait_slice_ = slice;
+  }
 
   int rank() const { return context_->rank; }
   int size() const { return context_->size; }
@@ -170,6 +179,7 @@ class SyncPairs {
   // Reads the message of up to `bytes` for `recv` from `from`.
   void Receive(gloo::transport::Buffer* recv, int from, size_t bytes) {
     AwaitBytes(from, bytes);
+    AwaitReadable(from);
     try {
       recv->waitRecv();
     } catch (const std::exception& e) {
@@ -179,6 +189,40 @@ class SyncPairs {
           "a message for another operation came first: ranks must make the same collective "
           "calls in the same order, and receive each other's point-to-point messages in the "
           "order they were sent");
+    }
+  }
+
+  // With a wait check: waits for the socket from `peer` to have something to read in slices;
+  // after each empty slice the check may end the wait (a member declared dead: throws its
+  // reason), and the first one is said on stderr; the whole wait is bounded by the timeout.
+  // Gloo's read then takes the message (its own timeout runs from there).
+  void AwaitReadable(int peer) {
+    const int fd = sockets_[peer];
+    if (fd < 0 || !wait_check_) return;
+    const absl::Time start = absl::Now(), end = start + timeout_;
+    for (bool said = false;;) {
+      pollfd p{fd, POLLIN, 0};
+      const absl::Duration slice = std::min(wait_slice_, end - absl::Now());
+      const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(slice)));
+      if (ready != 0) return;  // readable, closed or failed: the read says which
+      if (absl::Now() >= end) {
+        throw std::runtime_error(absl::StrCat("timed out after ",
+                                              absl::FormatDuration(absl::Now() - start),
+                                              " with nothing from rank ", peer));
+      }
+      if (absl::Status check = wait_check_(); !check.ok()) {
+        throw std::runtime_error(absl::StrCat("gave up waiting for rank ", peer, " after ",
+                                              absl::FormatDuration(absl::Now() - start), ": ",
+                                              check.message()));
+      }
+      if (!said) {
+        std::fprintf(stderr,
+                     "rank %d: still waiting for rank %d (%s so far; the collective "
+                     "timeout is %s)\n",
+                     rank(), peer, absl::FormatDuration(absl::Now() - start).c_str(),
+                     absl::FormatDuration(timeout_).c_str());
+        said = true;
+      }
     }
   }
 
@@ -265,6 +309,9 @@ class SyncPairs {
 
   std::shared_ptr<gloo::Context> context_;
   const std::chrono::microseconds spin_;  // GlooOptions::spin
+  const absl::Duration timeout_;          // GlooOptions::timeout
+  std::function<absl::Status()> wait_check_;
+  absl::Duration wait_slice_ = absl::Seconds(2);
   std::vector<float> scratch_;
   std::vector<int> sockets_;  // by peer
   int slot_ = 0;
@@ -275,7 +322,7 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::shared_ptr<gloo::Context> context,
                    std::shared_ptr<gloo::Context> sync_context, const GlooOptions& options)
       : context_(std::move(context)),
-        sync_(std::move(sync_context), options.spin),
+        sync_(std::move(sync_context), options.spin, options.timeout),
         timeout_(absl::ToChronoMilliseconds(options.timeout)) {}
 
   int rank() const override { return context_->rank; }
@@ -347,6 +394,10 @@ class GlooCommunicator final : public Communicator {
     return Guard(absl::StrCat("send to rank ", to, " (tag ", send_tag, ") and receive from rank ",
                               from, " (tag ", recv_tag, ")"),
                  [&] { sync_.SendRecv(out, to, send_tag, &in, from, recv_tag); });
+  }
+
+  void SetWaitCheck(std::function<absl::Status()> check, absl::Duration slice) override {
+    sync_.SetWaitCheck(std::move(check), slice);
   }
 
   absl::Status Barrier() override {

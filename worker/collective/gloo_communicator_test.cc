@@ -137,6 +137,33 @@ TEST(GlooCommunicatorErrorsTest, HungPeerInAnAllReduceTimesOutNamingIt) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1")) << s;
 }
 
+// A peer that is alive but silent (a stopped process): the wait check between slices ends
+// the wait with its reason (the coordinator declared the peer dead) instead of the timeout;
+// while it says go on, the wait goes on, bounded by the timeout.
+TEST(GlooCommunicatorErrorsTest, AWaitCheckEndsTheWaitForASilentPeer) {
+  gloo::rendezvous::HashStore store;
+  auto comms = ConnectPair(&store, absl::Seconds(60));
+  int checks = 0;
+  comms[0]->SetWaitCheck(
+      [&checks] {
+        return ++checks < 3 ? absl::OkStatus()
+                            : absl::UnavailableError("worker rank 1 is down (test)");
+      },
+      absl::Milliseconds(50));
+  std::vector<float> data(1000, 1.0f);
+  absl::Status s = comms[0]->AllReduceSum(absl::MakeSpan(data));  // rank 1 never calls it
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(checks, 3);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1")) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("worker rank 1 is down")) << s;
+  // A check that always says go on: the timeout still ends the wait, as a timeout.
+  gloo::rendezvous::HashStore other;
+  auto timed = ConnectPair(&other, absl::Milliseconds(300));
+  timed[0]->SetWaitCheck([] { return absl::OkStatus(); }, absl::Milliseconds(50));
+  s = timed[0]->Recv(absl::MakeSpan(data), 1, 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+}
+
 // A peer that goes away in the middle of a large (synchronous ring) all-reduce: the
 // survivor fails at once, naming the rank, instead of waiting out its timeout.
 TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {

@@ -92,6 +92,7 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   co.rpc_timeout = options_.rpc_timeout;
   co.security = options_.security;
   if (options_.coordinator != nullptr) co.wait_check = [this] { return CheckLiveness(); };
+  co.wait_slice = kWaitSlice;
   ASSIGN_OR_RETURN(client_, PsClient::Create(co));
   timed_ps_ = std::make_unique<TimedParameterStore>(client_.get(), &comm_clock_);
   return client_->RegisterWorker();
@@ -99,6 +100,11 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
 
 absl::Status Trainer::ConnectCommunicator(const std::string& name) {
   ASSIGN_OR_RETURN(std::unique_ptr<collective::Communicator> comm, options_.connect(name));
+  // A peer that stopped answering ends the wait once the coordinator declares it dead, as
+  // the shards' waits do, instead of after the whole collective timeout.
+  if (options_.coordinator != nullptr) {
+    comm->SetWaitCheck([this] { return CheckLiveness(); }, kWaitSlice);
+  }
   comm_ = std::make_unique<TimedCommunicator>(std::move(comm), &comm_clock_);
   return absl::OkStatus();
 }

@@ -52,7 +52,7 @@ struct TrainerOptions {
   // The learning rate decays exponentially to this fraction of itself by the last step
   // (1: constant).
   float lr_decay = 1.0f;
-  int64_t lr_warmup_steps = 0;  // the learning rate rises linearly over these updates
+  int64_t lr_warmup_steps = 0;             // the learning rate rises linearly over these updates
   ps::ConsistencyConfig consistency;       // PS mode's tables
   model::ModelConfig model;                // --model and its sizes
   int micro_batches = 4;                   // PIPELINE
@@ -93,11 +93,11 @@ struct TrainSummary {
   int64_t steps = 0;
   int epochs = 0;
   int64_t steps_per_epoch = 0;  // steps < epochs * steps_per_epoch: cut short by max_steps
-  double final_loss = 0;       // mean training loss over the last epoch
-  double test_accuracy = -1;   // after the last epoch, -1 if not evaluated (a language
-                               // model: next-token accuracy)
-  double test_loss = -1;       // the mean loss there (a byte-level model: nats per byte)
-  double samples_per_sec = 0;  // this worker's training examples / training seconds
+  double final_loss = 0;        // mean training loss over the last epoch
+  double test_accuracy = -1;    // after the last epoch, -1 if not evaluated (a language
+                                // model: next-token accuracy)
+  double test_loss = -1;        // the mean loss there (a byte-level model: nats per byte)
+  double samples_per_sec = 0;   // this worker's training examples / training seconds
   double train_seconds = 0;
   std::vector<int64_t> snapshots;  // steps of the snapshots this worker requested
   std::vector<std::pair<int64_t, int64_t>> rollbacks;  // (failed step, checkpoint step)
@@ -154,8 +154,10 @@ class Trainer {
   // back before the rollback is agreed, up to recovery_timeout. `failed_step` failed with
   // `cause` (none: a replacement's join was interrupted).
   absl::StatusOr<int64_t> Recover(std::optional<int64_t> failed_step, absl::Status cause);
-  // The PsClient's wait check: UNAVAILABLE naming the member the coordinator declared
-  // dead, or a change of generation; OK to go on waiting.
+  // How long a wait in a shard or for a peer's message goes between two CheckLiveness.
+  static constexpr absl::Duration kWaitSlice = absl::Seconds(2);
+  // The PsClient's and the communicator's wait check: UNAVAILABLE naming the member the
+  // coordinator declared dead, or a change of generation; OK to go on waiting.
   absl::Status CheckLiveness() const;
   // Whether the coordinator declared this worker dead since view_ (it registered again as
   // a new incarnation, and its calls as the old one fail): it then rolls back too.
