@@ -57,6 +57,41 @@ TEST(RecoveryTest, KilledShardIsRestoredAndTrainingEndsBitwiseAsIfUninterrupted)
   }
 }
 
+// A shard that comes back without its part of the newest checkpoint (the file deleted, a
+// disk replaced): the rollback skips that checkpoint, saying why, for the one before it,
+// instead of ending the run.
+TEST(RecoveryTest, ARollbackSkipsACheckpointAShardLostItsPartOf) {
+  Cluster cluster(::testing::TempDir() + "/lost_part");
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine(absl::StrCat("checkpoint of step ", 2 * kStepsPerEpoch, " complete"),
+                               absl::Minutes(2))
+                  .ok());
+  ASSERT_TRUE(cluster.shard(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+  // Shard 1 loses its snapshots from the second epoch's on (a later epoch's may have been
+  // written meanwhile): the newest checkpoint it can take part in is the first epoch's.
+  int lost = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cluster.dir() + "/ckpt")) {
+    if (e.path().string().find("shard-1/") != std::string::npos &&
+        e.path().extension() == ".psnap" &&
+        std::stoll(e.path().stem().string()) >= 2 * kStepsPerEpoch) {
+      ASSERT_TRUE(std::filesystem::remove(e.path()));
+      ++lost;
+    }
+  }
+  ASSERT_GE(lost, 1) << "no snapshot of shard 1 from step " << 2 * kStepsPerEpoch << " under "
+                     << cluster.dir();
+  cluster.StartShard(1, /*restore=*/true);
+  EXPECT_TRUE(cluster.worker(0).WaitForLine("cannot be restored", absl::Minutes(2)).ok());
+  std::vector<std::string> recovered = cluster.Finish();
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(recovered[r]);
+    EXPECT_THAT(Field(recovered[r], "rollbacks"),
+                ::testing::HasSubstr(absl::StrCat(", ", kStepsPerEpoch, "]")))
+        << "the rollback did not go to the first epoch's checkpoint";
+    EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
+  }
+}
+
 TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIfUninterrupted) {
   const std::string dir = ::testing::TempDir() + "/worker_killed";
   std::vector<std::string> clean = Cluster(dir + "/clean", false, "allreduce").Finish();

@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
@@ -44,8 +46,18 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
                         absl::StrCat("--restore=", f.restore, ": ", step.status().ToString()));
   }
   if (*step < 0) {
-    std::printf("ps_server: no complete snapshot under %s; starting empty\n",
-                f.snapshots.root.c_str());
+    // This shard's own parts, if any: then the other shards' are not under this root.
+    std::vector<int64_t> own;
+    if (auto list = (*created)->List(); list.ok()) {
+      for (const SnapshotInfo& i : list->snapshots()) own.push_back(i.step());
+    }
+    std::printf(
+        "ps_server: no complete snapshot under %s%s; starting empty\n", f.snapshots.root.c_str(),
+        own.empty() ? ""
+                    : absl::StrCat(" (this shard's part of step(s) ", absl::StrJoin(own, ", "),
+                                   " is there, but no step has every shard's part: give "
+                                   "every shard the same --data_dir root)")
+                          .c_str());
   } else {
     std::printf("ps_server: restored snapshot of step %lld from %s\n",
                 static_cast<long long>(*step), f.snapshots.root.c_str());
@@ -56,11 +68,11 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
 // The calls that change what a cluster is rather than train in it: with an admin token set
 // they need it (a worker's cluster token gets PERMISSION_DENIED).
 std::set<std::string> AdminMethods() {
-  return pscluster::AdminMethods("pscluster.ps.ParameterServer",
-                                 {"CreateTable", "Snapshot", "Restore", "ImportDense",
-                                  "UnregisterWorker",
-                                  // between the replicas of a shard (they hold the admin token)
-                                  "Replicate", "TransferState", "JoinedChain"});
+  return pscluster::AdminMethods(
+      "pscluster.ps.ParameterServer",
+      {"CreateTable", "Snapshot", "Restore", "ImportDense", "UnregisterWorker",
+       // between the replicas of a shard (they hold the admin token)
+       "Replicate", "TransferState", "JoinedChain"});
 }
 
 // Listening on --host:--port (the port chosen is in *port).
@@ -117,9 +129,11 @@ ChainConfig ChainOf(const coord::ClusterView& view, uint32_t shard) {
 // With --coordinator: registered and heartbeating (null without one). When the coordinator
 // keeps several replicas of each shard, *chain follows this shard's chain (its lease renewed
 // by every heartbeat answered, the chain asked for again whenever the view changed).
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
-    const ServerFlags& f, const pscluster::Security& security, int port,
-    ParameterServerService* service, std::unique_ptr<Replicator>* chain) {
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f,
+                                                            const pscluster::Security& security,
+                                                            int port,
+                                                            ParameterServerService* service,
+                                                            std::unique_ptr<Replicator>* chain) {
   if (f.coordinator.empty()) return nullptr;
   CoordinatorClientOptions co;
   co.coordinator = f.coordinator;
@@ -151,8 +165,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
   std::printf("ps_server: registered with the coordinator at %s as %s\n", f.coordinator.c_str(),
               co.address.c_str());
   std::fflush(stdout);
-  ASSIGN_OR_RETURN(coord::ClusterView view,
-                   coordinator->AwaitView(0, false, absl::Seconds(10)));
+  ASSIGN_OR_RETURN(coord::ClusterView view, coordinator->AwaitView(0, false, absl::Seconds(10)));
   if (view.replicas() > 1) {
     ReplicatorOptions ro;
     ro.shard_id = f.shard.shard_id;
@@ -189,9 +202,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
                 f.replica, view.replicas());
     std::fflush(stdout);
   } else if (f.replica > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--replica=", f.replica, " but the coordinator keeps one copy of each shard "
-        "(start it with --replicas=", f.replica + 1, " or more)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replica=", f.replica,
+                     " but the coordinator keeps one copy of each shard "
+                     "(start it with --replicas=",
+                     f.replica + 1, " or more)"));
   }
   return coordinator;
 }
@@ -228,7 +243,8 @@ int main(int argc, char** argv) {
   auto snapshotter = OpenSnapshots(*flags, &shard);
   if (!snapshotter.ok()) return Fail(snapshotter.status());
   ParameterServerService service(&shard, snapshotter->get(), flags->service);
-  auto metrics = pscluster::ServeMetricsFromFlags("ps_server", std::to_string(flags->shard.shard_id));
+  auto metrics =
+      pscluster::ServeMetricsFromFlags("ps_server", std::to_string(flags->shard.shard_id));
   if (!metrics.ok()) return Fail(metrics.status());
   if (*metrics) AddShardMetrics(&shard, snapshotter->get(), metrics->get());
   int port = 0;

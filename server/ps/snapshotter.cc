@@ -65,9 +65,9 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
   ASSIGN_OR_RETURN(auto list, store->List());
   if (std::vector<std::string> damaged = store->Damaged(); !damaged.empty()) {
     if (!options.skip_damaged) {
-      return absl::DataLossError(absl::StrCat(
-          "damaged snapshot files (left in place): ", absl::StrJoin(damaged, "; "),
-          ". Move them away, or pass --restore_skip_damaged to start without them"));
+      return absl::DataLossError(
+          absl::StrCat("damaged snapshot files (left in place): ", absl::StrJoin(damaged, "; "),
+                       ". Move them away, or pass --restore_skip_damaged to start without them"));
     }
     for (const std::string& d : damaged) {
       std::fprintf(stderr, "ps_server: ignoring damaged snapshot file (left in place): %s\n",
@@ -109,7 +109,8 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     absl::MutexLock lock(&mu_);
     if (in_progress_ && capturing_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "snapshot of step ", current_step_, " is still waiting for its tables to reach that "
+          "snapshot of step ", current_step_,
+          " is still waiting for its tables to reach that "
           "step (a BSP table captures once every worker pushed the steps before it; it gives "
           "up at its request's deadline); retry when it completes"));
     }
@@ -315,10 +316,10 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
     for (std::string& d : store->Damaged()) damaged.push_back(std::move(d));
   }
   if (!damaged.empty() && which == "latest" && !options_.skip_damaged) {
-    return absl::DataLossError(absl::StrCat(
-        "damaged snapshot files under ", options_.root, " (left in place): ",
-        absl::StrJoin(damaged, "; "),
-        ". Move them away, or pass --restore_skip_damaged to restore without them"));
+    return absl::DataLossError(
+        absl::StrCat("damaged snapshot files under ", options_.root,
+                     " (left in place): ", absl::StrJoin(damaged, "; "),
+                     ". Move them away, or pass --restore_skip_damaged to restore without them"));
   }
   // A step is restorable when all of the shards it was taken with have it.
   std::vector<int64_t> restorable;
@@ -336,9 +337,20 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
     int64_t step = -1;
     if (!absl::SimpleAtoi(which, &step) ||
         std::find(restorable.begin(), restorable.end(), step) == restorable.end()) {
+      // Of a step some shards have: which parts are missing.
+      std::string parts;
+      if (auto it = by_step.find(step); it != by_step.end()) {
+        const uint32_t n = it->second.begin()->second.first;
+        std::vector<uint32_t> missing;
+        for (uint32_t id = 0; id < n; ++id) {
+          if (it->second.count(id) == 0) missing.push_back(id);
+        }
+        parts = absl::StrCat(" (the part of shard(s) ", absl::StrJoin(missing, ", "), " of ", n,
+                             " is missing)");
+      }
       return absl::NotFoundError(absl::StrCat(
-          "no complete snapshot '", which, "' under ", options_.root, "; restorable steps: [",
-          absl::StrJoin(restorable, ", "), "]",
+          "no complete snapshot '", which, "' under ", options_.root, parts,
+          "; restorable steps: [", absl::StrJoin(restorable, ", "), "]",
           damaged.empty() ? "" : absl::StrCat("; damaged files: ", absl::StrJoin(damaged, "; "))));
     }
     candidates.push_back(step);
@@ -361,8 +373,9 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
     if (!absl::IsDataLoss(s) || which != "latest" || !options_.skip_damaged) {
       if (absl::IsDataLoss(s) && which == "latest") {
         return absl::DataLossError(
-            absl::StrCat(s.message(), ". Nothing was deleted; pass --restore_skip_damaged to "
-                                      "restore the newest snapshot that verifies"));
+            absl::StrCat(s.message(),
+                         ". Nothing was deleted; pass --restore_skip_damaged to "
+                         "restore the newest snapshot that verifies"));
       }
       return s;
     }
@@ -372,9 +385,8 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
                  static_cast<long long>(step), std::string(s.message()).c_str());
     last = s;
   }
-  return absl::DataLossError(
-      absl::StrCat("no snapshot under ", options_.root, " verifies; the last error: ",
-                   last.message()));
+  return absl::DataLossError(absl::StrCat("no snapshot under ", options_.root,
+                                          " verifies; the last error: ", last.message()));
 }
 
 void Snapshotter::Install(Loaded loaded) {
@@ -388,9 +400,9 @@ absl::StatusOr<std::vector<int64_t>> Snapshotter::DropAfter(int64_t step) {
   const bool idle = AwaitIdle(absl::Now() + kWait);
   absl::MutexLock lock(&mu_);
   if (!idle || in_progress_) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the snapshot of step ", current_step_, " is being written (waited ",
-        absl::FormatDuration(kWait), ")"));
+    return absl::DeadlineExceededError(absl::StrCat("the snapshot of step ", current_step_,
+                                                    " is being written (waited ",
+                                                    absl::FormatDuration(kWait), ")"));
   }
   ASSIGN_OR_RETURN(std::vector<SnapshotManifest> list, store_->List());
   std::vector<int64_t> dropped;

@@ -2,6 +2,7 @@
 // agree on the newest complete checkpoint with the others, roll back and resume.
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -57,8 +58,10 @@ namespace {
 // The training flags every worker of a run must share beyond what the tables' specs hold
 // (the model's sizes, the optimizer, the consistency), as "--name=value" words.
 std::vector<std::string> SharedFlags(const TrainerOptions& o) {
-  return {absl::StrCat("--batch_size=", o.batch_size), absl::StrCat("--epochs=", o.epochs),
-          absl::StrCat("--max_steps=", o.max_steps),   absl::StrCat("--seed=", o.seed),
+  return {absl::StrCat("--batch_size=", o.batch_size),
+          absl::StrCat("--epochs=", o.epochs),
+          absl::StrCat("--max_steps=", o.max_steps),
+          absl::StrCat("--seed=", o.seed),
           absl::StrCat("--micro_batches=", o.micro_batches),
           absl::StrCat("--lr=", o.optimizer.learning_rate()),
           absl::StrCat("--lr_decay=", o.lr_decay)};
@@ -70,8 +73,7 @@ std::vector<std::string> SharedFlags(const TrainerOptions& o) {
 absl::Status CheckSameFlags(CoordinatorClient* c, const TrainerOptions& o, bool started) {
   const std::vector<std::string> mine = SharedFlags(o);
   if (o.rank == 0 && !started) return c->KvPut("run/flags", absl::StrJoin(mine, " "));
-  ASSIGN_OR_RETURN(const std::string theirs,
-                   c->KvGet("run/flags", /*wait=*/true, o.rpc_timeout));
+  ASSIGN_OR_RETURN(const std::string theirs, c->KvGet("run/flags", /*wait=*/true, o.rpc_timeout));
   std::vector<std::string> differ;
   const std::vector<std::string> words = absl::StrSplit(theirs, ' ');
   for (const std::string& w : mine) {
@@ -158,10 +160,21 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
           "no checkpoint to roll back to: the coordinator lists none; run with "
           "--snapshot_every_epochs or a coordinator --checkpoint_every_steps");
     }
-    back_to = now.checkpoints().rbegin()->step();
+    // The newest checkpoint every shard can restore: one a shard lost its part of (a file
+    // deleted or damaged, a disk replaced) is skipped, said, for the one before it.
     // Snapshots after it are of the timeline the failure ended (a checkpoint some shards
     // wrote before it): gone, so the resumed run's checkpoints of those steps are its own.
-    RETURN_IF_ERROR(client_->Restore(back_to, /*drop_later=*/true));
+    absl::Status restored;
+    for (auto it = now.checkpoints().rbegin(); it != now.checkpoints().rend(); ++it) {
+      back_to = it->step();
+      restored = client_->Restore(back_to, /*drop_later=*/true);
+      if (restored.ok() || !(absl::IsNotFound(restored) || absl::IsDataLoss(restored))) break;
+      std::printf("worker 0: the checkpoint of step %lld cannot be restored (%s)%s\n",
+                  static_cast<long long>(back_to), restored.ToString().c_str(),
+                  std::next(it) == now.checkpoints().rend() ? "" : "; trying the one before it");
+      std::fflush(stdout);
+    }
+    RETURN_IF_ERROR(restored);
     RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
   } else {
     ASSIGN_OR_RETURN(std::string value,
