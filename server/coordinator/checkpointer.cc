@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/ps/ps_client.h"
@@ -13,6 +14,17 @@
 
 namespace pscluster::coord {
 namespace {
+
+// The code of a shard's SnapshotStatus.last_error ("RESOURCE_EXHAUSTED: ...", as
+// absl::Status::ToString writes it), so that a full or read-only disk reaches psctl as what
+// it is; INTERNAL when it names none.
+absl::StatusCode ErrorCode(const std::string& error) {
+  for (int c = 1; c <= 16; ++c) {
+    const auto code = static_cast<absl::StatusCode>(c);
+    if (absl::StartsWith(error, absl::StrCat(absl::StatusCodeToString(code), ":"))) return code;
+  }
+  return absl::StatusCode::kInternal;
+}
 
 namespace fs = std::filesystem;
 
@@ -103,8 +115,7 @@ absl::Status Checkpointer::MaybeCheckpoint() {
     absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, metric_step);
     if (!taken.ok()) {
       std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
-                  *metric, static_cast<long long>(metric_step),
-                  taken.status().ToString().c_str());
+                  *metric, static_cast<long long>(metric_step), taken.status().ToString().c_str());
       std::fflush(stdout);
     }
   }
@@ -162,9 +173,8 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     if (at) {
       step = *at;
       if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("step ", step, " is not after the newest checkpoint's, ",
-                         checkpoints_.back().step()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, " is not after the newest checkpoint's, ", checkpoints_.back().step()));
       }
     } else {
       auto reached = (*shards)->CheckpointStep();
@@ -184,9 +194,10 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   for (size_t i = 0; i < done->size(); ++i) {
     const ps::SnapshotStatusResponse& d = (*done)[i];
     if (d.last_complete_step() < step || !d.last_error().empty()) {
-      return absl::InternalError(absl::StrCat(
-          "checkpoint of step ", step, " failed on shard ", i, " (", view.shard_addresses(i),
-          "): ", d.last_error().empty() ? "not written" : d.last_error()));
+      return absl::Status(ErrorCode(d.last_error()),
+                          absl::StrCat("checkpoint of step ", step, " failed on shard ", i, " (",
+                                       view.shard_addresses(i), "): ",
+                                       d.last_error().empty() ? "not written" : d.last_error()));
     }
   }
   checkpoints_ = Retained(step, metric);
@@ -208,9 +219,8 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
   if (it == checkpoints_.end()) {
     std::vector<int64_t> steps;
     for (const Checkpoint& c : checkpoints_) steps.push_back(c.step());
-    return absl::NotFoundError(absl::StrCat(
-        "no checkpoint of step ", step, "; the manifest lists ",
-        steps.empty() ? "none" : absl::StrJoin(steps, ", ")));
+    return absl::NotFoundError(absl::StrCat("no checkpoint of step ", step, "; the manifest lists ",
+                                            steps.empty() ? "none" : absl::StrJoin(steps, ", ")));
   }
   const ClusterView view = cluster_->View();
   std::vector<std::string> alive;
@@ -219,7 +229,8 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
   }
   if (!alive.empty() && !force) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "workers are alive (", absl::StrJoin(alive, ", "), "): rolling the tables back under "
+        "workers are alive (", absl::StrJoin(alive, ", "),
+        "): rolling the tables back under "
         "them would mix two runs. Stop them first (restarted, they resume from the checkpoint "
         "restored), or force it (psctl restore --force)"));
   }
@@ -227,10 +238,11 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
   RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
   checkpoints_.erase(std::next(it), checkpoints_.end());
   RETURN_IF_ERROR(WriteManifest());
-  cluster_->SetCheckpoints(checkpoints_);
-  std::printf("ps_coordinator: every shard rolled back to the checkpoint of step %lld; the "
-              "later ones are gone\n",
-              static_cast<long long>(step));
+  cluster_->RolledBackTo(step, checkpoints_);
+  std::printf(
+      "ps_coordinator: every shard rolled back to the checkpoint of step %lld; the "
+      "later ones are gone\n",
+      static_cast<long long>(step));
   std::fflush(stdout);
   return checkpoints_.back();
 }

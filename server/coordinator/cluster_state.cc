@@ -421,6 +421,13 @@ void ClusterState::SetCheckpoints(const std::vector<Checkpoint>& checkpoints) {
   ChangedLocked();
 }
 
+void ClusterState::RolledBackTo(int64_t step, const std::vector<Checkpoint>& checkpoints) {
+  absl::MutexLock lock(&mu_);
+  checkpoints_ = checkpoints;
+  switches_.Rewind(step);
+  ChangedLocked();
+}
+
 void ClusterState::ChangedLocked() {
   ++version_;
   if (!options_.on_change) return;

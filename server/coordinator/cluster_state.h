@@ -81,6 +81,9 @@ class ClusterState {
   absl::Status Restore(const CoordinatorState& state);
   // Removes checkpoints no longer kept (retention); bumps the version if any.
   void SetCheckpoints(const std::vector<Checkpoint>& checkpoints);
+  // After a restore of `step` (the later checkpoints gone): the checkpoints kept, and
+  // switches may be scheduled from `step` on again (SwitchSchedule::Rewind).
+  void RolledBackTo(int64_t step, const std::vector<Checkpoint>& checkpoints);
   // Waits until the view's version >= min_version (and it is complete, if asked), or
   // DEADLINE_EXCEEDED naming who is missing.
   absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, absl::Time deadline);

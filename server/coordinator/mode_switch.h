@@ -6,6 +6,7 @@
 // Not thread-safe: the owner (ClusterState) guards it with its own mutex.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -63,6 +64,9 @@ class SwitchSchedule {
   TrainingMode mode() const { return mode_; }
   // The highest step any worker has polled with; -1 before the first poll.
   int64_t max_polled() const { return max_polled_; }
+  // The cluster was rolled back to `step` (psctl restore): the workers resume there, so
+  // the steps from it on can be scheduled again.
+  void Rewind(int64_t step) { max_polled_ = std::min(max_polled_, step - 1); }
   // Sets view->mode, ->initial_mode, ->switches and ->pending_switches.
   void FillView(ClusterView* view) const;
 

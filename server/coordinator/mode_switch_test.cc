@@ -82,7 +82,8 @@ TEST(ValidateModeTest, AcceptsTheFourModes) {
 TEST(ValidateModeTest, UnknownModeIsInvalidArgumentListingTheModes) {
   absl::Status s = ValidateMode(static_cast<TrainingMode>(9), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Msg(s), "mode 9 is not a training mode; use one of ps, allreduce, fsdp, pipeline or tensor");
+  EXPECT_EQ(Msg(s),
+            "mode 9 is not a training mode; use one of ps, allreduce, fsdp, pipeline or tensor");
   EXPECT_EQ(ValidateMode(TRAINING_MODE_UNSPECIFIED, 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -164,6 +165,18 @@ TEST_F(SwitchScheduleTest, ExplicitStepAfterEveryPolledStepIsScheduledThere) {
   MustPoll(s, 57);
   EXPECT_EQ(MustSchedule(s, FSDP, 58).at_step(), 58);
   EXPECT_EQ(MustSchedule(s, PIPELINE, 120).at_step(), 120);
+}
+
+// After a restore to step 30 the workers resume there: steps from 30 on can be scheduled
+// again (they were refused as passed), earlier ones still cannot.
+TEST_F(SwitchScheduleTest, ARewindLetsTheStepsFromTheRestoredOneBeScheduledAgain) {
+  SwitchSchedule s(Options(2));
+  MustPoll(s, 57);
+  EXPECT_EQ(s.Schedule(FSDP, 40, kNow).status().code(), absl::StatusCode::kFailedPrecondition);
+  s.Rewind(30);
+  EXPECT_EQ(s.max_polled(), 29);
+  EXPECT_EQ(s.Schedule(FSDP, 29, kNow).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MustSchedule(s, FSDP, 40).at_step(), 40);
 }
 
 TEST_F(SwitchScheduleTest, StepAlreadyPassedIsFailedPreconditionNamingBothSteps) {
