@@ -413,6 +413,18 @@ TEST_F(BadInputTest, NegativeWorkerIdIsRefusedAndAWorkerCanLeaveForGood) {
   ps::RegisterWorkerResponse resp;
   ExpectError(shard0()->RegisterWorker(&ctx, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
               "worker_id must be >= 0, got -1");
+  // ... and so is a call naming one (it was "not registered": FAILED_PRECONDITION).
+  ps::SparseRequest sparse;
+  sparse.set_worker_id(-1);
+  sparse.set_table_id(kSparse);
+  sparse.add_keys(0);
+  grpc::ClientContext sparse_ctx;
+  ps::PullSparseResponse rows;
+  ExpectError(shard0()->PullSparse(&sparse_ctx, sparse, &rows), grpc::StatusCode::INVALID_ARGUMENT,
+              "worker_id must be >= 0, got -1");
+  DenseChunk push = Chunk(kDense, 0, std::vector<float>(500, 1.0f));
+  push.set_worker_id(-2);
+  ExpectError(Push(push), grpc::StatusCode::INVALID_ARGUMENT, "worker_id must be >= 0, got -2");
 
   // A third worker joins, then leaves for good: the next BSP step waits only for 0 and 1.
   PsClientOptions o;

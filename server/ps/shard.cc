@@ -143,6 +143,9 @@ absl::StatusOr<Table*> Shard::GetTable(uint32_t table_id) const {
 }
 
 absl::Status Shard::CheckWorker(int32_t worker_id) const {
+  if (worker_id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_id must be >= 0, got ", worker_id));
+  }
   absl::ReaderMutexLock lock(&mu_);
   if (!workers_.count(worker_id)) {
     return absl::FailedPreconditionError(

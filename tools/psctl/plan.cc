@@ -21,12 +21,14 @@ absl::Status Invalid(absl::string_view flag, double value, absl::string_view wha
 
 // !(v > 0) also refuses NaN.
 absl::Status Positive(absl::string_view flag, double value) {
-  if (!(value > 0) || std::isinf(value)) return Invalid(flag, value, "must be positive");
+  if (!std::isfinite(value)) return Invalid(flag, value, "is not a finite number");
+  if (!(value > 0)) return Invalid(flag, value, "must be positive");
   return absl::OkStatus();
 }
 
 absl::Status NonNegative(absl::string_view flag, double value) {
-  if (!(value >= 0) || std::isinf(value)) return Invalid(flag, value, "must not be negative");
+  if (!std::isfinite(value)) return Invalid(flag, value, "is not a finite number");
+  if (!(value >= 0)) return Invalid(flag, value, "must not be negative");
   return absl::OkStatus();
 }
 
@@ -107,8 +109,9 @@ Compute ComputeTime(const PlanInput& in, const Model& model, const Device& devic
   const double step_flops = 6 * model.params * data.batch_tokens;
   c.step_seconds_low = step_flops / (c.peak_flops * in.mfu_low);
   c.step_seconds_high = step_flops / (c.peak_flops * in.mfu_high);
-  c.total_seconds_low = c.flops / (c.peak_flops * in.mfu_low);
-  c.total_seconds_high = c.flops / (c.peak_flops * in.mfu_high);
+  // At least one step: a data set smaller than one global batch still takes a whole one.
+  c.total_seconds_low = std::max(c.flops / (c.peak_flops * in.mfu_low), c.step_seconds_low);
+  c.total_seconds_high = std::max(c.flops / (c.peak_flops * in.mfu_high), c.step_seconds_high);
   return c;
 }
 

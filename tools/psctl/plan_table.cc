@@ -269,7 +269,8 @@ std::string CheckpointSection(const Plan& p) {
   const PlanInput& in = p.input;
   const double step = p.compute.step_seconds_high;
   const auto steps = [step](double s) {
-    return absl::StrFormat("%.0f steps", std::floor(s / step));
+    return s < step ? std::string("every step (a step takes longer)")
+                    : absl::StrFormat("%.0f steps", std::floor(s / step));
   };
   return absl::StrCat(
       "6. Checkpoints\n",

@@ -1,6 +1,7 @@
 #include "tools/psctl/plan.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -318,7 +319,10 @@ TEST(PlanTest, InvalidInputNamesTheFlag) {
   ExpectInvalid(in, "--mfu_high");
   in = Exercise13B();
   in.bytes_per_token = std::nan("");
-  ExpectInvalid(in, "--bytes_per_token");
+  ExpectInvalid(in, "--bytes_per_token=nan is not a finite number");
+  in = Exercise13B();
+  in.dataset_bytes = std::numeric_limits<double>::infinity();
+  ExpectInvalid(in, "--dataset_bytes=inf is not a finite number");
   in = Exercise13B();
   in.gpu = "tpu-v9";
   ExpectInvalid(in, "--gpu_memory_bytes");
@@ -331,6 +335,18 @@ TEST(PlanTest, InvalidInputNamesTheFlag) {
   in = Small125M();
   in.width = 0;
   ExpectInvalid(in, "--width");
+}
+
+// A data set smaller than one global batch still takes one whole step, not a fraction of
+// one (it planned microseconds of wall time for a 65 s step).
+TEST(PlanTest, ADataSetSmallerThanOneStepTakesAWholeStep) {
+  PlanInput in = Exercise13B();
+  in.dataset_bytes = 1;
+  absl::StatusOr<Plan> plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->data.total_steps, 1);
+  EXPECT_EQ(plan->compute.total_seconds_low, plan->compute.step_seconds_low);
+  EXPECT_EQ(plan->compute.total_seconds_high, plan->compute.step_seconds_high);
 }
 
 TEST(PlanTest, InputBeyondAnyJobIsInvalidRatherThanOverflowing) {
