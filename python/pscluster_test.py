@@ -227,6 +227,37 @@ class DeadShardTest(unittest.TestCase):
             local.stop()
 
 
+class PartialSparsePushTest(unittest.TestCase):
+    """A sparse push that one shard refuses for its own row limit (only it knows how full it
+    is) after the other applied its keys: the error says which shards applied."""
+
+    def test_the_refusal_names_the_shards_that_applied(self) -> None:
+        local = LocalCluster(num_shards=2, shard_args=["--max_table_bytes=1048576"])
+        try:
+            with pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT) as cluster:
+                t = cluster.create_sparse("rows", 8, optimizer="sgd", learning_rate=1.0,
+                                          consistency="asp")
+                keys = np.arange(10 ** 9, 10 ** 9 + 100000, dtype=np.uint64)
+                shard = cluster.shard_of(keys)
+                on0, on1 = keys[shard == 0], keys[shard == 1]
+                full = None
+                for i in range(0, on1.size, 1000):  # shard 1 up to its row limit
+                    try:
+                        cluster.push_sparse(t, on1[i:i + 1000], np.zeros((1000, 8), np.float32))
+                    except pscluster.PsError as e:
+                        full = e
+                        break
+                self.assertIsNotNone(full, "shard 1 took every row")
+                self.assertIn("--max_table_bytes", full.message)
+                mixed = np.concatenate([on0[:5], on1[-2000:]])
+                with self.assertRaises(pscluster.PsError) as e:
+                    cluster.push_sparse(t, mixed, np.ones((mixed.size, 8), np.float32))
+                self.assertEqual(e.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertIn("shard(s) 0 applied their keys", e.exception.message)
+        finally:
+            local.stop()
+
+
 class WireTest(unittest.TestCase):
     """_wire.py's hand-coded DenseChunk against protobuf's own encoding."""
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
@@ -214,10 +215,26 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
     r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim),
                               dim * sizeof(float));
   }
-  return calls_.ForEach([&](int s) {
+  std::vector<char> applied(num_shards(), 0);
+  absl::Status status = calls_.ForEach([&](int s) {
     ps::PushSparseResponse resp;
-    return calls_.Unary(s, &Stub::PushSparse, reqs[s], &resp);
+    absl::Status st = calls_.Unary(s, &Stub::PushSparse, reqs[s], &resp);
+    applied[s] = st.ok() && reqs[s].keys_size() > 0;
+    return st;
   });
+  // A shard's own refusal (its row limit: only it knows how full it is) comes after the
+  // others applied their parts: say so, and what to do.
+  std::vector<int> done;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (applied[s]) done.push_back(s);
+  }
+  if (status.ok() || done.empty()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), "; shard(s) ", absl::StrJoin(done, ", "),
+                                   " applied their keys of this push (a sparse push is not "
+                                   "atomic across shards): push the other shards' keys again "
+                                   "for this step once they can take them, or restore a "
+                                   "checkpoint"));
 }
 
 absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,

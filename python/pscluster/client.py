@@ -718,10 +718,26 @@ class Cluster:
         self._check_finite(spec, grads)
         rows = grads.reshape(keys.size, spec.dim)
         self._ensure_registered(worker)
-        self._each(lambda s: self._call(s, lambda stub: stub.PushSparse(
-            ps_pb2.SparseRequest(worker_id=worker, step=step, table_id=spec.table_id,
-                                 keys=keys[parts[s]].tolist(), grads=rows[parts[s]].tobytes()),
-            timeout=self.timeout)))
+        applied = [False] * self.num_shards
+
+        def one(s: int) -> None:
+            self._call(s, lambda stub: stub.PushSparse(
+                ps_pb2.SparseRequest(worker_id=worker, step=step, table_id=spec.table_id,
+                                     keys=keys[parts[s]].tolist(), grads=rows[parts[s]].tobytes()),
+                timeout=self.timeout))
+            applied[s] = parts[s].size > 0
+
+        try:
+            self._each(one)
+        except PsError as e:
+            # A shard's own refusal (its row limit) comes after the others applied theirs.
+            done = [s for s in range(self.num_shards) if applied[s]]
+            if not done:
+                raise
+            raise PsError(e.code, f"{e.message}; shard(s) {', '.join(map(str, done))} applied "
+                          "their keys of this push (a sparse push is not atomic across "
+                          "shards): push the other shards' keys again for this step once they "
+                          "can take them, or restore a checkpoint", e.shard) from None
 
     # ---- futures -----------------------------------------------------------------------
 
