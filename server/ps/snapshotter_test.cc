@@ -236,6 +236,12 @@ class SnapshotterTest : public ::testing::Test {
     return s.ok() ? *std::move(s) : nullptr;
   }
   std::unique_ptr<Snapshotter> Make(Shard* shard) { return Make(shard, Options()); }
+  // Options whose snapshots go to `storage`, in memory.
+  SnapshotterOptions InMemory(MemorySnapshotStorage* storage) const {
+    SnapshotterOptions o = Options();
+    o.storage = storage;
+    return o;
+  }
 
   // Snapshots `step` and waits for the write.
   void SnapshotAndWait(Snapshotter& s, const SnapshotRequest& request) {
@@ -359,8 +365,7 @@ TEST_F(SnapshotterTest, InMemoryStoreSnapshotsRestoresAndReportsAFailedWrite) {
   const uint64_t kSize = 1000;
   const std::vector<uint64_t> keys = {1, 5, 99};
   MemorySnapshotStorage storage;
-  SnapshotterOptions o = Options();
-  o.storage = &storage;
+  const SnapshotterOptions o = InMemory(&storage);
   Shard a(ShardOptions{0, 1});
   a.RegisterWorker(0);
   ASSERT_TRUE(a.CreateTable(DenseAdamSpec(1, kSize)).ok());
@@ -399,12 +404,10 @@ TEST_F(SnapshotterTest, InMemoryStoreSnapshotsRestoresAndReportsAFailedWrite) {
 TEST_F(SnapshotterTest, ARestoreWhoseLaterSnapshotsCannotGoFailsAndChangesNothing) {
   const uint64_t kSize = 1000;
   MemorySnapshotStorage storage;
-  SnapshotterOptions o = Options();
-  o.storage = &storage;
   Shard a(ShardOptions{0, 1});
   a.RegisterWorker(0);
   ASSERT_TRUE(a.CreateTable(DenseAdamSpec(1, kSize)).ok());
-  auto snap = Make(&a, o);
+  auto snap = Make(&a, InMemory(&storage));
   ASSERT_NE(snap, nullptr);
   std::vector<float> at_step_2;
   for (int step = 0; step < 3; ++step) {

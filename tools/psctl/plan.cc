@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "tools/psctl/internal/layouts.h"
@@ -243,6 +244,15 @@ absl::StatusOr<Model> ResolveModel(const PlanInput& in) {
   m.shape_params = ShapeParams(m.layers, m.width, m.vocab, m.context);
   m.params_given = in.params > 0;
   m.params = m.params_given ? in.params : m.shape_params;
+  // Both given: the memory would follow one and the activations the other. Close ones are a
+  // rounded count (13e9 for a shape of 12.85 B); far apart, one of them is a mistake.
+  if (m.params_given && (m.params > 2 * m.shape_params || 2 * m.params < m.shape_params)) {
+    return Invalid("params", in.params,
+                   absl::StrCat("does not agree with the shape given (--layers, --width, "
+                                "--vocab, --context count ",
+                                absl::StrFormat("%.4g", m.shape_params),
+                                " parameters): give --params alone, or a shape within 2x of it"));
+  }
   return m;
 }
 

@@ -335,6 +335,9 @@ TEST(PlanTest, InvalidInputNamesTheFlag) {
   in = Small125M();
   in.width = 0;
   ExpectInvalid(in, "--width");
+  in = Small125M();  // a shape of ~0.1 B with --params 100x that
+  in.params = 100 * MustPlan(Small125M()).model.shape_params;
+  ExpectInvalid(in, "does not agree with the shape given");
 }
 
 // A data set smaller than one global batch still takes one whole step, not a fraction of
