@@ -92,6 +92,33 @@ TEST(RecoveryTest, ARollbackSkipsACheckpointAShardLostItsPartOf) {
   }
 }
 
+// A step that fails while every member stays alive (worker 1 stalled past worker 0's
+// --rpc_timeout, not past the heartbeat timeout): worker 0 starts a new generation itself
+// (it registers again), in which every worker rolls back and finishes. Before, both waited
+// 10 minutes for a generation that no member's death would bring, and stopped.
+TEST(RecoveryTest, AStepFailedWithEveryMemberAliveRollsBackInANewGeneration) {
+  testing::ClusterOptions o;
+  o.heartbeat_timeout_ms = 10000;
+  o.worker_args = {"--rpc_timeout=3s"};
+  Cluster cluster(::testing::TempDir() + "/all_alive", o);
+  ASSERT_TRUE(cluster.coordinator()
+                  .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
+                               absl::Minutes(2))
+                  .ok());
+  ASSERT_EQ(kill(cluster.worker(1).pid(), SIGSTOP), 0);
+  const absl::StatusOr<std::string> failed =
+      cluster.worker(0).WaitForLine("failed (", absl::Minutes(1));
+  kill(cluster.worker(1).pid(), SIGCONT);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_TRUE(cluster.worker(0).WaitForLine("every member is alive", absl::Minutes(2)).ok());
+  std::vector<std::string> recovered = cluster.Finish();
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(recovered[r]);
+    EXPECT_NE(Field(recovered[r], "rollbacks"), "[]") << "worker " << r << " never rolled back";
+    EXPECT_GT(std::stod(Field(recovered[r], "test_accuracy")), 0.9);
+  }
+}
+
 TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIfUninterrupted) {
   const std::string dir = ::testing::TempDir() + "/worker_killed";
   std::vector<std::string> clean = Cluster(dir + "/clean", false, "allreduce").Finish();

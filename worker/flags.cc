@@ -87,6 +87,9 @@ ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
 ABSL_FLAG(absl::Duration, collective_spin, absl::Microseconds(200),
           "Gloo: how long a receive polls its socket before it sleeps (waking costs tens of "
           "microseconds a message); 0 where workers share cores with other busy processes.");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Minutes(2),
+          "How long one call to a shard (a BSP step waiting for the other workers included) "
+          "may take before the step fails (e.g. 2m).");
 ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(5), "Time between progress lines.");
 ABSL_FLAG(std::string, summary_json, "", "Write the final figures here as JSON.");
 ABSL_FLAG(int, snapshot_every_epochs, 0,
@@ -177,6 +180,8 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
   RETURN_IF_ERROR(Check(o.switch_poll_steps >= 1, "--switch_poll_steps must be >= 1"));
   o.progress_every = absl::GetFlag(FLAGS_progress_every);
+  o.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  RETURN_IF_ERROR(Check(o.rpc_timeout > absl::ZeroDuration(), "--rpc_timeout must be positive"));
   o.snapshot_every_epochs = absl::GetFlag(FLAGS_snapshot_every_epochs);
   o.lr_decay = static_cast<float>(absl::GetFlag(FLAGS_lr_decay));
   o.lr_warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
@@ -222,8 +227,8 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   RETURN_IF_ERROR(Check(f.collective_timeout > absl::ZeroDuration(),
                         "--collective_timeout must be positive (how long a collective waits "
                         "for a peer before it names it and fails)"));
-  RETURN_IF_ERROR(Check(f.collective_spin >= absl::ZeroDuration(),
-                        "--collective_spin must be >= 0"));
+  RETURN_IF_ERROR(
+      Check(f.collective_spin >= absl::ZeroDuration(), "--collective_spin must be >= 0"));
   RETURN_IF_ERROR(Check(f.synthetic >= 0, "--synthetic must be >= 0 (0: the real data)"));
   RETURN_IF_ERROR(Check(f.trainer.snapshot_every_epochs >= 0,
                         "--snapshot_every_epochs must be >= 0 (0: never)"));

@@ -44,12 +44,12 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
       // Not up yet, or a connection that cannot be made (a TLS handshake refused, a wrong
       // address): said when it starts and every 10 s, with gRPC's reason.
       if (absl::Now() - said_unavailable >= absl::Seconds(10)) {
-        std::fprintf(stderr,
-                     "%s; retrying for up to %s (is it running there? with TLS, do --tls_ca "
-                     "and --tls_server_name match its certificate?)\n",
-                     std::string(s.message()).c_str(),
-                     absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1)))
-                         .c_str());
+        std::fprintf(
+            stderr,
+            "%s; retrying for up to %s (is it running there? with TLS, do --tls_ca "
+            "and --tls_server_name match its certificate?)\n",
+            std::string(s.message()).c_str(),
+            absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1))).c_str());
         said_unavailable = absl::Now();
       }
     } else {
@@ -64,7 +64,8 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
     CoordinatorClientOptions options) {
-  auto stub = coord::Coordinator::NewStub(CoordinatorChannel(options.coordinator, options.security));
+  auto stub =
+      coord::Coordinator::NewStub(CoordinatorChannel(options.coordinator, options.security));
   ASSIGN_OR_RETURN(coord::RegisterResponse resp, RegisterOnce(stub.get(), options));
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();
@@ -94,11 +95,15 @@ void CoordinatorClient::HeartbeatLoop() {
     coord::HeartbeatRequest req;
     req.set_role(options_.role);
     req.set_id(options_.id);
-    req.set_incarnation(incarnation_);
     req.set_replica(options_.replica);
     coord::HeartbeatResponse resp;
     const absl::Time sent = absl::Now();
-    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    grpc::Status s;
+    {
+      absl::MutexLock lock(&register_mu_);
+      req.set_incarnation(incarnation_);
+      s = stub_->Heartbeat(&ctx, req, &resp);
+    }
     if (s.ok() && options_.on_heartbeat) options_.on_heartbeat(resp.view_version(), sent);
     if (!s.ok() && !failing) {  // say so once per outage, not every second
       std::fprintf(stderr, "coordinator heartbeat failing: %s\n", s.error_message().c_str());
@@ -117,8 +122,12 @@ void CoordinatorClient::Reregister() {
                options_.coordinator.c_str(), options_.role == coord::SHARD ? "shard" : "worker",
                options_.id);
   registering_again_ = true;
-  absl::StatusOr<coord::RegisterResponse> r = RegisterOnce(stub_.get(), options_);
-  if (r.ok()) incarnation_ = r->incarnation();
+  absl::StatusOr<coord::RegisterResponse> r;
+  {
+    absl::MutexLock lock(&register_mu_);
+    r = RegisterOnce(stub_.get(), options_);
+    if (r.ok()) incarnation_ = r->incarnation();
+  }
   registering_again_ = false;
   if (!r.ok()) {
     std::fprintf(stderr, "registering again failed: %s\n", r.status().ToString().c_str());
@@ -126,6 +135,13 @@ void CoordinatorClient::Reregister() {
   }
   std::fprintf(stderr, "registered again as incarnation %lld\n",
                static_cast<long long>(r->incarnation()));
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::RegisterAgain() {
+  absl::MutexLock lock(&register_mu_);
+  ASSIGN_OR_RETURN(coord::RegisterResponse r, RegisterOnce(stub_.get(), options_));
+  incarnation_ = r.incarnation();
+  return r.incarnation();
 }
 
 template <typename Call>
@@ -149,8 +165,9 @@ absl::Status CoordinatorClient::Reconnecting(const char* what, absl::Duration ti
 
 template <typename Req>
 absl::StatusOr<int64_t> CoordinatorClient::ChainCall(
-    const char* what, grpc::Status (coord::Coordinator::Stub::*method)(
-                          grpc::ClientContext*, const Req&, coord::JoinChainResponse*),
+    const char* what,
+    grpc::Status (coord::Coordinator::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                     coord::JoinChainResponse*),
     int32_t replica, int64_t epoch) {
   Req req;
   req.set_shard(options_.id);

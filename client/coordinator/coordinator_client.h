@@ -24,10 +24,10 @@ namespace pscluster {
 struct CoordinatorClientOptions {
   std::string coordinator;  // host:port
   coord::Role role = coord::WORKER;
-  int32_t id = 0;       // shard id or worker rank
-  int32_t replica = 0;  // shards: which copy (ps_server --replica)
+  int32_t id = 0;          // shard id or worker rank
+  int32_t replica = 0;     // shards: which copy (ps_server --replica)
   int32_t group_size = 0;  // RegisterRequest.group_size: --num_shards / --world (0: not said)
-  std::string address;  // where this member serves ("" for none)
+  std::string address;     // where this member serves ("" for none)
   // Workers: what their model can run (the coordinator refuses switches it cannot take).
   std::optional<coord::ModeLimits> limits;
   absl::Duration rpc_timeout = absl::Seconds(10);
@@ -64,6 +64,10 @@ class CoordinatorClient {
   bool registering_again() const { return registering_again_.load(); }
   // The coordinator's liveness timeout (ps_coordinator --heartbeat_timeout_ms).
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
+  // Registers this live member again, as a new incarnation (a new generation of the
+  // cluster: a worker whose step failed while every member stayed alive, so that every
+  // worker rolls back). Returns the new incarnation.
+  absl::StatusOr<int64_t> RegisterAgain();
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
                                                absl::Duration timeout);
@@ -114,14 +118,18 @@ class CoordinatorClient {
   // JoinChain and ShrinkChain: (this shard, replica, epoch) -> the chain's new epoch.
   template <typename Req>
   absl::StatusOr<int64_t> ChainCall(
-      const char* what, grpc::Status (coord::Coordinator::Stub::*method)(
-                            grpc::ClientContext*, const Req&, coord::JoinChainResponse*),
+      const char* what,
+      grpc::Status (coord::Coordinator::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                       coord::JoinChainResponse*),
       int32_t replica, int64_t epoch);
 
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
   std::atomic<int64_t> incarnation_{0};  // the heartbeat thread may register again
   std::atomic<bool> registering_again_{false};
+  // Held across a heartbeat and across RegisterAgain: no heartbeat of the old incarnation
+  // is in flight once the new one is registered (it would be NOT_FOUND, and register again).
+  absl::Mutex register_mu_;
   absl::Duration heartbeat_timeout_ = absl::Seconds(5);
   absl::Notification stop_;
   std::thread heartbeats_;

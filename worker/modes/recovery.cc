@@ -219,16 +219,28 @@ absl::StatusOr<std::string> Trainer::AwaitRollbackKey(const std::string& key,
 absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
   const std::string before = Generation(view_);
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
+  // A failure no member's death explains (every member alive, the generation unchanged, for
+  // longer than the coordinator takes to declare one dead): this worker starts a new
+  // generation itself, in which every worker rolls back.
+  const absl::Time start_one_at =
+      absl::Now() + 2 * options_.coordinator->heartbeat_timeout() + kWaitSlice;
+  bool started_one = false;
   int64_t version = view_.version();
   std::set<std::pair<int, int>> named;  // members already reported down
   while (true) {                        // each AwaitView blocks until the next change of the view
+    const absl::Time until = started_one ? deadline : std::min(deadline, start_one_at);
     absl::StatusOr<coord::ClusterView> next =
-        options_.coordinator->AwaitView(version + 1, false, deadline - absl::Now());
+        options_.coordinator->AwaitView(version + 1, false, until - absl::Now());
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("waited ", absl::FormatDuration(options_.recovery_timeout),
                        " for the cluster to be whole again (the members named down above were not "
                        "replaced: start them again, or raise the recovery timeout)"));
+    }
+    if (!started_one && absl::Now() >= start_one_at && absl::IsDeadlineExceeded(next.status())) {
+      started_one = true;
+      RETURN_IF_ERROR(StartGenerationIfWhole(before));
+      continue;
     }
     if (!next.ok()) return next.status();
     const coord::ClusterView& v = *next;
@@ -244,6 +256,18 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
     if (v.complete() && Generation(v) != before) return v;
     version = v.version();
   }
+}
+
+absl::Status Trainer::StartGenerationIfWhole(const std::string& before) {
+  ASSIGN_OR_RETURN(const coord::ClusterView now,
+                   options_.coordinator->AwaitView(0, false, options_.rpc_timeout));
+  if (!now.complete() || Generation(now) != before) return absl::OkStatus();  // it is changing
+  std::printf(
+      "worker %d: every member is alive and none was declared dead: registering again, so "
+      "that every worker rolls back to the newest checkpoint in a new generation\n",
+      options_.rank);
+  std::fflush(stdout);
+  return options_.coordinator->RegisterAgain().status();
 }
 
 absl::StatusOr<int64_t> Trainer::Recover(std::optional<int64_t> failed_step, absl::Status cause) {

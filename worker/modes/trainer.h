@@ -150,6 +150,9 @@ class Trainer {
   // member failed or the generation changed again (the rollback then starts over).
   absl::StatusOr<std::string> AwaitRollbackKey(const std::string& key, const std::string& what);
   absl::StatusOr<coord::ClusterView> AwaitHealedView();
+  // When the view is complete and still of generation `before`: registers this worker
+  // again (a new generation, in which every worker rolls back).
+  absl::Status StartGenerationIfWhole(const std::string& before);
   // Waits for the healed view and rejoins (Rejoin), again while a member fails or comes
   // back before the rollback is agreed, up to recovery_timeout. `failed_step` failed with
   // `cause` (none: a replacement's join was interrupted).
