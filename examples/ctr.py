@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -309,6 +310,7 @@ def main() -> int:
     import tempfile
     import pscluster.local
 
+    temporary = not args.out  # removed after a run that succeeds; kept to read if not
     out = args.out = args.out or tempfile.mkdtemp(prefix="ctr_")
     os.makedirs(out, exist_ok=True)
     for r in range(args.workers):  # a previous run's results in the same folder
@@ -325,6 +327,7 @@ def main() -> int:
                   f"logs in {out}", flush=True)
         if not pscluster.local.run_workers(__file__, sys.argv[1:], args.workers,
                                            args.coordinator, out):
+            print(f"the run's logs are kept in {out}", file=sys.stderr)
             return 1
     finally:
         if local:
@@ -352,6 +355,8 @@ def main() -> int:
             seen["examples_with_an_id_seen_at_most_5"], 5),
         "samples_per_sec": round(sum(w["samples"] for w in workers) / train_seconds, 1),
         "train_seconds": round(train_seconds, 2)}))
+    if temporary:
+        shutil.rmtree(out, ignore_errors=True)
     return 0
 
 

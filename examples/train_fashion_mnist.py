@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -143,6 +144,7 @@ def main() -> int:
     import tempfile
     import pscluster.local
 
+    temporary = not args.out  # removed after a run that succeeds; kept to read if not
     out = args.out = args.out or tempfile.mkdtemp(prefix="train_fashion_mnist_")
     os.makedirs(out, exist_ok=True)
     local = None
@@ -155,6 +157,7 @@ def main() -> int:
                   f"logs and checkpoints in {out}", flush=True)
         if not pscluster.local.run_workers(__file__, sys.argv[1:], args.workers,
                                            args.coordinator, out):
+            print(f"the run's logs are kept in {out}", file=sys.stderr)
             return 1
     finally:
         if local:
@@ -169,6 +172,8 @@ def main() -> int:
         "train_seconds": max(w["train_seconds"] for w in workers),
         "samples_per_sec": sum(w["samples_per_sec"] for w in workers),
         "test_accuracy": workers[0]["test_accuracy"]}))
+    if temporary:
+        shutil.rmtree(out, ignore_errors=True)
     return 0
 
 

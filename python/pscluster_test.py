@@ -144,6 +144,27 @@ class DenseTest(ClusterTestCase):
     def test_sgd_small(self) -> None:
         self.check_sgd("small", 1000)
 
+    def test_a_table_with_nothing_on_a_shard_keeps_its_clock_there(self) -> None:
+        # One value over 2 shards: one shard's part is empty. Pushed in a batch with another
+        # table, that shard's clock for it must move all the same, or a pull of it alone at
+        # the next step waits on the shard until the timeout (examples/ctr.py's bias).
+        one = self.cluster.create_dense("one_value", 1, optimizer="sgd", learning_rate=LR,
+                                        consistency="bsp", initializer="uniform", scale=1.0,
+                                        seed=7)
+        five = self.cluster.create_dense("five_values", 5, optimizer="sgd", learning_rate=LR,
+                                         consistency="bsp", initializer="uniform", scale=1.0,
+                                         seed=7)
+        w = [self.cluster.pull_dense(t, step=0) for t in (one, five)]
+        g = [np.full(1, 2, F32), np.arange(5, dtype=F32)]
+        got = self.cluster.push_pull_dense([one, five], g, step=0)
+        want = [wi - np.float32(LR) * gi for wi, gi in zip(w, g)]
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(self.cluster.pull_dense(one, step=1), want[0])
+        self.cluster.push_dense(one, g[0], step=1)
+        np.testing.assert_array_equal(self.cluster.pull_dense(one, step=2),
+                                      want[0] - np.float32(LR) * g[0])
+
     def test_sgd_large_streams_in_chunks(self) -> None:
         # 1.5 M floats (6 MB) per shard: more than ps_server's unary limit
         # (--max_chunk_bytes, 4 MiB), so it only works as streams of chunks.

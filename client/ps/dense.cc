@@ -46,7 +46,6 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
     std::vector<size_t> order;
     for (size_t i = 0; i < tables.size(); ++i) {
       Range r = DenseShardRange(out[i].size(), shard, num_shards());
-      if (r.size() == 0) continue;
       ps::PullDenseRequest* p = req.add_pulls();
       p->set_worker_id(options_.worker_id);
       p->set_step(step);
@@ -114,13 +113,11 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     if (total * sizeof(float) > options_.chunk_bytes) {  // too big for one message
       for (size_t i = 0; i < tables.size(); ++i) {
         Range r = DenseShardRange(grads[i].size(), shard, num_shards());
-        if (r.size() == 0) continue;
         RETURN_IF_ERROR(
             PushDenseShard(shard, tables[i], step, r.begin, grads[i].subspan(r.begin, r.size())));
       }
       for (size_t i = 0; pull && i < tables.size(); ++i) {
         Range r = DenseShardRange(out[i].size(), shard, num_shards());
-        if (r.size() == 0) continue;
         RETURN_IF_ERROR(
             PullDenseShard(shard, tables[i], step + 1, r.begin, out[i].subspan(r.begin, r.size())));
       }
@@ -130,7 +127,6 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
     std::vector<absl::Span<const float>> data;
     for (size_t i = 0; i < tables.size(); ++i) {
       Range r = DenseShardRange(grads[i].size(), shard, num_shards());
-      if (r.size() == 0) continue;
       headers.push_back(Header(options_.worker_id, step, tables[i], r.begin, r.begin, r.size()));
       data.push_back(grads[i].subspan(r.begin, r.size()));
       order.push_back(i);

@@ -498,8 +498,6 @@ class Cluster:
 
     def _pull_shard(self, shard: int, table_id: int, step: int, worker: int, begin: int,
                     end: int, out: np.ndarray) -> None:
-        if end == begin:
-            return
         req = ps_pb2.PullDenseRequest(worker_id=worker, step=step, table_id=table_id,
                                       offset=begin, length=end - begin,
                                       chunk_bytes=self.chunk_bytes)
@@ -551,8 +549,8 @@ class Cluster:
 
     def _push_shard(self, shard: int, table_id: int, step: int, worker: int, begin: int,
                     end: int, grad: np.ndarray) -> None:
-        if end == begin:
-            return
+        # A shard whose part is empty still gets the (empty) push: the table's clock there
+        # moves with the others' (a checkpoint's step and later pulls wait on it).
         per_chunk = max(1, self.chunk_bytes // 4)
         data = memoryview(grad).cast("B")  # grad: flat C-contiguous float32
 
@@ -604,14 +602,12 @@ class Cluster:
             for sp, (b, e), o in zip(specs, ranges, outs):
                 self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
             return
-        batch, order = [], []
-        for i, (sp, (b, e), g) in enumerate(zip(specs, ranges, flats)):
-            if e > b:
-                batch.append((_wire.chunk_header(worker, step, sp.table_id, b, e - b, b),
-                              memoryview(g[b:e]).cast("B")))
-                order.append(i)
-        if not order:
-            return
+        # A table whose part here is empty still gets its (empty) chunk: its clock on this
+        # shard moves with the others', or a later pull of it alone would wait for ever.
+        batch = [(_wire.chunk_header(worker, step, sp.table_id, b, e - b, b),
+                  memoryview(g[b:e]).cast("B"))
+                 for sp, (b, e), g in zip(specs, ranges, flats)]
+        order = range(len(batch))
         chunks = self._call(shard, lambda _: self._push_pull_batch[shard](
             batch, timeout=self.timeout))
         if len(chunks) != len(order):
