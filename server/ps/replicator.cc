@@ -162,11 +162,7 @@ void Replicator::AppliedLocked(uint64_t seq, const std::string& request_id) {
 
 void Replicator::RememberLocked(const std::string& request_id, uint64_t seq) {
   if (request_id.empty()) return;
-  if (request_seq_.emplace(request_id, seq).second) request_order_.push_back(request_id);
-  while (request_order_.size() > options_.max_request_ids) {
-    request_seq_.erase(request_order_.front());
-    request_order_.pop_front();
-  }
+  request_seq_.Add(request_id, seq);
 }
 
 bool Replicator::DoneLocked(uint64_t seq) const {
@@ -201,9 +197,9 @@ absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate u
     {
       absl::MutexLock lock(&mu_);
       if (!request_id.empty()) {
-        if (auto it = request_seq_.find(request_id); it != request_seq_.end()) {
+        if (const uint64_t* known = request_seq_.Find(request_id)) {
           seen = true;
-          seq = it->second;
+          seq = *known;
         }
       }
     }
@@ -476,10 +472,10 @@ grpc::Status Replicator::TransferState(const TransferStateRequest* req,
         state = *std::move(captured);
         absl::MutexLock lock(&mu_);
         start.set_seq(applied_);
-        for (const std::string& id : request_order_) {
+        request_seq_.ForEach([&](const std::string& id, uint64_t seq) {
           start.add_request_ids(id);
-          start.add_request_seqs(request_seq_[id]);
-        }
+          start.add_request_seqs(seq);
+        });
         learner_ = {req->replica(), req->address(), config_.epoch};
         break;
       }
@@ -673,8 +669,7 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
     absl::MutexLock lock(&mu_);
     applied_ = done_through_ = start.seq();
     done_above_.clear();
-    request_seq_.clear();
-    request_order_.clear();
+    request_seq_.Clear();
     for (int i = 0; i < start.request_ids_size() && i < start.request_seqs_size(); ++i) {
       RememberLocked(start.request_ids(i), start.request_seqs(i));
     }

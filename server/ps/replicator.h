@@ -41,20 +41,19 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/recent_ids.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "absl/synchronization/notification.h"
@@ -214,8 +213,7 @@ class Replicator {
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;       // the last seq applied (all before it too)
   uint64_t done_through_ ABSL_GUARDED_BY(mu_) = 0;  // every seq up to it is done
   std::set<uint64_t> done_above_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<std::string, uint64_t> request_seq_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> request_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  RecentIds<uint64_t> request_seq_ ABSL_GUARDED_BY(mu_){options_.max_request_ids};
   // The tail: the joiner it hands every update to (replica -1: none), for one epoch.
   struct Learner {
     int32_t replica = -1;

@@ -517,14 +517,9 @@ absl::Status ParameterServerService::PushPull(const grpc::ServerContext* ctx, co
   const std::string id = RequestId(ctx);
   if (replicator_.load() == nullptr && !id.empty()) {
     absl::MutexLock lock(&pushed_mu_);
-    if (pushed_ids_.count(id) == 0) {
+    if (pushed_.Find(id) == nullptr) {
       RETURN_IF_ERROR(PushBatch(req, &pushed));
-      pushed_ids_.insert(id);
-      pushed_order_.push_back(id);
-      if (pushed_order_.size() > kPushedIds) {
-        pushed_ids_.erase(pushed_order_.front());
-        pushed_order_.pop_front();
-      }
+      pushed_.Add(id, true);
     }
   } else {  // a chain answers repeats itself (Replicator::Write)
     RETURN_IF_ERROR(Write(

@@ -5,13 +5,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <string>
 #include <thread>
-#include <unordered_set>
 
 #include "absl/time/time.h"
 #include "common/graceful_shutdown.h"
+#include "common/recent_ids.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
@@ -229,8 +228,7 @@ class ParameterServerService final : public ParameterServer::Service {
   // waits for it. Cleared when Restore replaces the tables.
   static constexpr size_t kPushedIds = 4096;
   absl::Mutex pushed_mu_ ABSL_ACQUIRED_AFTER(serving_mu_);
-  std::unordered_set<std::string> pushed_ids_ ABSL_GUARDED_BY(pushed_mu_);
-  std::deque<std::string> pushed_order_ ABSL_GUARDED_BY(pushed_mu_);
+  RecentIds<bool> pushed_ ABSL_GUARDED_BY(pushed_mu_){kPushedIds};
   absl::Mutex release_mu_;
   bool stopping_ ABSL_GUARDED_BY(release_mu_) = false;
   std::thread releaser_;  // last: started once everything it uses exists

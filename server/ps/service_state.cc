@@ -140,8 +140,7 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
     absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
     snapshotter_->Install(*std::move(loaded));
     absl::MutexLock lock(&pushed_mu_);  // repeats of pushes into the old tables push again
-    pushed_ids_.clear();
-    pushed_order_.clear();
+    pushed_.Clear();
   }
   std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
               static_cast<long long>(step));
