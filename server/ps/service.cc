@@ -74,13 +74,6 @@ absl::Status CheckStep(int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status CheckWorkerId(int32_t worker_id) {
-  if (worker_id < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("worker_id must be >= 0, got ", worker_id));
-  }
-  return absl::OkStatus();
-}
-
 // The process's resident memory and the bytes free in its heap.
 struct Heap {
   uint64_t resident = 0, free = 0;

@@ -142,10 +142,15 @@ absl::StatusOr<Table*> Shard::GetTable(uint32_t table_id) const {
   return it->second.get();
 }
 
-absl::Status Shard::CheckWorker(int32_t worker_id) const {
+absl::Status CheckWorkerId(int32_t worker_id) {
   if (worker_id < 0) {
     return absl::InvalidArgumentError(absl::StrCat("worker_id must be >= 0, got ", worker_id));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckWorker(int32_t worker_id) const {
+  RETURN_IF_ERROR(CheckWorkerId(worker_id));
   absl::ReaderMutexLock lock(&mu_);
   if (!workers_.count(worker_id)) {
     return absl::FailedPreconditionError(

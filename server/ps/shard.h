@@ -17,6 +17,9 @@
 
 namespace pscluster::ps {
 
+// INVALID_ARGUMENT for a negative worker id (every request naming a worker checks it).
+absl::Status CheckWorkerId(int32_t worker_id);
+
 struct ShardOptions {
   uint32_t shard_id = 0;
   uint32_t num_shards = 1;
