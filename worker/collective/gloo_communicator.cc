@@ -178,8 +178,7 @@ class SyncPairs {
 
   // Reads the message of up to `bytes` for `recv` from `from`.
   void Receive(gloo::transport::Buffer* recv, int from, size_t bytes) {
-    AwaitBytes(from, bytes);
-    AwaitReadable(from);
+    if (!AwaitBytes(from, bytes)) AwaitReadable(from);
     try {
       recv->waitRecv();
     } catch (const std::exception& e) {
@@ -230,16 +229,18 @@ class SyncPairs {
   // message may not fit the receive window until read) or the spin has passed, before the
   // blocking read: a thread that sleeps in the read takes tens of microseconds to wake
   // (more on a virtual machine's idle core), paid at every ring step and every
-  // micro-batch's exchange of a pipeline.
-  void AwaitBytes(int peer, size_t bytes) {
+  // micro-batch's exchange of a pipeline. True when something has arrived (no need to
+  // wait for it to be readable).
+  bool AwaitBytes(int peer, size_t bytes) {
     const int fd = sockets_[peer];
-    if (fd < 0 || spin_.count() <= 0) return;
+    if (fd < 0 || spin_.count() <= 0) return false;
     const int want = static_cast<int>(std::clamp<size_t>(bytes, 1, kSpinBytes));
     const auto end = std::chrono::steady_clock::now() + spin_;
     int queued = 0;
     while ((ioctl(fd, FIONREAD, &queued) != 0 || queued < want) &&
            std::chrono::steady_clock::now() < end) {
     }
+    return queued > 0;
   }
 
   // Each peer's socket (-1 where not found): Gloo keeps the descriptor to itself, so it is
