@@ -222,8 +222,8 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
   // A failure no member's death explains (every member alive, the generation unchanged, for
   // longer than the coordinator takes to declare one dead): this worker starts a new
   // generation itself, in which every worker rolls back.
-  const absl::Time start_one_at =
-      absl::Now() + 2 * options_.coordinator->heartbeat_timeout() + kWaitSlice;
+  const absl::Duration quiet = 2 * options_.coordinator->heartbeat_timeout() + kWaitSlice;
+  absl::Time start_one_at = absl::Now() + quiet;
   bool started_one = false;
   int64_t version = view_.version();
   std::set<std::pair<int, int>> named;  // members already reported down
@@ -238,8 +238,14 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
                        "replaced: start them again, or raise the recovery timeout)"));
     }
     if (!started_one && absl::Now() >= start_one_at && absl::IsDeadlineExceeded(next.status())) {
-      started_one = true;
-      RETURN_IF_ERROR(StartGenerationIfWhole(before));
+      if (absl::Status s = StartGenerationIfWhole(before); s.ok()) {
+        started_one = true;
+      } else {  // the coordinator did not answer, say: the next quiet spell tries again
+        start_one_at = absl::Now() + quiet;
+        std::printf("worker %d: could not start a new generation (%s); trying again in %s\n",
+                    options_.rank, s.ToString().c_str(), absl::FormatDuration(quiet).c_str());
+        std::fflush(stdout);
+      }
       continue;
     }
     if (!next.ok()) return next.status();
