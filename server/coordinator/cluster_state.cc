@@ -259,7 +259,7 @@ absl::StatusOr<PollSwitchResponse> ClusterState::PollSwitch(const PollSwitchRequ
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = FindWorkerLocked(r.rank(), r.incarnation()).status(); !s.ok()) return s;
-  return switches_.Poll(r.step(), r.horizon());
+  return switches_.Poll(r.rank(), r.step(), r.horizon());
 }
 
 absl::StatusOr<ReportSwitchResponse> ClusterState::ReportSwitch(const ReportSwitchRequest& r) {

@@ -22,7 +22,8 @@ absl::Status ValidateMode(TrainingMode mode, int num_shards) {
 SwitchSchedule::SwitchSchedule(SwitchScheduleOptions options)
     : options_(std::move(options)), mode_(options_.initial_mode) {}
 
-absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int64_t step, int64_t horizon) {
+absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int rank, int64_t step,
+                                                        int64_t horizon) {
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("polled step ", step, " is negative"));
   }
@@ -30,7 +31,8 @@ absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int64_t step, int64_t ho
     return absl::InvalidArgumentError(
         absl::StrCat("poll horizon ", horizon, " is outside [0, 1000000]"));
   }
-  max_polled_ = std::max(max_polled_, step + std::max<int64_t>(horizon, 1) - 1);
+  reached_[rank] = step + std::max<int64_t>(horizon, 1) - 1;  // lower after a rollback
+  if (static_cast<int>(reached_.size()) >= options_.num_workers) floor_ = -1;
   PollSwitchResponse response;
   // Done switches count too: workers that rolled back to a checkpoint before one replay it
   // (their reports repeat, harmlessly) and so run every later step in the same mode again.
@@ -51,12 +53,13 @@ absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(TrainingMode mode, i
     return absl::InvalidArgumentError(absl::StrCat(
         "at_step ", at_step, " is negative; use 0 for the next step boundary or a later step"));
   }
-  if (at_step != 0 && at_step <= max_polled_) {
+  const int64_t reached = max_polled();
+  if (at_step != 0 && at_step <= reached) {
     return absl::FailedPreconditionError(
-        absl::StrCat("step ", at_step, " already passed: workers are at step ", max_polled_,
+        absl::StrCat("step ", at_step, " already passed: workers are at step ", reached,
                      "; use a later step or 0 for the next boundary"));
   }
-  const int64_t step = at_step == 0 ? max_polled_ + 1 : at_step;
+  const int64_t step = at_step == 0 ? reached + 1 : at_step;
   std::vector<const SwitchRecord*> all;
   for (const auto& [s, e] : by_step_) all.push_back(&e.record);
   const SwitchRecord* before = SwitchInEffectAt(step, all);
@@ -80,6 +83,17 @@ absl::StatusOr<SwitchModeResponse> SwitchSchedule::Schedule(TrainingMode mode, i
   response.set_switch_id(e.record.switch_id());
   response.set_at_step(step);
   return response;
+}
+
+int64_t SwitchSchedule::max_polled() const {
+  int64_t most = floor_;
+  for (const auto& [rank, step] : reached_) most = std::max(most, step);
+  return most;
+}
+
+void SwitchSchedule::Rewind(int64_t step) {
+  floor_ = std::min(floor_, step - 1);
+  for (auto& [rank, reached] : reached_) reached = std::min(reached, step - 1);
 }
 
 SwitchSchedule::Entry* SwitchSchedule::FindById(int64_t switch_id) {
@@ -158,7 +172,7 @@ void SwitchSchedule::Save(CoordinatorState* state) const {
   for (const auto& [step, e] : by_step_) {
     if (!e.done) *state->add_pending_switches() = e.record;
   }
-  state->set_max_polled(max_polled_);
+  state->set_max_polled(max_polled());
   state->set_next_switch_id(next_id_);
 }
 
@@ -177,7 +191,8 @@ absl::Status SwitchSchedule::Restore(const CoordinatorState& state) {
   }
   by_step_ = std::move(by_step);
   done_.assign(state.done_switches().begin(), state.done_switches().end());
-  max_polled_ = state.max_polled();
+  reached_.clear();
+  floor_ = state.max_polled();
   next_id_ = std::max<int64_t>(state.next_switch_id(), 1);
   mode_ = options_.initial_mode;
   for (auto it = by_step_.rbegin(); it != by_step_.rend(); ++it) {

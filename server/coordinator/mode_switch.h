@@ -1,7 +1,9 @@
 // The schedule of live mode switches: which switches are pending, at which step, which
 // workers have finished each, and the mode in effect. Workers poll before every step with
-// the step they are about to run; the highest such step (max_polled) bounds where a new
-// switch may go, so no worker can have passed it. A switch is done when every worker rank
+// the step they are about to run; the highest of the ranks' latest such steps (max_polled)
+// bounds where a new switch may go, so no worker can have passed it (workers that rolled
+// back to a checkpoint poll from it again, and the steps after it open up once they all
+// have). A switch is done when every worker rank
 // has reported it. Independent of gRPC and of cluster (its owner checks who calls).
 // Not thread-safe: the owner (ClusterState) guards it with its own mutex.
 #pragma once
@@ -39,7 +41,7 @@ class SwitchSchedule {
   // behind a worker that already took it, and must not hide a later one from it.)
   // `horizon` (>= 1) steps from `step` on count as reached: the worker polls again only
   // after them, so no switch may be scheduled among them any more.
-  absl::StatusOr<PollSwitchResponse> Poll(int64_t step, int64_t horizon = 1);
+  absl::StatusOr<PollSwitchResponse> Poll(int rank, int64_t step, int64_t horizon = 1);
 
   // Schedules a switch to `mode` at `at_step` (0: max_polled + 1, the next boundary no
   // worker has reached). INVALID_ARGUMENT for an unknown mode or a negative step;
@@ -62,11 +64,12 @@ class SwitchSchedule {
 
   // The mode of the done switch with the highest at_step, or the starting mode.
   TrainingMode mode() const { return mode_; }
-  // The highest step any worker has polled with; -1 before the first poll.
-  int64_t max_polled() const { return max_polled_; }
+  // The highest step counted as reached by any worker's latest poll (with its horizon);
+  // -1 before the first poll.
+  int64_t max_polled() const;
   // The cluster was rolled back to `step` (psctl restore): the workers resume there, so
   // the steps from it on can be scheduled again.
-  void Rewind(int64_t step) { max_polled_ = std::min(max_polled_, step - 1); }
+  void Rewind(int64_t step);
   // Sets view->mode, ->initial_mode, ->switches and ->pending_switches.
   void FillView(ClusterView* view) const;
 
@@ -88,7 +91,9 @@ class SwitchSchedule {
   std::map<int64_t, Entry> by_step_;  // every switch scheduled, by at_step
   std::vector<SwitchRecord> done_;    // in the order they completed
   TrainingMode mode_;
-  int64_t max_polled_ = -1;
+  std::map<int, int64_t> reached_;  // each rank's latest poll: the last step it counts
+  // A restored coordinator's saved max_polled, until every rank has polled again.
+  int64_t floor_ = -1;
   int64_t next_id_ = 1;
 };
 

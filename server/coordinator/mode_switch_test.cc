@@ -50,8 +50,8 @@ class SwitchScheduleTest : public ::testing::Test {
     return r.ok() ? *r : SwitchModeResponse();
   }
 
-  static PollSwitchResponse MustPoll(SwitchSchedule& s, int64_t step) {
-    absl::StatusOr<PollSwitchResponse> r = s.Poll(step);
+  static PollSwitchResponse MustPoll(SwitchSchedule& s, int64_t step, int rank = 0) {
+    absl::StatusOr<PollSwitchResponse> r = s.Poll(rank, step);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : PollSwitchResponse();
   }
@@ -109,15 +109,48 @@ TEST_F(SwitchScheduleTest, StartsInTheInitialModeWithNothingScheduled) {
 
 TEST_F(SwitchScheduleTest, MaxPolledIsTheHighestStepPolled) {
   SwitchSchedule s(Options(2));
-  MustPoll(s, 5);
-  MustPoll(s, 9);
-  MustPoll(s, 7);  // a slower worker
+  MustPoll(s, 5, /*rank=*/0);
+  MustPoll(s, 9, /*rank=*/0);
+  MustPoll(s, 7, /*rank=*/1);  // a slower worker
   EXPECT_EQ(s.max_polled(), 9);
+}
+
+// Workers that rolled back to a checkpoint (a failure) poll from it again: once every rank
+// has, the steps after it can be scheduled again and the next boundary is right after it;
+// until then the rank that has not polled since still counts where it was.
+TEST_F(SwitchScheduleTest, RanksThatRolledBackOpenTheirStepsAgainOnceAllHave) {
+  SwitchSchedule s(Options(2));
+  MustPoll(s, 57, 0);
+  MustPoll(s, 56, 1);
+  MustPoll(s, 30, 0);  // rank 0 rolled back to the checkpoint of step 30
+  EXPECT_EQ(s.max_polled(), 56);
+  EXPECT_EQ(s.Schedule(FSDP, 40, kNow).status().code(), absl::StatusCode::kFailedPrecondition);
+  MustPoll(s, 30, 1);
+  EXPECT_EQ(s.max_polled(), 30);
+  EXPECT_EQ(MustSchedule(s, FSDP, 40).at_step(), 40);
+  EXPECT_EQ(MustSchedule(s, PIPELINE, 0).at_step(), 31);
+}
+
+// A restarted coordinator knows only the highest step reached: it holds until every rank
+// has polled again.
+TEST_F(SwitchScheduleTest, ARestoredScheduleKeepsItsReachedStepUntilEveryRankPolled) {
+  SwitchSchedule before(Options(2));
+  MustPoll(before, 57, 0);
+  MustPoll(before, 57, 1);
+  CoordinatorState saved;
+  before.Save(&saved);
+  SwitchSchedule s(Options(2));
+  ASSERT_TRUE(s.Restore(saved).ok());
+  EXPECT_EQ(s.max_polled(), 57);
+  MustPoll(s, 30, 0);
+  EXPECT_EQ(s.max_polled(), 57);
+  MustPoll(s, 30, 1);
+  EXPECT_EQ(s.max_polled(), 30);
 }
 
 TEST_F(SwitchScheduleTest, NegativePolledStepIsInvalidArgument) {
   SwitchSchedule s(Options(1));
-  absl::StatusOr<PollSwitchResponse> r = s.Poll(-1);
+  absl::StatusOr<PollSwitchResponse> r = s.Poll(0, -1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.max_polled(), -1);
 }
@@ -132,8 +165,8 @@ TEST_F(SwitchScheduleTest, NextBoundaryBeforeAnyPollIsStepZero) {
 
 TEST_F(SwitchScheduleTest, NextBoundaryIsOnePastTheHighestPolledStep) {
   SwitchSchedule s(Options(2));
-  MustPoll(s, 56);
-  MustPoll(s, 57);
+  MustPoll(s, 56, 0);
+  MustPoll(s, 57, 1);
   SwitchModeResponse r = MustSchedule(s, ALLREDUCE, 0);
   EXPECT_EQ(r.at_step(), 58);
   ClusterView v = View(s);
@@ -149,7 +182,7 @@ TEST_F(SwitchScheduleTest, NextBoundaryIsOnePastTheHighestPolledStep) {
 TEST_F(SwitchScheduleTest, PollHorizonCountsItsStepsAsReachedAndCoversThem) {
   SwitchSchedule s(Options(2));
   MustSchedule(s, FSDP, 14);  // inside the window the next poll covers
-  absl::StatusOr<PollSwitchResponse> p = s.Poll(10, 8);
+  absl::StatusOr<PollSwitchResponse> p = s.Poll(0, 10, 8);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(s.max_polled(), 17);
   EXPECT_TRUE(p->pending());
@@ -157,7 +190,7 @@ TEST_F(SwitchScheduleTest, PollHorizonCountsItsStepsAsReachedAndCoversThem) {
   // Nothing can be scheduled inside [10, 18) any more: the worker will not ask again.
   EXPECT_EQ(s.Schedule(PIPELINE, 15, kNow).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(MustSchedule(s, PIPELINE, 0).at_step(), 18);
-  EXPECT_EQ(s.Poll(18, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Poll(0, 18, -1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SwitchScheduleTest, ExplicitStepAfterEveryPolledStepIsScheduledThere) {
@@ -285,10 +318,10 @@ TEST_F(SwitchScheduleTest, PollAnswersTheEarliestPendingSwitchAtOrAfterTheStep) 
 TEST_F(SwitchScheduleTest, ASwitchWaitingForASlowWorkerDoesNotHideTheNextOne) {
   SwitchSchedule s(Options(2));
   SwitchModeResponse first = MustSchedule(s, FSDP, 10);
-  EXPECT_EQ(MustPoll(s, 10).switch_id(), 1);  // rank 0 switches, reports, moves on
+  EXPECT_EQ(MustPoll(s, 10, 0).switch_id(), 1);  // rank 0 switches, reports, moves on
   MustAck(s, Report(0, first, PS, FSDP));
   SwitchModeResponse second = MustSchedule(s, ALLREDUCE, 11);  // > max_polled: allowed
-  PollSwitchResponse p = MustPoll(s, 11);  // rank 1 has not reported switch 1 yet
+  PollSwitchResponse p = MustPoll(s, 11, 0);  // rank 1 has not reported switch 1 yet
   EXPECT_TRUE(p.pending());
   EXPECT_EQ(p.switch_id(), second.switch_id());
   EXPECT_EQ(p.at_step(), 11);
