@@ -165,6 +165,29 @@ class DenseTest(ClusterTestCase):
         np.testing.assert_array_equal(self.cluster.pull_dense(one, step=2),
                                       want[0] - np.float32(LR) * g[0])
 
+    def test_a_name_means_one_table_to_every_client(self) -> None:
+        # Two clients (two worker processes, say) create their tables in different orders:
+        # a name still means one table; a name another client made is usable directly.
+        other = pscluster.connect(self.local.coordinator, timeout=RPC_TIMEOUT)
+        try:
+            same = dict(optimizer="sgd", learning_rate=LR, consistency="asp",
+                        initializer="uniform", scale=1.0, seed=7)
+            a1 = self.cluster.create_dense("order_a", 3, **same)
+            b2 = other.create_dense("order_b", 4, **same)
+            b1 = self.cluster.create_dense("order_b", 4, **same)
+            a2 = other.create_dense("order_a", 3, **same)
+            self.assertEqual((a1, b1), (a2, b2))
+            self.assertNotEqual(a1, b1)
+            other.push_dense("order_a", np.ones(3, F32), step=0)
+            np.testing.assert_array_equal(self.cluster.pull_dense(a1, step=1),
+                                          other.pull_dense("order_a", step=1))
+            with self.assertRaises(pscluster.PsError) as e:
+                other.pull_dense("no_such_table")
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+            self.assertIn("no table named 'no_such_table'", e.exception.message)
+        finally:
+            other.close()
+
     def test_sgd_large_streams_in_chunks(self) -> None:
         # 1.5 M floats (6 MB) per shard: more than ps_server's unary limit
         # (--max_chunk_bytes, 4 MiB), so it only works as streams of chunks.

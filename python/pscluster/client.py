@@ -407,15 +407,32 @@ class Cluster:
 
     def _create(self, name_or_id: Union[str, int], kind: int, worker: int, options: dict,
                 **shape) -> int:
-        """CreateTable on every shard (idempotent for an identical spec)."""
+        """CreateTable on every shard (idempotent for an identical spec). A name is the
+        cluster's: one another client created is found on the shards and keeps its id; a
+        new one takes the next id free there (another client that took it first, racing
+        for the same id with another name: the next one)."""
         table_id = options.pop("table_id", None)
-        if isinstance(name_or_id, str):
-            name = name_or_id
-            if table_id is None:
-                with self._lock:
-                    table_id = self._names.get(name, max(self._specs, default=0) + 1)
-        else:
-            table_id, name = int(name_or_id), str(name_or_id)
+        if not isinstance(name_or_id, str):
+            table_id, name_or_id = int(name_or_id), str(name_or_id)
+        if table_id is not None or name_or_id in self._names:
+            return self._create_as(self._names.get(name_or_id, table_id), name_or_id, kind,
+                                   worker, options, shape)
+        for _ in range(8):
+            tables = self._tables_by_name()
+            known = tables.get(name_or_id)
+            with self._lock:
+                ids = [t.table_id for t in tables.values()] + list(self._specs)
+            table_id = known.table_id if known is not None else max(ids, default=0) + 1
+            try:
+                return self._create_as(table_id, name_or_id, kind, worker, options, shape)
+            except PsError as e:  # ALREADY_EXISTS for a new name: the id was just taken
+                if e.code != grpc.StatusCode.ALREADY_EXISTS or known is not None:
+                    raise
+        raise PsError(grpc.StatusCode.ABORTED, f"table {name_or_id!r}: 8 ids in a row were "
+                      "taken by other clients creating tables at the same time; try again")
+
+    def _create_as(self, table_id: int, name: str, kind: int, worker: int, options: dict,
+                   shape: dict) -> int:
         spec = _make_spec(table_id, name, kind, shape, **options)
         req = ps_pb2.CreateTableRequest(worker_id=worker, spec=spec)
         self._each(lambda s: self._call(
@@ -424,6 +441,12 @@ class Cluster:
             self._specs[table_id] = spec
             self._names[name] = table_id
         return table_id
+
+    def _tables_by_name(self) -> Dict[str, ps_pb2.TableSpec]:
+        """Every table on shard 0 (every shard holds every table), by name."""
+        resp = self._call(0, lambda stub: stub.Stats(ps_pb2.StatsRequest(),
+                                                     timeout=self.timeout))
+        return {t.info.spec.name: t.info.spec for t in resp.tables}
 
     def describe(self, table: Union[str, int], worker: int = 0) -> List[ps_pb2.TableInfo]:
         """Every shard's TableInfo of the table (its range or rows, BSP's applied steps)."""
@@ -439,10 +462,16 @@ class Cluster:
     def _table_id(self, table: Union[str, int]) -> int:
         if isinstance(table, str):
             with self._lock:
-                if table not in self._names:
-                    raise PsError(grpc.StatusCode.NOT_FOUND,
-                                  f"no table named {table!r} created by this client")
-                return self._names[table]
+                if table in self._names:
+                    return self._names[table]
+            spec = self._tables_by_name().get(table)  # one another client created
+            if spec is None:
+                raise PsError(grpc.StatusCode.NOT_FOUND,
+                              f"no table named {table!r} on the shards; create it first")
+            with self._lock:
+                self._specs[spec.table_id] = spec
+                self._names[table] = spec.table_id
+            return spec.table_id
         return int(table)
 
     def spec(self, table: Union[str, int], worker: int = 0) -> ps_pb2.TableSpec:
