@@ -107,11 +107,48 @@ int64_t ConsistencyClock::Staleness(int64_t step) const {
 std::string ConsistencyClock::DescribeLaggards(int64_t step) const {
   const int64_t need = bsp() ? step : step - config_.staleness();
   std::string out;
+  bool skipped = false;  // some worker pushed a later step but not an earlier unapplied one
   for (const auto& [w, clock] : clocks_) {
-    if (clock < need)
-      absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock, ")");
+    if (!bsp()) {
+      if (clock < need)
+        absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock, ")");
+      continue;
+    }
+    // BSP: the unapplied steps before `step` this worker has not pushed (no push goes
+    // kMaxBspStepsAhead past the applied steps, so the scan is short whatever `step` is).
+    // first: the oldest such step; last: the newest one below a step it did push (a skip).
+    int64_t first = -1, last = -1;
+    for (int64_t s = applied_steps_; s < std::min(step, applied_steps_ + kMaxBspStepsAhead);
+         ++s) {
+      auto it = pushed_.find(s);
+      if (it == pushed_.end() || !it->second.count(w)) {
+        if (first < 0) first = s;
+      } else if (first >= 0) {
+        last = s - 1;
+      }
+    }
+    if (first < 0) continue;
+    const bool later = last >= 0;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "worker ", w, " (clock ", clock,
+                    later ? absl::StrCat(", no push of step ", first,
+                                         first == last ? "" : absl::StrCat("-", last),
+                                         " here but of a later one")
+                          : "",
+                    ")");
+    skipped = skipped || later;
   }
-  return absl::StrCat(out, bsp() ? absl::StrCat("; BSP applied_steps=", applied_steps_) : "");
+  if (!bsp()) return out;
+  absl::StrAppend(&out, out.empty() ? "" : "; ", "BSP applied_steps=", applied_steps_);
+  if (Held(applied_steps_)) {
+    absl::StrAppend(&out, "; step ", applied_steps_, " is held for a snapshot being captured");
+  }
+  if (skipped) {
+    absl::StrAppend(&out,
+                    "; a worker that skipped steps here pushed them before this shard lost "
+                    "them (restarted from an older snapshot?): roll every shard back to one "
+                    "checkpoint (psctl restore, or the client's restore) and resume from it");
+  }
+  return out;
 }
 
 absl::Status ConsistencyClock::Hold(int64_t step) {

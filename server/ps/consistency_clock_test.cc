@@ -101,6 +101,30 @@ TEST(ConsistencyClockTest, SspLetsAReaderRunAtMostStalenessStepsAheadOfTheSlowes
   EXPECT_TRUE(clock.Pullable(100)) << "waits end on shutdown";
 }
 
+// What a BSP pull waits for: the workers whose pushes of the unapplied steps are missing,
+// and, when one pushed a later step but not an earlier one (a shard restarted from an older
+// snapshot, with the workers gone on), what to do.
+TEST(ConsistencyClockTest, BspLaggardsNameTheMissingStepsAndASkip) {
+  ConsistencyClock clock(1, Mode(ConsistencyConfig::BSP));
+  clock.AddWorker(0);
+  clock.AddWorker(1);
+  for (int64_t s = 0; s < 3; ++s) {
+    clock.RecordPush(0, s);
+    clock.RecordPush(1, s);
+    ASSERT_TRUE(clock.NextStepReady());
+    clock.StepApplied();
+  }
+  clock.RecordPush(0, 3);
+  EXPECT_EQ(clock.DescribeLaggards(4), "worker 1 (clock 3); BSP applied_steps=3");
+  clock.RecordPush(1, 5);  // steps 3 and 4 of worker 1 never came here
+  const std::string laggards = clock.DescribeLaggards(1LL << 62);  // a hostile step: short scan
+  EXPECT_NE(laggards.find("worker 0 (clock 4)"), std::string::npos) << laggards;
+  EXPECT_NE(laggards.find("worker 1 (clock 6, no push of step 3-4 here but of a later one)"),
+            std::string::npos)
+      << laggards;
+  EXPECT_NE(laggards.find("restarted from an older snapshot?"), std::string::npos) << laggards;
+}
+
 TEST(ConsistencyClockTest, ResetAndRestoreSetClocksAndAppliedSteps) {
   ConsistencyClock clock(1, Mode(ConsistencyConfig::BSP));
   clock.AddWorker(0);

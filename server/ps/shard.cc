@@ -136,8 +136,12 @@ absl::StatusOr<Table*> Shard::GetTable(uint32_t table_id) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = tables_.find(table_id);
   if (it == tables_.end()) {
-    return absl::NotFoundError(absl::StrCat("table_id ", table_id, " does not exist on shard ",
-                                            options_.shard_id, "; create it first"));
+    return absl::NotFoundError(absl::StrCat(
+        "table_id ", table_id, " does not exist on shard ", options_.shard_id,
+        tables_.empty() ? " (it holds no table: restarted empty? start it with --restore, or "
+                          "roll the cluster back to a checkpoint)"
+                        : "",
+        "; create it first"));
   }
   return it->second.get();
 }

@@ -20,6 +20,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TableSpec DenseSpec(uint32_t id, uint64_t size,
                     ConsistencyConfig::Mode mode = ConsistencyConfig::ASP) {
@@ -213,6 +214,10 @@ TEST(ShardTest, UnknownTableIsNotFound) {
   absl::Status s = shard.GetTable(99).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(s), HasSubstr("99"));
+  EXPECT_THAT(Message(s), Not(HasSubstr("holds no table")));
+  // A shard with no table at all says how that happens (a restart without --restore).
+  EXPECT_THAT(Message(Shard(ShardOptions{2, 4}).GetTable(1).status()),
+              HasSubstr("it holds no table: restarted empty? start it with --restore"));
   EXPECT_EQ(shard.GetDense(99, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(shard.GetSparse(99, 0).status().code(), absl::StatusCode::kNotFound);
 }
