@@ -153,6 +153,41 @@ TEST(RecoveryTest, WorkerKilledInACollectiveIsReplacedAndTrainingEndsBitwiseAsIf
   }
 }
 
+// --checkpoint_every_steps in a collective mode: the workers hand their state to the shards
+// at every 100 steps, not only at an epoch's end (312 steps), so the coordinator checkpoints
+// mid-epoch; a worker killed after one rolls everyone back to a mid-epoch step, bitwise.
+// (Before, the coordinator's periodic checkpoints found the shards' state of the last
+// epoch's end and took none.)
+TEST(RecoveryTest, CollectiveModesCheckpointMidEpochEveryStepsAndRollBackThere) {
+  const std::string dir = ::testing::TempDir() + "/mid_epoch";
+  testing::ClusterOptions o;
+  o.coordinator_checkpoints = true;
+  o.mode = "allreduce";
+  o.epochs = 2;
+  std::vector<std::string> clean = Cluster(dir + "/clean", o).Finish();
+  std::vector<std::string> recovered;
+  {
+    Cluster cluster(dir + "/killed", o);
+    ASSERT_TRUE(cluster.coordinator()
+                    .WaitForLine("checkpoint of step 100 complete", absl::Minutes(2))
+                    .ok());
+    ASSERT_TRUE(cluster.worker(1).Stop(SIGKILL, absl::Seconds(20)).ok());
+    ASSERT_TRUE(cluster.worker(0).WaitForLine("rank 1 is down", absl::Minutes(1)).ok());
+    cluster.StartWorker(1);
+    recovered = cluster.Finish();
+  }
+  SCOPED_TRACE(recovered[0]);
+  const std::string rollbacks = Field(recovered[0], "rollbacks");
+  ASSERT_NE(rollbacks, "[]");
+  const int64_t back_to =
+      std::stoll(rollbacks.substr(rollbacks.find(", ") + 2, rollbacks.find(']') - 2));
+  EXPECT_EQ(back_to % 100, 0) << "rolled back to step " << back_to;
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(Field(recovered[r], "param_crc32c"), Field(clean[r], "param_crc32c"))
+        << "rank " << r << ": the recovered run's final parameters differ from the clean run's";
+  }
+}
+
 // A checkpoint taken in one mode restores in another: the cluster trains in FSDP, takes
 // the checkpoint of step kStepsPerEpoch, switches to PIPELINE at kStepsPerEpoch + 10; a
 // worker killed after the switch makes everyone roll back to the FSDP-mode checkpoint,

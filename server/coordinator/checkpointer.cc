@@ -119,7 +119,9 @@ absl::Status Checkpointer::MaybeCheckpoint() {
       std::fflush(stdout);
     }
   }
-  const bool due = options_.every_steps > 0 &&
+  // In the collective modes the shards hold the state only when the workers hand it over:
+  // they do at the multiples of every_steps (ClusterView) and ask for the checkpoint then.
+  const bool due = options_.every_steps > 0 && view.mode() == PS &&
                    view.global_step() >= (checkpoints_.empty() ? 0 : checkpoints_.back().step()) +
                                              options_.every_steps;
   if (!due) return absl::OkStatus();

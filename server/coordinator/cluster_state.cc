@@ -412,6 +412,7 @@ ClusterView ClusterState::ViewLocked() const {
   if (!v.complete()) v.set_missing(MissingLocked());
   for (const Checkpoint& c : checkpoints_) *v.add_checkpoints() = c;
   switches_.FillView(&v);
+  v.set_checkpoint_every_steps(options_.checkpoint_every_steps);
   return v;
 }
 

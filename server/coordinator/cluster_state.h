@@ -27,6 +27,7 @@ struct ClusterStateOptions {
   int replicas = 1;  // copies of each shard, in a chain (proto Chain): replicas [0, replicas)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
   TrainingMode mode = PS;  // the starting mode; must pass ValidateMode (main checks)
+  int64_t checkpoint_every_steps = 0;  // into the view (ClusterView's field says why)
   // Called (under the lock, so in order) with the state to persist after every change of
   // the view: members and their incarnations, the versions, the switch schedule.
   std::function<void(const CoordinatorState&)> on_change;

@@ -45,7 +45,9 @@ ABSL_FLAG(std::string, data_dir, "",
           "--snapshot_every_epochs) and forgets them on restart.");
 ABSL_FLAG(
     int64_t, checkpoint_every_steps, 0,
-    "Checkpoint every shard every this many global steps (0: only when the metric improves).");
+    "Checkpoint every shard every this many global steps (0: only when the metric improves; "
+    "needs --data_dir). In the collective modes the workers hand their state to the shards "
+    "at these steps first.");
 ABSL_FLAG(std::string, metric, "max",
           "Better validation metric: 'max' (accuracy) or 'min' (loss).");
 ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept, besides the best.");
@@ -155,6 +157,8 @@ absl::StatusOr<pscluster::coord::ClusterStateOptions> MembershipFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--mode: ", s.message()));
   }
   if (const std::string dir = absl::GetFlag(FLAGS_data_dir); !dir.empty()) {
+    options.checkpoint_every_steps =
+        std::max<int64_t>(0, absl::GetFlag(FLAGS_checkpoint_every_steps));
     options.on_change = [path = StatePath(dir)](const pscluster::coord::CoordinatorState& state) {
       absl::Status s = pscluster::WriteFileAtomically(path, state.SerializeAsString());
       if (!s.ok())

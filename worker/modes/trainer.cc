@@ -204,6 +204,27 @@ absl::Status Trainer::Publish(int64_t step) {
   return ImportState(client_.get(), model_->spec(), state, step);
 }
 
+absl::Status Trainer::CheckpointMidEpoch(int64_t step, TrainSummary* summary) {
+  const int64_t every = view_.checkpoint_every_steps();
+  if (every <= 0 || step % every != 0 || placement_->mode() == coord::PS ||
+      options_.coordinator == nullptr || client_ == nullptr) {
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(placement_->Flush());
+  RETURN_IF_ERROR(Publish(step));
+  if (options_.rank != 0) return absl::OkStatus();
+  // As at an epoch's end: a failure costs this checkpoint, not the run.
+  auto taken = options_.coordinator->Checkpoint(std::nullopt, options_.rpc_timeout);
+  if (taken.ok()) {
+    summary->snapshots.push_back(taken->step());
+  } else {
+    std::printf("worker %d: checkpoint at step %lld skipped: %s\n", options_.rank,
+                static_cast<long long>(step), taken.status().ToString().c_str());
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
 void Trainer::RequestCheckpoint(int64_t epoch, TrainSummary* summary) {
   if (options_.rank != 0 || options_.coordinator == nullptr || client_ == nullptr ||
       options_.snapshot_every_epochs <= 0 || epoch % options_.snapshot_every_epochs != 0) {
@@ -279,7 +300,9 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     }
     // An epoch's end, or the last step of a run cut short by max_steps: checkpoint and
     // evaluation.
-    if ((step + 1) % per_epoch_ != 0 && step + 1 != total) return absl::OkStatus();
+    if ((step + 1) % per_epoch_ != 0 && step + 1 != total) {
+      return CheckpointMidEpoch(step + 1, &summary);
+    }
     summary.final_loss = epoch_loss / epoch_steps;
     epoch_loss = 0;
     epoch_steps = 0;

@@ -171,6 +171,10 @@ class Trainer {
   absl::Status Publish(int64_t step);
   // Rank 0, every --snapshot_every_epochs: a cluster checkpoint through the coordinator.
   void RequestCheckpoint(int64_t epoch, TrainSummary* summary);
+  // The collective modes, at a multiple of the coordinator's checkpoint_every_steps that
+  // is not an epoch's end: every rank hands the state before `step` to the shards, and
+  // rank 0 asks for the checkpoint (in PS mode the coordinator takes it by itself).
+  absl::Status CheckpointMidEpoch(int64_t step, TrainSummary* summary);
   // The test set's loss and accuracy with the parameters of `step`.
   absl::StatusOr<model::StepResult> Evaluate(int64_t step);
   void ReportProgress(int64_t step, double loss, double rate);
