@@ -10,6 +10,7 @@ after 10 steps, while the parameters themselves move by ~1e-2 over those steps.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 DEBIAN_PYTHON = "/usr/bin/python3"  # see pscluster_test.py
@@ -315,6 +316,53 @@ class TorchTest(unittest.TestCase):
             for rank, c in enumerate(clusters):
                 c.unregister_worker(rank)
                 c.close()
+
+    def test_a_step_cut_short_by_a_stopped_shard_is_finished_with_its_first_gradients(
+            self) -> None:
+        """Shard 1 is stopped while the (one) worker steps: the dense and the embedding
+        pushes reach shard 0 only, and step() raises. Once the shard runs again, step() after
+        a backward on other data finishes step 0 with the first gradients on both shards
+        (before: the dense part took half of each gradient, and the Embedding failed on every
+        later step with 'step 1 is already applied'), and training goes on."""
+        base, lr = self.base(), 0.5
+        with pscluster.connect(self.local.coordinator, timeout=1.0) as cluster:
+            emb = pst.Embedding(cluster, f"cut_short_{base}", 64, 4, table_id=base + 50,
+                                optimizer="sgd", lr=lr, initializer="normal", scale=0.5, seed=1)
+            model = torch.nn.Sequential()
+            model.emb, model.lin = emb, torch.nn.Linear(4, 8)
+            opt = pst.ParameterServerOptimizer(model, cluster, optimizer="sgd", lr=lr,
+                                               table_base=base)
+            ids = torch.arange(16)  # distinct keys, on both shards
+            self.assertEqual(set(cluster.shard_of(ids.numpy()).tolist()), {0, 1})
+            w0 = model.lin.weight.detach().clone()
+            rows0 = cluster.pull_sparse(emb.table, ids.numpy())
+
+            def backward(x_scale: float) -> None:
+                opt.zero_grad()
+                (model.lin(model.emb(ids)) * x_scale).square().sum().backward()
+
+            backward(1.0)
+            g_lin = model.lin.weight.grad.clone()
+            g_rows = emb._batches[0][1].grad.numpy().copy()
+            os.kill(self.local.shards[1].proc.pid, signal.SIGSTOP)
+            try:
+                with self.assertRaises(pscluster.PsError) as e:
+                    opt.step()
+            finally:
+                os.kill(self.local.shards[1].proc.pid, signal.SIGCONT)
+            self.assertIn("step() again finishes it", e.exception.message)
+            self.assertEqual(opt.step_count, 0)
+            backward(3.0)  # the caller's retry: these gradients are not step 0's
+            opt.step()
+            self.assertEqual(opt.step_count, 1)
+            np.testing.assert_allclose(model.lin.weight.detach().numpy(),
+                                       (w0 - lr * g_lin).numpy(), rtol=0, atol=1e-6)
+            np.testing.assert_allclose(cluster.pull_sparse(emb.table, ids.numpy(), step=1),
+                                       rows0 - lr * g_rows, rtol=0, atol=1e-6)
+            backward(1.0)
+            opt.step()  # and the next step goes through
+            self.assertEqual((opt.step_count, emb.step_), (2, 2))
+            cluster.unregister_worker(0)
 
     def test_table_ids_past_the_limit_are_refused_before_any_table_is_made(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:

@@ -70,6 +70,13 @@ class PsError(Exception):
         self.shard = shard
 
 
+def _already_pushed(e: PsError, step: int) -> bool:
+    """A BSP shard's refusal of a push of `step` it has taken already (a repeat)."""
+    return e.code == grpc.StatusCode.FAILED_PRECONDITION and re.search(
+        rf"already pushed step {step}(?!\d)|(?<!\d)step {step} is already applied",
+        e.message) is not None
+
+
 def shard_range(size: int, shard: int, num_shards: int) -> Tuple[int, int]:
     """[begin, end) of a dense tensor of `size` values that `shard` holds (DenseShardRange)."""
     return size * shard // num_shards, size * (shard + 1) // num_shards
@@ -596,11 +603,14 @@ class Cluster:
 
     def push_pull_dense(self, tables: Sequence[Union[str, int]], grads: Sequence[np.ndarray],
                         step: int, worker: int = 0,
-                        outs: Optional[Sequence[np.ndarray]] = None) -> List[np.ndarray]:
+                        outs: Optional[Sequence[np.ndarray]] = None,
+                        repeat: bool = False) -> List[np.ndarray]:
         """One training step of a model's dense tensors: pushes grads[i] to tables[i] for
         `step` and pulls every table at step + 1, into outs[i] (or new flat arrays). Each
         shard gets one call (PushPullDenseBatch: the push, the consistency wait and the pull
-        in one round trip) when its part fits one message; else its tensors stream."""
+        in one round trip) when its part fits one message; else its tensors stream.
+        repeat: the same call again after it failed (BSP tables): a shard that took the
+        push then (it answers "already pushed" or "already applied") is only pulled from."""
         if len(tables) != len(grads) or (outs is not None and len(outs) != len(tables)):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"{len(tables)} tables, {len(grads)} gradients"
@@ -614,20 +624,28 @@ class Cluster:
         outs = [_output(None if outs is None else o, sp.size, f"table {sp.table_id}")
                 for o, sp in zip(outs or [None] * len(specs), specs)]
         self._ensure_registered(worker)
-        if self._native is not None:
+        if self._native is not None and not repeat:
             self._native_call(self._native.push_pull_dense, worker, step,
                               [sp.table_id for sp in specs], flats, outs)
             return outs
-        self._each(lambda s: self._push_pull_shard(s, specs, flats, step, worker, outs))
+        self._each(lambda s: self._push_pull_shard(s, specs, flats, step, worker, outs, repeat))
         return outs
 
     def _push_pull_shard(self, shard: int, specs: List[ps_pb2.TableSpec],
                          flats: List[np.ndarray], step: int, worker: int,
-                         outs: List[np.ndarray]) -> None:
+                         outs: List[np.ndarray], repeat: bool = False) -> None:
         ranges = [shard_range(sp.size, shard, self.num_shards) for sp in specs]
+
+        def pushed_before(e: PsError) -> bool:  # a repeat's push this shard took already
+            return repeat and _already_pushed(e, step)
+
         if sum(e - b for b, e in ranges) * 4 > self.chunk_bytes:  # too big for one message
             for sp, (b, e), g in zip(specs, ranges, flats):
-                self._push_shard(shard, sp.table_id, step, worker, b, e, g)
+                try:
+                    self._push_shard(shard, sp.table_id, step, worker, b, e, g)
+                except PsError as err:
+                    if not pushed_before(err):
+                        raise
             for sp, (b, e), o in zip(specs, ranges, outs):
                 self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
             return
@@ -637,8 +655,15 @@ class Cluster:
                   memoryview(g[b:e]).cast("B"))
                  for sp, (b, e), g in zip(specs, ranges, flats)]
         order = range(len(batch))
-        chunks = self._call(shard, lambda _: self._push_pull_batch[shard](
-            batch, timeout=self.timeout))
+        try:
+            chunks = self._call(shard, lambda _: self._push_pull_batch[shard](
+                batch, timeout=self.timeout))
+        except PsError as err:
+            if not pushed_before(err):
+                raise
+            for sp, (b, e), o in zip(specs, ranges, outs):
+                self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
+            return
         if len(chunks) != len(order):
             raise PsError(grpc.StatusCode.INTERNAL, f"{self._name(shard)} answered "
                           f"{len(chunks)} chunks for {len(order)} tables", shard)
@@ -731,10 +756,12 @@ class Cluster:
         return rows[inverse]
 
     def push_sparse(self, table: Union[str, int], keys, grads: np.ndarray, step: int = 0,
-                    worker: int = 0) -> None:
+                    worker: int = 0, repeat: bool = False) -> None:
         """Pushes one gradient row per key for `step` (repeated keys: their rows are summed,
         one optimizer update per key). Every shard gets the call, with no keys when none of
-        them is its (BSP counts every worker's push per step on every shard)."""
+        them is its (BSP counts every worker's push per step on every shard). repeat: the
+        same push again after it failed (BSP tables): a shard that took it then (it answers
+        "already pushed" or "already applied") counts as done."""
         spec, keys = self._sparse_keys(table, keys, worker)
         shards = self.shard_of(keys)
         parts = [np.flatnonzero(shards == s) for s in range(self.num_shards)]
@@ -746,10 +773,15 @@ class Cluster:
         applied = [False] * self.num_shards
 
         def one(s: int) -> None:
-            self._call(s, lambda stub: stub.PushSparse(
-                ps_pb2.SparseRequest(worker_id=worker, step=step, table_id=spec.table_id,
-                                     keys=keys[parts[s]].tolist(), grads=rows[parts[s]].tobytes()),
-                timeout=self.timeout))
+            try:
+                self._call(s, lambda stub: stub.PushSparse(
+                    ps_pb2.SparseRequest(worker_id=worker, step=step, table_id=spec.table_id,
+                                         keys=keys[parts[s]].tolist(),
+                                         grads=rows[parts[s]].tobytes()),
+                    timeout=self.timeout))
+            except PsError as e:
+                if not (repeat and _already_pushed(e, step)):
+                    raise
             applied[s] = parts[s].size > 0
 
         try:

@@ -40,7 +40,7 @@ import grpc
 import numpy as np
 import torch
 
-from pscluster.client import Cluster, PsError
+from pscluster.client import Cluster, PsError, _already_pushed
 
 # Table ids of a model: `table_base + i` for its i-th parameter (every worker numbers the
 # same module's parameters identically) and `table_base + 10000 + j` for its j-th Embedding.
@@ -88,6 +88,8 @@ class Embedding(torch.nn.Module):
         if table_id is not None:
             self.create(table_id)
         self._batches: List[Tuple[np.ndarray, torch.Tensor]] = []
+        # A push that failed: (step, keys, gradients), sent again by the next push().
+        self._unfinished: Optional[Tuple[int, np.ndarray, np.ndarray]] = None
         # Each row's gradient is multiplied by this before the push (the optimizer that
         # holds the Embedding sets it to its own: 1 / workers, the mean over workers).
         self.grad_scale = grad_scale
@@ -123,18 +125,25 @@ class Embedding(torch.nn.Module):
     def push(self) -> None:
         """Pushes the gradients of every row pulled since the last push, for this step, and
         moves to the next step. Pushes (with no rows) even when forward did not run: a BSP
-        step waits for every worker's push."""
-        keys = [k for k, _ in self._batches]
-        grads = [(w.grad if w.grad is not None else torch.zeros_like(w)).numpy()
-                 for _, w in self._batches]
-        self._batches = []
-        dim = self.embedding_dim
-        keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        grads = (np.concatenate(grads) if grads else np.zeros((0, dim), np.float32))
-        if self.grad_scale != 1.0:
-            grads = grads * np.float32(self.grad_scale)
-        self.cluster.push_sparse(self.table, keys, np.ascontiguousarray(grads, np.float32),
-                                 step=self.step_, worker=self.worker)
+        step waits for every worker's push. After a push that failed (some shards may have
+        taken their rows), the next push() sends that same push again, the shards that took
+        it counting it done, and keeps the rows pulled since for the step after."""
+        repeat = self._unfinished is not None and self._unfinished[0] == self.step_
+        if not repeat:
+            keys = [k for k, _ in self._batches]
+            grads = [(w.grad if w.grad is not None else torch.zeros_like(w)).numpy()
+                     for _, w in self._batches]
+            self._batches = []
+            dim = self.embedding_dim
+            keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+            grads = (np.concatenate(grads) if grads else np.zeros((0, dim), np.float32))
+            if self.grad_scale != 1.0:
+                grads = grads * np.float32(self.grad_scale)
+            self._unfinished = (self.step_, keys, np.ascontiguousarray(grads, np.float32))
+        step, keys, grads = self._unfinished
+        self.cluster.push_sparse(self.table, keys, grads, step=step, worker=self.worker,
+                                 repeat=repeat)
+        self._unfinished = None
         self.step_ += 1
 
 
@@ -162,6 +171,9 @@ class ParameterServerOptimizer:
                           "consistency='ssp' with staleness >= 1, or 'asp'")
         self.overlap = overlap
         self._in_flight = None  # overlap: the push/pull running (a Future), into _incoming
+        # A step that failed: (step, its gradients, or None when its dense part got through),
+        # finished by the next step() with those gradients.
+        self._unfinished: Optional[Tuple[int, Optional[List[np.ndarray]]]] = None
         self.cluster, self.worker, self.num_workers = cluster, worker, num_workers
         self.step_count = step
         self.grad_scale = 1.0 / num_workers if grad_scale is None else grad_scale
@@ -223,7 +235,16 @@ class ParameterServerOptimizer:
     def step(self) -> None:
         """Pushes every gradient for this step (missing ones as zeros) and pulls the values
         of the next into the parameters: one round trip per shard; the Embeddings' rows are
-        pushed at the same time."""
+        pushed at the same time.
+
+        A step that raised (a shard stopped or cut off past the timeout) may have reached
+        some shards and not others: calling step() again finishes that step with the
+        gradients it sent then, the shards that took them only pulling (BSP), so every shard
+        applies the same step; the gradients of that second call are not used."""
+        step = self.step_count
+        if self._unfinished is not None and self._unfinished[0] == step:
+            self._finish(step, self._unfinished[1])
+            return
         grads = []
         for i, (n, p) in enumerate(self.params):
             g = torch.zeros_like(p.data) if p.grad is None else p.grad.detach()
@@ -234,34 +255,61 @@ class ParameterServerOptimizer:
             elif self.overlap:  # sent while the next backward writes p.grad
                 g = g.clone()
             grads.append(_numpy(g.contiguous(), f"gradient of {n}"))
-        pushes = [self.cluster.submit(e.push) for e in self.embeddings]
-        try:
-            if self.overlap:
+        if self.overlap:
+            pushes = [self.cluster.submit(e.push) for e in self.embeddings]
+            try:
                 self.flush()  # the step before's values into the module, _incoming free
                 self._in_flight = self.cluster.submit(
-                    self.cluster.push_pull_dense, self.tables, grads, step=self.step_count,
+                    self.cluster.push_pull_dense, self.tables, grads, step=step,
                     worker=self.worker, outs=self._incoming)
-            else:
-                outs = [_numpy(p.data, f"parameter {n}") for n, p in self.params]
-                with torch.no_grad():
+            finally:
+                for f in pushes:
+                    f.result()
+            self.step_count += 1
+            return
+        self._finish(step, grads, first=True)
+
+    def _finish(self, step: int, grads: Optional[List[np.ndarray]], first: bool = False
+                ) -> None:
+        """Step `step` without overlap: the dense push/pull (unless grads is None: done)
+        and the pushes of the Embeddings still at this step, together. A failure keeps the
+        step's gradients for the next step() and says so."""
+        pushes = [self.cluster.submit(e.push) for e in self.embeddings if e.step_ == step]
+        error: Optional[PsError] = None
+        if grads is not None:
+            outs = [_numpy(p.data, f"parameter {n}") for n, p in self.params]
+            with torch.no_grad():
+                try:
+                    # A first try refused as already pushed: this step's push reached the
+                    # shards before (a new optimizer at a step some worker process of this
+                    # rank already ran): only pull, as a repeat does.
                     try:
-                        self.cluster.push_pull_dense(self.tables, grads, step=self.step_count,
-                                                     worker=self.worker, outs=outs)
+                        self.cluster.push_pull_dense(self.tables, grads, step=step,
+                                                     worker=self.worker, outs=outs,
+                                                     repeat=not first)
                     except PsError as e:
-                        # The step again after its wait for the others timed out: its push is
-                        # on the shards already (they push before they wait; the step pending
-                        # or, once the others pushed, applied), so only pull.
-                        step = self.step_count
-                        if e.code != grpc.StatusCode.FAILED_PRECONDITION or (
-                                f"already pushed step {step}" not in e.message and
-                                f"step {step} is already applied" not in e.message):
+                        if not first or not _already_pushed(e, step):
                             raise
-                        for t, out in zip(self.tables, outs):
-                            self.cluster.pull_dense(t, step=step + 1, worker=self.worker, out=out)
-        finally:
-            for f in pushes:
+                        self.cluster.push_pull_dense(self.tables, grads, step=step,
+                                                     worker=self.worker, outs=outs, repeat=True)
+                    grads = None
+                except PsError as e:
+                    error = e
+                    if first:  # the buffers they are in are reused: keep a copy
+                        grads = [g.copy() for g in grads]
+        for f in pushes:
+            try:
                 f.result()
-        self.step_count += 1
+            except PsError as e:
+                error = error or e
+        if error is None:
+            self._unfinished = None
+            self.step_count += 1
+            return
+        self._unfinished = (step, grads)
+        raise PsError(error.code, f"{error.message}; step {step} may have reached some shards "
+                      "and not others: step() again finishes it with the gradients it sent "
+                      "(not that call's), or restore a checkpoint", error.shard) from None
 
     def flush(self) -> None:
         """overlap: waits for the push/pull in flight and puts the values it brought into
