@@ -462,6 +462,25 @@ class OptimizerTest(ClusterTestCase):
                                               np.stack([rows[k][0] for k in keys.tolist()]))
                 self.assertEqual(sum(i.num_rows for i in self.cluster.describe(t)), len(rows))
 
+    def test_a_sparse_push_over_one_message(self) -> None:
+        # 160,000 rows of dim 16 on 2 shards: about 5.8 MB a shard with their keys, over the
+        # 4 MiB one push may carry. Under ASP the client splits a shard's part into several
+        # pushes; under BSP (one push per worker and step) it refuses before sending.
+        keys = np.arange(160_000, dtype=np.uint64)
+        grads = np.ones((keys.size, 16), F32)
+        asp = self.cluster.create_sparse("big_push_asp", 16, optimizer="sgd", learning_rate=LR,
+                                         consistency="asp", initializer="zeros")
+        self.cluster.push_sparse(asp, keys, grads, step=0)
+        np.testing.assert_array_equal(self.cluster.pull_sparse(asp, keys[::997], step=1),
+                                      np.full((keys[::997].size, 16), -LR, F32))
+        bsp = self.cluster.create_sparse("big_push_bsp", 16, optimizer="sgd", learning_rate=LR,
+                                         consistency="bsp", initializer="zeros")
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.push_sparse(bsp, keys, grads, step=0)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("push fewer rows per step", e.exception.message)
+        self.assertEqual(sum(i.num_rows for i in self.cluster.describe(bsp)), 0)
+
     def test_sparse_rows_split_by_the_servers_hash(self) -> None:
         t = self.cluster.create_sparse("placement", 2, optimizer="sgd", learning_rate=1.0)
         keys = np.arange(200, dtype=np.uint64)

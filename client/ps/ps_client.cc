@@ -201,7 +201,7 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
   if (!dim_or.ok()) return dim_or.status();
   const size_t dim = *dim_or;
   // As for NaN gradients (CheckFinite): a key only its shard would refuse is refused here.
-  const ps::TableSpec& spec = *Spec(table_id);
+  ASSIGN_OR_RETURN(const ps::TableSpec spec, Spec(table_id));
   RETURN_IF_ERROR(CheckFinite(spec, grads));
   std::vector<ps::SparseRequest> reqs = SparseRequests(table_id, step);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -215,12 +215,44 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
     r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim),
                               dim * sizeof(float));
   }
+  // One push carries at most the shards' default --max_chunk_bytes of keys and rows. Under
+  // SSP and ASP a larger part goes in several pushes; under BSP a step's push to a shard is
+  // one message (the shard counts one per worker and step): refused before any is sent.
+  const uint64_t limit = options_.max_message_bytes - (64 << 10);
+  const int per_push = static_cast<int>(
+      std::clamp<uint64_t>(limit / (sizeof(uint64_t) + dim * sizeof(float)), 1, INT32_MAX));
+  const bool bsp = spec.consistency().mode() == ps::ConsistencyConfig::BSP;
+  for (int s = 0; bsp && s < num_shards(); ++s) {
+    if (reqs[s].keys_size() > per_push) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", table_id, ": shard ", s, "'s part of this push is ", reqs[s].keys_size(),
+          " rows of dim ", dim, ", over the ", limit,
+          " bytes one push may carry with its keys (ps_server's --max_chunk_bytes); a BSP "
+          "step's push to a shard is one message: push fewer rows per step (sum the rows of "
+          "repeated keys first); nothing was sent"));
+    }
+  }
   std::vector<char> applied(num_shards(), 0);
-  absl::Status status = calls_.ForEach([&](int s) {
+  absl::Status status = calls_.ForEach([&](int s) -> absl::Status {
+    const ps::SparseRequest& all = reqs[s];
     ps::PushSparseResponse resp;
-    absl::Status st = calls_.Unary(s, &Stub::PushSparse, reqs[s], &resp);
-    applied[s] = st.ok() && reqs[s].keys_size() > 0;
-    return st;
+    if (all.keys_size() <= per_push) {
+      RETURN_IF_ERROR(calls_.Unary(s, &Stub::PushSparse, all, &resp));
+      applied[s] = all.keys_size() > 0;
+      return absl::OkStatus();
+    }
+    for (int at = 0; at < all.keys_size(); at += per_push) {
+      const int n = std::min(per_push, all.keys_size() - at);
+      ps::SparseRequest piece;
+      piece.set_worker_id(all.worker_id());
+      piece.set_step(step);
+      piece.set_table_id(table_id);
+      piece.mutable_keys()->Add(all.keys().begin() + at, all.keys().begin() + at + n);
+      piece.set_grads(all.grads().substr(at * dim * sizeof(float), n * dim * sizeof(float)));
+      RETURN_IF_ERROR(calls_.Unary(s, &Stub::PushSparse, piece, &resp));
+      applied[s] = 1;
+    }
+    return absl::OkStatus();
   });
   // A shard's own refusal (its row limit: only it knows how full it is) comes after the
   // others applied their parts: say so, and what to do.
@@ -249,19 +281,35 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
     reqs[s].add_keys(keys[i]);
     positions[s].push_back(i);
   }
-  return calls_.ForEach([&](int s) {
-    ps::PullSparseResponse resp;
-    absl::Status st = calls_.Waiting(s, [&](grpc::ClientContext* ctx, int) {
-      return calls_.stub(s)->PullSparse(ctx, reqs[s], &resp);
-    });
-    if (!st.ok()) return st;
-    if (resp.values().size() != positions[s].size() * dim * sizeof(float)) {
-      return absl::InternalError(absl::StrCat(calls_.Name(s), " returned ", resp.values().size(),
-                                              " bytes for ", positions[s].size(), " rows"));
-    }
-    const float* v = reinterpret_cast<const float*>(resp.values().data());
-    for (size_t j = 0; j < positions[s].size(); ++j) {
-      std::memcpy(out.data() + positions[s][j] * dim, v + j * dim, dim * sizeof(float));
+  // An answer carries at most the shards' default --max_chunk_bytes of rows: more keys go
+  // in several calls.
+  const size_t per_call = std::max<size_t>(
+      1, (options_.max_message_bytes - (64 << 10)) / (dim * sizeof(float)));
+  return calls_.ForEach([&](int s) -> absl::Status {
+    const size_t n_keys = positions[s].size();
+    for (size_t at = 0; at == 0 || at < n_keys; at += per_call) {
+      const size_t n = std::min(per_call, n_keys - at);
+      ps::SparseRequest part;
+      const ps::SparseRequest* req = &reqs[s];
+      if (n != n_keys) {
+        part.set_worker_id(reqs[s].worker_id());
+        part.set_step(step);
+        part.set_table_id(table_id);
+        part.mutable_keys()->Add(reqs[s].keys().begin() + at, reqs[s].keys().begin() + at + n);
+        req = &part;
+      }
+      ps::PullSparseResponse resp;
+      RETURN_IF_ERROR(calls_.Waiting(s, [&](grpc::ClientContext* ctx, int) {
+        return calls_.stub(s)->PullSparse(ctx, *req, &resp);
+      }));
+      if (resp.values().size() != n * dim * sizeof(float)) {
+        return absl::InternalError(absl::StrCat(calls_.Name(s), " returned ",
+                                                resp.values().size(), " bytes for ", n, " rows"));
+      }
+      const float* v = reinterpret_cast<const float*>(resp.values().data());
+      for (size_t j = 0; j < n; ++j) {
+        std::memcpy(out.data() + positions[s][at + j] * dim, v + j * dim, dim * sizeof(float));
+      }
     }
     return absl::OkStatus();
   });

@@ -48,6 +48,8 @@ T = TypeVar("T")
 DEFAULT_CHUNK_BYTES = 1 << 20
 UNARY_PULL_BYTES = 256 << 10
 MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
+# The keys and gradients one PushSparse may carry: ps_server's default --max_chunk_bytes.
+SPARSE_PUSH_BYTES = 4 << 20
 # gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
 THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
 _REQUEST_COUNTER = itertools.count(1)
@@ -769,20 +771,38 @@ class Cluster:
                          f"gradient ({keys.size} keys x dim {spec.dim})")
         self._check_finite(spec, grads)
         rows = grads.reshape(keys.size, spec.dim)
+        # A shard takes at most SPARSE_PUSH_BYTES of keys and rows in one push. Under SSP and
+        # ASP a larger part goes in several pushes; under BSP a step's push to a shard is
+        # one message (the shard counts one per worker and step): refused before any is sent.
+        per_push = max(1, SPARSE_PUSH_BYTES // (8 + 4 * spec.dim))
+        bsp = spec.consistency.mode == ps_pb2.ConsistencyConfig.BSP
+        if bsp and max(p.size for p in parts) > per_push:
+            s = max(range(self.num_shards), key=lambda s: parts[s].size)
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {spec.table_id}: shard {s}'s part of this push is "
+                          f"{parts[s].size} rows of dim {spec.dim}, "
+                          f"{parts[s].size * (8 + 4 * spec.dim)} bytes with their keys, over "
+                          f"the {SPARSE_PUSH_BYTES} one push may carry (ps_server's "
+                          "--max_chunk_bytes); a BSP step's push to a shard is one message: "
+                          "push fewer rows per step (sum the rows of repeated keys first); "
+                          "nothing was sent")
         self._ensure_registered(worker)
         applied = [False] * self.num_shards
 
         def one(s: int) -> None:
-            try:
-                self._call(s, lambda stub: stub.PushSparse(
-                    ps_pb2.SparseRequest(worker_id=worker, step=step, table_id=spec.table_id,
-                                         keys=keys[parts[s]].tolist(),
-                                         grads=rows[parts[s]].tobytes()),
-                    timeout=self.timeout))
-            except PsError as e:
-                if not (repeat and _already_pushed(e, step)):
-                    raise
-            applied[s] = parts[s].size > 0
+            idx = parts[s]
+            for at in range(0, max(idx.size, 1), per_push):
+                piece = idx[at:at + per_push]
+                try:
+                    self._call(s, lambda stub: stub.PushSparse(
+                        ps_pb2.SparseRequest(worker_id=worker, step=step,
+                                             table_id=spec.table_id, keys=keys[piece].tolist(),
+                                             grads=rows[piece].tobytes()),
+                        timeout=self.timeout))
+                except PsError as e:
+                    if not (repeat and _already_pushed(e, step)):
+                        raise
+                applied[s] = applied[s] or piece.size > 0
 
         try:
             self._each(one)
