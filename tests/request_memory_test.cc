@@ -213,6 +213,36 @@ TEST_F(RequestMemoryTest, StreamsBeyondTheBudgetAreRefusedNamingIt) {
   EXPECT_THAT(after.error_message(), HasSubstr("truncated"));
 }
 
+// Streams that stall mid-transfer (a client that sends part of a push, then nothing, with no
+// deadline of its own) are cancelled once idle for --stream_idle_timeout: the budget they
+// held goes back and a valid push is taken again. Before, two such streams held the budget
+// until the client went away.
+class StalledStreamTest : public RequestMemoryTest {
+ protected:
+  std::vector<std::string> ServerArgs() override {
+    std::vector<std::string> args = RequestMemoryTest::ServerArgs();
+    args.push_back("--stream_idle_timeout=1s");
+    return args;
+  }
+};
+
+TEST_F(StalledStreamTest, AStalledStreamIsCancelledAndItsBudgetFreed) {
+  std::vector<std::unique_ptr<PushStream>> stalled;
+  for (int i = 0; i < 2; ++i) {
+    stalled.push_back(std::make_unique<PushStream>(stubs_[i].get(), kSliceValues));
+    ASSERT_TRUE(stalled.back()->SendUpTo(kSliceValues - kChunkValues));
+  }
+  grpc::Status pushed;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(30); absl::Now() < deadline;) {
+    if ((pushed = FullPush(stubs_[2].get())).ok()) break;
+    ExpectBudgetError(pushed);  // while the stalled ones hold it
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(pushed.ok()) << "the stalled streams still hold the budget: "
+                           << pushed.error_message();
+  for (auto& s : stalled) EXPECT_EQ(s->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
 TEST_F(RequestMemoryTest, ImportOrExportOfAStateOverTheBudgetIsRefused) {
   // Adam: values and two slots, 48 MiB on shard 0: more than the whole budget.
   ps::TableSpec spec;

@@ -61,6 +61,11 @@ ABSL_FLAG(uint64_t, max_inflight_request_bytes, 0,
           "(its resource quota; at least --threads messages of --max_chunk_bytes). 0: a "
           "quarter of the machine's physical memory, at least 1 GiB.");
 
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(30),
+          "A push or import stream that receives nothing for this long is cancelled and "
+          "nothing of it applied, freeing its thread and memory (a client stalled mid-stream). "
+          "inf: never.");
+
 namespace pscluster::ps {
 
 uint64_t PhysicalMemoryBytes() {
@@ -99,6 +104,12 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_request_bytes=", f.service.max_inflight_request_bytes,
         " must be 0 (automatic) or at least --max_chunk_bytes=", f.service.max_chunk_bytes));
+  }
+  f.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  if (f.service.stream_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream_idle_timeout must be > 0 (or inf), got ",
+        absl::FormatDuration(f.service.stream_idle_timeout)));
   }
   f.host = absl::GetFlag(FLAGS_host);
   f.port = absl::GetFlag(FLAGS_port);

@@ -710,6 +710,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
                                                      PushDenseResponse* resp) {
   Scope scope(this);
   if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);  // before receiving
+  StreamWatchdog::Watch watch(&watchdog_, ctx);
   DenseChunk first, chunk;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("push stream carried no chunks"));
@@ -771,6 +772,7 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
     }
     received += c.data().size() / sizeof(float);
     buffers.push_back(std::move(*c.mutable_data()));
+    watch.Alive();
   }
   if (received != first.total_length()) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(

@@ -18,6 +18,7 @@
 #include "server/ps/request_budget.h"
 #include "server/ps/shard.h"
 #include "server/ps/snapshotter.h"
+#include "server/ps/stream_watchdog.h"
 
 namespace pscluster::ps {
 
@@ -39,6 +40,9 @@ struct ServiceOptions {
   // pages go back to the kernel (malloc_trim). InfiniteDuration: never.
   absl::Duration release_idle_memory_after = absl::Seconds(2);
   uint64_t release_min_bytes = uint64_t{32} << 20;
+  // A push or import stream that receives nothing for this long is cancelled, and nothing
+  // of it applied (StreamWatchdog). InfiniteDuration: never.
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
 };
 
 // gRPC's own message limit for a server using `options`: a chunk plus its header.
@@ -200,7 +204,8 @@ class ParameterServerService final : public ParameterServer::Service {
   absl::StatusOr<DenseTable*> DenseForState(uint32_t table_id) const;
   // Reads a whole import stream into a state for `table`'s range; `first` is its first chunk.
   absl::StatusOr<DenseState> ReceiveState(DenseTable* table, const TableStateChunk& first,
-                                          grpc::ServerReader<TableStateChunk>* reader) const;
+                                          grpc::ServerReader<TableStateChunk>* reader,
+                                          StreamWatchdog::Watch* watch) const;
 
   // Held by every handler but Restore, which takes serving_mu_ exclusively to swap tables.
   class Scope {
@@ -218,6 +223,7 @@ class ParameterServerService final : public ParameterServer::Service {
   std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
   std::atomic<Replicator*> replicator_{nullptr};
   const ServiceOptions options_;
+  mutable StreamWatchdog watchdog_{options_.stream_idle_timeout};
   BufferPool buffers_;
   RequestBudget budget_;
   InFlightCounter in_flight_;

@@ -218,7 +218,7 @@ grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
 
 absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
     DenseTable* table, const TableStateChunk& first,
-    grpc::ServerReader<TableStateChunk>* reader) const {
+    grpc::ServerReader<TableStateChunk>* reader, StreamWatchdog::Watch* watch) const {
   DenseStateBuilder builder = table->StateBuilder();
   TableStateChunk chunk;
   uint64_t index = 0;
@@ -235,17 +235,19 @@ absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
         !s.ok()) {
       return s;
     }
+    watch->Alive();
   }
   return builder.Finish(first.updates());
 }
 
-grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
+grpc::Status ParameterServerService::ImportDense(grpc::ServerContext* ctx,
                                                  grpc::ServerReader<TableStateChunk>* reader,
                                                  ImportDenseResponse* resp) {
   std::unique_ptr<absl::MutexLock> joins;  // before Scope: the replicator's lock order
   if (absl::Status s = ReplaceWholeState("ImportDense", &joins); !s.ok()) return ToGrpcStatus(s);
   Scope scope(this);
   if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  StreamWatchdog::Watch watch(&watchdog_, ctx);
   TableStateChunk first;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));
@@ -261,7 +263,7 @@ grpc::Status ParameterServerService::ImportDense(grpc::ServerContext*,
     return ToGrpcStatus(
         absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
   }
-  auto state = ReceiveState(*table, first, reader);
+  auto state = ReceiveState(*table, first, reader, &watch);
   absl::Status s = state.status();
   const uint64_t received = state.ok() ? state->values.size() : 0;
   if (s.ok()) s = (*table)->ImportState(first.step(), *std::move(state));
