@@ -188,6 +188,27 @@ class DenseTest(ClusterTestCase):
         finally:
             other.close()
 
+    def test_integers_outside_the_wire_range_are_refused_before_sending(self) -> None:
+        # Python's ints are unbounded: step 2^64 went out as step 0 (the push applied) on
+        # the grpc-python path and raised TypeError on the C++ one.
+        t = self.create("wire_ints", 4)
+        before = self.cluster.pull_dense(t, step=0).copy()
+        g = np.ones(4, F32)
+        for call, what in [(lambda: self.cluster.push_dense(t, g, step=2 ** 64), "step"),
+                           (lambda: self.cluster.push_dense(t, g, step=-1), "step"),
+                           (lambda: self.cluster.pull_dense(t, worker=2 ** 31), "worker"),
+                           (lambda: self.cluster.pull_dense(2 ** 32), "table id"),
+                           (lambda: self.cluster.push_pull_dense([t], [g], step=1.5), "step"),
+                           (lambda: self.cluster.pull_sparse(t, [1], step=2 ** 63), "step"),
+                           (lambda: self.cluster.restore(2 ** 64), "step"),
+                           (lambda: pscluster.connect(self.local.coordinator, timeout=-1),
+                            "timeout")]:
+            with self.subTest(what=what), self.assertRaises(pscluster.PsError) as e:
+                call()
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(what, e.exception.message)
+        np.testing.assert_array_equal(self.cluster.pull_dense(t, step=0), before)
+
     def test_sgd_large_streams_in_chunks(self) -> None:
         # 1.5 M floats (6 MB) per shard: more than ps_server's unary limit
         # (--max_chunk_bytes, 4 MiB), so it only works as streams of chunks.

@@ -72,6 +72,27 @@ class PsError(Exception):
         self.shard = shard
 
 
+def _whole(value, name: str, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi] (the wire's range: Python's ints have none), else
+    INVALID_ARGUMENT naming it."""
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+            or not lo <= int(value) <= hi):
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return int(value)
+
+
+def _check_timeout(timeout) -> None:
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout < float("inf")):
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+
+
+def _step_and_worker(step, worker) -> Tuple[int, int]:
+    return _whole(step, "step", 0, 2 ** 63 - 1), _whole(worker, "worker", 0, 2 ** 31 - 1)
+
+
 def _already_pushed(e: PsError, step: int) -> bool:
     """A BSP shard's refusal of a push of `step` it has taken already (a repeat)."""
     return e.code == grpc.StatusCode.FAILED_PRECONDITION and re.search(
@@ -204,6 +225,7 @@ class Cluster:
         if not shard_addresses or any(not a for a in shard_addresses):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"every shard needs an address; got {list(shard_addresses)}")
+        _check_timeout(timeout)
         if replicas is not None and (len(replicas) != len(shard_addresses)
                                      or any(not r or not all(r) for r in replicas)):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -421,8 +443,11 @@ class Cluster:
         new one takes the next id free there (another client that took it first, racing
         for the same id with another name: the next one)."""
         table_id = options.pop("table_id", None)
+        if table_id is not None:
+            table_id = _whole(table_id, "table_id", 0, 2 ** 32 - 1)
         if not isinstance(name_or_id, str):
-            table_id, name_or_id = int(name_or_id), str(name_or_id)
+            table_id = _whole(name_or_id, "table id", 0, 2 ** 32 - 1)
+            name_or_id = str(name_or_id)
         if table_id is not None or name_or_id in self._names:
             return self._create_as(self._names.get(name_or_id, table_id), name_or_id, kind,
                                    worker, options, shape)
@@ -481,7 +506,7 @@ class Cluster:
                 self._specs[spec.table_id] = spec
                 self._names[table] = spec.table_id
             return spec.table_id
-        return int(table)
+        return _whole(table, "table id", 0, 2 ** 32 - 1)
 
     def spec(self, table: Union[str, int], worker: int = 0) -> ps_pb2.TableSpec:
         """The table's spec, cached, else asked of shard 0 (DescribeTable)."""
@@ -524,6 +549,7 @@ class Cluster:
         """The whole tensor at `step` (BSP/SSP: waits, bounded by the timeout, until the
         table's consistency bound lets `worker` read it): into `out` (a C-contiguous float32
         array of the table's size, any shape) or a new flat array."""
+        step, worker = _step_and_worker(step, worker)
         spec = self._spec_of_kind(table, worker)
         out = _output(out, spec.size, f"table {spec.table_id}")
         self._ensure_registered(worker)
@@ -574,6 +600,7 @@ class Cluster:
                    worker: int = 0) -> None:
         """Pushes the whole tensor's gradient for `step` (float32, the table's size; the
         server's optimizer applies it)."""
+        step, worker = _step_and_worker(step, worker)
         spec = self._spec_of_kind(table, worker)
         flat = _float32(grad, spec.size, f"table {spec.table_id}", "gradient")
         if self._native is None:  # the C++ client checks as it sends
@@ -613,6 +640,7 @@ class Cluster:
         in one round trip) when its part fits one message; else its tensors stream.
         repeat: the same call again after it failed (BSP tables): a shard that took the
         push then (it answers "already pushed" or "already applied") is only pulled from."""
+        step, worker = _step_and_worker(step, worker)
         if len(tables) != len(grads) or (outs is not None and len(outs) != len(tables)):
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"{len(tables)} tables, {len(grads)} gradients"
@@ -734,6 +762,7 @@ class Cluster:
         """The rows of `keys` (any order, repeats allowed) at `step`: an array of shape
         (len(keys), dim). Each distinct key is asked once; rows not yet touched come from
         the table's initializer."""
+        step, worker = _step_and_worker(step, worker)
         spec, keys = self._sparse_keys(table, keys, worker)
         unique, inverse = np.unique(keys, return_inverse=True)
         shards = self.shard_of(unique)
@@ -764,6 +793,7 @@ class Cluster:
         them is its (BSP counts every worker's push per step on every shard). repeat: the
         same push again after it failed (BSP tables): a shard that took it then (it answers
         "already pushed" or "already applied") counts as done."""
+        step, worker = _step_and_worker(step, worker)
         spec, keys = self._sparse_keys(table, keys, worker)
         shards = self.shard_of(keys)
         parts = [np.flatnonzero(shards == s) for s in range(self.num_shards)]
@@ -903,6 +933,7 @@ class Cluster:
         their snapshots, so checkpoints taken from here on are this run's. Refused while
         ps_worker processes are alive, unless `force`. Without a coordinator
         (Cluster.from_shards), the shards alone roll back and keep their later snapshots."""
+        step = _whole(step, "step", 0, 2 ** 63 - 1)
         if self._coordinator is None:
             req = ps_pb2.RestoreRequest(step=step)
             self._each(lambda s: self._call(s, lambda stub: stub.Restore(
@@ -948,8 +979,8 @@ class Cluster:
         """Schedules a live switch of every worker's training mode (ps, allreduce, fsdp,
         pipeline) at `at_step` (0: the next step boundary no worker has reached)."""
         modes = {k.lower(): v for k, v in coordinator_pb2.TrainingMode.items()}
-        req = coordinator_pb2.SwitchModeRequest(mode=_enum(modes, mode, "mode"),
-                                                at_step=at_step)
+        req = coordinator_pb2.SwitchModeRequest(
+            mode=_enum(modes, mode, "mode"), at_step=_whole(at_step, "at_step", 0, 2 ** 63 - 1))
         return _to_dict(self._coord("SwitchMode", req))
 
 
@@ -1031,6 +1062,7 @@ def connect(coordinator_address: str, timeout: float = 10.0,
     With wait_until_complete, first waits (bounded by `timeout`) until every shard has
     registered. TLS and token arguments: pscluster.security (each defaults to its
     PSCLUSTER_* environment variable)."""
+    _check_timeout(timeout)
     try:
         security = Security.load(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
                                  token=token, token_file=token_file, server_name=server_name)
