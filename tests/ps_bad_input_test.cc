@@ -231,6 +231,11 @@ TEST_F(BadInputTest, InvalidOrHugeSpecIsRejected) {
   spec.mutable_optimizer()->set_learning_rate(-1.0f);
   ExpectError(Create(spec), grpc::StatusCode::INVALID_ARGUMENT, "learning_rate");
   spec.mutable_optimizer()->set_learning_rate(0.1f);
+  // A NORMAL initializer whose draws would overflow to +-inf (scale 1e38 x 5.8 sigma).
+  spec.mutable_initializer()->set_kind(ps::InitializerConfig::NORMAL);
+  spec.mutable_initializer()->set_scale(1e38f);
+  ExpectError(Create(spec), grpc::StatusCode::INVALID_ARGUMENT, "its values stay finite");
+  spec.mutable_initializer()->set_scale(1.0f);
   spec.set_size(uint64_t{1} << 62);
   ExpectError(Create(spec), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_table_bytes");
 }
