@@ -102,7 +102,17 @@ def parse_args(argv=None):
     p.add_argument("--out", default="", help="directory for logs and the workers' results "
                                              "(default: a temporary one)")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # a worker
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("local_shards", "workers", "epochs", "batch_size", "test", "dim"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-') if name == 'local_shards' else name} must be "
+                    f">= 1, got {getattr(args, name)}")
+    if args.train < args.workers * args.batch_size:
+        p.error(f"--train={args.train} is less than one step of every worker "
+                f"(--workers x --batch_size = {args.workers * args.batch_size})")
+    if args.staleness < 0 or not args.timeout > 0 or args.log_every < 1:
+        p.error("--staleness must be >= 0, --timeout > 0, --log_every >= 1")
+    return args
 
 
 def build_model(args, cluster, key_space, num_fields):

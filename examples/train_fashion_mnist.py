@@ -62,7 +62,14 @@ def parse_args(argv=None):
     p.add_argument("--out", default="", help="directory for the local cluster's logs and "
                                              "checkpoints (default: a temporary one)")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # a worker
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("local_shards", "workers", "epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-') if name == 'local_shards' else name} must be "
+                    f">= 1, got {getattr(args, name)}")
+    if args.max_steps < 0 or args.staleness < 0 or not args.timeout > 0:
+        p.error("--max_steps and --staleness must be >= 0, --timeout > 0")
+    return args
 
 
 def worker(args) -> dict:
