@@ -77,6 +77,10 @@ run_stage docker tests/docker/run.sh "${docker_args[@]}"
 # with latency and loss. Its cases count as skipped, saying why, where namespaces cannot be made.
 run_stage netem tests/netem/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)"
 
+# The Python examples as a user runs them, small (tests/examples/run.sh): each trains through
+# a local cluster of its own and must learn something and clean up after itself.
+run_stage examples tests/examples/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)"
+
 # The fuzz targets under libFuzzer (bench/fuzz.sh builds them with clang in an output base
 # of their own): 20000 inputs each from the checked-in seeds with a fixed seed, at most
 # 120 s; each target that gets through without a crash is a case.
