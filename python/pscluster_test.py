@@ -483,6 +483,14 @@ class OptimizerTest(ClusterTestCase):
                                               np.stack([rows[k][0] for k in keys.tolist()]))
                 self.assertEqual(sum(i.num_rows for i in self.cluster.describe(t)), len(rows))
 
+    def test_sparse_gradient_rows_of_another_shape_are_refused(self) -> None:
+        t = self.cluster.create_sparse("rows_shape", 4, optimizer="sgd", learning_rate=LR,
+                                       consistency="asp")
+        with self.assertRaises(pscluster.PsError) as e:  # 8 values, but not 2 rows of 4
+            self.cluster.push_sparse(t, [1, 2], np.ones((4, 2), F32))
+        self.assertIn("(keys, dim) or flat", e.exception.message)
+        self.cluster.push_sparse(t, [1, 2], np.ones(8, F32))  # flat is fine
+
     def test_a_sparse_push_over_one_message(self) -> None:
         # 160,000 rows of dim 16 on 2 shards: about 5.8 MB a shard with their keys, over the
         # 4 MiB one push may carry. Under ASP the client splits a shard's part into several
@@ -688,6 +696,12 @@ class CheckpointTest(ClusterTestCase):
         self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
         self.assertIn("worker 77 is not registered", e.exception.message)
         self.assertEqual(c.applied_step(t), 3)
+        for bad in (float("nan"), float("inf")):
+            with self.assertRaises(pscluster.PsError) as e:
+                c.checkpoint(metric=bad)
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("not a finite number", e.exception.message)
+        self.assertEqual(c.checkpoints(), [])
         record = c.checkpoint()
         self.assertEqual(record["step"], 3)
         self.assertEqual([k["step"] for k in c.checkpoints()], [3])

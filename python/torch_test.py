@@ -381,6 +381,46 @@ class TorchTest(unittest.TestCase):
                                              table_base=self.base())
             self.assertIn("float32", e.exception.message)
 
+    def test_a_second_run_on_a_trained_model_says_how_to_resume(self) -> None:
+        """A script run again against the same cluster and table_base: worker 0 would write
+        step 0's values into tables at a later step. It says to resume or use other tables
+        (before: 'cannot export step 0 ... stop the workers')."""
+        base = self.base()
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            model = torch.nn.Linear(3, 2)
+            opt = pst.ParameterServerOptimizer(model, cluster, lr=0.1, table_base=base)
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.ones(1, 3)).sum().backward()
+                opt.step()
+            cluster.unregister_worker(0)
+            with self.assertRaises(pscluster.PsError) as e:
+                pst.ParameterServerOptimizer(torch.nn.Linear(3, 2), cluster, lr=0.1,
+                                             table_base=base)
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("pass step=2 to resume", e.exception.message)
+            resumed = pst.ParameterServerOptimizer(torch.nn.Linear(3, 2), cluster, lr=0.1,
+                                                   table_base=base, step=2)
+            self.assertEqual(resumed.step_count, 2)
+            cluster.unregister_worker(0)
+
+    def test_module_checks_come_before_any_table(self) -> None:
+        """A parameter with no elements is refused before a table exists; consistency is
+        taken in any case, as the tables take it."""
+        base = self.base()
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
+            model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 0))
+            with self.assertRaises(pscluster.PsError) as e:
+                pst.ParameterServerOptimizer(model, cluster, table_base=base)
+            self.assertIn("has no elements", e.exception.message)
+            with self.assertRaises(pscluster.PsError):
+                cluster.describe(base)  # no table was made
+            opt = pst.ParameterServerOptimizer(torch.nn.Linear(3, 2), cluster,
+                                               consistency="ASP", overlap=True,
+                                               table_base=self.base())
+            opt.flush()
+            cluster.unregister_worker(0)
+
 
 if __name__ == "__main__":
     import pytest

@@ -797,6 +797,12 @@ class Cluster:
         spec, keys = self._sparse_keys(table, keys, worker)
         shards = self.shard_of(keys)
         parts = [np.flatnonzero(shards == s) for s in range(self.num_shards)]
+        shape = np.shape(grads)
+        if len(shape) > 1 and tuple(shape) != (keys.size, spec.dim):
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"table {spec.table_id}: gradient rows of shape {tuple(shape)} for "
+                          f"{keys.size} keys of dim {spec.dim} ({keys.size * spec.dim} values): "
+                          "(keys, dim) or flat; nothing was sent")
         grads = _float32(grads, keys.size * spec.dim, f"table {spec.table_id}",
                          f"gradient ({keys.size} keys x dim {spec.dim})")
         self._check_finite(spec, grads)

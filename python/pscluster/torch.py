@@ -166,6 +166,7 @@ class ParameterServerOptimizer:
                  overlap: bool = False, **optimizer_fields):
         if not 0 <= worker < num_workers:
             raise PsError(_invalid(), f"worker {worker} is outside [0, {num_workers})")
+        consistency = str(consistency).lower()  # as the tables take it
         if overlap and not (consistency == "asp" or (consistency == "ssp" and staleness >= 1)):
             raise PsError(_invalid(), "overlap=True reads values one step old: it needs "
                           "consistency='ssp' with staleness >= 1, or 'asp'")
@@ -185,6 +186,9 @@ class ParameterServerOptimizer:
                                             if isinstance(m, Embedding)]
         for n, p in self.params:
             _numpy(p.data, f"parameter {n}")
+            if p.numel() == 0:  # before any table is made: a refusal leaves none behind
+                raise PsError(_invalid(), f"parameter {n} has no elements (shape "
+                              f"{list(p.shape)}): a table needs at least one value")
         # Every id this makes checked before any table is made: a refusal leaves none behind.
         ids = [table_base + i for i in range(len(self.params))] + [
             table_base + EMBEDDING_OFFSET + j for j, e in enumerate(self.embeddings)
@@ -212,6 +216,13 @@ class ParameterServerOptimizer:
             e.worker, e.step_, e.grad_scale = worker, step, self.grad_scale
         if worker == 0 and step == 0:
             for t, (n, p) in zip(self.tables, self.params):
+                trained = cluster.applied_step(t)
+                if trained > 0:
+                    raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"table {t} ({n}) has trained to step {trained} already (a "
+                                  "run against this cluster before, with the same table_base"
+                                  f"): pass step={trained} to resume it, or another "
+                                  "table_base and name for a new model")
                 cluster.set_dense(t, _numpy(p.data, f"parameter {n}"), step=0)
         # Registered only now: no other worker's step 0 can be applied before worker 0 has
         # written the initial values (a BSP step waits for every registered worker).

@@ -1,8 +1,10 @@
 #include "server/coordinator/service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
 namespace pscluster::coord {
@@ -129,6 +131,10 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const Checkpoi
   InFlightCounter::Scope scope(&in_flight_);
   if (checkpointer_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
+  }
+  if (req->has_metric() && !std::isfinite(req->metric())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "metric ", req->metric(), " is not a finite number; nothing was checkpointed")));
   }
   return Answer(
       [&] {
