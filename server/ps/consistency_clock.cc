@@ -49,7 +49,9 @@ absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
   if (step >= applied_steps_ + kMaxBspStepsAhead) {
     return absl::FailedPreconditionError(
         absl::StrCat("table ", table_id_, ": step ", step, " is more than ", kMaxBspStepsAhead,
-                     " steps ahead of the oldest unapplied BSP step ", applied_steps_));
+                     " steps ahead of the oldest unapplied BSP step ", applied_steps_,
+                     " (were the shards restored to an earlier checkpoint? then resume from "
+                     "step ", applied_steps_, ")"));
   }
   auto it = pushed_.find(step);
   if (it != pushed_.end() && it->second.count(worker)) {
