@@ -215,23 +215,11 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
     r.mutable_grads()->append(reinterpret_cast<const char*>(grads.data() + i * dim),
                               dim * sizeof(float));
   }
-  // One push carries at most the shards' default --max_chunk_bytes of keys and rows. Under
-  // SSP and ASP a larger part goes in several pushes; under BSP a step's push to a shard is
-  // one message (the shard counts one per worker and step): refused before any is sent.
+  // One message carries at most the shards' default --max_chunk_bytes of keys and rows: a
+  // larger part goes in several, numbered (a BSP shard counts the push at its last part).
   const uint64_t limit = options_.max_message_bytes - (64 << 10);
   const int per_push = static_cast<int>(
       std::clamp<uint64_t>(limit / (sizeof(uint64_t) + dim * sizeof(float)), 1, INT32_MAX));
-  const bool bsp = spec.consistency().mode() == ps::ConsistencyConfig::BSP;
-  for (int s = 0; bsp && s < num_shards(); ++s) {
-    if (reqs[s].keys_size() > per_push) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", table_id, ": shard ", s, "'s part of this push is ", reqs[s].keys_size(),
-          " rows of dim ", dim, ", over the ", limit,
-          " bytes one push may carry with its keys (ps_server's --max_chunk_bytes); a BSP "
-          "step's push to a shard is one message: push fewer rows per step (sum the rows of "
-          "repeated keys first); nothing was sent"));
-    }
-  }
   std::vector<char> applied(num_shards(), 0);
   absl::Status status = calls_.ForEach([&](int s) -> absl::Status {
     const ps::SparseRequest& all = reqs[s];
@@ -241,12 +229,15 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
       applied[s] = all.keys_size() > 0;
       return absl::OkStatus();
     }
+    const int count = (all.keys_size() + per_push - 1) / per_push;
     for (int at = 0; at < all.keys_size(); at += per_push) {
       const int n = std::min(per_push, all.keys_size() - at);
       ps::SparseRequest piece;
       piece.set_worker_id(all.worker_id());
       piece.set_step(step);
       piece.set_table_id(table_id);
+      piece.set_part(at / per_push);
+      piece.set_parts(count);
       piece.mutable_keys()->Add(all.keys().begin() + at, all.keys().begin() + at + n);
       piece.set_grads(all.grads().substr(at * dim * sizeof(float), n * dim * sizeof(float)));
       RETURN_IF_ERROR(calls_.Unary(s, &Stub::PushSparse, piece, &resp));

@@ -807,33 +807,23 @@ class Cluster:
                          f"gradient ({keys.size} keys x dim {spec.dim})")
         self._check_finite(spec, grads)
         rows = grads.reshape(keys.size, spec.dim)
-        # A shard takes at most SPARSE_PUSH_BYTES of keys and rows in one push. Under SSP and
-        # ASP a larger part goes in several pushes; under BSP a step's push to a shard is
-        # one message (the shard counts one per worker and step): refused before any is sent.
+        # A shard takes at most SPARSE_PUSH_BYTES of keys and rows in one message: a larger
+        # part goes in several, numbered (a BSP shard counts the push at its last part).
         per_push = max(1, SPARSE_PUSH_BYTES // (8 + 4 * spec.dim))
-        bsp = spec.consistency.mode == ps_pb2.ConsistencyConfig.BSP
-        if bsp and max(p.size for p in parts) > per_push:
-            s = max(range(self.num_shards), key=lambda s: parts[s].size)
-            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"table {spec.table_id}: shard {s}'s part of this push is "
-                          f"{parts[s].size} rows of dim {spec.dim}, "
-                          f"{parts[s].size * (8 + 4 * spec.dim)} bytes with their keys, over "
-                          f"the {SPARSE_PUSH_BYTES} one push may carry (ps_server's "
-                          "--max_chunk_bytes); a BSP step's push to a shard is one message: "
-                          "push fewer rows per step (sum the rows of repeated keys first); "
-                          "nothing was sent")
         self._ensure_registered(worker)
         applied = [False] * self.num_shards
 
         def one(s: int) -> None:
             idx = parts[s]
-            for at in range(0, max(idx.size, 1), per_push):
+            count = max(1, -(-idx.size // per_push))
+            for n, at in enumerate(range(0, max(idx.size, 1), per_push)):
                 piece = idx[at:at + per_push]
                 try:
                     self._call(s, lambda stub: stub.PushSparse(
                         ps_pb2.SparseRequest(worker_id=worker, step=step,
                                              table_id=spec.table_id, keys=keys[piece].tolist(),
-                                             grads=rows[piece].tobytes()),
+                                             grads=rows[piece].tobytes(), part=n,
+                                             parts=count if count > 1 else 0),
                         timeout=self.timeout))
                 except PsError as e:
                     if not (repeat and _already_pushed(e, step)):

@@ -865,7 +865,7 @@ absl::Status ParameterServerService::PushSparseRows(const SparseRequest& request
   bool skipped = false;
   absl::Status s = table->Push(req->worker_id(), req->step(),
                                absl::MakeConstSpan(req->keys().data(), req->keys_size()),
-                               AsFloats(req->grads()), &skipped);
+                               AsFloats(req->grads()), &skipped, req->part(), req->parts());
   resp->set_rows_received(req->keys_size());
   resp->set_skipped_nonfinite(skipped);
   return s;

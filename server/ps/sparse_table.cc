@@ -98,8 +98,13 @@ absl::Status SparseTable::CheckKeys(absl::Span<const uint64_t> keys) const {
 }
 
 absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
-                               absl::Span<const float> grads, bool* skipped) {
+                               absl::Span<const float> grads, bool* skipped, uint32_t part,
+                               uint32_t parts) {
   *skipped = false;
+  if (parts > 1 && part >= parts) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("table ", id(), ": part ", part, " of ", parts, " (parts count from 0)")));
+  }
   if (grads.size() != keys.size() * dim_) {
     return Reject(absl::InvalidArgumentError(
         absl::StrCat("table ", id(), ": grads holds ", grads.size(), " values, expected keys (",
@@ -120,6 +125,23 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
 
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPushLocked(worker, step));
+  const bool in_parts = bsp() && parts > 1;
+  Parts* so_far = nullptr;  // in_parts: this step's earlier parts from this worker
+  if (in_parts) {
+    if (auto s = parts_.find(step); s != parts_.end()) {
+      if (auto w = s->second.find(worker); w != s->second.end()) so_far = &w->second;
+    }
+    if (so_far != nullptr && so_far->count != parts) {
+      return Reject(absl::InvalidArgumentError(
+          absl::StrCat("table ", id(), ": worker ", worker, "'s push of step ", step, " in ",
+                       parts, " parts, but its earlier parts said ", so_far->count)));
+    }
+    if (so_far != nullptr && so_far->got.count(part)) {
+      return Reject(absl::FailedPreconditionError(absl::StrCat(
+          "table ", id(), ": worker ", worker, " already pushed step ", step, " (part ", part,
+          " of ", parts, ")")));
+    }
+  }
   uint64_t new_rows = 0;
   const uint64_t* over = nullptr;
   if (finite) {
@@ -140,11 +162,29 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
     *skipped = true;
     nonfinite_skipped_++;
   } else if (bsp()) {
-    pending_[step][worker] = std::move(merged);
+    Grads& staged = pending_[step][worker];  // a part after others: added, in arrival order
+    for (auto& [key, g] : merged) {
+      auto [row, inserted] = staged.try_emplace(key, std::move(g));
+      if (!inserted) {
+        for (size_t j = 0; j < dim_; ++j) row->second[j] += g[j];
+      }
+    }
     pending_new_rows_[step] += new_rows;
     staged_new_rows_ += new_rows;
   } else {
     for (const auto& [key, g] : merged) ApplyLocked(key, g);
+  }
+  if (in_parts) {
+    Parts& p = so_far != nullptr ? *so_far : parts_[step][worker];
+    p.count = parts;
+    p.got.insert(part);
+    p.skipped = p.skipped || *skipped;
+    if (p.got.size() < parts) return absl::OkStatus();  // the push counts at its last part
+    if (p.skipped) {  // a skipped part drops the whole push
+      if (auto s = pending_.find(step); s != pending_.end()) s->second.erase(worker);
+    }
+    parts_[step].erase(worker);
+    if (parts_[step].empty()) parts_.erase(step);
   }
   RecordPushLocked(worker, step);
   return absl::OkStatus();
@@ -165,6 +205,12 @@ void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad) {
 
 void SparseTable::ApplyBspStepLocked(int64_t step) {
   auto it = pending_.find(step);
+  if (auto p = parts_.find(step); p != parts_.end()) {  // pushes whose workers left mid-way
+    for (const auto& [worker, unused] : p->second) {
+      if (it != pending_.end()) it->second.erase(worker);
+    }
+    parts_.erase(p);
+  }
   if (it == pending_.end()) return;
   Grads sum;  // per key: the workers' rows added in worker-id order
   for (auto& [worker, grads] : it->second) {

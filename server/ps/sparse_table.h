@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -30,8 +31,13 @@ class SparseTable final : public Table {
   // `grads` holds keys.size() * dim values. All or nothing: RESOURCE_EXHAUSTED when the new
   // rows would pass max_rows; a non-finite gradient, or a finite one whose update would
   // make a row non-finite, is INVALID_ARGUMENT (or dropped, *skipped, under skip_nonfinite).
+  // A push in several parts (part of parts, parts > 1; BSP): counted once all have come;
+  // FAILED_PRECONDITION for a part already taken, INVALID_ARGUMENT for a part count that
+  // differs from the step's earlier parts'. A non-finite part skipped under skip_nonfinite
+  // drops the worker's whole push of the step.
   absl::Status Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
-                    absl::Span<const float> grads, bool* skipped);
+                    absl::Span<const float> grads, bool* skipped, uint32_t part = 0,
+                    uint32_t parts = 1);
 
   // Copies the rows of `keys` into `out` (keys.size() * dim values); a key never pushed
   // reads as its initial row, and stores nothing. Call AwaitPullable first.
@@ -75,6 +81,14 @@ class SparseTable final : public Table {
   // BSP: step -> worker -> its summed gradient rows, and per step the rows they would add
   // (counted per push: an upper bound).
   std::map<int64_t, std::map<int32_t, Grads>> pending_ ABSL_GUARDED_BY(mu_);
+  // BSP pushes in parts: step -> worker -> the parts come so far (and whether one was
+  // skipped), until the last.
+  struct Parts {
+    uint32_t count = 0;
+    std::set<uint32_t> got;
+    bool skipped = false;
+  };
+  std::map<int64_t, std::map<int32_t, Parts>> parts_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, uint64_t> pending_new_rows_ ABSL_GUARDED_BY(mu_);
   uint64_t staged_new_rows_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -230,6 +230,35 @@ TEST(SparseTableTest, BspAppliesTheSumOfBothWorkersRowsOnceBothPushed) {
   EXPECT_EQ(table->Info().applied_steps(), 1);
 }
 
+// A BSP push too large for one message comes in parts: it counts once its last part has
+// come, its rows summed in arrival order (key a is in two parts); a repeated part is refused
+// as already pushed, a part count that changes mid-push is invalid.
+TEST(SparseTableTest, BspPushInPartsCountsAtItsLastPart) {
+  auto table = MakeTable(SparseSpec(2, ConsistencyConfig::BSP, 0.5f), {0, 1});
+  const uint64_t a = 11, b = 22, c = 33;
+  bool skipped = false;
+  ASSERT_TRUE(PushRows(*table, 1, 0, {a}, {1, 2}).ok());
+  ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{a, b}, std::vector<float>{1, 1, 5, 5},
+                          &skipped, 0, 3).ok());
+  absl::Status again = table->Push(0, 0, std::vector<uint64_t>{a}, std::vector<float>{9, 9},
+                                   &skipped, 0, 3);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("already pushed step 0 (part 0 of 3)"));
+  EXPECT_EQ(table->Push(0, 0, std::vector<uint64_t>{c}, std::vector<float>{1, 1}, &skipped, 1, 2)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{c, a}, std::vector<float>{7, 7, 2, 2},
+                          &skipped, 2, 3).ok());
+  EXPECT_EQ(table->Info().applied_steps(), 0) << "applied before the push's last part";
+  ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{}, std::vector<float>{}, &skipped, 1, 3)
+                  .ok());
+  EXPECT_EQ(table->Info().applied_steps(), 1);
+  EXPECT_THAT(ReadRows(*table, {a, b, c}),
+              ElementsAre(kInit - 0.5f * (1 + 2 + 1), kInit - 0.5f * (1 + 2 + 2),
+                          kInit - 0.5f * 5, kInit - 0.5f * 5, kInit - 0.5f * 7, kInit - 0.5f * 7));
+  EXPECT_EQ(PushRows(*table, 0, 0, {a}, {1, 1}).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(SparseTableTest, BspSumsRowsInWorkerIdOrderWhateverThePushOrder) {
   const std::vector<std::vector<float>> g = {{1e8f}, {1.0f}, {-1e8f}};
   float sum = g[0][0];
