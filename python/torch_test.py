@@ -364,6 +364,32 @@ class TorchTest(unittest.TestCase):
             self.assertEqual((opt.step_count, emb.step_), (2, 2))
             cluster.unregister_worker(0)
 
+    def test_an_asp_step_cut_short_is_not_applied_twice_on_retry(self) -> None:
+        """ASP shards apply every push they get: step() again after a step cut short by a
+        stopped shard only pulls, so each value took the step's update once, or (on the shard
+        that missed it) not at all; never twice."""
+        base, lr = self.base(), 0.5
+        with pscluster.connect(self.local.coordinator, timeout=1.0) as cluster:
+            model = torch.nn.Linear(4, 8, bias=False)
+            opt = pst.ParameterServerOptimizer(model, cluster, optimizer="sgd", lr=lr,
+                                               consistency="asp", table_base=base)
+            w0 = model.weight.detach().clone()
+            opt.zero_grad()
+            model(torch.ones(1, 4)).square().sum().backward()
+            once = w0 - lr * model.weight.grad
+            os.kill(self.local.shards[1].proc.pid, signal.SIGSTOP)
+            try:
+                with self.assertRaises(pscluster.PsError):
+                    opt.step()
+            finally:
+                os.kill(self.local.shards[1].proc.pid, signal.SIGCONT)
+            opt.step()
+            self.assertEqual(opt.step_count, 1)
+            got = torch.from_numpy(cluster.pull_dense(opt.tables[0], step=1)).reshape(8, 4)
+            self.assertTrue(bool(((got == once) | (got == w0)).all()), f"{got} vs {once}")
+            self.assertTrue(bool((got == once).any()), "shard 0 took the push")
+            cluster.unregister_worker(0)
+
     def test_table_ids_past_the_limit_are_refused_before_any_table_is_made(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
             with self.assertRaises(pscluster.PsError) as e:

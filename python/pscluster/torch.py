@@ -129,6 +129,13 @@ class Embedding(torch.nn.Module):
         taken their rows), the next push() sends that same push again, the shards that took
         it counting it done, and keeps the rows pulled since for the step after."""
         repeat = self._unfinished is not None and self._unfinished[0] == self.step_
+        if repeat and self._spec["consistency"].lower() != "bsp":
+            # SSP/ASP shards apply every push they get (no record of steps to answer a
+            # repeat with): a shard that took the failed push would apply it twice. The
+            # shards that did not take it lose it, as an asynchronous update may be lost.
+            self._unfinished = None
+            self.step_ += 1
+            return
         if not repeat:
             keys = [k for k, _ in self._batches]
             grads = [(w.grad if w.grad is not None else torch.zeros_like(w)).numpy()
@@ -171,6 +178,7 @@ class ParameterServerOptimizer:
             raise PsError(_invalid(), "overlap=True reads values one step old: it needs "
                           "consistency='ssp' with staleness >= 1, or 'asp'")
         self.overlap = overlap
+        self.bsp = consistency == "bsp"
         self._in_flight = None  # overlap: the push/pull running (a Future), into _incoming
         # A step that failed: (step, its gradients, or None when its dense part got through),
         # finished by the next step() with those gradients.
@@ -251,7 +259,10 @@ class ParameterServerOptimizer:
         A step that raised (a shard stopped or cut off past the timeout) may have reached
         some shards and not others: calling step() again finishes that step with the
         gradients it sent then, the shards that took them only pulling (BSP), so every shard
-        applies the same step; the gradients of that second call are not used."""
+        applies the same step; the gradients of that second call are not used. Under SSP and
+        ASP, whose shards keep no record of steps to answer a repeat with, step() again only
+        pulls: the shards that missed the push lose it (an asynchronous update lost), and
+        none applies it twice."""
         step = self.step_count
         if self._unfinished is not None and self._unfinished[0] == step:
             self._finish(step, self._unfinished[1])
@@ -287,6 +298,14 @@ class ParameterServerOptimizer:
         step's gradients for the next step() and says so."""
         pushes = [self.cluster.submit(e.push) for e in self.embeddings if e.step_ == step]
         error: Optional[PsError] = None
+        if grads is not None and not first and not self.bsp:
+            # SSP/ASP: a repeat would be applied again by the shards that took the push (they
+            # keep no record of steps): only pull; the shards that missed it lose it.
+            try:
+                self._pull(step + 1)
+                grads = None
+            except PsError as e:
+                error = e
         if grads is not None:
             outs = [_numpy(p.data, f"parameter {n}") for n, p in self.params]
             with torch.no_grad():
