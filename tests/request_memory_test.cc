@@ -243,6 +243,26 @@ TEST_F(StalledStreamTest, AStalledStreamIsCancelledAndItsBudgetFreed) {
   for (auto& s : stalled) EXPECT_EQ(s->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// A stream that sent all its data but never said it was done is cancelled as idle too, and
+// then applies nothing (before, the data went in although the client heard CANCELLED, and a
+// client retrying under ASP would apply it twice).
+TEST_F(StalledStreamTest, AStreamCancelledAfterAllItsDataAppliesNothing) {
+  auto pushes = [&] {
+    auto stats = clients_[0]->Stats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    for (const ps::TableStats& t : (*stats)[0].tables()) {
+      if (t.info().spec().table_id() == kTable) return t.pushes();
+    }
+    return uint64_t{0};
+  };
+  const uint64_t before = pushes();
+  PushStream whole(stubs_[0].get(), kSliceValues);
+  ASSERT_TRUE(whole.SendUpTo(kSliceValues));  // every value, but no WritesDone
+  ASSERT_TRUE(servers_[0].WaitForLine("received nothing for 1s: cancelled", absl::Seconds(30)).ok());
+  EXPECT_EQ(whole.Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(pushes(), before) << "the cancelled stream's push was applied";
+}
+
 TEST_F(RequestMemoryTest, ImportOrExportOfAStateOverTheBudgetIsRefused) {
   // Adam: values and two slots, 48 MiB on shard 0: more than the whole budget.
   ps::TableSpec spec;

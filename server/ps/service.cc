@@ -780,6 +780,10 @@ grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
         " values (the client ended the stream early, or a chunk did not parse as a "
         "DenseChunk); nothing was applied")));
   }
+  watch.Disarm();
+  if (ctx->IsCancelled()) {  // the watchdog's (idle), or the client's: nothing applied
+    return ToGrpcStatus(absl::CancelledError("push stream cancelled; nothing was applied"));
+  }
   first.clear_data();  // its bytes are buffers[0]
   return ToGrpcStatus(Write(
       ctx,

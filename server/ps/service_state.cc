@@ -265,6 +265,10 @@ grpc::Status ParameterServerService::ImportDense(grpc::ServerContext* ctx,
   }
   auto state = ReceiveState(*table, first, reader, &watch);
   absl::Status s = state.status();
+  watch.Disarm();
+  if (s.ok() && ctx->IsCancelled()) {  // the watchdog's (idle), or the client's
+    s = absl::CancelledError("import stream cancelled");
+  }
   const uint64_t received = state.ok() ? state->values.size() : 0;
   if (s.ok()) s = (*table)->ImportState(first.step(), *std::move(state));
   if (!s.ok()) {

@@ -25,7 +25,9 @@ StreamWatchdog::Watch::Watch(StreamWatchdog* dog, grpc::ServerContext* ctx)
   dog_->watches_.insert(this);
 }
 
-StreamWatchdog::Watch::~Watch() {
+StreamWatchdog::Watch::~Watch() { Disarm(); }
+
+void StreamWatchdog::Watch::Disarm() {
   absl::MutexLock lock(&dog_->mu_);  // the loop cancels only streams still watched
   dog_->watches_.erase(this);
 }
@@ -40,10 +42,11 @@ void StreamWatchdog::Loop() {
       if (!w->fired_ && absl::Nanoseconds(now - w->last_ns_.load()) > idle_) {
         w->fired_ = true;
         w->ctx_->TryCancel();
-        std::fprintf(stderr,
-                     "ps_server: a stream from %s received nothing for %s: cancelled, nothing "
-                     "of it applied (--stream_idle_timeout)\n",
-                     w->peer_.c_str(), absl::FormatDuration(idle_).c_str());
+        std::printf(
+            "ps_server: a stream from %s received nothing for %s: cancelled, nothing of it "
+            "applied (--stream_idle_timeout)\n",
+            w->peer_.c_str(), absl::FormatDuration(idle_).c_str());
+        std::fflush(stdout);
       }
     }
   }

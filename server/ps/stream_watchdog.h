@@ -32,6 +32,9 @@ class StreamWatchdog {
     Watch(const Watch&) = delete;
     Watch& operator=(const Watch&) = delete;
     void Alive() { last_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed); }
+    // No more watching (the stream has all it needs): after this, the watchdog cancels it
+    // no more, so ServerContext::IsCancelled() says for good whether it did.
+    void Disarm();
 
    private:
     friend class StreamWatchdog;
