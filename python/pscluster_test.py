@@ -209,6 +209,47 @@ class DenseTest(ClusterTestCase):
             self.assertIn(what, e.exception.message)
         np.testing.assert_array_equal(self.cluster.pull_dense(t, step=0), before)
 
+    def test_clients_racing_to_create_tables_agree_on_every_shard(self) -> None:
+        # 3 clients at once: 4 new names each, and one name with 3 different sizes. Every
+        # name gets one id, every shard the same spec of it; the same-name race has one
+        # winner, the others ALREADY_EXISTS (before, ids came from a count of the tables
+        # and shards ended up with different tables under one id).
+        clients = [pscluster.connect(self.local.coordinator, timeout=RPC_TIMEOUT)
+                   for _ in range(3)]
+        ids: Dict[str, int] = {}
+        same: List[object] = [None] * 3
+        start = threading.Barrier(3)
+
+        def run(r: int) -> None:
+            start.wait(timeout=30)
+            for k in range(4):
+                ids[f"race_{r}_{k}"] = clients[r].create_dense(f"race_{r}_{k}", 5 + k)
+            try:
+                same[r] = clients[r].create_dense("race_same", 10 + r)
+            except pscluster.PsError as e:
+                same[r] = e
+
+        try:
+            threads = [threading.Thread(target=run, args=(r,)) for r in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            self.assertEqual(len(set(ids.values())), 12)
+            for name, t in ids.items():
+                infos = self.cluster.describe(t)
+                self.assertEqual({(i.spec.name, i.spec.size) for i in infos},
+                                 {(name, 5 + int(name[-1]))})
+            won = [r for r in range(3) if isinstance(same[r], int)]
+            self.assertEqual(len(won), 1, same)
+            for r in set(range(3)) - set(won):
+                self.assertEqual(same[r].code, grpc.StatusCode.ALREADY_EXISTS)
+            self.assertEqual({i.spec.size for i in self.cluster.describe("race_same")},
+                             {10 + won[0]})
+        finally:
+            for c in clients:
+                c.close()
+
     def test_sgd_large_streams_in_chunks(self) -> None:
         # 1.5 M floats (6 MB) per shard: more than ps_server's unary limit
         # (--max_chunk_bytes, 4 MiB), so it only works as streams of chunks.

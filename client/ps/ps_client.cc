@@ -101,7 +101,17 @@ absl::Status PsClient::CreateTable(const ps::TableSpec& spec) {
   ps::CreateTableRequest req;
   req.set_worker_id(options_.worker_id);
   *req.mutable_spec() = spec;
-  absl::Status st = calls_.All(&Stub::CreateTable, req).status();
+  // Shard 0 first: of two clients creating one id with different specs at once, the one
+  // shard 0 refuses stops there, and no shard is left holding the other's spec.
+  ps::CreateTableResponse first;
+  absl::Status st = calls_.Unary(0, &Stub::CreateTable, req, &first);
+  if (st.ok() && num_shards() > 1) {
+    st = calls_.ForEach([&](int s) -> absl::Status {
+      if (s == 0) return absl::OkStatus();
+      ps::CreateTableResponse resp;
+      return calls_.Unary(s, &Stub::CreateTable, req, &resp);
+    });
+  }
   if (st.ok()) {
     absl::MutexLock lock(&mu_);
     specs_[spec.table_id()] = spec;

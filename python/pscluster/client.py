@@ -20,6 +20,7 @@ per-message copies. `Cluster(native=False)` or PSCLUSTER_NATIVE=0 keeps them on 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import itertools
 import os
 import re
@@ -80,6 +81,17 @@ def _whole(value, name: str, lo: int, hi: int) -> int:
         raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                       f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
     return int(value)
+
+
+# A table created by name takes an id from the name's hash in [2^31, 2^32) (ids given
+# explicitly, as pscluster.torch's and ps_worker's, stay below), or, when a table of another
+# name holds it, one of the next NAME_PROBES - 1.
+NAME_PROBES = 16
+
+
+def _name_id(name: str, probe: int) -> int:
+    h = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    return (1 << 31) + (h + probe) % (1 << 31)
 
 
 def _check_timeout(timeout) -> None:
@@ -451,36 +463,44 @@ class Cluster:
         if table_id is not None or name_or_id in self._names:
             return self._create_as(self._names.get(name_or_id, table_id), name_or_id, kind,
                                    worker, options, shape)
-        for _ in range(8):
-            tables = self._tables_by_name()
-            known = tables.get(name_or_id)
-            with self._lock:
-                ids = [t.table_id for t in tables.values()] + list(self._specs)
-            table_id = known.table_id if known is not None else max(ids, default=0) + 1
+        # The id a name takes comes from its hash: every client finds the same one without
+        # asking anyone. Another name there already (a collision): the next one.
+        for probe in range(NAME_PROBES):
+            table_id = _name_id(name_or_id, probe)
             try:
                 return self._create_as(table_id, name_or_id, kind, worker, options, shape)
-            except PsError as e:  # ALREADY_EXISTS for a new name: the id was just taken
-                if e.code != grpc.StatusCode.ALREADY_EXISTS or known is not None:
+            except PsError as e:
+                if e.code != grpc.StatusCode.ALREADY_EXISTS or self._spec_at(table_id).name in (
+                        name_or_id, ""):
                     raise
-        raise PsError(grpc.StatusCode.ABORTED, f"table {name_or_id!r}: 8 ids in a row were "
-                      "taken by other clients creating tables at the same time; try again")
+        raise PsError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"table {name_or_id!r}: the {NAME_PROBES} ids its name may take hold "
+                      "tables of other names; give it a table_id")
 
     def _create_as(self, table_id: int, name: str, kind: int, worker: int, options: dict,
                    shape: dict) -> int:
         spec = _make_spec(table_id, name, kind, shape, **options)
         req = ps_pb2.CreateTableRequest(worker_id=worker, spec=spec)
-        self._each(lambda s: self._call(
+        # Shard 0 first: of two clients creating one id with different specs at once, the
+        # one shard 0 refuses stops there, and no shard is left holding the other's spec.
+        self._call(0, lambda stub: stub.CreateTable(req, timeout=self.timeout))
+        self._each(lambda s: None if s == 0 else self._call(
             s, lambda stub: stub.CreateTable(req, timeout=self.timeout)))
         with self._lock:
             self._specs[table_id] = spec
             self._names[name] = table_id
         return table_id
 
-    def _tables_by_name(self) -> Dict[str, ps_pb2.TableSpec]:
-        """Every table on shard 0 (every shard holds every table), by name."""
-        resp = self._call(0, lambda stub: stub.Stats(ps_pb2.StatsRequest(),
-                                                     timeout=self.timeout))
-        return {t.info.spec.name: t.info.spec for t in resp.tables}
+    def _spec_at(self, table_id: int) -> ps_pb2.TableSpec:
+        """Shard 0's spec of `table_id` (an empty one when there is none)."""
+        req = ps_pb2.DescribeTableRequest(worker_id=0, table_id=table_id)
+        try:
+            return self._call(0, lambda stub: stub.DescribeTable(
+                req, timeout=self.timeout)).spec
+        except PsError as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            return ps_pb2.TableSpec()
 
     def describe(self, table: Union[str, int], worker: int = 0) -> List[ps_pb2.TableInfo]:
         """Every shard's TableInfo of the table (its range or rows, BSP's applied steps)."""
@@ -498,7 +518,12 @@ class Cluster:
             with self._lock:
                 if table in self._names:
                     return self._names[table]
-            spec = self._tables_by_name().get(table)  # one another client created
+            spec = None  # one another client created: at the id its name took
+            for probe in range(NAME_PROBES):
+                found = self._spec_at(_name_id(table, probe))
+                if found.name in (table, ""):
+                    spec = found if found.name else None
+                    break
             if spec is None:
                 raise PsError(grpc.StatusCode.NOT_FOUND,
                               f"no table named {table!r} on the shards; create it first")
