@@ -212,16 +212,7 @@ absl::Status Trainer::CheckpointMidEpoch(int64_t step, TrainSummary* summary) {
   }
   RETURN_IF_ERROR(placement_->Flush());
   RETURN_IF_ERROR(Publish(step));
-  if (options_.rank != 0) return absl::OkStatus();
-  // As at an epoch's end: a failure costs this checkpoint, not the run.
-  auto taken = options_.coordinator->Checkpoint(std::nullopt, options_.rpc_timeout);
-  if (taken.ok()) {
-    summary->snapshots.push_back(taken->step());
-  } else {
-    std::printf("worker %d: checkpoint at step %lld skipped: %s\n", options_.rank,
-                static_cast<long long>(step), taken.status().ToString().c_str());
-    std::fflush(stdout);
-  }
+  if (options_.rank == 0) AskForCheckpoint(absl::StrCat("at step ", step), summary);
   return absl::OkStatus();
 }
 
@@ -230,14 +221,19 @@ void Trainer::RequestCheckpoint(int64_t epoch, TrainSummary* summary) {
       options_.snapshot_every_epochs <= 0 || epoch % options_.snapshot_every_epochs != 0) {
     return;
   }
-  // The coordinator chooses the step (here: this boundary, as the shards hold it for rank
-  // 0) and records it. A failure costs this checkpoint, not the training run.
+  AskForCheckpoint(absl::StrCat("after epoch ", epoch), summary);
+}
+
+void Trainer::AskForCheckpoint(const std::string& when, TrainSummary* summary) {
+  // The coordinator chooses the step (the boundary the shards hold for rank 0) and records
+  // it. A failure costs this checkpoint, not the training run.
   auto taken = options_.coordinator->Checkpoint(std::nullopt, options_.rpc_timeout);
   if (taken.ok()) {
     summary->snapshots.push_back(taken->step());
   } else {
-    std::printf("worker %d: checkpoint after epoch %lld skipped: %s\n", options_.rank,
-                static_cast<long long>(epoch), taken.status().ToString().c_str());
+    std::printf("worker %d: checkpoint %s skipped: %s\n", options_.rank, when.c_str(),
+                taken.status().ToString().c_str());
+    std::fflush(stdout);
   }
 }
 

@@ -175,6 +175,9 @@ class Trainer {
   // is not an epoch's end: every rank hands the state before `step` to the shards, and
   // rank 0 asks for the checkpoint (in PS mode the coordinator takes it by itself).
   absl::Status CheckpointMidEpoch(int64_t step, TrainSummary* summary);
+  // Rank 0: the coordinator's checkpoint of the step the shards hold (`when` for the line
+  // saying it was skipped).
+  void AskForCheckpoint(const std::string& when, TrainSummary* summary);
   // The test set's loss and accuracy with the parameters of `step`.
   absl::StatusOr<model::StepResult> Evaluate(int64_t step);
   void ReportProgress(int64_t step, double loss, double rate);
