@@ -2,6 +2,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 
@@ -27,6 +28,12 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view cont
     msg += " (every handler thread is busy, so the call was refused before any handler ran "
            "and changed nothing: retry after a backoff, or give the server more --threads or "
            "more shards)";
+  }
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(s.error_message(), "message larger than max")) {
+    msg += " (gRPC's own limit on one message: a shard takes up to its --max_chunk_bytes plus "
+           "64 KiB; the client's is PsClientOptions::max_message_bytes, with chunk_bytes at "
+           "most that minus 1 KiB. Raise both together, or send less per call)";
   }
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && s.error_message().empty()) {
     msg += "the server there does not serve this call: is it the right kind of process (a "

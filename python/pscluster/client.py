@@ -387,6 +387,12 @@ class Cluster:
             details += (" (every handler thread is busy, so the call was refused before any "
                         "handler ran and changed nothing: retry after a backoff, or give the "
                         "shard more --threads or add shards)")
+        elif (error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+              and "message larger than max" in details):
+            details += (" (gRPC's own limit on one message: a shard takes up to its "
+                        "--max_chunk_bytes plus 64 KiB, this client sends up to "
+                        f"{MAX_MESSAGE_BYTES} bytes; send less per call, or a smaller "
+                        "chunk_bytes)")
         raise PsError(error.code(), f"{self._name(shard)}: {details}", shard) from None
 
     def _each(self, fn: Callable[[int], T]) -> List[T]:
