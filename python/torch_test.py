@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 
 DEBIAN_PYTHON = "/usr/bin/python3"  # see pscluster_test.py
 if (os.path.exists(DEBIAN_PYTHON) and os.path.realpath(sys.executable) !=
@@ -389,6 +390,30 @@ class TorchTest(unittest.TestCase):
             self.assertTrue(bool(((got == once) | (got == w0)).all()), f"{got} vs {once}")
             self.assertTrue(bool((got == once).any()), "shard 0 took the push")
             cluster.unregister_worker(0)
+
+    def test_a_replicated_shard_survives_its_head_right_after_the_start(self) -> None:
+        """Worker 0's start-up writes the initial values (ImportDense), which leaves each
+        chain's head alone until its backup has copied the state back; the optimizer waits
+        for that, so the head's death right after the start fails over instead of losing the
+        shard (before: the backup looped joining from the dead head)."""
+        with tempfile.TemporaryDirectory(prefix="pst_replicated_") as tmp:
+            local = LocalCluster(num_shards=1, replicas=2, log_dir=tmp,
+                                 coordinator_args=["--heartbeat_timeout_ms=600"])
+            try:
+                with pscluster.connect(local.coordinator, timeout=TIMEOUT,
+                                       wait_until_complete=True) as cluster:
+                    model = torch.nn.Linear(3, 2, bias=False)
+                    opt = pst.ParameterServerOptimizer(model, cluster, optimizer="sgd", lr=0.5)
+                    self.assertTrue(cluster.wait_for_chains(0.0))
+                    w0 = model.weight.detach().clone()
+                    local.replicas[0][0].kill()  # SIGKILL of the head
+                    opt.zero_grad()
+                    model(torch.ones(1, 3)).sum().backward()
+                    want = w0 - 0.5 * model.weight.grad
+                    opt.step()  # waits out the failover
+                    self.assertTrue(torch.equal(model.weight.detach(), want))
+            finally:
+                local.stop()
 
     def test_table_ids_past_the_limit_are_refused_before_any_table_is_made(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import os
 import re
+import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
@@ -978,6 +979,29 @@ class Cluster:
                           "this cluster has no coordinator (Cluster.from_shards)")
         return _coordinator_call(self._coordinator, self._coordinator_address, method, request,
                                  self.timeout if timeout is None else timeout)
+
+    def wait_for_chains(self, timeout: Optional[float] = None) -> bool:
+        """Replicated shards (ps_coordinator --replicas > 1): waits (bounded: `timeout`,
+        default the client's) until every shard's chain has all its replicas again, as
+        after set_dense or restore, which leave the head alone while the others copy its
+        state back: until then the head's death loses the shard. True when they have; False
+        (said on stderr) when the time ran out, or at once without a coordinator."""
+        if self._coordinator is None:
+            return False
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        delay = 0.005
+        while True:
+            v = self.view()
+            short = [c.shard for c in v.chains if len(c.replicas) < v.replicas]
+            if v.replicas <= 1 or not short:
+                return True
+            if time.monotonic() + delay > deadline:
+                print(f"pscluster: the chains of shard(s) {short} have not all their "
+                      f"{v.replicas} replicas again: a head lost now loses its shard",
+                      file=sys.stderr, flush=True)
+                return False
+            time.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
     def view(self) -> coordinator_pb2.ClusterView:
         """The coordinator's cluster view (GetView)."""

@@ -232,6 +232,10 @@ class ParameterServerOptimizer:
                                   f"): pass step={trained} to resume it, or another "
                                   "table_base and name for a new model")
                 cluster.set_dense(t, _numpy(p.data, f"parameter {n}"), step=0)
+            # Replicated shards: the imports left each head alone until its backups copy
+            # the state back; training starts once they have (a head lost before would
+            # lose its shard).
+            cluster.wait_for_chains(wait_timeout)
         # Registered only now: no other worker's step 0 can be applied before worker 0 has
         # written the initial values (a BSP step waits for every registered worker).
         cluster.register_worker(worker)
