@@ -258,7 +258,8 @@ TEST_F(StalledStreamTest, AStreamCancelledAfterAllItsDataAppliesNothing) {
   const uint64_t before = pushes();
   PushStream whole(stubs_[0].get(), kSliceValues);
   ASSERT_TRUE(whole.SendUpTo(kSliceValues));  // every value, but no WritesDone
-  ASSERT_TRUE(servers_[0].WaitForLine("received nothing for 1s: cancelled", absl::Seconds(30)).ok());
+  ASSERT_TRUE(
+      servers_[0].WaitForLine("received nothing for 1s: cancelled", absl::Seconds(30)).ok());
   EXPECT_EQ(whole.Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_EQ(pushes(), before) << "the cancelled stream's push was applied";
 }

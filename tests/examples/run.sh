@@ -31,8 +31,10 @@ example() {
   if ((rc != 0)); then
     echo "examples: $name FAILED (exit status $rc)"; failed=$((failed + 1)); return
   fi
-  if ! echo "$out" | tail -1 | "$py" -c "import json, sys; d = json.loads(sys.stdin.read()); sys.exit(0 if ($check) else 1)"; then
-    echo "examples: $name FAILED: its summary does not satisfy $check"; failed=$((failed + 1)); return
+  local judge="import json, sys; d = json.loads(sys.stdin.read()); sys.exit(0 if ($check) else 1)"
+  if ! echo "$out" | tail -1 | "$py" -c "$judge"; then
+    echo "examples: $name FAILED: its summary does not satisfy $check"
+    failed=$((failed + 1)); return
   fi
   if ((after > before)); then
     echo "examples: $name FAILED: it left a /tmp/$prefix* folder"; failed=$((failed + 1)); return
