@@ -120,5 +120,25 @@ TEST(PlanFormatTest, TableHasEverySectionAndMarksFits) {
   EXPECT_TRUE(zero3) << table;
 }
 
+// A model far past any GPU (a quadrillion parameters on 8000): the memory columns change
+// unit (TB) rather than overflow their width, so every layout row lines up.
+TEST(PlanFormatTest, MemoryColumnsKeepTheirWidthForAHugeModel) {
+  PlanInput in = Exercise13B();
+  in.params = 1e15;
+  in.dataset_bytes = 4e15;
+  in.nodes = 1000;
+  const std::string table = PlanTable(MustPlan(in));
+  EXPECT_TRUE(Contains(table, "2. Memory per GPU, TB: 0.0773 usable of 0.0859")) << table;
+  size_t fits_at = std::string::npos;
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    if (absl::StartsWith(line, "  layout ")) fits_at = line.find("fits");
+    if (fits_at == std::string::npos || !Contains(line, "x") || !absl::EndsWith(line, " no")) {
+      continue;
+    }
+    EXPECT_EQ(line.size(), fits_at + 2) << "a row out of line:\n" << line;
+  }
+  EXPECT_NE(fits_at, std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace pscluster::plan

@@ -1,8 +1,10 @@
 // PlanTable and RecommendationWhy (plan_format.h).
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -138,12 +140,20 @@ std::string MemorySection(const Plan& p) {
   for (const Layout& l : p.layouts) {
     largest = std::max(largest, l.model_state_bytes + l.buffer_bytes + l.activation_bytes);
   }
-  const double unit = largest >= 1e9 ? 1e9 : largest >= 1e6 ? 1e6 : 1e3;
-  const char* name = unit == 1e9 ? "GB" : unit == 1e6 ? "MB" : "kB";
+  // The unit keeps the largest figure within the columns' 7 characters (a model far past
+  // any GPU: terabytes and up).
+  static constexpr std::pair<double, const char*> kUnits[] = {
+      {1e3, "kB"}, {1e6, "MB"}, {1e9, "GB"}, {1e12, "TB"}, {1e15, "PB"}, {1e18, "EB"}};
+  size_t i = largest >= 1e9 ? 2 : largest >= 1e6 ? 1 : 0;
+  while (i + 1 < std::size(kUnits) && largest / kUnits[i].first >= 1e5) ++i;
+  const auto [unit, name] = kUnits[i];
+  auto memory = [&](double bytes) {  // a GPU's memory in this unit: tiny past GB
+    return absl::StrFormat(unit > 1e9 ? "%.3g" : "%.1f", bytes / unit);
+  };
   std::string out = absl::StrFormat(
-      "2. Memory per GPU, %s: %.1f usable of %.1f (%s kept free)\n"
+      "2. Memory per GPU, %s: %s usable of %s (%s kept free)\n"
       "  %-14s %-9s %7s %7s %7s %7s %7s %7s  %-9s  %s\n",
-      name, p.usable_memory_bytes / unit, p.device.memory_bytes / unit,
+      name, memory(p.usable_memory_bytes), memory(p.device.memory_bytes),
       Percent(p.input.memory_headroom), "layout", "TxPxD", "state", "buffers", "activ", "act.rc",
       "total", "tot.rc", "fits", "est. step");
   for (const Layout& l : p.layouts) {
