@@ -112,6 +112,11 @@ def parse_args(argv=None):
                 f"(--workers x --batch_size = {args.workers * args.batch_size})")
     if args.staleness < 0 or not args.timeout > 0 or args.log_every < 1:
         p.error("--staleness must be >= 0, --timeout > 0, --log_every >= 1")
+    for name in ("lr", "emb_lr", "emb_scale"):
+        if not 0 < getattr(args, name) < float("inf"):
+            p.error(f"--{name} must be a finite number > 0, got {getattr(args, name)}")
+    if args.train + args.test > 100_000_000:
+        p.error("--train + --test must be at most 100,000,000 (the data set is made in memory)")
     return args
 
 

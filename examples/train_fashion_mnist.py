@@ -69,6 +69,8 @@ def parse_args(argv=None):
                     f">= 1, got {getattr(args, name)}")
     if args.max_steps < 0 or args.staleness < 0 or not args.timeout > 0:
         p.error("--max_steps and --staleness must be >= 0, --timeout > 0")
+    if not 0 < args.lr < float("inf"):
+        p.error(f"--lr must be a finite number > 0, got {args.lr}")
     return args
 
 
