@@ -415,6 +415,39 @@ class TorchTest(unittest.TestCase):
             finally:
                 local.stop()
 
+    def test_a_shard_restarted_under_asp_stops_the_steps_saying_why(self) -> None:
+        """ASP goes on through a shard that restarted from an older snapshot, mixing its
+        state with the others' without a word (red team); step() now notices the shard's new
+        incarnation in the coordinator's view and says to roll back."""
+        with tempfile.TemporaryDirectory(prefix="pst_restart_") as tmp:
+            local = LocalCluster(num_shards=2, data_dir=tmp, log_dir=tmp,
+                                 coordinator_args=["--heartbeat_timeout_ms=600"])
+            try:
+                with pscluster.connect(local.coordinator, timeout=TIMEOUT) as cluster:
+                    model = torch.nn.Linear(4, 8, bias=False)
+                    opt = pst.ParameterServerOptimizer(model, cluster, optimizer="sgd", lr=0.5,
+                                                       consistency="asp", check_shards_every=0)
+
+                    def step() -> None:
+                        opt.zero_grad()
+                        model(torch.ones(1, 4)).sum().backward()
+                        opt.step()
+
+                    step()
+                    cluster.checkpoint()
+                    step()
+                    args = local.shards[1].args
+                    local.shards[1].kill()
+                    again = local._start("shard1-again", args + ["--restore=latest"])
+                    again.wait_for(r"registered with the coordinator")
+                    with self.assertRaises(pscluster.PsError) as e:
+                        step()
+                    self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+                    self.assertIn("shard 1 registered again", e.exception.message)
+                    self.assertEqual(opt.step_count, 2)
+            finally:
+                local.stop()
+
     def test_table_ids_past_the_limit_are_refused_before_any_table_is_made(self) -> None:
         with pscluster.connect(self.local.coordinator, timeout=TIMEOUT) as cluster:
             with self.assertRaises(pscluster.PsError) as e:

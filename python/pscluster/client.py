@@ -1003,6 +1003,17 @@ class Cluster:
             time.sleep(delay)
             delay = min(2 * delay, 0.1)
 
+    def shard_incarnations(self) -> Optional[Dict[int, int]]:
+        """Each unreplicated shard's incarnation in the coordinator's view (it grows when the
+        shard registers again: a restart, with its snapshot's state or none); None without a
+        coordinator or with replicated shards, whose chains carry the state over."""
+        if self._coordinator is None:
+            return None
+        v = self.view()
+        if v.replicas > 1:
+            return None
+        return {m.id: m.incarnation for m in v.members if m.role == coordinator_pb2.SHARD}
+
     def view(self) -> coordinator_pb2.ClusterView:
         """The coordinator's cluster view (GetView)."""
         return self._coord("GetView", coordinator_pb2.GetViewRequest())

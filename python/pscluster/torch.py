@@ -34,6 +34,7 @@ step pushes them, so the table can be far larger than one worker's memory.
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import grpc
@@ -163,14 +164,17 @@ class ParameterServerOptimizer:
     consistency: bsp, ssp (with staleness) or asp. step: the step to start at (0, or a
     restored checkpoint's: then the values come from the server, not the module).
     overlap: each step's push and pull in the background while the next step computes
-    (ssp with staleness >= 1, or asp; see the module's docstring and flush())."""
+    (ssp with staleness >= 1, or asp; see the module's docstring and flush()).
+    check_shards_every: seconds between step()'s looks at the coordinator's view for a shard
+    that restarted (FAILED_PRECONDITION then: roll back to a checkpoint)."""
 
     def __init__(self, module: torch.nn.Module, cluster: Cluster, *, optimizer: str = "adam",
                  lr: float = 1e-3, consistency: str = "bsp", staleness: int = 0,
                  worker: int = 0, num_workers: int = 1, step: int = 0,
                  table_base: int = DEFAULT_TABLE_BASE, name: str = "model",
                  grad_scale: Optional[float] = None, wait_timeout: Optional[float] = None,
-                 overlap: bool = False, **optimizer_fields):
+                 overlap: bool = False, check_shards_every: float = 2.0,
+                 **optimizer_fields):
         if not 0 <= worker < num_workers:
             raise PsError(_invalid(), f"worker {worker} is outside [0, {num_workers})")
         consistency = str(consistency).lower()  # as the tables take it
@@ -242,6 +246,27 @@ class ParameterServerOptimizer:
         cluster.wait_for_workers(num_workers, wait_timeout)
         if step > 0 or worker != 0:
             self._pull(step)
+        # A shard that restarts holds its snapshot's state (or none): under SSP/ASP the
+        # steps go on without a word (BSP waits, then names the missing steps). Every
+        # check_shards_every seconds step() compares the shards' incarnations with these.
+        self._check_every = check_shards_every
+        self._incarnations = cluster.shard_incarnations()
+        self._checked_at = time.monotonic()
+
+    def _check_shards(self) -> None:
+        if self._incarnations is None or time.monotonic() - self._checked_at < self._check_every:
+            return
+        now = self.cluster.shard_incarnations() or {}
+        self._checked_at = time.monotonic()
+        for shard, was in sorted(self._incarnations.items()):
+            if now.get(shard, was) != was:
+                raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"shard {shard} registered again since this optimizer started "
+                              f"(incarnation {was} -> {now[shard]}): a restarted shard holds "
+                              "its snapshot's state or none, and training on would mix it with "
+                              "the others'. Roll the cluster back to a checkpoint "
+                              "(cluster.restore(step)) and build the optimizer again with "
+                              "step=that step", shard)
 
     def _pull(self, step: int) -> None:
         for t, (n, p) in zip(self.tables, self.params):
@@ -267,6 +292,7 @@ class ParameterServerOptimizer:
         ASP, whose shards keep no record of steps to answer a repeat with, step() again only
         pulls: the shards that missed the push lose it (an asynchronous update lost), and
         none applies it twice."""
+        self._check_shards()
         step = self.step_count
         if self._unfinished is not None and self._unfinished[0] == step:
             self._finish(step, self._unfinished[1])
