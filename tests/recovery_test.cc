@@ -110,7 +110,10 @@ TEST(RecoveryTest, AStepFailedWithEveryMemberAliveRollsBackInANewGeneration) {
       cluster.worker(0).WaitForLine("failed (", absl::Minutes(1));
   kill(cluster.worker(1).pid(), SIGCONT);
   ASSERT_TRUE(failed.ok()) << failed.status();
-  EXPECT_TRUE(cluster.worker(0).WaitForLine("every member is alive", absl::Minutes(2)).ok());
+  // Which worker registers again first ("every member is alive ...") depends on the load:
+  // worker 1's step fails later, but a loaded machine can delay worker 0's own attempt.
+  // Either way both roll back in the new generation and finish within Finish's bound
+  // (before, both waited for the recovery timeout, 10 minutes, and stopped).
   std::vector<std::string> recovered = cluster.Finish();
   for (int r = 0; r < kWorkers; ++r) {
     SCOPED_TRACE(recovered[r]);
