@@ -382,6 +382,9 @@ class TorchTest(unittest.TestCase):
             try:
                 with self.assertRaises(pscluster.PsError):
                     opt.step()
+                with self.assertRaises(pscluster.PsError) as e:  # a retry while still stopped
+                    opt.step()
+                self.assertIn("step() again only pulls", e.exception.message)
             finally:
                 os.kill(self.local.shards[1].proc.pid, signal.SIGCONT)
             opt.step()

@@ -335,8 +335,8 @@ class ParameterServerOptimizer:
                 self._pull(step + 1)
                 grads = None
             except PsError as e:
-                error = e
-        if grads is not None:
+                error = e  # the next retry pulls again, and pushes nothing
+        if grads is not None and error is None:
             outs = [_numpy(p.data, f"parameter {n}") for n, p in self.params]
             with torch.no_grad():
                 try:
@@ -367,9 +367,11 @@ class ParameterServerOptimizer:
             self.step_count += 1
             return
         self._unfinished = (step, grads)
+        retry = ("step() again finishes it with the gradients it sent (not that call's)"
+                 if self.bsp else "step() again only pulls (the shards that missed this push "
+                 "lose it: SSP/ASP shards keep no record of steps to take it again safely)")
         raise PsError(error.code, f"{error.message}; step {step} may have reached some shards "
-                      "and not others: step() again finishes it with the gradients it sent "
-                      "(not that call's), or restore a checkpoint", error.shard) from None
+                      f"and not others: {retry}, or restore a checkpoint", error.shard) from None
 
     def flush(self) -> None:
         """overlap: waits for the push/pull in flight and puts the values it brought into
