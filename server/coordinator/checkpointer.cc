@@ -165,7 +165,10 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   }
   // Snapshot the step the tables have reached. While training runs, BSP tables may pass it
   // before the request lands, and then some shards capture and others refuse: wait for
-  // those writes to end and ask again for the next step, which BSP tables hold for us.
+  // those writes to end and ask again for the step reached now. Never a step no table has
+  // reached: its capture would wait for pushes, and a worker waiting on this checkpointer
+  // (rank 0 reporting its metric, or asking for a checkpoint) could not push them until
+  // the capture's deadline (a 10 s stall at epoch ends, seen by the red team).
   int64_t step = -1;
   absl::Status s;
   for (int attempt = 0; attempt < (at ? 1 : 4); ++attempt) {
@@ -181,7 +184,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     } else {
       auto reached = (*shards)->CheckpointStep();
       if (!reached.ok()) return reached.status();
-      step = *reached + (attempt == 0 ? 0 : 1);
+      step = *reached;
       if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
     }
     // Our retention, decided before the shards write: they keep exactly what we will list.
