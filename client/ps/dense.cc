@@ -43,7 +43,6 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
   return calls_.ForEach([&](int shard) -> absl::Status {
     ps::PullDenseBatchRequest req;
     uint64_t total = 0;
-    std::vector<size_t> order;
     for (size_t i = 0; i < tables.size(); ++i) {
       Range r = DenseShardRange(out[i].size(), shard, num_shards());
       ps::PullDenseRequest* p = req.add_pulls();
@@ -53,10 +52,9 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
       p->set_offset(r.begin);
       p->set_length(r.size());
       total += r.size();
-      order.push_back(i);
     }
     if (total * sizeof(float) > options_.chunk_bytes) {  // too big for one message
-      for (size_t i : order) {
+      for (size_t i = 0; i < tables.size(); ++i) {
         Range r = DenseShardRange(out[i].size(), shard, num_shards());
         RETURN_IF_ERROR(
             PullDenseShard(shard, tables[i], step, r.begin, out[i].subspan(r.begin, r.size())));
@@ -67,7 +65,7 @@ absl::Status PsClient::PullDenseMany(int64_t step, absl::Span<const uint32_t> ta
     RETURN_IF_ERROR(calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
       return calls_.DenseCall(shard, &DenseMethods::pull_dense_batch, ctx, req, &resp);
     }));
-    return CopyBatch(shard, resp, order, tables, out);
+    return CopyBatch(shard, resp, tables, out);
   });
 }
 
@@ -105,7 +103,6 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
   }
   const bool pull = !out.empty();
   return calls_.ForEach([&](int shard) -> absl::Status {
-    std::vector<size_t> order;
     uint64_t total = 0;
     for (size_t i = 0; i < tables.size(); ++i) {
       total += DenseShardRange(grads[i].size(), shard, num_shards()).size();
@@ -129,7 +126,6 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
       Range r = DenseShardRange(grads[i].size(), shard, num_shards());
       headers.push_back(Header(options_.worker_id, step, tables[i], r.begin, r.begin, r.size()));
       data.push_back(grads[i].subspan(r.begin, r.size()));
-      order.push_back(i);
     }
     const grpc::ByteBuffer batch = internal::EncodeDenseBatch(headers, data);
     if (!pull) {
@@ -148,20 +144,19 @@ absl::Status PsClient::PushMany(int64_t step, absl::Span<const uint32_t> tables,
           return calls_.DenseCall(shard, &DenseMethods::push_pull_dense_batch, ctx, batch, &resp);
         },
         /*identified=*/true));
-    return CopyBatch(shard, resp, order, tables, out);
+    return CopyBatch(shard, resp, tables, out);
   });
 }
 
 absl::Status PsClient::CopyBatch(int shard, const grpc::ByteBuffer& resp,
-                                 const std::vector<size_t>& order,
                                  absl::Span<const uint32_t> tables,
                                  absl::Span<const absl::Span<float>> out) {
   absl::StatusOr<int> chunks = internal::DecodeDenseBatch(
       resp, [&](int k, const ps::DenseChunk&, size_t bytes) -> absl::StatusOr<char*> {
-        if (k >= static_cast<int>(order.size())) {
-          return absl::InternalError(absl::StrCat("more than ", order.size(), " chunks"));
+        if (k >= static_cast<int>(tables.size())) {
+          return absl::InternalError(absl::StrCat("more than ", tables.size(), " chunks"));
         }
-        const size_t i = order[k];
+        const size_t i = k;
         Range r = DenseShardRange(out[i].size(), shard, num_shards());
         if (bytes != r.size() * sizeof(float)) {
           return absl::InternalError(absl::StrCat(bytes, " bytes for table ", tables[i],
@@ -169,8 +164,8 @@ absl::Status PsClient::CopyBatch(int shard, const grpc::ByteBuffer& resp,
         }
         return reinterpret_cast<char*>(out[i].data() + r.begin);
       });
-  if (chunks.ok() && *chunks != static_cast<int>(order.size())) {
-    chunks = absl::InternalError(absl::StrCat(*chunks, " chunks for ", order.size(), " tables"));
+  if (chunks.ok() && *chunks != static_cast<int>(tables.size())) {
+    chunks = absl::InternalError(absl::StrCat(*chunks, " chunks for ", tables.size(), " tables"));
   }
   if (!chunks.ok()) {
     return absl::InternalError(

@@ -12,6 +12,30 @@
 #include "grpcpp/grpcpp.h"
 
 namespace pscluster {
+namespace {
+
+// The keys and gradient rows one sparse message may carry: a shard's default
+// --max_chunk_bytes (its limit on a message is that plus 64 KiB, as the client's).
+uint64_t SparseBytesPerCall(const PsClientOptions& options) {
+  return options.max_message_bytes - (64 << 10);
+}
+
+// Keys [at, at + n) of `all`, with their gradient rows when it carries any (a push), as a
+// request of its own.
+ps::SparseRequest Slice(const ps::SparseRequest& all, int at, int n, size_t dim) {
+  ps::SparseRequest part;
+  part.set_worker_id(all.worker_id());
+  part.set_step(all.step());
+  part.set_table_id(all.table_id());
+  part.mutable_keys()->Add(all.keys().begin() + at, all.keys().begin() + at + n);
+  if (!all.grads().empty()) {
+    part.set_grads(all.grads().substr(at * dim * sizeof(float), n * dim * sizeof(float)));
+  }
+  return part;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions options) {
   if (options.shard_addresses.empty()) {
     return absl::InvalidArgumentError("PsClientOptions.shard_addresses is empty");
@@ -227,9 +251,8 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
   }
   // One message carries at most the shards' default --max_chunk_bytes of keys and rows: a
   // larger part goes in several, numbered (a BSP shard counts the push at its last part).
-  const uint64_t limit = options_.max_message_bytes - (64 << 10);
-  const int per_push = static_cast<int>(
-      std::clamp<uint64_t>(limit / (sizeof(uint64_t) + dim * sizeof(float)), 1, INT32_MAX));
+  const int per_push = static_cast<int>(std::clamp<uint64_t>(
+      SparseBytesPerCall(options_) / (sizeof(uint64_t) + dim * sizeof(float)), 1, INT32_MAX));
   std::vector<char> applied(num_shards(), 0);
   absl::Status status = calls_.ForEach([&](int s) -> absl::Status {
     const ps::SparseRequest& all = reqs[s];
@@ -241,15 +264,9 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
     }
     const int count = (all.keys_size() + per_push - 1) / per_push;
     for (int at = 0; at < all.keys_size(); at += per_push) {
-      const int n = std::min(per_push, all.keys_size() - at);
-      ps::SparseRequest piece;
-      piece.set_worker_id(all.worker_id());
-      piece.set_step(step);
-      piece.set_table_id(table_id);
+      ps::SparseRequest piece = Slice(all, at, std::min(per_push, all.keys_size() - at), dim);
       piece.set_part(at / per_push);
       piece.set_parts(count);
-      piece.mutable_keys()->Add(all.keys().begin() + at, all.keys().begin() + at + n);
-      piece.set_grads(all.grads().substr(at * dim * sizeof(float), n * dim * sizeof(float)));
       RETURN_IF_ERROR(calls_.Unary(s, &Stub::PushSparse, piece, &resp));
       applied[s] = 1;
     }
@@ -284,8 +301,7 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
   }
   // An answer carries at most the shards' default --max_chunk_bytes of rows: more keys go
   // in several calls.
-  const size_t per_call = std::max<size_t>(
-      1, (options_.max_message_bytes - (64 << 10)) / (dim * sizeof(float)));
+  const size_t per_call = std::max<size_t>(1, SparseBytesPerCall(options_) / (dim * sizeof(float)));
   return calls_.ForEach([&](int s) -> absl::Status {
     const size_t n_keys = positions[s].size();
     for (size_t at = 0; at == 0 || at < n_keys; at += per_call) {
@@ -293,10 +309,7 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
       ps::SparseRequest part;
       const ps::SparseRequest* req = &reqs[s];
       if (n != n_keys) {
-        part.set_worker_id(reqs[s].worker_id());
-        part.set_step(step);
-        part.set_table_id(table_id);
-        part.mutable_keys()->Add(reqs[s].keys().begin() + at, reqs[s].keys().begin() + at + n);
+        part = Slice(reqs[s], static_cast<int>(at), static_cast<int>(n), dim);
         req = &part;
       }
       ps::PullSparseResponse resp;

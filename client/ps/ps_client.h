@@ -153,8 +153,9 @@ class PsClient final : public ParameterStore {
   absl::Status PushMany(int64_t step, absl::Span<const uint32_t> tables,
                         absl::Span<const absl::Span<const float>> grads,
                         absl::Span<const absl::Span<float>> out);
-  // The chunks of a batch answer, in `order` (indices into tables/out), into out.
-  absl::Status CopyBatch(int shard, const grpc::ByteBuffer& resp, const std::vector<size_t>& order,
+  // The chunks of a batch answer, one per table (every shard gets every table's chunk, an
+  // empty range's too), into out.
+  absl::Status CopyBatch(int shard, const grpc::ByteBuffer& resp,
                          absl::Span<const uint32_t> tables,
                          absl::Span<const absl::Span<float>> out);
   absl::Status PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,

@@ -458,9 +458,9 @@ class Cluster:
     def _create(self, name_or_id: Union[str, int], kind: int, worker: int, options: dict,
                 **shape) -> int:
         """CreateTable on every shard (idempotent for an identical spec). A name is the
-        cluster's: one another client created is found on the shards and keeps its id; a
-        new one takes the next id free there (another client that took it first, racing
-        for the same id with another name: the next one)."""
+        cluster's: its id comes from its hash (_name_id), so every client that creates or
+        uses it finds the same one; a table of another name there (a collision): the next
+        one, up to NAME_PROBES."""
         table_id = options.pop("table_id", None)
         if table_id is not None:
             table_id = _whole(table_id, "table_id", 0, 2 ** 32 - 1)
@@ -701,6 +701,10 @@ class Cluster:
         def pushed_before(e: PsError) -> bool:  # a repeat's push this shard took already
             return repeat and _already_pushed(e, step)
 
+        def pull_all() -> None:  # every table's part here, at step + 1
+            for sp, (b, e), o in zip(specs, ranges, outs):
+                self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
+
         if sum(e - b for b, e in ranges) * 4 > self.chunk_bytes:  # too big for one message
             for sp, (b, e), g in zip(specs, ranges, flats):
                 try:
@@ -708,28 +712,25 @@ class Cluster:
                 except PsError as err:
                     if not pushed_before(err):
                         raise
-            for sp, (b, e), o in zip(specs, ranges, outs):
-                self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
+            pull_all()
             return
         # A table whose part here is empty still gets its (empty) chunk: its clock on this
         # shard moves with the others', or a later pull of it alone would wait for ever.
         batch = [(_wire.chunk_header(worker, step, sp.table_id, b, e - b, b),
                   memoryview(g[b:e]).cast("B"))
                  for sp, (b, e), g in zip(specs, ranges, flats)]
-        order = range(len(batch))
         try:
             chunks = self._call(shard, lambda _: self._push_pull_batch[shard](
                 batch, timeout=self.timeout))
         except PsError as err:
             if not pushed_before(err):
                 raise
-            for sp, (b, e), o in zip(specs, ranges, outs):
-                self._pull_shard(shard, sp.table_id, step + 1, worker, b, e, o)
+            pull_all()
             return
-        if len(chunks) != len(order):
+        if len(chunks) != len(batch):
             raise PsError(grpc.StatusCode.INTERNAL, f"{self._name(shard)} answered "
-                          f"{len(chunks)} chunks for {len(order)} tables", shard)
-        for i, chunk in zip(order, chunks):
+                          f"{len(chunks)} chunks for {len(batch)} tables", shard)
+        for i, chunk in enumerate(chunks):
             b, e = ranges[i]
             if chunk.data.nbytes != (e - b) * 4:
                 raise PsError(grpc.StatusCode.INTERNAL,
@@ -936,16 +937,27 @@ class Cluster:
         Stats, backing off from 5 to 100 ms, so a worker that registers and leaves again
         (unregister_worker) between two polls is not seen: leave only after every worker
         has started."""
+        def registered() -> Tuple[bool, List[List[int]]]:
+            seen = [sorted(c.worker_id for c in st.workers) for st in self.stats()]
+            return all(len(ids) >= count for ids in seen), seen
+
+        done, seen = self._poll(registered, timeout)
+        if not done:
+            raise PsError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"waited for {count} workers to register; the shards have "
+                          f"{seen} (start the others, or check their logs)")
+        return seen[0]
+
+    def _poll(self, check: Callable[[], Tuple[bool, T]],
+              timeout: Optional[float]) -> Tuple[bool, T]:
+        """check() until it says done or `timeout` (default the client's) runs out, backing
+        off from 5 to 100 ms between tries: (done, what the last try saw)."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         delay = 0.005
         while True:
-            seen = [sorted(c.worker_id for c in st.workers) for st in self.stats()]
-            if all(len(ids) >= count for ids in seen):
-                return seen[0]
-            if time.monotonic() + delay > deadline:
-                raise PsError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                              f"waited for {count} workers to register; the shards have "
-                              f"{seen} (start the others, or check their logs)")
+            done, seen = check()
+            if done or time.monotonic() + delay > deadline:
+                return done, seen
             time.sleep(delay)
             delay = min(2 * delay, 0.1)
 
@@ -988,20 +1000,17 @@ class Cluster:
         (said on stderr) when the time ran out, or at once without a coordinator."""
         if self._coordinator is None:
             return False
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        delay = 0.005
-        while True:
+
+        def whole() -> Tuple[bool, Tuple[List[int], int]]:
             v = self.view()
             short = [c.shard for c in v.chains if len(c.replicas) < v.replicas]
-            if v.replicas <= 1 or not short:
-                return True
-            if time.monotonic() + delay > deadline:
-                print(f"pscluster: the chains of shard(s) {short} have not all their "
-                      f"{v.replicas} replicas again: a head lost now loses its shard",
-                      file=sys.stderr, flush=True)
-                return False
-            time.sleep(delay)
-            delay = min(2 * delay, 0.1)
+            return v.replicas <= 1 or not short, (short, v.replicas)
+
+        done, (short, replicas) = self._poll(whole, timeout)
+        if not done:
+            print(f"pscluster: the chains of shard(s) {short} have not all their {replicas} "
+                  "replicas again: a head lost now loses its shard", file=sys.stderr, flush=True)
+        return done
 
     def shard_incarnations(self) -> Optional[Dict[int, int]]:
         """Each unreplicated shard's incarnation in the coordinator's view (it grows when the

@@ -223,7 +223,7 @@ class ParameterServerService final : public ParameterServer::Service {
   std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
   std::atomic<Replicator*> replicator_{nullptr};
   const ServiceOptions options_;
-  mutable StreamWatchdog watchdog_{options_.stream_idle_timeout};
+  StreamWatchdog watchdog_{options_.stream_idle_timeout};
   BufferPool buffers_;
   RequestBudget budget_;
   InFlightCounter in_flight_;

@@ -22,7 +22,6 @@ class StreamWatchdog {
   // `idle` <= 0 or infinite: off (no thread).
   explicit StreamWatchdog(absl::Duration idle);
   ~StreamWatchdog();
-  absl::Duration idle() const { return idle_; }
 
   // One stream, watched while this lives; Alive() after each message it receives.
   class Watch {
