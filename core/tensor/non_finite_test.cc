@@ -59,5 +59,20 @@ TEST(NonFiniteTest, AddAndMaxAbsSumsAndMeasuresTheSum) {
   EXPECT_EQ(AddAndMaxAbs({}, {}), 0.0f);
 }
 
+// The scans keep several running maxima side by side and finish the tail alone: the largest
+// value counts in every lane and in the tail, for every length around the lane width.
+TEST(NonFiniteTest, MaxAbsSeesEveryPositionOfEveryLength) {
+  for (size_t n = 1; n <= 70; ++n) {
+    for (size_t at = 0; at < n; ++at) {
+      std::vector<float> v(n, -0.75f), zeros(n, 0.0f);
+      v[at] = -2.5f;
+      EXPECT_EQ(MaxAbs(v), 2.5f) << "n " << n << " at " << at;
+      EXPECT_EQ(AddAndMaxAbs(absl::MakeSpan(zeros), v), 2.5f) << "n " << n << " at " << at;
+      v[at] = -std::nanf("");
+      EXPECT_EQ(MaxAbs(v), std::numeric_limits<float>::infinity()) << "n " << n << " at " << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pscluster::core
