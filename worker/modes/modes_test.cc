@@ -270,5 +270,21 @@ TEST(RollbackModeTest, ACheckpointLoadsIntoTheModeBeforeItsStepAndTheSwitchThere
   EXPECT_EQ(RollbackMode(v, 250), coord::PIPELINE);
 }
 
+TEST(RollbackModeTest, ASwitchReplayedAfterARollbackIsListedOnce) {
+  std::vector<SwitchDone> done;
+  RecordSwitch(&done, {100, "ps", "allreduce", 0.5});
+  RecordSwitch(&done, {200, "allreduce", "fsdp", 0.25});
+  // Rolled back to the checkpoint of step 150: the switch at 200 is made again.
+  RecordSwitch(&done, {200, "allreduce", "fsdp", 0.75});
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].step, 100);
+  EXPECT_EQ(done[1].step, 200);
+  EXPECT_EQ(done[1].seconds, 0.75) << "the hand-over of the replay";
+  // Rolled back to the checkpoint of step 50: both are made again, the first as before.
+  RecordSwitch(&done, {100, "ps", "allreduce", 0.125});
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].seconds, 0.125);
+}
+
 }  // namespace
 }  // namespace pscluster::modes

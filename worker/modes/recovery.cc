@@ -27,6 +27,13 @@ Mode RollbackMode(const coord::ClusterView& view, int64_t step) {
   return coord::ModeAt(view, step - 1);
 }
 
+void RecordSwitch(std::vector<SwitchDone>* switches, SwitchDone done) {
+  switches->erase(std::remove_if(switches->begin(), switches->end(),
+                                 [&](const SwitchDone& s) { return s.step >= done.step; }),
+                  switches->end());
+  switches->push_back(std::move(done));
+}
+
 std::string Generation(const coord::ClusterView& view) {
   std::string gen;
   // A shard's state is lost only when its chain starts over (with one replica: whenever it

@@ -46,7 +46,7 @@ absl::Status Trainer::MaybeSwitch(int64_t step, TrainSummary* summary) {
   const Mode from = placement_->mode();
   double seconds = 0;
   if (to != from) RETURN_IF_ERROR(SwitchTo(to, step, &seconds));
-  summary->switches.push_back({step, ModeName(from), ModeName(to), seconds});
+  RecordSwitch(&summary->switches, {step, ModeName(from), ModeName(to), seconds});
   if (options_.metrics != nullptr) options_.metrics->Switched(seconds);
   std::printf("worker %d: step %lld: switched from %s to %s (hand-over %.3f s)\n", options_.rank,
               static_cast<long long>(step), ModeName(from), ModeName(to), seconds);

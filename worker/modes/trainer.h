@@ -219,6 +219,11 @@ class Trainer {
 // switch after it, so the replay reports the same hand-over as the first time.
 Mode RollbackMode(const coord::ClusterView& view, int64_t step);
 
+// Adds a switch this worker made to its summary's list. Entries at its step or later are
+// from before a rollback (the training loop replays those switches) and go: the list holds
+// each switch of the run once, with the hand-over it took last.
+void RecordSwitch(std::vector<SwitchDone>* switches, SwitchDone done);
+
 // The generation of a cluster view: every worker's incarnation and every shard chain's
 // generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
 std::string Generation(const coord::ClusterView& view);
