@@ -757,6 +757,34 @@ class CheckpointTest(ClusterTestCase):
             c.restore(99)
         self.assertIn("99", e.exception.message)
 
+    def test_restore_is_refused_under_another_clients_workers(self) -> None:
+        """A Python worker is no member of the coordinator: the shards' Stats tell it trains
+        (idle_ms), so another client's restore (psctl's, an operator's script) is refused
+        instead of rolling the tables back under it; its own Cluster may restore."""
+        c = self.cluster
+        t = c.create_dense("guarded", 50, optimizer="sgd", learning_rate=0.5,
+                           consistency="asp", initializer="uniform", scale=1.0)
+        g = np.ones(50, F32)
+        c.register_worker(4)
+        base = c.clock(4)
+        for step in range(base, base + 2):
+            c.push_dense(t, g, step=step, worker=4)
+        step = c.checkpoint()["step"]
+        c.push_dense(t, g, step=base + 2, worker=4)
+        after = c.pull_dense(t, step=base + 3, worker=4)
+        other = pscluster.connect(self.local.coordinator, timeout=RPC_TIMEOUT)
+        try:
+            with self.assertRaises(pscluster.PsError) as e:
+                other.restore(step)
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("worker 4 (", e.exception.message)
+            self.assertIn("--force", e.exception.message)
+            np.testing.assert_array_equal(c.pull_dense(t, step=base + 3, worker=4), after)
+        finally:
+            other.close()
+        c.restore(step)  # its own workers do not count
+        self.assertEqual(c.checkpoints()[-1]["step"], step)
+
     def test_switch_mode_is_scheduled(self) -> None:
         r = self.cluster.switch_mode("allreduce", at_step=1000)
         self.assertEqual(r["at_step"], 1000)

@@ -971,16 +971,24 @@ class Cluster:
         """Every shard back to its snapshot of `step` (a checkpoint: see checkpoints()),
         which becomes the newest: the coordinator drops the later checkpoints and the shards
         their snapshots, so checkpoints taken from here on are this run's. Refused while
-        ps_worker processes are alive, unless `force`. Without a coordinator
+        ps_worker processes are alive, or other clients (another process's Cluster) pushed
+        or pulled as a worker within the coordinator's heartbeat timeout, unless `force`;
+        this Cluster's own workers do not count. Without a coordinator
         (Cluster.from_shards), the shards alone roll back and keep their later snapshots."""
         step = _whole(step, "step", 0, 2 ** 63 - 1)
         if self._coordinator is None:
             req = ps_pb2.RestoreRequest(step=step)
             self._each(lambda s: self._call(s, lambda stub: stub.Restore(
                 req, timeout=self.timeout)))
-            return
-        self._coord("RestoreCheckpoint",
-                    coordinator_pb2.RestoreCheckpointRequest(step=step, force=force))
+        else:
+            with self._lock:
+                own = sorted(self._registered)
+            self._coord("RestoreCheckpoint", coordinator_pb2.RestoreCheckpointRequest(
+                step=step, force=force, own_workers=own))
+        # The shards now know the workers their snapshots list: the next call of a worker
+        # registers it again (a no-op where it is known).
+        with self._lock:
+            self._registered.clear()
 
     # ---- the coordinator ---------------------------------------------------------------
 

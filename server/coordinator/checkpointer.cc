@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -217,7 +219,39 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   return c;
 }
 
-absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
+absl::Status Checkpointer::RefuseUnderActiveClients(const ClusterView& view, PsClient& shards,
+                                                     const std::set<int32_t>& own_workers) {
+  std::set<int32_t> members = own_workers;  // and the workers the member check speaks for
+  for (const Member& m : view.members()) {
+    if (m.role() == WORKER) members.insert(m.id());
+  }
+  ASSIGN_OR_RETURN(std::vector<ps::StatsResponse> stats, shards.Stats());
+  std::map<int32_t, int64_t> active;  // worker -> least idle ms over the shards
+  for (const ps::StatsResponse& s : stats) {
+    for (const ps::WorkerClock& w : s.workers()) {
+      if (members.count(w.worker_id()) || w.idle_ms() < 0 ||
+          w.idle_ms() >= absl::ToInt64Milliseconds(options_.client_active)) {
+        continue;
+      }
+      auto [it, added] = active.emplace(w.worker_id(), w.idle_ms());
+      if (!added) it->second = std::min(it->second, w.idle_ms());
+    }
+  }
+  if (active.empty()) return absl::OkStatus();
+  std::vector<std::string> named;
+  for (const auto& [w, idle] : active) {
+    named.push_back(absl::StrCat("worker ", w, " (", idle, " ms ago)"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "clients that are no ps_worker of this cluster (Python workers?) push and pull as ",
+      absl::StrJoin(named, ", "),
+      ": rolling the tables back under them would mix two runs. Stop them first (then wait ",
+      absl::ToInt64Milliseconds(options_.client_active),
+      " ms), or force it (psctl restore --force)"));
+}
+
+absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
+                                                 const std::set<int32_t>& own_workers) {
   absl::MutexLock lock(&mu_);
   auto it = std::find_if(checkpoints_.begin(), checkpoints_.end(),
                          [&](const Checkpoint& c) { return c.step() == step; });
@@ -240,6 +274,7 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force) {
         "restored), or force it (psctl restore --force)"));
   }
   ASSIGN_OR_RETURN(auto shards, PsClient::Create(ShardsOf(view, options_)));
+  if (!force) RETURN_IF_ERROR(RefuseUnderActiveClients(view, *shards, own_workers));
   RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
   checkpoints_.erase(std::next(it), checkpoints_.end());
   RETURN_IF_ERROR(WriteManifest());

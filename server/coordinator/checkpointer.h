@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@
 
 #include "common/security.h"
 
+namespace pscluster {
+class PsClient;
+}
+
 namespace pscluster::coord {
 
 struct CheckpointerOptions {
@@ -32,6 +37,9 @@ struct CheckpointerOptions {
   bool higher_metric_is_better = true;  // test accuracy
   int keep_last = 3;
   absl::Duration timeout = absl::Minutes(10);  // capture and write of one checkpoint
+  // Restore refuses (unless forced) while a client that is no ps_worker member (a Python
+  // worker) pushed or pulled as a worker on some shard less than this long ago.
+  absl::Duration client_active = absl::Seconds(5);
   Security security;  // how it calls the shards (it needs the admin token when they have one)
 };
 
@@ -53,10 +61,17 @@ class Checkpointer {
 
   // Rolls every shard back to checkpoint `step` (one of checkpoints()) and makes it the
   // newest: later checkpoints leave the manifest, their snapshots are deleted.
-  // FAILED_PRECONDITION while workers are alive, unless `force`.
-  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force);
+  // FAILED_PRECONDITION while workers are alive, or other clients train as workers
+  // (options' client_active), unless `force`.
+  // own_workers: the caller's own worker ids (not counted as other clients).
+  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force,
+                                     const std::set<int32_t>& own_workers = {});
 
  private:
+  // FAILED_PRECONDITION naming the workers that pushed or pulled on some shard within
+  // client_active and are no WORKER member of `view` (whose liveness the view tells).
+  absl::Status RefuseUnderActiveClients(const ClusterView& view, PsClient& shards,
+                                        const std::set<int32_t>& own_workers);
   Checkpointer(ClusterState* cluster, CheckpointerOptions options);
   // At `at` (only there, once), or at the step the tables reached (CheckpointStep).
   absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric,

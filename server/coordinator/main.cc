@@ -199,6 +199,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
   co.every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   co.higher_metric_is_better = absl::GetFlag(FLAGS_metric) != "min";
   co.keep_last = std::max(1, absl::GetFlag(FLAGS_keep_checkpoints));
+  co.client_active = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   auto checkpointer = pscluster::coord::Checkpointer::Create(cluster, co);
   if (!checkpointer.ok()) return checkpointer.status();
   if (const auto listed = (*checkpointer)->checkpoints(); !listed.empty()) {

@@ -123,7 +123,13 @@ grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
   if (checkpointer_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
   }
-  return Answer([&] { return checkpointer_->Restore(req->step(), req->force()); }, resp);
+  return Answer(
+      [&] {
+        return checkpointer_->Restore(
+            req->step(), req->force(),
+            std::set<int32_t>(req->own_workers().begin(), req->own_workers().end()));
+      },
+      resp);
 }
 
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,

@@ -167,6 +167,10 @@ absl::Status Shard::CheckWorker(int32_t worker_id) const {
 absl::StatusOr<Table*> Shard::GetForWorker(uint32_t table_id, int32_t worker_id,
                                            TableSpec::Kind kind) const {
   RETURN_IF_ERROR(CheckWorker(worker_id));
+  {
+    absl::MutexLock lock(&seen_mu_);
+    last_seen_[worker_id] = absl::Now();
+  }
   auto table = GetTable(table_id);
   if (!table.ok()) return table.status();
   if ((*table)->spec().kind() != kind) {
@@ -206,10 +210,14 @@ StatsResponse Shard::Stats() const {
     *r.add_tables() = table->Stats();
     for (const auto& [w, c] : table->Clocks()) clocks[w] = std::max(clocks[w], c);
   }
+  const absl::Time now = absl::Now();
+  absl::MutexLock seen_lock(&seen_mu_);
   for (const auto& [w, c] : clocks) {
     WorkerClock* wc = r.add_workers();
     wc->set_worker_id(w);
     wc->set_clock(c);
+    const auto seen = last_seen_.find(w);
+    wc->set_idle_ms(seen == last_seen_.end() ? -1 : absl::ToInt64Milliseconds(now - seen->second));
   }
   return r;
 }

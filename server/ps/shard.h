@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "proto/ps.pb.h"
 #include "server/ps/dense_table.h"
 #include "server/ps/sparse_table.h"
@@ -85,6 +86,9 @@ class Shard {
   long double DenseBytes(const TableSpec& spec) const;
 
   const ShardOptions options_;
+  // When each worker last pushed or pulled here (Stats' idle_ms).
+  mutable absl::Mutex seen_mu_;
+  mutable std::map<int32_t, absl::Time> last_seen_ ABSL_GUARDED_BY(seen_mu_);
   mutable absl::Mutex mu_;
   std::set<int32_t> workers_ ABSL_GUARDED_BY(mu_);
   // Tables are never removed, so pointers handed out stay valid for the shard's lifetime.

@@ -334,6 +334,13 @@ TEST(ShardTest, StatsReportTablesAndWorkerClocks) {
   EXPECT_EQ(stats.workers(1).clock(), 3);
   EXPECT_EQ(stats.workers(2).worker_id(), 3);
   EXPECT_EQ(stats.workers(2).clock(), 0);
+  // How long since each worker's last call here: workers 0 and 1 were just served (a
+  // bound, not a time: the test may be slow), worker 3 never was.
+  for (int i : {0, 1}) {
+    EXPECT_GE(stats.workers(i).idle_ms(), 0) << i;
+    EXPECT_LT(stats.workers(i).idle_ms(), 60'000) << i;
+  }
+  EXPECT_EQ(stats.workers(2).idle_ms(), -1);
 }
 
 TEST(ShardTest, TableCreatedAfterWorkersRegisteredWaitsForThemUnderBsp) {
