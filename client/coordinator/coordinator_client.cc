@@ -211,6 +211,7 @@ absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t ste
   req.set_step(step);
   req.set_loss(loss);
   req.set_samples_per_sec(samples_per_sec);
+  req.set_run_end_step(run_end_step_.load());
   if (metric) {
     req.set_has_metric(true);
     req.set_metric(*metric);

@@ -71,6 +71,8 @@ class CoordinatorClient {
 
   absl::StatusOr<coord::ClusterView> AwaitView(int64_t min_version, bool complete,
                                                absl::Duration timeout);
+  // The step this worker's run ends at, sent with every ReportProgress (0: not said).
+  void set_run_end_step(int64_t step) { run_end_step_.store(step); }
   // `metric` (optional): a validation metric measured at `step`.
   absl::Status ReportProgress(int64_t view_version, int64_t step, double loss,
                               double samples_per_sec, std::optional<double> metric = std::nullopt);
@@ -126,6 +128,7 @@ class CoordinatorClient {
   CoordinatorClientOptions options_;
   std::unique_ptr<coord::Coordinator::Stub> stub_;
   std::atomic<int64_t> incarnation_{0};  // the heartbeat thread may register again
+  std::atomic<int64_t> run_end_step_{0};
   std::atomic<bool> registering_again_{false};
   // Held across a heartbeat and across RegisterAgain: no heartbeat of the old incarnation
   // is in flight once the new one is registered (it would be NOT_FOUND, and register again).

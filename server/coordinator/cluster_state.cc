@@ -200,9 +200,10 @@ absl::StatusOr<Member*> ClusterState::FindWorkerLocked(int32_t rank, int64_t inc
 
 absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
-  if (r.step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("worker rank ", r.rank(), " reported step ",
-                                                   r.step(), ": step must not be negative"));
+  if (r.step() < 0 || r.run_end_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", r.rank(), " reported step ", r.step(), " and run end ",
+                     r.run_end_step(), ": they must not be negative"));
   }
   // A diverged run's loss may be NaN or infinite, and is shown so; a metric decides which
   // checkpoint is kept as the best, and a rate is summed and charted: those must be numbers.
@@ -223,6 +224,7 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
         shard_map_version_, " (current ", version_, "); re-read the view"));
   }
   m->set_step(r.step());
+  if (r.run_end_step() > 0) m->set_run_end_step(r.run_end_step());
   m->set_loss(r.loss());
   m->set_samples_per_sec(r.samples_per_sec());
   if (r.has_metric()) {
@@ -234,6 +236,22 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
 
 absl::StatusOr<SwitchModeResponse> ClusterState::SwitchMode(const SwitchModeRequest& r) {
   absl::MutexLock lock(&mu_);
+  // A switch the run never reaches would stay pending after it: refused while the live
+  // workers have said where their run ends.
+  const Member* ends_first = nullptr;
+  for (const auto& [key, m] : members_) {
+    if (m.role() == WORKER && m.alive() && m.run_end_step() > 0 &&
+        (ends_first == nullptr || m.run_end_step() < ends_first->run_end_step())) {
+      ends_first = &m;
+    }
+  }
+  if (ends_first != nullptr && r.at_step() >= ends_first->run_end_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the run ends at step ", ends_first->run_end_step(), " (worker ", ends_first->id(),
+        " trains the steps before it): a switch at step ", r.at_step(),
+        " would never happen; nothing was scheduled. Pick a step below ",
+        ends_first->run_end_step(), ", or start the workers with more --epochs"));
+  }
   // Refused here, not at the switch: a worker whose model cannot take the mode would stop
   // there, and the others with it.
   for (const auto& [key, m] : members_) {

@@ -79,6 +79,35 @@ class ClusterStateSwitchTest : public ::testing::Test {
   std::unique_ptr<ClusterState> cluster_;
 };
 
+TEST_F(ClusterStateSwitchTest, ASwitchAtOrPastTheRunsEndIsRefused) {
+  Start(2);
+  MustSwitch(FSDP, 5000);  // no worker has said where its run ends: not checked
+  for (int w = 0; w < 2; ++w) {
+    ReportProgressRequest p;
+    p.set_rank(w);
+    p.set_incarnation(1);
+    p.set_step(10);
+    p.set_view_version(cluster_->View().version());
+    p.set_run_end_step(w == 0 ? 1404 : 1400);
+    ASSERT_TRUE(cluster_->ReportProgress(p).ok());
+  }
+  const int64_t version = cluster_->View().version();
+  for (int64_t at : {1400, 1404, 99999}) {
+    absl::StatusOr<SwitchModeResponse> r = cluster_->SwitchMode(Switch(ALLREDUCE, at));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << at;
+    EXPECT_THAT(std::string(r.status().message()),
+                ::testing::HasSubstr("the run ends at step 1400 (worker 1"));
+  }
+  EXPECT_EQ(cluster_->View().version(), version) << "a refused switch changes nothing";
+  EXPECT_EQ(MustSwitch(ALLREDUCE, 1399).at_step(), 1399);
+  ReportProgressRequest bad;
+  bad.set_rank(0);
+  bad.set_incarnation(1);
+  bad.set_view_version(cluster_->View().version());
+  bad.set_run_end_step(-1);
+  EXPECT_EQ(cluster_->ReportProgress(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClusterStateSwitchTest, ViewStartsInTheConfiguredMode) {
   Start(1, 0, PIPELINE);
   EXPECT_EQ(cluster_->View().mode(), PIPELINE);

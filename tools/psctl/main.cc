@@ -243,14 +243,19 @@ std::string FormatView(const coord::ClusterView& view, absl::Time now) {
   std::string out = absl::StrFormat("cluster view %d: mode %s, global step %d, %s\n",
                                     view.version(), ModeName(view.mode()), view.global_step(),
                                     view.complete() ? "complete" : "INCOMPLETE");
-  absl::StrAppendFormat(&out, "%-8s %4s %-6s %7s %-22s %5s %9s %9s %10s %9s\n", "ROLE", "ID",
-                        "ALIVE", "HB_AGE", "ADDRESS", "INC", "STEP", "LOSS", "SAMPLES/S", "METRIC");
+  absl::StrAppendFormat(&out, "%-8s %4s %-6s %7s %-22s %5s %13s %9s %10s %9s\n", "ROLE", "ID",
+                        "ALIVE", "HB_AGE", "ADDRESS", "INC", "STEP/END", "LOSS", "SAMPLES/S",
+                        "METRIC");
   for (const auto& m : view.members()) {
     const bool worker = m.role() == coord::WORKER;
-    absl::StrAppendFormat(&out, "%-8s %4d %-6s %6.1fs %-22s %5d %9s %9s %10s %9s\n",
+    // A worker's step, and the step its run ends at once it has said.
+    const std::string step = m.run_end_step() > 0
+                                 ? absl::StrCat(m.step(), "/", m.run_end_step())
+                                 : absl::StrCat(m.step());
+    absl::StrAppendFormat(&out, "%-8s %4d %-6s %6.1fs %-22s %5d %13s %9s %10s %9s\n",
                           worker ? "worker" : "shard", m.id(), m.alive() ? "yes" : "DEAD",
                           HeartbeatAgeSeconds(m, now), m.address(), m.incarnation(),
-                          worker ? absl::StrCat(m.step()) : "-",
+                          worker ? step : "-",
                           worker ? absl::StrFormat("%.4g", m.loss()) : "-",
                           worker ? absl::StrFormat("%.0f", m.samples_per_sec()) : "-",
                           worker && m.has_metric() ? absl::StrFormat("%.4f", m.metric()) : "-");

@@ -255,6 +255,7 @@ void Trainer::ReportProgress(int64_t step, double loss, double rate) {
 absl::StatusOr<TrainSummary> Trainer::Run() {
   TrainSummary summary;
   const int64_t total = total_steps();
+  if (options_.coordinator != nullptr) options_.coordinator->set_run_end_step(total);
   absl::Time start = absl::Now(), last_report = start;
   absl::Duration eval_time;
   double epoch_loss = 0;
