@@ -98,6 +98,31 @@ class ReplicatedTest(unittest.TestCase):
                 local.stop()
 
 
+class ReplicatedRestoreTest(unittest.TestCase):
+    def test_restore_returns_once_every_chain_is_whole_again(self) -> None:
+        """A restore leaves each head alone while its backups copy the restored state back
+        (a head lost then loses its shard): restore() returns once the chains are whole."""
+        with tempfile.TemporaryDirectory(prefix="pscluster_replicated_restore_") as tmp:
+            local = LocalCluster(num_shards=2, replicas=2, log_dir=tmp, data_dir=tmp)
+            try:
+                with pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT,
+                                       wait_until_complete=True) as cluster:
+                    t = cluster.create_dense("r", 64, optimizer="sgd", learning_rate=LR,
+                                             consistency="asp", initializer="uniform",
+                                             scale=1.0, seed=7)
+                    g = np.ones(64, F32)
+                    cluster.push_dense(t, g, step=0)
+                    step = cluster.checkpoint()["step"]
+                    saved = cluster.pull_dense(t, step=step)
+                    cluster.push_dense(t, g, step=1)
+                    cluster.restore(step)
+                    v = cluster.view()
+                    self.assertEqual([len(c.replicas) for c in v.chains], [2, 2])
+                    np.testing.assert_array_equal(cluster.pull_dense(t, step=step), saved)
+            finally:
+                local.stop()
+
+
 class DenseTest(ClusterTestCase):
 
     def test_the_dense_calls_take_the_path_asked_for(self) -> None:

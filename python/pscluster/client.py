@@ -973,7 +973,8 @@ class Cluster:
         their snapshots, so checkpoints taken from here on are this run's. Refused while
         ps_worker processes are alive, or other clients (another process's Cluster) pushed
         or pulled as a worker within the coordinator's heartbeat timeout, unless `force`;
-        this Cluster's own workers do not count. Without a coordinator
+        this Cluster's own workers do not count. With replicated shards it returns once
+        every chain has all its replicas again (wait_for_chains). Without a coordinator
         (Cluster.from_shards), the shards alone roll back and keep their later snapshots."""
         step = _whole(step, "step", 0, 2 ** 63 - 1)
         if self._coordinator is None:
@@ -985,6 +986,9 @@ class Cluster:
                 own = sorted(self._registered)
             self._coord("RestoreCheckpoint", coordinator_pb2.RestoreCheckpointRequest(
                 step=step, force=force, own_workers=own))
+            # Replicated shards: each head is alone until its backups have copied the
+            # restored state (its death then would lose the shard): back once they have.
+            self.wait_for_chains()
         # The shards now know the workers their snapshots list: the next call of a worker
         # registers it again (a no-op where it is known).
         with self._lock:

@@ -367,15 +367,41 @@ int Checkpoint(const std::string& address, const Security& security) {
 int Restore(const std::string& address, const Security& security) {
   const int64_t step = absl::GetFlag(FLAGS_step);
   if (step < 0) return Error(kUsage, "restore needs --step=N (psctl checkpoints lists them)");
-  absl::StatusOr<coord::Checkpoint> done =
-      Connect(address, security)
-          .Restore(step, absl::GetFlag(FLAGS_force),
-                   absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
+  CoordinatorOperator op = Connect(address, security);
+  absl::StatusOr<coord::Checkpoint> done = op.Restore(step, absl::GetFlag(FLAGS_force), timeout);
   if (!done.ok()) return Error(ExitCodeOf(done.status()), "restore: " + done.status().ToString());
   std::printf("every shard is back at the checkpoint of step %lld, now the newest; workers "
               "started against this coordinator resume there\n",
               static_cast<long long>(done->step()));
-  return kOk;
+  std::fflush(stdout);
+  // Replicated shards: each head is alone until its backups have copied the restored state
+  // back (its death then would lose the shard). Done once every chain is whole again.
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::Time said = absl::InfinitePast();
+  while (true) {
+    absl::StatusOr<coord::ClusterView> view = op.View();
+    if (!view.ok()) return Error(ExitCodeOf(view.status()), "restore: " + view.status().ToString());
+    std::vector<int> short_chains;
+    for (const coord::Chain& c : view->chains()) {
+      if (c.replicas_size() < view->replicas()) short_chains.push_back(c.shard());
+    }
+    if (short_chains.empty()) return kOk;
+    const std::string which = absl::StrCat("shard(s) ", absl::StrJoin(short_chains, ", "));
+    if (absl::Now() >= give_up) {
+      return Error(kUnhealthy,
+                   absl::StrCat("restore: done, but the chains of ", which, " have not all their ",
+                                view->replicas(), " replicas again after ",
+                                absl::FormatDuration(timeout),
+                                ": a head lost now loses its shard (psctl status shows them)"));
+    }
+    if (absl::Now() - said >= absl::Seconds(2)) {
+      std::printf("waiting for the backups of %s to copy the restored state\n", which.c_str());
+      std::fflush(stdout);
+      said = absl::Now();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 int SwitchMode(const std::string& address, const Security& security) {
