@@ -11,6 +11,7 @@ on PYTHONPATH, e.g.:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -71,56 +72,54 @@ class ClusterTestCase(unittest.TestCase):
 
 
 class ReplicatedTest(unittest.TestCase):
-    """A shard of 2 chain-replicated replicas: the client follows a failover of its head."""
+    """Shards of 2 chain-replicated replicas each."""
 
-    def test_push_after_the_head_is_killed_lands_once_on_the_new_head(self) -> None:
+    @contextlib.contextmanager
+    def replicated(self, num_shards: int, data_dir: bool = False, coordinator_args=()):
+        """A local cluster of `num_shards` replicated shards, a client, and a 64-value ASP
+        table on them (seeded)."""
         with tempfile.TemporaryDirectory(prefix="pscluster_replicated_") as tmp:
-            local = LocalCluster(num_shards=1, replicas=2, log_dir=tmp,
-                                 coordinator_args=["--heartbeat_timeout_ms=600"])
+            local = LocalCluster(num_shards=num_shards, replicas=2, log_dir=tmp,
+                                 data_dir=tmp if data_dir else None,
+                                 coordinator_args=coordinator_args)
             try:
                 with pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT,
                                        wait_until_complete=True) as cluster:
                     table = cluster.create_dense("w", 64, optimizer="sgd", learning_rate=LR,
                                                  consistency="asp", initializer="uniform",
                                                  scale=1.0, seed=7)
-                    w0 = cluster.pull_dense(table, step=0)
-                    g = np.random.default_rng(2).standard_normal((2, 64), dtype=np.float32)
-                    cluster.push_dense(table, g[0], step=0)
-                    local.replicas[0][0].kill()  # SIGKILL of the head
-                    cluster.push_dense(table, g[1], step=1)  # waits out the failover
-                    w2 = cluster.pull_dense(table, step=2)
-                    # The shard's SGD steps in float32, one push after the other.
-                    want = (w0 - np.float32(LR) * g[0]) - np.float32(LR) * g[1]
-                    np.testing.assert_array_equal(w2, want)
-                    if not cluster.native:  # (the C++ client keeps its own rotation)
-                        self.assertIn(local.replica_addresses[0][1], cluster._name(0))
+                    yield local, cluster, table
             finally:
                 local.stop()
 
+    def test_push_after_the_head_is_killed_lands_once_on_the_new_head(self) -> None:
+        """The client follows a failover of its head."""
+        with self.replicated(1, coordinator_args=["--heartbeat_timeout_ms=600"]) as (
+                local, cluster, table):
+            w0 = cluster.pull_dense(table, step=0)
+            g = np.random.default_rng(2).standard_normal((2, 64), dtype=np.float32)
+            cluster.push_dense(table, g[0], step=0)
+            local.replicas[0][0].kill()  # SIGKILL of the head
+            cluster.push_dense(table, g[1], step=1)  # waits out the failover
+            w2 = cluster.pull_dense(table, step=2)
+            # The shard's SGD steps in float32, one push after the other.
+            want = (w0 - np.float32(LR) * g[0]) - np.float32(LR) * g[1]
+            np.testing.assert_array_equal(w2, want)
+            if not cluster.native:  # (the C++ client keeps its own rotation)
+                self.assertIn(local.replica_addresses[0][1], cluster._name(0))
 
-class ReplicatedRestoreTest(unittest.TestCase):
     def test_restore_returns_once_every_chain_is_whole_again(self) -> None:
         """A restore leaves each head alone while its backups copy the restored state back
         (a head lost then loses its shard): restore() returns once the chains are whole."""
-        with tempfile.TemporaryDirectory(prefix="pscluster_replicated_restore_") as tmp:
-            local = LocalCluster(num_shards=2, replicas=2, log_dir=tmp, data_dir=tmp)
-            try:
-                with pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT,
-                                       wait_until_complete=True) as cluster:
-                    t = cluster.create_dense("r", 64, optimizer="sgd", learning_rate=LR,
-                                             consistency="asp", initializer="uniform",
-                                             scale=1.0, seed=7)
-                    g = np.ones(64, F32)
-                    cluster.push_dense(t, g, step=0)
-                    step = cluster.checkpoint()["step"]
-                    saved = cluster.pull_dense(t, step=step)
-                    cluster.push_dense(t, g, step=1)
-                    cluster.restore(step)
-                    v = cluster.view()
-                    self.assertEqual([len(c.replicas) for c in v.chains], [2, 2])
-                    np.testing.assert_array_equal(cluster.pull_dense(t, step=step), saved)
-            finally:
-                local.stop()
+        with self.replicated(2, data_dir=True) as (local, cluster, table):
+            g = np.ones(64, F32)
+            cluster.push_dense(table, g, step=0)
+            step = cluster.checkpoint()["step"]
+            saved = cluster.pull_dense(table, step=step)
+            cluster.push_dense(table, g, step=1)
+            cluster.restore(step)
+            self.assertEqual([len(c.replicas) for c in cluster.view().chains], [2, 2])
+            np.testing.assert_array_equal(cluster.pull_dense(table, step=step), saved)
 
 
 class DenseTest(ClusterTestCase):
