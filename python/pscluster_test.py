@@ -781,6 +781,22 @@ class CheckpointTest(ClusterTestCase):
             c.restore(99)
         self.assertIn("99", e.exception.message)
 
+    def test_switch_mode_is_scheduled(self) -> None:
+        r = self.cluster.switch_mode("allreduce", at_step=1000)
+        self.assertEqual(r["at_step"], 1000)
+        pending = self.cluster.status()["pending_switches"]
+        self.assertEqual([(p["at_step"], p["to_mode"]) for p in pending], [(1000, "ALLREDUCE")])
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.switch_mode("bogus")
+        self.assertIn("bogus", e.exception.message)
+
+
+class OwnRestoreTest(ClusterTestCase):
+    """Alone in its cluster: a checkpoint asked for before the tables passed the newest one's
+    step answers that one (Checkpointer::CheckpointLocked), which would lack this test's
+    table."""
+    data_dir = True
+
     def test_restore_is_refused_under_another_clients_workers(self) -> None:
         """A Python worker is no member of the coordinator: the shards' Stats tell it trains
         (idle_ms), so another client's restore (psctl's, an operator's script) is refused
@@ -795,28 +811,86 @@ class CheckpointTest(ClusterTestCase):
             c.push_dense(t, g, step=step, worker=4)
         step = c.checkpoint()["step"]
         c.push_dense(t, g, step=base + 2, worker=4)
-        after = c.pull_dense(t, step=base + 3, worker=4)
+        c.restore(step)  # its own calls do not count ...
+        self.assertEqual(c.checkpoints()[-1]["step"], step)
+        c.push_dense(t, g, step=step, worker=4)  # ... its workers stay registered ...
+        after = c.pull_dense(t, step=step + 1, worker=4)
+        c.restore(step)  # ... and it may restore again at once
+        c.push_dense(t, g, step=step, worker=4)
         other = pscluster.connect(self.local.coordinator, timeout=RPC_TIMEOUT)
         try:
+            # Pulling as worker 4 itself does not make it the other client's worker (it
+            # did: a worker id it had registered was its own).
+            other.pull_dense(t, step=step + 1, worker=4)
             with self.assertRaises(pscluster.PsError) as e:
                 other.restore(step)
             self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
             self.assertIn("worker 4 (", e.exception.message)
             self.assertIn("--force", e.exception.message)
-            np.testing.assert_array_equal(c.pull_dense(t, step=base + 3, worker=4), after)
+            np.testing.assert_array_equal(c.pull_dense(t, step=step + 1, worker=4), after)
         finally:
             other.close()
-        c.restore(step)  # its own workers do not count
-        self.assertEqual(c.checkpoints()[-1]["step"], step)
 
-    def test_switch_mode_is_scheduled(self) -> None:
-        r = self.cluster.switch_mode("allreduce", at_step=1000)
-        self.assertEqual(r["at_step"], 1000)
-        pending = self.cluster.status()["pending_switches"]
-        self.assertEqual([(p["at_step"], p["to_mode"]) for p in pending], [(1000, "ALLREDUCE")])
-        with self.assertRaises(pscluster.PsError) as e:
-            self.cluster.switch_mode("bogus")
-        self.assertIn("bogus", e.exception.message)
+
+class RestoreGuardTest(unittest.TestCase):
+    """A restore counts the calls of every client but the caller and the ps_worker members
+    (told apart by the ps-client-id each client sends), a call waiting in a shard too."""
+
+    def test_a_restore_counts_other_clients_by_id_and_their_waiting_calls(self) -> None:
+        from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc
+        with tempfile.TemporaryDirectory(prefix="pscluster_guard_") as tmp, \
+                contextlib.ExitStack() as stack:
+            local = LocalCluster(num_shards=1, num_workers=1, data_dir=tmp,
+                                 coordinator_args=["--heartbeat_timeout_ms=2000"])
+            stack.callback(local.stop)
+            admin, member, other = (
+                stack.enter_context(pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT))
+                for _ in range(3))
+            t = admin.create_dense("guard", 8, optimizer="sgd", learning_rate=1.0,
+                                   consistency="bsp")
+            admin.register_worker(0)
+            admin.register_worker(1)  # it never pushes: a pull at step 1 waits in the shard
+            # `member` stands in for ps_worker rank 0: registered with its client id.
+            channel = stack.enter_context(grpc.insecure_channel(local.coordinator))
+            coordinator_pb2_grpc.CoordinatorStub(channel).Register(coordinator_pb2.RegisterRequest(
+                role=coordinator_pb2.WORKER, id=0, client_id=member.client_id),
+                timeout=RPC_TIMEOUT)
+            step = admin.checkpoint()["step"]
+
+            def rank0_alive() -> Tuple[bool, bool]:
+                alive = any(m.alive for m in admin.view().members
+                            if m.role == coordinator_pb2.WORKER)
+                return not alive, alive
+
+            self.assertFalse(admin._poll(rank0_alive, 30.0)[1], "rank 0 was never declared dead")
+
+            def calls() -> Tuple[bool, int]:  # worker 0's calls in progress
+                n = sum(w.calls for s in admin.stats() for w in s.workers if w.worker_id == 0)
+                return n > 0, n
+
+            def waiting(c: pscluster.Cluster):
+                pull = c.pull_dense_async(t, step=1, worker=0)
+                self.assertTrue(admin._poll(calls, RPC_TIMEOUT)[0], "the pull never waited")
+                return pull
+
+            # The member's own calls are its liveness's business (it is dead): not refused.
+            pull = waiting(member)
+            admin.restore(step)
+            with self.assertRaises(pscluster.PsError) as e:
+                pull.result(timeout=RPC_TIMEOUT)
+            self.assertEqual(e.exception.code, grpc.StatusCode.ABORTED)
+            self.assertIn("rolled back to its snapshot of step", e.exception.message)
+            # Another client's pull waits as worker 0, rank 0's id (a dead member's id
+            # exempted it before): refused, naming the call in progress.
+            pull = waiting(other)
+            with self.assertRaises(pscluster.PsError) as e:
+                admin.restore(step)
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("worker 0 (1 call(s) now)", e.exception.message)
+            admin.restore(step, force=True)
+            with self.assertRaises(pscluster.PsError) as e:
+                pull.result(timeout=RPC_TIMEOUT)
+            self.assertEqual(e.exception.code, grpc.StatusCode.ABORTED)
 
 
 class AspCheckpointTest(ClusterTestCase):

@@ -598,6 +598,7 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
             "give one command: status, top, checkpoint, checkpoints, restore, switch-mode, health "
             "or plan"},
            {{nowhere, "restore"}, "restore needs --step=N"},
+           {{nowhere, "restore", "--step=-1"}, "--step=-1 is negative"},
            {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},
            {{nowhere, "stats"}, "unknown command 'stats'"},
            {{"status"}, "--coordinator=HOST:PORT is required"},

@@ -4,6 +4,7 @@
 // callers cancel give their threads back, and the shard serves again.
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 
 #include "gmock/gmock.h"
@@ -40,19 +41,42 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   ASSERT_TRUE(clients_[0]->PullDense(kAsp, 0, absl::MakeSpan(before)).ok());
 
   // Worker 0's BSP pulls of step 1 wait for worker 1, which never pushes step 0: each holds
-  // a handler thread of shard 0 until it is cancelled.
-  std::vector<std::unique_ptr<grpc::ClientContext>> waits;
+  // a handler thread of shard 0 until it is cancelled. A pull refused because the probes
+  // below hold the threads for the moment is made again (else the probes got threads
+  // for ever, up to the 1024-step limit: seen under load).
+  struct Puller {
+    absl::Mutex mu;
+    grpc::ClientContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    void Cancel() {
+      absl::MutexLock lock(&mu);
+      stop = true;
+      if (ctx != nullptr) ctx->TryCancel();
+    }
+  };
+  std::vector<std::unique_ptr<Puller>> waits;
   std::vector<std::thread> pullers;
   for (int i = 0; i < kThreads; ++i) {
-    waits.push_back(std::make_unique<grpc::ClientContext>());
-    waits.back()->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    pullers.emplace_back([this, ctx = waits.back().get()] {
-      ps::PullDenseRequest req;
-      req.set_worker_id(0);
-      req.set_step(1);
-      req.set_table_id(kBsp);
-      ps::DenseChunk resp;
-      clients_[0]->stub(0)->PullDense(ctx, req, &resp);
+    waits.push_back(std::make_unique<Puller>());
+    pullers.emplace_back([this, puller = waits.back().get()] {
+      for (grpc::Status s;; ) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        {
+          absl::MutexLock lock(&puller->mu);
+          if (puller->stop) return;
+          puller->ctx = &ctx;
+        }
+        ps::PullDenseRequest req;
+        req.set_worker_id(0);
+        req.set_step(1);
+        req.set_table_id(kBsp);
+        ps::DenseChunk resp;
+        s = clients_[0]->stub(0)->PullDense(&ctx, req, &resp);
+        absl::MutexLock lock(&puller->mu);
+        puller->ctx = nullptr;
+        if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return;
+      }
     });
   }
   // Until every thread is taken some probes (worker 1's unary pushes to shard 0's half)
@@ -88,7 +112,7 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   absl::Status pushed;
   std::thread pusher([&] { pushed = clients_[1]->PushDense(kAsp, accepted, std::vector<float>(kSize, 1.0f)); });
   // Cancelled, the waiting pulls give their threads back (within Table::kCancelCheckEvery).
-  for (auto& ctx : waits) ctx->TryCancel();
+  for (auto& puller : waits) puller->Cancel();
   for (auto& t : pullers) t.join();
   pusher.join();
   EXPECT_TRUE(pushed.ok()) << pushed;

@@ -326,6 +326,23 @@ TEST_F(SnapshotTest, InPlaceRestoreOfACorruptedSnapshotChangesNothing) {
   EXPECT_EQ(State(1), at1);
 }
 
+// A restore that some shards took and another did not (it was killed) says which rolled
+// back and that the tables are mixed until it is restored again (it named only the shard
+// that failed).
+TEST_F(SnapshotTest, APartialRestoreSaysWhichShardsRolledBack) {
+  CreateTables(101);
+  Train(0, 1);
+  SnapshotAndWait(1);
+  Train(1, 2);
+  ASSERT_TRUE(servers_[1].Stop(SIGKILL, absl::Seconds(20)).ok());
+  servers_.pop_back();  // (TearDown stops the one left)
+  absl::Status s = clients_[0]->Restore(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("shard 1 ("));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("shard(s) 0 did roll back to step 1"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("restore step 1 again"));
+}
+
 // Runs ps_server with `flags` to its exit (it must refuse to start); its stderr.
 std::string RefusalOf(const std::vector<std::string>& flags) {
   std::string cmd = "exec server/ps/ps_server --port=0";
@@ -333,6 +350,13 @@ std::string RefusalOf(const std::vector<std::string>& flags) {
   auto out = testing::OutputOf({"/bin/sh", "-c", cmd + " 2>&1"}, absl::Seconds(60));
   EXPECT_FALSE(out.ok()) << "it started: " << *out;
   return out.ok() ? "" : std::string(out.status().message());
+}
+
+// A shard with one handler thread answered nothing (that thread polls for calls): refused.
+TEST(PsServerFlagsTest, FewerThanTwoThreadsAreRefused) {
+  for (const char* threads : {"--threads=1", "--threads=0", "--threads=-4"}) {
+    EXPECT_THAT(RefusalOf({threads}), ::testing::HasSubstr("must be >= 2")) << threads;
+  }
 }
 
 // Regression: with bytes flipped where the snapshot manifests are kept, the shard treated

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,13 +63,23 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
   return std::unique_ptr<PsClient>(new PsClient(std::move(options)));
 }
 
+std::string NewClientId() {
+  std::random_device random;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
+  return id;
+}
+
 PsClient::PsClient(PsClientOptions options)
-    : options_(std::move(options)),
+    : options_([&] {
+        if (options.client_id.empty()) options.client_id = NewClientId();
+        return std::move(options);
+      }()),
       calls_(options_.shard_replicas.empty()
                  ? internal::ShardCalls::Single(options_.shard_addresses)
                  : options_.shard_replicas,
              options_.rpc_timeout, static_cast<int>(options_.max_message_bytes),
-             options_.wait_slice, options_.wait_check, options_.security) {}
+             options_.wait_slice, options_.wait_check, options_.security, options_.client_id) {}
 
 absl::Status PsClient::RegisterWorker() {
   return calls_.ForEach([&](int s) {

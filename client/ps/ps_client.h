@@ -43,7 +43,13 @@ struct PsClientOptions {
   absl::Duration wait_slice = absl::Seconds(2);
   std::function<absl::Status()> wait_check;
   Security security;  // TLS and token of the calls (default: plaintext)
+  // The ps-client-id metadata of every call (empty: NewClientId()): the shards tell clients
+  // apart by it, e.g. for a restore that must not roll back under another client's run.
+  std::string client_id;
 };
+
+// A random client id (32 hex digits).
+std::string NewClientId();
 
 class PsClient final : public ParameterStore {
  public:
@@ -54,6 +60,7 @@ class PsClient final : public ParameterStore {
 
   int num_shards() const { return calls_.size(); }
   int32_t worker_id() const { return options_.worker_id; }
+  const std::string& client_id() const { return calls_.client_id(); }
 
   // Registers this worker with every shard (needed before any push or pull).
   absl::Status RegisterWorker();
@@ -112,7 +119,9 @@ class PsClient final : public ParameterStore {
   absl::Status PullSparse(uint32_t table_id, int64_t step, absl::Span<const uint64_t> keys,
                           absl::Span<float> out) override;
 
-  absl::StatusOr<std::vector<ps::StatsResponse>> Stats();
+  // except_clients: the workers' idle_ms and calls leave out these clients' calls.
+  absl::StatusOr<std::vector<ps::StatsResponse>> Stats(
+      const std::vector<std::string>& except_clients = {});
 
   // Asks every shard to snapshot `step` (each captures, acknowledges, writes in the
   // background); `metric` feeds keep-the-best retention.

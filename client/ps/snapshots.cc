@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/ps/ps_client.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
@@ -10,8 +11,11 @@
 
 namespace pscluster {
 
-absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats() {
-  return calls_.All(&Stub::Stats, ps::StatsRequest());
+absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats(
+    const std::vector<std::string>& except_clients) {
+  ps::StatsRequest req;
+  req.mutable_except_clients()->Add(except_clients.begin(), except_clients.end());
+  return calls_.All(&Stub::Stats, req);
 }
 
 absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) {
@@ -78,7 +82,30 @@ absl::Status PsClient::Restore(int64_t step, bool drop_later) {
   ps::RestoreRequest req;
   req.set_step(step);
   req.set_drop_later(drop_later);
-  return calls_.All(&Stub::Restore, req).status();
+  std::vector<absl::Status> each(num_shards());
+  calls_.ForEach([&](int s) {
+    ps::RestoreResponse resp;
+    each[s] = calls_.Unary(s, &Stub::Restore, req, &resp);
+    return absl::OkStatus();
+  }).IgnoreError();  // each shard's own status, below
+  std::vector<int> done;
+  const absl::Status* failed = nullptr;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (each[s].ok()) {
+      done.push_back(s);
+    } else if (failed == nullptr) {
+      failed = &each[s];
+    }
+  }
+  if (failed == nullptr || done.empty()) return failed == nullptr ? absl::OkStatus() : *failed;
+  // Some shards rolled back and others did not: the tables are of two timelines now.
+  return absl::Status(
+      failed->code(),
+      absl::StrCat(failed->message(), "; shard(s) ", absl::StrJoin(done, ", "),
+                   " did roll back to step ", step,
+                   " and the others did not: the tables are mixed until every shard is "
+                   "restored to it; restore step ",
+                   step, " again once the failed shard answers"));
 }
 
 }  // namespace pscluster

@@ -71,9 +71,10 @@ class Client {
  public:
   Client(std::vector<std::vector<std::string>> replicas, double timeout_seconds,
          uint64_t chunk_bytes, bool tls, std::string ca, std::string cert, std::string key,
-         std::string token, std::string server_name) {
+         std::string token, std::string server_name, std::string client_id) {
     if (replicas.empty()) throw py::value_error("no shards");
     options_.rpc_timeout = absl::Seconds(timeout_seconds);
+    options_.client_id = std::move(client_id);  // the Python Cluster's: one for all workers
     options_.chunk_bytes = chunk_bytes;
     bool replicated = false;
     for (const auto& r : replicas) {
@@ -160,10 +161,10 @@ PYBIND11_MODULE(_native, m) {
   });
   py::class_<Client>(m, "Client")
       .def(py::init<std::vector<std::vector<std::string>>, double, uint64_t, bool, std::string,
-                    std::string, std::string, std::string, std::string>(),
+                    std::string, std::string, std::string, std::string, std::string>(),
            py::arg("replicas"), py::arg("timeout"), py::arg("chunk_bytes"), py::arg("tls"),
            py::arg("ca"), py::arg("cert"), py::arg("key"), py::arg("token"),
-           py::arg("server_name"))
+           py::arg("server_name"), py::arg("client_id"))
       .def("pull_dense", &Client::PullDense, py::arg("worker"), py::arg("table"),
            py::arg("step"), py::arg("out"))
       .def("push_dense", &Client::PushDense, py::arg("worker"), py::arg("table"),

@@ -57,6 +57,7 @@ THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
 _REQUEST_COUNTER = itertools.count(1)
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _SHARD_NAMED = re.compile(r"shard (\d+) \(")  # how the C++ client's errors begin
+_NOT_REGISTERED = re.compile(r"worker_id (\d+) is not registered with shard")  # shard.cc
 
 _OPTIMIZERS = {k.lower(): v for k, v in ps_pb2.OptimizerConfig.Kind.items()}
 _CONSISTENCY = {k.lower(): v for k, v in ps_pb2.ConsistencyConfig.Mode.items()}
@@ -187,19 +188,22 @@ class _Current:
         return getattr(c._replicas[shard][c._current[shard]], self._name)
 
 
-class _RequestIds(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                  grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds the request id of the call in progress on this thread (Cluster._call) as the
-    ps-request-id metadata: the new head answers a retried update from the first call."""
+class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds this Cluster's ps-client-id to every call (the shards tell its calls from other
+    clients' by it: a restore it asks for does not count its own), and the request id of
+    the call in progress on this thread (Cluster._call) as the ps-request-id metadata: the
+    new head answers a retried update from the first call."""
 
-    def __init__(self, local: threading.local):
+    def __init__(self, local: threading.local, client_id: str):
         self._local = local
+        self._client_id = ("ps-client-id", client_id)
 
     def _details(self, details):
+        metadata = list(details.metadata or []) + [self._client_id]
         request_id = getattr(self._local, "request_id", None)
-        if not request_id:
-            return details
-        metadata = list(details.metadata or []) + [("ps-request-id", request_id)]
+        if request_id:
+            metadata.append(("ps-request-id", request_id))
         return details._replace(metadata=metadata) if hasattr(details, "_replace") else \
             _CallDetails(details, metadata)
 
@@ -253,6 +257,8 @@ class Cluster:
             [list(r) for r in replicas] if replicas is not None else [[a] for a in self.addresses])
         self._replicated = any(len(r) > 1 for r in self._replica_addresses)
         self._local = threading.local()
+        # Sent with every call to the shards (_Metadata; the C++ client sends the same).
+        self.client_id: str = os.urandom(16).hex()
         self._closed = False
         self._channels = []
         self._replicas: List[List[_Replica]] = []
@@ -261,8 +267,8 @@ class Cluster:
             for address in shard_replicas:
                 channel = self.security.channel(address, options)
                 self._channels.append(channel)
-                if self._replicated:
-                    channel = grpc.intercept_channel(channel, _RequestIds(self._local))
+                channel = grpc.intercept_channel(channel,
+                                                 _Metadata(self._local, self.client_id))
                 self._replicas[-1].append(_Replica(channel))
         self._current = [0] * len(self._replicas)
         self._stubs = _Current(self, "stub")
@@ -298,7 +304,8 @@ class Cluster:
             s = self.security
             self._native = _native.Client(
                 self._replica_addresses, timeout, chunk_bytes, s.tls, s.ca or b"",
-                s.cert or b"", s.key or b"", s.token or "", s.server_name or "")
+                s.cert or b"", s.key or b"", s.token or "", s.server_name or "",
+                self.client_id)
 
     @property
     def native(self) -> bool:
@@ -313,7 +320,8 @@ class Cluster:
         except _native.Error as e:
             code, message = e.args
             named = _SHARD_NAMED.match(message)
-            raise PsError(_CODES.get(code, grpc.StatusCode.UNKNOWN), message,
+            code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+            raise PsError(code, self._forgot_worker(code, message),
                           int(named.group(1)) if named else None) from None
 
     @classmethod
@@ -394,7 +402,23 @@ class Cluster:
                         "--max_chunk_bytes plus 64 KiB, this client sends up to "
                         f"{MAX_MESSAGE_BYTES} bytes; send less per call, or a smaller "
                         "chunk_bytes)")
+        details = self._forgot_worker(error.code(), details)
         raise PsError(error.code(), f"{self._name(shard)}: {details}", shard) from None
+
+    def _forgot_worker(self, code: grpc.StatusCode, message: str) -> str:
+        """A shard that does not know a worker this Cluster registered (a restore rolled
+        it back to a snapshot from before): the next call of the worker registers it again
+        (nothing re-sent here: a push may have landed on the other shards). The message,
+        saying so."""
+        forgot = _NOT_REGISTERED.search(message)
+        if code != grpc.StatusCode.FAILED_PRECONDITION or not forgot:
+            return message
+        with self._lock:
+            if int(forgot.group(1)) not in self._registered:
+                return message
+            self._registered.discard(int(forgot.group(1)))
+        return (message + " (the shard forgot it: restored to a snapshot from before it "
+                "registered; this Cluster registers it again on its next call)")
 
     def _each(self, fn: Callable[[int], T]) -> List[T]:
         """fn(shard) on every shard in parallel (shard 0 in the calling thread, as the C++
@@ -971,28 +995,29 @@ class Cluster:
         """Every shard back to its snapshot of `step` (a checkpoint: see checkpoints()),
         which becomes the newest: the coordinator drops the later checkpoints and the shards
         their snapshots, so checkpoints taken from here on are this run's. Refused while
-        ps_worker processes are alive, or other clients (another process's Cluster) pushed
-        or pulled as a worker within the coordinator's heartbeat timeout, unless `force`;
-        this Cluster's own workers do not count. With replicated shards it returns once
-        every chain has all its replicas again (wait_for_chains). Without a coordinator
-        (Cluster.from_shards), the shards alone roll back and keep their later snapshots."""
+        ps_worker processes are alive, or other clients (another process's Cluster) push
+        or pull as a worker, or did within the coordinator's heartbeat timeout, unless
+        `force`; this Cluster's own calls do not count (the shards tell them by its
+        client_id). With replicated shards it returns once every chain has all its replicas
+        again (wait_for_chains). Without a coordinator (Cluster.from_shards), the shards
+        alone roll back and keep their later snapshots. The workers this Cluster registered
+        are registered again before it returns (a snapshot from before one registered does
+        not know it)."""
         step = _whole(step, "step", 0, 2 ** 63 - 1)
         if self._coordinator is None:
             req = ps_pb2.RestoreRequest(step=step)
             self._each(lambda s: self._call(s, lambda stub: stub.Restore(
                 req, timeout=self.timeout)))
         else:
-            with self._lock:
-                own = sorted(self._registered)
             self._coord("RestoreCheckpoint", coordinator_pb2.RestoreCheckpointRequest(
-                step=step, force=force, own_workers=own))
+                step=step, force=force, client_id=self.client_id))
             # Replicated shards: each head is alone until its backups have copied the
             # restored state (its death then would lose the shard): back once they have.
             self.wait_for_chains()
-        # The shards now know the workers their snapshots list: the next call of a worker
-        # registers it again (a no-op where it is known).
         with self._lock:
-            self._registered.clear()
+            own = sorted(self._registered)
+        for worker in own:  # a no-op where the snapshot knows the worker
+            self.register_worker(worker)
 
     # ---- the coordinator ---------------------------------------------------------------
 

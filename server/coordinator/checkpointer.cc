@@ -220,30 +220,42 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
 }
 
 absl::Status Checkpointer::RefuseUnderActiveClients(const ClusterView& view, PsClient& shards,
-                                                     const std::set<int32_t>& own_workers) {
-  std::set<int32_t> members = own_workers;  // and the workers the member check speaks for
+                                                     const std::string& client_id) {
+  std::vector<std::string> except = {client_id};  // and the members (the view tells of them)
   for (const Member& m : view.members()) {
-    if (m.role() == WORKER) members.insert(m.id());
+    if (m.role() == WORKER && !m.client_id().empty()) except.push_back(m.client_id());
   }
-  ASSIGN_OR_RETURN(std::vector<ps::StatsResponse> stats, shards.Stats());
-  std::map<int32_t, int64_t> active;  // worker -> least idle ms over the shards
+  ASSIGN_OR_RETURN(std::vector<ps::StatsResponse> stats, shards.Stats(except));
+  struct Active {
+    int64_t idle_ms;
+    int calls;
+  };
+  std::map<int32_t, Active> active;  // worker -> least idle ms and most calls over the shards
   for (const ps::StatsResponse& s : stats) {
     for (const ps::WorkerClock& w : s.workers()) {
-      if (members.count(w.worker_id()) || w.idle_ms() < 0 ||
-          w.idle_ms() >= absl::ToInt64Milliseconds(options_.client_active)) {
+      if (w.idle_ms() < 0 || w.idle_ms() >= absl::ToInt64Milliseconds(options_.client_active)) {
         continue;
       }
-      auto [it, added] = active.emplace(w.worker_id(), w.idle_ms());
-      if (!added) it->second = std::min(it->second, w.idle_ms());
+      auto [it, added] = active.emplace(w.worker_id(), Active{w.idle_ms(), w.calls()});
+      if (!added) {
+        it->second.idle_ms = std::min(it->second.idle_ms, w.idle_ms());
+        it->second.calls = std::max(it->second.calls, w.calls());
+      }
     }
   }
   if (active.empty()) return absl::OkStatus();
+  constexpr size_t kNamed = 8;  // the error stays well within gRPC's metadata limit
   std::vector<std::string> named;
-  for (const auto& [w, idle] : active) {
-    named.push_back(absl::StrCat("worker ", w, " (", idle, " ms ago)"));
+  for (const auto& [w, a] : active) {
+    if (named.size() == kNamed) {
+      named.push_back(absl::StrCat("and ", active.size() - kNamed, " more"));
+      break;
+    }
+    named.push_back(a.calls > 0 ? absl::StrCat("worker ", w, " (", a.calls, " call(s) now)")
+                                : absl::StrCat("worker ", w, " (", a.idle_ms, " ms ago)"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "clients that are no ps_worker of this cluster (Python workers?) push and pull as ",
+      "other clients (no ps_worker of this cluster: Python workers?) push and pull as ",
       absl::StrJoin(named, ", "),
       ": rolling the tables back under them would mix two runs. Stop them first (then wait ",
       absl::ToInt64Milliseconds(options_.client_active),
@@ -251,7 +263,7 @@ absl::Status Checkpointer::RefuseUnderActiveClients(const ClusterView& view, PsC
 }
 
 absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
-                                                 const std::set<int32_t>& own_workers) {
+                                                 const std::string& client_id) {
   absl::MutexLock lock(&mu_);
   auto it = std::find_if(checkpoints_.begin(), checkpoints_.end(),
                          [&](const Checkpoint& c) { return c.step() == step; });
@@ -274,7 +286,7 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
         "restored), or force it (psctl restore --force)"));
   }
   ASSIGN_OR_RETURN(auto shards, PsClient::Create(ShardsOf(view, options_)));
-  if (!force) RETURN_IF_ERROR(RefuseUnderActiveClients(view, *shards, own_workers));
+  if (!force) RETURN_IF_ERROR(RefuseUnderActiveClients(view, *shards, client_id));
   RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
   checkpoints_.erase(std::next(it), checkpoints_.end());
   RETURN_IF_ERROR(WriteManifest());

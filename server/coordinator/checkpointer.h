@@ -61,17 +61,17 @@ class Checkpointer {
 
   // Rolls every shard back to checkpoint `step` (one of checkpoints()) and makes it the
   // newest: later checkpoints leave the manifest, their snapshots are deleted.
-  // FAILED_PRECONDITION while workers are alive, or other clients train as workers
-  // (options' client_active), unless `force`.
-  // own_workers: the caller's own worker ids (not counted as other clients).
-  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force,
-                                     const std::set<int32_t>& own_workers = {});
+  // FAILED_PRECONDITION while workers are alive, or other clients push or pull as workers
+  // (within options' client_active, or now), unless `force`. client_id: the caller's
+  // ps-client-id (its own calls do not count).
+  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force, const std::string& client_id = "");
 
  private:
-  // FAILED_PRECONDITION naming the workers that pushed or pulled on some shard within
-  // client_active and are no WORKER member of `view` (whose liveness the view tells).
+  // FAILED_PRECONDITION naming the worker ids some client other than `client_id` and the
+  // WORKER members of `view` pushed or pulled as on some shard within client_active, or
+  // does now (the members' liveness the view tells).
   absl::Status RefuseUnderActiveClients(const ClusterView& view, PsClient& shards,
-                                        const std::set<int32_t>& own_workers);
+                                        const std::string& client_id);
   Checkpointer(ClusterState* cluster, CheckpointerOptions options);
   // At `at` (only there, once), or at the step the tables reached (CheckpointStep).
   absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric,

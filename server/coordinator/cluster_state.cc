@@ -114,6 +114,11 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
         r.role() == SHARD ? " (each shard's key ranges follow the number of shards)"
                           : " (each worker's share of the data follows the number of workers)"));
   }
+  if (r.client_id().size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        RoleName(r.role()), " ", r.id(), ": client_id has ", r.client_id().size(),
+        " bytes; at most 64 (the shards keep that much of a ps-client-id)"));
+  }
   if (r.role() == SHARD && r.address().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", r.id(), " registered without an address"));
@@ -139,6 +144,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
     if (options_.replicas == 1 && m->address() != r.address()) shard_map_version_ = version_ + 1;
   }
   m->set_address(r.address());
+  m->set_client_id(r.client_id());
   if (r.has_limits()) {
     *m->mutable_limits() = r.limits();
   } else {
@@ -200,10 +206,11 @@ absl::StatusOr<Member*> ClusterState::FindWorkerLocked(int32_t rank, int64_t inc
 
 absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
-  if (r.step() < 0 || r.run_end_step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker rank ", r.rank(), " reported step ", r.step(), " and run end ",
-                     r.run_end_step(), ": they must not be negative"));
+  if (r.step() < 0 || r.run_end_step() < 0 ||
+      (r.run_end_step() > 0 && r.step() > r.run_end_step())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", r.rank(), " reported step ", r.step(), " and run end ", r.run_end_step(),
+        ": they must not be negative, and the step not past the run's end"));
   }
   // A diverged run's loss may be NaN or infinite, and is shown so; a metric decides which
   // checkpoint is kept as the best, and a rate is summed and charted: those must be numbers.
@@ -245,10 +252,11 @@ absl::StatusOr<SwitchModeResponse> ClusterState::SwitchMode(const SwitchModeRequ
       ends_first = &m;
     }
   }
-  if (ends_first != nullptr && r.at_step() >= ends_first->run_end_step()) {
+  const int64_t at = r.at_step() == 0 ? switches_.max_polled() + 1 : r.at_step();  // Schedule's
+  if (ends_first != nullptr && at >= ends_first->run_end_step()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the run ends at step ", ends_first->run_end_step(), " (worker ", ends_first->id(),
-        " trains the steps before it): a switch at step ", r.at_step(),
+        " trains the steps before it): a switch at step ", at,
         " would never happen; nothing was scheduled. Pick a step below ",
         ends_first->run_end_step(), ", or start the workers with more --epochs"));
   }

@@ -106,6 +106,14 @@ TEST_F(ClusterStateSwitchTest, ASwitchAtOrPastTheRunsEndIsRefused) {
   bad.set_view_version(cluster_->View().version());
   bad.set_run_end_step(-1);
   EXPECT_EQ(cluster_->ReportProgress(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.set_run_end_step(1404);
+  bad.set_step(1405);  // past its own end
+  EXPECT_EQ(cluster_->ReportProgress(bad).code(), absl::StatusCode::kInvalidArgument);
+  // At step 0 (the next boundary), once the workers polled up to the run's end: refused too.
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(cluster_->PollSwitch(Poll(w, 1, 1400)).ok());
+  absl::StatusOr<SwitchModeResponse> next = cluster_->SwitchMode(Switch(PIPELINE, 0));
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(next.status().message()), ::testing::HasSubstr("switch at step 1401"));
 }
 
 TEST_F(ClusterStateSwitchTest, ViewStartsInTheConfiguredMode) {

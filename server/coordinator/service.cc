@@ -123,13 +123,12 @@ grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
   if (checkpointer_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
   }
-  return Answer(
-      [&] {
-        return checkpointer_->Restore(
-            req->step(), req->force(),
-            std::set<int32_t>(req->own_workers().begin(), req->own_workers().end()));
-      },
-      resp);
+  if (req->client_id().size() > 64) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "client_id has ", req->client_id().size(), " bytes; a ps-client-id has at most 64")));
+  }
+  return Answer([&] { return checkpointer_->Restore(req->step(), req->force(), req->client_id()); },
+                resp);
 }
 
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,

@@ -114,6 +114,11 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   f.host = absl::GetFlag(FLAGS_host);
   f.port = absl::GetFlag(FLAGS_port);
   f.threads = absl::GetFlag(FLAGS_threads);
+  if (f.threads < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--threads=", f.threads, " must be >= 2: one thread polls for calls, and a call "
+        "needs another to run on (with fewer the shard answers nothing)"));
+  }
   f.snapshots.root = absl::GetFlag(FLAGS_data_dir);
   f.restore = absl::GetFlag(FLAGS_restore);
   const std::string metric = absl::GetFlag(FLAGS_snapshot_metric);

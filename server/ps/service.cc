@@ -87,6 +87,17 @@ Heap HeapNow() {
 
 // A request that did not parse, named as ps_server's parse-error interceptor names those of
 // the other methods (common/parse_errors.h).
+// A call's ps-client-id ("" without), at most kMaxClientIdBytes of it: an id only tells
+// clients apart (Shard::Visit).
+constexpr size_t kMaxClientIdBytes = 64;
+std::string ClientId(const grpc::ServerContext* ctx) {
+  if (ctx == nullptr) return "";
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find(kClientIdKey);
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), std::min(it->second.size(), kMaxClientIdBytes));
+}
+
 grpc::Status Unparsable(const char* method) {
   return grpc::Status(
       grpc::StatusCode::INVALID_ARGUMENT,
@@ -104,6 +115,9 @@ grpc::Status Answer(absl::StatusOr<grpc::ByteBuffer> answer, Stream* stream) {
 }
 
 }  // namespace
+
+ParameterServerService::Scope::Scope(ParameterServerService* s, const grpc::ServerContext* ctx)
+    : in_flight_(&s->in_flight_), serving_(&s->serving_mu_), visit_(s->shard_, ClientId(ctx)) {}
 
 int MaxMessageBytes(const ServiceOptions& options) {
   return static_cast<int>(options.max_chunk_bytes + (64 << 10));
@@ -309,7 +323,7 @@ absl::Status ParameterServerService::ApplyReplicated(const ReplicatedUpdate& u,
 grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext* ctx,
                                                     const RegisterWorkerRequest* req,
                                                     RegisterWorkerResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status written = Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = *req; }, nullptr,
@@ -327,7 +341,7 @@ grpc::Status ParameterServerService::RegisterWorker(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::UnregisterWorker(grpc::ServerContext* ctx,
                                                       const UnregisterWorkerRequest* req,
                                                       UnregisterWorkerResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status written = Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = *req; }, nullptr,
@@ -345,7 +359,7 @@ grpc::Status ParameterServerService::UnregisterWorker(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::CreateTable(grpc::ServerContext* ctx,
                                                  const CreateTableRequest* req,
                                                  CreateTableResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   return ToGrpcStatus(Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_create_table() = *req; }, nullptr,
       [&]() -> absl::Status {
@@ -396,7 +410,7 @@ absl::StatusOr<ParameterServerService::PullChunk> ParameterServerService::PullOn
 
 grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
                                                const PullDenseRequest* req, DenseChunk* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   absl::StatusOr<PullChunk> chunk = PullOne(ctx, *req, &charge);
   if (!chunk.ok()) return ToGrpcStatus(chunk.status());
@@ -439,7 +453,7 @@ absl::StatusOr<grpc::ByteBuffer> ParameterServerService::EncodeChunks(
 grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
                                                     const PullDenseBatchRequest* req,
                                                     DenseBatch* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   std::vector<PullChunk> chunks;
   if (absl::Status s = PullBatch(ctx, req->pulls(), &chunks, &charge); !s.ok()) {
@@ -480,7 +494,7 @@ absl::Status ParameterServerService::PullBatch(
 
 grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
                                                     PushDenseBatchResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(PayloadBytes(*req));
   return ToGrpcStatus(Write(
@@ -492,7 +506,7 @@ grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext* ctx, co
 // pull would) until step + 1 is readable and answer the same ranges.
 grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx,
                                                         const DenseBatch* req, DenseBatch* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   std::vector<PullChunk> chunks;
   if (absl::Status s = PushPull(ctx, *req, &chunks, &charge); !s.ok()) return ToGrpcStatus(s);
@@ -598,7 +612,7 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
 grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
                                                      const PullDenseRequest* req,
                                                      grpc::ServerWriter<DenseChunk>* writer) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   DenseChunk message;  // reused: its buffer is allocated once
   return ToGrpcStatus(PullStream(ctx, *req, [&](const PullChunk& c) {
     RETURN_IF_ERROR(ReadChunk(c, &message));
@@ -635,7 +649,7 @@ absl::Status ParameterServerService::PullStream(
 grpc::Status ParameterServerService::PullDenseWire(grpc::ServerContext* ctx,
                                                    const PullDenseRequest& req,
                                                    Unary<PullDenseRequest>* stream) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   absl::StatusOr<PullChunk> chunk = PullOne(ctx, req, &charge);
   if (!chunk.ok()) return ToGrpcStatus(chunk.status());
@@ -645,7 +659,7 @@ grpc::Status ParameterServerService::PullDenseWire(grpc::ServerContext* ctx,
 grpc::Status ParameterServerService::PullDenseBatchWire(grpc::ServerContext* ctx,
                                                         const PullDenseBatchRequest& req,
                                                         Unary<PullDenseBatchRequest>* stream) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   std::vector<PullChunk> chunks;
   if (absl::Status s = PullBatch(ctx, req.pulls(), &chunks, &charge); !s.ok()) {
@@ -657,7 +671,7 @@ grpc::Status ParameterServerService::PullDenseBatchWire(grpc::ServerContext* ctx
 grpc::Status ParameterServerService::PushPullDenseBatchWire(grpc::ServerContext* ctx,
                                                             const DenseBatch& req,
                                                             Unary<DenseBatch>* stream) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   std::vector<PullChunk> chunks;
   if (absl::Status s = PushPull(ctx, req, &chunks, &charge); !s.ok()) return ToGrpcStatus(s);
@@ -667,7 +681,7 @@ grpc::Status ParameterServerService::PushPullDenseBatchWire(grpc::ServerContext*
 grpc::Status ParameterServerService::PullDenseStreamWire(grpc::ServerContext* ctx,
                                                          const PullDenseRequest& req,
                                                          Split<PullDenseRequest>* stream) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   return ToGrpcStatus(PullStream(ctx, req, [&](const PullChunk& c) {
     ASSIGN_OR_RETURN(grpc::ByteBuffer bytes, EncodeChunks({c}, /*batch=*/false));
     if (!stream->Write(bytes)) {
@@ -679,7 +693,7 @@ grpc::Status ParameterServerService::PullDenseStreamWire(grpc::ServerContext* ct
 
 grpc::Status ParameterServerService::PushDense(grpc::ServerContext* ctx, const DenseChunk* req,
                                                PushDenseResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(req->data().size());  // already received: counted, never refused
   return ToGrpcStatus(Write(
@@ -708,7 +722,7 @@ absl::Status ParameterServerService::PushDenseChunk(const DenseChunk& chunk,
 grpc::Status ParameterServerService::PushDenseStream(grpc::ServerContext* ctx,
                                                      grpc::ServerReader<DenseChunk>* reader,
                                                      PushDenseResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);  // before receiving
   StreamWatchdog::Watch watch(&watchdog_, ctx);
   DenseChunk first, chunk;
@@ -820,7 +834,7 @@ absl::Status ParameterServerService::PushStreamed(const DenseChunk& first,
 
 grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PullSparseResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = CheckStep(req->step()); !s.ok()) return ToGrpcStatus(s);
   auto table = shard_->GetSparse(req->table_id(), req->worker_id());
@@ -847,7 +861,7 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
 
 grpc::Status ParameterServerService::PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PushSparseResponse* resp) {
-  Scope scope(this);
+  Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
   charge.ForceGrowTo(req->grads().size() + uint64_t{8} * req->keys_size());
   return ToGrpcStatus(Write(

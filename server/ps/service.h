@@ -48,6 +48,11 @@ struct ServiceOptions {
 // gRPC's own message limit for a server using `options`: a chunk plus its header.
 int MaxMessageBytes(const ServiceOptions& options);
 
+// Metadata naming the client that makes a call: a random id each PsClient and Python
+// Cluster sends, so that a coordinator can tell one client's pushes and pulls from the
+// others' (StatsRequest.except_client).
+inline constexpr char kClientIdKey[] = "ps-client-id";
+
 class ParameterServerService final : public ParameterServer::Service {
  public:
   // `snapshotter` may be null (no --data_dir): snapshot RPCs then fail clearly.
@@ -208,14 +213,16 @@ class ParameterServerService final : public ParameterServer::Service {
                                           StreamWatchdog::Watch* watch) const;
 
   // Held by every handler but Restore, which takes serving_mu_ exclusively to swap tables.
+  // With `ctx` (the push and pull handlers), the workers the call touches count as in a
+  // call of the client its ps-client-id metadata names until it ends (Shard::Visit).
   class Scope {
    public:
-    explicit Scope(ParameterServerService* s)
-        : in_flight_(&s->in_flight_), serving_(&s->serving_mu_) {}
+    explicit Scope(ParameterServerService* s, const grpc::ServerContext* ctx = nullptr);
 
    private:
     InFlightCounter::Scope in_flight_;
     absl::ReaderMutexLock serving_;
+    Shard::Visit visit_;
   };
 
   Shard* const shard_;

@@ -39,7 +39,7 @@ uint64_t StateBytes(const DenseTable& table) {
 grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest* req,
                                            StatsResponse* resp) {
   Scope scope(this);
-  *resp = shard_->Stats();
+  *resp = shard_->Stats({req->except_clients().begin(), req->except_clients().end()});
   if (req->fingerprint()) resp->set_fingerprint(shard_->Fingerprint());
   return grpc::Status::OK;
 }
@@ -135,7 +135,12 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
                   absl::StrJoin(*dropped, ", ").c_str());
     }
   }
-  shard_->Shutdown();  // waiting pulls fail now ...
+  // Waiting pulls fail now, naming the restore (not UNAVAILABLE: a replica would be tried,
+  // and no retry finds the tables they waited on) ...
+  shard_->Shutdown(absl::AbortedError(absl::StrCat(
+      "shard ", shard_->options().shard_id, " was rolled back to its snapshot of step ", step,
+      " (a restore) while this call waited: the tables it waited on are gone; a worker of the "
+      "run rolled back resumes from that checkpoint")));
   {
     absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
     snapshotter_->Install(*std::move(loaded));

@@ -1,5 +1,6 @@
 #include "server/ps/shard.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -167,10 +168,7 @@ absl::Status Shard::CheckWorker(int32_t worker_id) const {
 absl::StatusOr<Table*> Shard::GetForWorker(uint32_t table_id, int32_t worker_id,
                                            TableSpec::Kind kind) const {
   RETURN_IF_ERROR(CheckWorker(worker_id));
-  {
-    absl::MutexLock lock(&seen_mu_);
-    last_seen_[worker_id] = absl::Now();
-  }
+  Saw(worker_id);
   auto table = GetTable(table_id);
   if (!table.ok()) return table.status();
   if ((*table)->spec().kind() != kind) {
@@ -199,7 +197,56 @@ std::vector<int32_t> Shard::Workers() const {
   return {workers_.begin(), workers_.end()};
 }
 
-StatsResponse Shard::Stats() const {
+namespace {
+thread_local Shard::Visit* current_visit = nullptr;
+}  // namespace
+
+Shard::Visit::Visit(const Shard* shard, std::string client)
+    : shard_(shard), client_(std::move(client)), outer_(current_visit) {
+  current_visit = this;
+}
+
+Shard::Visit::~Visit() {
+  current_visit = outer_;
+  if (workers_.empty()) return;
+  absl::MutexLock lock(&shard_->seen_mu_);
+  for (int32_t w : workers_) {
+    Seen& seen = shard_->SeenLocked(w, client_);
+    seen.calls--;
+    seen.last = absl::Now();
+  }
+}
+
+Shard::Seen& Shard::SeenLocked(int32_t worker_id, const std::string& client) const {
+  auto key = std::make_pair(worker_id, client);
+  auto it = seen_.find(key);
+  if (it != seen_.end()) return it->second;
+  if (seen_.size() >= kMaxSeen) {  // forget the pair idle longest (hostile ids stay bounded)
+    auto oldest = seen_.end();
+    for (auto i = seen_.begin(); i != seen_.end(); ++i) {
+      if (i->second.calls == 0 && (oldest == seen_.end() || i->second.last < oldest->second.last)) {
+        oldest = i;
+      }
+    }
+    if (oldest != seen_.end()) seen_.erase(oldest);
+  }
+  return seen_[key];
+}
+
+void Shard::Saw(int32_t worker_id) const {
+  Visit* visit = current_visit != nullptr && current_visit->shard_ == this ? current_visit
+                                                                           : nullptr;
+  absl::MutexLock lock(&seen_mu_);
+  Seen& seen = SeenLocked(worker_id, visit != nullptr ? visit->client_ : std::string());
+  seen.last = absl::Now();
+  if (visit != nullptr && std::find(visit->workers_.begin(), visit->workers_.end(), worker_id) ==
+                              visit->workers_.end()) {
+    visit->workers_.push_back(worker_id);  // in a call until the visit ends
+    seen.calls++;
+  }
+}
+
+StatsResponse Shard::Stats(const std::set<std::string>& except_clients) const {
   StatsResponse r;
   r.set_shard_id(options_.shard_id);
   r.set_num_shards(options_.num_shards);
@@ -216,8 +263,18 @@ StatsResponse Shard::Stats() const {
     WorkerClock* wc = r.add_workers();
     wc->set_worker_id(w);
     wc->set_clock(c);
-    const auto seen = last_seen_.find(w);
-    wc->set_idle_ms(seen == last_seen_.end() ? -1 : absl::ToInt64Milliseconds(now - seen->second));
+    absl::Time last = absl::InfinitePast();
+    int calls = 0;
+    for (auto it = seen_.lower_bound({w, std::string()}); it != seen_.end() && it->first.first == w;
+         ++it) {
+      if (except_clients.count(it->first.second)) continue;
+      last = std::max(last, it->second.last);
+      calls += it->second.calls;
+    }
+    wc->set_calls(calls);
+    wc->set_idle_ms(calls > 0                       ? 0
+                    : last == absl::InfinitePast() ? -1
+                                                   : absl::ToInt64Milliseconds(now - last));
   }
   return r;
 }
@@ -259,9 +316,9 @@ void Shard::ReplaceWith(Shard* staged) {
   workers_.swap(workers);
 }  // the old tables are freed here, outside the lock
 
-void Shard::Shutdown() {
+void Shard::Shutdown(const absl::Status& why) {
   absl::ReaderMutexLock lock(&mu_);
-  for (auto& [id, table] : tables_) table->Shutdown();
+  for (auto& [id, table] : tables_) table->Shutdown(why);
 }
 
 }  // namespace pscluster::ps

@@ -6,6 +6,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -58,7 +60,26 @@ class Shard {
   absl::StatusOr<DenseTable*> GetDense(uint32_t table_id, int32_t worker_id) const;
   absl::StatusOr<SparseTable*> GetSparse(uint32_t table_id, int32_t worker_id) const;
 
-  StatsResponse Stats() const;
+  // The calls of one handler of one client (ParameterServerService::Scope), on this thread
+  // while it lives: every worker whose tables it gets (GetDense, GetSparse) counts as in a
+  // call of `client` (a ps-client-id; "" unknown) until the Visit ends. Stats tells them.
+  class Visit {
+   public:
+    Visit(const Shard* shard, std::string client);
+    ~Visit();
+    Visit(const Visit&) = delete;
+    Visit& operator=(const Visit&) = delete;
+
+   private:
+    friend class Shard;
+    const Shard* const shard_;
+    const std::string client_;
+    Visit* const outer_;  // the visit this thread was in before (none: nullptr)
+    std::vector<int32_t> workers_;
+  };
+
+  // except_clients: leave their calls out of the workers' idle_ms and calls.
+  StatsResponse Stats(const std::set<std::string>& except_clients = {}) const;
 
   // Every table, ascending id (for snapshots).
   std::vector<Table*> Tables() const;
@@ -69,8 +90,8 @@ class Shard {
   // Restore: registers workers known from a snapshot, so they need not register again.
   void RestoreWorkers(const std::vector<int32_t>& workers);
 
-  // Fails every waiting and later pull with UNAVAILABLE.
-  void Shutdown();
+  // Fails every waiting and later pull with `why` (by default UNAVAILABLE: shutting down).
+  void Shutdown(const absl::Status& why = Table::ShuttingDown());
   // Replaces every table and registered worker with `staged`'s (left empty): an in-place
   // restore. The caller must ensure no other thread uses this shard's tables
   // (ParameterServerService::Restore).
@@ -86,9 +107,18 @@ class Shard {
   long double DenseBytes(const TableSpec& spec) const;
 
   const ShardOptions options_;
-  // When each worker last pushed or pulled here (Stats' idle_ms).
+  // Each worker's calls by client (Stats' idle_ms and calls); at most kMaxSeen pairs, the
+  // ones idle longest forgotten first.
+  struct Seen {
+    absl::Time last;  // when a call last began or ended
+    int calls = 0;    // in progress
+  };
+  static constexpr size_t kMaxSeen = 4096;
+  void Saw(int32_t worker_id) const;
+  Seen& SeenLocked(int32_t worker_id, const std::string& client) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seen_mu_);
   mutable absl::Mutex seen_mu_;
-  mutable std::map<int32_t, absl::Time> last_seen_ ABSL_GUARDED_BY(seen_mu_);
+  mutable std::map<std::pair<int32_t, std::string>, Seen> seen_ ABSL_GUARDED_BY(seen_mu_);
   mutable absl::Mutex mu_;
   std::set<int32_t> workers_ ABSL_GUARDED_BY(mu_);
   // Tables are never removed, so pointers handed out stay valid for the shard's lifetime.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -341,6 +342,52 @@ TEST(ShardTest, StatsReportTablesAndWorkerClocks) {
     EXPECT_LT(stats.workers(i).idle_ms(), 60'000) << i;
   }
   EXPECT_EQ(stats.workers(2).idle_ms(), -1);
+}
+
+// A handler's Visit: the workers whose tables it got count as in a call of its client until
+// it ends; Stats can leave a client's calls out. The pairs kept stay bounded.
+TEST(ShardTest, VisitsTellWhoseCallsAreInProgress) {
+  Shard shard(ShardOptions{});
+  shard.RegisterWorker(0);
+  shard.RegisterWorker(1);
+  ASSERT_TRUE(shard.CreateTable(DenseSpec(1, 10)).ok());
+  auto worker = [](const StatsResponse& s, int32_t id) {
+    for (const WorkerClock& w : s.workers()) {
+      if (w.worker_id() == id) return w;
+    }
+    return WorkerClock();
+  };
+  {
+    Shard::Visit visit(&shard, "a");
+    ASSERT_TRUE(shard.GetDense(1, 0).ok());
+    ASSERT_TRUE(shard.GetDense(1, 0).ok());  // the same call: counted once
+    {
+      Shard::Visit nested(&shard, "b");
+      ASSERT_TRUE(shard.GetDense(1, 0).ok());
+      EXPECT_EQ(worker(shard.Stats(), 0).calls(), 2);
+    }
+    const StatsResponse all = shard.Stats();
+    EXPECT_EQ(worker(all, 0).calls(), 1);
+    EXPECT_EQ(worker(all, 0).idle_ms(), 0);
+    EXPECT_EQ(worker(all, 1).idle_ms(), -1);
+    const StatsResponse others = shard.Stats({"a"});
+    EXPECT_EQ(worker(others, 0).calls(), 0) << "b's call ended";
+    EXPECT_GE(worker(others, 0).idle_ms(), 0);
+    EXPECT_EQ(worker(shard.Stats({"a", "b"}), 0).idle_ms(), -1) << "no other client's calls";
+  }
+  EXPECT_EQ(worker(shard.Stats(), 0).calls(), 0);
+  // Hostile clients naming a new id on every call: the oldest idle pairs are forgotten, the
+  // newest and any in progress kept.
+  Shard::Visit kept(&shard, "in progress");
+  ASSERT_TRUE(shard.GetDense(1, 1).ok());
+  for (int i = 0; i < 5000; ++i) {
+    Shard::Visit visit(&shard, absl::StrCat("hostile ", i));
+    ASSERT_TRUE(shard.GetDense(1, 0).ok());
+  }
+  EXPECT_EQ(worker(shard.Stats(), 1).calls(), 1);
+  EXPECT_EQ(worker(shard.Stats({"in progress"}), 1).idle_ms(), -1);
+  EXPECT_EQ(worker(shard.Stats({"hostile 4999"}), 0).calls(), 0);
+  EXPECT_GE(worker(shard.Stats({"hostile 4999"}), 0).idle_ms(), 0) << "the others' are kept";
 }
 
 TEST(ShardTest, TableCreatedAfterWorkersRegisteredWaitsForThemUnderBsp) {

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
     };
     bool ok = mu_.AwaitWithDeadline(absl::Condition(&reached), deadline) && !clock_.shut_down();
     clock_.Release(step);
+    if (clock_.shut_down()) return shutdown_why_;
     if (!ok) {
       DrainBspLocked();
       return absl::DeadlineExceededError(absl::StrCat("table ", id(), ": snapshot of step ", step,
@@ -163,7 +164,7 @@ absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl:
       return absl::CancelledError(absl::StrCat(waited_for(), "; the caller cancelled the call"));
     }
   }
-  if (clock_.shut_down()) return absl::UnavailableError("parameter server is shutting down");
+  if (clock_.shut_down()) return shutdown_why_;
   return absl::OkStatus();
 }
 
@@ -196,8 +197,13 @@ absl::Status Table::AwaitStateLocked(int64_t step, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-void Table::Shutdown() {
+absl::Status Table::ShuttingDown() {
+  return absl::UnavailableError("parameter server is shutting down");
+}
+
+void Table::Shutdown(absl::Status why) {
   absl::MutexLock lock(&mu_);
+  shutdown_why_ = std::move(why);
   clock_.Shutdown();
 }
 

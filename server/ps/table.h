@@ -61,15 +61,17 @@ class Table {
   void RemoveWorker(int32_t worker_id);
 
   // Blocks until `worker` may read at `step` under the table's consistency mode, or
-  // returns DEADLINE_EXCEEDED naming the workers waited for (or UNAVAILABLE on shutdown).
+  // returns DEADLINE_EXCEEDED naming the workers waited for (or Shutdown's `why`).
   // `cancelled` (if set) is asked every kCancelCheckEvery of waiting: true (the caller went
   // away) ends the wait with CANCELLED, so a cancelled call gives its thread back.
   absl::Status AwaitPullable(int64_t step, absl::Time deadline,
                              const std::function<bool()>& cancelled = nullptr);
   static constexpr absl::Duration kCancelCheckEvery = absl::Milliseconds(100);
 
-  // Wakes every waiting pull with UNAVAILABLE; later waits fail at once.
-  void Shutdown();
+  // Wakes every waiting pull with `why` (a restore, or the server shutting down); later
+  // waits fail with it at once.
+  void Shutdown(absl::Status why = ShuttingDown());
+  static absl::Status ShuttingDown();  // UNAVAILABLE: the parameter server is shutting down
 
   TableInfo Info() const;
   TableStats Stats() const;
@@ -166,7 +168,7 @@ class Table {
 
  private:
   // Waits (mu_ held) until PullableLocked(step); DEADLINE_EXCEEDED names `what` and the
-  // workers waited for, UNAVAILABLE on shutdown.
+  // workers waited for, shutdown_why_ on shutdown.
   absl::Status AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what,
                                    const std::function<bool()>& cancelled = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -175,6 +177,7 @@ class Table {
   void DrainBspLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ConsistencyClock clock_ ABSL_GUARDED_BY(mu_);
+  absl::Status shutdown_why_ ABSL_GUARDED_BY(mu_);  // Shutdown's
 };
 
 }  // namespace pscluster::ps

@@ -123,7 +123,8 @@ ABSL_FLAG(std::string, mode, "",
           "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline, tensor).");
 ABSL_FLAG(int64_t, at_step, 0,
           "switch-mode: the step every worker switches before (0: the next step boundary).");
-ABSL_FLAG(int64_t, step, -1, "restore: the checkpoint step (psctl checkpoints lists them).");
+ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
+          "restore: the checkpoint step (psctl checkpoints lists them).");
 ABSL_FLAG(bool, force, false,
           "restore: even while workers are alive (they train on over the rolled-back tables).");
 ABSL_FLAG(bool, json, false, "status: print the view as one JSON object; plan: the plan.");
@@ -365,8 +366,14 @@ int Checkpoint(const std::string& address, const Security& security) {
 
 // Every shard back to a checkpoint of the manifest, which becomes the newest.
 int Restore(const std::string& address, const Security& security) {
-  const int64_t step = absl::GetFlag(FLAGS_step);
-  if (step < 0) return Error(kUsage, "restore needs --step=N (psctl checkpoints lists them)");
+  const std::optional<int64_t> given = absl::GetFlag(FLAGS_step);
+  if (!given) return Error(kUsage, "restore needs --step=N (psctl checkpoints lists them)");
+  const int64_t step = *given;
+  if (step < 0) {
+    return Error(kUsage, absl::StrCat("--step=", step,
+                                      " is negative; give a checkpoint's step (psctl "
+                                      "checkpoints lists them)"));
+  }
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
   CoordinatorOperator op = Connect(address, security);
   absl::StatusOr<coord::Checkpoint> done = op.Restore(step, absl::GetFlag(FLAGS_force), timeout);

@@ -54,8 +54,9 @@ class ShardCalls {
   ShardCalls(const std::vector<std::vector<std::string>>& replicas, absl::Duration rpc_timeout,
              int max_message_bytes, absl::Duration wait_slice = absl::InfiniteDuration(),
              std::function<absl::Status()> wait_check = nullptr,
-             const Security& security = Security())
+             const Security& security = Security(), std::string client_id = "")
       : replicas_(replicas),
+        client_id_(std::move(client_id)),
         rpc_timeout_(rpc_timeout),
         wait_slice_(wait_slice),
         wait_check_(std::move(wait_check)),
@@ -103,10 +104,14 @@ class ShardCalls {
   std::string Name(int shard) const {
     return absl::StrCat("shard ", shard, " (", replicas_[shard][current_[shard].load()], ")");
   }
-  // A context carrying the deadline, for streams.
+  // A context carrying the deadline and the client id, for streams.
   void SetDeadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+    if (!client_id_.empty()) ctx->AddMetadata("ps-client-id", client_id_);
   }
+  // The ps-client-id every call carries ("": none): the shards tell this client's pushes
+  // and pulls from the others' by it.
+  const std::string& client_id() const { return client_id_; }
   // gRPC status of a call on `shard` -> absl::Status naming it.
   absl::Status Status(int shard, const grpc::Status& s) const {
     return FromGrpcStatus(s, Name(shard));
@@ -151,6 +156,7 @@ class ShardCalls {
       const int at = current_[shard].load();
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + slice)));
+      if (!client_id_.empty()) ctx.AddMetadata("ps-client-id", client_id_);
       if (!id.empty()) ctx.AddMetadata("ps-request-id", id);
       grpc::Status s = attempt(&ctx);
       const bool failover =
@@ -265,6 +271,7 @@ class ShardCalls {
 
  private:
   const std::vector<std::vector<std::string>> replicas_;
+  const std::string client_id_;
   const absl::Duration rpc_timeout_;
   const absl::Duration wait_slice_;
   const std::function<absl::Status()> wait_check_;
