@@ -792,9 +792,9 @@ class CheckpointTest(ClusterTestCase):
 
 
 class OwnRestoreTest(ClusterTestCase):
-    """Alone in its cluster: a checkpoint asked for before the tables passed the newest one's
-    step answers that one (Checkpointer::CheckpointLocked), which would lack this test's
-    table."""
+    """A cluster of its own: a checkpoint asked for before the tables pass the newest one's
+    step answers that one, marked earlier; after another class's BSP tables it would
+    lack these tests' tables."""
     data_dir = True
 
     def test_restore_is_refused_under_another_clients_workers(self) -> None:
@@ -831,6 +831,17 @@ class OwnRestoreTest(ClusterTestCase):
         finally:
             other.close()
 
+
+    def test_a_checkpoint_the_tables_did_not_pass_says_it_is_earlier(self) -> None:
+        """Checkpoints are named by step: asked again before the tables pass the newest
+        one's step, the coordinator answers that one, now marked earlier (it was answered
+        as if new, without what changed since at that step)."""
+        c = self.cluster
+        first = c.checkpoint()
+        again = c.checkpoint()
+        self.assertEqual(again["step"], first["step"])
+        self.assertTrue(again["earlier"])
+        self.assertFalse(c.checkpoints()[-1]["earlier"], "the manifest's record is unmarked")
 
 class RestoreGuardTest(unittest.TestCase):
     """A restore counts the calls of every client but the caller and the ps_worker members

@@ -1074,10 +1074,18 @@ class Cluster:
     def checkpoint(self, metric: Optional[float] = None,
                    timeout: Optional[float] = None) -> dict:
         """A cluster checkpoint now (the coordinator snapshots every shard at the step the
-        tables reached and answers once every snapshot is durable): {step, metric, ...}."""
+        tables reached and answers once every snapshot is durable): {step, metric, ...}.
+        Checkpoints are named by step: while the tables have not passed the newest one's
+        step, that one is answered with earlier=True (said on stderr), and what changed
+        since at that step (ASP pushes of earlier steps, new tables) is not in it."""
         req = coordinator_pb2.CheckpointRequest(has_metric=metric is not None,
                                                 metric=metric or 0.0)
-        return _to_dict(self._coord("Checkpoint", req, timeout))
+        record = self._coord("Checkpoint", req, timeout)
+        if record.earlier:
+            print(f"pscluster: no new checkpoint: the tables have not passed step "
+                  f"{record.step}, the newest checkpoint's (what changed since at that step "
+                  "is not in it; train past it, then checkpoint)", file=sys.stderr, flush=True)
+        return _to_dict(record)
 
     def checkpoints(self) -> List[dict]:
         """The complete cluster checkpoints, ascending step."""

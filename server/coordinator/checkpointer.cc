@@ -187,7 +187,11 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
       auto reached = (*shards)->CheckpointStep();
       if (!reached.ok()) return reached.status();
       step = *reached;
-      if (!checkpoints_.empty() && step <= checkpoints_.back().step()) return checkpoints_.back();
+      if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
+        Checkpoint newest = checkpoints_.back();
+        newest.set_earlier(true);
+        return newest;
+      }
     }
     // Our retention, decided before the shards write: they keep exactly what we will list.
     request.clear_keep_steps();
