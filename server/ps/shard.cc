@@ -221,14 +221,17 @@ Shard::Seen& Shard::SeenLocked(int32_t worker_id, const std::string& client) con
   auto key = std::make_pair(worker_id, client);
   auto it = seen_.find(key);
   if (it != seen_.end()) return it->second;
-  if (seen_.size() >= kMaxSeen) {  // forget the pair idle longest (hostile ids stay bounded)
-    auto oldest = seen_.end();
+  if (seen_.size() >= kMaxSeen) {
+    // Forget the idle half that was seen longest ago, at once: a hostile client naming a
+    // new id on every call costs a scan per kMaxSeen / 2 calls, not per call.
+    std::vector<decltype(seen_)::iterator> idle;
     for (auto i = seen_.begin(); i != seen_.end(); ++i) {
-      if (i->second.calls == 0 && (oldest == seen_.end() || i->second.last < oldest->second.last)) {
-        oldest = i;
-      }
+      if (i->second.calls == 0) idle.push_back(i);
     }
-    if (oldest != seen_.end()) seen_.erase(oldest);
+    const auto older = [](auto a, auto b) { return a->second.last < b->second.last; };
+    const size_t forget = std::min(idle.size(), kMaxSeen / 2);
+    std::nth_element(idle.begin(), idle.begin() + forget, idle.end(), older);
+    for (size_t i = 0; i < forget; ++i) seen_.erase(idle[i]);
   }
   return seen_[key];
 }

@@ -107,8 +107,8 @@ class Shard {
   long double DenseBytes(const TableSpec& spec) const;
 
   const ShardOptions options_;
-  // Each worker's calls by client (Stats' idle_ms and calls); at most kMaxSeen pairs, the
-  // ones idle longest forgotten first.
+  // Each worker's calls by client (Stats' idle_ms and calls); at most kMaxSeen pairs: when
+  // full, the idle half seen longest ago is forgotten.
   struct Seen {
     absl::Time last;  // when a call last began or ended
     int calls = 0;    // in progress
