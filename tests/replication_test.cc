@@ -130,6 +130,24 @@ TEST_F(ReplicationTest, ReplicasHoldTheSameStateAndChangeNothingInTheResult) {
   }
 }
 
+// A collective mode writes its state into the shards (rank 0 at every epoch's end, and the
+// switch into ps mode), each table's import making its chain the head alone first. The
+// tables were imported concurrently, and every import but the first was refused (their
+// shrinks named a stale chain epoch): the first epoch's end failed the run with replicas.
+TEST_F(ReplicationTest, CollectiveModesWriteIntoReplicatedShardsAsIntoOne) {
+  ClusterOptions o = Replicated(2);
+  o.mode = "allreduce";
+  o.epochs = 3;
+  o.switches = {absl::StrCat(kStepsPerEpoch + kStepsPerEpoch / 2, ":ps")};
+  ClusterOptions single = o;
+  single.replicas = 1;
+  const std::vector<std::string> clean =
+      Cluster(::testing::TempDir() + "/collective_unreplicated", single).Finish();
+  Cluster cluster(::testing::TempDir() + "/collective_replicated", o);
+  ExpectNoRollbackAndSameParameters(cluster.Finish(), clean);
+  ExpectReplicasEqual(cluster, 2);
+}
+
 // A backup killed mid-training is replaced: the new process joins the live chain by a state
 // transfer from its tail while the others train, and ends holding the same state.
 TEST_F(ReplicationTest, ReplacementReplicaJoinsByStateTransferWhileTrainingGoesOn) {

@@ -1031,21 +1031,25 @@ class Cluster:
 
     def wait_for_chains(self, timeout: Optional[float] = None) -> bool:
         """Replicated shards (ps_coordinator --replicas > 1): waits (bounded: `timeout`,
-        default the client's) until every shard's chain has all its replicas again, as
-        after set_dense or restore, which leave the head alone while the others copy its
-        state back: until then the head's death loses the shard. True when they have; False
-        (said on stderr) when the time ran out, or at once without a coordinator."""
+        default the client's) until every live replica of every shard is in its chain
+        again, as after set_dense or restore, which leave the head alone while the others
+        copy its state back: until then the head's death loses the shard (a replica that
+        died is not waited for). True when they are; False (said on stderr) when the time
+        ran out, or at once without a coordinator."""
         if self._coordinator is None:
             return False
 
-        def whole() -> Tuple[bool, Tuple[List[int], int]]:
+        def whole() -> Tuple[bool, List[int]]:
             v = self.view()
-            short = [c.shard for c in v.chains if len(c.replicas) < v.replicas]
-            return v.replicas <= 1 or not short, (short, v.replicas)
+            chains = {c.shard: set(c.replicas) for c in v.chains}
+            short = sorted({m.id for m in v.members
+                            if m.role == coordinator_pb2.SHARD and m.alive
+                            and m.id in chains and m.replica not in chains[m.id]})
+            return not short, short
 
-        done, (short, replicas) = self._poll(whole, timeout)
+        done, short = self._poll(whole, timeout)
         if not done:
-            print(f"pscluster: the chains of shard(s) {short} have not all their {replicas} "
+            print(f"pscluster: the chains of shard(s) {short} have not all their live "
                   "replicas again: a head lost now loses its shard", file=sys.stderr, flush=True)
         return done
 

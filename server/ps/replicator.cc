@@ -116,6 +116,7 @@ absl::Status Replicator::CheckHead() const {
 }
 
 absl::Status Replicator::StandAlone(absl::string_view what) {
+  absl::MutexLock serial(&stand_alone_mu_);
   int64_t epoch = 0;
   {
     absl::MutexLock lock(&mu_);

@@ -135,7 +135,9 @@ class Replicator {
   absl::Status CheckHead() const;
   // Before the head replaces its whole state (`what`: Restore, ImportDense), which the chain
   // does not carry as an update: the chain becomes the head alone (the coordinator's
-  // ShrinkChain), and the others join again by a state transfer of the new state.
+  // ShrinkChain), and the others join again by a state transfer of the new state. One at
+  // a time: concurrent imports of several tables shrank the chain of the epoch they had
+  // all read, and every one but the first was refused.
   absl::Status StandAlone(absl::string_view what);
   // Whether the chain is this replica alone with no joiner: checked again, and any joiner
   // dropped, once the caller holds `serving` exclusively (no transfer can start then).
@@ -224,6 +226,7 @@ class Replicator {
   int64_t learning_epoch_ ABSL_GUARDED_BY(mu_) = -1;  // a joiner: the epoch it joins
   absl::Mutex join_mu_;  // a tail's JoinedChain against dropping that joiner
   absl::Mutex transfer_mu_;
+  absl::Mutex stand_alone_mu_;  // StandAlone, one at a time (before mu_)
   absl::Notification stop_;
   std::thread joiner_;
   absl::Mutex stubs_mu_;

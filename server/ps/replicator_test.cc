@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -151,6 +152,44 @@ TEST(ReplicatorTest, AJoinerThatCannotHearTheCoordinatorIsTheTailItJoinedAs) {
   }
   EXPECT_EQ(joiner.Fingerprint(), head.Fingerprint());
   EXPECT_EQ(joiner.chain->CheckHead().code(), absl::StatusCode::kUnavailable);
+}
+
+// Imports of several tables run concurrently (ImportState), each making the chain its head
+// alone first: they shrank the chain of the epoch they had all read, and the coordinator
+// refused all but the first (every checkpoint of a collective mode failed with replicas).
+TEST(ReplicatorTest, ConcurrentStandAlonesShrinkTheChainOnce) {
+  Replica head(0);
+  absl::Mutex mu;
+  int64_t epoch = 2;
+  int calls = 0;
+  ReplicatorOptions o;
+  o.shrink = [&](int32_t replica, int64_t seen) -> absl::StatusOr<int64_t> {
+    absl::MutexLock lock(&mu);
+    if (++calls == 1) {  // the first waits (bounded) for another caller to come in too
+      mu.AwaitWithTimeout(absl::Condition(
+                              +[](int* n) { return *n > 1; }, &calls),
+                          absl::Seconds(2));
+    }
+    if (seen != epoch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "replica ", replica, " is not the head of chain epoch ", seen, " (it is at ", epoch,
+          ")"));
+    }
+    ++epoch;
+    head.chain->Update(ChainConfig{epoch, {0}, {head.address}, true});
+    return epoch;
+  };
+  head.Follow(o);
+  head.chain->Update(ChainConfig{2, {0, 1}, {head.address, "127.0.0.1:1"}, true});
+  absl::Status first, second;
+  std::thread a([&] { first = head.chain->StandAlone("ImportDense"); });
+  std::thread b([&] { second = head.chain->StandAlone("ImportDense"); });
+  a.join();
+  b.join();
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(second.ok()) << second;
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(calls, 1) << "the second found the chain the head alone already";
 }
 
 // A head cut off from its successor and from the coordinator alike (a network partition)

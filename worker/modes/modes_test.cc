@@ -286,5 +286,38 @@ TEST(RollbackModeTest, ASwitchReplayedAfterARollbackIsListedOnce) {
   EXPECT_EQ(done[0].seconds, 0.125);
 }
 
+// After an import each head stands alone until its live backups copied the state back; a
+// backup that died is not waited for (it would stall every checkpoint by rpc_timeout).
+TEST(ShortChainsTest, AChainIsShortWhileALiveReplicaOfItsShardIsOutOfIt) {
+  coord::ClusterView v;
+  v.set_replicas(2);
+  auto chain = [&](int32_t shard, std::vector<int32_t> replicas) {
+    coord::Chain* c = v.add_chains();
+    c->set_shard(shard);
+    for (int32_t r : replicas) c->add_replicas(r);
+  };
+  auto member = [&](int32_t shard, int32_t replica, bool alive) {
+    coord::Member* m = v.add_members();
+    m->set_role(coord::SHARD);
+    m->set_id(shard);
+    m->set_replica(replica);
+    m->set_alive(alive);
+  };
+  chain(0, {1});  // the head alone: replica 0 copies the state back
+  chain(1, {0});  // alone too, but its other replica died
+  chain(2, {0, 1});
+  for (int32_t s = 0; s < 3; ++s) member(s, 0, true);
+  member(0, 1, true);
+  member(1, 1, false);
+  member(2, 1, true);
+  coord::Member* worker = v.add_members();
+  worker->set_role(coord::WORKER);
+  worker->set_id(0);
+  worker->set_alive(true);
+  EXPECT_EQ(ShortChains(v), std::vector<int32_t>({0}));
+  v.mutable_chains(0)->add_replicas(0);
+  EXPECT_TRUE(ShortChains(v).empty());
+}
+
 }  // namespace
 }  // namespace pscluster::modes

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +114,9 @@ struct PlacementContext {
   collective::Communicator* comm = nullptr;    // collective modes (size() == world)
   ParameterStore* ps = nullptr;                // PS mode (PsClient; in-process in tests)
   const core::Optimizer* optimizer = nullptr;  // collective modes (PS: the tables' own)
+  // PS, rank 0, after it imported a state into the tables (Load): waits until replicated
+  // shards hold it on every live replica (Trainer::AwaitWholeChains). Unset: no wait.
+  std::function<void()> after_import;
 };
 
 class Placement {

@@ -41,6 +41,7 @@ class PsPlacement final : public Placement {
     pulled_ = -1;
     if (ctx_.rank == 0) {  // one writer; the tables then stand at `step`
       RETURN_IF_ERROR(ImportState(ctx_.ps, spec_, state, step));
+      if (ctx_.after_import) ctx_.after_import();
     }
     // Nobody pulls step `step` before the import landed.
     return ctx_.comm != nullptr ? ctx_.comm->Barrier() : absl::OkStatus();

@@ -60,6 +60,21 @@ bool ShardHolds(const coord::ClusterView& view, int32_t shard) {
   return false;
 }
 
+std::vector<int32_t> ShortChains(const coord::ClusterView& view) {
+  std::vector<int32_t> out;
+  for (const coord::Chain& chain : view.chains()) {
+    for (const coord::Member& m : view.members()) {
+      if (m.role() == coord::SHARD && m.id() == chain.shard() && m.alive() &&
+          std::find(chain.replicas().begin(), chain.replicas().end(), m.replica()) ==
+              chain.replicas().end()) {
+        out.push_back(chain.shard());
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // The training flags every worker of a run must share beyond what the tables' specs hold

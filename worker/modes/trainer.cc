@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/crc32c.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
@@ -195,6 +196,7 @@ PlacementContext Trainer::Context() const {
   c.comm = comm_.get();
   c.ps = timed_ps_.get();
   c.optimizer = optimizer_.get();
+  c.after_import = [this] { AwaitWholeChains(); };
   return c;
 }
 
@@ -202,7 +204,30 @@ absl::Status Trainer::Publish(int64_t step) {
   if (placement_->mode() == coord::PS || client_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(ModelState state, placement_->Gather(step, /*with_slots=*/true));
   if (options_.rank != 0) return absl::OkStatus();
-  return ImportState(client_.get(), model_->spec(), state, step);
+  RETURN_IF_ERROR(ImportState(client_.get(), model_->spec(), state, step));
+  AwaitWholeChains();
+  return absl::OkStatus();
+}
+
+void Trainer::AwaitWholeChains() const {
+  if (options_.coordinator == nullptr || view_.replicas() <= 1) return;
+  const absl::Time end = absl::Now() + options_.rpc_timeout;
+  int64_t version = 0;
+  std::vector<int32_t> short_chains;
+  while (absl::Now() < end) {
+    absl::StatusOr<coord::ClusterView> v =
+        options_.coordinator->AwaitView(version, /*complete=*/false, end - absl::Now());
+    if (!v.ok()) break;  // the time ran out (or the coordinator is gone: said below)
+    short_chains = ShortChains(*v);
+    if (short_chains.empty()) return;
+    version = v->version() + 1;  // the next change: a backup joining
+  }
+  std::printf(
+      "worker %d: the chains of shard(s) %s have not all their live replicas again after "
+      "the import (%s): a head lost now loses its shard\n",
+      options_.rank, absl::StrJoin(short_chains, ", ").c_str(),
+      absl::FormatDuration(options_.rpc_timeout).c_str());
+  std::fflush(stdout);
 }
 
 absl::Status Trainer::CheckpointMidEpoch(int64_t step, TrainSummary* summary) {

@@ -172,6 +172,10 @@ class Trainer {
   absl::Status MaybeSwitch(int64_t step, TrainSummary* summary);
   // The collective modes' checkpoint path: the state before `step` into the shards.
   absl::Status Publish(int64_t step);
+  // Rank 0 after an import into replicated shards, which leaves each head alone until its
+  // live backups have copied the state back: waits for that (ShortChains), up to
+  // rpc_timeout, saying so if it runs out.
+  void AwaitWholeChains() const;
   // Rank 0, every --snapshot_every_epochs: a cluster checkpoint through the coordinator.
   void RequestCheckpoint(int64_t epoch, TrainSummary* summary);
   // The collective modes, at a multiple of the coordinator's checkpoint_every_steps that
@@ -234,5 +238,8 @@ std::string Generation(const coord::ClusterView& view);
 bool PeerFailure(const absl::Status& s);
 // Whether shard `shard`'s chain still has a live replica (its state is not lost).
 bool ShardHolds(const coord::ClusterView& view, int32_t shard);
+// The shards whose chain lacks a live replica of theirs (one copying the head's state back,
+// as after an import or a restore): until it joins, the head's death loses the shard.
+std::vector<int32_t> ShortChains(const coord::ClusterView& view);
 
 }  // namespace pscluster::modes
