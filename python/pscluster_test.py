@@ -844,36 +844,23 @@ class OwnRestoreTest(ClusterTestCase):
         self.assertFalse(c.checkpoints()[-1]["earlier"], "the manifest's record is unmarked")
 
 class RestoreGuardTest(unittest.TestCase):
-    """A restore counts the calls of every client but the caller and the ps_worker members
-    (told apart by the ps-client-id each client sends), a call waiting in a shard too."""
+    """A restore counts the calls of every client but the caller (told apart by the
+    ps-client-id each client sends), a call waiting in a shard too."""
 
     def test_a_restore_counts_other_clients_by_id_and_their_waiting_calls(self) -> None:
         from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc
         with tempfile.TemporaryDirectory(prefix="pscluster_guard_") as tmp, \
                 contextlib.ExitStack() as stack:
-            local = LocalCluster(num_shards=1, num_workers=1, data_dir=tmp,
-                                 coordinator_args=["--heartbeat_timeout_ms=2000"])
+            local = LocalCluster(num_shards=1, data_dir=tmp)
             stack.callback(local.stop)
-            admin, member, other = (
+            admin, other = (
                 stack.enter_context(pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT))
-                for _ in range(3))
+                for _ in range(2))
             t = admin.create_dense("guard", 8, optimizer="sgd", learning_rate=1.0,
                                    consistency="bsp")
             admin.register_worker(0)
             admin.register_worker(1)  # it never pushes: a pull at step 1 waits in the shard
-            # `member` stands in for ps_worker rank 0: registered with its client id.
-            channel = stack.enter_context(grpc.insecure_channel(local.coordinator))
-            coordinator_pb2_grpc.CoordinatorStub(channel).Register(coordinator_pb2.RegisterRequest(
-                role=coordinator_pb2.WORKER, id=0, client_id=member.client_id),
-                timeout=RPC_TIMEOUT)
             step = admin.checkpoint()["step"]
-
-            def rank0_alive() -> Tuple[bool, bool]:
-                alive = any(m.alive for m in admin.view().members
-                            if m.role == coordinator_pb2.WORKER)
-                return not alive, alive
-
-            self.assertFalse(admin._poll(rank0_alive, 30.0)[1], "rank 0 was never declared dead")
 
             def calls() -> Tuple[bool, int]:  # worker 0's calls in progress
                 n = sum(w.calls for s in admin.stats() for w in s.workers if w.worker_id == 0)
@@ -884,20 +871,25 @@ class RestoreGuardTest(unittest.TestCase):
                 self.assertTrue(admin._poll(calls, RPC_TIMEOUT)[0], "the pull never waited")
                 return pull
 
-            # The member's own calls are its liveness's business (it is dead): not refused.
-            pull = waiting(member)
+            # The caller's own waiting pull does not count; the restore ends it, naming it.
+            pull = waiting(admin)
             admin.restore(step)
             with self.assertRaises(pscluster.PsError) as e:
                 pull.result(timeout=RPC_TIMEOUT)
             self.assertEqual(e.exception.code, grpc.StatusCode.ABORTED)
             self.assertIn("rolled back to its snapshot of step", e.exception.message)
-            # Another client's pull waits as worker 0, rank 0's id (a dead member's id
-            # exempted it before): refused, naming the call in progress.
+            # Another client's does (it looked idle: its call began long ago), named as a
+            # call in progress, and to a caller without an id (psctl) as well.
             pull = waiting(other)
             with self.assertRaises(pscluster.PsError) as e:
                 admin.restore(step)
             self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
             self.assertIn("worker 0 (1 call(s) now)", e.exception.message)
+            channel = stack.enter_context(grpc.insecure_channel(local.coordinator))
+            with self.assertRaises(grpc.RpcError) as raw:
+                coordinator_pb2_grpc.CoordinatorStub(channel).RestoreCheckpoint(
+                    coordinator_pb2.RestoreCheckpointRequest(step=step), timeout=RPC_TIMEOUT)
+            self.assertEqual(raw.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
             admin.restore(step, force=True)
             with self.assertRaises(pscluster.PsError) as e:
                 pull.result(timeout=RPC_TIMEOUT)

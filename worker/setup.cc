@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/ps/ps_client.h"
 #include "common/host_name.h"
 #include "common/status_macros.h"
 #include "common/training_mode.h"
@@ -89,8 +88,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     co.id = o.rank;
     co.group_size = o.world;
     co.security = o.security;
-    o.client_id = NewClientId();
-    co.client_id = o.client_id;
     // Which process this member is, for operators: host name and pid (pid 1 in a container).
     const std::string host = HostName();
     co.address = absl::StrCat(host.empty() ? "?" : host, "/pid:", getpid());

@@ -26,7 +26,6 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
   req.set_address(options.address);
   req.set_replica(options.replica);
   req.set_group_size(options.group_size);
-  req.set_client_id(options.client_id);
   if (options.limits) *req.mutable_limits() = *options.limits;
   coord::RegisterResponse resp;
   absl::Duration backoff = absl::Milliseconds(100);

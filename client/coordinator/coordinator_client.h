@@ -30,7 +30,6 @@ struct CoordinatorClientOptions {
   std::string address;     // where this member serves ("" for none)
   // Workers: what their model can run (the coordinator refuses switches it cannot take).
   std::optional<coord::ModeLimits> limits;
-  std::string client_id;  // workers: the ps-client-id of their PsClient (RegisterRequest)
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration register_timeout = absl::Minutes(1);  // waits for the coordinator to start
   // A member's calls retry this long while the coordinator is unreachable (restarting).

@@ -223,12 +223,13 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   return c;
 }
 
-absl::Status Checkpointer::RefuseUnderActiveClients(const ClusterView& view, PsClient& shards,
+absl::Status Checkpointer::RefuseUnderActiveClients(PsClient& shards,
                                                      const std::string& client_id) {
-  std::vector<std::string> except = {client_id};  // and the members (the view tells of them)
-  for (const Member& m : view.members()) {
-    if (m.role() == WORKER && !m.client_id().empty()) except.push_back(m.client_id());
-  }
+  // Every client's calls but the caller's: the live ps_workers refused the restore already,
+  // and those that ended (or died) ended their calls then. A client without an id (psctl,
+  // an older client) names no calls of its own.
+  std::vector<std::string> except;
+  if (!client_id.empty()) except.push_back(client_id);
   ASSIGN_OR_RETURN(std::vector<ps::StatsResponse> stats, shards.Stats(except));
   struct Active {
     int64_t idle_ms;
@@ -259,9 +260,9 @@ absl::Status Checkpointer::RefuseUnderActiveClients(const ClusterView& view, PsC
                                 : absl::StrCat("worker ", w, " (", a.idle_ms, " ms ago)"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "other clients (no ps_worker of this cluster: Python workers?) push and pull as ",
-      absl::StrJoin(named, ", "),
-      ": rolling the tables back under them would mix two runs. Stop them first (then wait ",
+      "other clients push and pull as ", absl::StrJoin(named, ", "),
+      " (Python workers, or ps_workers that just ended): rolling the tables back under them "
+      "would mix two runs. Stop them first (then wait ",
       absl::ToInt64Milliseconds(options_.client_active),
       " ms), or force it (psctl restore --force)"));
 }
@@ -290,7 +291,7 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
         "restored), or force it (psctl restore --force)"));
   }
   ASSIGN_OR_RETURN(auto shards, PsClient::Create(ShardsOf(view, options_)));
-  if (!force) RETURN_IF_ERROR(RefuseUnderActiveClients(view, *shards, client_id));
+  if (!force) RETURN_IF_ERROR(RefuseUnderActiveClients(*shards, client_id));
   RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
   checkpoints_.erase(std::next(it), checkpoints_.end());
   RETURN_IF_ERROR(WriteManifest());

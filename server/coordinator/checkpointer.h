@@ -67,11 +67,9 @@ class Checkpointer {
   absl::StatusOr<Checkpoint> Restore(int64_t step, bool force, const std::string& client_id = "");
 
  private:
-  // FAILED_PRECONDITION naming the worker ids some client other than `client_id` and the
-  // WORKER members of `view` pushed or pulled as on some shard within client_active, or
-  // does now (the members' liveness the view tells).
-  absl::Status RefuseUnderActiveClients(const ClusterView& view, PsClient& shards,
-                                        const std::string& client_id);
+  // FAILED_PRECONDITION naming the worker ids some client other than `client_id` pushed or
+  // pulled as on some shard within client_active, or does now.
+  absl::Status RefuseUnderActiveClients(PsClient& shards, const std::string& client_id);
   Checkpointer(ClusterState* cluster, CheckpointerOptions options);
   // At `at` (only there, once), or at the step the tables reached (CheckpointStep).
   absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric,

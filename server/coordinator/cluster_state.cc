@@ -114,11 +114,6 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
         r.role() == SHARD ? " (each shard's key ranges follow the number of shards)"
                           : " (each worker's share of the data follows the number of workers)"));
   }
-  if (r.client_id().size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        RoleName(r.role()), " ", r.id(), ": client_id has ", r.client_id().size(),
-        " bytes; at most 64 (the shards keep that much of a ps-client-id)"));
-  }
   if (r.role() == SHARD && r.address().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", r.id(), " registered without an address"));
@@ -144,7 +139,6 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
     if (options_.replicas == 1 && m->address() != r.address()) shard_map_version_ = version_ + 1;
   }
   m->set_address(r.address());
-  m->set_client_id(r.client_id());
   if (r.has_limits()) {
     *m->mutable_limits() = r.limits();
   } else {

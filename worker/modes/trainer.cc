@@ -92,7 +92,6 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   co.worker_id = options_.rank;
   co.rpc_timeout = options_.rpc_timeout;
   co.security = options_.security;
-  co.client_id = options_.client_id;
   if (options_.coordinator != nullptr) co.wait_check = [this] { return CheckLiveness(); };
   co.wait_slice = kWaitSlice;
   ASSIGN_OR_RETURN(client_, PsClient::Create(co));

@@ -81,9 +81,6 @@ struct TrainerOptions {
   // Prometheus metrics of this worker (not owned; null: none).
   WorkerMetrics* metrics = nullptr;
   Security security;  // TLS and token of the calls to the shards
-  // The ps-client-id of the calls to the shards (empty: a random one), as registered with
-  // the coordinator: a restore tells this member's calls from other clients' by it.
-  std::string client_id;
 };
 
 struct SwitchDone {
