@@ -36,7 +36,7 @@ import numpy as np
 
 import pscluster
 from pscluster.local import LocalCluster, find_binary
-from pscluster.proto import ps_pb2
+from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2
 
 RPC_TIMEOUT = 10.0
 # //python:client_pure_test runs this file with --pure: the dense calls on grpc-python.
@@ -848,7 +848,6 @@ class RestoreGuardTest(unittest.TestCase):
     ps-client-id each client sends), a call waiting in a shard too."""
 
     def test_a_restore_counts_other_clients_by_id_and_their_waiting_calls(self) -> None:
-        from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc
         with tempfile.TemporaryDirectory(prefix="pscluster_guard_") as tmp, \
                 contextlib.ExitStack() as stack:
             local = LocalCluster(num_shards=1, data_dir=tmp)
@@ -894,6 +893,64 @@ class RestoreGuardTest(unittest.TestCase):
             with self.assertRaises(pscluster.PsError) as e:
                 pull.result(timeout=RPC_TIMEOUT)
             self.assertEqual(e.exception.code, grpc.StatusCode.ABORTED)
+
+
+    def test_a_restore_some_shards_took_says_which_and_drops_the_later_checkpoints(self):
+        """Shard 1 killed: a forced restore rolls shard 0 back (deleting its later snapshots)
+        and fails on shard 1. It says which shards rolled back, and the manifest drops the
+        later checkpoints (it kept them, and one was answered that no shard could restore);
+        once the shard is declared dead a restore is refused before any shard is touched."""
+        with tempfile.TemporaryDirectory(prefix="pscluster_partial_") as tmp, \
+                contextlib.ExitStack() as stack:
+            local = LocalCluster(num_shards=2, data_dir=tmp,
+                                 coordinator_args=["--heartbeat_timeout_ms=2000"])
+            stack.callback(local.stop)
+            c = stack.enter_context(pscluster.connect(local.coordinator, timeout=RPC_TIMEOUT))
+            t = c.create_dense("partial", 64, optimizer="sgd", learning_rate=1.0,
+                               consistency="asp")
+            c.push_dense(t, np.ones(64, F32), step=0)
+            first = c.checkpoint()["step"]
+            c.push_dense(t, np.ones(64, F32), step=1)
+            self.assertGreater(c.checkpoint()["step"], first)
+            local.shards[1].kill()
+            with self.assertRaises(pscluster.PsError) as e:
+                c.restore(first, force=True)
+            self.assertIn(f"shard(s) 0 did roll back to step {first}", e.exception.message)
+            self.assertEqual([k["step"] for k in c.checkpoints()], [first])
+
+            def shard1_dead() -> Tuple[bool, None]:
+                return not any(m.alive for m in c.view().members
+                               if m.role == coordinator_pb2.SHARD and m.id == 1), None
+
+            self.assertTrue(c._poll(shard1_dead, 30.0)[0], "shard 1 was never declared dead")
+            with self.assertRaises(pscluster.PsError) as e:
+                c.restore(first, force=True)
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("shard(s) 1 have no live replica", e.exception.message)
+
+
+    def test_a_worker_a_restore_made_the_shards_forget_registers_again(self) -> None:
+        """Another client restored to a checkpoint from before this Cluster's worker
+        registered: its next call fails saying so, and the one after registers it again."""
+        with tempfile.TemporaryDirectory(prefix="pscluster_forgot_") as tmp, \
+                contextlib.ExitStack() as stack:
+            local = LocalCluster(num_shards=2, data_dir=tmp)
+            stack.callback(local.stop)
+            admin, c = (stack.enter_context(pscluster.connect(local.coordinator,
+                                                              timeout=RPC_TIMEOUT))
+                        for _ in range(2))
+            t = admin.create_dense("forgot", 64, optimizer="sgd", learning_rate=1.0,
+                                   consistency="asp")
+            step = admin.checkpoint()["step"]
+            g = np.ones(64, F32)
+            c.push_dense(t, g, step=0, worker=5)  # registers 5, after the checkpoint
+            admin.restore(step, force=True)
+            with self.assertRaises(pscluster.PsError) as e:
+                c.push_dense(t, g, step=0, worker=5)
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("the shard forgot it", e.exception.message)
+            c.push_dense(t, g, step=0, worker=5)
+            self.assertEqual(c.clock(5), 1)
 
 
 class AspCheckpointTest(ClusterTestCase):

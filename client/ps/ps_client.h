@@ -140,7 +140,9 @@ class PsClient final : public ParameterStore {
   absl::StatusOr<int64_t> CheckpointStep();
   // Rolls every shard back to snapshot `step` in place; `drop_later`: and deletes their
   // snapshots of later steps (RestoreRequest.drop_later).
-  absl::Status Restore(int64_t step, bool drop_later = false);
+  // rolled_back (optional): the shards that did, also when others failed.
+  absl::Status Restore(int64_t step, bool drop_later = false,
+                       std::vector<int>* rolled_back = nullptr);
 
   // The stub of one shard, for callers that need an RPC this class does not wrap.
   ps::ParameterServer::Stub* stub(int shard) { return calls_.stub(shard); }

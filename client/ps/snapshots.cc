@@ -78,7 +78,7 @@ absl::StatusOr<int64_t> PsClient::CheckpointStep() {
   return bsp >= 0 ? bsp : other;
 }
 
-absl::Status PsClient::Restore(int64_t step, bool drop_later) {
+absl::Status PsClient::Restore(int64_t step, bool drop_later, std::vector<int>* rolled_back) {
   ps::RestoreRequest req;
   req.set_step(step);
   req.set_drop_later(drop_later);
@@ -97,6 +97,7 @@ absl::Status PsClient::Restore(int64_t step, bool drop_later) {
       failed = &each[s];
     }
   }
+  if (rolled_back != nullptr) *rolled_back = done;
   if (failed == nullptr || done.empty()) return failed == nullptr ? absl::OkStatus() : *failed;
   // Some shards rolled back and others did not: the tables are of two timelines now.
   return absl::Status(

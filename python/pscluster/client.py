@@ -293,6 +293,7 @@ class Cluster:
         self._specs: Dict[int, ps_pb2.TableSpec] = {}
         self._names: Dict[str, int] = {}
         self._registered: set = set()
+        self._forgotten: set = set()  # registered, then a shard forgot them (_forgot_worker)
         if native is None:
             native = _native is not None and os.environ.get("PSCLUSTER_NATIVE", "1") != "0"
         if native and _native is None:
@@ -407,18 +408,21 @@ class Cluster:
 
     def _forgot_worker(self, code: grpc.StatusCode, message: str) -> str:
         """A shard that does not know a worker this Cluster registered (a restore rolled
-        it back to a snapshot from before): the next call of the worker registers it again
-        (nothing re-sent here: a push may have landed on the other shards). The message,
-        saying so."""
+        it back to a snapshot from before, or another client unregistered it): the next
+        call of the worker registers it again (nothing re-sent here: a push may have landed
+        on the other shards). The message, saying so (each shard's error of that call)."""
         forgot = _NOT_REGISTERED.search(message)
         if code != grpc.StatusCode.FAILED_PRECONDITION or not forgot:
             return message
+        worker = int(forgot.group(1))
         with self._lock:
-            if int(forgot.group(1)) not in self._registered:
+            if worker not in self._registered and worker not in self._forgotten:
                 return message
-            self._registered.discard(int(forgot.group(1)))
-        return (message + " (the shard forgot it: restored to a snapshot from before it "
-                "registered; this Cluster registers it again on its next call)")
+            self._registered.discard(worker)
+            self._forgotten.add(worker)
+        return (message + " (the shard forgot it: a restore to a snapshot from before it "
+                "registered, or another client unregistered it; this Cluster registers it "
+                "again on its next call)")
 
     def _each(self, fn: Callable[[int], T]) -> List[T]:
         """fn(shard) on every shard in parallel (shard 0 in the calling thread, as the C++
@@ -448,6 +452,7 @@ class Cluster:
             s, lambda stub: stub.RegisterWorker(req, timeout=self.timeout)))
         with self._lock:
             self._registered.add(worker)
+            self._forgotten.discard(worker)
 
     def _ensure_registered(self, worker: int) -> None:
         with self._lock:

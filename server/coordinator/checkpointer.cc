@@ -50,6 +50,24 @@ PsClientOptions ShardsOf(const ClusterView& view, const CheckpointerOptions& opt
   return o;
 }
 
+// The shards of `view` whose chain holds no live replica.
+std::vector<int32_t> DeadShards(const ClusterView& view) {
+  std::vector<int32_t> dead;
+  for (int32_t s = 0; s < view.shard_addresses_size(); ++s) {
+    bool alive = false;
+    for (const Chain& chain : view.chains()) {
+      for (int32_t r : chain.replicas()) {
+        for (const Member& m : view.members()) {
+          alive |= chain.shard() == s && m.role() == SHARD && m.id() == s && m.replica() == r &&
+                   m.alive();
+        }
+      }
+    }
+    if (!alive) dead.push_back(s);
+  }
+  return dead;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(ClusterState* cluster,
@@ -268,7 +286,8 @@ absl::Status Checkpointer::RefuseUnderActiveClients(PsClient& shards,
 }
 
 absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
-                                                 const std::string& client_id) {
+                                                 const std::string& client_id,
+                                                 absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto it = std::find_if(checkpoints_.begin(), checkpoints_.end(),
                          [&](const Checkpoint& c) { return c.step() == step; });
@@ -290,11 +309,30 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
         "them would mix two runs. Stop them first (restarted, they resume from the checkpoint "
         "restored), or force it (psctl restore --force)"));
   }
-  ASSIGN_OR_RETURN(auto shards, PsClient::Create(ShardsOf(view, options_)));
+  if (std::vector<int32_t> dead = DeadShards(view); !dead.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard(s) ", absl::StrJoin(dead, ", "),
+        " have no live replica (psctl status): nothing was restored; restore once they are "
+        "back"));
+  }
+  PsClientOptions o = ShardsOf(view, options_);
+  // Within the caller's deadline, so that it hears which shards rolled back (a shard that
+  // does not answer, stopped, may still roll back later: restoring again mends it).
+  o.rpc_timeout = std::max(absl::Seconds(1),
+                           std::min(o.rpc_timeout, deadline - absl::Now() - absl::Seconds(1)));
+  ASSIGN_OR_RETURN(auto shards, PsClient::Create(o));
   if (!force) RETURN_IF_ERROR(RefuseUnderActiveClients(*shards, client_id));
-  RETURN_IF_ERROR(shards->Restore(step, /*drop_later=*/true));
+  std::vector<int> rolled_back;
+  const absl::Status restored = shards->Restore(step, /*drop_later=*/true, &rolled_back);
+  if (!restored.ok() && rolled_back.empty()) return restored;
+  // Some shard rolled back and deleted its later snapshots: the later checkpoints are gone,
+  // also when another shard failed (it is restored to `step` again, which stays listed).
   checkpoints_.erase(std::next(it), checkpoints_.end());
   RETURN_IF_ERROR(WriteManifest());
+  if (!restored.ok()) {
+    cluster_->SetCheckpoints(checkpoints_);
+    return restored;
+  }
   cluster_->RolledBackTo(step, checkpoints_);
   std::printf(
       "ps_coordinator: every shard rolled back to the checkpoint of step %lld; the "

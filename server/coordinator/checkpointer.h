@@ -64,7 +64,9 @@ class Checkpointer {
   // FAILED_PRECONDITION while workers are alive, or other clients push or pull as workers
   // (within options' client_active, or now), unless `force`. client_id: the caller's
   // ps-client-id (its own calls do not count).
-  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force, const std::string& client_id = "");
+  // deadline: the caller's (the shards' calls end before it).
+  absl::StatusOr<Checkpoint> Restore(int64_t step, bool force, const std::string& client_id = "",
+                                     absl::Time deadline = absl::InfiniteFuture());
 
  private:
   // FAILED_PRECONDITION naming the worker ids some client other than `client_id` pushed or

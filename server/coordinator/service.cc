@@ -116,7 +116,7 @@ grpc::Status CoordinatorService::ReportSwitch(grpc::ServerContext*, const Report
   return Answer([&] { return cluster_->ReportSwitch(*req); }, resp);
 }
 
-grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
+grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext* ctx,
                                                    const RestoreCheckpointRequest* req,
                                                    ::pscluster::coord::Checkpoint* resp) {
   InFlightCounter::Scope scope(&in_flight_);
@@ -127,8 +127,10 @@ grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "client_id has ", req->client_id().size(), " bytes; a ps-client-id has at most 64")));
   }
-  return Answer([&] { return checkpointer_->Restore(req->step(), req->force(), req->client_id()); },
-                resp);
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  return Answer(
+      [&] { return checkpointer_->Restore(req->step(), req->force(), req->client_id(), deadline); },
+      resp);
 }
 
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
