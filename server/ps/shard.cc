@@ -210,10 +210,9 @@ Shard::Visit::~Visit() {
   current_visit = outer_;
   if (workers_.empty()) return;
   absl::MutexLock lock(&shard_->seen_mu_);
-  for (int32_t w : workers_) {
-    Seen& seen = shard_->SeenLocked(w, client_);
-    seen.calls--;
-    seen.last = absl::Now();
+  for (auto& [worker, seen] : workers_) {
+    seen->calls--;  // a record with calls in progress is never forgotten
+    seen->last = absl::Now();
   }
 }
 
@@ -222,16 +221,15 @@ Shard::Seen& Shard::SeenLocked(int32_t worker_id, const std::string& client) con
   auto it = seen_.find(key);
   if (it != seen_.end()) return it->second;
   if (seen_.size() >= kMaxSeen) {
-    // Forget the idle half that was seen longest ago, at once: a hostile client naming a
-    // new id on every call costs a scan per kMaxSeen / 2 calls, not per call.
-    std::vector<decltype(seen_)::iterator> idle;
-    for (auto i = seen_.begin(); i != seen_.end(); ++i) {
-      if (i->second.calls == 0) idle.push_back(i);
+    const absl::Time now = absl::Now();
+    if (now >= next_forget_) {  // a scan at most this often, however many ids come
+      next_forget_ = now + kForgetAfter / 600;
+      for (auto i = seen_.begin(); i != seen_.end();) {
+        i = i->second.calls == 0 && now - i->second.last >= kForgetAfter ? seen_.erase(i)
+                                                                         : std::next(i);
+      }
     }
-    const auto older = [](auto a, auto b) { return a->second.last < b->second.last; };
-    const size_t forget = std::min(idle.size(), kMaxSeen / 2);
-    std::nth_element(idle.begin(), idle.begin() + forget, idle.end(), older);
-    for (size_t i = 0; i < forget; ++i) seen_.erase(idle[i]);
+    if (seen_.size() >= kMaxSeen) return overflow_[worker_id];
   }
   return seen_[key];
 }
@@ -242,9 +240,10 @@ void Shard::Saw(int32_t worker_id) const {
   absl::MutexLock lock(&seen_mu_);
   Seen& seen = SeenLocked(worker_id, visit != nullptr ? visit->client_ : std::string());
   seen.last = absl::Now();
-  if (visit != nullptr && std::find(visit->workers_.begin(), visit->workers_.end(), worker_id) ==
-                              visit->workers_.end()) {
-    visit->workers_.push_back(worker_id);  // in a call until the visit ends
+  if (visit != nullptr &&
+      std::find_if(visit->workers_.begin(), visit->workers_.end(),
+                   [&](const auto& w) { return w.first == worker_id; }) == visit->workers_.end()) {
+    visit->workers_.emplace_back(worker_id, &seen);  // in a call until the visit ends
     seen.calls++;
   }
 }
@@ -273,6 +272,10 @@ StatsResponse Shard::Stats(const std::set<std::string>& except_clients) const {
       if (except_clients.count(it->first.second)) continue;
       last = std::max(last, it->second.last);
       calls += it->second.calls;
+    }
+    if (auto o = overflow_.find(w); o != overflow_.end()) {  // no client's to leave out
+      last = std::max(last, o->second.last);
+      calls += o->second.calls;
     }
     wc->set_calls(calls);
     wc->set_idle_ms(calls > 0                       ? 0

@@ -60,6 +60,11 @@ class Shard {
   absl::StatusOr<DenseTable*> GetDense(uint32_t table_id, int32_t worker_id) const;
   absl::StatusOr<SparseTable*> GetSparse(uint32_t table_id, int32_t worker_id) const;
 
+  // When a worker's calls of one client last began or ended, and how many are in progress.
+  struct Seen {
+    absl::Time last;
+    int calls = 0;
+  };
   // The calls of one handler of one client (ParameterServerService::Scope), on this thread
   // while it lives: every worker whose tables it gets (GetDense, GetSparse) counts as in a
   // call of `client` (a ps-client-id; "" unknown) until the Visit ends. Stats tells them.
@@ -75,7 +80,7 @@ class Shard {
     const Shard* const shard_;
     const std::string client_;
     Visit* const outer_;  // the visit this thread was in before (none: nullptr)
-    std::vector<int32_t> workers_;
+    std::vector<std::pair<int32_t, Seen*>> workers_;  // and the record each call counts in
   };
 
   // except_clients: leave their calls out of the workers' idle_ms and calls.
@@ -107,18 +112,19 @@ class Shard {
   long double DenseBytes(const TableSpec& spec) const;
 
   const ShardOptions options_;
-  // Each worker's calls by client (Stats' idle_ms and calls); at most kMaxSeen pairs: when
-  // full, the idle half seen longest ago is forgotten.
-  struct Seen {
-    absl::Time last;  // when a call last began or ended
-    int calls = 0;    // in progress
-  };
+  // Each worker's calls by client (Stats' idle_ms and calls), at most kMaxSeen pairs. When
+  // full, the pairs idle for kForgetAfter go (at most once a kForgetAfter / 600); with none
+  // to forget, a new pair's calls count in the worker's overflow record, which no client
+  // can leave out: a flood of client ids cannot hide another client's calls.
   static constexpr size_t kMaxSeen = 4096;
+  static constexpr absl::Duration kForgetAfter = absl::Minutes(10);
   void Saw(int32_t worker_id) const;
   Seen& SeenLocked(int32_t worker_id, const std::string& client) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(seen_mu_);
   mutable absl::Mutex seen_mu_;
   mutable std::map<std::pair<int32_t, std::string>, Seen> seen_ ABSL_GUARDED_BY(seen_mu_);
+  mutable std::map<int32_t, Seen> overflow_ ABSL_GUARDED_BY(seen_mu_);
+  mutable absl::Time next_forget_ ABSL_GUARDED_BY(seen_mu_) = absl::InfinitePast();
   mutable absl::Mutex mu_;
   std::set<int32_t> workers_ ABSL_GUARDED_BY(mu_);
   // Tables are never removed, so pointers handed out stay valid for the shard's lifetime.

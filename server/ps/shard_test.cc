@@ -376,18 +376,30 @@ TEST(ShardTest, VisitsTellWhoseCallsAreInProgress) {
     EXPECT_EQ(worker(shard.Stats({"a", "b"}), 0).idle_ms(), -1) << "no other client's calls";
   }
   EXPECT_EQ(worker(shard.Stats(), 0).calls(), 0);
-  // Hostile clients naming a new id on every call: the oldest idle pairs are forgotten, the
-  // newest and any in progress kept.
+  // A client naming a new id on every call: the pairs stay bounded, and no recent one is
+  // forgotten for it (a flood of ids hid other clients' calls from a restore); past the
+  // bound its calls count where no client can leave them out.
+  shard.RegisterWorker(2);
+  {
+    Shard::Visit visit(&shard, "real");
+    ASSERT_TRUE(shard.GetDense(1, 2).ok());
+  }
   Shard::Visit kept(&shard, "in progress");
   ASSERT_TRUE(shard.GetDense(1, 1).ok());
   for (int i = 0; i < 5000; ++i) {
     Shard::Visit visit(&shard, absl::StrCat("hostile ", i));
     ASSERT_TRUE(shard.GetDense(1, 0).ok());
   }
+  EXPECT_GE(worker(shard.Stats(), 2).idle_ms(), 0) << "the real client's call was forgotten";
+  EXPECT_EQ(worker(shard.Stats({"real"}), 2).idle_ms(), -1);
   EXPECT_EQ(worker(shard.Stats(), 1).calls(), 1);
   EXPECT_EQ(worker(shard.Stats({"in progress"}), 1).idle_ms(), -1);
-  EXPECT_EQ(worker(shard.Stats({"hostile 4999"}), 0).calls(), 0);
-  EXPECT_GE(worker(shard.Stats({"hostile 4999"}), 0).idle_ms(), 0) << "the others' are kept";
+  EXPECT_EQ(worker(shard.Stats(), 0).calls(), 0) << "every call counted ended";
+  {
+    Shard::Visit visit(&shard, "hostile 4999");  // past the bound: counted for all to see
+    ASSERT_TRUE(shard.GetDense(1, 0).ok());
+    EXPECT_EQ(worker(shard.Stats({"hostile 4999"}), 0).calls(), 1);
+  }
 }
 
 TEST(ShardTest, TableCreatedAfterWorkersRegisteredWaitsForThemUnderBsp) {
