@@ -996,7 +996,7 @@ class Cluster:
         return [list(r.snapshots) for r in self._each(lambda s: self._call(
             s, lambda stub: stub.ListSnapshots(req, timeout=self.timeout)))]
 
-    def restore(self, step: int, force: bool = False) -> None:
+    def restore(self, step: int, force: bool = False, timeout: Optional[float] = None) -> None:
         """Every shard back to its snapshot of `step` (a checkpoint: see checkpoints()),
         which becomes the newest: the coordinator drops the later checkpoints and the shards
         their snapshots, so checkpoints taken from here on are this run's. Refused while
@@ -1007,15 +1007,17 @@ class Cluster:
         again (wait_for_chains). Without a coordinator (Cluster.from_shards), the shards
         alone roll back and keep their later snapshots. The workers this Cluster registered
         are registered again before it returns (a snapshot from before one registered does
-        not know it)."""
+        not know it). `timeout`: of the shards' reading the snapshot back (default: the
+        client's, at least 10 minutes); one that runs out says which shards rolled back."""
         step = _whole(step, "step", 0, 2 ** 63 - 1)
+        timeout = max(self.timeout, 600.0) if timeout is None else timeout
         if self._coordinator is None:
             req = ps_pb2.RestoreRequest(step=step)
             self._each(lambda s: self._call(s, lambda stub: stub.Restore(
-                req, timeout=self.timeout)))
+                req, timeout=timeout)))
         else:
             self._coord("RestoreCheckpoint", coordinator_pb2.RestoreCheckpointRequest(
-                step=step, force=force, client_id=self.client_id))
+                step=step, force=force, client_id=self.client_id), timeout)
             # Replicated shards: each head is alone until its backups have copied the
             # restored state (its death then would lose the shard): back once they have.
             self.wait_for_chains()

@@ -118,7 +118,8 @@
 ABSL_FLAG(std::string, coordinator, "", "ps_coordinator address (host:port).");
 ABSL_FLAG(std::string, address, "",
           "health: the server to ask, a ps_server or the ps_coordinator (default: --coordinator).");
-ABSL_FLAG(int, timeout_seconds, 10, "Deadline of each RPC (checkpoint: of the whole write).");
+ABSL_FLAG(int, timeout_seconds, 10,
+          "Deadline of each RPC (checkpoint: of the whole write; restore: at least 600).");
 ABSL_FLAG(std::string, mode, "",
           "switch-mode: the mode to switch to (ps, allreduce, fsdp, pipeline, tensor).");
 ABSL_FLAG(int64_t, at_step, 0,
@@ -371,6 +372,8 @@ int Checkpoint(const std::string& address, const Security& security) {
   return kOk;
 }
 
+constexpr absl::Duration kRestoreTimeout = absl::Minutes(10);
+
 // Every shard back to a checkpoint of the manifest, which becomes the newest.
 int Restore(const std::string& address, const Security& security) {
   const std::optional<int64_t> given = absl::GetFlag(FLAGS_step);
@@ -381,7 +384,10 @@ int Restore(const std::string& address, const Security& security) {
                                       " is negative; give a checkpoint's step (psctl "
                                       "checkpoints lists them)"));
   }
-  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
+  // At least kRestoreTimeout: the shards read the whole snapshot back within this deadline
+  // (one that runs out says which shards rolled back).
+  const absl::Duration timeout =
+      std::max(kRestoreTimeout, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
   CoordinatorOperator op = Connect(address, security);
   absl::StatusOr<coord::Checkpoint> done = op.Restore(step, absl::GetFlag(FLAGS_force), timeout);
   if (!done.ok()) return Error(ExitCodeOf(done.status()), "restore: " + done.status().ToString());
