@@ -838,10 +838,13 @@ class OwnRestoreTest(ClusterTestCase):
         as if new, without what changed since at that step)."""
         c = self.cluster
         first = c.checkpoint()
-        again = c.checkpoint()
+        again = c.checkpoint(metric=0.5)
         self.assertEqual(again["step"], first["step"])
         self.assertTrue(again["earlier"])
         self.assertFalse(c.checkpoints()[-1]["earlier"], "the manifest's record is unmarked")
+        # A metric measured at that step is filed under it (it was dropped).
+        self.assertEqual((again["has_metric"], again["metric"]), (True, 0.5))
+        self.assertEqual(c.checkpoints()[-1]["metric"], 0.5)
 
 class RestoreGuardTest(unittest.TestCase):
     """A restore counts the calls of every client but the caller (told apart by the

@@ -206,9 +206,16 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
       if (!reached.ok()) return reached.status();
       step = *reached;
       if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
-        Checkpoint newest = checkpoints_.back();
-        newest.set_earlier(true);
-        return newest;
+        Checkpoint& newest = checkpoints_.back();
+        if (metric && step == newest.step()) {  // measured at its step: filed under it
+          newest.set_has_metric(true);
+          newest.set_metric(*metric);
+          RETURN_IF_ERROR(WriteManifest());
+          cluster_->SetCheckpoints(checkpoints_);
+        }
+        Checkpoint answer = newest;
+        answer.set_earlier(true);
+        return answer;
       }
     }
     // Our retention, decided before the shards write: they keep exactly what we will list.
