@@ -153,6 +153,21 @@ class BadInputTest : public PsClusterTest {
   std::vector<float> before_;
 };
 
+// A Stats request listing millions of tiny client ids (4 MB of them) would make a set of
+// some 100 MB on the shard: refused past 64, naming the count.
+TEST_F(BadInputTest, StatsListingTooManyClientsIsInvalidArgument) {
+  grpc::ClientContext ctx;
+  ps::StatsRequest req;
+  for (int i = 0; i < 65; ++i) req.add_except_clients(absl::StrCat(i));
+  ps::StatsResponse resp;
+  grpc::Status s = shard0()->Stats(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("65 client ids; at most 64"));
+  req.mutable_except_clients()->RemoveLast();
+  grpc::ClientContext again;
+  EXPECT_TRUE(shard0()->Stats(&again, req, &resp).ok());
+}
+
 TEST_F(BadInputTest, UnknownTableIsNotFound) {
   ExpectError(Push(Chunk(99, 0, {1.0f})), grpc::StatusCode::NOT_FOUND, "table_id 99");
 }

@@ -52,6 +52,7 @@ int MaxMessageBytes(const ServiceOptions& options);
 // Cluster sends, so that a coordinator can tell one client's pushes and pulls from the
 // others' (StatsRequest.except_client).
 inline constexpr char kClientIdKey[] = "ps-client-id";
+inline constexpr int kMaxExceptClients = 64;  // StatsRequest.except_clients
 
 class ParameterServerService final : public ParameterServer::Service {
  public:

@@ -39,6 +39,11 @@ uint64_t StateBytes(const DenseTable& table) {
 grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest* req,
                                            StatsResponse* resp) {
   Scope scope(this);
+  if (req->except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("except_clients lists ", req->except_clients_size(), " client ids; at most ",
+                     kMaxExceptClients)));
+  }
   *resp = shard_->Stats({req->except_clients().begin(), req->except_clients().end()});
   if (req->fingerprint()) resp->set_fingerprint(shard_->Fingerprint());
   return grpc::Status::OK;
