@@ -360,15 +360,13 @@ int Checkpoint(const std::string& address, const Security& security) {
           .Checkpoint(std::nullopt, absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
   if (!done.ok())
     return Error(ExitCodeOf(done.status()), "checkpoint: " + done.status().ToString());
-  if (done->earlier()) {
-    std::printf(
-        "no new checkpoint: the tables have not passed step %lld, the newest checkpoint's "
-        "(what changed since at that step is not in it; train past it, then checkpoint)\n",
-        static_cast<long long>(done->step()));
-    return kOk;
-  }
-  std::printf("checkpoint of step %lld is complete on every shard\n",
-              static_cast<long long>(done->step()));
+  // The same first words either way (scripts read the step from them).
+  std::printf("checkpoint of step %lld is complete on every shard%s\n",
+              static_cast<long long>(done->step()),
+              done->earlier() ? " (an earlier one, no new checkpoint: the tables have not "
+                                "passed its step; what changed since at that step is not in "
+                                "it; train past it, then checkpoint)"
+                              : "");
   return kOk;
 }
 
