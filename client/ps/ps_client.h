@@ -60,7 +60,6 @@ class PsClient final : public ParameterStore {
 
   int num_shards() const { return calls_.size(); }
   int32_t worker_id() const { return options_.worker_id; }
-  const std::string& client_id() const { return calls_.client_id(); }
 
   // Registers this worker with every shard (needed before any push or pull).
   absl::Status RegisterWorker();

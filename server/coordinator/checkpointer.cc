@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "client/ps/ps_client.h"
 #include "common/atomic_file.h"
+#include "common/cluster_view.h"
 #include "common/status_macros.h"
 
 namespace pscluster::coord {
@@ -48,24 +49,6 @@ PsClientOptions ShardsOf(const ClusterView& view, const CheckpointerOptions& opt
   o.rpc_timeout = options.timeout;
   o.security = options.security;
   return o;
-}
-
-// The shards of `view` whose chain holds no live replica.
-std::vector<int32_t> DeadShards(const ClusterView& view) {
-  std::vector<int32_t> dead;
-  for (int32_t s = 0; s < view.shard_addresses_size(); ++s) {
-    bool alive = false;
-    for (const Chain& chain : view.chains()) {
-      for (int32_t r : chain.replicas()) {
-        for (const Member& m : view.members()) {
-          alive |= chain.shard() == s && m.role() == SHARD && m.id() == s && m.replica() == r &&
-                   m.alive();
-        }
-      }
-    }
-    if (!alive) dead.push_back(s);
-  }
-  return dead;
 }
 
 }  // namespace
@@ -316,7 +299,11 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
         "them would mix two runs. Stop them first (restarted, they resume from the checkpoint "
         "restored), or force it (psctl restore --force)"));
   }
-  if (std::vector<int32_t> dead = DeadShards(view); !dead.empty()) {
+  std::vector<int32_t> dead;
+  for (int32_t s = 0; s < view.shard_addresses_size(); ++s) {
+    if (!ShardHolds(view, s)) dead.push_back(s);
+  }
+  if (!dead.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard(s) ", absl::StrJoin(dead, ", "),
         " have no live replica (psctl status): nothing was restored; restore once they are "

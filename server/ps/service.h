@@ -50,7 +50,7 @@ int MaxMessageBytes(const ServiceOptions& options);
 
 // Metadata naming the client that makes a call: a random id each PsClient and Python
 // Cluster sends, so that a coordinator can tell one client's pushes and pulls from the
-// others' (StatsRequest.except_client).
+// others' (StatsRequest.except_clients).
 inline constexpr char kClientIdKey[] = "ps-client-id";
 inline constexpr int kMaxExceptClients = 64;  // StatsRequest.except_clients
 

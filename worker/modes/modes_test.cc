@@ -7,6 +7,7 @@
 // tests/modes_switch_test.cc, with real ps_server processes.)
 #include <map>
 
+#include "common/cluster_view.h"
 #include "worker/modes/mode_testing.h"
 
 namespace pscluster::modes {
@@ -314,9 +315,9 @@ TEST(ShortChainsTest, AChainIsShortWhileALiveReplicaOfItsShardIsOutOfIt) {
   worker->set_role(coord::WORKER);
   worker->set_id(0);
   worker->set_alive(true);
-  EXPECT_EQ(ShortChains(v), std::vector<int32_t>({0}));
+  EXPECT_EQ(coord::ShortChains(v), std::vector<int32_t>({0}));
   v.mutable_chains(0)->add_replicas(0);
-  EXPECT_TRUE(ShortChains(v).empty());
+  EXPECT_TRUE(coord::ShortChains(v).empty());
 }
 
 }  // namespace

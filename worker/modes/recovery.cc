@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/cluster_view.h"
 #include "common/status_macros.h"
 #include "worker/modes/trainer.h"
 
@@ -45,34 +46,6 @@ std::string Generation(const coord::ClusterView& view) {
     if (m.role() == coord::WORKER) absl::StrAppend(&gen, "w", m.id(), ".", m.incarnation(), "-");
   }
   return gen;
-}
-
-bool ShardHolds(const coord::ClusterView& view, int32_t shard) {
-  if (shard < 0 || shard >= view.chains_size()) return false;
-  const coord::Chain& chain = view.chains(shard);
-  for (int32_t replica : chain.replicas()) {
-    for (const auto& m : view.members()) {
-      if (m.role() == coord::SHARD && m.id() == shard && m.replica() == replica && m.alive()) {
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
-std::vector<int32_t> ShortChains(const coord::ClusterView& view) {
-  std::vector<int32_t> out;
-  for (const coord::Chain& chain : view.chains()) {
-    for (const coord::Member& m : view.members()) {
-      if (m.role() == coord::SHARD && m.id() == chain.shard() && m.alive() &&
-          std::find(chain.replicas().begin(), chain.replicas().end(), m.replica()) ==
-              chain.replicas().end()) {
-        out.push_back(chain.shard());
-        break;
-      }
-    }
-  }
-  return out;
 }
 
 namespace {
@@ -273,7 +246,7 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
     if (!next.ok()) return next.status();
     const coord::ClusterView& v = *next;
     for (const auto& m : v.members()) {  // name what failed, as the coordinator saw it
-      if (m.alive() || (m.role() == coord::SHARD && ShardHolds(v, m.id())) ||
+      if (m.alive() || (m.role() == coord::SHARD && coord::ShardHolds(v, m.id())) ||
           !named.insert({m.role(), m.id()}).second) {
         continue;
       }

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cluster_view.h"
 #include "common/crc32c.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
@@ -118,7 +119,7 @@ absl::Status Trainer::CheckLiveness() const {
   auto now = options_.coordinator->AwaitView(0, false, absl::Seconds(2));
   if (!now.ok()) return absl::OkStatus();
   for (const auto& m : now->members()) {
-    if (!m.alive() && (m.role() == coord::WORKER || !ShardHolds(*now, m.id()))) {
+    if (!m.alive() && (m.role() == coord::WORKER || !coord::ShardHolds(*now, m.id()))) {
       return absl::UnavailableError(
           absl::StrCat(m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
                        " is down (the coordinator saw its heartbeats stop)"));
@@ -217,7 +218,7 @@ void Trainer::AwaitWholeChains() const {
     absl::StatusOr<coord::ClusterView> v =
         options_.coordinator->AwaitView(version, /*complete=*/false, end - absl::Now());
     if (!v.ok()) break;  // the time ran out (or the coordinator is gone: said below)
-    short_chains = ShortChains(*v);
+    short_chains = coord::ShortChains(*v);
     if (short_chains.empty()) return;
     version = v->version() + 1;  // the next change: a backup joining
   }

@@ -233,10 +233,5 @@ void RecordSwitch(std::vector<SwitchDone>* switches, SwitchDone done);
 std::string Generation(const coord::ClusterView& view);
 // Failures another process caused: a shard or a worker went away or stopped answering.
 bool PeerFailure(const absl::Status& s);
-// Whether shard `shard`'s chain still has a live replica (its state is not lost).
-bool ShardHolds(const coord::ClusterView& view, int32_t shard);
-// The shards whose chain lacks a live replica of theirs (one copying the head's state back,
-// as after an import or a restore): until it joins, the head's death loses the shard.
-std::vector<int32_t> ShortChains(const coord::ClusterView& view);
 
 }  // namespace pscluster::modes

@@ -109,9 +109,6 @@ class ShardCalls {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
     if (!client_id_.empty()) ctx->AddMetadata("ps-client-id", client_id_);
   }
-  // The ps-client-id every call carries ("": none): the shards tell this client's pushes
-  // and pulls from the others' by it.
-  const std::string& client_id() const { return client_id_; }
   // gRPC status of a call on `shard` -> absl::Status naming it.
   absl::Status Status(int shard, const grpc::Status& s) const {
     return FromGrpcStatus(s, Name(shard));
