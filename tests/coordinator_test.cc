@@ -22,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 #include "tests/subprocess.h"
 
 namespace pscluster {
@@ -618,6 +619,34 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
   std::vector<std::string> out;
   EXPECT_EQ(
       RunPsctl({"-coordinator", "127.0.0.1:1", "--timeout_seconds", "5", "--", "status"}, &out), 3);
+}
+
+// A shard started with --coordinator serves no data call before it has registered: a
+// restarted shard took its workers' pushes while the view still showed its old incarnation,
+// and they stopped on the refusal of a step its restored tables had not reached instead of
+// rolling back (docker shard_crash, once). Here the coordinator never answers.
+TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
+  auto shard = testing::Subprocess::Start({"server/ps/ps_server", "--port=0", "--shard_id=0",
+                                           "--num_shards=1", "--coordinator=127.0.0.1:1"});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto line = shard->WaitForLine("listening on", absl::Seconds(60));
+  ASSERT_TRUE(line.ok()) << line.status();
+  auto stub = pscluster::ps::ParameterServer::NewStub(grpc::CreateChannel(
+      *testing::ListeningAddress(*line), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pscluster::ps::RegisterWorkerRequest req;
+  pscluster::ps::RegisterWorkerResponse resp;
+  grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("registering with the coordinator"));
+  grpc::ClientContext stats_ctx;
+  pscluster::ps::StatsResponse stats;
+  EXPECT_TRUE(stub->Stats(&stats_ctx, pscluster::ps::StatsRequest(), &stats).ok())
+      << "what it holds it still tells";
+  EXPECT_EQ(stats.workers_size(), 0) << "nothing was registered";
+  // (SIGKILL: a shard still registering leaves SIGTERM for after it, up to its 1 minute.)
+  ASSERT_TRUE(shard->Stop(SIGKILL, absl::Seconds(20)).ok());
 }
 
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {

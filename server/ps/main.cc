@@ -258,6 +258,7 @@ int main(int argc, char** argv) {
   if (!metrics.ok()) return Fail(metrics.status());
   if (*metrics) AddShardMetrics(&shard, snapshotter->get(), metrics->get());
   int port = 0;
+  if (!flags->coordinator.empty()) service.SetJoined(false);  // until Register below
   auto server = Listen(*flags, *security, &service, metrics->get(), &port);
   if (!server.ok()) return Fail(server.status());
   service.SetHealth((*server)->GetHealthCheckService());
@@ -267,6 +268,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
   auto coordinator = Register(*flags, *security, port, &service, &chain);
   if (!coordinator.ok()) return Fail(coordinator.status());
+  service.SetJoined(true);
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
   server->reset();   // before the interceptor's RpcMetrics ...

@@ -212,6 +212,11 @@ absl::Time ParameterServerService::Deadline(const grpc::ServerContext* ctx) cons
 }
 
 absl::Status ParameterServerService::CheckServing() const {
+  if (!joined_) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", shard_->options().shard_id,
+        " has just started and is registering with the coordinator; retry once it has"));
+  }
   Replicator* chain = replicator_.load();
   return chain == nullptr ? absl::OkStatus() : chain->CheckHead();
 }
@@ -220,9 +225,9 @@ absl::Status ParameterServerService::Write(const grpc::ServerContext* ctx,
                                            const std::function<void(ReplicatedUpdate*)>& describe,
                                            std::vector<std::string>* chunks,
                                            const std::function<absl::Status()>& apply) {
+  RETURN_IF_ERROR(CheckServing());  // (with a chain: this replica is its head)
   Replicator* chain = replicator_.load();
   if (chain == nullptr) return apply();
-  RETURN_IF_ERROR(chain->CheckHead());
   ReplicatedUpdate update;
   describe(&update);
   return chain->Write(RequestId(ctx), std::move(update), chunks, apply);
@@ -523,6 +528,7 @@ absl::Status ParameterServerService::PushPull(const grpc::ServerContext* ctx, co
   PushDenseBatchResponse pushed;
   const std::string id = RequestId(ctx);
   if (replicator_.load() == nullptr && !id.empty()) {
+    RETURN_IF_ERROR(CheckServing());
     absl::MutexLock lock(&pushed_mu_);
     if (pushed_.Find(id) == nullptr) {
       RETURN_IF_ERROR(PushBatch(req, &pushed));

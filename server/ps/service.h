@@ -67,6 +67,11 @@ class ParameterServerService final : public ParameterServer::Service {
   // The shard's chain (ps_coordinator --replicas > 1; null: not replicated). From then on
   // only the chain's head serves clients, and every update goes down the chain.
   void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
+  // False while a shard started with --coordinator has not registered yet: its data calls
+  // get UNAVAILABLE. A restarted shard served its workers' pushes before the coordinator's
+  // view showed its new incarnation, and they took the refusal of a step the restored
+  // tables had not reached for their own error instead of rolling back.
+  void SetJoined(bool joined) { joined_ = joined; }
   // An update that came down the chain, applied as the head's handler applied it.
   absl::Status ApplyReplicated(const ReplicatedUpdate& update, std::vector<std::string>* chunks);
   // For a joining replica: the shard's state now (the tail), and installing it (the joiner).
@@ -230,6 +235,7 @@ class ParameterServerService final : public ParameterServer::Service {
   Snapshotter* const snapshotter_;
   std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
   std::atomic<Replicator*> replicator_{nullptr};
+  std::atomic<bool> joined_{true};  // SetJoined
   const ServiceOptions options_;
   StreamWatchdog watchdog_{options_.stream_idle_timeout};
   BufferPool buffers_;
