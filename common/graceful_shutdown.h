@@ -75,6 +75,18 @@ inline void BlockTerminationSignals() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
+// Waits up to `timeout` for SIGTERM or SIGINT (blocked by BlockTerminationSignals, so they
+// stay pending until taken) and takes it: the signal's number, or 0 when none came.
+inline int TakeTerminationSignal(absl::Duration timeout) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  const timespec ts = absl::ToTimespec(timeout);
+  const int sig = sigtimedwait(&signals, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
 // Serves until SIGTERM or SIGINT; then sets the server's health service (if enabled) to
 // NOT_SERVING, runs `before_shutdown` (e.g. fail waiting calls), drains handlers for up to
 // 5 s and stops the server. `name` prefixes the log lines.

@@ -645,8 +645,11 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
   EXPECT_TRUE(stub->Stats(&stats_ctx, pscluster::ps::StatsRequest(), &stats).ok())
       << "what it holds it still tells";
   EXPECT_EQ(stats.workers_size(), 0) << "nothing was registered";
-  // (SIGKILL: a shard still registering leaves SIGTERM for after it, up to its 1 minute.)
-  ASSERT_TRUE(shard->Stop(SIGKILL, absl::Seconds(20)).ok());
+  // SIGTERM stops it while it still waits for the coordinator (before, only after its
+  // minute of registering).
+  auto status = shard->Stop(SIGTERM, absl::Seconds(20));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
 }
 
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {

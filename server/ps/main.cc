@@ -4,14 +4,19 @@
 //
 // Prints "ps_server shard S/N listening on HOST:PORT" once it serves (with --port=0 the
 // kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, let RPCs in progress
-// finish (up to 5 s), close every connection, exit 0.
+// finish (up to 5 s), close every connection, exit 0; while still registering with the
+// coordinator (--coordinator), exit 0 at once.
 #include <malloc.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/parse.h"
@@ -266,7 +271,28 @@ int main(int argc, char** argv) {
               flags->shard.num_shards, flags->host.c_str(), port, security->Describe().c_str());
   std::fflush(stdout);
   std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
+  // Registering may wait up to a minute for the coordinator. A SIGTERM or SIGINT meanwhile
+  // stops the shard at once: it has served no data call and taken no write yet.
+  std::atomic<bool> registered{false};
+  std::thread stop_while_registering([&] {
+    while (!registered.load()) {
+      const int sig = pscluster::TakeTerminationSignal(absl::Milliseconds(100));
+      if (sig == 0) continue;
+      if (registered.load()) {  // too late: the signal is ServeUntilSignal's
+        kill(getpid(), sig);
+        return;
+      }
+      std::fprintf(stderr,
+                   "ps_server: signal %d while registering with the coordinator at %s: "
+                   "stopped (nothing was served)\n",
+                   sig, flags->coordinator.c_str());
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
+  });
   auto coordinator = Register(*flags, *security, port, &service, &chain);
+  registered = true;
+  stop_while_registering.join();
   if (!coordinator.ok()) return Fail(coordinator.status());
   service.SetJoined(true);
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
