@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/client_id.h"
 #include "common/grpc_status.h"
 
 namespace pscluster::coord {
@@ -123,9 +124,10 @@ grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext* ctx,
   if (checkpointer_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
   }
-  if (req->client_id().size() > 64) {
+  if (req->client_id().size() > kMaxClientIdBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "client_id has ", req->client_id().size(), " bytes; a ps-client-id has at most 64")));
+        "client_id has ", req->client_id().size(), " bytes; a ", kClientIdKey, " has at most ",
+        kMaxClientIdBytes)));
   }
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
   return Answer(

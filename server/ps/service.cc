@@ -85,11 +85,8 @@ Heap HeapNow() {
   return h;
 }
 
-// A request that did not parse, named as ps_server's parse-error interceptor names those of
-// the other methods (common/parse_errors.h).
 // A call's ps-client-id ("" without), at most kMaxClientIdBytes of it: an id only tells
 // clients apart (Shard::Visit).
-constexpr size_t kMaxClientIdBytes = 64;
 std::string ClientId(const grpc::ServerContext* ctx) {
   if (ctx == nullptr) return "";
   const auto& metadata = ctx->client_metadata();
@@ -98,6 +95,8 @@ std::string ClientId(const grpc::ServerContext* ctx) {
   return std::string(it->second.data(), std::min(it->second.size(), kMaxClientIdBytes));
 }
 
+// A request that did not parse, named as ps_server's parse-error interceptor names those of
+// the other methods (common/parse_errors.h).
 grpc::Status Unparsable(const char* method) {
   return grpc::Status(
       grpc::StatusCode::INVALID_ARGUMENT,

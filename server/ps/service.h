@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "common/client_id.h"
 #include "common/graceful_shutdown.h"
 #include "common/recent_ids.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -48,10 +49,6 @@ struct ServiceOptions {
 // gRPC's own message limit for a server using `options`: a chunk plus its header.
 int MaxMessageBytes(const ServiceOptions& options);
 
-// Metadata naming the client that makes a call: a random id each PsClient and Python
-// Cluster sends, so that a coordinator can tell one client's pushes and pulls from the
-// others' (StatsRequest.except_clients).
-inline constexpr char kClientIdKey[] = "ps-client-id";
 inline constexpr int kMaxExceptClients = 64;  // StatsRequest.except_clients
 
 class ParameterServerService final : public ParameterServer::Service {

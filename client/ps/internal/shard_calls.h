@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/dense_wire.h"
 #include "common/executor.h"
+#include "common/client_id.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
@@ -107,7 +108,7 @@ class ShardCalls {
   // A context carrying the deadline and the client id, for streams.
   void SetDeadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-    if (!client_id_.empty()) ctx->AddMetadata("ps-client-id", client_id_);
+    if (!client_id_.empty()) ctx->AddMetadata(kClientIdKey, client_id_);
   }
   // gRPC status of a call on `shard` -> absl::Status naming it.
   absl::Status Status(int shard, const grpc::Status& s) const {
@@ -153,7 +154,7 @@ class ShardCalls {
       const int at = current_[shard].load();
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + slice)));
-      if (!client_id_.empty()) ctx.AddMetadata("ps-client-id", client_id_);
+      if (!client_id_.empty()) ctx.AddMetadata(kClientIdKey, client_id_);
       if (!id.empty()) ctx.AddMetadata("ps-request-id", id);
       grpc::Status s = attempt(&ctx);
       const bool failover =
