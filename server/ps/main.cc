@@ -292,9 +292,9 @@ int main(int argc, char** argv) {
   });
   auto coordinator = Register(*flags, *security, port, &service, &chain);
   registered = true;
+  if (coordinator.ok()) service.SetJoined(true);  // at once: the view shows it already
   stop_while_registering.join();
   if (!coordinator.ok()) return Fail(coordinator.status());
-  service.SetJoined(true);
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
   server->reset();   // before the interceptor's RpcMetrics ...
