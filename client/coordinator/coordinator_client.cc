@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
   ASSIGN_OR_RETURN(coord::RegisterResponse resp, RegisterOnce(stub.get(), options));
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
   c->incarnation_ = resp.incarnation();
+  c->registered_view_ = std::move(*resp.mutable_view());
   if (resp.heartbeat_timeout_ms() > 0) {  // beat several times per timeout
     c->heartbeat_timeout_ = absl::Milliseconds(resp.heartbeat_timeout_ms());
     c->options_.heartbeat_interval = std::min(c->options_.heartbeat_interval,

@@ -64,6 +64,8 @@ class CoordinatorClient {
   bool registering_again() const { return registering_again_.load(); }
   // The coordinator's liveness timeout (ps_coordinator --heartbeat_timeout_ms).
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
+  // The view the coordinator answered the first registration with (this member in it).
+  const coord::ClusterView& registered_view() const { return registered_view_; }
   // Registers this live member again, as a new incarnation (a new generation of the
   // cluster: a worker whose step failed while every member stayed alive, so that every
   // worker rolls back). Returns the new incarnation.
@@ -134,6 +136,7 @@ class CoordinatorClient {
   // is in flight once the new one is registered (it would be NOT_FOUND, and register again).
   absl::Mutex register_mu_;
   absl::Duration heartbeat_timeout_ = absl::Seconds(5);
+  coord::ClusterView registered_view_;
   absl::Notification stop_;
   std::thread heartbeats_;
 };

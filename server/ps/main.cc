@@ -180,7 +180,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
   std::printf("ps_server: registered with the coordinator at %s as %s\n", f.coordinator.c_str(),
               co.address.c_str());
   std::fflush(stdout);
-  ASSIGN_OR_RETURN(coord::ClusterView view, coordinator->AwaitView(0, false, absl::Seconds(10)));
+  // Its registration's answer carries the view (no call more: workers that see this shard
+  // in the view call it, and it refuses data calls until Register returns).
+  const coord::ClusterView& view = coordinator->registered_view();
   if (view.replicas() > 1) {
     ReplicatorOptions ro;
     ro.shard_id = f.shard.shard_id;
