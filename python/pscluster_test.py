@@ -24,6 +24,7 @@ if (os.path.exists(DEBIAN_PYTHON) and os.path.realpath(sys.executable) !=
     os.environ["PSCLUSTER_TEST_REEXEC"] = "1"
     os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON, os.path.abspath(__file__)] + sys.argv[1:])
 
+import socket
 import subprocess
 import tempfile
 import threading
@@ -35,7 +36,7 @@ import grpc
 import numpy as np
 
 import pscluster
-from pscluster.local import LocalCluster, find_binary
+from pscluster.local import LocalCluster, Process, find_binary
 from pscluster.proto import coordinator_pb2, coordinator_pb2_grpc, ps_pb2
 
 RPC_TIMEOUT = 10.0
@@ -355,6 +356,39 @@ class DeadShardTest(unittest.TestCase):
                 self.assertEqual(before.shape, (1000,))
         finally:
             local.stop()
+
+
+class RegisteringShardTest(unittest.TestCase):
+
+    def test_calls_wait_for_a_shard_still_registering_within_the_timeout(self) -> None:
+        # A shard whose coordinator is not up yet refuses data calls (UNAVAILABLE, naming the
+        # registration); a client retries them within its timeout, and a call made before the
+        # coordinator starts goes through once the shard has registered.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = find_binary("ps_server", "PS_SERVER", "server/ps/ps_server")
+        shard = Process([server, "--port=0", "--shard_id=0", "--num_shards=1",
+                         f"--coordinator=127.0.0.1:{port}"])
+        coordinator = None
+        try:
+            address = shard.wait_for(r"listening on (\S+:\d+)").group(1)
+            with pscluster.Cluster.from_shards([address], timeout=0.5) as impatient:
+                with self.assertRaises(pscluster.PsError) as e:
+                    impatient.create_dense("t", 10, learning_rate=LR)
+                self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+                self.assertIn("registering with the coordinator", e.exception.message)
+            with pscluster.Cluster.from_shards([address], timeout=60.0) as cluster:
+                created = cluster.submit(cluster.create_dense, "t", 10, learning_rate=LR)
+                coordinator = Process([find_binary("ps_coordinator", "PS_COORDINATOR",
+                                                   "server/coordinator/ps_coordinator"),
+                                       f"--port={port}", "--num_shards=1", "--num_workers=0"])
+                table = created.result(timeout=60)
+                np.testing.assert_array_equal(cluster.pull_dense(table), np.zeros(10, F32))
+        finally:
+            shard.kill()
+            if coordinator is not None:
+                coordinator.kill()
 
 
 class PartialSparsePushTest(unittest.TestCase):

@@ -54,6 +54,15 @@ MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
 SPARSE_PUSH_BYTES = 4 << 20
 # gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
 THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
+# What a shard started with --coordinator answers (UNAVAILABLE) until it has registered:
+# it served nothing yet, so the call is made again within the client's timeout.
+REGISTERING = "is registering with the coordinator"
+
+
+def _registering(e: grpc.RpcError) -> bool:
+    return e.code() == grpc.StatusCode.UNAVAILABLE and REGISTERING in (e.details() or "")
+
+
 _REQUEST_COUNTER = itertools.count(1)
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _SHARD_NAMED = re.compile(r"shard (\d+) \(")  # how the C++ client's errors begin
@@ -366,7 +375,10 @@ class Cluster:
         """fn(stub) on one shard; a gRPC error becomes a PsError naming the shard. A call the
         shard refused because every handler thread was busy (it changed nothing) is made
         again after a backoff, 1 ms doubling to 100 ms, for up to the timeout, as the C++
-        client does: a push to several shards then lands on all of them, not some."""
+        client does: a push to several shards then lands on all of them, not some. So is a
+        call refused by a shard that has just started and is still registering with the
+        coordinator (it served nothing yet): a script that reads a view the moment it is
+        complete may reach a shard a moment before it serves."""
         self._check_open()
         backoff, end = 0.001, time.monotonic() + self.timeout
         n = len(self._replicas[shard])
@@ -380,7 +392,7 @@ class Cluster:
                 except grpc.RpcError as e:
                     failover = n > 1 and e.code() == grpc.StatusCode.UNAVAILABLE
                     refused = (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                               and e.details() == THREADPOOL_EXHAUSTED)
+                               and e.details() == THREADPOOL_EXHAUSTED) or _registering(e)
                     if not ((refused or failover) and time.monotonic() + backoff < end):
                         error = e
                         break
