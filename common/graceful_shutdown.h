@@ -65,23 +65,26 @@ inline bool ShutdownGracefully(grpc::Server* server, InFlightCounter* in_flight,
   return drained;
 }
 
-// Call first in main(), before any thread starts: SIGTERM and SIGINT are then delivered
-// only to ServeUntilSignal's waiting thread.
-inline void BlockTerminationSignals() {
+// SIGTERM and SIGINT: the signals that stop a server.
+inline sigset_t TerminationSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  return signals;
+}
+
+// Call first in main(), before any thread starts: SIGTERM and SIGINT are then delivered
+// only to ServeUntilSignal's waiting thread.
+inline void BlockTerminationSignals() {
+  const sigset_t signals = TerminationSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
 // Waits up to `timeout` for SIGTERM or SIGINT (blocked by BlockTerminationSignals, so they
 // stay pending until taken) and takes it: the signal's number, or 0 when none came.
 inline int TakeTerminationSignal(absl::Duration timeout) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  const sigset_t signals = TerminationSignals();
   const timespec ts = absl::ToTimespec(timeout);
   const int sig = sigtimedwait(&signals, nullptr, &ts);
   return sig > 0 ? sig : 0;
@@ -93,10 +96,7 @@ inline int TakeTerminationSignal(absl::Duration timeout) {
 inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight, const char* name,
                              const std::function<void()>& before_shutdown) {
   std::thread stopper([&] {
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGTERM);
-    sigaddset(&signals, SIGINT);
+    const sigset_t signals = TerminationSignals();
     int sig = 0;
     sigwait(&signals, &sig);
     std::fprintf(stderr, "%s: signal %d, shutting down\n", name, sig);
