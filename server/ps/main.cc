@@ -276,7 +276,8 @@ int main(int argc, char** argv) {
   // Registering may wait up to a minute for the coordinator. A SIGTERM or SIGINT meanwhile
   // stops the shard at once: it has served no data call and taken no write yet.
   std::atomic<bool> registered{false};
-  std::thread stop_while_registering([&] {
+  std::thread stop_while_registering;
+  auto stop_on_signal = [&] {
     while (!registered.load()) {
       const int sig = pscluster::TakeTerminationSignal(absl::Milliseconds(100));
       if (sig == 0) continue;
@@ -286,16 +287,17 @@ int main(int argc, char** argv) {
       }
       std::fprintf(stderr,
                    "ps_server: signal %d while registering with the coordinator at %s: "
-                   "stopped (nothing was served)\n",
+                   "stopped (no data call was served)\n",
                    sig, flags->coordinator.c_str());
       std::fflush(stderr);
       std::_Exit(0);
     }
-  });
+  };
+  if (!flags->coordinator.empty()) stop_while_registering = std::thread(stop_on_signal);
   auto coordinator = Register(*flags, *security, port, &service, &chain);
   registered = true;
   if (coordinator.ok()) service.SetJoined(true);  // at once: the view shows it already
-  stop_while_registering.join();
+  if (stop_while_registering.joinable()) stop_while_registering.join();
   if (!coordinator.ok()) return Fail(coordinator.status());
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
