@@ -54,8 +54,9 @@ MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
 SPARSE_PUSH_BYTES = 4 << 20
 # gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
 THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
-# What a shard started with --coordinator answers (UNAVAILABLE) until it has registered:
-# it served nothing yet, so the call is made again within the client's timeout.
+# What a shard started with --coordinator answers (UNAVAILABLE) until it has registered
+# (ParameterServerService::CheckServing): it served no data call yet, so the call is made
+# again within the client's timeout.
 REGISTERING = "is registering with the coordinator"
 
 
