@@ -8,6 +8,8 @@
 # script with --world 1: no DDP, one process, one thread) and to the 2x limit of 2 workers
 # on this 2-core machine (2x single-process), plus each run's test accuracy.
 #   [MODES="ps allreduce fsdp pipeline"] bench/modes_compare.sh [ROUNDS=3] [EPOCHS=3]
+# A MODES entry may carry ps_worker flags after commas, as a run of its own:
+#   MODES="fsdp fsdp,--fsdp_reshard_after_forward=false" bench/modes_compare.sh 5 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3} epochs=${2:-3}
@@ -19,9 +21,11 @@ for ((r = 0; r < rounds; ++r)); do
     | tail -n 1 >"$tmp/ddp$r.json"
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/ddp_torch.py --world 1 --epochs "$epochs" \
     | tail -n 1 >"$tmp/single$r.json"
-  for m in "${modes[@]}"; do
-    deploy/local_cluster.sh --mode "$m" --epochs "$epochs" --out "$tmp/$m$r" >/dev/null 2>&1 \
-      || { echo "modes_compare.sh: $m round $r failed; see $tmp/$m$r" >&2; exit 1; }
+  for i in "${!modes[@]}"; do
+    IFS=, read -r -a words <<<"${modes[$i]}"
+    deploy/local_cluster.sh --mode "${words[0]}" --epochs "$epochs" --out "$tmp/run$i.$r" \
+      --worker_args "${words[*]:1}" >/dev/null 2>&1 \
+      || { echo "modes_compare.sh: ${modes[$i]} round $r failed; see $tmp/run$i.$r" >&2; exit 1; }
   done
   echo "round $((r + 1))/$rounds done"
 done
@@ -38,8 +42,9 @@ print(f"| PyTorch single process | {one:,.0f} | {rounds} | {one / base:.2f} | 1.
       f"{', '.join(str(d['test_accuracy']) for d in single)} |")
 print(f"| PyTorch DDP (gloo) | {base:,.0f} | {rounds} | 1.00 | {base / one:.2f} | "
       f"{base / one / 2:.2f} | {', '.join(str(d['test_accuracy']) for d in ddp)} |")
-for m in modes:
-    runs = [json.load(open(f"{tmp}/{m}{r}/summary.json")) for r in range(rounds)]
+for i, m in enumerate(modes):
+    runs = [json.load(open(f"{tmp}/run{i}.{r}/summary.json")) for r in range(rounds)]
+    m = m.replace(",", " ")
     med = statistics.median(x["samples_per_sec"] for x in runs)
     acc = ", ".join(str(x["test_accuracy"]) for x in runs)
     print(f"| {m} | {med:,.0f} | {rounds} | **{med / base:.2f}** | **{med / one:.2f}** | "

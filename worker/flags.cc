@@ -68,6 +68,12 @@ ABSL_FLAG(bool, overlap_allreduce, true,
           "allreduce: all-reduce each bucket on a communication thread while the backward pass "
           "of the earlier layers goes on (as PyTorch DDP does); false: on the training thread, "
           "after each bucket fills. (CPU backend; the CUDA backend always does the latter.)");
+ABSL_FLAG(bool, fsdp_reshard_after_forward, true,
+          "fsdp: free each layer's gathered parameters after its forward and gather them "
+          "again for its backward (ZeRO-3: a worker holds 1/M of the state plus one layer); "
+          "false keeps them from the forward to the backward, as PyTorch's SHARD_GRAD_OP: one "
+          "all-gather per layer and step instead of two, for the whole model's parameters and "
+          "gradients held during the step. The results are the same bits either way.");
 ABSL_FLAG(bool, overlap_push, true,
           "ps with --consistency=ssp:S (S >= 1) or asp: push/pull a step's gradients and "
           "parameters on a communication thread while the next step computes on parameters "
@@ -176,6 +182,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   RETURN_IF_ERROR(Check(absl::GetFlag(FLAGS_bucket_mb) > 0, "--bucket_mb must be > 0"));
   o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
   o.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
+  o.fsdp_reshard_after_forward = absl::GetFlag(FLAGS_fsdp_reshard_after_forward);
   o.overlap_push = absl::GetFlag(FLAGS_overlap_push);
   o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
   RETURN_IF_ERROR(Check(o.switch_poll_steps >= 1, "--switch_poll_steps must be >= 1"));

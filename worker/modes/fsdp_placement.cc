@@ -4,6 +4,10 @@
 // layer's forward and again before its backward the owners all-gather it; after its backward its
 // gradient is reduce-scattered and every worker steps its own share at once. So a worker
 // holds 1/M of the state plus one layer.
+// With fsdp_reshard_after_forward false (PyTorch's SHARD_GRAD_OP) the model keeps every
+// layer's buffers and a layer gathered for its forward stays for its backward: one all-gather
+// per layer and step, the whole model's parameters and gradients held during it. The values
+// gathered are the same, so the results are the same bits.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +25,7 @@ class FsdpPlacement final : public Placement {
   absl::Status Init() {
     RETURN_IF_ERROR(coord::CheckModeFits(coord::FSDP, ModeLimitsOf(spec_), m_));
     model::InstanceOptions shared = model::WholeModel(ctx_.batch_size);
-    shared.share_layer_buffers = true;
+    shared.share_layer_buffers = ctx_.fsdp_reshard_after_forward;
     ASSIGN_OR_RETURN(model_, NewModel(ctx_, shared));
     ASSIGN_OR_RETURN(auto batches, DataParallelBatches(ctx_));
     batches_ = std::make_unique<data::BatchIterator>(std::move(batches));
@@ -39,9 +43,13 @@ class FsdpPlacement final : public Placement {
     layer_.resize(layer_max);
     mine_.resize(layer_max / m_);
     // The top layer's backward follows its forward at once: its gathered copy is still
-    // loaded, so only the other layers are gathered again.
-    hooks_.before = [this](int layer, bool) {
-      return layer == loaded_ ? absl::OkStatus() : GatherLayer(layer);
+    // loaded, so only the other layers are gathered again (and none without resharding:
+    // every layer's buffers hold what its forward gathered).
+    hooks_.before = [this](int layer, bool backward) {
+      if (layer == loaded_ || (backward && !ctx_.fsdp_reshard_after_forward)) {
+        return absl::OkStatus();
+      }
+      return GatherLayer(layer);
     };
     hooks_.after_backward = [this](int layer) { return StepLayer(layer); };
     return absl::OkStatus();
@@ -88,8 +96,12 @@ class FsdpPlacement final : public Placement {
     size_t own = 0;
     for (size_t i = 0; i < size_.size(); ++i) own += chunk_[i] * (1 + slots_[i].size());
     // Host state: the own shards with their slots, plus the one-layer gather/gradient
-    // buffers; the backend holds one layer's parameters and gradients.
-    const double held = (own + gathered_.size() + layer_.size() + mine_.size()) * sizeof(float);
+    // buffers; the backend holds one layer's parameters and gradients (every layer's
+    // without resharding, counted here).
+    double held = (own + gathered_.size() + layer_.size() + mine_.size()) * sizeof(float);
+    if (!ctx_.fsdp_reshard_after_forward) {
+      for (size_t n : size_) held += 2.0 * n * sizeof(float);
+    }
     return {{"fsdp_state_bytes", static_cast<double>(own * sizeof(float))},
             {"fsdp_held_bytes", held},
             {"replica_state_bytes", static_cast<double>(full_bytes_)}};

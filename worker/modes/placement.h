@@ -105,6 +105,11 @@ struct PlacementContext {
   // update. False, or the CUDA backend (its streams belong to the training thread): on the
   // training thread. The sums are the same either way.
   bool overlap_allreduce = true;
+  // FSDP: a layer's gathered parameters are dropped after its forward and gathered again
+  // before its backward (ZeRO-3: 1/M of the state plus one layer held). False: kept from
+  // the forward to the backward in the model's own buffers (PyTorch's SHARD_GRAD_OP: one
+  // all-gather per layer and step, the whole model's parameters and gradients held).
+  bool fsdp_reshard_after_forward = true;
   // PS: step S's dense push/pull runs on a communication thread while step S+1 computes on
   // the parameters from step S-1's (ps_placement.cc). Only where the tables' consistency
   // lets a step read parameters one step stale (SSP with staleness >= 1, ASP).

@@ -186,6 +186,7 @@ PlacementContext Trainer::Context() const {
   c.micro_batches = options_.micro_batches;
   c.bucket_bytes = options_.bucket_bytes;
   c.overlap_allreduce = options_.overlap_allreduce;
+  c.fsdp_reshard_after_forward = options_.fsdp_reshard_after_forward;
   const ps::ConsistencyConfig& consistency = options_.consistency;
   c.overlap_push =
       options_.overlap_push &&

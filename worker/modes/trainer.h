@@ -58,6 +58,7 @@ struct TrainerOptions {
   int micro_batches = 4;                   // PIPELINE
   size_t bucket_bytes = size_t{25} << 20;  // ALLREDUCE (placement.h)
   bool overlap_allreduce = true;           // ALLREDUCE (placement.h)
+  bool fsdp_reshard_after_forward = true;  // FSDP (placement.h)
   bool overlap_push = true;                // PS, where the consistency allows (placement.h)
   // Workers ask the coordinator for switches every this many steps (the coordinator then
   // schedules a next-boundary switch at least this far ahead): a step's RPC saved.
