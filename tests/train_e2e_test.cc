@@ -271,7 +271,8 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
 }
 
 // Workers of one run started with different training flags the tables' specs do not show
-// (here --micro_batches) are refused, naming the flag, instead of training together.
+// (here --micro_batches, --bucket_mb and --fsdp_reshard_after_forward: the collective calls
+// the ranks make) are refused, naming the flags, instead of training together.
 TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) {
   auto c = testing::Subprocess::Start({"server/coordinator/ps_coordinator", "--port=0",
                                        "--num_shards=1", "--num_workers=2"});
@@ -290,12 +291,13 @@ TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) 
   };
   auto rank0 = worker(0, "--micro_batches=4");
   ASSERT_TRUE(rank0.ok());
-  auto rank1 = worker(1, "--micro_batches=8");
+  auto rank1 = worker(1, "--micro_batches=8 --bucket_mb=1 --fsdp_reshard_after_forward=false");
   ASSERT_TRUE(rank1.ok());
   auto said = rank1->WaitForLine("start every worker with the same flags", absl::Minutes(1));
   ASSERT_TRUE(said.ok()) << said.status();
-  EXPECT_THAT(*said, ::testing::HasSubstr("worker 1 was started with --micro_batches=8 but the "
-                                          "run's rank 0 with"));
+  EXPECT_THAT(*said, ::testing::HasSubstr("worker 1 was started with --micro_batches=8 "
+                                          "--bucket_mb=1 --fsdp_reshard_after_forward=false "
+                                          "but the run's rank 0 with"));
   auto status = rank1->Wait(absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0);

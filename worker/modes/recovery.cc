@@ -58,6 +58,11 @@ std::vector<std::string> SharedFlags(const TrainerOptions& o) {
           absl::StrCat("--max_steps=", o.max_steps),
           absl::StrCat("--seed=", o.seed),
           absl::StrCat("--micro_batches=", o.micro_batches),
+          // ALLREDUCE's buckets and FSDP's gathers: ranks that differ make other collective
+          // calls, which may have the same sizes and sum floats of different tensors.
+          absl::StrCat("--bucket_mb=", o.bucket_bytes / double{1 << 20}),
+          absl::StrCat("--fsdp_reshard_after_forward=",
+                       o.fsdp_reshard_after_forward ? "true" : "false"),
           absl::StrCat("--lr=", o.optimizer.learning_rate()),
           absl::StrCat("--lr_decay=", o.lr_decay)};
 }
