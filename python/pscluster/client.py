@@ -203,7 +203,8 @@ class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
     """Adds this Cluster's ps-client-id to every call (the shards tell its calls from other
     clients' by it: a restore it asks for does not count its own), and the request id of
     the call in progress on this thread (Cluster._call) as the ps-request-id metadata: the
-    new head answers a retried update from the first call."""
+    new head answers a retried update from the first call. (The keys are the C++ side's
+    kClientIdKey and kRequestIdKey, common/call_metadata.h.)"""
 
     def __init__(self, local: threading.local, client_id: str):
         self._local = local

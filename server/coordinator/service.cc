@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/client_id.h"
+#include "common/call_metadata.h"
 #include "common/grpc_status.h"
 
 namespace pscluster::coord {

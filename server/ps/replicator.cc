@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/call_metadata.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/ps/snapshot_store.h"

@@ -233,8 +233,7 @@ class Replicator {
   std::map<std::string, std::unique_ptr<ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
 };
 
-// The request id of a client call (metadata ps-request-id; "" when absent).
+// The request id of a client call (metadata kRequestIdKey; "" when absent).
 std::string RequestId(const grpc::ServerContext* ctx);
-inline constexpr char kRequestIdKey[] = "ps-request-id";
 
 }  // namespace pscluster::ps

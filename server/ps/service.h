@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/time/time.h"
-#include "common/client_id.h"
+#include "common/call_metadata.h"
 #include "common/graceful_shutdown.h"
 #include "common/recent_ids.h"
 #include "grpcpp/health_check_service_interface.h"

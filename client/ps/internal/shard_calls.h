@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/client_id.h"
+#include "common/call_metadata.h"
 #include "common/dense_wire.h"
 #include "common/executor.h"
 #include "common/grpc_status.h"
@@ -155,7 +155,7 @@ class ShardCalls {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + slice)));
       if (!client_id_.empty()) ctx.AddMetadata(kClientIdKey, client_id_);
-      if (!id.empty()) ctx.AddMetadata("ps-request-id", id);
+      if (!id.empty()) ctx.AddMetadata(kRequestIdKey, id);
       grpc::Status s = attempt(&ctx);
       const bool failover =
           n > 1 && (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
