@@ -40,6 +40,7 @@
 #include "bench/raw.grpc.pb.h"
 #include "absl/synchronization/notification.h"
 #include "client/ps/ps_client.h"
+#include "common/malloc_mode.h"
 #include "common/metrics.h"
 #include "common/parse_errors.h"
 #include "common/security.h"
@@ -437,7 +438,10 @@ double Iperf3Gbps() {
   }
   server.join();
   if (gbps == 0) {
-    std::fprintf(stderr, "ps_throughput: %s did not run; no iperf3 figure\n", iperf3.c_str());
+    std::fprintf(stderr,
+                 "ps_throughput: %s did not run (Debian: apt-get install iperf3); no iperf3 "
+                 "figure\n",
+                 iperf3.c_str());
   }
   return gbps;
 }
@@ -582,6 +586,9 @@ std::pair<double, double> MeasureAbCost(uint32_t num_shards, uint64_t bytes, int
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // The shards run in this process: ps_server's malloc settings (without them every large
+  // message here, the ceilings' too, landed in fresh pages; ps_server does not do that).
+  pscluster::ShardMallocMode();
   using pscluster::bench::Result;
   auto median = [](std::vector<double> v) { return pscluster::bench::Median(std::move(v)); };
   const std::string ab = absl::GetFlag(FLAGS_ab);

@@ -29,6 +29,11 @@ absl::StatusOr<grpc::ByteBuffer> EncodeDense(absl::Span<const ps::DenseChunk> he
                                              absl::Span<const size_t> data_bytes, bool batch,
                                              const ChunkFill& fill);
 
+// Messages of 64 KiB and more are encoded into blocks that are recycled once gRPC drops the
+// message (up to 64 MiB of them kept per process: a fresh block's pages fault in on first
+// touch). Frees the blocks kept.
+void ReleasePooledMessageMemory();
+
 // One DenseChunk: `header`'s fields (its data must be empty) with `data` as its data.
 grpc::ByteBuffer EncodeDenseChunk(const ps::DenseChunk& header, absl::Span<const float> data);
 

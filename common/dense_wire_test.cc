@@ -74,6 +74,38 @@ TEST(DenseWireTest, SmallMessagesHeldInlineBySlicesToo) {
             batch.SerializeAsString());
 }
 
+// Messages of 64 KiB and more are encoded into memory that is recycled once gRPC drops
+// them: a message must hold exactly its own bytes whether its block is fresh, reused at a
+// smaller size, or another message's that is still alive.
+TEST(DenseWireTest, LargeMessagesInRecycledMemoryHoldExactlyTheirBytes) {
+  auto expected = [](size_t n, float base) {
+    const std::vector<float> v = Values(n, base);
+    ps::DenseChunk c = Header(2, 0);
+    c.set_data(v.data(), v.size() * sizeof(float));
+    return c.SerializeAsString();
+  };
+  const size_t mib = 1 << 18;  // floats
+  std::vector<float> a = Values(mib, 1), b = Values(mib, 2);
+  grpc::ByteBuffer first = EncodeDenseChunk(Header(2, 0), a);
+  grpc::ByteBuffer second = EncodeDenseChunk(Header(2, 0), b);  // while the first is alive
+  EXPECT_EQ(Bytes(first), expected(mib, 1));
+  first.Clear();  // its block goes back
+  for (const auto& [n, base] : {std::pair<size_t, float>{mib * 3 / 5, 3}, {mib, 4},
+                                {mib / 4, 5}, {mib + 1, 6}, {mib * 3 / 5, 7}}) {
+    const std::vector<float> v = Values(n, base);
+    EXPECT_EQ(Bytes(EncodeDenseChunk(Header(2, 0), v)), expected(n, base)) << n;
+  }
+  EXPECT_EQ(Bytes(second), expected(mib, 2));
+  const std::vector<ps::DenseChunk> headers = {Header(2, 0), Header(3, 0)};
+  const std::vector<absl::Span<const float>> data = {a, b};
+  ps::DenseBatch batch;
+  for (int i = 0; i < 2; ++i) {
+    *batch.add_chunks() = headers[i];
+    batch.mutable_chunks(i)->set_data(data[i].data(), data[i].size() * sizeof(float));
+  }
+  EXPECT_EQ(Bytes(EncodeDenseBatch(headers, data)), batch.SerializeAsString());
+}
+
 TEST(DenseWireTest, DecodesProtobufsBytesFromAnySlicing) {
   const std::vector<float> a = Values(5, 1), b = Values(300, -7);
   ps::DenseBatch batch;

@@ -6,7 +6,6 @@
 //
 // Prints progress (epoch, step, loss, samples/s, ETA) and the test accuracy after each
 // epoch; --summary_json writes the final figures for scripts.
-#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -14,6 +13,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/malloc_mode.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
 #include "worker/flags.h"
@@ -38,14 +38,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // Gloo writes to sockets with writev: a peer that died must be an error, not SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
-  // Every step allocates and frees the same ~0.5 MB message buffers: keep them in the heap
-  // instead of fresh mmaps whose pages fault in again each time.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  // One malloc arena for every thread: the gRPC, Gloo and pool threads each had their own,
-  // and each kept 2-6 MB of freed memory resident that no other thread could reuse (31 MB
-  // of a GPT worker's 307 MB in ALLREDUCE mode; bench/RESULTS.md, psctl plan's predictions).
-  mallopt(M_ARENA_MAX, 1);
+  WorkerMallocMode();
   absl::StatusOr<worker::WorkerFlags> flags = worker::WorkerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
   auto metrics = ServeMetricsFromFlags("ps_worker", std::to_string(flags->trainer.rank));

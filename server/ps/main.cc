@@ -6,7 +6,6 @@
 // kernel picks a free port). SIGTERM or SIGINT: fail waiting pulls, let RPCs in progress
 // finish (up to 5 s), close every connection, exit 0; while still registering with the
 // coordinator (--coordinator), exit 0 at once.
-#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
+#include "common/malloc_mode.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
 #include "common/parse_errors.h"
@@ -242,15 +242,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
   absl::ParseCommandLine(argc, argv);
-  // Every push and pull allocates and frees message and staging buffers of a few MB: keep
-  // them in the heap instead of fresh mmaps whose pages fault in again each time. But give
-  // freed memory back: an arena keeps at most 16 MB free at its top, and there are few
-  // arenas, since memory freed in one is reused only by the threads allocating from it (with
-  // one per handler thread, each kept its own high-water mark of request buffers). The
-  // service returns the rest (holes in the heap) once requests stop for a while.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 16 << 20);
-  mallopt(M_ARENA_MAX, 4);
+  pscluster::ShardMallocMode();
   absl::StatusOr<ServerFlags> flags = ServerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
   absl::StatusOr<pscluster::Security> security = pscluster::SecurityFromFlags();

@@ -172,9 +172,10 @@ ParameterServerService::~ParameterServerService() {
   if (releaser_.joinable()) releaser_.join();
 }
 
-// Requests leave memory behind when they end: recycled chunk buffers, and freed heap pages
-// that glibc keeps for reuse (ps_server raises its mmap threshold so that buffers of a few
-// MB come from the heap), as do connections that close. While requests keep coming that is
+// Requests leave memory behind when they end: recycled chunk buffers and message blocks
+// (internal::ReleasePooledMessageMemory), and freed heap pages that glibc keeps for reuse
+// (ps_server raises its mmap threshold so that buffers of a few MB come from the heap), as
+// do connections that close. While requests keep coming that is
 // what makes them fast; once nothing has held request memory for a while, give it back.
 void ParameterServerService::ReleaseIdleMemory() {
   const absl::Duration idle = options_.release_idle_memory_after;
@@ -192,6 +193,7 @@ void ParameterServerService::ReleaseIdleMemory() {
     }
     release_mu_.Unlock();
     buffers_.Clear();
+    internal::ReleasePooledMessageMemory();
     malloc_trim(0);
     released = HeapNow();
     release_mu_.Lock();
