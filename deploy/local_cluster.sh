@@ -6,12 +6,15 @@
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--model mlp|embedding|gpt] [--metrics on|off]
 #                           [--tls on|off] [--replicas 1|2|3] [--worker_args "ARGS"] [--out DIR]
+#                           [--bin BIN]
 #   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
 # shards and the workers on free loopback ports, prints progress, and ends with the test
 # accuracy. --model gpt trains a byte-level transformer on Debian's fortunes instead (the
 # test loss in bits per byte); --worker_args passes more ps_worker flags (--gpt_layers=2).
+# --bin BIN: no build; the binaries under BIN, in bazel-bin's layout (a copy of another
+# commit's bazel-bin, to compare two builds side by side).
 # DIR (default runs/<timestamp>) gets summary.json, loss.png, accuracy.png, prometheus.yml
 # (every process serves metrics), every process's log and the shards'
 # snapshots. Every process it started is stopped on exit, on Ctrl-C, or when one fails.
@@ -36,9 +39,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp run="" metrics=on tls=off replicas=1 worker_args=
+switches="" micro_batches=4 model=mlp run="" metrics=on tls=off replicas=1 worker_args= bin=
 out="runs/$(date +%Y%m%d-%H%M%S)"
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
   case $1 in
     --workers) workers=$2; shift 2 ;;
@@ -58,6 +61,7 @@ while (($#)); do
     --tls) tls=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
     --worker_args) worker_args=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1'" >&2; usage 2 ;;
   esac
@@ -91,10 +95,19 @@ for n in "$epochs" "$batch_size" "$micro_batches"; do
 done
 
 deploy/install_deps.sh --plots
-echo "== building (bazel -c opt)"
-bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker \
-  //tools/psctl:psctl //python:pscluster 2>&1 | tail -n 2
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+if [[ -n $bin ]]; then
+  [[ -d $bin ]] || { echo "local_cluster.sh: --bin: no folder $bin" >&2; exit 2; }
+  bin=$(cd "$bin" && pwd)
+  for b in server/coordinator/ps_coordinator server/ps/ps_server worker/ps_worker \
+    tools/psctl/psctl; do
+    [[ -x $bin/$b ]] || { echo "local_cluster.sh: --bin: no $bin/$b" >&2; exit 2; }
+  done
+else
+  echo "== building (bazel -c opt)"
+  bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker \
+    //tools/psctl:psctl //python:pscluster 2>&1 | tail -n 2
+  bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 echo "== run directory: $out"
