@@ -175,8 +175,8 @@ ParameterServerService::~ParameterServerService() {
 // Requests leave memory behind when they end: recycled chunk buffers and message blocks
 // (internal::ReleasePooledMessageMemory), and freed heap pages that glibc keeps for reuse
 // (ps_server raises its mmap threshold so that buffers of a few MB come from the heap), as
-// do connections that close. While requests keep coming that is
-// what makes them fast; once nothing has held request memory for a while, give it back.
+// do connections that close. While requests keep coming that is what makes them fast; once
+// nothing has held request memory for a while, give it back.
 void ParameterServerService::ReleaseIdleMemory() {
   const absl::Duration idle = options_.release_idle_memory_after;
   const uint64_t min_bytes = options_.release_min_bytes;
