@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <memory>
 #include <new>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/size_pool.h"
 #include "google/protobuf/io/coded_stream.h"
 
 namespace pscluster::internal {
@@ -41,61 +40,37 @@ class SlicePool {
 
   grpc::Slice Take(size_t bytes) {
     if (bytes < kPoolFrom) return grpc::Slice(grpc_slice_malloc(bytes), grpc::Slice::STEAL_REF);
-    char* block = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = free_.lower_bound(bytes);
-      if (it != free_.end() && it->first <= 2 * bytes) {
-        block = it->second;
-        pooled_bytes_ -= it->first;
-        free_.erase(it);
-      }
-    }
+    Block block = pool_.Take(bytes).value_or(nullptr);
     if (block == nullptr) {
-      block = static_cast<char*>(std::malloc(kHeader + bytes));
+      block.reset(static_cast<char*>(std::malloc(kHeader + bytes)));
       if (block == nullptr) throw std::bad_alloc();
-      std::memcpy(block, &bytes, sizeof(bytes));  // its capacity
+      std::memcpy(block.get(), &bytes, sizeof(bytes));  // its capacity
     }
-    return grpc::Slice(grpc_slice_new_with_user_data(block + kHeader, bytes, &Give, block),
+    char* data = block.get() + kHeader;
+    return grpc::Slice(grpc_slice_new_with_user_data(data, bytes, &Give, block.release()),
                        grpc::Slice::STEAL_REF);
   }
 
   // Frees every pooled block.
-  void Clear() {
-    std::multimap<size_t, char*> dropped;
-    {
-      absl::MutexLock lock(&mu_);
-      dropped.swap(free_);
-      pooled_bytes_ = 0;
-    }
-    for (const auto& [capacity, block] : dropped) std::free(block);
-  }
+  void Clear() { pool_.Clear(); }
 
   static constexpr size_t kPoolFrom = 64 << 10;
   static constexpr size_t kPoolBytes = 64 << 20;
 
  private:
-  static constexpr size_t kHeader = 64;  // the capacity, and the data cache-line aligned
+  struct Free {
+    void operator()(char* block) const { std::free(block); }
+  };
+  using Block = std::unique_ptr<char, Free>;  // a header, then the data
+  static constexpr size_t kHeader = 64;       // the capacity, and the data cache-line aligned
 
-  static void Give(void* block) { Get().Put(static_cast<char*>(block)); }
-
-  void Put(char* block) {
+  static void Give(void* block) {
     size_t capacity;
     std::memcpy(&capacity, block, sizeof(capacity));
-    {
-      absl::MutexLock lock(&mu_);
-      if (pooled_bytes_ + capacity <= kPoolBytes) {
-        free_.emplace(capacity, block);
-        pooled_bytes_ += capacity;
-        return;
-      }
-    }
-    std::free(block);
+    Get().pool_.Put(capacity, Block(static_cast<char*>(block)));
   }
 
-  absl::Mutex mu_;
-  std::multimap<size_t, char*> free_ ABSL_GUARDED_BY(mu_);  // blocks by capacity
-  size_t pooled_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  SizePool<Block> pool_{kPoolBytes};
 };
 
 size_t DataFieldBytes(size_t bytes) {
