@@ -95,17 +95,19 @@ for n in "$epochs" "$batch_size" "$micro_batches"; do
 done
 
 deploy/install_deps.sh --plots
+# The binaries this script runs, as paths under bazel-bin (and so as Bazel targets).
+binaries=(server/coordinator/ps_coordinator server/ps/ps_server worker/ps_worker tools/psctl/psctl)
 if [[ -n $bin ]]; then
   [[ -d $bin ]] || { echo "local_cluster.sh: --bin: no folder $bin" >&2; exit 2; }
   bin=$(cd "$bin" && pwd)
-  for b in server/coordinator/ps_coordinator server/ps/ps_server worker/ps_worker \
-    tools/psctl/psctl; do
+  for b in "${binaries[@]}"; do
     [[ -x $bin/$b ]] || { echo "local_cluster.sh: --bin: no $bin/$b" >&2; exit 2; }
   done
 else
   echo "== building (bazel -c opt)"
-  bazel build -c opt //server/coordinator:ps_coordinator //server/ps:ps_server //worker:ps_worker \
-    //tools/psctl:psctl //python:pscluster 2>&1 | tail -n 2
+  targets=()
+  for b in "${binaries[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
+  bazel build -c opt "${targets[@]}" //python:pscluster 2>&1 | tail -n 2
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 fi
 mkdir -p "$out"
