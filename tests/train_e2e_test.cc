@@ -291,13 +291,14 @@ TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) 
   };
   auto rank0 = worker(0, "--micro_batches=4");
   ASSERT_TRUE(rank0.ok());
-  auto rank1 = worker(1, "--micro_batches=8 --bucket_mb=1 --fsdp_reshard_after_forward=false");
+  auto rank1 = worker(1, "--micro_batches=8 --bucket_mb=0.1 --fsdp_reshard_after_forward=false");
   ASSERT_TRUE(rank1.ok());
   auto said = rank1->WaitForLine("start every worker with the same flags", absl::Minutes(1));
   ASSERT_TRUE(said.ok()) << said.status();
   EXPECT_THAT(*said, ::testing::HasSubstr("worker 1 was started with --micro_batches=8 "
-                                          "--bucket_mb=1 --fsdp_reshard_after_forward=false "
+                                          "--bucket_mb=0.1 --fsdp_reshard_after_forward=false "
                                           "but the run's rank 0 with"));
+  EXPECT_THAT(*said, ::testing::HasSubstr(" --bucket_mb=25 ")) << "rank 0's, the default";
   auto status = rank1->Wait(absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0);

@@ -2,6 +2,7 @@
 // agree on the newest complete checkpoint with the others, roll back and resume.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <optional>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/cluster_view.h"
@@ -50,6 +52,17 @@ std::string Generation(const coord::ClusterView& view) {
 
 namespace {
 
+// --bucket_mb as the shortest decimal that worker/flags.cc turns into the same bytes, so that
+// a refusal shows the value given (0.1, not 0.0999994). 17 digits always round-trip.
+std::string BucketMb(size_t bytes) {
+  std::string mb;
+  for (int digits = 1; digits <= 17; ++digits) {
+    mb = absl::StrFormat("%.*g", digits, bytes / double{1 << 20});
+    if (static_cast<size_t>(std::strtod(mb.c_str(), nullptr) * (1 << 20)) == bytes) break;
+  }
+  return mb;
+}
+
 // The training flags every worker of a run must share beyond what the tables' specs hold
 // (the model's sizes, the optimizer, the consistency), as "--name=value" words.
 std::vector<std::string> SharedFlags(const TrainerOptions& o) {
@@ -60,7 +73,7 @@ std::vector<std::string> SharedFlags(const TrainerOptions& o) {
           absl::StrCat("--micro_batches=", o.micro_batches),
           // ALLREDUCE's buckets and FSDP's gathers: ranks that differ make other collective
           // calls, which may have the same sizes and sum floats of different tensors.
-          absl::StrCat("--bucket_mb=", o.bucket_bytes / double{1 << 20}),
+          absl::StrCat("--bucket_mb=", BucketMb(o.bucket_bytes)),
           absl::StrCat("--fsdp_reshard_after_forward=",
                        o.fsdp_reshard_after_forward ? "true" : "false"),
           absl::StrCat("--lr=", o.optimizer.learning_rate()),
