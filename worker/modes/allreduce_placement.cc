@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "common/status_macros.h"
+#include "core/tensor/scale.h"
 #include "worker/modes/comm_thread.h"
 #include "worker/modes/placement_internal.h"
 
@@ -92,7 +93,7 @@ class AllReducePlacement final : public Placement {
       ASSIGN_OR_RETURN(row_sums[e], ReduceRows(e));
     }
     const float scale = 1.0f / ctx_.world;  // the mean of the workers' gradients
-    for (float& g : flat_) g *= scale;
+    core::Scale(absl::MakeSpan(flat_), scale);
     ++state_.updates;
     for (size_t i = 0; i < state_.params.size(); ++i) {
       ApplyOptimizer(*ctx_.optimizer, state_.params[i].data(), flat_.data() + offset_[i],

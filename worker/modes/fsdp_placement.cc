@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "core/tensor/scale.h"
 #include "worker/modes/placement_internal.h"
 
 namespace pscluster::modes::internal {
@@ -183,7 +184,7 @@ class FsdpPlacement final : public Placement {
     RETURN_IF_ERROR(ctx_.comm->ReduceScatterSum(absl::MakeConstSpan(gathered_.data(), block * m_),
                                                 absl::MakeSpan(mine_.data(), block)));
     const float scale = 1.0f / m_;  // the mean of the workers' gradients
-    for (size_t k = 0; k < block; ++k) mine_[k] *= scale;
+    core::Scale(absl::MakeSpan(mine_.data(), block), scale);
     size_t at = 0;
     for (int i : tensors) {
       const size_t begin = std::min(size_[i], ctx_.rank * chunk_[i]);

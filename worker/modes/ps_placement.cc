@@ -11,6 +11,7 @@
 // step as long as the longer of compute and round trip instead of their sum.
 #include "common/concurrent.h"
 #include "common/status_macros.h"
+#include "core/tensor/scale.h"
 #include "worker/modes/comm_thread.h"
 #include "worker/modes/model_tables.h"
 #include "worker/modes/placement_internal.h"
@@ -87,7 +88,7 @@ class PsPlacement final : public Placement {
     std::vector<absl::Span<float>> next;
     for (size_t i = 0; i < host_.size(); ++i) {
       model_->GetGrad(i, host_[i].data());
-      for (float& g : host_[i]) g *= scale;
+      core::Scale(absl::MakeSpan(host_[i]), scale);
       grads.emplace_back(host_[i]);
       next.emplace_back(absl::MakeSpan(host_[i]));
     }
@@ -164,7 +165,7 @@ class PsPlacement final : public Placement {
   absl::Status PushRows(int e, int64_t step, const std::vector<uint64_t>& keys, float scale) {
     rows_.resize(keys.size() * spec_.embeddings[e].dim);
     model_->GetRowGrads(e, absl::MakeSpan(rows_));
-    for (float& g : rows_) g *= scale;
+    core::Scale(absl::MakeSpan(rows_), scale);
     return ctx_.ps->PushSparse(tables_.sparse(e), step, keys, rows_);
   }
 
