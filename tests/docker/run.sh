@@ -124,6 +124,24 @@ await_workers() {  # seconds
   w1=$(await_exit worker1 "$1") || true
 }
 dump_logs() { compose logs --no-color --tail=25 >"$work/logs.txt" 2>&1; cat "$work/logs.txt"; }
+# A worker that never reached the coordinator (its registration saw UNAVAILABLE until its
+# minute ran out; it never joined) exits 2, and docker's restart policy (on-failure:3) starts
+# it again: what the compose file's policy is for. Seen about once in six runs of this stage
+# on a virtual machine: every TLS handshake from one worker's container timed out while
+# the other containers' went through, and the restarted worker joined and trained. Such a
+# restart is allowed here and said; any other first exit is judged as it is. Sets the
+# variable named VAR to the restarted run's exit code.
+rejoined_after_unreachable() {  # service var seconds
+  local id first
+  id=$(cid "$1")
+  first=$("$DOCKER" logs "$id" 2>&1 | sed '/^ps_worker: /q')  # the first run, to its fatal line
+  grep -q "retrying for up to" <<<"$first" && ! grep -q "cluster complete" <<<"$first" || return 1
+  log "compose_train: $1 never reached the coordinator in its first run" \
+    "($(grep '^ps_worker: ' <<<"$first" | head -c 300)); docker's restart policy started it again"
+  wait_for 60 "$1 to be restarted by docker" \
+    bash -c "(( \$(\"$DOCKER\" inspect -f '{{.RestartCount}}' $id) >= 1 ))" || return 1
+  printf -v "$2" %s "$(await_exit "$1" "$3")"
+}
 
 if ((image_ok == 0)); then
   skipped=$((skipped + 5))
@@ -134,12 +152,15 @@ else
   t0=$SECONDS
   if up_fresh "$epochs"; then
     await_workers 900
+    rejoined=""
+    [[ $w0 == 2 ]] && rejoined_after_unreachable worker0 w0 900 && rejoined+=" worker0"
+    [[ $w1 == 2 ]] && rejoined_after_unreachable worker1 w1 900 && rejoined+=" worker1"
     acc=$(summary_field worker0 test_accuracy 2>/dev/null || echo none)
     sps=$(summary_field worker0 samples_per_sec 2>/dev/null || echo none)
     progress=$(compose logs --no-color worker0 2>/dev/null | grep -c "step" || true)
     if [[ $w0 == 0 && $w1 == 0 ]] && /usr/bin/python3 -c "import sys; sys.exit(not float('$acc') >= 0.80)" 2>/dev/null \
         && ((progress > 0)); then
-      pass "compose_train: workers exited 0 after $((SECONDS - t0)) s; test accuracy $acc, $sps samples/s (worker 0), $progress progress lines"
+      pass "compose_train: workers exited 0 after $((SECONDS - t0)) s; test accuracy $acc, $sps samples/s (worker 0), $progress progress lines${rejoined:+; restarted by docker after an unreachable coordinator:$rejoined}"
     else
       dump_logs; fail "compose_train: worker exits $w0/$w1, accuracy $acc, $progress progress lines"
     fi
