@@ -174,7 +174,10 @@ absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulat
   const std::vector<int>& layers = options_.layers;
   const float beta = accumulate ? 1.0f : 0.0f;
   for (int i = end_ - 1; i >= first_; --i) {
-    if (hooks != nullptr && hooks->before) {
+    // Only the input gradient reads W: a first layer that computes none needs no load (for
+    // FSDP, the all-gather of the largest layer of most MLPs, saved).
+    const bool input_grad = i > first_ || input_delta;
+    if (input_grad && hooks != nullptr && hooks->before) {
       RETURN_IF_ERROR(hooks->before(i, /*backward=*/true));
     }
     const int in = layers[i], out = layers[i + 1];
@@ -187,7 +190,7 @@ absl::Status Mlp::Backward(int slot, int batch, float grad_scale, bool accumulat
     } else {
       backend_->ColumnSums(dy, batch, out, grad(i, 1));
     }
-    if (i > first_ || input_delta) {
+    if (input_grad) {
       // dx[batch x in] = dy[batch x out] * W^T[out x in], then through the ReLU that made x.
       float* dx = delta(i, slot);
       backend_->Gemm(false, true, batch, in, out, 1.0f, dy, value(i, 0), 0.0f, dx);

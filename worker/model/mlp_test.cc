@@ -391,8 +391,10 @@ TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
   };
   ASSERT_OK_AND_ASSIGN(StepResult r, shared->ForwardBackward(x.data(), y.data(), 5, &hooks));
   EXPECT_EQ(r.loss, ref.loss);
+  // No load for the first layer's backward: without an input gradient it reads no parameter
+  // (the loaded buffer holds layer 1's then, and the gradients are still the reference's).
   EXPECT_EQ(calls, (std::vector<std::pair<int, bool>>{
-                       {0, false}, {1, false}, {2, false}, {2, true}, {1, true}, {0, true}}));
+                       {0, false}, {1, false}, {2, false}, {2, true}, {1, true}}));
   for (size_t i = 0; i < params.size(); ++i) {
     std::vector<float> want(params[i].size());
     reference->GetGrad(i, want.data());
@@ -403,6 +405,35 @@ TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
   };
   EXPECT_EQ(shared->ForwardBackward(x.data(), y.data(), 5, &hooks).status().message(),
             "gather of layer 0 failed");
+}
+
+// With an input gradient the first layer's backward reads W, and asks for it.
+TEST_F(MlpTest, SharedLayerBuffersLoadTheFirstLayerForAnInputGradient) {
+  MlpOptions options{{7, 6, 3}};
+  options.input_gradient = true;
+  const std::vector<std::vector<float>> params = RandomParams(options);
+  const std::vector<float> x = RandomInputs(5 * 7);
+  const std::vector<int32_t> y = RandomLabels(5, 3);
+  auto reference = MakeMlp(options, 5, params);
+  ASSERT_OK_AND_ASSIGN(StepResult ref, reference->ForwardBackward(x.data(), y.data(), 5));
+  options.share_layer_buffers = true;
+  ASSERT_OK_AND_ASSIGN(auto shared, Mlp::Create(backend_.get(), options, 5));
+  std::vector<std::pair<int, bool>> calls;
+  LayerHooks hooks;
+  hooks.before = [&](int layer, bool backward) {
+    calls.emplace_back(layer, backward);
+    shared->SetParam(2 * layer, params[2 * layer].data());
+    shared->SetParam(2 * layer + 1, params[2 * layer + 1].data());
+    return absl::OkStatus();
+  };
+  ASSERT_OK_AND_ASSIGN(StepResult r, shared->ForwardBackward(x.data(), y.data(), 5, &hooks));
+  EXPECT_EQ(r.loss, ref.loss);
+  EXPECT_EQ(calls,
+            (std::vector<std::pair<int, bool>>{{0, false}, {1, false}, {1, true}, {0, true}}));
+  std::vector<float> want(5 * 7), got(5 * 7);
+  reference->GetInputGrad(want.data(), 5);
+  shared->GetInputGrad(got.data(), 5);
+  EXPECT_EQ(got, want);
 }
 
 TEST_F(MlpTest, StageRangeAndSlotsAreValidated) {

@@ -74,8 +74,10 @@ struct ModelSpec {
 };
 
 // FSDP: called by ForwardBackward around each layer. `before` must load the layer's
-// tensors with SetParam (backward: true when it is for the layer's backward pass);
-// after_backward may read the layer's gradients with GetGrad.
+// tensors with SetParam (backward: true when it is for the layer's backward pass); a pass
+// that reads none of them calls no `before` (the MLP's first layer's backward without an
+// input gradient, the GPT's embedding's). after_backward may read the layer's gradients
+// with GetGrad.
 struct LayerHooks {
   std::function<absl::Status(int layer, bool backward)> before;
   std::function<absl::Status(int layer)> after_backward;
