@@ -225,7 +225,13 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
         shard_map_version_, " (current ", version_, "); re-read the view"));
   }
   m->set_step(r.step());
-  if (r.run_end_step() > 0) m->set_run_end_step(r.run_end_step());
+  if (r.run_end_step() > 0 && r.run_end_step() != m->run_end_step()) {
+    m->set_run_end_step(r.run_end_step());
+    // A switch scheduled before the workers said where their run ends (SwitchMode refuses
+    // one past it after) that the run never reaches would stay pending after it: dropped
+    // from the view (ps_coordinator says so).
+    if (!switches_.DropFrom(r.run_end_step()).empty()) ChangedLocked();
+  }
   m->set_loss(r.loss());
   m->set_samples_per_sec(r.samples_per_sec());
   if (r.has_metric()) {

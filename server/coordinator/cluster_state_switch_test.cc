@@ -82,6 +82,8 @@ class ClusterStateSwitchTest : public ::testing::Test {
 TEST_F(ClusterStateSwitchTest, ASwitchAtOrPastTheRunsEndIsRefused) {
   Start(2);
   MustSwitch(FSDP, 5000);  // no worker has said where its run ends: not checked
+  MustSwitch(ALLREDUCE, 1000);
+  ASSERT_EQ(cluster_->View().pending_switches_size(), 2);
   for (int w = 0; w < 2; ++w) {
     ReportProgressRequest p;
     p.set_rank(w);
@@ -91,6 +93,10 @@ TEST_F(ClusterStateSwitchTest, ASwitchAtOrPastTheRunsEndIsRefused) {
     p.set_run_end_step(w == 0 ? 1404 : 1400);
     ASSERT_TRUE(cluster_->ReportProgress(p).ok());
   }
+  // The switch the run never reaches was dropped when the first worker said where it ends;
+  // the one before the end stays.
+  ASSERT_EQ(cluster_->View().pending_switches_size(), 1);
+  EXPECT_EQ(cluster_->View().pending_switches(0).at_step(), 1000);
   const int64_t version = cluster_->View().version();
   for (int64_t at : {1400, 1404, 99999}) {
     absl::StatusOr<SwitchModeResponse> r = cluster_->SwitchMode(Switch(ALLREDUCE, at));
@@ -99,7 +105,7 @@ TEST_F(ClusterStateSwitchTest, ASwitchAtOrPastTheRunsEndIsRefused) {
                 ::testing::HasSubstr("the run ends at step 1400 (worker 1"));
   }
   EXPECT_EQ(cluster_->View().version(), version) << "a refused switch changes nothing";
-  EXPECT_EQ(MustSwitch(ALLREDUCE, 1399).at_step(), 1399);
+  EXPECT_EQ(MustSwitch(FSDP, 1399).at_step(), 1399);
   ReportProgressRequest bad;
   bad.set_rank(0);
   bad.set_incarnation(1);

@@ -86,6 +86,29 @@ void PrintSwitches(const pscluster::coord::ClusterView& before,
                 static_cast<long long>(s.switch_id()), ModeName(s.from_mode()),
                 ModeName(s.to_mode()), static_cast<long long>(s.at_step()), s.handoff_seconds());
   }
+  // Pending before, and neither pending nor done now: dropped once the workers said where
+  // their run ends, before it.
+  int64_t run_end = 0;
+  for (const auto& m : after.members()) {
+    if (m.role() == pscluster::coord::WORKER && m.run_end_step() > 0 &&
+        (run_end == 0 || m.run_end_step() < run_end)) {
+      run_end = m.run_end_step();
+    }
+  }
+  auto listed = [](const auto& switches, int64_t id) {
+    return std::any_of(switches.begin(), switches.end(),
+                       [id](const auto& s) { return s.switch_id() == id; });
+  };
+  for (const auto& s : before.pending_switches()) {
+    if (listed(after.pending_switches(), s.switch_id()) ||
+        listed(after.switches(), s.switch_id())) {
+      continue;
+    }
+    std::printf("ps_coordinator: switch %lld to %s at step %lld dropped: the run ends at step "
+                "%lld, before it\n",
+                static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
+                static_cast<long long>(s.at_step()), static_cast<long long>(run_end));
+  }
 }
 
 // One line per member whose liveness differs from `before`, and per switch.

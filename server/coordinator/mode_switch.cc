@@ -96,6 +96,19 @@ void SwitchSchedule::Rewind(int64_t step) {
   for (auto& [rank, reached] : reached_) reached = std::min(reached, step - 1);
 }
 
+std::vector<SwitchRecord> SwitchSchedule::DropFrom(int64_t end_step) {
+  std::vector<SwitchRecord> dropped;
+  for (auto it = by_step_.lower_bound(end_step); it != by_step_.end();) {
+    if (it->second.done) {  // reached: cannot be past the end (kept as it is)
+      ++it;
+      continue;
+    }
+    dropped.push_back(std::move(it->second.record));
+    it = by_step_.erase(it);
+  }
+  return dropped;
+}
+
 SwitchSchedule::Entry* SwitchSchedule::FindById(int64_t switch_id) {
   for (auto& [step, e] : by_step_) {
     if (e.record.switch_id() == switch_id) return &e;

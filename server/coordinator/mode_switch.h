@@ -70,6 +70,9 @@ class SwitchSchedule {
   // The cluster was rolled back to `step` (psctl restore): the workers resume there, so
   // the steps from it on can be scheduled again.
   void Rewind(int64_t step);
+  // The run ends at `end_step` (the workers train the steps before it): the pending
+  // switches at or after it, which no worker will reach, are dropped, and returned.
+  std::vector<SwitchRecord> DropFrom(int64_t end_step);
   // Sets view->mode, ->initial_mode, ->switches and ->pending_switches.
   void FillView(ClusterView* view) const;
 
