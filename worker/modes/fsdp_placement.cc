@@ -1,7 +1,8 @@
 // FSDP: worker r of M owns elements [r*c, (r+1)*c) of every tensor of n elements
 // (c = ceil(n / M), the last owner's share padded), with their optimizer slots. The model
 // keeps ONE layer's parameters and gradients (InstanceOptions::share_layer_buffers): before a
-// layer's forward and again before its backward the owners all-gather it; after its backward its
+// layer's forward and again before its backward the owners all-gather it (not for a backward
+// that reads no parameters: the MLP's first layer's, the GPT's embedding's); after its backward its
 // gradient is reduce-scattered and every worker steps its own share at once. So a worker
 // holds 1/M of the state plus one layer.
 // With fsdp_reshard_after_forward false (PyTorch's SHARD_GRAD_OP) the model keeps every
