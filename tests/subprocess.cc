@@ -94,6 +94,29 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   return status;
 }
 
+absl::Status Subprocess::Pause(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("process already stopped");
+  if (kill(pid_, SIGSTOP) != 0) {
+    return absl::InternalError(absl::StrCat("SIGSTOP to ", name_, ": ", std::strerror(errno)));
+  }
+  // waitpid reports the stop once the group stop is complete: every thread stopped.
+  absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  while (true) {
+    const pid_t got = waitpid(pid_, &status, WNOHANG | WUNTRACED);
+    if (got == pid_ && WIFSTOPPED(status)) return absl::OkStatus();
+    if (got == pid_) {
+      pid_ = -1;
+      return absl::FailedPreconditionError(absl::StrCat(name_, " exited instead of stopping"));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(name_, " did not stop within ", absl::FormatDuration(timeout)));
+    }
+    usleep(2000);
+  }
+}
+
 absl::StatusOr<int> Subprocess::Stop(int sig, absl::Duration timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("process already stopped");
   kill(pid_, sig);

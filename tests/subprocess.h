@@ -28,6 +28,10 @@ class Subprocess {
   absl::StatusOr<int> Wait(absl::Duration timeout);
   // Sends `sig` and waits (bounded) for exit; returns the raw wait status.
   absl::StatusOr<int> Stop(int sig, absl::Duration timeout);
+  // SIGSTOP, and waits (bounded) until every thread has stopped. kill() returns before
+  // that: the kernel wakes one thread to start the group stop, and on a loaded machine the
+  // others can still run (answer a request) until it is scheduled. SIGCONT resumes it.
+  absl::Status Pause(absl::Duration timeout);
 
   pid_t pid() const { return pid_; }
   const std::string& name() const { return name_; }
