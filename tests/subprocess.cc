@@ -78,19 +78,24 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(const std::string& needle,
   }
 }
 
-absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
-  if (pid_ <= 0) return absl::FailedPreconditionError("process already stopped");
-  // Bounded wait: poll the child's exit with waitpid(WNOHANG) against a deadline.
+absl::StatusOr<int> Subprocess::Poll(int flags, absl::Duration timeout, const char* what) {
+  // Bounded wait: poll waitpid(WNOHANG) against a deadline.
   absl::Time deadline = absl::Now() + timeout;
   int status = 0;
-  while (waitpid(pid_, &status, WNOHANG) == 0) {
+  while (waitpid(pid_, &status, WNOHANG | flags) == 0) {
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat(name_, " did not exit within ", absl::FormatDuration(timeout)));
+          absl::StrCat(name_, " did not ", what, " within ", absl::FormatDuration(timeout)));
     }
     usleep(2000);
   }
-  pid_ = -1;
+  return status;
+}
+
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("process already stopped");
+  absl::StatusOr<int> status = Poll(0, timeout, "exit");
+  if (status.ok()) pid_ = -1;
   return status;
 }
 
@@ -100,21 +105,11 @@ absl::Status Subprocess::Pause(absl::Duration timeout) {
     return absl::InternalError(absl::StrCat("SIGSTOP to ", name_, ": ", std::strerror(errno)));
   }
   // waitpid reports the stop once the group stop is complete: every thread stopped.
-  absl::Time deadline = absl::Now() + timeout;
-  int status = 0;
-  while (true) {
-    const pid_t got = waitpid(pid_, &status, WNOHANG | WUNTRACED);
-    if (got == pid_ && WIFSTOPPED(status)) return absl::OkStatus();
-    if (got == pid_) {
-      pid_ = -1;
-      return absl::FailedPreconditionError(absl::StrCat(name_, " exited instead of stopping"));
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(name_, " did not stop within ", absl::FormatDuration(timeout)));
-    }
-    usleep(2000);
-  }
+  absl::StatusOr<int> status = Poll(WUNTRACED, timeout, "stop");
+  if (!status.ok()) return status.status();
+  if (WIFSTOPPED(*status)) return absl::OkStatus();
+  pid_ = -1;
+  return absl::FailedPreconditionError(absl::StrCat(name_, " exited instead of stopping"));
 }
 
 absl::StatusOr<int> Subprocess::Stop(int sig, absl::Duration timeout) {

@@ -38,6 +38,9 @@ class Subprocess {
 
  private:
   Subprocess(pid_t pid, int out_fd, std::string name);
+  // Polls waitpid(WNOHANG | flags) until it reports the child (its raw status), or
+  // DEADLINE_EXCEEDED saying it did not `what` within `timeout`.
+  absl::StatusOr<int> Poll(int flags, absl::Duration timeout, const char* what);
 
   pid_t pid_ = -1;
   int out_fd_ = -1;

@@ -361,6 +361,20 @@ TEST_F(MlpTest, TwoStagesOverMicroBatchesGiveTheWholeBatchGradients) {
   }
 }
 
+// Hooks for a model with shared layer buffers: `before` loads layer l's weight and bias
+// (params 2l and 2l + 1) and records each call in `calls`.
+LayerHooks LoadingHooks(Mlp* shared, const std::vector<std::vector<float>>& params,
+                        std::vector<std::pair<int, bool>>* calls) {
+  LayerHooks hooks;
+  hooks.before = [shared, &params, calls](int layer, bool backward) {
+    calls->emplace_back(layer, backward);
+    shared->SetParam(2 * layer, params[2 * layer].data());
+    shared->SetParam(2 * layer + 1, params[2 * layer + 1].data());
+    return absl::OkStatus();
+  };
+  return hooks;
+}
+
 TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
   MlpOptions options{{7, 6, 5, 3}};
   const std::vector<std::vector<float>> params = RandomParams(options);
@@ -375,13 +389,7 @@ TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
             absl::StatusCode::kFailedPrecondition);  // needs hooks
   std::vector<std::vector<float>> grads(params.size());
   std::vector<std::pair<int, bool>> calls;
-  LayerHooks hooks;
-  hooks.before = [&](int layer, bool backward) {
-    calls.emplace_back(layer, backward);
-    shared->SetParam(2 * layer, params[2 * layer].data());
-    shared->SetParam(2 * layer + 1, params[2 * layer + 1].data());
-    return absl::OkStatus();
-  };
+  LayerHooks hooks = LoadingHooks(shared.get(), params, &calls);
   hooks.after_backward = [&](int layer) {
     for (int k : {2 * layer, 2 * layer + 1}) {
       grads[k].resize(params[k].size());
@@ -419,13 +427,7 @@ TEST_F(MlpTest, SharedLayerBuffersLoadTheFirstLayerForAnInputGradient) {
   options.share_layer_buffers = true;
   ASSERT_OK_AND_ASSIGN(auto shared, Mlp::Create(backend_.get(), options, 5));
   std::vector<std::pair<int, bool>> calls;
-  LayerHooks hooks;
-  hooks.before = [&](int layer, bool backward) {
-    calls.emplace_back(layer, backward);
-    shared->SetParam(2 * layer, params[2 * layer].data());
-    shared->SetParam(2 * layer + 1, params[2 * layer + 1].data());
-    return absl::OkStatus();
-  };
+  LayerHooks hooks = LoadingHooks(shared.get(), params, &calls);
   ASSERT_OK_AND_ASSIGN(StepResult r, shared->ForwardBackward(x.data(), y.data(), 5, &hooks));
   EXPECT_EQ(r.loss, ref.loss);
   EXPECT_EQ(calls,
