@@ -180,7 +180,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   RETURN_IF_ERROR(Check(absl::GetFlag(FLAGS_bucket_mb) > 0, "--bucket_mb must be > 0"));
-  o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
+  o.bucket_bytes = modes::BucketBytes(absl::GetFlag(FLAGS_bucket_mb));
   o.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   o.fsdp_reshard_after_forward = absl::GetFlag(FLAGS_fsdp_reshard_after_forward);
   o.overlap_push = absl::GetFlag(FLAGS_overlap_push);

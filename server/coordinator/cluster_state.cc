@@ -230,7 +230,7 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
     // A switch scheduled before the workers said where their run ends (SwitchMode refuses
     // one past it after) that the run never reaches would stay pending after it: dropped
     // from the view (ps_coordinator says so).
-    if (!switches_.DropFrom(r.run_end_step()).empty()) ChangedLocked();
+    if (switches_.DropFrom(r.run_end_step()) > 0) ChangedLocked();
   }
   m->set_loss(r.loss());
   m->set_samples_per_sec(r.samples_per_sec());

@@ -96,15 +96,15 @@ void SwitchSchedule::Rewind(int64_t step) {
   for (auto& [rank, reached] : reached_) reached = std::min(reached, step - 1);
 }
 
-std::vector<SwitchRecord> SwitchSchedule::DropFrom(int64_t end_step) {
-  std::vector<SwitchRecord> dropped;
+int SwitchSchedule::DropFrom(int64_t end_step) {
+  int dropped = 0;
   for (auto it = by_step_.lower_bound(end_step); it != by_step_.end();) {
     if (it->second.done) {  // reached: cannot be past the end (kept as it is)
       ++it;
       continue;
     }
-    dropped.push_back(std::move(it->second.record));
     it = by_step_.erase(it);
+    ++dropped;
   }
   return dropped;
 }

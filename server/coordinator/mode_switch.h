@@ -71,8 +71,8 @@ class SwitchSchedule {
   // the steps from it on can be scheduled again.
   void Rewind(int64_t step);
   // The run ends at `end_step` (the workers train the steps before it): the pending
-  // switches at or after it, which no worker will reach, are dropped, and returned.
-  std::vector<SwitchRecord> DropFrom(int64_t end_step);
+  // switches at or after it, which no worker will reach, are dropped; returns how many.
+  int DropFrom(int64_t end_step);
   // Sets view->mode, ->initial_mode, ->switches and ->pending_switches.
   void FillView(ClusterView* view) const;
 

@@ -52,13 +52,13 @@ std::string Generation(const coord::ClusterView& view) {
 
 namespace {
 
-// --bucket_mb as the shortest decimal that worker/flags.cc turns into the same bytes, so that
-// a refusal shows the value given (0.1, not 0.0999994). 17 digits always round-trip.
+// --bucket_mb as the shortest decimal that BucketBytes turns into the same bytes, so that a
+// refusal shows the value given (0.1, not 0.0999994). 17 digits always round-trip.
 std::string BucketMb(size_t bytes) {
   std::string mb;
   for (int digits = 1; digits <= 17; ++digits) {
     mb = absl::StrFormat("%.*g", digits, bytes / double{1 << 20});
-    if (static_cast<size_t>(std::strtod(mb.c_str(), nullptr) * (1 << 20)) == bytes) break;
+    if (BucketBytes(std::strtod(mb.c_str(), nullptr)) == bytes) break;
   }
   return mb;
 }

@@ -39,6 +39,10 @@
 
 namespace pscluster::modes {
 
+// --bucket_mb in bytes (truncated): the flag's one conversion, for the options and for the
+// flags a run's workers compare.
+inline size_t BucketBytes(double mb) { return static_cast<size_t>(mb * (1 << 20)); }
+
 struct TrainerOptions {
   Mode mode = coord::PS;            // the mode training starts in
   std::vector<std::string> shards;  // ps_server addresses, index = shard id (or coordinator's)
@@ -56,7 +60,7 @@ struct TrainerOptions {
   ps::ConsistencyConfig consistency;       // PS mode's tables
   model::ModelConfig model;                // --model and its sizes
   int micro_batches = 4;                   // PIPELINE
-  size_t bucket_bytes = size_t{25} << 20;  // ALLREDUCE (placement.h)
+  size_t bucket_bytes = size_t{25} << 20;  // ALLREDUCE (placement.h); BucketBytes(--bucket_mb)
   bool overlap_allreduce = true;           // ALLREDUCE (placement.h)
   bool fsdp_reshard_after_forward = true;  // FSDP (placement.h)
   bool overlap_push = true;                // PS, where the consistency allows (placement.h)
