@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -13,9 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
+#include "client/ps/ps_client.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -650,6 +654,87 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
   auto status = shard->Stop(SIGTERM, absl::Seconds(20));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
+}
+
+// An operator's checkpoint while a worker trains as fast as a BSP step can go (a pull and
+// a push a step, one worker: each push applies at once): every one is taken, at ascending steps.
+// Before, the checkpointer asked the shards for the step they reached and snapshotted it
+// 4 times; tables that had moved on by then refused, and psctl checkpoint failed.
+TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) {
+  const std::string dir = ::testing::TempDir() + "/checkpoint_while_training";
+  std::filesystem::remove_all(dir);
+  std::vector<testing::Subprocess> processes;
+  const std::string coordinator = StartCoordinator(
+      {"--num_shards=2", "--num_workers=1", "--data_dir=" + dir + "/coordinator"}, &processes);
+  ASSERT_FALSE(coordinator.empty());
+  std::vector<std::string> shards;
+  for (int s = 0; s < 2; ++s) {
+    auto p = testing::Subprocess::Start(
+        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
+         "--coordinator=" + coordinator, absl::StrCat("--data_dir=", dir, "/shard", s)});
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto line = p->WaitForLine("listening on", absl::Seconds(60));
+    ASSERT_TRUE(line.ok()) << line.status();
+    shards.push_back(testing::ListeningAddress(*line).value_or(""));
+    ASSERT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
+    processes.push_back(*std::move(p));
+  }
+  CoordinatorClientOptions member;
+  member.coordinator = coordinator;
+  member.role = coord::WORKER;
+  member.id = 0;
+  member.address = "test-worker";
+  member.heartbeat_interval = absl::Milliseconds(100);
+  auto joined = CoordinatorClient::Register(member);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+
+  PsClientOptions o;
+  o.shard_addresses = shards;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->RegisterWorker().ok());
+  ps::TableSpec spec;
+  spec.set_table_id(1);
+  spec.set_kind(ps::TableSpec::DENSE);
+  spec.set_name("w");
+  spec.set_size(64);
+  spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::SGD);
+  spec.mutable_optimizer()->set_learning_rate(0.01f);
+  spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::BSP);
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> pushed{0};
+  absl::Status training;
+  std::thread worker([&] {
+    std::vector<float> params(spec.size());
+    const std::vector<float> grad(spec.size(), 0.001f);
+    for (int64_t step = 0; !stop.load() && training.ok(); ++step) {  // as ps_worker's steps
+      training = (*client)->PullDense(1, step, absl::MakeSpan(params));
+      if (training.ok()) training = (*client)->PushDense(1, step, grad);
+      pushed = step + 1;
+    }
+  });
+  absl::Cleanup join = [&] {
+    stop = true;
+    worker.join();
+  };
+  auto stub = coord::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  int64_t last = -1;
+  for (int i = 0; i < 8; ++i) {
+    coord::Checkpoint taken;
+    grpc::Status s =
+        Call(stub.get(), &coord::Coordinator::Stub::Checkpoint, coord::CheckpointRequest(), &taken);
+    ASSERT_TRUE(s.ok()) << "checkpoint " << i << " after " << pushed.load()
+                        << " steps: " << s.error_message();
+    EXPECT_GT(taken.step(), last) << "checkpoint " << i;
+    last = taken.step();
+  }
+  std::move(join).Invoke();
+  EXPECT_TRUE(training.ok()) << training;
+  EXPECT_GT(pushed.load(), last) << "the checkpoints were taken while the steps went on";
+  for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {

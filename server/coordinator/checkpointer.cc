@@ -166,15 +166,22 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     request.set_has_metric(true);
     request.set_metric(*metric);
   }
-  // Snapshot the step the tables have reached. While training runs, BSP tables may pass it
-  // before the request lands, and then some shards capture and others refuse: wait for
-  // those writes to end and ask again for the step reached now. Never a step no table has
-  // reached: its capture would wait for pushes, and a worker waiting on this checkpointer
-  // (rank 0 reporting its metric, or asking for a checkpoint) could not push them until
-  // the capture's deadline (a 10 s stall at epoch ends, seen by the red team).
+  // Snapshot the step the tables have reached, when they stand still (a worker waits on
+  // this checkpointer: rank 0 reporting its metric or asking for a checkpoint; the run
+  // stopped). BSP tables may pass it before the request lands, and then some shards capture
+  // and others refuse: wait for those writes to end and ask again. Passed twice, the run
+  // goes on without us (psctl checkpoint during training): aim ahead, at a step the tables
+  // will reach, further each time they pass it first; not with a metric, measured on the
+  // step reached. An ahead capture waits for pushes: if what moved the tables stops (the
+  // run ends, or rank 0 now waits on this checkpointer and cannot push them) it gives up
+  // after kAheadWait, and the tables, standing still, are taken where they are. (Ahead
+  // captures were the only kind once: a 10 s stall at epoch ends, seen by the red team.)
+  constexpr absl::Duration kAheadWait = absl::Seconds(2);
+  std::unique_ptr<PsClient> soon;  // the ahead captures' calls, deadline kAheadWait
   int64_t step = -1;
+  int64_t ahead = 0;  // steps past the reached one this attempt aims at
   absl::Status s;
-  for (int attempt = 0; attempt < (at ? 1 : 4); ++attempt) {
+  for (int attempt = 0; attempt < (at ? 1 : 8); ++attempt) {
     if (auto idle = (*shards)->SnapshotStatus(/*wait_until_idle=*/true); !idle.ok()) {
       return idle.status();
     }
@@ -187,7 +194,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     } else {
       auto reached = (*shards)->CheckpointStep();
       if (!reached.ok()) return reached.status();
-      step = *reached;
+      step = *reached + ahead;
       if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
         Checkpoint& newest = checkpoints_.back();
         if (metric && step == newest.step()) {  // measured at its step: filed under it
@@ -204,8 +211,17 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     // Our retention, decided before the shards write: they keep exactly what we will list.
     request.clear_keep_steps();
     for (const Checkpoint& c : Retained(step, metric)) request.add_keep_steps(c.step());
-    s = (*shards)->Snapshot(step, request);
+    if (ahead > 0 && soon == nullptr) {
+      PsClientOptions o = ShardsOf(view, options_);
+      o.rpc_timeout = std::min(o.rpc_timeout, kAheadWait);
+      ASSIGN_OR_RETURN(soon, PsClient::Create(o));
+    }
+    s = (ahead > 0 ? soon : *shards)->Snapshot(step, request);
     if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) break;
+    // Passed before the request landed (twice: further ahead), or an ahead capture waited in
+    // vain (the tables stand still now).
+    const bool passed = s.code() == absl::StatusCode::kFailedPrecondition;
+    ahead = passed && attempt >= 1 && !metric ? std::max<int64_t>(2, 2 * ahead) : 0;
   }
   if (!s.ok() && s.code() != absl::StatusCode::kAlreadyExists) return s;
   auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
