@@ -181,6 +181,31 @@ TEST(FsdpReshardTest, KeepingTheGatheredLayersGivesTheSameBits) {
   }
 }
 
+// Small layers are gathered and reduce-scattered as one unit: the test MLP's layers 1 and 2
+// (136 and 27 parameters, under layer 0's 208) make one, so a step makes 2 all-gathers and
+// 2 reduce-scatters with resharding or without (one layer at a time: 4 + 3, or 3 + 3). So do
+// the GPT's: its two blocks and its head (together under the embedding's size) make one.
+TEST(FsdpUnitsTest, SmallLayersMakeOneUnitGatheredOnceAndReduceScatteredOnce) {
+  for (bool gpt : {false, true}) {
+    for (bool reshard : {true, false}) {
+      auto options = [&](int r) {
+        TrainerOptions o = gpt ? testing::GptOptions(coord::FSDP, r, 2, ps::OptimizerConfig::ADAM)
+                               : Options(coord::FSDP, r, 2, ps::OptimizerConfig::ADAM);
+        o.fsdp_reshard_after_forward = reshard;
+        return o;
+      };
+      OnRanks(2, options, [&](int r, Trainer& t) {
+        for (int64_t step = 0; step < 2; ++step) ASSERT_TRUE(t.Step(step).ok()) << step;
+        double collectives = -1;
+        for (const auto& [name, value] : t.Figures()) {
+          if (name == "fsdp_collectives_per_step") collectives = value;
+        }
+        EXPECT_EQ(collectives, 4) << (gpt ? "gpt" : "mlp") << ", reshard " << reshard;
+      });
+    }
+  }
+}
+
 TEST(ModeSwitchTest, RoundTripThroughEveryCollectiveModeKeepsTheStateBitwise) {
   auto options = [](int r) { return Options(coord::ALLREDUCE, r, 2, ps::OptimizerConfig::ADAM); };
   OnRanks(2, options, [&](int r, Trainer& t) {
