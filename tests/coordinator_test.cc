@@ -101,6 +101,20 @@ grpc::Status Call(coord::Coordinator::Stub* stub, Rpc rpc, const Req& req, Resp*
   return (stub->*rpc)(&ctx, req, resp);
 }
 
+// Registers with `coordinator` as worker 0, heartbeating every 100 ms; null (failing the
+// test) when it cannot.
+std::unique_ptr<CoordinatorClient> JoinAsWorker0(const std::string& coordinator) {
+  CoordinatorClientOptions o;
+  o.coordinator = coordinator;
+  o.role = coord::WORKER;
+  o.id = 0;
+  o.address = "test-worker";
+  o.heartbeat_interval = absl::Milliseconds(100);
+  auto c = CoordinatorClient::Register(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -135,17 +149,7 @@ class CoordinatorTest : public ::testing::Test {
     return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
   }
 
-  std::unique_ptr<CoordinatorClient> JoinAsWorker() {
-    CoordinatorClientOptions o;
-    o.coordinator = coordinator_;
-    o.role = coord::WORKER;
-    o.id = 0;
-    o.address = "test-worker";
-    o.heartbeat_interval = absl::Milliseconds(100);
-    auto c = CoordinatorClient::Register(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : nullptr;
-  }
+  std::unique_ptr<CoordinatorClient> JoinAsWorker() { return JoinAsWorker0(coordinator_); }
 
   // Blocks until the view changes past `version` and satisfies `pred` (bounded).
   coord::ClusterView AwaitViewWhere(CoordinatorClient* c, int64_t version,
@@ -657,7 +661,8 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
 }
 
 // An operator's checkpoint while a worker trains as fast as a BSP step can go (a pull and
-// a push a step, one worker: each push applies at once): every one is taken, at ascending steps.
+// a push a step, one worker: each push applies at once): every one is taken, at ascending
+// steps.
 // Before, the checkpointer asked the shards for the step they reached and snapshotted it
 // 4 times; tables that had moved on by then refused, and psctl checkpoint failed.
 TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) {
@@ -679,14 +684,8 @@ TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) 
     ASSERT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
     processes.push_back(*std::move(p));
   }
-  CoordinatorClientOptions member;
-  member.coordinator = coordinator;
-  member.role = coord::WORKER;
-  member.id = 0;
-  member.address = "test-worker";
-  member.heartbeat_interval = absl::Milliseconds(100);
-  auto joined = CoordinatorClient::Register(member);
-  ASSERT_TRUE(joined.ok()) << joined.status();
+  auto joined = JoinAsWorker0(coordinator);  // the view is complete with it
+  ASSERT_NE(joined, nullptr);
 
   PsClientOptions o;
   o.shard_addresses = shards;
