@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "core/tensor/non_finite.h"
 #include "worker/modes/placement_internal.h"
 
 namespace pscluster::modes::internal {
@@ -209,7 +210,7 @@ class PipelinePlacement final : public Placement {
       const int tag = kTiedTag + index;
       RETURN_IF_ERROR(Waited(
           [&] { return ctx_.comm->SendRecv(mine, peer, tag, absl::MakeSpan(theirs), peer, tag); }));
-      for (size_t k = 0; k < mine.size(); ++k) mine[k] += theirs[k];
+      core::AddAndMaxAbs(absl::MakeSpan(mine), theirs);  // one vector pass; the max unused
     }
     return absl::OkStatus();
   }
