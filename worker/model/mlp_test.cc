@@ -100,6 +100,30 @@ class MlpTest : public ::testing::Test {
     return std::move(mlp).value();
   }
 
+  // A batch of 5 for `options`, the model with its own buffers (the reference) after a step
+  // on it, and the same model with shared layer buffers, loaded with nothing yet.
+  struct SharedBuffersCase {
+    std::vector<std::vector<float>> params;
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    std::unique_ptr<Mlp> reference;
+    StepResult ref;
+    std::unique_ptr<Mlp> shared;
+  };
+  SharedBuffersCase MakeSharedBuffersCase(MlpOptions options) {
+    SharedBuffersCase c;
+    c.params = RandomParams(options);
+    c.x = RandomInputs(5 * options.layers.front());
+    c.y = RandomLabels(5, options.layers.back());
+    c.reference = MakeMlp(options, 5, c.params);
+    absl::StatusOr<StepResult> ref = c.reference->ForwardBackward(c.x.data(), c.y.data(), 5);
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    c.ref = ref.value_or(StepResult{});
+    options.share_layer_buffers = true;
+    c.shared = MakeMlp(options, 5, {});
+    return c;
+  }
+
   std::unique_ptr<compute::Backend> backend_ = compute::MakeCpuBackend(1);
   std::mt19937_64 rng_{1234};
 };
@@ -376,42 +400,34 @@ LayerHooks LoadingHooks(Mlp* shared, const std::vector<std::vector<float>>& para
 }
 
 TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
-  MlpOptions options{{7, 6, 5, 3}};
-  const std::vector<std::vector<float>> params = RandomParams(options);
-  const std::vector<float> x = RandomInputs(5 * 7);
-  const std::vector<int32_t> y = RandomLabels(5, 3);
-  auto reference = MakeMlp(options, 5, params);
-  ASSERT_OK_AND_ASSIGN(StepResult ref, reference->ForwardBackward(x.data(), y.data(), 5));
-
-  options.share_layer_buffers = true;
-  ASSERT_OK_AND_ASSIGN(auto shared, Mlp::Create(backend_.get(), options, 5));
-  EXPECT_EQ(shared->ForwardBackward(x.data(), y.data(), 5).status().code(),
+  const SharedBuffersCase c = MakeSharedBuffersCase({{7, 6, 5, 3}});
+  EXPECT_EQ(c.shared->ForwardBackward(c.x.data(), c.y.data(), 5).status().code(),
             absl::StatusCode::kFailedPrecondition);  // needs hooks
-  std::vector<std::vector<float>> grads(params.size());
+  std::vector<std::vector<float>> grads(c.params.size());
   std::vector<std::pair<int, bool>> calls;
-  LayerHooks hooks = LoadingHooks(shared.get(), params, &calls);
+  LayerHooks hooks = LoadingHooks(c.shared.get(), c.params, &calls);
   hooks.after_backward = [&](int layer) {
     for (int k : {2 * layer, 2 * layer + 1}) {
-      grads[k].resize(params[k].size());
-      shared->GetGrad(k, grads[k].data());
+      grads[k].resize(c.params[k].size());
+      c.shared->GetGrad(k, grads[k].data());
     }
     return absl::OkStatus();
   };
-  ASSERT_OK_AND_ASSIGN(StepResult r, shared->ForwardBackward(x.data(), y.data(), 5, &hooks));
-  EXPECT_EQ(r.loss, ref.loss);
+  ASSERT_OK_AND_ASSIGN(StepResult r, c.shared->ForwardBackward(c.x.data(), c.y.data(), 5, &hooks));
+  EXPECT_EQ(r.loss, c.ref.loss);
   // No load for the first layer's backward: without an input gradient it reads no parameter
   // (the loaded buffer holds layer 1's then, and the gradients are still the reference's).
   EXPECT_EQ(calls, (std::vector<std::pair<int, bool>>{
                        {0, false}, {1, false}, {2, false}, {2, true}, {1, true}}));
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::vector<float> want(params[i].size());
-    reference->GetGrad(i, want.data());
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    std::vector<float> want(c.params[i].size());
+    c.reference->GetGrad(i, want.data());
     EXPECT_EQ(grads[i], want) << "param " << i;
   }
   hooks.before = [](int layer, bool) {
     return absl::UnavailableError(absl::StrCat("gather of layer ", layer, " failed"));
   };
-  EXPECT_EQ(shared->ForwardBackward(x.data(), y.data(), 5, &hooks).status().message(),
+  EXPECT_EQ(c.shared->ForwardBackward(c.x.data(), c.y.data(), 5, &hooks).status().message(),
             "gather of layer 0 failed");
 }
 
@@ -419,22 +435,16 @@ TEST_F(MlpTest, SharedLayerBuffersWithHooksGiveBitwiseTheSameGradients) {
 TEST_F(MlpTest, SharedLayerBuffersLoadTheFirstLayerForAnInputGradient) {
   MlpOptions options{{7, 6, 3}};
   options.input_gradient = true;
-  const std::vector<std::vector<float>> params = RandomParams(options);
-  const std::vector<float> x = RandomInputs(5 * 7);
-  const std::vector<int32_t> y = RandomLabels(5, 3);
-  auto reference = MakeMlp(options, 5, params);
-  ASSERT_OK_AND_ASSIGN(StepResult ref, reference->ForwardBackward(x.data(), y.data(), 5));
-  options.share_layer_buffers = true;
-  ASSERT_OK_AND_ASSIGN(auto shared, Mlp::Create(backend_.get(), options, 5));
+  const SharedBuffersCase c = MakeSharedBuffersCase(options);
   std::vector<std::pair<int, bool>> calls;
-  LayerHooks hooks = LoadingHooks(shared.get(), params, &calls);
-  ASSERT_OK_AND_ASSIGN(StepResult r, shared->ForwardBackward(x.data(), y.data(), 5, &hooks));
-  EXPECT_EQ(r.loss, ref.loss);
+  LayerHooks hooks = LoadingHooks(c.shared.get(), c.params, &calls);
+  ASSERT_OK_AND_ASSIGN(StepResult r, c.shared->ForwardBackward(c.x.data(), c.y.data(), 5, &hooks));
+  EXPECT_EQ(r.loss, c.ref.loss);
   EXPECT_EQ(calls,
             (std::vector<std::pair<int, bool>>{{0, false}, {1, false}, {1, true}, {0, true}}));
   std::vector<float> want(5 * 7), got(5 * 7);
-  reference->GetInputGrad(want.data(), 5);
-  shared->GetInputGrad(got.data(), 5);
+  c.reference->GetInputGrad(want.data(), 5);
+  c.shared->GetInputGrad(got.data(), 5);
   EXPECT_EQ(got, want);
 }
 
