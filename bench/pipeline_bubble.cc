@@ -6,9 +6,16 @@
 // the share of a stage's step time it spends in messages (waiting for its neighbour, or
 // sending). Also the throughput. Rounds interleave the M; the figures are medians.
 //
-//   bazel run -c opt //bench:pipeline_bubble -- [--steps=60] [--rounds=5]
+// Equal work is not equal time: the stages' measured forward, backward and update times
+// (the workers' pipeline_*_ms figures) are played out in the same 1F1B schedule with free
+// messages (bench/one_f_one_b.h), which gives the bubble these stages' compute alone leaves;
+// the measured bubble over that one is what the messages and the stages' jitter add.
 //
-// The figures cover every step (the first ones, with their allocations, included).
+//   bazel run -c opt //bench:pipeline_bubble -- [--steps=60] [--warmup=5] [--rounds=5]
+//                                               [--input_width=768]
+//
+// The figures cover the steps after the warm-up ones (whose first allocates the buffers and
+// wakes OpenBLAS: a few times a steady step, which in 60 steps moved the bubble by 0.01-0.04).
 #include <algorithm>
 #include <cstdio>
 #include <thread>
@@ -19,27 +26,61 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/median.h"
+#include "bench/one_f_one_b.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "worker/collective/communicator.h"
 #include "worker/modes/trainer.h"
 
-ABSL_FLAG(int, steps, 60, "Steps per configuration and round.");
+ABSL_FLAG(int, steps, 60, "Steps per configuration and round, after the warm-up.");
+ABSL_FLAG(int, warmup, 5, "Steps before those measured.");
+ABSL_FLAG(int, input_width, 768,
+          "The first layer's inputs: 768 makes the stages' multiply-adds equal; wider moves "
+          "compute (and parameters) to the first stage.");
 ABSL_FLAG(int, rounds, 5, "Rounds over every M; the figures are medians.");
 
 using namespace pscluster;
 
 namespace {
 
+using StageTimesPair = std::vector<bench::StageTimes>;
+
 struct Figures {
   double ideal, bubble[2], samples_per_s;
+  StageTimesPair stages;
 };
 
-Figures Run(int micro, int steps) {
+using Named = std::vector<std::pair<std::string, double>>;
+
+double Get(const Named& f, const std::string& k) {
+  for (const auto& [name, value] : f) {
+    if (name == k) return value;
+  }
+  std::fprintf(stderr, "no figure %s from the pipeline\n", k.c_str());
+  std::exit(1);
+}
+
+// A stage's figures over the steps between two readings of them, `before` after `n0` steps
+// and `after` after `n1` (each a mean over the steps until then).
+void Between(const Named& before, const Named& after, int n0, int n1, double* bubble,
+             bench::StageTimes* times) {
+  auto total = [&](const Named& f, const std::string& k, int n) { return Get(f, k) * n; };
+  const double step0 = total(before, "pipeline_step_ms", n0),
+               step1 = total(after, "pipeline_step_ms", n1);
+  *bubble = (Get(after, "pipeline_bubble") * step1 - Get(before, "pipeline_bubble") * step0) /
+            (step1 - step0);
+  auto mean = [&](const std::string& k) {
+    return (total(after, k, n1) - total(before, k, n0)) / (n1 - n0);
+  };
+  *times = {mean("pipeline_forward_ms"), mean("pipeline_backward_ms"), mean("pipeline_update_ms")};
+}
+
+Figures Run(int micro, int steps, int warmup) {
   const int world = 2;
-  static const data::Dataset data = data::MakeSynthetic(4096, 768, 10, 1);
+  const int width = absl::GetFlag(FLAGS_input_width);
+  static const data::Dataset data = data::MakeSynthetic(4096, width, 10, 1);
   gloo::rendezvous::HashStore store;
-  std::vector<std::vector<std::pair<std::string, double>>> figures(world);
+  std::vector<Named> warm(world), figures(world);
   double seconds = 0;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -50,7 +91,7 @@ Figures Run(int micro, int steps) {
       o.world = world;
       o.batch_size = 64;
       o.epochs = 100;
-      o.model.mlp.layers = {768, 512, 512, 512, 512, 10};
+      o.model.mlp.layers = {width, 512, 512, 512, 512, 10};
       o.optimizer.set_kind(ps::OptimizerConfig::ADAM);
       o.optimizer.set_learning_rate(1e-3f);
       o.micro_batches = micro;
@@ -66,8 +107,12 @@ Figures Run(int micro, int steps) {
         std::fprintf(stderr, "rank %d: %s\n", r, t.status().ToString().c_str());
         std::exit(1);
       }
-      const absl::Time start = absl::Now();
-      for (int s = 0; s < steps; ++s) {
+      absl::Time start;
+      for (int s = 0; s < warmup + steps; ++s) {
+        if (s == warmup) {
+          warm[r] = (*t)->Figures();
+          start = absl::Now();
+        }
         if (auto l = (*t)->Step(s); !l.ok()) {
           std::fprintf(stderr, "rank %d: %s\n", r, l.status().ToString().c_str());
           std::exit(1);
@@ -78,41 +123,58 @@ Figures Run(int micro, int steps) {
     });
   }
   for (auto& t : threads) t.join();
-  auto get = [](const std::vector<std::pair<std::string, double>>& f, const std::string& k) {
-    for (const auto& [name, value] : f) {
-      if (name == k) return value;
-    }
-    return -1.0;
-  };
-  return {get(figures[0], "pipeline_bubble_ideal"),
-          {get(figures[0], "pipeline_bubble"), get(figures[1], "pipeline_bubble")},
-          steps * 128.0 / seconds};
+  Figures out{Get(figures[0], "pipeline_bubble_ideal"),
+              {0, 0},
+              steps * 128.0 / seconds,
+              StageTimesPair(world)};
+  for (int r = 0; r < world; ++r) {
+    Between(warm[r], figures[r], warmup, warmup + steps, &out.bubble[r], &out.stages[r]);
+  }
+  return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const int steps = absl::GetFlag(FLAGS_steps), rounds = absl::GetFlag(FLAGS_rounds);
+  const int steps = absl::GetFlag(FLAGS_steps), rounds = absl::GetFlag(FLAGS_rounds),
+            warmup = absl::GetFlag(FLAGS_warmup);
   const std::vector<int> micros = {1, 2, 4, 8, 16};
   std::vector<std::vector<Figures>> runs(micros.size());
   for (int round = 0; round < rounds; ++round) {
-    for (size_t i = 0; i < micros.size(); ++i) runs[i].push_back(Run(micros[i], steps));
+    for (size_t i = 0; i < micros.size(); ++i) runs[i].push_back(Run(micros[i], steps, warmup));
     std::fprintf(stderr, "round %d of %d done\n", round + 1, rounds);
   }
   std::printf(
       "| micro-batches M | ideal (K-1)/(M+K-1) | bubble stage 0 | bubble stage 1 | "
-      "larger / ideal | samples/s |\n|---|---|---|---|---|---|\n");
+      "larger / ideal | forward, backward stage 0 / 1, ms | update stage 0 / 1, ms | these stages' "
+      "1F1B bubble 0 / 1 | measured / these stages' (larger) | samples/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < micros.size(); ++i) {
-    std::vector<double> b0, b1, rate;
+    std::vector<double> b0, b1, rate, f0, f1, bw0, bw1, u0, u1, s0, s1, over;
     for (const Figures& f : runs[i]) {
       b0.push_back(f.bubble[0]);
       b1.push_back(f.bubble[1]);
       rate.push_back(f.samples_per_s);
+      f0.push_back(f.stages[0].forward);
+      f1.push_back(f.stages[1].forward);
+      bw0.push_back(f.stages[0].backward);
+      bw1.push_back(f.stages[1].backward);
+      u0.push_back(f.stages[0].update);
+      u1.push_back(f.stages[1].update);
+      const std::vector<double> sched = bench::OneFOneBBubble(f.stages, micros[i], 3);
+      s0.push_back(sched[0]);
+      s1.push_back(sched[1]);
+      over.push_back(std::max(f.bubble[0] / sched[0], f.bubble[1] / sched[1]));
     }
     const double ideal = runs[i][0].ideal, m0 = bench::Median(b0), m1 = bench::Median(b1);
-    std::printf("| %d | %.3f | %.3f | %.3f | %.2f | %.0f |\n", micros[i], ideal, m0, m1,
-                std::max(m0, m1) / ideal, bench::Median(rate));
+    std::printf(
+        "| %d | %.3f | %.3f | %.3f | %.2f | %.3f, %.3f / %.3f, %.3f | %.3f / %.3f | %.3f / %.3f | "
+        "%.2f | "
+        "%.0f |\n",
+        micros[i], ideal, m0, m1, std::max(m0, m1) / ideal, bench::Median(f0), bench::Median(bw0),
+        bench::Median(f1), bench::Median(bw1), bench::Median(u0), bench::Median(u1),
+        bench::Median(s0), bench::Median(s1), bench::Median(over), bench::Median(rate));
   }
   return 0;
 }

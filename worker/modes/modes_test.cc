@@ -206,6 +206,26 @@ TEST(FsdpUnitsTest, SmallLayersMakeOneUnitGatheredOnceAndReduceScatteredOnce) {
   }
 }
 
+// A pipeline stage's figures account for its step: M forwards and backwards, the update and
+// the time in messages are parts of it, disjoint, each measured (the last stage's loss and
+// the first's batch loading are the rest).
+TEST(PipelineFiguresTest, TheStagesTimesArePartsOfTheirStep) {
+  auto options = [](int r) { return Options(coord::PIPELINE, r, 2, ps::OptimizerConfig::ADAM); };
+  OnRanks(2, options, [&](int r, Trainer& t) {
+    for (int64_t step = 0; step < 4; ++step) ASSERT_TRUE(t.Step(step).ok()) << step;
+    const auto list = t.Figures();
+    std::map<std::string, double> f(list.begin(), list.end());
+    for (const char* k :
+         {"pipeline_forward_ms", "pipeline_backward_ms", "pipeline_update_ms", "pipeline_step_ms"}) {
+      EXPECT_GT(f[k], 0) << k << ", rank " << r;
+    }
+    const double parts =
+        f["pipeline_micro_batches"] * (f["pipeline_forward_ms"] + f["pipeline_backward_ms"]) +
+        f["pipeline_update_ms"] + f["pipeline_bubble"] * f["pipeline_step_ms"];
+    EXPECT_LE(parts, f["pipeline_step_ms"] * (1 + 1e-9)) << "rank " << r;
+  });
+}
+
 TEST(ModeSwitchTest, RoundTripThroughEveryCollectiveModeKeepsTheStateBitwise) {
   auto options = [](int r) { return Options(coord::ALLREDUCE, r, 2, ps::OptimizerConfig::ADAM); };
   OnRanks(2, options, [&](int r, Trainer& t) {

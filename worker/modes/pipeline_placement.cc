@@ -166,6 +166,8 @@ class PipelinePlacement final : public Placement {
     float loss = static_cast<float>(loss_);
     RETURN_IF_ERROR(
         Waited([&] { return ctx_.comm->Broadcast(absl::MakeSpan(&loss, 1), stages_ - 1); }));
+    const absl::Time update_start = absl::Now();
+    const absl::Duration waited_before = wait_time_;
     std::vector<std::vector<float>> grads(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
       grads[i].resize(params_[i].size());
@@ -179,17 +181,31 @@ class PipelinePlacement final : public Placement {
                      updates_);
       model_->SetParam(i, params_[i].data());
     }
-    step_time_ += absl::Now() - start;
+    const absl::Time end = absl::Now();
+    update_time_ += end - update_start - (wait_time_ - waited_before);  // the tied sum waited
+    step_time_ += end - start;
+    ++steps_;
     return loss;
   }
 
   std::vector<std::pair<std::string, double>> Figures() const override {
     const double step = absl::ToDoubleSeconds(step_time_);
+    // Mean milliseconds of this stage's compute: a micro-batch's forward and backward, and a
+    // step's update (gradients out, the optimizer). Stages whose forward + backward differ
+    // wait for the slowest at every micro-batch; see bench/pipeline_bubble for the schedule
+    // these times allow.
+    auto per = [](absl::Duration d, int64_t n) {
+      return n > 0 ? absl::ToDoubleMilliseconds(d) / static_cast<double>(n) : 0.0;
+    };
     return {{"pipeline_stages", static_cast<double>(stages_)},
             {"pipeline_micro_batches", static_cast<double>(micro_)},
             // Idle share of this stage's step time: in messages, waiting on its neighbours.
             {"pipeline_bubble", step > 0 ? absl::ToDoubleSeconds(wait_time_) / step : 0},
-            {"pipeline_bubble_ideal", static_cast<double>(stages_ - 1) / (micro_ + stages_ - 1)}};
+            {"pipeline_bubble_ideal", static_cast<double>(stages_ - 1) / (micro_ + stages_ - 1)},
+            {"pipeline_step_ms", per(step_time_, steps_)},
+            {"pipeline_forward_ms", per(forward_time_, steps_ * micro_)},
+            {"pipeline_backward_ms", per(backward_time_, steps_ * micro_)},
+            {"pipeline_update_ms", per(update_time_, steps_)}};
   }
 
  private:
@@ -254,15 +270,20 @@ class PipelinePlacement final : public Placement {
   absl::Status Forward(int m) {
     const float* x =
         first() ? batch_.x.data() + static_cast<size_t>(m) * rows_ * spec_.input_width : in_.data();
-    return model_->StageForward(slot(m), x, rows_, out_.data());
+    const absl::Time t0 = absl::Now();
+    absl::Status s = model_->StageForward(slot(m), x, rows_, out_.data());
+    forward_time_ += absl::Now() - t0;
+    return s;
   }
 
   absl::Status Backward(int m) {
     const int32_t* labels =
         last() ? batch_.y.data() + static_cast<size_t>(m) * rows_ * spec_.label_width : nullptr;
+    const absl::Time t0 = absl::Now();
     ASSIGN_OR_RETURN(model::StepResult r,
                      model_->StageBackward(slot(m), labels, last() ? nullptr : dout_.data(), rows_,
                                            1.0f / micro_, dx_.data()));
+    backward_time_ += absl::Now() - t0;
     loss_ += r.loss / micro_;
     return absl::OkStatus();
   }
@@ -284,7 +305,9 @@ class PipelinePlacement final : public Placement {
   std::vector<float> in_, dx_, out_, dout_;             // one micro-batch each
   int64_t updates_ = 0;
   double loss_ = 0;
-  absl::Duration wait_time_, step_time_;  // over every step: in messages, in all
+  // Over every step: in messages, in all, and this stage's compute (forward, backward, update).
+  absl::Duration wait_time_, step_time_, forward_time_, backward_time_, update_time_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace
