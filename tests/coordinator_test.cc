@@ -84,6 +84,25 @@ std::string StartCoordinator(const std::vector<std::string>& flags,
   return testing::ListeningAddress(*line).value_or("");
 }
 
+// Starts shard `s` of `num_shards` registered with `coordinator` (with `flags` besides) into
+// `processes`; returns its address, or "" (failing the test) when it does not serve.
+std::string StartRegisteredShard(const std::string& coordinator, int s, int num_shards,
+                                 const std::vector<std::string>& flags,
+                                 std::vector<testing::Subprocess>* processes) {
+  std::vector<std::string> argv = {
+      "server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s),
+      absl::StrCat("--num_shards=", num_shards), "--coordinator=" + coordinator};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto p = testing::Subprocess::Start(argv);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return "";
+  auto line = p->WaitForLine("listening on", absl::Seconds(60));
+  EXPECT_TRUE(line.ok()) << line.status();
+  EXPECT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
+  processes->push_back(*std::move(p));
+  return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
+}
+
 coord::ClusterView GetView(coord::Coordinator::Stub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
@@ -137,16 +156,8 @@ class CoordinatorTest : public ::testing::Test {
 
   // Starts shard `s` registered with the coordinator; returns its address.
   std::string StartShard(int s) {
-    auto p = testing::Subprocess::Start(
-        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s),
-         absl::StrCat("--num_shards=", kShards), "--coordinator=" + coordinator_});
-    EXPECT_TRUE(p.ok());
-    auto line = p->WaitForLine("listening on", absl::Seconds(60));
-    EXPECT_TRUE(line.ok()) << line.status();
-    EXPECT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
     shard_index_[s] = processes_.size();
-    processes_.push_back(*std::move(p));
-    return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
+    return StartRegisteredShard(coordinator_, s, kShards, {}, &processes_);
   }
 
   std::unique_ptr<CoordinatorClient> JoinAsWorker() { return JoinAsWorker0(coordinator_); }
@@ -384,11 +395,7 @@ class ModeSwitchTest : public ::testing::Test {
   void SetUp() override {
     coordinator_ = StartCoordinator({"--num_shards=1", "--num_workers=2"}, &processes_);
     ASSERT_FALSE(coordinator_.empty());
-    auto shard = testing::Subprocess::Start({"server/ps/ps_server", "--port=0", "--shard_id=0",
-                                             "--num_shards=1", "--coordinator=" + coordinator_});
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    ASSERT_TRUE(shard->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
-    processes_.push_back(*std::move(shard));
+    ASSERT_FALSE(StartRegisteredShard(coordinator_, 0, 1, {}, &processes_).empty());
     for (int rank = 0; rank < 2; ++rank) {
       CoordinatorClientOptions o;
       o.coordinator = coordinator_;
@@ -674,15 +681,9 @@ TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) 
   ASSERT_FALSE(coordinator.empty());
   std::vector<std::string> shards;
   for (int s = 0; s < 2; ++s) {
-    auto p = testing::Subprocess::Start(
-        {"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s), "--num_shards=2",
-         "--coordinator=" + coordinator, absl::StrCat("--data_dir=", dir, "/shard", s)});
-    ASSERT_TRUE(p.ok()) << p.status();
-    auto line = p->WaitForLine("listening on", absl::Seconds(60));
-    ASSERT_TRUE(line.ok()) << line.status();
-    shards.push_back(testing::ListeningAddress(*line).value_or(""));
-    ASSERT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
-    processes.push_back(*std::move(p));
+    shards.push_back(StartRegisteredShard(
+        coordinator, s, 2, {absl::StrCat("--data_dir=", dir, "/shard", s)}, &processes));
+    ASSERT_FALSE(shards.back().empty()) << "shard " << s;
   }
   auto joined = JoinAsWorker0(coordinator);  // the view is complete with it
   ASSERT_NE(joined, nullptr);
