@@ -39,14 +39,14 @@ inline std::vector<double> OneFOneBBubble(const std::vector<StageTimes>& stages,
     ops[k].push_back({Op::kUpdate, 0});
   }
   const double kNotYet = -1;
-  std::vector<double> bubble(k_count, 0), clock(k_count, 0);
+  std::vector<double> clock(k_count, 0), start = clock;  // start: of the step being played
   for (int step = 0; step < steps; ++step) {
     // When each stage's forward / backward of each micro-batch ended; the root's broadcast.
     std::vector<std::vector<double>> f_end(k_count, std::vector<double>(micro, kNotYet));
     std::vector<std::vector<double>> b_end = f_end;
     double root_at = kNotYet;
     std::vector<size_t> next(k_count, 0);
-    const std::vector<double> start = clock;
+    start = clock;
     for (bool moved = true; moved;) {
       moved = false;
       for (int k = 0; k < k_count; ++k) {
@@ -79,11 +79,12 @@ inline std::vector<double> OneFOneBBubble(const std::vector<StageTimes>& stages,
         }
       }
     }
-    for (int k = 0; k < k_count; ++k) {
-      const double took = clock[k] - start[k];
-      const double busy = micro * (stages[k].forward + stages[k].backward) + stages[k].update;
-      bubble[k] = took > 0 ? (took - busy) / took : 0;
-    }
+  }
+  std::vector<double> bubble(k_count, 0);  // the last step's
+  for (int k = 0; k < k_count; ++k) {
+    const double took = clock[k] - start[k];
+    const double busy = micro * (stages[k].forward + stages[k].backward) + stages[k].update;
+    bubble[k] = took > 0 ? (took - busy) / took : 0;
   }
   return bubble;
 }

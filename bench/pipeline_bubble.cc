@@ -43,11 +43,10 @@ using namespace pscluster;
 
 namespace {
 
-using StageTimesPair = std::vector<bench::StageTimes>;
-
 struct Figures {
   double ideal, bubble[2], samples_per_s;
-  StageTimesPair stages;
+  std::vector<bench::StageTimes> stages;  // by stage
+  std::vector<double> scheduled;          // by stage: the bubble these times leave in 1F1B
 };
 
 using Named = std::vector<std::pair<std::string, double>>;
@@ -126,10 +125,12 @@ Figures Run(int micro, int steps, int warmup) {
   Figures out{Get(figures[0], "pipeline_bubble_ideal"),
               {0, 0},
               steps * 128.0 / seconds,
-              StageTimesPair(world)};
+              std::vector<bench::StageTimes>(world),
+              {}};
   for (int r = 0; r < world; ++r) {
     Between(warm[r], figures[r], warmup, warmup + steps, &out.bubble[r], &out.stages[r]);
   }
+  out.scheduled = bench::OneFOneBBubble(out.stages, micro, 3);
   return out;
 }
 
@@ -151,30 +152,29 @@ int main(int argc, char** argv) {
       "1F1B bubble 0 / 1 | measured / these stages' (larger) | samples/s |\n"
       "|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < micros.size(); ++i) {
-    std::vector<double> b0, b1, rate, f0, f1, bw0, bw1, u0, u1, s0, s1, over;
-    for (const Figures& f : runs[i]) {
-      b0.push_back(f.bubble[0]);
-      b1.push_back(f.bubble[1]);
-      rate.push_back(f.samples_per_s);
-      f0.push_back(f.stages[0].forward);
-      f1.push_back(f.stages[1].forward);
-      bw0.push_back(f.stages[0].backward);
-      bw1.push_back(f.stages[1].backward);
-      u0.push_back(f.stages[0].update);
-      u1.push_back(f.stages[1].update);
-      const std::vector<double> sched = bench::OneFOneBBubble(f.stages, micros[i], 3);
-      s0.push_back(sched[0]);
-      s1.push_back(sched[1]);
-      over.push_back(std::max(f.bubble[0] / sched[0], f.bubble[1] / sched[1]));
-    }
-    const double ideal = runs[i][0].ideal, m0 = bench::Median(b0), m1 = bench::Median(b1);
+    // The median over the rounds of one figure of a run.
+    auto med = [&](auto figure) {
+      std::vector<double> v;
+      for (const Figures& f : runs[i]) v.push_back(figure(f));
+      return bench::Median(v);
+    };
+    const double ideal = runs[i][0].ideal;
+    const double m0 = med([](const Figures& f) { return f.bubble[0]; });
+    const double m1 = med([](const Figures& f) { return f.bubble[1]; });
+    auto stage = [&](int k, double bench::StageTimes::*time) {
+      return med([=](const Figures& f) { return f.stages[k].*time; });
+    };
     std::printf(
         "| %d | %.3f | %.3f | %.3f | %.2f | %.3f, %.3f / %.3f, %.3f | %.3f / %.3f | %.3f / %.3f | "
-        "%.2f | "
-        "%.0f |\n",
-        micros[i], ideal, m0, m1, std::max(m0, m1) / ideal, bench::Median(f0), bench::Median(bw0),
-        bench::Median(f1), bench::Median(bw1), bench::Median(u0), bench::Median(u1),
-        bench::Median(s0), bench::Median(s1), bench::Median(over), bench::Median(rate));
+        "%.2f | %.0f |\n",
+        micros[i], ideal, m0, m1, std::max(m0, m1) / ideal, stage(0, &bench::StageTimes::forward),
+        stage(0, &bench::StageTimes::backward), stage(1, &bench::StageTimes::forward),
+        stage(1, &bench::StageTimes::backward), stage(0, &bench::StageTimes::update),
+        stage(1, &bench::StageTimes::update), med([](const Figures& f) { return f.scheduled[0]; }),
+        med([](const Figures& f) { return f.scheduled[1]; }), med([](const Figures& f) {
+          return std::max(f.bubble[0] / f.scheduled[0], f.bubble[1] / f.scheduled[1]);
+        }),
+        med([](const Figures& f) { return f.samples_per_s; }));
   }
   return 0;
 }
