@@ -23,13 +23,16 @@
 ABSL_FLAG(int, ranks, 2, "Processes (one rank each).");
 ABSL_FLAG(int, iters, 20, "Timed all-reduces per size (median), after 3 warm-ups.");
 ABSL_FLAG(std::string, json, "", "Rank 0 writes the results here as JSON.");
+ABSL_FLAG(absl::Duration, collective_spin, absl::Microseconds(200),
+          "How long a receive polls before it sleeps (ps_worker's flag of the same name).");
 
 namespace {
 
 int RunRank(int rank, int ranks, const std::string& store_dir) {
   gloo::rendezvous::FileStore store(store_dir);
-  auto comm = pscluster::collective::CreateGlooCommunicator(
-      &store, pscluster::collective::GlooOptions{rank, ranks, "127.0.0.1", absl::Seconds(60)});
+  pscluster::collective::GlooOptions options{rank, ranks, "127.0.0.1", absl::Seconds(60)};
+  options.spin = absl::GetFlag(FLAGS_collective_spin);
+  auto comm = pscluster::collective::CreateGlooCommunicator(&store, options);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     return 1;
