@@ -85,4 +85,7 @@ print(f"| / single process | 1.00 | **{med(r['ceiling'] / r['single'] for r in r
 print(f"| / PS ceiling | {med(r['single'] / r['ceiling'] for r in rows):.2f} | 1.00 | "
       f"**{med(r['ps'] / r['ceiling'] for r in rows):.2f}** | "
       f"**{med(1.5 * r['single'] / r['ceiling'] for r in rows):.2f}** |")
+print()
+print("per round, ceiling / single process:", ", ".join(f"{r['ceiling'] / r['single']:.2f}" for r in rows),
+      "| PS measured / ceiling:", ", ".join(f"{r['ps'] / r['ceiling']:.2f}" for r in rows))
 PY
