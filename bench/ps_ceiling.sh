@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # How fast PS-mode training could be on this machine, from physical rates measured in the
 # same sitting, beside what it is and what single-process PyTorch does (issue 12's target:
-# PS >= 1.5x single process).
+# PS >= 1.5x single process); ALLREDUCE on the same terms, for scale.
 #
 #   bench/ps_ceiling.sh [ROUNDS=5] [EPOCHS=3]
 #
-# The ceiling counts only the CPU work a PS step cannot avoid, for 2 workers with batch 64
-# and the MLP (784-256-128-64-10, N = 242,762 parameters) on 2 cores:
+# A mode's ceiling counts only the CPU work its step cannot avoid, for 2 workers with batch
+# 64 and the MLP (784-256-128-64-10, N = 242,762 parameters) on 2 cores:
 #   - each worker's forward + backward (bench/step_breakdown: OpenBLAS, 1 thread);
-#   - Adam over the N parameters once (the same bench: the shards' code);
-#   - every byte of the round trips through loopback TCP: each worker pushes 4N bytes and
-#     pulls 4N, at the CPU seconds a byte costs iperf3 (one stream, sender's and receiver's
-#     CPU together, from its own accounting).
-# Not counted: loading batches, summing the two workers' gradients, copies in and out of the
-# model, any framing or RPC work. The ceiling = 2 cores / that CPU time a step x 128 samples,
+#   - Adam over the N parameters (the same bench: the shards' code): once in PS mode (the
+#     shards), once on each worker in ALLREDUCE;
+#   - every byte through loopback TCP, at the CPU seconds a byte costs iperf3 (one stream,
+#     sender's and receiver's CPU together, from its own accounting): in PS mode each worker
+#     pushes 4N bytes and pulls 4N; in ALLREDUCE's ring of 2 each worker sends 4N and
+#     receives 4N, half as many bytes through the kernel in all.
+# Not counted: loading batches, summing gradients, copies in and out of the model, any
+# framing, RPC or collective's work. Ceiling = 2 cores / that CPU time a step x 128 samples,
 # as if every part ran back to back with the cores never idle. Each round also runs
-# single-process PyTorch (bench/ddp_torch.py --world 1) and our PS mode
-# (deploy/local_cluster.sh --mode ps: 2 workers, 2 shards); medians over the rounds.
+# single-process PyTorch (bench/ddp_torch.py --world 1) and both modes
+# (deploy/local_cluster.sh: 2 workers, 2 shards); medians over the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5} epochs=${2:-3}
@@ -44,8 +46,10 @@ for ((r = 0; r < rounds; ++r)); do
   "$bin/bench/step_breakdown" --steps=1000 >"$tmp/breakdown$r.txt"
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/ddp_torch.py --world 1 --epochs "$epochs" \
     | tail -n 1 >"$tmp/single$r.json"
-  deploy/local_cluster.sh --mode ps --epochs "$epochs" --out "$tmp/ps$r" >/dev/null 2>&1 \
-    || { echo "ps_ceiling.sh: the PS run of round $r failed; see $tmp/ps$r" >&2; exit 1; }
+  for mode in ps allreduce; do
+    deploy/local_cluster.sh --mode "$mode" --epochs "$epochs" --out "$tmp/$mode$r" >/dev/null 2>&1 \
+      || { echo "ps_ceiling.sh: the $mode run of round $r failed; see $tmp/$mode$r" >&2; exit 1; }
+  done
   echo "round $((r + 1))/$rounds done"
 done
 /usr/bin/python3 - "$tmp" "$rounds" <<'PY'
@@ -53,7 +57,9 @@ import json, re, statistics, sys
 tmp, rounds = sys.argv[1], int(sys.argv[2])
 med = statistics.median
 N, WORKERS, BATCH, CORES = 242762, 2, 64, 2
-rows = []
+# Per mode: Adam passes over N and bytes through loopback, a step (see the header).
+MODES = {"ps": (1, WORKERS * 2 * 4 * N), "allreduce": (WORKERS, WORKERS * 4 * N)}
+rounds_ = []
 for r in range(rounds):
     end = json.load(open(f"{tmp}/iperf{r}.json"))["end"]
     gbps = end["sum_received"]["bits_per_second"] / 8e9
@@ -62,30 +68,35 @@ for r in range(rounds):
     text = open(f"{tmp}/breakdown{r}.txt").read()
     fb = float(re.search(r"forward \+ backward\s+([0-9.]+) ms", text).group(1)) / 1e3
     adam = float(re.search(r"adam over every parameter\s+([0-9.]+) ms", text).group(1)) / 1e3
-    moved = WORKERS * 2 * 4 * N  # bytes: each worker's push and pull
-    wire = moved / 1e9 / gbps * cores  # CPU seconds
-    step_cpu = WORKERS * fb + adam + wire
-    ceiling = WORKERS * BATCH / (step_cpu / CORES)
-    single = json.load(open(f"{tmp}/single{r}.json"))["samples_per_sec"]
-    ps = json.load(open(f"{tmp}/ps{r}/summary.json"))["samples_per_sec"]
-    rows.append(dict(gbps=gbps, cores=cores, fb=fb * 1e3, adam=adam * 1e3, wire=wire * 1e3,
-                     ceiling=ceiling, single=single, ps=ps))
-m = {k: med(row[k] for row in rows) for k in rows[0]}
+    row = dict(gbps=gbps, cores=cores, fb=fb * 1e3, adam=adam * 1e3,
+               single=json.load(open(f"{tmp}/single{r}.json"))["samples_per_sec"])
+    for mode, (adams, moved) in MODES.items():
+        wire = moved / 1e9 / gbps * cores  # CPU seconds
+        row[mode + "_wire"] = wire * 1e3
+        row[mode + "_ceiling"] = WORKERS * BATCH / ((WORKERS * fb + adams * adam + wire) / CORES)
+        row[mode] = json.load(open(f"{tmp}/{mode}{r}/summary.json"))["samples_per_sec"]
+    rounds_.append(row)
+m = {k: med(row[k] for row in rounds_) for k in rounds_[0]}
+ratio = lambda a, b: med(row[a] / row[b] for row in rounds_)
 print(f"iperf3 loopback: {m['gbps']:.2f} GB/s using {m['cores']:.2f} cores "
-      f"({m['cores'] / m['gbps']:.2f} CPU s a GB)")
-print(f"a step's unavoidable CPU: forward + backward {m['fb']:.3f} ms x {WORKERS}, "
-      f"Adam {m['adam']:.3f} ms, {WORKERS * 2 * 4 * N / 1e6:.2f} MB through loopback "
-      f"{m['wire']:.3f} ms")
+      f"({m['cores'] / m['gbps']:.2f} CPU s a GB); forward + backward {m['fb']:.3f} ms, "
+      f"Adam {m['adam']:.3f} ms; loopback bytes of a step: PS {MODES['ps'][1] / 1e6:.2f} MB "
+      f"({m['ps_wire']:.3f} ms), ALLREDUCE {MODES['allreduce'][1] / 1e6:.2f} MB "
+      f"({m['allreduce_wire']:.3f} ms)")
 print()
-print("| samples/s (median of %d) | single-process PyTorch | PS ceiling | PS measured | 1.5x single |" % rounds)
-print("|---|---|---|---|---|")
-print(f"| | {m['single']:,.0f} | {m['ceiling']:,.0f} | {m['ps']:,.0f} | {1.5 * m['single']:,.0f} |")
-print(f"| / single process | 1.00 | **{med(r['ceiling'] / r['single'] for r in rows):.2f}** | "
-      f"**{med(r['ps'] / r['single'] for r in rows):.2f}** | 1.50 |")
-print(f"| / PS ceiling | {med(r['single'] / r['ceiling'] for r in rows):.2f} | 1.00 | "
-      f"**{med(r['ps'] / r['ceiling'] for r in rows):.2f}** | "
-      f"**{med(1.5 * r['single'] / r['ceiling'] for r in rows):.2f}** |")
+print(f"| samples/s (median of {rounds}) | measured | ceiling | **measured / single** | "
+      "ceiling / single | **measured / ceiling** |")
+print("|---|---|---|---|---|---|")
+print(f"| single-process PyTorch | {m['single']:,.0f} | | 1.00 | | |")
+for mode in MODES:
+    print(f"| {mode} | {m[mode]:,.0f} | {m[mode + '_ceiling']:,.0f} | "
+          f"**{ratio(mode, 'single'):.2f}** | {ratio(mode + '_ceiling', 'single'):.2f} | "
+          f"**{ratio(mode, mode + '_ceiling'):.2f}** |")
+print(f"| issue 12's PS target | {1.5 * m['single']:,.0f} | | 1.50 | | "
+      f"{med(1.5 * row['single'] / row['ps_ceiling'] for row in rounds_):.2f} |")
 print()
-print("per round, ceiling / single process:", ", ".join(f"{r['ceiling'] / r['single']:.2f}" for r in rows),
-      "| PS measured / ceiling:", ", ".join(f"{r['ps'] / r['ceiling']:.2f}" for r in rows))
+for mode in MODES:
+    print(f"per round, {mode}: ceiling / single",
+          ", ".join(f"{row[mode + '_ceiling'] / row['single']:.2f}" for row in rounds_),
+          "| measured / ceiling", ", ".join(f"{row[mode] / row[mode + '_ceiling']:.2f}" for row in rounds_))
 PY
