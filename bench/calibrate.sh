@@ -30,15 +30,4 @@ PYEOF
 copy_rate >"$out/copy0" &
 copy_rate >"$out/copy1"
 wait
-iperf3 -s -1 -p 5298 -B 127.0.0.1 >/dev/null 2>&1 &
-server=$!
-for ((try = 0; try < 50; ++try)); do  # until the server listens (5 s at most)
-  # (iperf3 -J exits 0 even when refused: the JSON says whether it measured)
-  iperf3 -c 127.0.0.1 -p 5298 -t 3 -J >"$out/iperf3.json" 2>/dev/null
-  grep -q '"sum_received"' "$out/iperf3.json" && break
-  sleep 0.1
-done
-kill "$server" 2>/dev/null || true  # gone after its one test; else it never got one
-wait "$server" 2>/dev/null || true
-$PY -c 'import json; json.load(open("'"$out"'/iperf3.json"))["end"]["sum_received"]' \
-  || { echo "calibrate.sh: iperf3 did not measure loopback TCP; see $out/iperf3.json" >&2; exit 1; }
+"$(dirname "$0")/iperf3_loopback.sh" "$out/iperf3.json" 3

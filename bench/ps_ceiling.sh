@@ -22,27 +22,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5} epochs=${2:-3}
-command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null
 bazel build -c opt //bench:step_breakdown //server/ps:ps_server //server/coordinator:ps_coordinator \
   //worker:ps_worker //tools/psctl:psctl 2>&1 | tail -n 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 tmp=$(mktemp -d /tmp/ps_ceiling.XXXXXX)
 echo "runs under $tmp"
 for ((r = 0; r < rounds; ++r)); do
-  port=$((5200 + RANDOM % 700))
-  iperf3 -s -1 -p "$port" -B 127.0.0.1 >/dev/null 2>&1 &
-  server=$!
-  for ((try = 0; try < 50; ++try)); do  # until the server listens (5 s at most)
-    # (iperf3 -J exits 0 even when refused: the JSON says whether it measured)
-    iperf3 -c 127.0.0.1 -p "$port" -t 3 -J >"$tmp/iperf$r.json" 2>/dev/null
-    grep -q '"sum_received"' "$tmp/iperf$r.json" && break
-    sleep 0.1
-  done
-  kill "$server" 2>/dev/null || true  # gone after its one test; else it never got one
-  wait "$server" 2>/dev/null || true
-  /usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))["end"]["sum_received"]' \
-    "$tmp/iperf$r.json" 2>/dev/null \
-    || { echo "ps_ceiling.sh: iperf3 did not measure loopback TCP; see $tmp/iperf$r.json" >&2; exit 1; }
+  bench/iperf3_loopback.sh "$tmp/iperf$r.json" 3
   "$bin/bench/step_breakdown" --steps=1000 >"$tmp/breakdown$r.txt"
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/ddp_torch.py --world 1 --epochs "$epochs" \
     | tail -n 1 >"$tmp/single$r.json"
