@@ -23,6 +23,8 @@
 ABSL_FLAG(int, ranks, 2, "Processes (one rank each).");
 ABSL_FLAG(int, iters, 20, "Timed all-reduces per size (median), after 3 warm-ups.");
 ABSL_FLAG(std::string, json, "", "Rank 0 writes the results here as JSON.");
+ABSL_FLAG(int64_t, min_bytes, 1024, "The smallest all-reduce (then x4 up to --max_bytes).");
+ABSL_FLAG(int64_t, max_bytes, int64_t{64} << 20, "The largest all-reduce.");
 ABSL_FLAG(absl::Duration, collective_spin, absl::Microseconds(200),
           "How long a receive polls before it sleeps (ps_worker's flag of the same name).");
 
@@ -39,7 +41,9 @@ int RunRank(int rank, int ranks, const std::string& store_dir) {
   }
   std::string json = "[\n";
   if (rank == 0) std::printf("%12s %12s %12s %12s\n", "bytes", "time us", "algbw GB/s", "busbw GB/s");
-  for (size_t bytes = 1024; bytes <= (size_t{64} << 20); bytes *= 4) {
+  const size_t min_bytes = std::max<int64_t>(absl::GetFlag(FLAGS_min_bytes), sizeof(float) * 2);
+  for (size_t bytes = min_bytes; bytes <= static_cast<size_t>(absl::GetFlag(FLAGS_max_bytes));
+       bytes *= 4) {
     const size_t n = bytes / sizeof(float);
     std::vector<float> x(n);
     std::vector<double> times;
@@ -59,7 +63,7 @@ int RunRank(int rank, int ranks, const std::string& store_dir) {
     const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (ranks - 1) / ranks;
     if (rank == 0) {
       std::printf("%12zu %12.1f %12.3f %12.3f\n", bytes, t * 1e6, algbw, busbw);
-      absl::StrAppend(&json, bytes > 1024 ? ",\n" : "", "  {\"bytes\": ", bytes, ", \"algbw\": ", algbw,
+      absl::StrAppend(&json, bytes > min_bytes ? ",\n" : "", "  {\"bytes\": ", bytes, ", \"algbw\": ", algbw,
                       ", \"busbw\": ", busbw, "}");
     }
   }
