@@ -68,20 +68,30 @@ std::vector<std::vector<std::string>> TopFrames(const std::vector<std::string>& 
   return frames;
 }
 
+// Starts `argv` plus `flags` into `processes` and waits for its "listening on" line (and then
+// for `also`, unless null); returns its address, or "" (failing the test) when it does not
+// serve.
+std::string StartServer(std::vector<std::string> argv, const std::vector<std::string>& flags,
+                        const char* also, std::vector<testing::Subprocess>* processes) {
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto p = testing::Subprocess::Start(argv);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return "";
+  auto line = p->WaitForLine("listening on", absl::Seconds(60));
+  EXPECT_TRUE(line.ok()) << line.status();
+  if (also != nullptr) {
+    auto also_line = p->WaitForLine(also, absl::Seconds(60));
+    EXPECT_TRUE(also_line.ok()) << also_line.status();
+  }
+  processes->push_back(*std::move(p));
+  return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
+}
+
 // Starts ps_coordinator with `flags` (besides --port=0) into `processes`; returns its
 // address, or "" (failing the test) when it does not serve.
 std::string StartCoordinator(const std::vector<std::string>& flags,
                              std::vector<testing::Subprocess>* processes) {
-  std::vector<std::string> argv = {"server/coordinator/ps_coordinator", "--port=0"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto c = testing::Subprocess::Start(argv);
-  EXPECT_TRUE(c.ok()) << c.status();
-  if (!c.ok()) return "";
-  auto line = c->WaitForLine("listening on", absl::Seconds(60));
-  EXPECT_TRUE(line.ok()) << line.status();
-  processes->push_back(*std::move(c));
-  if (!line.ok()) return "";
-  return testing::ListeningAddress(*line).value_or("");
+  return StartServer({"server/coordinator/ps_coordinator", "--port=0"}, flags, nullptr, processes);
 }
 
 // Starts shard `s` of `num_shards` registered with `coordinator` (with `flags` besides) into
@@ -89,18 +99,9 @@ std::string StartCoordinator(const std::vector<std::string>& flags,
 std::string StartRegisteredShard(const std::string& coordinator, int s, int num_shards,
                                  const std::vector<std::string>& flags,
                                  std::vector<testing::Subprocess>* processes) {
-  std::vector<std::string> argv = {
-      "server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s),
-      absl::StrCat("--num_shards=", num_shards), "--coordinator=" + coordinator};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto p = testing::Subprocess::Start(argv);
-  EXPECT_TRUE(p.ok()) << p.status();
-  if (!p.ok()) return "";
-  auto line = p->WaitForLine("listening on", absl::Seconds(60));
-  EXPECT_TRUE(line.ok()) << line.status();
-  EXPECT_TRUE(p->WaitForLine("registered with the coordinator", absl::Seconds(60)).ok());
-  processes->push_back(*std::move(p));
-  return line.ok() ? testing::ListeningAddress(*line).value_or("") : "";
+  return StartServer({"server/ps/ps_server", "--port=0", absl::StrCat("--shard_id=", s),
+                      absl::StrCat("--num_shards=", num_shards), "--coordinator=" + coordinator},
+                     flags, "registered with the coordinator", processes);
 }
 
 coord::ClusterView GetView(coord::Coordinator::Stub* stub) {
