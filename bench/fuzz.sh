@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60} out=${2:-/tmp/pscluster_fuzz}
 shift $(($# < 2 ? $# : 2))
 targets=("$@")
-((${#targets[@]})) || targets=(ps_service_fuzzer coordinator_fuzzer snapshot_fuzzer)
+((${#targets[@]})) || targets=(ps_service_fuzzer coordinator_fuzzer snapshot_fuzzer dense_wire_fuzzer)
 command -v clang >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null
 fuzz_bazel=(bazel --output_base="${PSCLUSTER_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_pscluster_fuzz}")
 echo "== building ${targets[*]} with clang, libFuzzer, ASan, UBSan"

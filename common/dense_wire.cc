@@ -103,15 +103,17 @@ class Reader {
     ++at_.consumed;
     return true;
   }
-  bool Varint(uint64_t* v) {
+  // A varint of at most max_bytes bytes (protobuf's: 10 for a value, 5 for a tag or a
+  // length); bits beyond 64 are dropped, as protobuf drops them.
+  bool Varint(uint64_t* v, int max_bytes = 10) {
     *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int i = 0; i < max_bytes; ++i) {
       uint8_t b;
       if (!Byte(&b)) return false;
-      *v |= uint64_t{b & 0x7fu} << shift;
+      if (7 * i < 64) *v |= uint64_t{b & 0x7fu} << (7 * i);
       if (!(b & 0x80)) return true;
     }
-    return false;  // more than 10 bytes
+    return false;
   }
   // Copies the next n bytes to dst (null: skips them); false when fewer are left.
   bool Take(size_t n, char* dst) {
@@ -142,6 +144,18 @@ absl::Status Malformed(const char* what, size_t at) {
       absl::StrCat("the answer does not parse as a ", what, " (at byte ", at, ")"));
 }
 
+// Reads a field's tag; false where protobuf would refuse it (more than 5 bytes, field number
+// 0) or read another field than it names (beyond 32 bits, which protobuf truncates).
+bool Tag(Reader& r, uint64_t* tag) {
+  return r.Varint(tag, 5) && (*tag >> 3) != 0 && *tag <= 0xffffffffu;
+}
+
+// Reads a length-delimited field's length; false where protobuf would refuse it (more than 5
+// bytes, 2 GiB or more).
+bool Length(Reader& r, uint64_t* length) {
+  return r.Varint(length, 5) && *length < (uint64_t{1} << 31);
+}
+
 // Skips the value of a field of wire type `type` (its tag read) that must end by `end`;
 // false when it does not parse.
 bool SkipField(Reader& r, uint64_t type, size_t end) {
@@ -152,7 +166,7 @@ bool SkipField(Reader& r, uint64_t type, size_t end) {
     case 1:
       return 8 <= end - r.consumed() && r.Take(8, nullptr);
     case 2:
-      return r.Varint(&v) && v <= end - r.consumed() && r.Take(v, nullptr);
+      return Length(r, &v) && v <= end - r.consumed() && r.Take(v, nullptr);
     case 5:
       return 4 <= end - r.consumed() && r.Take(4, nullptr);
     default:  // groups (3, 4) are not in these messages; 6 and 7 do not exist
@@ -167,7 +181,7 @@ absl::Status ReadChunk(Reader& r, size_t end, int index, const ChunkSink& sink) 
   uint64_t data_bytes = 0;
   while (r.consumed() < end) {
     uint64_t tag, v;
-    if (!r.Varint(&tag)) return Malformed("DenseChunk", r.consumed());
+    if (!Tag(r, &tag)) return Malformed("DenseChunk", r.consumed());
     const uint32_t field = static_cast<uint32_t>(tag >> 3);
     if ((tag & 7) == 0 && field >= 1 && field <= 6) {
       if (!r.Varint(&v)) return Malformed("DenseChunk", r.consumed());
@@ -178,7 +192,7 @@ absl::Status ReadChunk(Reader& r, size_t end, int index, const ChunkSink& sink) 
       if (field == 5) header.set_total_length(v);
       if (field == 6) header.set_begin(v);
     } else if (tag == kDataTag) {
-      if (!r.Varint(&v) || v > end - r.consumed()) return Malformed("DenseChunk", r.consumed());
+      if (!Length(r, &v) || v > end - r.consumed()) return Malformed("DenseChunk", r.consumed());
       data = r.mark(), data_bytes = v;  // the last one counts, as in protobuf
       r.Take(v, nullptr);
     } else if (!SkipField(r, tag & 7, end)) {
@@ -264,9 +278,9 @@ absl::StatusOr<int> DecodeDenseBatch(const grpc::ByteBuffer& buffer, const Chunk
   int chunks = 0;
   while (r.consumed() < r.size()) {
     uint64_t tag, v;
-    if (!r.Varint(&tag)) return Malformed("DenseBatch", r.consumed());
+    if (!Tag(r, &tag)) return Malformed("DenseBatch", r.consumed());
     if (tag == kChunksTag) {
-      if (!r.Varint(&v) || v > r.size() - r.consumed()) {
+      if (!Length(r, &v) || v > r.size() - r.consumed()) {
         return Malformed("DenseBatch", r.consumed());
       }
       if (absl::Status s = ReadChunk(r, r.consumed() + v, chunks++, sink); !s.ok()) return s;

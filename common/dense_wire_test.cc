@@ -186,6 +186,27 @@ TEST(DenseWireTest, EveryTruncationIsAnErrorNotACrash) {
   EXPECT_FALSE(DecodeDenseChunk(Sliced("\x0b", 1), sink).ok());  // group wire type
 }
 
+// Field number 0, which protobuf refuses, is an error (dense_wire_fuzzer found it accepted),
+// and so is a tag beyond 32 bits, which protobuf truncates to another field's; the largest
+// field number is an unknown field like any other.
+TEST(DenseWireTest, TagsOutsideProtobufsFieldNumbersAreErrors) {
+  auto sink = [](int, const ps::DenseChunk&, size_t) -> absl::StatusOr<char*> {
+    return nullptr;  // no data in these
+  };
+  const std::string field_zero("\x00\x07", 2);                   // field 0, a varint
+  const std::string beyond_32_bits("\x88\x80\x80\x80\x20\x01");  // tag 2^33 + 8
+  const std::string largest_field("\xf8\xff\xff\xff\x0f\x01");   // field 2^29 - 1
+  ps::DenseChunk parsed;
+  EXPECT_FALSE(parsed.ParseFromString(field_zero));
+  EXPECT_FALSE(DecodeDenseChunk(Sliced(field_zero, 1), sink).ok());
+  EXPECT_FALSE(DecodeDenseBatch(Sliced(field_zero, 1), sink).ok());
+  EXPECT_FALSE(DecodeDenseChunk(Sliced(beyond_32_bits, 1), sink).ok());
+  EXPECT_FALSE(DecodeDenseBatch(Sliced(beyond_32_bits, 1), sink).ok());
+  EXPECT_TRUE(parsed.ParseFromString(largest_field));
+  EXPECT_TRUE(DecodeDenseChunk(Sliced(largest_field, 1), sink).ok());
+  EXPECT_TRUE(DecodeDenseBatch(Sliced(largest_field, 1), sink).ok());
+}
+
 TEST(DenseWireTest, TheSinksErrorEndsTheDecoding) {
   const std::vector<float> a = Values(3, 0);
   absl::StatusOr<int> n =

@@ -2,7 +2,8 @@
 //   bazel run //fuzz:make_seeds -- $PWD/fuzz/corpus
 // ps_service/ and coordinator/: call sequences a real client makes (fuzz_input.h encoding,
 // method numbers as in the targets' tables); snapshot/: .psnap files a real shard wrote
-// (dense Adam under BSP, sparse Adagrad), plus a truncated and a bit-flipped copy.
+// (dense Adam under BSP, sparse Adagrad), plus a truncated and a bit-flipped copy;
+// dense_wire/: a shard's answers as the clients receive them (dense_wire_fuzzer's encoding).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/dense_wire.h"
 #include "fuzz/fuzz_input.h"
 #include "proto/coordinator.pb.h"
 #include "proto/ps.pb.h"
@@ -289,6 +291,43 @@ void SnapshotSeeds(const fs::path& out) {
   fs::remove_all(root);
 }
 
+// A message's bytes behind dense_wire_fuzzer's two bytes: batch or chunk, slice length - 1.
+std::string WireInput(bool batch, uint8_t slice_bytes_minus_1, const grpc::ByteBuffer& message) {
+  std::vector<grpc::Slice> slices;
+  if (!message.Dump(&slices).ok()) std::abort();
+  std::string bytes{static_cast<char>(batch), static_cast<char>(slice_bytes_minus_1)};
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes;
+}
+
+void DenseWireSeeds(const fs::path& out) {
+  using pscluster::ps::DenseChunk;
+  DenseChunk h;
+  h.set_worker_id(1);
+  h.set_step(42);
+  h.set_table_id(3);
+  h.set_offset(128);
+  h.set_begin(100);
+  h.set_total_length(1000);
+  const std::vector<float> v(40, 0.5f), w(3, -2.0f);
+  const grpc::ByteBuffer chunk = pscluster::internal::EncodeDenseChunk(h, v);
+  Write(out / "dense_wire" / "chunk_one_slice", WireInput(false, 255, chunk));
+  Write(out / "dense_wire" / "chunk_byte_slices", WireInput(false, 0, chunk));
+  DenseChunk h2 = h;
+  h2.set_table_id(4);
+  h2.set_offset(0);
+  const std::vector<DenseChunk> headers{h, h2};
+  const std::vector<absl::Span<const float>> data{v, w};
+  Write(out / "dense_wire" / "batch_7_byte_slices",
+        WireInput(true, 6, pscluster::internal::EncodeDenseBatch(headers, data)));
+  // Through protobuf, every field twice (the last counts, in protobuf and in the decoder).
+  DenseChunk p = h;
+  p.set_data(Floats(w));
+  std::string twice = p.SerializeAsString() + p.SerializeAsString();
+  Write(out / "dense_wire" / "chunk_repeated_fields", std::string{0, 16} + twice);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -299,5 +338,6 @@ int main(int argc, char** argv) {
   PsSeeds(argv[1]);
   CoordinatorSeeds(argv[1]);
   SnapshotSeeds(argv[1]);
+  DenseWireSeeds(argv[1]);
   return 0;
 }
