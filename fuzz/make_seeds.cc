@@ -66,8 +66,17 @@ pscluster::ps::TableSpec Sparse(uint32_t id) {
 // Method numbers of ps_service_fuzzer.cc's table.
 enum PsMethod : uint8_t {
   kRegister, kUnregister, kCreate, kDescribe, kPullDense, kPushDense, kPullBatch, kPushBatch,
-  kPushPullBatch, kPullSparse, kPushSparse, kStats, kSnapshot, kList, kStatus, kRestore
+  kPushPullBatch, kPullSparse, kPushSparse, kStats, kSnapshot, kList, kStatus, kRestore,
+  kPushStream, kImport
 };
+
+// A stream call's request: the flags byte (1: the client cancels instead of ending the
+// stream), then each message as AppendCall writes it (its method byte unused).
+std::string StreamOf(bool cancel, const std::vector<std::string>& messages) {
+  std::string s(1, static_cast<char>(cancel));
+  for (const std::string& m : messages) AppendCall(&s, 0, m);
+  return s;
+}
 
 void PsSeeds(const fs::path& out) {
   using namespace pscluster::ps;
@@ -144,12 +153,56 @@ void PsSeeds(const fs::path& out) {
   leave.set_worker_id(0);
   AppendCall(&b, kUnregister, Bytes(leave));
   Write(out / "ps_service" / "batches", b);
+
+  // Streams: a push in two chunks, one cut off after its first, an import of Adam's state.
+  std::string t;
+  AppendCall(&t, kRegister, Bytes(reg));
+  *create.mutable_spec() = Dense(1, ConsistencyConfig::BSP);
+  AppendCall(&t, kCreate, Bytes(create));
+  std::vector<std::string> chunks;
+  for (uint64_t offset : {0, 150}) {
+    DenseChunk c;
+    c.set_table_id(1);
+    c.set_offset(offset);
+    c.set_total_length(300);
+    c.set_data(Floats(std::vector<float>(150, 0.25f)));
+    chunks.push_back(Bytes(c));
+  }
+  AppendCall(&t, kPushStream, StreamOf(false, chunks));
+  for (std::string& c : chunks) {
+    DenseChunk chunk;
+    chunk.ParseFromString(c);
+    chunk.set_step(1);
+    c = Bytes(chunk);
+  }
+  AppendCall(&t, kPushStream, StreamOf(true, {chunks[0]}));
+  TableStateChunk state;
+  state.set_table_id(1);
+  state.set_step(1);
+  state.set_updates(1);
+  state.set_num_slots(2);
+  for (int i = 0; i < 300; ++i) state.add_values(0.5f);
+  for (int i = 0; i < 600; ++i) state.add_slots(0.01f);
+  AppendCall(&t, kImport, StreamOf(false, {Bytes(state)}));
+  pull.set_step(1);
+  AppendCall(&t, kPullDense, Bytes(pull));
+  Write(out / "ps_service" / "streams", t);
 }
 
 // Method numbers of coordinator_fuzzer.cc's table.
 enum CoordMethod : uint8_t {
-  kCRegister, kHeartbeat, kProgress, kGetView, kKvPut, kKvGet, kSwitch, kPoll, kReportSwitch,
-  kCheckpoint, kTick, kJoinChain
+  kCRegister,
+  kHeartbeat,
+  kProgress,
+  kGetView,
+  kKvPut,
+  kKvGet,
+  kSwitch,
+  kPoll,
+  kReportSwitch,
+  kCheckpoint,
+  kTick,
+  kJoinChain
 };
 
 // 2 shards x 2 replicas register: the chains form.

@@ -1,13 +1,20 @@
 // libFuzzer target: sequences of calls to a ParameterServerService over a fresh shard (with
 // snapshots in memory), each request arbitrary bytes parsed as the method's request, as
-// gRPC would hand it to the handler. Every unary handler is reachable; the streaming ones
-// (PullDenseStream, PushDenseStream, ExportDense, ImportDense) need a live call and are
-// left to the tests. Beyond "no crash, no hang, no leak": a call that fails must leave the
+// gRPC would hand it to the handler. Every unary handler is reachable, and the two that
+// read a client's stream (PushDenseStream, ImportDense) through a real in-process gRPC
+// call, whose messages are arbitrary too and which the client may end or cancel; the two
+// that write a stream (PullDenseStream, ExportDense) change nothing and are left to the
+// tests. Beyond "no crash, no hang, no leak": a call that fails must leave the
 // shard exactly as it was (Shard::Fingerprint; checked for the calls that change state),
 // except Snapshot, whose failure releases BSP steps the capture held back.
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "fuzz/fuzz_input.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/memory_snapshot_store.h"
@@ -19,9 +26,19 @@ namespace {
 
 using namespace pscluster::ps;  // NOLINT: the request and response messages
 
+// Small tables: the fingerprints before and after each call copy them. (Named, not
+// positional: a field added to ShardOptions once turned the sparse limit of 64 into a shard
+// memory limit of 64 bytes, and for two days no table could be created here.)
+ShardOptions SmallTables() {
+  ShardOptions o;
+  o.max_table_bytes = 64 << 10;
+  o.max_memory_bytes = 1 << 20;
+  o.max_sparse_dim = 64;
+  return o;
+}
+
 struct Server {
-  // Small tables: the fingerprints before and after each call copy them.
-  Server() : shard(ShardOptions{0, 1, /*max_table_bytes=*/64 << 10, /*max_sparse_dim=*/64}) {
+  Server() : shard(SmallTables()) {
     SnapshotterOptions so;
     so.root = "/fuzz";
     so.storage = &storage;
@@ -56,6 +73,131 @@ Method<Server> Unary(const char* name,
           checked};
 }
 
+// The client-streaming handlers run behind a real gRPC call: one in-process server for the
+// whole run, whose service hands each call to the current input's shard.
+// The handlers the forwarder ran. A handler may still run when its client's call has ended
+// (cancelled, or refused early), and a call cancelled at once may reach no handler at all: a
+// call is cancelled only once its handler has started, and the state is checked (and the shard
+// destroyed) only once every handler has returned.
+class Handlers {
+ public:
+  class Running {
+   public:
+    explicit Running(Handlers* h) : h_(h) {
+      absl::MutexLock lock(&h_->mu_);
+      ++h_->started_, ++h_->running_;
+    }
+    ~Running() {
+      absl::MutexLock lock(&h_->mu_);
+      --h_->running_;
+    }
+
+   private:
+    Handlers* h_;
+  };
+  uint64_t started() {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
+  // Aborts, naming `what`, when not so within 30 s (a hang is a bug).
+  void AwaitStartedAfter(uint64_t before, const char* what) {
+    absl::MutexLock lock(&mu_);
+    auto after = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return started_ > before; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&after), absl::Seconds(30))) {
+      std::fprintf(stderr, "%s: no handler started within 30 s\n", what);
+      std::abort();
+    }
+  }
+  void AwaitIdle(const char* what) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return running_ == 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(30))) {
+      std::fprintf(stderr, "%s: a handler still runs 30 s after its call ended\n", what);
+      std::abort();
+    }
+  }
+
+ private:
+  absl::Mutex mu_;
+  uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class Forwarder final : public ParameterServer::Service {
+ public:
+  std::atomic<ParameterServerService*> target{nullptr};
+  Handlers handlers;
+  grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
+                               PushDenseResponse* resp) override {
+    Handlers::Running running(&handlers);
+    return target.load()->PushDenseStream(ctx, reader, resp);
+  }
+  grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
+                           ImportDenseResponse* resp) override {
+    Handlers::Running running(&handlers);
+    return target.load()->ImportDense(ctx, reader, resp);
+  }
+};
+
+struct Streams {
+  Streams() {
+    grpc::ServerBuilder b;
+    b.RegisterService(&forwarder);
+    // Handler threads kept, never ended: gRPC frees an ended one's state on a later call,
+    // which LeakSanitizer takes for a leak of the input that ended it.
+    b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+    b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
+    server = b.BuildAndStart();
+    stub = ParameterServer::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
+  }
+  Forwarder forwarder;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ParameterServer::Stub> stub;
+};
+
+Streams& TheStreams() {
+  static Streams* const streams = new Streams;  // never destroyed: its threads outlive main
+  return *streams;
+}
+
+// A client stream of the messages in `bytes` (each a u16 little-endian length and that many
+// bytes; the ones that do not parse are left out, as gRPC's client could not send them).
+// The first byte: odd, the client cancels after the messages instead of ending the stream
+// (a stream cut off, which must change nothing).
+template <typename Msg, typename Resp>
+Method<Server> Stream(const char* name,
+                      std::unique_ptr<grpc::ClientWriter<Msg>> (ParameterServer::Stub::*open)(
+                          grpc::ClientContext*, Resp*)) {
+  return {name, [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
+            Streams& streams = TheStreams();
+            streams.forwarder.target = s->service.get();
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+            Resp resp;
+            Handlers& handlers = streams.forwarder.handlers;
+            const uint64_t before = handlers.started();
+            std::unique_ptr<grpc::ClientWriter<Msg>> writer = ((*streams.stub).*open)(&ctx, &resp);
+            const bool cancel = !bytes.empty() && (bytes[0] & 1);
+            CallReader messages(reinterpret_cast<const uint8_t*>(bytes.data()) + !bytes.empty(),
+                                bytes.empty() ? 0 : bytes.size() - 1);
+            uint8_t unused;
+            std::string one;
+            for (int n = 0; n < 16 && messages.Next(&unused, &one); ++n) {
+              Msg m;
+              if (m.ParseFromString(one) && !writer->Write(m)) break;
+            }
+            handlers.AwaitStartedAfter(before, name);
+            if (cancel) {
+              ctx.TryCancel();
+            } else {
+              writer->WritesDone();
+            }
+            *status = writer->Finish();
+            handlers.AwaitIdle(name);
+            return true;
+          }};
+}
+
 // Reads are not checked (they change nothing even when they succeed; skipping them keeps
 // the fingerprints, which copy every table, off their path). Snapshot is not: its failure
 // releases BSP steps the capture held back.
@@ -78,6 +220,8 @@ const std::vector<Method<Server>>& Methods() {
       Unary("ListSnapshots", &S::ListSnapshots, false),
       Unary("SnapshotStatus", &S::SnapshotStatus, false),
       Unary("Restore", &S::Restore),
+      Stream("PushDenseStream", &ParameterServer::Stub::PushDenseStream),
+      Stream("ImportDense", &ParameterServer::Stub::ImportDense),
   };
   return *methods;
 }

@@ -43,7 +43,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   for (bool skip_damaged : {false, true}) {
-    Shard shard(ShardOptions{0, 1, /*max_table_bytes=*/256 << 20, /*max_sparse_dim=*/1024});
+    ShardOptions limits;  // named: ShardOptions has grown fields between these before
+    limits.max_table_bytes = 256 << 20;
+    limits.max_sparse_dim = 1024;
+    Shard shard(limits);
     SnapshotterOptions o;
     o.root = root;
     o.skip_damaged = skip_damaged;
