@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/median.h"
 #include "bench/raw.grpc.pb.h"
 #include "bench/tcp_ceiling.h"
 #include "common/executor.h"
@@ -140,11 +141,6 @@ class Client {
   Executor pool_;
   std::vector<std::unique_ptr<RawUnary::Stub>> stubs_;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 }  // namespace pscluster::bench
