@@ -103,14 +103,14 @@ class Reader {
     ++at_.consumed;
     return true;
   }
-  // A varint of at most max_bytes bytes (protobuf's: 10 for a value, 5 for a tag or a
-  // length); bits beyond 64 are dropped, as protobuf drops them.
+  // A varint of at most max_bytes (<= 10) bytes: protobuf's 10 for a value, 5 for a tag or a
+  // length; bits beyond 64 are dropped, as protobuf drops them.
   bool Varint(uint64_t* v, int max_bytes = 10) {
     *v = 0;
     for (int i = 0; i < max_bytes; ++i) {
       uint8_t b;
       if (!Byte(&b)) return false;
-      if (7 * i < 64) *v |= uint64_t{b & 0x7fu} << (7 * i);
+      *v |= uint64_t{b & 0x7fu} << (7 * i);  // the 10th byte's shift is 63
       if (!(b & 0x80)) return true;
     }
     return false;
