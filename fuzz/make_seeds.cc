@@ -159,23 +159,17 @@ void PsSeeds(const fs::path& out) {
   AppendCall(&t, kRegister, Bytes(reg));
   *create.mutable_spec() = Dense(1, ConsistencyConfig::BSP);
   AppendCall(&t, kCreate, Bytes(create));
-  std::vector<std::string> chunks;
-  for (uint64_t offset : {0, 150}) {
+  auto half = [](uint64_t offset, int64_t step) {  // of a 300-value push
     DenseChunk c;
+    c.set_step(step);
     c.set_table_id(1);
     c.set_offset(offset);
     c.set_total_length(300);
     c.set_data(Floats(std::vector<float>(150, 0.25f)));
-    chunks.push_back(Bytes(c));
-  }
-  AppendCall(&t, kPushStream, StreamOf(false, chunks));
-  for (std::string& c : chunks) {
-    DenseChunk chunk;
-    chunk.ParseFromString(c);
-    chunk.set_step(1);
-    c = Bytes(chunk);
-  }
-  AppendCall(&t, kPushStream, StreamOf(true, {chunks[0]}));
+    return Bytes(c);
+  };
+  AppendCall(&t, kPushStream, StreamOf(false, {half(0, 0), half(150, 0)}));
+  AppendCall(&t, kPushStream, StreamOf(true, {half(0, 1)}));
   TableStateChunk state;
   state.set_table_id(1);
   state.set_step(1);
