@@ -49,8 +49,13 @@ void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::Tra
       return collective::MakeStagingCommunicator(std::move(comm), std::move(staging));
     }
     collective::CoordinatorStore store(coordinator, generation, absl::Minutes(5));
-    return collective::CreateGlooCommunicator(
-        &store, collective::GlooOptions{rank, world, host, timeout, spin});
+    collective::GlooOptions g;  // by name: two Durations side by side
+    g.rank = rank;
+    g.size = world;
+    g.host = host;
+    g.timeout = timeout;
+    g.spin = spin;
+    return collective::CreateGlooCommunicator(&store, g);
   };
 }
 

@@ -29,8 +29,9 @@ void OnRanks(int n, const std::function<void(Communicator&)>& fn,
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto comm =
-          CreateGlooCommunicator(&store, GlooOptions{r, n, "127.0.0.1", absl::Seconds(30), spin});
+      GlooOptions options{r, n};
+      options.spin = spin;
+      auto comm = CreateGlooCommunicator(&store, options);
       ASSERT_TRUE(comm.ok()) << comm.status();
       fn(**comm);
     });
@@ -46,9 +47,13 @@ std::array<std::unique_ptr<Communicator>, 2> ConnectPair(gloo::rendezvous::Store
                                                          absl::Duration timeout) {
   std::array<std::unique_ptr<Communicator>, 2> comms;
   std::thread t1([&] {
-    comms[1] = *CreateGlooCommunicator(store, GlooOptions{1, 2, "127.0.0.1", timeout});
+    GlooOptions options{1, 2};
+    options.timeout = timeout;
+    comms[1] = *CreateGlooCommunicator(store, options);
   });
-  comms[0] = *CreateGlooCommunicator(store, GlooOptions{0, 2, "127.0.0.1", timeout});
+  GlooOptions options{0, 2};
+  options.timeout = timeout;
+  comms[0] = *CreateGlooCommunicator(store, options);
   t1.join();
   return comms;
 }
@@ -202,9 +207,7 @@ TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastOfThreeIsTheOneNamed) {
   std::array<std::unique_ptr<Communicator>, 3> comms;
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      comms[r] = *CreateGlooCommunicator(&store, GlooOptions{r, 3, "127.0.0.1", absl::Seconds(30)});
-    });
+    threads.emplace_back([&, r] { comms[r] = *CreateGlooCommunicator(&store, GlooOptions{r, 3}); });
   }
   for (auto& t : threads) t.join();
   comms[2].reset();
