@@ -67,11 +67,12 @@ pscluster::ps::TableSpec Sparse(uint32_t id) {
 enum PsMethod : uint8_t {
   kRegister, kUnregister, kCreate, kDescribe, kPullDense, kPushDense, kPullBatch, kPushBatch,
   kPushPullBatch, kPullSparse, kPushSparse, kStats, kSnapshot, kList, kStatus, kRestore,
-  kPushStream, kImport
+  kPushStream, kImport, kPullStream, kExport
 };
 
 // A stream call's request: the flags byte (1: the client cancels instead of ending the
-// stream), then each message as AppendCall writes it (its method byte unused).
+// stream), then each message as AppendCall writes it (its method byte unused). A server
+// stream's: the flags byte (1: the client cancels after the first message), then the request.
 std::string StreamOf(bool cancel, const std::vector<std::string>& messages) {
   std::string s(1, static_cast<char>(cancel));
   for (const std::string& m : messages) AppendCall(&s, 0, m);
@@ -181,6 +182,29 @@ void PsSeeds(const fs::path& out) {
   pull.set_step(1);
   AppendCall(&t, kPullDense, Bytes(pull));
   Write(out / "ps_service" / "streams", t);
+
+  // Server streams: a pull in 64-byte chunks read to the end and one cut off after its first,
+  // an export of the table's state read to the end and one cut off.
+  std::string r;
+  AppendCall(&r, kRegister, Bytes(reg));
+  *create.mutable_spec() = Dense(1, ConsistencyConfig::BSP);
+  AppendCall(&r, kCreate, Bytes(create));
+  AppendCall(&r, kPushStream, StreamOf(false, {half(0, 0), half(150, 0)}));
+  PullDenseRequest chunked;
+  chunked.set_table_id(1);
+  chunked.set_step(1);
+  chunked.set_chunk_bytes(64);
+  const auto flagged = [](bool cancel, const std::string& request) {
+    return std::string(1, static_cast<char>(cancel)) + request;
+  };
+  AppendCall(&r, kPullStream, flagged(false, Bytes(chunked)));
+  AppendCall(&r, kPullStream, flagged(true, Bytes(chunked)));
+  ExportDenseRequest export_state;
+  export_state.set_table_id(1);
+  export_state.set_step(1);
+  AppendCall(&r, kExport, flagged(false, Bytes(export_state)));
+  AppendCall(&r, kExport, flagged(true, Bytes(export_state)));
+  Write(out / "ps_service" / "server_streams", r);
 }
 
 // Method numbers of coordinator_fuzzer.cc's table.

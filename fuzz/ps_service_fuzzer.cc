@@ -1,18 +1,22 @@
 // libFuzzer target: sequences of calls to a ParameterServerService over a fresh shard (with
 // snapshots in memory), each request arbitrary bytes parsed as the method's request, as
-// gRPC would hand it to the handler. Every unary handler is reachable, and the two that
-// read a client's stream (PushDenseStream, ImportDense) through a real in-process gRPC
-// call, whose messages are arbitrary too and which the client may end or cancel; the two
-// that write a stream (PullDenseStream, ExportDense) change nothing and are left to the
-// tests. Beyond "no crash, no hang, no leak": a call that fails must leave the
-// shard exactly as it was (Shard::Fingerprint; checked for the calls that change state),
-// except Snapshot, whose failure releases BSP steps the capture held back.
+// gRPC would hand it to the handler. Every unary handler is reachable, and the streaming
+// ones through a real gRPC call over loopback TCP: the two that read a client's stream
+// (PushDenseStream, ImportDense), whose messages are arbitrary too and which the client may
+// end or cancel, and the two that write one (PullDenseStream, ExportDense), which the client
+// may read to the end or cancel after a message. Beyond "no crash, no hang, no leak": a call
+// that fails must leave the shard exactly as it was (Shard::Fingerprint; checked for the
+// calls that change state), except Snapshot, whose failure releases BSP steps the capture
+// held back.
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "fuzz/fuzz_input.h"
@@ -73,8 +77,10 @@ Method<Server> Unary(const char* name,
           checked};
 }
 
-// The client-streaming handlers run behind a real gRPC call: one in-process server for the
-// whole run, whose service hands each call to the current input's shard.
+// The client-streaming handlers run behind a real gRPC call: one server on loopback TCP for
+// the whole run, whose service hands each call to the current input's shard. (Not gRPC's
+// in-process channel: gRPC 1.51's in-process transport never frees a stream call's arenas,
+// client's and server's, ~3.6 KB an input here; over TCP the same calls free everything.)
 // The handlers the forwarder ran. A handler may still run when its client's call has ended
 // (cancelled, or refused early), and a call cancelled at once may reach no handler at all: a
 // call is cancelled only once its handler has started, and the state is checked (and the shard
@@ -137,18 +143,40 @@ class Forwarder final : public ParameterServer::Service {
     Handlers::Running running(&handlers);
     return target.load()->ImportDense(ctx, reader, resp);
   }
+  grpc::Status PullDenseStream(grpc::ServerContext* ctx, const PullDenseRequest* req,
+                               grpc::ServerWriter<DenseChunk>* writer) override {
+    Handlers::Running running(&handlers);
+    return target.load()->PullDenseStream(ctx, req, writer);
+  }
+  grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
+                           grpc::ServerWriter<TableStateChunk>* writer) override {
+    Handlers::Running running(&handlers);
+    return target.load()->ExportDense(ctx, req, writer);
+  }
 };
 
 struct Streams {
   Streams() {
     grpc::ServerBuilder b;
     b.RegisterService(&forwarder);
-    // Handler threads kept, never ended: gRPC frees an ended one's state on a later call,
-    // which LeakSanitizer takes for a leak of the input that ended it.
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    // Handler threads kept, never ended or started mid-run: gRPC frees an ended one's state
+    // on a later call, and a thread it starts is referenced from nowhere LeakSanitizer looks
+    // until it runs; either is taken for a leak of the input during which it happened. So
+    // no poller gives up after the default 10 s without a call, and the few that the run's
+    // one call at a time needs are there from the start.
     b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+    b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 4);
     b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
+    b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 24 * 3600 * 1000);
     server = b.BuildAndStart();
-    stub = ParameterServer::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
+    if (server == nullptr || port == 0) {
+      std::fprintf(stderr, "ps_service_fuzzer: cannot listen on 127.0.0.1\n");
+      std::abort();
+    }
+    stub = ParameterServer::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   }
   Forwarder forwarder;
   std::unique_ptr<grpc::Server> server;
@@ -198,6 +226,40 @@ Method<Server> Stream(const char* name,
           }};
 }
 
+// A server stream (the pull and export streams): the request is `bytes` after the first
+// byte, which says, when odd, that the client cancels after its first message instead of
+// reading to the end (at most 4,096 messages). Nothing is applied; the handler must not
+// crash, hang or leak, whatever the request and wherever the call ends.
+template <typename Req, typename Msg>
+Method<Server> ServerStream(const char* name,
+                            std::unique_ptr<grpc::ClientReader<Msg>> (ParameterServer::Stub::*open)(
+                                grpc::ClientContext*, const Req&)) {
+  return {name,
+          [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
+            Req req;
+            if (bytes.empty() || !req.ParseFromArray(bytes.data() + 1, bytes.size() - 1)) {
+              return false;
+            }
+            Streams& streams = TheStreams();
+            streams.forwarder.target = s->service.get();
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+            Handlers& handlers = streams.forwarder.handlers;
+            const uint64_t before = handlers.started();
+            std::unique_ptr<grpc::ClientReader<Msg>> reader = ((*streams.stub).*open)(&ctx, req);
+            const bool cancel = bytes[0] & 1;
+            Msg m;
+            bool ended = false;
+            for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
+            handlers.AwaitStartedAfter(before, name);
+            if (!ended) ctx.TryCancel();
+            *status = reader->Finish();
+            handlers.AwaitIdle(name);
+            return true;
+          },
+          false};
+}
+
 // Reads are not checked (they change nothing even when they succeed; skipping them keeps
 // the fingerprints, which copy every table, off their path). Snapshot is not: its failure
 // releases BSP steps the capture held back.
@@ -222,6 +284,8 @@ const std::vector<Method<Server>>& Methods() {
       Unary("Restore", &S::Restore),
       Stream("PushDenseStream", &ParameterServer::Stub::PushDenseStream),
       Stream("ImportDense", &ParameterServer::Stub::ImportDense),
+      ServerStream("PullDenseStream", &ParameterServer::Stub::PullDenseStream),
+      ServerStream("ExportDense", &ParameterServer::Stub::ExportDense),
   };
   return *methods;
 }
