@@ -121,14 +121,14 @@ grpc::Status Call(coord::Coordinator::Stub* stub, Rpc rpc, const Req& req, Resp*
   return (stub->*rpc)(&ctx, req, resp);
 }
 
-// Registers with `coordinator` as worker 0, heartbeating every 100 ms; null (failing the
-// test) when it cannot.
-std::unique_ptr<CoordinatorClient> JoinAsWorker0(const std::string& coordinator) {
+// Registers with `coordinator` as worker `id`, heartbeating every 100 ms (until it is
+// destroyed); null (failing the test) when it cannot.
+std::unique_ptr<CoordinatorClient> JoinAsWorkerId(const std::string& coordinator, int id = 0) {
   CoordinatorClientOptions o;
   o.coordinator = coordinator;
   o.role = coord::WORKER;
-  o.id = 0;
-  o.address = "test-worker";
+  o.id = id;
+  o.address = id == 0 ? "test-worker" : absl::StrCat("test-worker-", id);
   o.heartbeat_interval = absl::Milliseconds(100);
   auto c = CoordinatorClient::Register(o);
   EXPECT_TRUE(c.ok()) << c.status();
@@ -161,7 +161,7 @@ class CoordinatorTest : public ::testing::Test {
     return StartRegisteredShard(coordinator_, s, kShards, {}, &processes_);
   }
 
-  std::unique_ptr<CoordinatorClient> JoinAsWorker() { return JoinAsWorker0(coordinator_); }
+  std::unique_ptr<CoordinatorClient> JoinAsWorker() { return JoinAsWorkerId(coordinator_); }
 
   // Blocks until the view changes past `version` and satisfies `pred` (bounded).
   coord::ClusterView AwaitViewWhere(CoordinatorClient* c, int64_t version,
@@ -686,7 +686,7 @@ TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) 
         coordinator, s, 2, {absl::StrCat("--data_dir=", dir, "/shard", s)}, &processes));
     ASSERT_FALSE(shards.back().empty()) << "shard " << s;
   }
-  auto joined = JoinAsWorker0(coordinator);  // the view is complete with it
+  auto joined = JoinAsWorkerId(coordinator);  // the view is complete with it
   ASSERT_NE(joined, nullptr);
 
   PsClientOptions o;
@@ -736,6 +736,94 @@ TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) 
   EXPECT_TRUE(training.ok()) << training;
   EXPECT_GT(pushed.load(), last) << "the checkpoints were taken while the steps went on";
   for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+}
+
+// A worker dies between its pushes of a step to the two shards (it reached shard 0 only)
+// while a checkpoint's capture waits on shard 1 for that push: the checkpoint ends once the
+// coordinator declares the worker dead, naming it, instead of waiting out its timeout (10
+// minutes) while rank 0, which asked for it, cannot start the rollback.
+TEST(CheckpointWhileTrainingTest, ACaptureWaitingForADeadWorkersPushEndsNamingTheWorker) {
+  const std::string dir = ::testing::TempDir() + "/checkpoint_dead_worker";
+  std::filesystem::remove_all(dir);
+  std::vector<testing::Subprocess> processes;
+  absl::Cleanup stop = [&] {
+    for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+  };
+  const std::string coordinator =
+      StartCoordinator({"--num_shards=2", "--num_workers=2", "--heartbeat_timeout_ms=600",
+                        "--data_dir=" + dir + "/coordinator"},
+                       &processes);
+  ASSERT_FALSE(coordinator.empty());
+  std::vector<std::string> shards;
+  for (int s = 0; s < 2; ++s) {
+    shards.push_back(StartRegisteredShard(
+        coordinator, s, 2, {absl::StrCat("--data_dir=", dir, "/shard", s)}, &processes));
+    ASSERT_FALSE(shards.back().empty()) << "shard " << s;
+  }
+  auto worker0 = JoinAsWorkerId(coordinator, 0);
+  auto worker1 = JoinAsWorkerId(coordinator, 1);  // the view is complete with both
+  ASSERT_TRUE(worker0 != nullptr && worker1 != nullptr);
+
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int w = 0; w < 2; ++w) {
+    PsClientOptions o;
+    o.shard_addresses = shards;
+    o.worker_id = w;
+    auto c = PsClient::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->RegisterWorker().ok());
+    clients.push_back(*std::move(c));
+  }
+  ps::TableSpec spec;
+  spec.set_table_id(1);
+  spec.set_kind(ps::TableSpec::DENSE);
+  spec.set_name("w");
+  spec.set_size(64);
+  spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::SGD);
+  spec.mutable_optimizer()->set_learning_rate(0.01f);
+  spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::BSP);
+  ASSERT_TRUE(clients[0]->CreateTable(spec).ok());
+  const std::vector<float> grad(spec.size(), 0.001f);
+  ASSERT_TRUE(clients[0]->PushDense(1, 0, grad).ok());
+  // Worker 1's push of step 0 reaches shard 0 and not shard 1 (an address nothing serves).
+  PsClientOptions half;
+  half.shard_addresses = {shards[0], "127.0.0.1:1"};
+  half.worker_id = 1;
+  half.rpc_timeout = absl::Seconds(1);
+  auto partial = PsClient::Create(half);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_FALSE((*partial)->PushDense(1, 0, grad).ok());
+
+  // The checkpoint takes step 1 (shard 0 applied it) and waits on shard 1 for worker 1.
+  auto stub = coord::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  grpc::Status checkpoint;
+  std::thread asker([&] {
+    coord::Checkpoint taken;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    checkpoint = stub->Checkpoint(&ctx, coord::CheckpointRequest(), &taken);
+  });
+  absl::Cleanup join = [&] { asker.join(); };
+  // Once shard 0 holds its capture of step 1, the checkpoint is waiting on shard 1.
+  PsClientOptions one;
+  one.shard_addresses = {shards[0]};
+  auto shard0 = PsClient::Create(one);
+  ASSERT_TRUE(shard0.ok()) << shard0.status();
+  bool captured = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); !captured && absl::Now() < end;) {
+    auto lists = (*shard0)->ListSnapshots();
+    ASSERT_TRUE(lists.ok()) << lists.status();
+    for (const auto& snap : (*lists)[0].snapshots()) captured |= snap.step() == 1;
+    if (!captured) absl::SleepFor(absl::Milliseconds(20));  // polled, bounded above
+  }
+  ASSERT_TRUE(captured) << "shard 0 never captured step 1 for the checkpoint";
+  worker1.reset();  // worker 1's heartbeats stop: the coordinator declares it dead
+  std::move(join).Invoke();
+  EXPECT_EQ(checkpoint.error_code(), grpc::StatusCode::UNAVAILABLE) << checkpoint.error_message();
+  EXPECT_THAT(checkpoint.error_message(), HasSubstr("checkpoint of step 1 abandoned"));
+  EXPECT_THAT(checkpoint.error_message(), HasSubstr("worker rank 1"));
+  EXPECT_THAT(checkpoint.error_message(), HasSubstr("is down"));
 }
 
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {

@@ -21,7 +21,16 @@ absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats(
 absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) {
   ps::SnapshotRequest req = extra;
   req.set_step(step);
-  return calls_.All(&Stub::Snapshot, req).status();
+  // A capture waits in the shard for its BSP tables to reach `step`: in slices, as pulls do,
+  // so that wait_check can end it when what the step waits for is gone. A slice that runs
+  // out is asked again: the shard let the step go without a capture, or, had it captured
+  // just then, answers ALREADY_EXISTS (which the coordinator's checkpointer takes as done).
+  return calls_.ForEach([&](int s) {
+    ps::SnapshotResponse resp;
+    return calls_.Waiting(s, [&](grpc::ClientContext* ctx, int) {
+      return calls_.stub(s)->Snapshot(ctx, req, &resp);
+    });
+  });
 }
 
 absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> PsClient::SnapshotStatus(
