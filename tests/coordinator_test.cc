@@ -668,32 +668,27 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
 }
 
-// An operator's checkpoint while a worker trains as fast as a BSP step can go (a pull and
-// a push a step, one worker: each push applies at once): every one is taken, at ascending
-// steps.
-// Before, the checkpointer asked the shards for the step they reached and snapshotted it
-// 4 times; tables that had moved on by then refused, and psctl checkpoint failed.
-TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) {
-  const std::string dir = ::testing::TempDir() + "/checkpoint_while_training";
+// A coordinator (`flags` besides --num_shards=2 and its --data_dir) and its 2 shards, each
+// with a --data_dir under `dir`, into `processes`; false (failing the test) when one does
+// not serve.
+bool StartCheckpointingCluster(const std::string& dir, std::vector<std::string> flags,
+                               std::vector<testing::Subprocess>* processes,
+                               std::string* coordinator, std::vector<std::string>* shards) {
   std::filesystem::remove_all(dir);
-  std::vector<testing::Subprocess> processes;
-  const std::string coordinator = StartCoordinator(
-      {"--num_shards=2", "--num_workers=1", "--data_dir=" + dir + "/coordinator"}, &processes);
-  ASSERT_FALSE(coordinator.empty());
-  std::vector<std::string> shards;
+  flags.push_back("--num_shards=2");
+  flags.push_back("--data_dir=" + dir + "/coordinator");
+  *coordinator = StartCoordinator(flags, processes);
+  if (coordinator->empty()) return false;
   for (int s = 0; s < 2; ++s) {
-    shards.push_back(StartRegisteredShard(
-        coordinator, s, 2, {absl::StrCat("--data_dir=", dir, "/shard", s)}, &processes));
-    ASSERT_FALSE(shards.back().empty()) << "shard " << s;
+    shards->push_back(StartRegisteredShard(
+        *coordinator, s, 2, {absl::StrCat("--data_dir=", dir, "/shard", s)}, processes));
+    if (shards->back().empty()) return false;
   }
-  auto joined = JoinAsWorkerId(coordinator);  // the view is complete with it
-  ASSERT_NE(joined, nullptr);
+  return true;
+}
 
-  PsClientOptions o;
-  o.shard_addresses = shards;
-  auto client = PsClient::Create(o);
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->RegisterWorker().ok());
+// A BSP table of 64 values, plain SGD.
+ps::TableSpec SmallBspTable() {
   ps::TableSpec spec;
   spec.set_table_id(1);
   spec.set_kind(ps::TableSpec::DENSE);
@@ -702,6 +697,29 @@ TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) 
   spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::SGD);
   spec.mutable_optimizer()->set_learning_rate(0.01f);
   spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::BSP);
+  return spec;
+}
+
+// An operator's checkpoint while a worker trains as fast as a BSP step can go (a pull and
+// a push a step, one worker: each push applies at once): every one is taken, at ascending
+// steps.
+// Before, the checkpointer asked the shards for the step they reached and snapshotted it
+// 4 times; tables that had moved on by then refused, and psctl checkpoint failed.
+TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) {
+  std::vector<testing::Subprocess> processes;
+  std::string coordinator;
+  std::vector<std::string> shards;
+  ASSERT_TRUE(StartCheckpointingCluster(::testing::TempDir() + "/checkpoint_while_training",
+                                        {"--num_workers=1"}, &processes, &coordinator, &shards));
+  auto joined = JoinAsWorkerId(coordinator);  // the view is complete with it
+  ASSERT_NE(joined, nullptr);
+
+  PsClientOptions o;
+  o.shard_addresses = shards;
+  auto client = PsClient::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->RegisterWorker().ok());
+  const ps::TableSpec spec = SmallBspTable();
   ASSERT_TRUE((*client)->CreateTable(spec).ok());
 
   std::atomic<bool> stop{false};
@@ -743,23 +761,15 @@ TEST(CheckpointWhileTrainingTest, EveryCheckpointIsTakenWhileTheTablesStepFast) 
 // coordinator declares the worker dead, naming it, instead of waiting out its timeout (10
 // minutes) while rank 0, which asked for it, cannot start the rollback.
 TEST(CheckpointWhileTrainingTest, ACaptureWaitingForADeadWorkersPushEndsNamingTheWorker) {
-  const std::string dir = ::testing::TempDir() + "/checkpoint_dead_worker";
-  std::filesystem::remove_all(dir);
   std::vector<testing::Subprocess> processes;
   absl::Cleanup stop = [&] {
     for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
   };
-  const std::string coordinator =
-      StartCoordinator({"--num_shards=2", "--num_workers=2", "--heartbeat_timeout_ms=600",
-                        "--data_dir=" + dir + "/coordinator"},
-                       &processes);
-  ASSERT_FALSE(coordinator.empty());
+  std::string coordinator;
   std::vector<std::string> shards;
-  for (int s = 0; s < 2; ++s) {
-    shards.push_back(StartRegisteredShard(
-        coordinator, s, 2, {absl::StrCat("--data_dir=", dir, "/shard", s)}, &processes));
-    ASSERT_FALSE(shards.back().empty()) << "shard " << s;
-  }
+  ASSERT_TRUE(StartCheckpointingCluster(::testing::TempDir() + "/checkpoint_dead_worker",
+                                        {"--num_workers=2", "--heartbeat_timeout_ms=600"},
+                                        &processes, &coordinator, &shards));
   auto worker0 = JoinAsWorkerId(coordinator, 0);
   auto worker1 = JoinAsWorkerId(coordinator, 1);  // the view is complete with both
   ASSERT_TRUE(worker0 != nullptr && worker1 != nullptr);
@@ -774,14 +784,7 @@ TEST(CheckpointWhileTrainingTest, ACaptureWaitingForADeadWorkersPushEndsNamingTh
     ASSERT_TRUE((*c)->RegisterWorker().ok());
     clients.push_back(*std::move(c));
   }
-  ps::TableSpec spec;
-  spec.set_table_id(1);
-  spec.set_kind(ps::TableSpec::DENSE);
-  spec.set_name("w");
-  spec.set_size(64);
-  spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::SGD);
-  spec.mutable_optimizer()->set_learning_rate(0.01f);
-  spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::BSP);
+  const ps::TableSpec spec = SmallBspTable();
   ASSERT_TRUE(clients[0]->CreateTable(spec).ok());
   const std::vector<float> grad(spec.size(), 0.001f);
   ASSERT_TRUE(clients[0]->PushDense(1, 0, grad).ok());
