@@ -343,16 +343,6 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
   if (!reader->Read(&update)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Replicate carried no update");
   }
-  std::vector<std::string> chunks;
-  if (update.stream()) {
-    for (ReplicatedUpdate c; reader->Read(&c);) {
-      if (!c.has_chunk()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "a Replicate stream's later messages must hold only a chunk");
-      }
-      chunks.push_back(std::move(*c.mutable_chunk()->mutable_data()));
-    }
-  }
   const uint64_t seq = update.seq();
   const absl::Time deadline =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.forward_timeout);
@@ -376,6 +366,37 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     }
     return absl::OkStatus();
   };
+  // A sender this replica takes nothing from (an old head, an outsider) is refused before
+  // its stream's chunks are read; the rest hold at most the push's total_length values.
+  std::vector<std::string> chunks;
+  if (update.stream()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = check(); s.code() == absl::StatusCode::kFailedPrecondition) {
+        return ToGrpcStatus(s);
+      }
+    }
+    if (!update.has_push_dense()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a Replicate stream must begin with a push_dense");
+    }
+    const uint64_t declared = update.push_dense().total_length();
+    uint64_t values = update.push_dense().data().size() / sizeof(float);
+    for (ReplicatedUpdate c; reader->Read(&c);) {
+      if (!c.has_chunk()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "a Replicate stream's later messages must hold only a chunk");
+      }
+      values += c.chunk().data().size() / sizeof(float);
+      if (values > declared) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("a Replicate stream carries more than its push's "
+                                         "total_length=",
+                                         declared, " values"));
+      }
+      chunks.push_back(std::move(*c.mutable_chunk()->mutable_data()));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     absl::Status s = check();

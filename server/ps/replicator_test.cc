@@ -233,5 +233,47 @@ TEST(ReplicatorTest, AHeadCutOffFromEveryoneWaitsForTheCoordinatorInsteadOfStopp
   EXPECT_GT(refreshes, 1);
 }
 
+// A tail takes a push's stream from its predecessor: a stream that carries more values than
+// its push declares is refused once it does (INVALID_ARGUMENT), and one from a sender whose
+// chain is out of date before its chunks are read (FAILED_PRECONDITION); neither changes
+// the replica's state.
+TEST(ReplicatorTest, ATailRefusesAStreamLongerThanItsPushOrFromAnOldEpoch) {
+  Replica tail(1);
+  tail.Follow(ReplicatorOptions());
+  tail.chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", tail.address}, true});
+  const uint32_t before = tail.Fingerprint();
+  auto stream = [&](int64_t epoch, int chunks) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    ReplicateResponse resp;
+    auto writer = tail.stub->Replicate(&ctx, &resp);
+    ReplicatedUpdate first;
+    first.set_seq(1);
+    first.set_epoch(epoch);
+    first.set_stream(true);
+    DenseChunk* push = first.mutable_push_dense();
+    push->set_table_id(1);
+    push->set_total_length(64);
+    const std::vector<float> values(16, 0.5f);
+    push->set_data(values.data(), values.size() * sizeof(float));
+    bool sent = writer->Write(first);
+    for (int i = 0; i < chunks && sent; ++i) {
+      ReplicatedUpdate more;
+      more.mutable_chunk()->set_data(values.data(), values.size() * sizeof(float));
+      sent = writer->Write(more);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  grpc::Status longer = stream(3, 4);  // 16 + 4 x 16 = 80 values for a push of 64
+  EXPECT_EQ(longer.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << longer.error_message();
+  EXPECT_NE(longer.error_message().find("more than its push's total_length=64"), std::string::npos)
+      << longer.error_message();
+  grpc::Status stale = stream(2, 1000);  // refused at its first message, chunks unread
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << stale.error_message();
+  EXPECT_NE(stale.error_message().find("out of date"), std::string::npos) << stale.error_message();
+  EXPECT_EQ(tail.Fingerprint(), before);
+}
+
 }  // namespace
 }  // namespace pscluster::ps
