@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace pscluster::coord {
 
 bool ShardHolds(const ClusterView& view, int32_t shard) {
@@ -30,6 +32,45 @@ std::vector<int32_t> ShortChains(const ClusterView& view) {
     }
   }
   return out;
+}
+
+std::string Generation(const ClusterView& view) {
+  std::string gen;
+  // A shard's state is lost only when its chain starts over (with one replica: whenever it
+  // restarts); a replica that fails or joins beside a live chain changes nothing.
+  for (const auto& chain : view.chains()) {
+    absl::StrAppend(&gen, "s", chain.shard(), ".", chain.generation(), "-");
+  }
+  for (const auto& m : view.members()) {
+    if (m.role() == WORKER) absl::StrAppend(&gen, "w", m.id(), ".", m.incarnation(), "-");
+  }
+  return gen;
+}
+
+absl::Status StillSameCluster(const ClusterView& was, const ClusterView& now, int32_t self) {
+  for (const auto& m : now.members()) {
+    if (!m.alive() && (m.role() == WORKER || !ShardHolds(now, m.id()))) {
+      return absl::UnavailableError(
+          absl::StrCat(m.role() == SHARD ? "shard " : "worker rank ", m.id(),
+                       " is down (the coordinator saw its heartbeats stop)"));
+    }
+  }
+  if (Generation(now) == Generation(was)) return absl::OkStatus();
+  // Name the member that came back (declared dead, then registered again), if another.
+  for (const auto& m : now.members()) {
+    for (const auto& before : was.members()) {
+      if (m.role() == before.role() && m.id() == before.id() &&
+          m.incarnation() != before.incarnation() && !(m.role() == WORKER && m.id() == self)) {
+        return absl::UnavailableError(absl::StrCat(
+            m.role() == SHARD ? "shard " : "worker rank ", m.id(),
+            " is down (the coordinator declared it dead; it registered again as incarnation ",
+            m.incarnation(), "): rolling back with the others"));
+      }
+    }
+  }
+  return absl::UnavailableError(
+      "the cluster changed generation (a member, perhaps this worker, registered again "
+      "after being declared dead): rolling back with the others");
 }
 
 }  // namespace pscluster::coord

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "proto/coordinator.pb.h"
 
 namespace pscluster::coord {
@@ -14,5 +16,16 @@ bool ShardHolds(const ClusterView& view, int32_t shard);
 // The shards whose chain lacks a live replica of theirs (one copying the head's state back,
 // as after an import or a restore): until it joins, the head's death loses the shard.
 std::vector<int32_t> ShortChains(const ClusterView& view);
+
+// The generation of a cluster view: every worker's incarnation and every shard chain's
+// generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
+std::string Generation(const ClusterView& view);
+
+// Whether a wait that began in view `was` (a BSP step waiting for a worker's push, a
+// collective, a checkpoint's capture) may go on in view `now`: UNAVAILABLE naming the
+// worker, or the shard whose chain lost its state, that is down, or the member that came
+// back as a new incarnation (not worker `self`: the asker itself), when the generation
+// changed; OK otherwise.
+absl::Status StillSameCluster(const ClusterView& was, const ClusterView& now, int32_t self = -1);
 
 }  // namespace pscluster::coord

@@ -51,30 +51,6 @@ PsClientOptions ShardsOf(const ClusterView& view, const CheckpointerOptions& opt
   return o;
 }
 
-// Between the slices of a capture's wait in a shard (a BSP step that waits for a worker's
-// push): OK while every member of `was` is still there as the same incarnation; otherwise
-// which one is gone (a worker, or a shard whose chain is lost): the step it waits for may
-// never come, and the workers roll back instead.
-absl::Status StillThere(const ClusterView& was, const ClusterView& now) {
-  for (const Member& m : now.members()) {
-    const bool counts = m.role() == WORKER || !ShardHolds(now, m.id());
-    const std::string name =
-        absl::StrCat(m.role() == SHARD ? "shard " : "worker rank ", m.id(), " (", m.address(), ")");
-    if (counts && !m.alive()) {
-      return absl::UnavailableError(
-          absl::StrCat(name, " is down (the coordinator saw its heartbeats stop)"));
-    }
-    for (const Member& w : was.members()) {
-      if (counts && w.role() == m.role() && w.id() == m.id() && w.replica() == m.replica() &&
-          w.incarnation() != m.incarnation()) {
-        return absl::UnavailableError(absl::StrCat(name, " registered again (incarnation ",
-                                                   m.incarnation(), ") after being declared dead"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(ClusterState* cluster,
@@ -184,7 +160,9 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
         "the cluster is incomplete (psctl status names who is missing); no checkpoint taken");
   }
   PsClientOptions shard_options = ShardsOf(view, options_);
-  shard_options.wait_check = [this, view] { return StillThere(view, cluster_->View()); };
+  // A capture waits in a shard for a BSP step, in slices: it ends once a worker the step may
+  // wait for is gone (declared dead, or come back), and the workers roll back instead.
+  shard_options.wait_check = [this, view] { return StillSameCluster(view, cluster_->View()); };
   auto shards = PsClient::Create(shard_options);
   if (!shards.ok()) return shards.status();
   ps::SnapshotRequest request;
@@ -244,7 +222,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
     }
     s = (ahead > 0 ? soon : *shards)->Snapshot(step, request);
     if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) break;
-    if (s.code() == absl::StatusCode::kUnavailable) {  // a member is gone (StillThere), or a shard
+    if (s.code() == absl::StatusCode::kUnavailable) {  // a member is gone, or a shard is
       return absl::Status(s.code(),
                           absl::StrCat("checkpoint of step ", step, " abandoned: ", s.message()));
     }

@@ -37,19 +37,6 @@ void RecordSwitch(std::vector<SwitchDone>* switches, SwitchDone done) {
   switches->push_back(std::move(done));
 }
 
-std::string Generation(const coord::ClusterView& view) {
-  std::string gen;
-  // A shard's state is lost only when its chain starts over (with one replica: whenever it
-  // restarts); a replica that fails or joins beside a live chain changes nothing.
-  for (const auto& chain : view.chains()) {
-    absl::StrAppend(&gen, "s", chain.shard(), ".", chain.generation(), "-");
-  }
-  for (const auto& m : view.members()) {
-    if (m.role() == coord::WORKER) absl::StrAppend(&gen, "w", m.id(), ".", m.incarnation(), "-");
-  }
-  return gen;
-}
-
 namespace {
 
 // --bucket_mb as the shortest decimal that BucketBytes turns into the same bytes, so that a

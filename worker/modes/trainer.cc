@@ -118,31 +118,7 @@ absl::Status Trainer::ConnectCommunicator(const std::string& name) {
 absl::Status Trainer::CheckLiveness() const {
   auto now = options_.coordinator->AwaitView(0, false, absl::Seconds(2));
   if (!now.ok()) return absl::OkStatus();
-  for (const auto& m : now->members()) {
-    if (!m.alive() && (m.role() == coord::WORKER || !coord::ShardHolds(*now, m.id()))) {
-      return absl::UnavailableError(
-          absl::StrCat(m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
-                       " is down (the coordinator saw its heartbeats stop)"));
-    }
-  }
-  if (Generation(*now) != Generation(view_)) {
-    // Name the member that came back (declared dead, then registered again), if another.
-    for (const auto& m : now->members()) {
-      for (const auto& was : view_.members()) {
-        if (m.role() == was.role() && m.id() == was.id() && m.incarnation() != was.incarnation() &&
-            !(m.role() == coord::WORKER && m.id() == options_.rank)) {
-          return absl::UnavailableError(absl::StrCat(
-              m.role() == coord::SHARD ? "shard " : "worker rank ", m.id(),
-              " is down (the coordinator declared it dead; it registered again as incarnation ",
-              m.incarnation(), "): rolling back with the others"));
-        }
-      }
-    }
-    return absl::UnavailableError(
-        "the cluster changed generation (a member, perhaps this worker, registered again "
-        "after being declared dead): rolling back with the others");
-  }
-  return absl::OkStatus();
+  return coord::StillSameCluster(view_, *now, options_.rank);
 }
 
 absl::Status Trainer::Leave() {

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator/coordinator_client.h"
 #include "client/ps/ps_client.h"
+#include "common/cluster_view.h"
 #include "proto/ps.pb.h"
 #include "worker/collective/communicator.h"
 #include "worker/compute/backend.h"
@@ -233,9 +234,7 @@ Mode RollbackMode(const coord::ClusterView& view, int64_t step);
 // each switch of the run once, with the hand-over it took last.
 void RecordSwitch(std::vector<SwitchDone>* switches, SwitchDone done);
 
-// The generation of a cluster view: every worker's incarnation and every shard chain's
-// generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
-std::string Generation(const coord::ClusterView& view);
+using coord::Generation;
 // Failures another process caused: a shard or a worker went away or stopped answering.
 bool PeerFailure(const absl::Status& s);
 
