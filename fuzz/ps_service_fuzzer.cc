@@ -77,10 +77,6 @@ Method<Server> Unary(const char* name,
           checked};
 }
 
-// The client-streaming handlers run behind a real gRPC call: one server on loopback TCP for
-// the whole run, whose service hands each call to the current input's shard. (Not gRPC's
-// in-process channel: gRPC 1.51's in-process transport never frees a stream call's arenas,
-// client's and server's, ~3.6 KB an input here; over TCP the same calls free everything.)
 // The handlers the forwarder ran. A handler may still run when its client's call has ended
 // (cancelled, or refused early), and a call cancelled at once may reach no handler at all: a
 // call is cancelled only once its handler has started, and the state is checked (and the shard
@@ -155,6 +151,10 @@ class Forwarder final : public ParameterServer::Service {
   }
 };
 
+// The streaming handlers run behind a real gRPC call: one server on loopback TCP for the
+// whole run, whose service hands each call to the current input's shard. (Not gRPC's
+// in-process channel: gRPC 1.51's in-process transport never frees a stream call's arenas,
+// client's and server's, ~3.6 KB an input here; over TCP the same calls free everything.)
 struct Streams {
   Streams() {
     grpc::ServerBuilder b;
@@ -188,6 +188,24 @@ Streams& TheStreams() {
   return *streams;
 }
 
+// One streaming call to `s`'s shard, named `name`: client(stub, ctx, started) opens it and
+// plays the client's side, calling started() once its messages are sent and before it ends
+// or cancels the call (a call is cancelled only once its handler has started), and returns
+// the call's status. Returns once every handler has returned.
+template <typename Client>
+grpc::Status Call(Server* s, const char* name, Client client) {
+  Streams& streams = TheStreams();
+  streams.forwarder.target = s->service.get();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Handlers& handlers = streams.forwarder.handlers;
+  const uint64_t before = handlers.started();
+  grpc::Status status =
+      client(*streams.stub, &ctx, [&] { handlers.AwaitStartedAfter(before, name); });
+  handlers.AwaitIdle(name);
+  return status;
+}
+
 // A client stream of the messages in `bytes` (each a u16 little-endian length and that many
 // bytes; the ones that do not parse are left out, as gRPC's client could not send them).
 // The first byte: odd, the client cancels after the messages instead of ending the stream
@@ -196,34 +214,31 @@ template <typename Msg, typename Resp>
 Method<Server> Stream(const char* name,
                       std::unique_ptr<grpc::ClientWriter<Msg>> (ParameterServer::Stub::*open)(
                           grpc::ClientContext*, Resp*)) {
-  return {name, [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
-            Streams& streams = TheStreams();
-            streams.forwarder.target = s->service.get();
-            grpc::ClientContext ctx;
-            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-            Resp resp;
-            Handlers& handlers = streams.forwarder.handlers;
-            const uint64_t before = handlers.started();
-            std::unique_ptr<grpc::ClientWriter<Msg>> writer = ((*streams.stub).*open)(&ctx, &resp);
-            const bool cancel = !bytes.empty() && (bytes[0] & 1);
-            CallReader messages(reinterpret_cast<const uint8_t*>(bytes.data()) + !bytes.empty(),
-                                bytes.empty() ? 0 : bytes.size() - 1);
-            uint8_t unused;
-            std::string one;
-            for (int n = 0; n < 16 && messages.Next(&unused, &one); ++n) {
-              Msg m;
-              if (m.ParseFromString(one) && !writer->Write(m)) break;
-            }
-            handlers.AwaitStartedAfter(before, name);
-            if (cancel) {
-              ctx.TryCancel();
-            } else {
-              writer->WritesDone();
-            }
-            *status = writer->Finish();
-            handlers.AwaitIdle(name);
-            return true;
-          }};
+  return {
+      name, [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
+        *status =
+            Call(s, name, [&](ParameterServer::Stub& stub, grpc::ClientContext* ctx, auto started) {
+              Resp resp;
+              std::unique_ptr<grpc::ClientWriter<Msg>> writer = (stub.*open)(ctx, &resp);
+              const bool cancel = !bytes.empty() && (bytes[0] & 1);
+              CallReader messages(reinterpret_cast<const uint8_t*>(bytes.data()) + !bytes.empty(),
+                                  bytes.empty() ? 0 : bytes.size() - 1);
+              uint8_t unused;
+              std::string one;
+              for (int n = 0; n < 16 && messages.Next(&unused, &one); ++n) {
+                Msg m;
+                if (m.ParseFromString(one) && !writer->Write(m)) break;
+              }
+              started();
+              if (cancel) {
+                ctx->TryCancel();
+              } else {
+                writer->WritesDone();
+              }
+              return writer->Finish();
+            });
+        return true;
+      }};
 }
 
 // A server stream (the pull and export streams): the request is `bytes` after the first
@@ -240,21 +255,17 @@ Method<Server> ServerStream(const char* name,
             if (bytes.empty() || !req.ParseFromArray(bytes.data() + 1, bytes.size() - 1)) {
               return false;
             }
-            Streams& streams = TheStreams();
-            streams.forwarder.target = s->service.get();
-            grpc::ClientContext ctx;
-            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-            Handlers& handlers = streams.forwarder.handlers;
-            const uint64_t before = handlers.started();
-            std::unique_ptr<grpc::ClientReader<Msg>> reader = ((*streams.stub).*open)(&ctx, req);
-            const bool cancel = bytes[0] & 1;
-            Msg m;
-            bool ended = false;
-            for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
-            handlers.AwaitStartedAfter(before, name);
-            if (!ended) ctx.TryCancel();
-            *status = reader->Finish();
-            handlers.AwaitIdle(name);
+            *status = Call(
+                s, name, [&](ParameterServer::Stub& stub, grpc::ClientContext* ctx, auto started) {
+                  std::unique_ptr<grpc::ClientReader<Msg>> reader = (stub.*open)(ctx, req);
+                  const bool cancel = bytes[0] & 1;
+                  Msg m;
+                  bool ended = false;
+                  for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
+                  started();
+                  if (!ended) ctx->TryCancel();
+                  return reader->Finish();
+                });
             return true;
           },
           false};
