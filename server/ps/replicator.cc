@@ -338,7 +338,8 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
 }
 
 grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
-                                 grpc::ServerReader<ReplicatedUpdate>* reader) {
+                                 grpc::ServerReader<ReplicatedUpdate>* reader,
+                                 const StreamHooks& hooks) {
   ReplicatedUpdate update;
   if (!reader->Read(&update)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Replicate carried no update");
@@ -382,6 +383,16 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     }
     const uint64_t declared = update.push_dense().total_length();
     uint64_t values = update.push_dense().data().size() / sizeof(float);
+    uint64_t held = update.push_dense().data().capacity();
+    auto hold = [&](uint64_t bytes) {
+      return hooks.hold ? ToGrpcStatus(hooks.hold(bytes)) : grpc::Status::OK;
+    };
+    const uint64_t declared_bytes = declared > UINT64_MAX / sizeof(float)
+                                        ? UINT64_MAX  // (no budget holds it)
+                                        : declared * sizeof(float);
+    if (grpc::Status s = hold(std::max(declared_bytes, held)); !s.ok()) {
+      return s;
+    }
     for (ReplicatedUpdate c; reader->Read(&c);) {
       if (!c.has_chunk()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -394,8 +405,25 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
                                          "total_length=",
                                          declared, " values"));
       }
+      held += c.chunk().data().capacity();
+      if (grpc::Status s = hold(held); !s.ok()) return s;
       chunks.push_back(std::move(*c.mutable_chunk()->mutable_data()));
     }
+    if (hooks.read) hooks.read();
+    if (ctx->IsCancelled()) {  // idle too long (the service's watch), or the sender gave up
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the Replicate stream was cancelled before its last chunk; "
+                          "nothing was applied");
+    }
+    if (values != declared) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("the Replicate stream ended after ", values,
+                                       " of its "
+                                       "push's total_length=",
+                                       declared, " values; nothing was applied"));
+    }
+  } else if (hooks.read) {
+    hooks.read();
   }
   {
     absl::MutexLock lock(&mu_);

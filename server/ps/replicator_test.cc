@@ -4,9 +4,11 @@
 #include "server/ps/replicator.h"
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -20,8 +22,8 @@ namespace {
 
 // One replica: its shard, its service and its gRPC server (the chain is attached later).
 struct Replica {
-  explicit Replica(int32_t replica) : replica(replica), shard(ShardOptions()),
-      service(&shard, nullptr, ServiceOptions()) {
+  explicit Replica(int32_t replica, ServiceOptions options = ServiceOptions())
+      : replica(replica), shard(ShardOptions()), service(&shard, nullptr, options) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -237,41 +239,75 @@ TEST(ReplicatorTest, AHeadCutOffFromEveryoneWaitsForTheCoordinatorInsteadOfStopp
 // its push declares is refused once it does (INVALID_ARGUMENT), and one from a sender whose
 // chain is out of date before its chunks are read (FAILED_PRECONDITION); neither changes
 // the replica's state.
+// A Replicate stream to `to` as a head sends a streamed push of `total_length` values to
+// table 1: its first message and `chunks` more, 16 values each. `end` false: the stream is
+// left open after them (the sender gone quiet).
+grpc::Status StreamPush(Replica& to, int64_t epoch, uint64_t total_length, int chunks,
+                        bool end = true) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  ReplicateResponse resp;
+  auto writer = to.stub->Replicate(&ctx, &resp);
+  ReplicatedUpdate first;
+  first.set_seq(1);
+  first.set_epoch(epoch);
+  first.set_stream(true);
+  DenseChunk* push = first.mutable_push_dense();
+  push->set_table_id(1);
+  push->set_total_length(total_length);
+  const std::vector<float> values(16, 0.5f);
+  push->set_data(values.data(), values.size() * sizeof(float));
+  bool sent = writer->Write(first);
+  for (int i = 0; i < chunks && sent; ++i) {
+    ReplicatedUpdate more;
+    more.mutable_chunk()->set_data(values.data(), values.size() * sizeof(float));
+    sent = writer->Write(more);
+  }
+  if (end) writer->WritesDone();
+  return writer->Finish();
+}
+
 TEST(ReplicatorTest, ATailRefusesAStreamLongerThanItsPushOrFromAnOldEpoch) {
   Replica tail(1);
   tail.Follow(ReplicatorOptions());
   tail.chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", tail.address}, true});
   const uint32_t before = tail.Fingerprint();
-  auto stream = [&](int64_t epoch, int chunks) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    ReplicateResponse resp;
-    auto writer = tail.stub->Replicate(&ctx, &resp);
-    ReplicatedUpdate first;
-    first.set_seq(1);
-    first.set_epoch(epoch);
-    first.set_stream(true);
-    DenseChunk* push = first.mutable_push_dense();
-    push->set_table_id(1);
-    push->set_total_length(64);
-    const std::vector<float> values(16, 0.5f);
-    push->set_data(values.data(), values.size() * sizeof(float));
-    bool sent = writer->Write(first);
-    for (int i = 0; i < chunks && sent; ++i) {
-      ReplicatedUpdate more;
-      more.mutable_chunk()->set_data(values.data(), values.size() * sizeof(float));
-      sent = writer->Write(more);
-    }
-    writer->WritesDone();
-    return writer->Finish();
-  };
-  grpc::Status longer = stream(3, 4);  // 16 + 4 x 16 = 80 values for a push of 64
+  grpc::Status longer = StreamPush(tail, 3, 64, 4);  // 16 + 4 x 16 = 80 values for 64
   EXPECT_EQ(longer.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << longer.error_message();
   EXPECT_NE(longer.error_message().find("more than its push's total_length=64"), std::string::npos)
       << longer.error_message();
-  grpc::Status stale = stream(2, 1000);  // refused at its first message, chunks unread
+  grpc::Status shorter = StreamPush(tail, 3, 64, 1);  // 32 values, then the stream ends
+  EXPECT_EQ(shorter.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << shorter.error_message();
+  EXPECT_NE(shorter.error_message().find("ended after 32 of its push's total_length=64"),
+            std::string::npos)
+      << shorter.error_message();
+  grpc::Status stale = StreamPush(tail, 2, 64, 1000);  // refused at its first message
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << stale.error_message();
   EXPECT_NE(stale.error_message().find("out of date"), std::string::npos) << stale.error_message();
+  EXPECT_EQ(tail.Fingerprint(), before);
+}
+
+// A streamed update from the replica before this one is held whole until applied, as a
+// client's push stream: it is charged to the shard's in-flight budget before its chunks are
+// read, and a stream whose sender goes quiet is ended after the idle timeout, not held for
+// as long as its sender's deadline.
+TEST(ReplicatorTest, AReplicateStreamKeepsToTheShardsBudgetAndIdleTimeout) {
+  ServiceOptions options;
+  options.max_inflight_request_bytes = 1 << 20;
+  options.stream_idle_timeout = absl::Milliseconds(300);
+  Replica tail(1, options);
+  tail.Follow(ReplicatorOptions());
+  tail.chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", tail.address}, true});
+  const uint32_t before = tail.Fingerprint();
+  grpc::Status big = StreamPush(tail, 3, uint64_t{1} << 20, 1000);  // 4 MiB declared
+  EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
+  EXPECT_NE(big.error_message().find("--max_inflight_request_bytes"), std::string::npos)
+      << big.error_message();
+  grpc::Status huge = StreamPush(tail, 3, UINT64_MAX, 0);  // its bytes overflow 64 bits
+  EXPECT_EQ(huge.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << huge.error_message();
+  grpc::Status quiet = StreamPush(tail, 3, 64, 1, /*end=*/false);
+  // (DEADLINE_EXCEEDED, 30 s later, had the stream been held until the sender's deadline)
+  EXPECT_EQ(quiet.error_code(), grpc::StatusCode::CANCELLED) << quiet.error_message();
   EXPECT_EQ(tail.Fingerprint(), before);
 }
 

@@ -252,7 +252,17 @@ grpc::Status ParameterServerService::Replicate(grpc::ServerContext* ctx,
   InFlightCounter::Scope in_flight(&in_flight_);
   Replicator* chain = replicator_.load();
   if (chain == nullptr) return ToGrpcStatus(NotReplicated());
-  return chain->Receive(ctx, reader);
+  // A streamed update is held whole until applied, as a client's push stream: charged to
+  // the shard's budget, and cancelled if its sender goes quiet before the last chunk.
+  StreamWatchdog::Watch watch(&watchdog_, ctx);
+  RequestBudget::Charge charge(&budget_);
+  Replicator::StreamHooks hooks;
+  hooks.hold = [&](uint64_t bytes) {
+    watch.Alive();
+    return charge.GrowTo(bytes, "a Replicate stream from the previous replica");
+  };
+  hooks.read = [&] { watch.Disarm(); };
+  return chain->Receive(ctx, reader, hooks);
 }
 
 grpc::Status ParameterServerService::TransferState(grpc::ServerContext*,
