@@ -5,15 +5,22 @@
 #     acknowledged once every replica holds it, a pull is served by the head alone.
 #  2. Training in PS mode (deploy/local_cluster.sh --replicas R: 2 workers, 2 shards, BSP).
 # Prints medians over the rounds and the ratio of each R to R = 1.
-#   bench/replication_cost.sh [ROUNDS=5] [EPOCHS=1]
+#   bench/replication_cost.sh [ROUNDS=5] [EPOCHS=1] [BIN_A BIN_B]
+# With two folders of binaries in bazel-bin's layout (deploy/local_cluster.sh --bin; each
+# with bench/client_throughput too): R = 2 only, build A and build B alternating in each
+# round, and B / A per figure (a change's "nothing slower").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5} epochs=${2:-1}
 tmp=$(mktemp -d /tmp/replication_cost.XXXXXX)
 echo "runs under $tmp"
-bazel build -c opt //bench:client_throughput //server/ps:ps_server //server/coordinator:ps_coordinator \
-  >/dev/null 2>&1
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+if (($# >= 4)); then
+  builds=("$(cd "$3" && pwd)" "$(cd "$4" && pwd)") names=(A B) counts=(2)
+else
+  bazel build -c opt //bench:client_throughput //server/ps:ps_server \
+    //server/coordinator:ps_coordinator //worker:ps_worker //tools/psctl:psctl >/dev/null 2>&1
+  builds=("$(bazel info -c opt bazel-bin 2>/dev/null)") names=(-) counts=(1 2 3)
+fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -24,8 +31,9 @@ await() {  # log needle: prints the line once it appears (bounded)
   done
   echo "replication_cost.sh: '$2' did not appear in $1" >&2; exit 1
 }
-goodput() {  # replicas out.json
-  local r=$1 dir=$tmp/goodput-$1-$round heads=()
+goodput() {  # bin replicas out.json
+  local bin=$1 r=$2 dir=$tmp/goodput-${3##*/goodput-} heads=()
+  dir=${dir%.json}
   mkdir -p "$dir"
   "$bin/server/coordinator/ps_coordinator" --port=0 --num_shards=2 --num_workers=0 --replicas="$r" \
     >"$dir/coordinator.log" 2>&1 &
@@ -46,21 +54,49 @@ goodput() {  # replicas out.json
     else await "$dir/shard$s-0.log" "registered with" >/dev/null; fi
   done
   "$bin/bench/client_throughput" --shards="$(IFS=,; echo "${heads[*]}")" --sizes_kib=64,1024,16384 \
-    --reps=7 --json="$2" >"$dir/client.log" 2>&1 \
+    --reps=7 --json="$3" >"$dir/client.log" 2>&1 \
     || { echo "replication_cost.sh: client_throughput failed; see $dir/client.log" >&2; exit 1; }
   cleanup
   pids=()
 }
 for ((round = 0; round < rounds; ++round)); do
-  for r in 1 2 3; do
-    goodput "$r" "$tmp/goodput-$r-$round.json"
-    deploy/local_cluster.sh --epochs "$epochs" --replicas "$r" --metrics off --out "$tmp/train-$r-$round" \
-      >"$tmp/train-$r-$round.log" 2>&1 \
-      || { echo "replication_cost.sh: training with --replicas $r failed; see $tmp/train-$r-$round.log" >&2; exit 1; }
+  order=("${!builds[@]}")
+  ((round % 2 && ${#builds[@]} > 1)) && order=(1 0)  # which build goes first alternates
+  for i in "${order[@]}"; do
+    for r in "${counts[@]}"; do
+      run=${names[i]/-/}$r-$round
+      goodput "${builds[i]}" "$r" "$tmp/goodput-$run.json"
+      deploy/local_cluster.sh --epochs "$epochs" --replicas "$r" --metrics off --bin "${builds[i]}" \
+        --out "$tmp/train-$run" >"$tmp/train-$run.log" 2>&1 \
+        || { echo "replication_cost.sh: training with --replicas $r failed; see $tmp/train-$run.log" >&2; exit 1; }
+    done
   done
   echo "round $((round + 1))/$rounds done"
 done
-python3 - "$tmp" "$rounds" <<'PY'
+if ((${#builds[@]} > 1)); then
+  /usr/bin/python3 - "$tmp" "$rounds" <<'PY'
+import json, statistics, sys
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+med = statistics.median
+load = lambda b, i: json.load(open(f"{tmp}/goodput-{b}2-{i}.json"))
+good = {b: [load(b, i) for i in range(rounds)] for b in "AB"}
+print(f"R = 2, build B / build A (medians of {rounds} rounds' ratios; per round beside)")
+for k, row in enumerate(good["A"][0]):
+    for d in ("push", "pull"):
+        a, b = ([x[k][f"{d}_gbps"] for x in good[n]] for n in "AB")
+        r = [y / x for x, y in zip(a, b)]
+        print(f"{row['bytes'] // 1024:>6} KiB {d}: A {med(a):.3f} B {med(b):.3f} GB/s, B/A "
+              f"{med(r):.2f} ({' '.join(f'{v:.2f}' for v in r)})")
+sps = {n: [json.load(open(f"{tmp}/train-{n}2-{i}/summary.json")) for i in range(rounds)] for n in "AB"}
+a, b = ([s["samples_per_sec"] for s in sps[n]] for n in "AB")
+r = [y / x for x, y in zip(a, b)]
+print(f"training: A {med(a):.0f} B {med(b):.0f} samples/s, B/A {med(r):.2f} "
+      f"({' '.join(f'{v:.2f}' for v in r)}); test accuracy A "
+      f"{sorted({s.get('test_accuracy') for s in sps['A']})} B {sorted({s.get('test_accuracy') for s in sps['B']})}")
+PY
+  exit 0
+fi
+/usr/bin/python3 - "$tmp" "$rounds" <<'PY'
 import json, statistics, sys
 tmp, rounds = sys.argv[1], int(sys.argv[2])
 med = statistics.median

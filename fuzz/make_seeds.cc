@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -67,7 +68,7 @@ pscluster::ps::TableSpec Sparse(uint32_t id) {
 enum PsMethod : uint8_t {
   kRegister, kUnregister, kCreate, kDescribe, kPullDense, kPushDense, kPullBatch, kPushBatch,
   kPushPullBatch, kPullSparse, kPushSparse, kStats, kSnapshot, kList, kStatus, kRestore,
-  kPushStream, kImport, kPullStream, kExport
+  kPushStream, kImport, kPullStream, kExport, kReplicate
 };
 
 // A stream call's request: the flags byte (1: the client cancels instead of ending the
@@ -205,6 +206,64 @@ void PsSeeds(const fs::path& out) {
   AppendCall(&r, kExport, flagged(false, Bytes(export_state)));
   AppendCall(&r, kExport, flagged(true, Bytes(export_state)));
   Write(out / "ps_service" / "server_streams", r);
+
+  // Replicate, to the shard as a chain's tail (epoch 3): a worker, a dense and a sparse
+  // table, a push of each kind in sequence order (a streamed one in two chunks), then an
+  // update out of turn, one from an older epoch, and a stream cut off.
+  std::string p;
+  uint64_t seq = 0;
+  const auto update = [&seq](const std::function<void(ReplicatedUpdate*)>& fill) {
+    ReplicatedUpdate u;
+    u.set_seq(++seq);
+    u.set_epoch(3);
+    fill(&u);
+    return Bytes(u);
+  };
+  const auto replicate = [&p](bool cancel, const std::vector<std::string>& messages) {
+    AppendCall(&p, kReplicate, StreamOf(cancel, messages));
+  };
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_register_worker() = reg; })});
+  *create.mutable_spec() = Dense(1, ConsistencyConfig::BSP);
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_create_table() = create; })});
+  *create.mutable_spec() = Sparse(2);
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_create_table() = create; })});
+  DenseChunk whole;
+  whole.set_table_id(1);
+  whole.set_total_length(300);
+  whole.set_data(Floats(std::vector<float>(300, 0.5f)));
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_push_dense() = whole; })});
+  ReplicatedUpdate chunk;
+  chunk.mutable_chunk()->set_data(Floats(std::vector<float>(150, 0.25f)));
+  whole.set_step(1);
+  whole.clear_data();  // a stream's first message: its data comes in the chunks
+  replicate(false, {update([&](ReplicatedUpdate* u) {
+                      *u->mutable_push_dense() = whole;
+                      u->set_stream(true);
+                    }),
+                    Bytes(chunk), Bytes(chunk)});
+  DenseBatch two;
+  DenseChunk* c = two.add_chunks();
+  c->set_table_id(1);
+  c->set_step(2);
+  c->set_total_length(300);
+  c->set_data(Floats(std::vector<float>(300, 1.0f)));
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = two; })});
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_push_sparse() = sparse; })});
+  seq += 5;  // out of turn
+  replicate(false, {update([&](ReplicatedUpdate* u) { *u->mutable_push_sparse() = sparse; })});
+  seq = 7;  // the last applied
+  ReplicatedUpdate stale;
+  stale.set_seq(8);
+  stale.set_epoch(2);
+  *stale.mutable_register_worker() = reg;
+  replicate(false, {Bytes(stale)});
+  replicate(true, {update([&](ReplicatedUpdate* u) {
+                     *u->mutable_push_dense() = whole;
+                     u->set_stream(true);
+                   }),
+                   Bytes(chunk)});
+  AppendCall(&p, kStats, Bytes(StatsRequest()));
+  Write(out / "ps_service" / "replicate", p);
 }
 
 // Method numbers of coordinator_fuzzer.cc's table.

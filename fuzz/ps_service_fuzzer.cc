@@ -1,10 +1,11 @@
 // libFuzzer target: sequences of calls to a ParameterServerService over a fresh shard (with
 // snapshots in memory), each request arbitrary bytes parsed as the method's request, as
 // gRPC would hand it to the handler. Every unary handler is reachable, and the streaming
-// ones through a real gRPC call over loopback TCP: the two that read a client's stream
-// (PushDenseStream, ImportDense), whose messages are arbitrary too and which the client may
-// end or cancel, and the two that write one (PullDenseStream, ExportDense), which the client
-// may read to the end or cancel after a message. Beyond "no crash, no hang, no leak": a call
+// ones through a real gRPC call over loopback TCP: the three that read a client's stream
+// (PushDenseStream, ImportDense, and Replicate, a chain's updates, to this shard as a tail),
+// whose messages are arbitrary too and which the client may end or cancel, and the two that
+// write one (PullDenseStream, ExportDense), which the client may read to the end or cancel
+// after a message. Beyond "no crash, no hang, no leak": a call
 // that fails must leave the shard exactly as it was (Shard::Fingerprint; checked for the
 // calls that change state), except Snapshot, whose failure releases BSP steps the capture
 // held back.
@@ -22,6 +23,7 @@
 #include "fuzz/fuzz_input.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/memory_snapshot_store.h"
+#include "server/ps/replicator.h"
 #include "server/ps/service.h"
 #include "server/ps/snapshotter.h"
 
@@ -54,10 +56,29 @@ struct Server {
     vo.release_idle_memory_after = absl::InfiniteDuration();
     service = std::make_unique<ParameterServerService>(&shard, snapshotter.get(), vo);
   }
+  // The replica after a head, for Replicate: made at an input's first Replicate call (it
+  // says its place on stdout), attached to the service during those calls only (with it,
+  // this shard is not the head and serves no client). The tail of chain epoch 3: replica 0
+  // (the head: the fuzzer), then 1 (this shard).
+  Replicator* Chain() {
+    if (chain == nullptr) {
+      ReplicatorOptions o;
+      o.replica = 1;
+      o.forward_timeout = absl::Milliseconds(1);  // an update out of turn waits no longer
+      o.serving = service->serving_mu();
+      chain = std::make_unique<Replicator>(
+          o, [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
+            return service->ApplyReplicated(u, chunks);
+          });
+      chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", "127.0.0.1:2"}, true});
+    }
+    return chain.get();
+  }
   MemorySnapshotStorage storage;
   Shard shard;
   std::unique_ptr<Snapshotter> snapshotter;
   std::unique_ptr<ParameterServerService> service;
+  std::unique_ptr<Replicator> chain;  // destroyed first: it applies to the service
 };
 
 template <typename Req, typename Resp>
@@ -148,6 +169,11 @@ class Forwarder final : public ParameterServer::Service {
                            grpc::ServerWriter<TableStateChunk>* writer) override {
     Handlers::Running running(&handlers);
     return target.load()->ExportDense(ctx, req, writer);
+  }
+  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
+                         ReplicateResponse* resp) override {
+    Handlers::Running running(&handlers);
+    return target.load()->Replicate(ctx, reader, resp);
   }
 };
 
@@ -271,6 +297,19 @@ Method<Server> ServerStream(const char* name,
           false};
 }
 
+// Replicate: a stream of updates from the head, as Stream plays it, to this shard as the
+// tail of a chain (Server::Chain). An update the tail refuses must change nothing.
+Method<Server> Replicate() {
+  Method<Server> m = Stream("Replicate", &ParameterServer::Stub::Replicate);
+  m.call = [stream = m.call](Server* s, const std::string& bytes, grpc::Status* status) {
+    s->service->SetReplicator(s->Chain());
+    const bool called = stream(s, bytes, status);
+    s->service->SetReplicator(nullptr);  // every handler has returned (Call)
+    return called;
+  };
+  return m;
+}
+
 // Reads are not checked (they change nothing even when they succeed; skipping them keeps
 // the fingerprints, which copy every table, off their path). Snapshot is not: its failure
 // releases BSP steps the capture held back.
@@ -297,6 +336,7 @@ const std::vector<Method<Server>>& Methods() {
       Stream("ImportDense", &ParameterServer::Stub::ImportDense),
       ServerStream("PullDenseStream", &ParameterServer::Stub::PullDenseStream),
       ServerStream("ExportDense", &ParameterServer::Stub::ExportDense),
+      Replicate(),
   };
   return *methods;
 }

@@ -240,8 +240,12 @@ grpc::Status Replicator::SendOnce(const std::string& successor, const Replicated
   ctx.set_deadline(absl::ToChronoTime(deadline));
   ReplicateResponse resp;
   auto writer = StubFor(successor)->Replicate(&ctx, &resp);
-  bool sent = writer->Write(update);
-  if (chunks != nullptr) {
+  const bool more = chunks != nullptr && !chunks->empty();
+  // (The successor applies the update once the stream has ended: end it with the update
+  // itself when there is nothing more.)
+  bool sent =
+      writer->Write(update, more ? grpc::WriteOptions() : grpc::WriteOptions().set_last_message());
+  if (more) {
     // The chunks' bytes are lent to one reused message and taken back after each Write
     // (a synchronous Write has serialized the message when it returns).
     ReplicatedUpdate chunk;
@@ -251,7 +255,7 @@ grpc::Status Replicator::SendOnce(const std::string& successor, const Replicated
       chunk.mutable_chunk()->mutable_data()->swap((*chunks)[i]);
     }
   }
-  if (sent) writer->WritesDone();
+  if (sent && more) writer->WritesDone();
   return writer->Finish();
 }
 
@@ -409,21 +413,24 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
       if (grpc::Status s = hold(held); !s.ok()) return s;
       chunks.push_back(std::move(*c.mutable_chunk()->mutable_data()));
     }
-    if (hooks.read) hooks.read();
-    if (ctx->IsCancelled()) {  // idle too long (the service's watch), or the sender gave up
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          "the Replicate stream was cancelled before its last chunk; "
-                          "nothing was applied");
+    if (values != declared && !ctx->IsCancelled()) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("the Replicate stream ended after ", values,
+                       " of its push's total_length=", declared, " values; nothing was applied"));
     }
-    if (values != declared) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("the Replicate stream ended after ", values,
-                                       " of its "
-                                       "push's total_length=",
-                                       declared, " values; nothing was applied"));
-    }
-  } else if (hooks.read) {
-    hooks.read();
+  } else if (ReplicatedUpdate more; reader->Read(&more)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a Replicate update that is not a stream is one message; another "
+                        "followed it");
+  }
+  // An update is applied only once its sender has sent all of it and ended the stream: one
+  // that gives up before (or is idle too long: the service's watch) changes nothing here.
+  if (hooks.read) hooks.read();
+  if (ctx->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the Replicate call was cancelled before its sender ended it; "
+                        "nothing was applied");
   }
   {
     absl::MutexLock lock(&mu_);

@@ -235,63 +235,66 @@ TEST(ReplicatorTest, AHeadCutOffFromEveryoneWaitsForTheCoordinatorInsteadOfStopp
   EXPECT_GT(refreshes, 1);
 }
 
-// A tail takes a push's stream from its predecessor: a stream that carries more values than
-// its push declares is refused once it does (INVALID_ARGUMENT), and one from a sender whose
-// chain is out of date before its chunks are read (FAILED_PRECONDITION); neither changes
-// the replica's state.
-// A Replicate stream to `to` as a head sends a streamed push of `total_length` values to
-// table 1: its first message and `chunks` more, 16 values each. `end` false: the stream is
-// left open after them (the sender gone quiet).
-grpc::Status StreamPush(Replica& to, int64_t epoch, uint64_t total_length, int chunks,
-                        bool end = true) {
+// One Replicate call to `to`, as a head makes it: `messages` in order, then the end of the
+// stream, or with `end` false none (the sender gone quiet, the call left open).
+grpc::Status Send(Replica& to, const std::vector<ReplicatedUpdate>& messages, bool end = true) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   ReplicateResponse resp;
   auto writer = to.stub->Replicate(&ctx, &resp);
-  ReplicatedUpdate first;
-  first.set_seq(1);
-  first.set_epoch(epoch);
-  first.set_stream(true);
-  DenseChunk* push = first.mutable_push_dense();
-  push->set_table_id(1);
-  push->set_total_length(total_length);
-  const std::vector<float> values(16, 0.5f);
-  push->set_data(values.data(), values.size() * sizeof(float));
-  bool sent = writer->Write(first);
-  for (int i = 0; i < chunks && sent; ++i) {
-    ReplicatedUpdate more;
-    more.mutable_chunk()->set_data(values.data(), values.size() * sizeof(float));
-    sent = writer->Write(more);
+  for (size_t i = 0; i < messages.size() && writer->Write(messages[i]); ++i) {
   }
   if (end) writer->WritesDone();
   return writer->Finish();
 }
 
+// Update 1 of chain epoch `epoch`: a streamed push of `total_length` values to table 1, its
+// first message and `chunks` more, 16 values each.
+std::vector<ReplicatedUpdate> StreamedPush(int64_t epoch, uint64_t total_length, int chunks) {
+  std::vector<ReplicatedUpdate> messages(1 + chunks);
+  messages[0].set_seq(1);
+  messages[0].set_epoch(epoch);
+  messages[0].set_stream(true);
+  DenseChunk* push = messages[0].mutable_push_dense();
+  push->set_table_id(1);
+  push->set_total_length(total_length);
+  const std::vector<float> values(16, 0.5f);
+  push->set_data(values.data(), values.size() * sizeof(float));
+  for (int i = 1; i <= chunks; ++i) {
+    messages[i].mutable_chunk()->set_data(values.data(), values.size() * sizeof(float));
+  }
+  return messages;
+}
+
+// A tail takes a push's stream from its predecessor: a stream that carries more values than
+// its push declares is refused once it does, one that ends short at its end (both
+// INVALID_ARGUMENT), and one from a sender whose chain is out of date before its chunks are
+// read (FAILED_PRECONDITION); none changes the replica's state.
 TEST(ReplicatorTest, ATailRefusesAStreamLongerThanItsPushOrFromAnOldEpoch) {
   Replica tail(1);
   tail.Follow(ReplicatorOptions());
   tail.chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", tail.address}, true});
   const uint32_t before = tail.Fingerprint();
-  grpc::Status longer = StreamPush(tail, 3, 64, 4);  // 16 + 4 x 16 = 80 values for 64
+  grpc::Status longer = Send(tail, StreamedPush(3, 64, 4));  // 16 + 4 x 16 = 80 values
   EXPECT_EQ(longer.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << longer.error_message();
   EXPECT_NE(longer.error_message().find("more than its push's total_length=64"), std::string::npos)
       << longer.error_message();
-  grpc::Status shorter = StreamPush(tail, 3, 64, 1);  // 32 values, then the stream ends
+  grpc::Status shorter = Send(tail, StreamedPush(3, 64, 1));  // 32 values, then the end
   EXPECT_EQ(shorter.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << shorter.error_message();
   EXPECT_NE(shorter.error_message().find("ended after 32 of its push's total_length=64"),
             std::string::npos)
       << shorter.error_message();
-  grpc::Status stale = StreamPush(tail, 2, 64, 1000);  // refused at its first message
+  grpc::Status stale = Send(tail, StreamedPush(2, 64, 1000));  // refused at its first message
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << stale.error_message();
   EXPECT_NE(stale.error_message().find("out of date"), std::string::npos) << stale.error_message();
   EXPECT_EQ(tail.Fingerprint(), before);
 }
 
-// A streamed update from the replica before this one is held whole until applied, as a
-// client's push stream: it is charged to the shard's in-flight budget before its chunks are
-// read, and a stream whose sender goes quiet is ended after the idle timeout, not held for
-// as long as its sender's deadline.
-TEST(ReplicatorTest, AReplicateStreamKeepsToTheShardsBudgetAndIdleTimeout) {
+// An update from the replica before this one is held until its sender ends the call, a
+// streamed one whole, as a client's push stream: charged to the shard's in-flight budget
+// before its chunks are read, and ended after the idle timeout when its sender goes quiet
+// (not held for as long as the sender's deadline), nothing of it applied.
+TEST(ReplicatorTest, AReplicateCallKeepsToTheShardsBudgetAndIdleTimeout) {
   ServiceOptions options;
   options.max_inflight_request_bytes = 1 << 20;
   options.stream_idle_timeout = absl::Milliseconds(300);
@@ -299,16 +302,24 @@ TEST(ReplicatorTest, AReplicateStreamKeepsToTheShardsBudgetAndIdleTimeout) {
   tail.Follow(ReplicatorOptions());
   tail.chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", tail.address}, true});
   const uint32_t before = tail.Fingerprint();
-  grpc::Status big = StreamPush(tail, 3, uint64_t{1} << 20, 1000);  // 4 MiB declared
+  grpc::Status big = Send(tail, StreamedPush(3, uint64_t{1} << 20, 1000));  // 4 MiB declared
   EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
   EXPECT_NE(big.error_message().find("--max_inflight_request_bytes"), std::string::npos)
       << big.error_message();
-  grpc::Status huge = StreamPush(tail, 3, UINT64_MAX, 0);  // its bytes overflow 64 bits
+  grpc::Status huge = Send(tail, StreamedPush(3, UINT64_MAX, 0));  // bytes past 64 bits
   EXPECT_EQ(huge.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << huge.error_message();
-  grpc::Status quiet = StreamPush(tail, 3, 64, 1, /*end=*/false);
-  // (DEADLINE_EXCEEDED, 30 s later, had the stream been held until the sender's deadline)
+  // (DEADLINE_EXCEEDED, 30 s later, had the call been held until the sender's deadline)
+  grpc::Status quiet = Send(tail, StreamedPush(3, 64, 1), /*end=*/false);
   EXPECT_EQ(quiet.error_code(), grpc::StatusCode::CANCELLED) << quiet.error_message();
+  ReplicatedUpdate join;  // whole in its first message, but the call never ended
+  join.set_seq(1);
+  join.set_epoch(3);
+  join.mutable_register_worker()->set_worker_id(7);
+  grpc::Status open = Send(tail, {join}, /*end=*/false);
+  EXPECT_EQ(open.error_code(), grpc::StatusCode::CANCELLED) << open.error_message();
   EXPECT_EQ(tail.Fingerprint(), before);
+  ASSERT_TRUE(Send(tail, {join}).ok()) << "the same update, ended, is applied";
+  EXPECT_NE(tail.Fingerprint(), before);
 }
 
 }  // namespace
