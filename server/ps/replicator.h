@@ -155,11 +155,12 @@ class Replicator {
   absl::Status Write(const std::string& request_id, ReplicatedUpdate update,
                      std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
 
-  // What the service keeps of a Replicate stream while its chunks are read (its memory
-  // budget and idle watch, as for a client's push stream). `hold` is told the bytes the
-  // stream will hold (the push's declared total_length, before any chunk is read) and then
-  // holds (each chunk's buffer as it comes); an error from it refuses the stream with that
-  // error. `read` is called once the last chunk is in (the update then waits its turn).
+  // What the service keeps of a Replicate call while it is read (its memory budget and idle
+  // watch, as for a client's push stream). `hold`, for a streamed push, is told the bytes it
+  // will hold (its declared total_length, before any chunk is read) and then holds (each
+  // chunk's buffer as it comes); an error from it refuses the stream with that error. `read`
+  // is called once the sender has ended the call (the update then waits its turn), or the
+  // call was cancelled meanwhile (nothing is applied then).
   struct StreamHooks {
     std::function<absl::Status(uint64_t bytes)> hold;
     std::function<void()> read;

@@ -253,7 +253,8 @@ grpc::Status ParameterServerService::Replicate(grpc::ServerContext* ctx,
   Replicator* chain = replicator_.load();
   if (chain == nullptr) return ToGrpcStatus(NotReplicated());
   // A streamed update is held whole until applied, as a client's push stream: charged to
-  // the shard's budget, and cancelled if its sender goes quiet before the last chunk.
+  // the shard's budget. Any update is cancelled if its sender goes quiet before ending the
+  // call (the replica applies it only then).
   StreamWatchdog::Watch watch(&watchdog_, ctx);
   RequestBudget::Charge charge(&budget_);
   Replicator::StreamHooks hooks;
