@@ -252,8 +252,14 @@ TEST_F(CoordinatorTest, ShardsAndCoordinatorAnswerTheGrpcHealthProtocol) {
   EXPECT_EQ(RunPsctl({"--coordinator=" + coordinator_, "health"}, &out), 0)
       << "health defaults to the coordinator";
   ASSERT_TRUE(processes_[shard_index_[0]].Stop(SIGTERM, absl::Seconds(20)).ok());
-  EXPECT_EQ(RunPsctl({"--address=" + shard_addresses_[0], "health", "--timeout_seconds=2"}, &out),
+  out.clear();  // (stderr onto the pipe, through a shell)
+  EXPECT_EQ(RunToExit({"/bin/sh", "-c",
+                       "tools/psctl/psctl --address=" + shard_addresses_[0] +
+                           " health --timeout_seconds=2 2>&1"},
+                      &out),
             3);
+  EXPECT_THAT(absl::StrJoin(out, "\n"), HasSubstr("is it running at that address"))
+      << "an unreachable address says what to check";
 }
 
 TEST_F(CoordinatorTest, BadRequestsGetClearErrors) {
@@ -633,8 +639,12 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
   // The flag syntax absl accepts still parses: "--flag value", "-flag", "--": nothing
   // listens at the address, so these get as far as trying it.
   std::vector<std::string> out;
-  EXPECT_EQ(
-      RunPsctl({"-coordinator", "127.0.0.1:1", "--timeout_seconds", "5", "--", "status"}, &out), 3);
+  EXPECT_EQ(RunToExit({"/bin/sh", "-c",
+                       "tools/psctl/psctl -coordinator 127.0.0.1:1 --timeout_seconds 5 -- status "
+                       "2>&1"},
+                      &out),
+            3);
+  EXPECT_THAT(absl::StrJoin(out, "\n"), HasSubstr("is it running at that address, and reachable"));
 }
 
 // A shard started with --coordinator serves no data call before it has registered: a

@@ -154,6 +154,20 @@ int Error(int code, const std::string& message) {
   return code;
 }
 
+// A first call to an address that failed with `status` (exit `code`, the message after
+// `prefix`); when it did not get through, also what to check. (Only for a first call: a
+// later one's UNAVAILABLE, as a checkpoint's, may be a worker's.)
+int FirstCallError(int code, const std::string& prefix, const absl::Status& status) {
+  Error(code, prefix + status.ToString());
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+    std::fprintf(stderr,
+                 "psctl: is it running at that address, and reachable from here? With TLS, "
+                 "give --tls_ca (and --tls_server_name if its certificate names another "
+                 "host); a slow answer: raise --timeout_seconds\n");
+  }
+  return code;
+}
+
 // What absl::ParseCommandLine would refuse with exit status 1 (an unknown flag, a flag
 // without its value, a value its flag cannot hold), found first so that psctl exits with
 // its usage code instead; nullopt when it will parse. Follows its syntax: -flag or --flag,
@@ -462,7 +476,7 @@ int Health(const std::string& address, const Security& security) {
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
-    return Error(kUnreachable, FromGrpcStatus(status, address).ToString());
+    return FirstCallError(kUnreachable, "", FromGrpcStatus(status, address));
   }
   std::printf("%s: %s\n", address.c_str(),
               grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
@@ -642,8 +656,8 @@ int main(int argc, char** argv) {
   }
   auto view = Connect(address, *security).View();
   if (!view.ok()) {  // 3 when unreachable; a refusal (a missing or wrong token) is 1
-    return Error(ExitCodeOf(view.status()),
-                 absl::StrCat("coordinator ", address, ": ", view.status().ToString()));
+    return FirstCallError(ExitCodeOf(view.status()), absl::StrCat("coordinator ", address, ": "),
+                          view.status());
   }
   if (command == "status") return Status(*view, absl::GetFlag(FLAGS_json));
   return Checkpoints(*view);
