@@ -5,10 +5,9 @@
 // (PushDenseStream, ImportDense, and Replicate, a chain's updates, to this shard as a tail),
 // whose messages are arbitrary too and which the client may end or cancel, and the two that
 // write one (PullDenseStream, ExportDense), which the client may read to the end or cancel
-// after a message. Beyond "no crash, no hang, no leak": a call
-// that fails must leave the shard exactly as it was (Shard::Fingerprint; checked for the
-// calls that change state), except Snapshot, whose failure releases BSP steps the capture
-// held back.
+// after a message. Beyond "no crash, no hang, no leak": a call that fails must leave the
+// shard exactly as it was (Shard::Fingerprint; checked for the calls that change state),
+// except Snapshot, whose failure releases BSP steps the capture held back.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -152,28 +151,32 @@ class Forwarder final : public ParameterServer::Service {
   Handlers handlers;
   grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
                                PushDenseResponse* resp) override {
-    Handlers::Running running(&handlers);
-    return target.load()->PushDenseStream(ctx, reader, resp);
+    return Run(&ParameterServerService::PushDenseStream, ctx, reader, resp);
   }
   grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
                            ImportDenseResponse* resp) override {
-    Handlers::Running running(&handlers);
-    return target.load()->ImportDense(ctx, reader, resp);
+    return Run(&ParameterServerService::ImportDense, ctx, reader, resp);
   }
   grpc::Status PullDenseStream(grpc::ServerContext* ctx, const PullDenseRequest* req,
                                grpc::ServerWriter<DenseChunk>* writer) override {
-    Handlers::Running running(&handlers);
-    return target.load()->PullDenseStream(ctx, req, writer);
+    return Run(&ParameterServerService::PullDenseStream, ctx, req, writer);
   }
   grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
                            grpc::ServerWriter<TableStateChunk>* writer) override {
-    Handlers::Running running(&handlers);
-    return target.load()->ExportDense(ctx, req, writer);
+    return Run(&ParameterServerService::ExportDense, ctx, req, writer);
   }
   grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
                          ReplicateResponse* resp) override {
+    return Run(&ParameterServerService::Replicate, ctx, reader, resp);
+  }
+
+ private:
+  // The current input's handler, counted while it runs.
+  template <typename A, typename B>
+  grpc::Status Run(grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*, A, B),
+                   grpc::ServerContext* ctx, A a, B b) {
     Handlers::Running running(&handlers);
-    return target.load()->Replicate(ctx, reader, resp);
+    return (target.load()->*handler)(ctx, a, b);
   }
 };
 

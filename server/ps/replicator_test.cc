@@ -242,7 +242,8 @@ grpc::Status Send(Replica& to, const std::vector<ReplicatedUpdate>& messages, bo
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   ReplicateResponse resp;
   auto writer = to.stub->Replicate(&ctx, &resp);
-  for (size_t i = 0; i < messages.size() && writer->Write(messages[i]); ++i) {
+  for (const ReplicatedUpdate& m : messages) {
+    if (!writer->Write(m)) break;  // the replica ended the call: Finish says why
   }
   if (end) writer->WritesDone();
   return writer->Finish();
