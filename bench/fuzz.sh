@@ -7,18 +7,32 @@
 #   bench/fuzz.sh [SECONDS=60] [OUT=/tmp/pscluster_fuzz] [TARGET...]
 # PSCLUSTER_FUZZ_SEED=S: libFuzzer's -seed (default: random); PSCLUSTER_FUZZ_RUNS=N: stop
 # each after N inputs (SECONDS still bounds it), so that a run with a seed is reproducible
-# (tests/run.sh runs it that way). Last line: "fuzz: N targets, C crashed". Exit status 1
-# when one crashed.
+# (tests/run.sh runs it that way). Last line: "fuzz: N targets, C crashed", or "fuzz: N
+# targets, build failed" after the compiler's errors. Exit status 1 when one crashed, 2 when
+# the targets did not build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60} out=${2:-/tmp/pscluster_fuzz}
 shift $(($# < 2 ? $# : 2))
 targets=("$@")
 ((${#targets[@]})) || targets=(ps_service_fuzzer coordinator_fuzzer snapshot_fuzzer dense_wire_fuzzer)
-command -v clang >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null
+# clang alone cannot build them: the sanitizers' headers and runtimes are compiler-rt's.
+dpkg-query -W -f='${Status}\n' clang libclang-rt-14-dev 2>/dev/null | grep -c "install ok installed" |
+  grep -qx 2 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev >/dev/null
 fuzz_bazel=(bazel --output_base="${PSCLUSTER_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_pscluster_fuzz}")
 echo "== building ${targets[*]} with clang, libFuzzer, ASan, UBSan"
-"${fuzz_bazel[@]}" build -c opt --config=fuzz --symlink_prefix=/ "${targets[@]/#/\/\/fuzz:}" 2>&1 | tail -n 3
+mkdir -p "$out"; build_log=$out/build.log
+if ! "${fuzz_bazel[@]}" build -c opt --config=fuzz --symlink_prefix=/ "${targets[@]/#/\/\/fuzz:}" \
+    >"$build_log" 2>&1; then
+  # A target that never built has not crashed: say so, with the compiler's own words and the
+  # usual cause, so that the line to act on is the first one read.
+  grep -E 'error:|ERROR:|fatal' "$build_log" | head -n 20 | sed 's/^/    /'
+  echo "    (whole log: $build_log; a missing sanitizer header means libclang-rt-14-dev is not" \
+    "installed: deploy/install_deps.sh --tests installs it)"
+  echo "fuzz: ${#targets[@]} targets, build failed"
+  exit 2
+fi
+tail -n 3 "$build_log"
 bin=$("${fuzz_bazel[@]}" info -c opt --config=fuzz bazel-bin 2>/dev/null)
 crashed=0
 printf '%-20s %12s %9s %7s %8s %7s %8s %s\n' target executions exec/s edges features corpus rss_mb result

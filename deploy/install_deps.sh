@@ -6,8 +6,9 @@
 #   deploy/install_deps.sh --torch   and PyTorch, for pscluster.torch, its tests, examples
 #                                    and the torch baselines in bench/
 #   deploy/install_deps.sh --tests   all of that, and what tests/run.sh checks against:
-#                                    Prometheus (and promtool), Chromium, clang for the
-#                                    fuzz targets (libFuzzer), iptables for the packet loss
+#                                    Prometheus (and promtool), Chromium, clang and its
+#                                    compiler-rt for the fuzz targets (libFuzzer, ASan
+#                                    headers and runtimes), iptables for the packet loss
 #                                    and partitions of tests/netem
 set -euo pipefail
 
@@ -21,7 +22,7 @@ for option in "$@"; do
   case $option in
     --plots) PACKAGES+=(python3-matplotlib) ;;
     --torch) PACKAGES+=(python3-torch) ;;
-    --tests) PACKAGES+=(python3-matplotlib python3-torch prometheus chromium clang iptables) ;;
+    --tests) PACKAGES+=(python3-matplotlib python3-torch prometheus chromium clang libclang-rt-14-dev iptables) ;;
     *) echo "install_deps: unknown option $option (--plots, --torch, --tests)" >&2; exit 2 ;;
   esac
 done

@@ -89,7 +89,11 @@ PSCLUSTER_FUZZ_SEED=1 PSCLUSTER_FUZZ_RUNS=20000 bash bench/fuzz.sh 120 /tmp/pscl
 fuzz_ok=$(grep -cE '^[a-z_]+_fuzzer +[0-9]+ .* ok$' /tmp/pscluster_fuzz_stage.log || true)
 fuzz_bad=$(grep -cE '^[a-z_]+_fuzzer .*CRASHED' /tmp/pscluster_fuzz_stage.log || true)
 passed=$((passed + fuzz_ok)); failed=$((failed + fuzz_bad))
-((fuzz_ok + fuzz_bad == 4)) || { echo "bench/fuzz.sh did not report its 4 targets"; failed=$((failed + 1)); }
+if grep -q '^fuzz: .* build failed$' /tmp/pscluster_fuzz_stage.log; then
+  echo "tests/run.sh: the fuzz targets did not build (the compiler's errors are above)"; failed=$((failed + 1))
+elif ((fuzz_ok + fuzz_bad != 4)); then
+  echo "bench/fuzz.sh did not report its 4 targets"; failed=$((failed + 1))
+fi
 
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   echo "tests/run.sh: nvcc found: building and testing --config=cuda"
