@@ -2,6 +2,7 @@
 // in-memory store, the single-process reference, and a state comparison.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -109,7 +110,9 @@ inline void OnRanks(int world, const std::function<TrainerOptions(int rank)>& op
 // as the shards' sparse tables do. With `stale`, step S >= 1's dense gradients are taken
 // at the parameters before step S-1's update (PS with overlap_push, one worker; embedding
 // rows stay current: their pulls and pushes do not overlap).
-inline ModelState Reference(const TrainerOptions& o, int64_t steps, bool stale = false) {
+// With `first_grads`, also the first step's mean gradient of every parameter tensor.
+inline ModelState Reference(const TrainerOptions& o, int64_t steps, bool stale = false,
+                            std::vector<std::vector<float>>* first_grads = nullptr) {
   auto backend = compute::MakeCpuBackend(1);
   const int global = o.world * o.batch_size;
   auto def = *model::MakeModelDef(o.model, o.seed);
@@ -134,6 +137,7 @@ inline ModelState Reference(const TrainerOptions& o, int64_t steps, bool stale =
     for (size_t i = 0; i < s.params.size(); ++i) {
       std::vector<float> g(s.params[i].size());
       m->GetGrad(i, g.data());
+      if (first_grads != nullptr && step == 0) first_grads->push_back(g);
       std::vector<float*> slots;
       for (auto& v : s.slots[i]) slots.push_back(v.data());
       apply(s.params[i].data(), g.data(), slots, g.size(), s.updates);
@@ -155,16 +159,61 @@ inline ModelState Reference(const TrainerOptions& o, int64_t steps, bool stale =
   return s;
 }
 
-// `got` matches `want` within `tolerance`; with_slots false: the parameters only (a state
-// gathered without optimizer slots).
+// Per parameter element, how much further than the comparison's own tolerance two float32
+// runs of `steps` steps may part because the optimizer amplifies rounding (empty: nowhere).
+using Slack = std::vector<std::vector<float>>;
+
+// The slack of `steps` steps of o's optimizer, from the reference's first-step gradients g.
+// Two runs that sum a gradient in different orders (ranks' halves then shards, against one
+// global batch) differ by at most about sqrt(K) u sum|terms| (u = 2^-24; the probabilistic
+// bound of Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019), K terms summed: the global
+// batch times the positions (the GPT's context) times the widest layer. We take sum|terms| as
+// at most the model's largest gradient G, so e = sqrt(K) u G bounds an element's rounding.
+// SGD and momentum move a parameter by lr * g: slack lr * 2e. Adam's first step moves it by
+// lr * g / (|g| + eps), whose slope lr * eps / (|g| + eps)^2 is up to lr / eps (1e6 x lr):
+// an element whose gradient is within e of zero (the attention key bias's, exactly zero in
+// exact arithmetic: softmax ignores a shift shared by a row's scores) may move anywhere in
+// [-lr, lr] each step, whatever the BLAS kernels. Adagrad, FTRL: none (not compared here).
+inline Slack OptimizerSlack(const TrainerOptions& o, const std::vector<std::vector<float>>& g,
+                            int64_t steps) {
+  const int64_t positions = o.model.name == "gpt" ? o.model.gpt.context : 1;
+  int64_t widest = 1;
+  for (int w : o.model.mlp.layers) widest = std::max<int64_t>(widest, w);
+  if (o.model.name == "gpt") widest = std::max<int64_t>(widest, 4 * o.model.gpt.width);
+  const double k = static_cast<double>(o.world) * o.batch_size * positions * widest;
+  double largest = 0;
+  for (const auto& t : g) {
+    for (float v : t) largest = std::max(largest, std::abs(static_cast<double>(v)));
+  }
+  const double e = std::sqrt(k) * std::ldexp(1.0, -24) * largest;
+  const double lr = o.optimizer.learning_rate(), eps = 1e-8;  // Adam's default epsilon
+  const bool adam = o.optimizer.kind() == ps::OptimizerConfig::ADAM ||
+                    o.optimizer.kind() == ps::OptimizerConfig::ADAMW;
+  Slack slack(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    slack[i].resize(g[i].size());
+    for (size_t j = 0; j < g[i].size(); ++j) {
+      const double near = std::max(std::abs(static_cast<double>(g[i][j])) - e, 0.0) + eps;
+      const double first = adam ? std::min(2.0, 2 * e * eps / (near * near)) : 2 * e;
+      // Beyond the first step: only an element whose gradient is noise keeps drifting.
+      const double later = adam && std::abs(g[i][j]) <= e ? 2.0 * (steps - 1) : 0.0;
+      slack[i][j] = static_cast<float>(lr * (first + later));
+    }
+  }
+  return slack;
+}
+
+// `got` matches `want` within `tolerance` (plus `slack`, where given, per parameter element);
+// with_slots false: the parameters only (a state gathered without optimizer slots).
 inline void ExpectNear(const ModelState& got, const ModelState& want, float tolerance,
-                       const std::string& what, bool with_slots = true) {
+                       const std::string& what, bool with_slots = true, const Slack& slack = {}) {
   if (with_slots) ASSERT_EQ(got.updates, want.updates) << what;
   ASSERT_EQ(got.params.size(), want.params.size()) << what;
   for (size_t i = 0; i < want.params.size(); ++i) {
     ASSERT_EQ(got.params[i].size(), want.params[i].size());
     for (size_t j = 0; j < want.params[i].size(); ++j) {
-      ASSERT_NEAR(got.params[i][j], want.params[i][j], tolerance)
+      ASSERT_NEAR(got.params[i][j], want.params[i][j],
+                  tolerance + (slack.empty() ? 0.0f : slack[i][j]))
           << what << ": tensor " << i << " element " << j;
     }
     if (!with_slots) continue;

@@ -16,7 +16,11 @@ using testing::Reference;
 // reference (parameters and embedding rows: a PS gather carries no optimizer slots).
 void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tolerance = 2e-6f,
                               bool overlap_push = false) {
-  const ModelState one = Reference(o, 1, overlap_push), ten = Reference(o, 10, overlap_push);
+  std::vector<std::vector<float>> grads;
+  const ModelState one = Reference(o, 1, overlap_push, &grads),
+                   ten = Reference(o, 10, overlap_push);
+  const testing::Slack slack_one = testing::OptimizerSlack(o, grads, 1),
+                       slack_ten = testing::OptimizerSlack(o, grads, 10);
   auto def = *model::MakeModelDef(o.model, o.seed);
   auto opt = *core::MakeOptimizer(o.optimizer);
   ps::Shard shard({});
@@ -57,7 +61,8 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tole
           auto got = (*p)->Gather(step + 1, /*with_slots=*/false);
           ASSERT_TRUE(got.ok()) << got.status();
           ExpectNear(*got, step == 0 ? one : ten, step == 0 ? 1e-6f : ten_tolerance,
-                     absl::StrCat("rank ", r, " after ", step + 1, " steps"), false);
+                     absl::StrCat("rank ", r, " after ", step + 1, " steps"), false,
+                     step == 0 ? slack_one : slack_ten);
         }
       }
     });
