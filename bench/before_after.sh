@@ -31,7 +31,7 @@ for ((r = 0; r < rounds; ++r)); do
     bin=$(cd "$tree" && bazel info -c opt bazel-bin 2>/dev/null)
     # ps_server's malloc settings (common/malloc_mode.h), which a base from before
     # 2026-12-04 did not apply in the bench's process: without them its messages landed in
-    # fresh pages, which the daemons never do (RESULTS.md, 2026-12-04 evening).
+    # fresh pages, which the daemons never do (bench/history/RESULTS-to-2026-12-05.md, 2026-12-04 evening).
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=16777216:glibc.malloc.arena_max=4 \
       "$bin/bench/ps_throughput" --reps=5 --rounds=1 --json="$tmp/$side-ps$r.json" >/dev/null
   done

@@ -106,7 +106,7 @@ grpc::Status Unparsable(const char* method) {
 // Sends `answer` (or its error) as a unary call's answer: as the last message, which gRPC
 // sends with the call's status in one write, as it does a generated unary handler's answer
 // (a plain Write went out on its own, and the status after it: 0.84x the pulls of 64 KiB
-// over 2 shards, bench/RESULTS.md 2026-12-05).
+// over 2 shards, bench/history/RESULTS-to-2026-12-05.md 2026-12-05).
 template <typename Stream>
 grpc::Status Answer(absl::StatusOr<grpc::ByteBuffer> answer, Stream* stream) {
   if (!answer.ok()) return ToGrpcStatus(answer.status());
