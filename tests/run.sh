@@ -89,6 +89,9 @@ run_stage netem tests/netem/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)"
 # a local cluster of its own and must learn something and clean up after itself.
 run_stage examples tests/examples/run.sh "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)"
 
+# Every relative link in README.md, docs/ and bench/ names a file (and heading) that exists.
+run_stage docs_links tests/docs_links.sh
+
 # The fuzz targets under libFuzzer (bench/fuzz.sh builds them with clang in an output base
 # of their own): 20000 inputs each from the checked-in seeds with a fixed seed, at most
 # 120 s; each target that gets through without a crash is a case.
