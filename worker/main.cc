@@ -13,6 +13,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/command_line.h"
 #include "common/malloc_mode.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
@@ -32,9 +33,11 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   pscluster::NoMutexDeadlockDetection();
   using namespace pscluster;
-  absl::SetProgramUsageMessage(
+  constexpr char kUsage[] =
       "Trains a model: ps_worker --coordinator=ADDR --rank=R --world=W [--mode=MODE] "
-      "[--model=mlp|embedding|gpt] (or --ps=ADDR,... for PS mode without a coordinator)");
+      "[--model=mlp|embedding|gpt] (or --ps=ADDR,... for PS mode without a coordinator)";
+  HandleHelpAndVersion(argc, argv, kUsage);
+  absl::SetProgramUsageMessage(kUsage);
   absl::ParseCommandLine(argc, argv);
   // Gloo writes to sockets with writev: a peer that died must be an error, not SIGPIPE.
   signal(SIGPIPE, SIG_IGN);

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
+#include "common/command_line.h"
 #include "common/graceful_shutdown.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
@@ -43,11 +44,10 @@ ABSL_FLAG(std::string, data_dir, "",
           "Cluster checkpoints: the manifest is kept here (reloaded on restart). Without it, "
           "the coordinator takes checkpoints only when asked (psctl checkpoint, a worker's "
           "--snapshot_every_epochs) and forgets them on restart.");
-ABSL_FLAG(
-    int64_t, checkpoint_every_steps, 0,
-    "Checkpoint every shard every this many global steps (0: only when the metric improves; "
-    "needs --data_dir). In the collective modes the workers hand their state to the shards "
-    "at these steps first.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "Checkpoint every shard every this many global steps (0: only when the metric improves; "
+          "needs --data_dir). In the collective modes the workers hand their state to the shards "
+          "at these steps first.");
 ABSL_FLAG(std::string, metric, "max",
           "Better validation metric: 'max' (accuracy) or 'min' (loss).");
 ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept, besides the best.");
@@ -56,9 +56,10 @@ ABSL_FLAG(int, http_port, 0,
           "http://--http_host:PORT/ (0: off; -1: a free port, printed at start).");
 ABSL_FLAG(std::string, http_host, "127.0.0.1",
           "Address the status page listens on (0.0.0.0 for every interface).");
-ABSL_FLAG(std::string, mode, "",
-          "Training mode at start: ps, allreduce, fsdp, pipeline or tensor. Default ps, or allreduce "
-          "when --num_shards=0 ('ps' needs shards). psctl switch-mode changes it live.");
+ABSL_FLAG(
+    std::string, mode, "",
+    "Training mode at start: ps, allreduce, fsdp, pipeline or tensor. Default ps, or allreduce "
+    "when --num_shards=0 ('ps' needs shards). psctl switch-mode changes it live.");
 
 namespace {
 
@@ -104,10 +105,11 @@ void PrintSwitches(const pscluster::coord::ClusterView& before,
         listed(after.switches(), s.switch_id())) {
       continue;
     }
-    std::printf("ps_coordinator: switch %lld to %s at step %lld dropped: the run ends at step "
-                "%lld, before it\n",
-                static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
-                static_cast<long long>(s.at_step()), static_cast<long long>(run_end));
+    std::printf(
+        "ps_coordinator: switch %lld to %s at step %lld dropped: the run ends at step "
+        "%lld, before it\n",
+        static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
+        static_cast<long long>(s.at_step()), static_cast<long long>(run_end));
   }
 }
 
@@ -138,9 +140,8 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
         before.chains(chain.shard()).epoch() == chain.epoch()) {
       continue;
     }
-    std::printf("ps_coordinator: shard %d chain epoch %lld (generation %lld): %s\n",
-                chain.shard(), static_cast<long long>(chain.epoch()),
-                static_cast<long long>(chain.generation()),
+    std::printf("ps_coordinator: shard %d chain epoch %lld (generation %lld): %s\n", chain.shard(),
+                static_cast<long long>(chain.epoch()), static_cast<long long>(chain.generation()),
                 absl::StrJoin(chain.addresses(), " -> ").c_str());
   }
   PrintSwitches(before, after);
@@ -257,7 +258,8 @@ void RunBackground(pscluster::coord::ClusterState* cluster,
 
 // With --http_port: the status page, serving (null without).
 absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusPage(
-    const pscluster::coord::ClusterState* cluster, const pscluster::coord::ProgressHistory* history) {
+    const pscluster::coord::ClusterState* cluster,
+    const pscluster::coord::ProgressHistory* history) {
   const int port = absl::GetFlag(FLAGS_http_port);
   if (port == 0) return nullptr;
   if (absl::Status s = pscluster::CheckListenPortFlag("http_port", port); !s.ok()) return s;
@@ -274,7 +276,9 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusP
 
 int main(int argc, char** argv) {
   pscluster::NoMutexDeadlockDetection();
-  absl::SetProgramUsageMessage("ps_coordinator --port=P --num_shards=N --num_workers=M");
+  constexpr char kUsage[] = "ps_coordinator --port=P --num_shards=N --num_workers=M";
+  pscluster::HandleHelpAndVersion(argc, argv, kUsage);
+  absl::SetProgramUsageMessage(kUsage);
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<pscluster::coord::ClusterStateOptions> options = MembershipFromFlags();
   if (!options.ok()) return Fail(std::string(options.status().message()));
@@ -320,8 +324,8 @@ int main(int argc, char** argv) {
       "ps_coordinator listening on %s:%d (expecting %d shard(s) x %d replica(s), %d worker(s); "
       "mode %s; %s)\n",
       absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->replicas,
-      options->num_workers,
-      pscluster::coord::ModeName(options->mode), security->Describe().c_str());
+      options->num_workers, pscluster::coord::ModeName(options->mode),
+      security->Describe().c_str());
   std::fflush(stdout);
 
   absl::Notification stop;

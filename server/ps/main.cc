@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
+#include "common/command_line.h"
 #include "common/malloc_mode.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
@@ -239,8 +240,10 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   pscluster::NoMutexDeadlockDetection();
   using namespace pscluster::ps;
-  absl::SetProgramUsageMessage(
-      "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N");
+  constexpr char kUsage[] =
+      "One parameter-server shard: ps_server --port=P --shard_id=S --num_shards=N";
+  pscluster::HandleHelpAndVersion(argc, argv, kUsage);
+  absl::SetProgramUsageMessage(kUsage);
   absl::ParseCommandLine(argc, argv);
   pscluster::ShardMallocMode();
   absl::StatusOr<ServerFlags> flags = ServerFlagsFromCommandLine();

@@ -99,6 +99,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/coordinator/coordinator_operator.h"
+#include "common/command_line.h"
 #include "common/grpc_status.h"
 #include "common/security_flags.h"
 #include "common/training_mode.h"
@@ -265,14 +266,12 @@ std::string FormatView(const coord::ClusterView& view, absl::Time now) {
   for (const auto& m : view.members()) {
     const bool worker = m.role() == coord::WORKER;
     // A worker's step, and the step its run ends at once it has said.
-    const std::string step = m.run_end_step() > 0
-                                 ? absl::StrCat(m.step(), "/", m.run_end_step())
-                                 : absl::StrCat(m.step());
+    const std::string step = m.run_end_step() > 0 ? absl::StrCat(m.step(), "/", m.run_end_step())
+                                                  : absl::StrCat(m.step());
     absl::StrAppendFormat(&out, "%-8s %4d %-6s %6.1fs %-22s %5d %13s %9s %10s %9s\n",
                           worker ? "worker" : "shard", m.id(), m.alive() ? "yes" : "DEAD",
                           HeartbeatAgeSeconds(m, now), m.address(), m.incarnation(),
-                          worker ? step : "-",
-                          worker ? absl::StrFormat("%.4g", m.loss()) : "-",
+                          worker ? step : "-", worker ? absl::StrFormat("%.4g", m.loss()) : "-",
                           worker ? absl::StrFormat("%.0f", m.samples_per_sec()) : "-",
                           worker && m.has_metric() ? absl::StrFormat("%.4f", m.metric()) : "-");
   }
@@ -403,9 +402,10 @@ int Restore(const std::string& address, const Security& security) {
   CoordinatorOperator op = Connect(address, security);
   absl::StatusOr<coord::Checkpoint> done = op.Restore(step, absl::GetFlag(FLAGS_force), timeout);
   if (!done.ok()) return Error(ExitCodeOf(done.status()), "restore: " + done.status().ToString());
-  std::printf("every shard is back at the checkpoint of step %lld, now the newest; workers "
-              "started against this coordinator resume there\n",
-              static_cast<long long>(done->step()));
+  std::printf(
+      "every shard is back at the checkpoint of step %lld, now the newest; workers "
+      "started against this coordinator resume there\n",
+      static_cast<long long>(done->step()));
   std::fflush(stdout);
   // Replicated shards: each head is alone until its backups have copied the restored state
   // back (its death then would lose the shard). Done once every chain is whole again.
@@ -421,11 +421,11 @@ int Restore(const std::string& address, const Security& security) {
     if (short_chains.empty()) return kOk;
     const std::string which = absl::StrCat("shard(s) ", absl::StrJoin(short_chains, ", "));
     if (absl::Now() >= give_up) {
-      return Error(kUnhealthy,
-                   absl::StrCat("restore: done, but the chains of ", which, " have not all their ",
-                                view->replicas(), " replicas again after ",
-                                absl::FormatDuration(timeout),
-                                ": a head lost now loses its shard (psctl status shows them)"));
+      return Error(
+          kUnhealthy,
+          absl::StrCat("restore: done, but the chains of ", which, " have not all their ",
+                       view->replicas(), " replicas again after ", absl::FormatDuration(timeout),
+                       ": a head lost now loses its shard (psctl status shows them)"));
     }
     if (absl::Now() - said >= absl::Seconds(2)) {
       std::printf("waiting for the backups of %s to copy the restored state\n", which.c_str());
@@ -619,6 +619,7 @@ int PlanCommand(bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pscluster::HandleHelpAndVersion(argc, argv, kUsageLine);
   absl::SetProgramUsageMessage(kUsageLine);
   if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -626,8 +627,8 @@ int main(int argc, char** argv) {
       "status, top, checkpoint, checkpoints, restore, switch-mode, health or plan";
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
-  const std::set<std::string> known = {"status",      "top",    "checkpoint", "checkpoints",
-                                       "restore",     "switch-mode", "health", "plan"};
+  const std::set<std::string> known = {"status",  "top",         "checkpoint", "checkpoints",
+                                       "restore", "switch-mode", "health",     "plan"};
   if (known.count(command) == 0) {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
