@@ -48,10 +48,12 @@ absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
   }
   if (step >= applied_steps_ + kMaxBspStepsAhead) {
     return absl::FailedPreconditionError(
-        absl::StrCat("table ", table_id_, ": step ", step, " is more than ", kMaxBspStepsAhead,
-                     " steps ahead of the oldest unapplied BSP step ", applied_steps_,
+        absl::StrCat("table ", table_id_, ": step ", step, " is ", step - applied_steps_,
+                     " steps ahead of the oldest unapplied BSP step ", applied_steps_, "; at most ",
+                     kMaxBspStepsAhead - 1, " may be",
                      " (were the shards restored to an earlier checkpoint? then resume from "
-                     "step ", applied_steps_, ")"));
+                     "step ",
+                     applied_steps_, ")"));
   }
   auto it = pushed_.find(step);
   if (it != pushed_.end() && it->second.count(worker)) {
@@ -120,8 +122,7 @@ std::string ConsistencyClock::DescribeLaggards(int64_t step) const {
     // kMaxBspStepsAhead past the applied steps, so the scan is short whatever `step` is).
     // first: the oldest such step; last: the newest one below a step it did push (a skip).
     int64_t first = -1, last = -1;
-    for (int64_t s = applied_steps_; s < std::min(step, applied_steps_ + kMaxBspStepsAhead);
-         ++s) {
+    for (int64_t s = applied_steps_; s < std::min(step, applied_steps_ + kMaxBspStepsAhead); ++s) {
       auto it = pushed_.find(s);
       if (it == pushed_.end() || !it->second.count(w)) {
         if (first < 0) first = s;
