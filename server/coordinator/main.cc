@@ -25,6 +25,7 @@
 #include "common/mutex_mode.h"
 #include "common/parse_errors.h"
 #include "common/security_flags.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/checkpointer.h"
 #include "server/coordinator/coordinator_metrics.h"
@@ -303,6 +304,7 @@ int main(int argc, char** argv) {
   auto page = StartStatusPage(&cluster, &history);
   if (!page.ok()) return Fail(page.status().ToString());
   grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, as ps_server
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // for generic tools, as ps_server
   grpc::ServerBuilder builder;
   pscluster::NameUnparsableRequests(&builder,
                                     *metrics ? (*metrics)->rpcs().Interceptor() : nullptr);

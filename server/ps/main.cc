@@ -30,6 +30,7 @@
 #include "common/parse_errors.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/flags.h"
 #include "server/ps/shard_metrics.h"
@@ -104,6 +105,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   // grpc.health.v1.Health: SERVING once listening (after any --restore), NOT_SERVING while
   // draining. Set before the builder exists: the builder reads it.
   grpc::EnableDefaultHealthCheckService(true);
+  // Server reflection, so generic gRPC tools (grpc_cli, grpcurl) discover the services without
+  // the repository's .proto files. Before the builder too: its plugins are read at creation.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(f.host, ":", f.port);
   builder.AddListeningPort(address, credentials, port);
