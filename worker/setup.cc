@@ -12,6 +12,7 @@
 #include "common/host_name.h"
 #include "common/status_macros.h"
 #include "common/training_mode.h"
+#include "nlohmann/json.hpp"
 #include "worker/collective/coordinator_store.h"
 #include "worker/collective/staging_communicator.h"
 #include "worker/compute/cuda_device.h"
@@ -60,8 +61,7 @@ void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::Tra
 }
 
 // The first complete view, saying every 10 s who it waits for; up to 5 minutes.
-absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coordinator,
-                                                        int rank) {
+absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coordinator, int rank) {
   constexpr absl::Duration kSay = absl::Seconds(10), kLimit = absl::Minutes(5);
   const absl::Time give_up = absl::Now() + kLimit;
   while (true) {
@@ -71,9 +71,9 @@ absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coord
     absl::StatusOr<coord::ClusterView> now = coordinator->AwaitView(0, false, kSay);
     const std::string missing = now.ok() ? now->missing() : now.status().ToString();
     if (absl::Now() >= give_up) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the cluster was not complete within ", absl::FormatDuration(kLimit), " (missing: ",
-          missing, "): start them against this coordinator"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the cluster was not complete within ", absl::FormatDuration(kLimit),
+                       " (missing: ", missing, "): start them against this coordinator"));
     }
     std::printf("worker %d: waiting for the cluster to be complete; missing: %s\n", rank,
                 missing.c_str());
@@ -168,32 +168,34 @@ absl::StatusOr<std::unique_ptr<compute::Backend>> MakeBackend(const WorkerFlags&
 
 absl::Status WriteSummaryJson(const std::string& path, int rank, const std::string& mode,
                               const modes::TrainSummary& summary) {
+  // A JSON library, not concatenation: a NaN loss is null (JSON has no NaN), a name is escaped.
+  nlohmann::ordered_json switches = nlohmann::ordered_json::array();
+  for (const modes::SwitchDone& s : summary.switches) {
+    switches.push_back(
+        {{"step", s.step}, {"from", s.from}, {"to", s.to}, {"handoff_seconds", s.seconds}});
+  }
+  nlohmann::ordered_json figures = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : summary.figures) figures[name] = value;
+  const nlohmann::ordered_json json = {{"rank", rank},
+                                       {"mode", mode},
+                                       {"final_mode", summary.final_mode},
+                                       {"model", summary.model},
+                                       {"steps", summary.steps},
+                                       {"epochs", summary.epochs},
+                                       {"steps_per_epoch", summary.steps_per_epoch},
+                                       {"final_loss", summary.final_loss},
+                                       {"test_accuracy", summary.test_accuracy},
+                                       {"test_loss", summary.test_loss},
+                                       {"samples_per_sec", summary.samples_per_sec},
+                                       {"train_seconds", summary.train_seconds},
+                                       {"snapshots", summary.snapshots},
+                                       {"rollbacks", summary.rollbacks},
+                                       {"switches", switches},
+                                       {"figures", figures},
+                                       {"param_crc32c", summary.param_crc32c}};
   std::ofstream f(path);
-  f << absl::StrCat(
-      "{\"rank\": ", rank, ", \"mode\": \"", mode, "\", \"final_mode\": \"", summary.final_mode,
-      "\", \"model\": \"", summary.model, "\", \"steps\": ", summary.steps,
-      ", \"epochs\": ", summary.epochs, ", \"steps_per_epoch\": ", summary.steps_per_epoch,
-      ", \"final_loss\": ", summary.final_loss, ", \"test_accuracy\": ", summary.test_accuracy,
-      ", \"test_loss\": ", summary.test_loss, ", \"samples_per_sec\": ", summary.samples_per_sec,
-      ", \"train_seconds\": ", summary.train_seconds, ", \"snapshots\": [",
-      absl::StrJoin(summary.snapshots, ", "), "], \"rollbacks\": [",
-      absl::StrJoin(summary.rollbacks, ", ",
-                    [](std::string* out, const std::pair<int64_t, int64_t>& r) {
-                      absl::StrAppend(out, "[", r.first, ", ", r.second, "]");
-                    }),
-      "], \"switches\": [",
-      absl::StrJoin(summary.switches, ", ",
-                    [](std::string* out, const modes::SwitchDone& s) {
-                      absl::StrAppend(out, "{\"step\": ", s.step, ", \"from\": \"", s.from,
-                                      "\", \"to\": \"", s.to,
-                                      "\", \"handoff_seconds\": ", s.seconds, "}");
-                    }),
-      "], \"figures\": {",
-      absl::StrJoin(summary.figures, ", ",
-                    [](std::string* out, const std::pair<std::string, double>& f) {
-                      absl::StrAppend(out, "\"", f.first, "\": ", f.second);
-                    }),
-      "}, \"param_crc32c\": ", summary.param_crc32c, "}\n");
+  // A name that is not UTF-8 is written with U+FFFD instead of throwing.
+  f << json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   if (!f) return absl::UnavailableError("cannot write --summary_json=" + path);
   return absl::OkStatus();
 }
