@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
+#include "tests/summary_json.h"
 
 namespace pscluster {
 namespace {
@@ -31,13 +32,6 @@ using ::testing::HasSubstr;
 // 20000 / (2 x 32) = 312 steps per epoch, 12 epochs; the kill comes at the first
 // checkpoint (at least 100 steps in), the switch well after it.
 constexpr int kSwitchStep = 3000, kSteps = 12 * 312;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 // Every line a short-lived command prints, after it exited 0.
 std::string Output(std::vector<std::string> argv) {
@@ -132,7 +126,7 @@ TEST_F(CoordinatorRestartTest,
     auto status = workers[r].Wait(absl::Minutes(5));
     ASSERT_TRUE(status.ok()) << status.status();
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "worker " << r;
-    const std::string json = ReadFile(absl::StrCat(dir_, "/worker", r, ".json"));
+    const std::string json = testing::ReadSummary(absl::StrCat(dir_, "/worker", r, ".json"));
     SCOPED_TRACE(json);
     EXPECT_THAT(json, HasSubstr(absl::StrCat("{\"step\": ", kSwitchStep,
                                              ", \"from\": \"ps\", \"to\": \"allreduce\"")));

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
+#include "tests/summary_json.h"
 
 namespace pscluster::testing {
 
@@ -35,16 +36,16 @@ struct ClusterOptions {
   // The coordinator checkpoints every 100 steps and on a better metric (and keeps its state
   // in a --data_dir, so it can be restarted); otherwise rank 0 snapshots every epoch.
   bool coordinator_checkpoints = false;
-  std::string mode = "ps";              // the coordinator's --mode
-  std::vector<std::string> switches;    // "STEP:MODE", scheduled before the workers start
-  std::vector<std::string> shard_args;  // extra ps_server flags
+  std::string mode = "ps";               // the coordinator's --mode
+  std::vector<std::string> switches;     // "STEP:MODE", scheduled before the workers start
+  std::vector<std::string> shard_args;   // extra ps_server flags
   std::vector<std::string> worker_args;  // extra ps_worker flags (before StartWorker's own)
   int epochs = 4;
   // The workers' --progress_every. A test that must act mid-training shortens it: an epoch
   // of this model can take well under a second. (Not 0: a line per step fills the pipe of
   // a worker whose output the test does not read, and blocks it.)
   std::string progress_every = "1s";
-  int replicas = 1;                     // the coordinator's --replicas: copies of each shard
+  int replicas = 1;  // the coordinator's --replicas: copies of each shard
   int heartbeat_timeout_ms = 2000;
 };
 
@@ -59,9 +60,9 @@ class Cluster {
       for (int r = 0; r < options_.replicas; ++r) StartShard(s, false, r);
     }
     for (const std::string& sw : options_.switches) {
-      auto psctl = Subprocess::Start(
-          {"tools/psctl/psctl", "--coordinator=" + coordinator_, "switch-mode",
-           "--mode=" + sw.substr(sw.find(':') + 1), "--at_step=" + sw.substr(0, sw.find(':'))});
+      auto psctl = Subprocess::Start({"tools/psctl/psctl", "--coordinator=" + coordinator_,
+                                      "switch-mode", "--mode=" + sw.substr(sw.find(':') + 1),
+                                      "--at_step=" + sw.substr(0, sw.find(':'))});
       EXPECT_TRUE(psctl.ok());
       auto status = psctl->Wait(absl::Seconds(30));
       EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << sw;
@@ -81,10 +82,13 @@ class Cluster {
   // (Re)starts the coordinator: port "0" picks one; a restart reuses the first one.
   void StartCoordinator(const std::string& port) {
     std::vector<std::string> argv = {
-        "server/coordinator/ps_coordinator",   "--port=" + port,
-        absl::StrCat("--num_shards=", kShards), absl::StrCat("--num_workers=", kWorkers),
+        "server/coordinator/ps_coordinator",
+        "--port=" + port,
+        absl::StrCat("--num_shards=", kShards),
+        absl::StrCat("--num_workers=", kWorkers),
         absl::StrCat("--heartbeat_timeout_ms=", options_.heartbeat_timeout_ms),
-        absl::StrCat("--replicas=", options_.replicas), "--mode=" + options_.mode};
+        absl::StrCat("--replicas=", options_.replicas),
+        "--mode=" + options_.mode};
     if (options_.coordinator_checkpoints) {
       argv.push_back("--data_dir=" + dir_ + "/coordinator");
       argv.push_back("--checkpoint_every_steps=100");
@@ -104,14 +108,20 @@ class Cluster {
 
   // Starts (or, after a kill, replaces) worker r; `extra` flags come last (and win).
   void StartWorker(int r, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {
-        "worker/ps_worker", "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
-        absl::StrCat("--world=", kWorkers), "--synthetic=20000", "--layers=20,32,4",
-        absl::StrCat("--epochs=", options_.epochs), "--batch_size=32", "--lr=0.01",
-        options_.coordinator_checkpoints ? "--snapshot_every_epochs=0"
-                                         : "--snapshot_every_epochs=1",
-        "--collective_timeout=20s", "--progress_every=" + options_.progress_every,
-        absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")};
+    std::vector<std::string> argv = {"worker/ps_worker",
+                                     "--coordinator=" + coordinator_,
+                                     absl::StrCat("--rank=", r),
+                                     absl::StrCat("--world=", kWorkers),
+                                     "--synthetic=20000",
+                                     "--layers=20,32,4",
+                                     absl::StrCat("--epochs=", options_.epochs),
+                                     "--batch_size=32",
+                                     "--lr=0.01",
+                                     options_.coordinator_checkpoints ? "--snapshot_every_epochs=0"
+                                                                      : "--snapshot_every_epochs=1",
+                                     "--collective_timeout=20s",
+                                     "--progress_every=" + options_.progress_every,
+                                     absl::StrCat("--summary_json=", dir_, "/worker", r, ".json")};
     argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto w = Subprocess::Start(std::move(argv));
@@ -121,11 +131,13 @@ class Cluster {
   }
 
   void StartShard(int s, bool restore, int replica = 0) {
-    std::vector<std::string> argv = {
-        "server/ps/ps_server",           "--port=0",
-        absl::StrCat("--shard_id=", s),  absl::StrCat("--num_shards=", kShards),
-        "--coordinator=" + coordinator_, "--data_dir=" + dir_ + "/ckpt",
-        absl::StrCat("--replica=", replica)};
+    std::vector<std::string> argv = {"server/ps/ps_server",
+                                     "--port=0",
+                                     absl::StrCat("--shard_id=", s),
+                                     absl::StrCat("--num_shards=", kShards),
+                                     "--coordinator=" + coordinator_,
+                                     "--data_dir=" + dir_ + "/ckpt",
+                                     absl::StrCat("--replica=", replica)};
     argv.insert(argv.end(), options_.shard_args.begin(), options_.shard_args.end());
     if (restore) argv.push_back("--restore=latest");
     auto p = Subprocess::Start(argv);
@@ -141,9 +153,7 @@ class Cluster {
   Subprocess& coordinator() { return processes_[coordinator_index_]; }
   Subprocess& shard(int s, int replica = 0) { return processes_[shard_[{s, replica}]]; }
   // Where replica `replica` of shard `s` serves.
-  const std::string& shard_address(int s, int replica = 0) {
-    return shard_address_[{s, replica}];
-  }
+  const std::string& shard_address(int s, int replica = 0) { return shard_address_[{s, replica}]; }
   Subprocess& worker(int r) { return workers_[worker_[r]]; }
   const std::string& dir() const { return dir_; }
 
@@ -155,7 +165,7 @@ class Cluster {
       EXPECT_TRUE(status.ok()) << status.status();
       EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
           << "worker " << r << " failed";
-      out.push_back(ReadFile(absl::StrCat(dir_, "/worker", r, ".json")));
+      out.push_back(ReadSummary(absl::StrCat(dir_, "/worker", r, ".json")));
     }
     return out;
   }
@@ -165,21 +175,11 @@ class Cluster {
   ClusterOptions options_;
   std::string coordinator_;
   size_t coordinator_index_ = 0;
-  std::deque<Subprocess> processes_;  // coordinators (restarts appended) and shards
-  std::deque<Subprocess> workers_;    // replacements are appended
+  std::deque<Subprocess> processes_;             // coordinators (restarts appended) and shards
+  std::deque<Subprocess> workers_;               // replacements are appended
   std::map<std::pair<int, int>, size_t> shard_;  // (shard, replica)
   std::map<std::pair<int, int>, std::string> shard_address_;
   std::map<int, size_t> worker_;
 };
-
-// The value of `key` in a summary's JSON text ("" when absent; arrays of arrays whole).
-inline std::string Field(const std::string& json, const std::string& key) {
-  size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return "";
-  at += key.size() + 4;
-  size_t end = json[at] == '[' ? json.find("]]", at) : json.find_first_of(",}", at);
-  if (json[at] == '[' && json.compare(at, 2, "[]") == 0) return "[]";
-  return json.substr(at, end - at + (json[at] == '[' ? 2 : 0));
-}
 
 }  // namespace pscluster::testing

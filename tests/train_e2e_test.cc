@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "tests/ps_cluster_fixture.h"
+#include "tests/summary_json.h"
 
 namespace pscluster {
 namespace {
@@ -20,14 +21,6 @@ double JsonNumber(const std::string& json, const std::string& key) {
   size_t at = json.find("\"" + key + "\":");
   EXPECT_NE(at, std::string::npos) << key << " missing in " << json;
   return at == std::string::npos ? NAN : std::stod(json.substr(at + key.size() + 3));
-}
-
-// The whole of a file (a worker's summary JSON).
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 // The address a process prints once it serves ("... listening on HOST:PORT ...").
@@ -42,7 +35,7 @@ std::string FinishedSummary(testing::Subprocess& worker, const std::string& summ
   auto status = worker.Wait(absl::Minutes(5));
   EXPECT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << worker.name();
-  return ReadFile(summary_path);
+  return testing::ReadSummary(summary_path);
 }
 
 // A coordinator checkpointing into dir/coordinator (with `flags` besides) and 2 shards
@@ -81,11 +74,17 @@ class TrainE2eTest : public PsClusterTest {
     const std::string ps = absl::StrCat(addresses_[0], ",", addresses_[1]);
     std::vector<testing::Subprocess> workers;
     for (int r = 0; r < kWorkers; ++r) {
-      std::vector<std::string> argv = {
-          "worker/ps_worker", "--ps=" + ps, absl::StrCat("--rank=", r),
-          absl::StrCat("--world=", kWorkers), "--synthetic=4000", "--layers=20,32,4",
-          "--epochs=3", "--batch_size=32", "--lr=0.01", "--progress_every=1s",
-          absl::StrCat("--summary_json=", dir, "/worker", r, ".json")};
+      std::vector<std::string> argv = {"worker/ps_worker",
+                                       "--ps=" + ps,
+                                       absl::StrCat("--rank=", r),
+                                       absl::StrCat("--world=", kWorkers),
+                                       "--synthetic=4000",
+                                       "--layers=20,32,4",
+                                       "--epochs=3",
+                                       "--batch_size=32",
+                                       "--lr=0.01",
+                                       "--progress_every=1s",
+                                       absl::StrCat("--summary_json=", dir, "/worker", r, ".json")};
       argv.insert(argv.end(), flags.begin(), flags.end());
       auto p = testing::Subprocess::Start(argv);
       ASSERT_TRUE(p.ok()) << p.status();
@@ -99,7 +98,7 @@ class TrainE2eTest : public PsClusterTest {
       EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << w.name();
     }
     for (int r = 0; r < kWorkers; ++r) {
-      const std::string json = ReadFile(absl::StrCat(dir, "/worker", r, ".json"));
+      const std::string json = testing::ReadSummary(absl::StrCat(dir, "/worker", r, ".json"));
       EXPECT_LT(JsonNumber(json, "final_loss"), 0.5 * std::log(4.0)) << json;
       EXPECT_GT(JsonNumber(json, "test_accuracy"), 0.9) << json;
       EXPECT_EQ(JsonNumber(json, "steps"), 3 * (4000 / (32 * kWorkers))) << json;
@@ -253,8 +252,8 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
     workers.push_back(*std::move(p));
   }
   for (int r = 0; r < 2; ++r) FinishedSummary(workers[r], absl::StrCat(dir, "/worker", r, ".json"));
-  absl::StatusOr<std::string> listed = testing::OutputOf(
-      {"tools/psctl/psctl", "--coordinator=" + coordinator, "checkpoints"});
+  absl::StatusOr<std::string> listed =
+      testing::OutputOf({"tools/psctl/psctl", "--coordinator=" + coordinator, "checkpoints"});
   ASSERT_TRUE(listed.ok()) << listed.status();
   SCOPED_TRACE(*listed);
   int with_metric = 0;
@@ -274,8 +273,8 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
 // (here --micro_batches, --bucket_mb and --fsdp_reshard_after_forward: the collective calls
 // the ranks make) are refused, naming the flags, instead of training together.
 TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) {
-  auto c = testing::Subprocess::Start({"server/coordinator/ps_coordinator", "--port=0",
-                                       "--num_shards=1", "--num_workers=2"});
+  auto c = testing::Subprocess::Start(
+      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=1", "--num_workers=2"});
   ASSERT_TRUE(c.ok());
   const std::string coordinator = ListeningOn(*c);
   auto shard = testing::Subprocess::Start({"server/ps/ps_server", "--port=0", "--shard_id=0",
@@ -286,8 +285,7 @@ TEST(FlagsE2eTest, AWorkerStartedWithOtherFlagsThanRankZeroIsRefusedNamingThem) 
     return testing::Subprocess::Start(
         {"/bin/sh", "-c",
          absl::StrCat("exec worker/ps_worker --coordinator=", coordinator, " --rank=", rank,
-                      " --world=2 --synthetic=2000 --layers=20,8,4 --epochs=1 ", extra,
-                      " 2>&1")});
+                      " --world=2 --synthetic=2000 --layers=20,8,4 --epochs=1 ", extra, " 2>&1")});
   };
   auto rank0 = worker(0, "--micro_batches=4");
   ASSERT_TRUE(rank0.ok());
