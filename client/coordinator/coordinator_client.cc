@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -28,7 +29,7 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
   req.set_group_size(options.group_size);
   if (options.limits) *req.mutable_limits() = *options.limits;
   coord::RegisterResponse resp;
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(1));
   absl::Time said_unavailable = absl::InfinitePast();
   while (true) {
     grpc::ClientContext ctx;
@@ -36,7 +37,7 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
     absl::Status s = FromGrpcStatus(stub->Register(&ctx, req, &resp),
                                     absl::StrCat("coordinator ", options.coordinator));
     if (s.ok()) return resp;
-    if (absl::Now() + backoff > deadline) return s;
+    if (absl::Now() + backoff.ceiling() > deadline) return s;
     if (absl::IsAlreadyExists(s)) {
       std::fprintf(stderr, "%s; retrying until the coordinator declares it dead\n",
                    std::string(s.message()).c_str());
@@ -55,8 +56,7 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
     } else {
       return s;
     }
-    absl::SleepFor(backoff);  // bounded by register_timeout
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    absl::SleepFor(backoff.Next());  // bounded by register_timeout
   }
 }
 
@@ -148,19 +148,20 @@ absl::StatusOr<int64_t> CoordinatorClient::RegisterAgain() {
 template <typename Call>
 absl::Status CoordinatorClient::Reconnecting(const char* what, absl::Duration timeout, Call call) {
   const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(1));
   for (bool said = false;; said = true) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, timeout);
     absl::Status s = FromGrpcStatus(call(&ctx), "coordinator");
-    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > give_up) return s;
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff.ceiling() > give_up) {
+      return s;
+    }
     if (!said) {
       std::fprintf(stderr, "%s: coordinator %s unreachable (%s); retrying for up to %s\n", what,
                    options_.coordinator.c_str(), std::string(s.message()).c_str(),
                    absl::FormatDuration(options_.reconnect_timeout).c_str());
     }
-    if (stop_.WaitForNotificationWithTimeout(backoff)) return s;  // shutting down
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    if (stop_.WaitForNotificationWithTimeout(backoff.Next())) return s;  // shutting down
   }
 }
 

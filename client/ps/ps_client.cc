@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
@@ -108,7 +109,7 @@ absl::Status PsClient::UnregisterWorker() {
 
 absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(10);
+  Backoff backoff(absl::Milliseconds(10), absl::Milliseconds(200));
   while (true) {
     std::vector<int> counts(num_shards());
     absl::Status st = calls_.ForEach([&](int s) {
@@ -122,13 +123,12 @@ absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
     if (!st.ok()) return st;
     const int fewest = *std::min_element(counts.begin(), counts.end());
     if (fewest >= world) return absl::OkStatus();
-    if (absl::Now() + backoff > deadline) {
+    if (absl::Now() + backoff.ceiling() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "waited ", absl::FormatDuration(timeout), " for ", world,
           " workers to register; the emptiest shard has ", fewest, ": start the other workers"));
     }
-    absl::SleepFor(backoff);  // rendezvous poll, bounded by the deadline
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    absl::SleepFor(backoff.Next());  // rendezvous poll, bounded by the deadline
   }
 }
 
@@ -328,8 +328,8 @@ absl::Status PsClient::PullSparse(uint32_t table_id, int64_t step, absl::Span<co
         return calls_.stub(s)->PullSparse(ctx, *req, &resp);
       }));
       if (resp.values().size() != n * dim * sizeof(float)) {
-        return absl::InternalError(absl::StrCat(calls_.Name(s), " returned ",
-                                                resp.values().size(), " bytes for ", n, " rows"));
+        return absl::InternalError(absl::StrCat(calls_.Name(s), " returned ", resp.values().size(),
+                                                " bytes for ", n, " rows"));
       }
       const float* v = reinterpret_cast<const float*>(resp.values().data());
       for (size_t j = 0; j < n; ++j) {

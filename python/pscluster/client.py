@@ -23,6 +23,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import os
+import random
 import re
 import sys
 import threading
@@ -402,7 +403,9 @@ class Cluster:
                         with self._lock:
                             if self._current[shard] == at:  # not moved on by another call
                                 self._current[shard] = (at + 1) % n
-                time.sleep(backoff)
+                # Jittered as the C++ client's (common/backoff.h): clients that lost the same
+                # shard do not retry in lockstep.
+                time.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(2 * backoff, 0.02 if n > 1 else 0.1)
         finally:
             self._local.request_id = None
@@ -1001,7 +1004,7 @@ class Cluster:
             done, seen = check()
             if done or time.monotonic() + delay > deadline:
                 return done, seen
-            time.sleep(delay)
+            time.sleep(delay * random.uniform(0.5, 1.0))  # jitter, as in _call
             delay = min(2 * delay, 0.1)
 
     def snapshots(self) -> List[List[ps_pb2.SnapshotInfo]]:

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/call_metadata.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -103,8 +104,8 @@ absl::Status Replicator::CheckHead() const {
   }
   if (!formed_) {
     return absl::UnavailableError(absl::StrCat(
-        Name(), " is the head of a chain still forming as far as it knows (", chain, ", ",
-        p.size, " replica(s)): it hears of the others at its next heartbeat; if they never "
+        Name(), " is the head of a chain still forming as far as it knows (", chain, ", ", p.size,
+        " replica(s)): it hears of the others at its next heartbeat; if they never "
         "come, start them"));
   }
   if (p.size > 1 && absl::Now() >= lease_until_) {
@@ -141,12 +142,13 @@ absl::Status Replicator::StandAlone(absl::string_view what) {
   if (options_.refresh) options_.refresh();
   absl::MutexLock lock(&mu_);
   if (config_.epoch < *shrunk) {
-    return absl::UnavailableError(absl::StrCat(
-        what, ": ", Name(), " has not heard of chain epoch ", *shrunk, " yet; retry"));
+    return absl::UnavailableError(
+        absl::StrCat(what, ": ", Name(), " has not heard of chain epoch ", *shrunk, " yet; retry"));
   }
-  std::printf("ps_server: %s: the chain is this head alone (epoch %lld) for %s; the other "
-              "replicas join again\n", Name().c_str(), static_cast<long long>(config_.epoch),
-              std::string(what).c_str());
+  std::printf(
+      "ps_server: %s: the chain is this head alone (epoch %lld) for %s; the other "
+      "replicas join again\n",
+      Name().c_str(), static_cast<long long>(config_.epoch), std::string(what).c_str());
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -184,9 +186,10 @@ absl::Status Replicator::AwaitDone(uint64_t seq, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return DoneLocked(seq); };
   if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      Name(), ": update ", seq, " (this request, made before) has not reached the chain's tail "
-      "yet; retry"));
+  return absl::UnavailableError(
+      absl::StrCat(Name(), ": update ", seq,
+                   " (this request, made before) has not reached the chain's tail "
+                   "yet; retry"));
 }
 
 absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate update,
@@ -263,7 +266,7 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
                                  bool from_head) {
   const absl::Time start = absl::Now();
   absl::Time deadline = start + options_.forward_timeout;
-  absl::Duration backoff = absl::Milliseconds(1);
+  Backoff backoff(absl::Milliseconds(1), absl::Milliseconds(50));
   grpc::Status last;
   std::string last_to;
   // Whether the coordinator was asked for the chain since the first failed attempt, and
@@ -281,9 +284,9 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
     // replica applied as the head before it left the chain reached no one.
     if (p.learning && !from_head) return absl::OkStatus();
     if (!p.in_chain) {
-      return absl::UnavailableError(absl::StrCat(
-          Name(), " was taken out of its chain (epoch ", p.epoch, ") before update ",
-          update.seq(), " reached the tail; retry on the head, ", p.head_address));
+      return absl::UnavailableError(
+          absl::StrCat(Name(), " was taken out of its chain (epoch ", p.epoch, ") before update ",
+                       update.seq(), " reached the tail; retry on the head, ", p.head_address));
     }
     if (p.successor.empty()) return absl::OkStatus();  // the tail
     update.set_epoch(p.epoch);
@@ -304,7 +307,8 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       // answers, the successor has forward_timeout at most.
       deadline = std::min(start + options_.cut_off_timeout, absl::Now() + options_.forward_timeout);
       if (!said_cut_off) {
-        std::fprintf(stderr, "ps_server: %s: update %llu: the coordinator cannot be reached "
+        std::fprintf(stderr,
+                     "ps_server: %s: update %llu: the coordinator cannot be reached "
                      "either; waiting for it (up to %s) to learn whether %s is still in the "
                      "chain\n",
                      Name().c_str(), static_cast<unsigned long long>(update.seq()),
@@ -313,7 +317,8 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       }
     }
     if (!said) {
-      std::fprintf(stderr, "ps_server: %s: update %llu not acknowledged by %s (%s); asking the "
+      std::fprintf(stderr,
+                   "ps_server: %s: update %llu not acknowledged by %s (%s); asking the "
                    "coordinator for the chain and retrying for up to %s\n",
                    Name().c_str(), static_cast<unsigned long long>(update.seq()), last_to.c_str(),
                    last.error_message().c_str(),
@@ -324,8 +329,7 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
       coordinator_answered = options_.refresh();
       asked = true;
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Milliseconds(50));
+    absl::SleepFor(backoff.Next());
   }
   // The coordinator still lists a successor this replica cannot reach: the chain cannot go
   // on with both. Chain replication assumes members that fail by stopping, so stop: the
@@ -355,9 +359,9 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
   auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     const Place p = PlaceLocked();
     if (update.epoch() < p.epoch) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Name(), " is at chain epoch ", p.epoch, "; the update comes from epoch ",
-          update.epoch(), ": the sender's chain is out of date"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(), " is at chain epoch ", p.epoch, "; the update comes from epoch ",
+                       update.epoch(), ": the sender's chain is out of date"));
     }
     if (update.epoch() > p.epoch) {
       return absl::UnavailableError(absl::StrCat(Name(), " is at chain epoch ", p.epoch,
@@ -365,9 +369,9 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
                                                  "; retry once it has caught up"));
     }
     if ((!p.in_chain && !p.learning) || p.head) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Name(), " takes no updates from another member in chain epoch ", p.epoch,
-          p.head ? " (it is the head)" : " (it is not in the chain, nor joining it)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(), " takes no updates from another member in chain epoch ", p.epoch,
+                       p.head ? " (it is the head)" : " (it is not in the chain, nor joining it)"));
     }
     return absl::OkStatus();
   };
@@ -458,9 +462,9 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
       return applied_ + 1 >= seq || config_.epoch != epoch;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline)) {
-      return ToGrpcStatus(absl::UnavailableError(
-          absl::StrCat(Name(), ": update ", seq, " waited for update ", applied_ + 1,
-                       ", which has not arrived")));
+      return ToGrpcStatus(
+          absl::UnavailableError(absl::StrCat(Name(), ": update ", seq, " waited for update ",
+                                              applied_ + 1, ", which has not arrived")));
     }
   }
   {
@@ -491,7 +495,7 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
 }
 
 void Replicator::DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why) {
-  absl::MutexLock join(&join_mu_);  // not while JoinedChain appends it
+  absl::MutexLock join(&join_mu_);           // not while JoinedChain appends it
   if (options_.refresh) options_.refresh();  // appended meanwhile? then it is a successor
   absl::MutexLock lock(&mu_);
   if (learner_.replica != replica || learner_.epoch != epoch) return;
@@ -541,18 +545,19 @@ grpc::Status Replicator::TransferState(const TransferStateRequest* req,
       busy = captured.status();
     }
     if (absl::Now() >= give_up) {
-      return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
-          Name(), ": no moment between steps to copy the state within ",
-          absl::FormatDuration(options_.forward_timeout), " (", busy.message(), ")")));
+      return ToGrpcStatus(absl::UnavailableError(
+          absl::StrCat(Name(), ": no moment between steps to copy the state within ",
+                       absl::FormatDuration(options_.forward_timeout), " (", busy.message(), ")")));
     }
     absl::SleepFor(absl::Microseconds(200));
   }
   for (int32_t w : state.workers) start.add_workers(w);
   start.set_tables(state.images.size());
-  std::printf("ps_server: %s: handing replica %d the state at update %llu (%zu tables) and "
-              "every update from now on\n",
-              Name().c_str(), req->replica(), static_cast<unsigned long long>(start.seq()),
-              state.images.size());
+  std::printf(
+      "ps_server: %s: handing replica %d the state at update %llu (%zu tables) and "
+      "every update from now on\n",
+      Name().c_str(), req->replica(), static_cast<unsigned long long>(start.seq()),
+      state.images.size());
   std::fflush(stdout);
   StateTransferChunk chunk;
   *chunk.mutable_start() = std::move(start);
@@ -656,8 +661,8 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
     absl::MutexLock order(&apply_mu_);
     absl::MutexLock lock(&mu_);
     if (config_.epoch != epoch || PlaceLocked().in_chain) {
-      return absl::AbortedError(absl::StrCat("the chain moved on from epoch ", epoch,
-                                             " before the join began"));
+      return absl::AbortedError(
+          absl::StrCat("the chain moved on from epoch ", epoch, " before the join began"));
     }
     learning_epoch_ = epoch;
     applied_ = done_through_ = 0;
@@ -673,8 +678,8 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   StateTransferChunk chunk;
   if (!reader->Read(&chunk) || !chunk.has_start()) {
     grpc::Status s = reader->Finish();
-    return absl::UnavailableError(absl::StrCat("the tail ", tail, " sent no state: ",
-                                               s.ok() ? "no start" : s.error_message()));
+    return absl::UnavailableError(absl::StrCat(
+        "the tail ", tail, " sent no state: ", s.ok() ? "no start" : s.error_message()));
   }
   const StateTransferStart start = chunk.start();
   auto staged = std::make_unique<Shard>(options_.shard);
@@ -685,9 +690,9 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   auto table_done = [&]() -> absl::Status {
     if (tables > 0 && header.spec().kind() == TableSpec::DENSE &&
         dense_at != header.shard_end() - header.shard_begin()) {
-      return absl::DataLossError(absl::StrCat("state transfer: table ", header.spec().table_id(),
-                                              " came with ", dense_at, " of ",
-                                              header.shard_end() - header.shard_begin(), " values"));
+      return absl::DataLossError(
+          absl::StrCat("state transfer: table ", header.spec().table_id(), " came with ", dense_at,
+                       " of ", header.shard_end() - header.shard_begin(), " values"));
     }
     return absl::OkStatus();
   };
@@ -716,8 +721,8 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   if (!finished.ok()) return FromGrpcStatus(finished, absl::StrCat("the tail ", tail));
   RETURN_IF_ERROR(table_done());
   if (tables != start.tables()) {
-    return absl::DataLossError(absl::StrCat("state transfer: ", tables, " of ", start.tables(),
-                                            " tables came"));
+    return absl::DataLossError(
+        absl::StrCat("state transfer: ", tables, " of ", start.tables(), " tables came"));
   }
   staged->RestoreWorkers({start.workers().begin(), start.workers().end()});
   {

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/call_metadata.h"
 #include "common/dense_wire.h"
 #include "common/executor.h"
@@ -149,7 +150,7 @@ class ShardCalls {
     const int n = static_cast<int>(replicas_[shard].size());
     const bool rotate_on_deadline = n > 1 && slice == absl::InfiniteDuration();
     if (rotate_on_deadline) slice = kReplicaAttempt;
-    absl::Duration backoff = absl::Milliseconds(1);
+    Backoff backoff(absl::Milliseconds(1), absl::Milliseconds(100));
     for (bool said = false;;) {
       const int at = current_[shard].load();
       grpc::ClientContext ctx;
@@ -160,12 +161,12 @@ class ShardCalls {
       const bool failover =
           n > 1 && (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                     (rotate_on_deadline && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED));
-      if ((!Refused(s) && !failover) || absl::Now() + backoff >= end) return s;
+      if ((!Refused(s) && !failover) || absl::Now() + backoff.ceiling() >= end) return s;
       if (failover) {
         Rotate(shard, at, s, &said);
       }
-      absl::SleepFor(backoff);
-      backoff = std::min(2 * backoff, absl::Milliseconds(failover ? 20 : 100));
+      backoff.set_max(absl::Milliseconds(failover ? 20 : 100));
+      absl::SleepFor(backoff.Next());
     }
   }
 
