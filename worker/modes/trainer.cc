@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
 #include "worker/modes/model_tables.h"
+#include "worker/modes/recent_rate.h"
 
 namespace pscluster::modes {
 namespace {
@@ -260,7 +261,12 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   const int64_t total = total_steps();
   if (options_.coordinator != nullptr) options_.coordinator->set_run_end_step(total);
   absl::Time start = absl::Now(), last_report = start;
-  absl::Duration eval_time;
+  absl::Duration eval_time, reported_eval;
+  // Progress lines, the ETA, the coordinator's figure and the gauge: the last 30 s, not an
+  // average since the start (which after an outage lied for minutes).
+  RecentRate recent;
+  recent.Add(start, 0);
+  int64_t steps_done = 0, reported_steps = 0;  // replayed steps after a rollback count
   double epoch_loss = 0;
   int64_t epoch_steps = 0;
   // One step: a switch if one is due, the step, and at an epoch's end checkpoint and
@@ -283,16 +289,21 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
     }
     epoch_loss += loss;
     ++epoch_steps;
+    ++steps_done;
     const absl::Time now = absl::Now();
     if (now - last_report >= options_.progress_every || step + 1 == total) {
-      double seconds = absl::ToDoubleSeconds(now - start - eval_time);
-      double rate = (step + 1 - start_step_) * static_cast<double>(options_.batch_size) / seconds;
+      recent.Add(now, (steps_done - reported_steps) * options_.batch_size,
+                 eval_time - reported_eval);
+      reported_steps = steps_done;
+      reported_eval = eval_time;
+      const double rate = recent.PerSecond();
       std::printf("worker %d (%s): epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n",
                   options_.rank, ModeName(placement_->mode()),
                   static_cast<long long>(step / per_epoch_ + 1), options_.epochs,
                   static_cast<long long>(step + 1), static_cast<long long>(total),
                   epoch_loss / epoch_steps, rate,
-                  FormatEta((total - step - 1) * options_.batch_size / rate).c_str());
+                  rate > 0 ? FormatEta((total - step - 1) * options_.batch_size / rate).c_str()
+                           : "unknown");
       std::fflush(stdout);
       ReportProgress(step + 1, epoch_loss / epoch_steps, rate);
       if (options_.metrics != nullptr) options_.metrics->Progress(rate, step / per_epoch_ + 1);
