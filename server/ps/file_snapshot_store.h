@@ -17,6 +17,8 @@
 // snapshot_store.h), 3 the SnapshotManifest (last; its per-table CRCs run over the
 // header's and blocks' payloads as in the RocksDB layout).
 //
+// The records are written and read by snapshot_file.h.
+//
 // A file that is in snapshots/ but does not verify is damaged: it is named (Damaged()),
 // never listed as restorable and never deleted; what to do is the operator's choice.
 //
