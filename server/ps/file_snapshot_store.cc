@@ -96,6 +96,23 @@ absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::LegacyList() co
 
 FileSnapshotStore::~FileSnapshotStore() = default;
 
+absl::Status FileSnapshotStore::CheckWritable(
+    int64_t step, const std::vector<std::unique_ptr<TableImage>>& images) const {
+  if (read_only_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("snapshot store ", dir_, " is open read-only; not writing step ", step));
+  }
+  const std::string target = SnapshotPath(dir_, step);
+  // A complete snapshot of the step is never written again (Snapshotter), so a file there
+  // is a damaged one: the operator's, not to be replaced.
+  if (std::error_code ec; fs::exists(target, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a damaged snapshot file of step ", step, " is in the way (left in place): ", target,
+        "; move it away to snapshot this step again"));
+  }
+  return CheckSpace(step, images);
+}
+
 // Refuses up front when the disk clearly cannot hold the snapshot. The disk may still fill
 // during the write; that fails the write cleanly too.
 absl::Status FileSnapshotStore::CheckSpace(
@@ -126,11 +143,7 @@ absl::StatusOr<SnapshotManifest> FileSnapshotStore::Write(
   manifest.set_has_metric(options.has_metric);
   manifest.set_metric(options.metric);
   manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
-  if (read_only_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("snapshot store ", dir_, " is open read-only; not writing step ", step));
-  }
-  RETURN_IF_ERROR(CheckSpace(step, images));
+  RETURN_IF_ERROR(CheckWritable(step, images));
 
   const std::string target = SnapshotPath(dir_, step);
   NewFile file((fs::path(dir_) / "staging" / absl::StrCat(step, ".tmp")).string());
@@ -206,8 +219,30 @@ absl::Status FileSnapshotStore::Scan(std::map<int64_t, SnapshotManifest>* comple
       damaged->push_back(std::string(s.message()));
     }
   }
+  ExcludeUnreadable(complete, damaged);
   std::sort(damaged->begin(), damaged->end());
   return absl::OkStatus();
+}
+
+FileSnapshotStore::FileId FileSnapshotStore::IdOf(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return {static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino),
+          static_cast<int64_t>(st.st_size),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void FileSnapshotStore::ExcludeUnreadable(std::map<int64_t, SnapshotManifest>* complete,
+                                          std::vector<std::string>* damaged) const {
+  absl::MutexLock lock(&mu_);
+  for (auto it = unreadable_.begin(); it != unreadable_.end();) {
+    if (IdOf(SnapshotPath(dir_, it->first)) != it->second.file) {
+      it = unreadable_.erase(it);  // replaced or moved away: what is there now gets listed
+      continue;
+    }
+    if (complete->erase(it->first) > 0) damaged->push_back(it->second.why);
+    ++it;
+  }
 }
 
 absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::List() const {
@@ -246,7 +281,46 @@ absl::Status FileSnapshotStore::Delete(int64_t step) {
   return SyncDir(fs::path(path).parent_path().string());
 }
 
+namespace {
+
+// Forwards to a visitor, noting whether it failed: a visitor's own DATA_LOSS (say, specs
+// that disagree between shards) says nothing about the file.
+class WatchedVisitor final : public SnapshotStore::Visitor {
+ public:
+  explicit WatchedVisitor(SnapshotStore::Visitor* inner) : inner_(inner) {}
+  bool failed() const { return failed_; }
+  absl::Status Header(const TableSnapshotHeader& h) override { return Note(inner_->Header(h)); }
+  absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
+                          const float* data) override {
+    return Note(inner_->DenseBlock(h, begin, n, data));
+  }
+  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+                         const float* data) override {
+    return Note(inner_->SparseRow(h, key, updates, data));
+  }
+
+ private:
+  absl::Status Note(absl::Status s) {
+    failed_ = failed_ || !s.ok();
+    return s;
+  }
+  SnapshotStore::Visitor* const inner_;
+  bool failed_ = false;
+};
+
+}  // namespace
+
 absl::Status FileSnapshotStore::Read(int64_t step, Visitor* visitor) const {
+  WatchedVisitor watched(visitor);
+  absl::Status s = ReadWhole(step, &watched);
+  if (absl::IsDataLoss(s) && !watched.failed()) {
+    absl::MutexLock lock(&mu_);
+    unreadable_[step] = {std::string(s.message()), IdOf(SnapshotPath(dir_, step))};
+  }
+  return s;
+}
+
+absl::Status FileSnapshotStore::ReadWhole(int64_t step, Visitor* visitor) const {
   SnapshotFile f(SnapshotPath(dir_, step));
   absl::Status opened = f.Open();
   if (absl::IsNotFound(opened)) {
