@@ -202,9 +202,9 @@ TEST_F(PsClusterTest, PushPullSurvivesAShardStoppedPastAWaitSlice) {
 }
 
 // A sparse push over what one message carries (160,000 rows of dim 16: ~5.8 MB a shard with
-// their keys) goes to each shard in numbered parts: under ASP each applied as it comes, under
-// BSP counted at the last part (both workers' rows summed once). Before, gRPC refused the
-// message on the way out, after the other shard had applied its part.
+// their keys) goes to each shard in numbered parts, applied (ASP) or counted (BSP: both
+// workers' rows summed once) at the last part. Before, gRPC refused the message on the way
+// out, after the other shard had applied its part.
 TEST_F(PsClusterTest, ASparsePushOverOneMessageGoesInParts) {
   const OptimizerConfig sgd = AllOptimizers()[0];  // lr 0.5
   std::vector<uint64_t> keys(160000);

@@ -376,8 +376,8 @@ TEST_F(SnapshotTest, DamagedSnapshotIsNamedNeverDeletedAndSkippedOnlyWhenAsked) 
   const std::string block_hit = FlipByte(root_, 1, 2, 0);      // inside a table's data
   const std::string manifest_bytes = ReadAll(manifest_hit), block_bytes = ReadAll(block_hit);
 
-  std::string refusal = RefusalOf({"--shard_id=0", "--num_shards=2", "--data_dir=" + root_,
-                                   "--restore=latest"});
+  std::string refusal =
+      RefusalOf({"--shard_id=0", "--num_shards=2", "--data_dir=" + root_, "--restore=latest"});
   EXPECT_THAT(refusal, ::testing::HasSubstr(manifest_hit));
   EXPECT_THAT(refusal, ::testing::HasSubstr("--restore_skip_damaged"));
   refusal = RefusalOf({"--shard_id=1", "--num_shards=2", "--data_dir=" + root_,
@@ -390,6 +390,10 @@ TEST_F(SnapshotTest, DamagedSnapshotIsNamedNeverDeletedAndSkippedOnlyWhenAsked) 
   ConnectClients();
   EXPECT_EQ(RestoredStep(), 1);
   EXPECT_EQ(State(1), at1);
+  // Nor is step 2 offered again as the newest checkpoint complete on every shard.
+  auto latest = clients_[0]->LatestCompleteSnapshot();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 1) << "a snapshot the restore found damaged is still listed";
   StopServers(SIGTERM);
   EXPECT_EQ(ReadAll(manifest_hit), manifest_bytes) << "a damaged snapshot was changed";
   EXPECT_EQ(ReadAll(block_hit), block_bytes) << "a damaged snapshot was changed";

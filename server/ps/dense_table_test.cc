@@ -3,10 +3,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -445,6 +447,59 @@ TEST(DenseTableTest, SkippedNonfinitePushStillCountsForTheBspStep) {
   TableStats stats = table->Stats();
   EXPECT_EQ(stats.nonfinite_pushes_skipped(), 3u);
   EXPECT_EQ(stats.pushes(), 4u);
+}
+
+// The state a dense table stores, as bits (equal means bitwise equal): the update count
+// (Adam's bias-correction step), then the values, then each optimizer slot.
+std::pair<int64_t, std::vector<uint32_t>> StoredState(DenseTable& table, int64_t step) {
+  auto state = table.ExportState(step, absl::Now() + absl::Seconds(60));
+  EXPECT_TRUE(state.ok()) << state.status();
+  if (!state.ok()) return {};
+  std::vector<float> floats = state->values;
+  for (const auto& slot : state->slots) floats.insert(floats.end(), slot.begin(), slot.end());
+  std::vector<uint32_t> bits(floats.size());
+  std::memcpy(bits.data(), floats.data(), floats.size() * sizeof(float));
+  return {state->updates, std::move(bits)};
+}
+
+// A dropped push changes no stored state in any mode, whichever way the gradient came
+// (scanned by the table, or chunk by chunk as a stream is): values, Adam slots and update
+// count stay bitwise as they were, and the next push gives what it gives on a table that
+// never saw the dropped one. The push is still the worker's push of its step.
+TEST(DenseTableTest, DroppedNonfinitePushLeavesValuesSlotsAndUpdatesBitwiseInEveryMode) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::SSP, ConsistencyConfig::BSP}) {
+    for (bool scanned_by_chunk : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(ConsistencyConfig::Mode_Name(mode), scanned_by_chunk));
+      TableSpec spec = DenseSpec(6, mode, 0.01f);
+      spec.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+      spec.set_skip_nonfinite(true);
+      auto table = MakeTable(spec, {0});
+      auto reference = MakeTable(spec, {0});
+      const std::vector<float> g0 = {0.5f, -1, 2, 0.25f, -3, 1}, g2 = {1, 1, -0.5f, 4, 2, -1};
+      ASSERT_TRUE(PushOne(*table, 0, 0, 0, g0).ok());
+      ASSERT_TRUE(PushOne(*reference, 0, 0, 0, g0).ok());
+      const auto before = StoredState(*table, 1);
+
+      const std::vector<float> bad = {1, 2, kNaN, 3, kInf, 4};
+      const absl::Span<const float> first(bad.data(), 3), second(bad.data() + 3, 3);
+      DenseTable::Scanned scanned;
+      if (scanned_by_chunk) {
+        ASSERT_TRUE(table->ScanChunk(0, first, &scanned).ok());
+        ASSERT_TRUE(table->ScanChunk(3, second, &scanned).ok());
+      }
+      bool skipped = false;
+      ASSERT_TRUE(table->Push(0, 1, 0, {first, second}, &skipped, scanned).ok());
+      EXPECT_TRUE(skipped);
+      EXPECT_EQ(StoredState(*table, 2), before) << "the dropped push changed stored state";
+      EXPECT_EQ(table->Clocks().at(0), 2) << "the dropped push is the worker's push of step 1";
+      EXPECT_EQ(table->Info().applied_steps(), 2);
+      EXPECT_EQ(table->Stats().nonfinite_pushes_skipped(), 1u);
+
+      ASSERT_TRUE(PushOne(*table, 0, 2, 0, g2).ok());
+      ASSERT_TRUE(PushOne(*reference, 0, 1, 0, g2).ok());
+      EXPECT_EQ(StoredState(*table, 3), StoredState(*reference, 2));
+    }
+  }
 }
 
 TEST(DenseTableTest, AspPullNeverWaits) {

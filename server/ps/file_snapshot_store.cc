@@ -12,212 +12,28 @@
 #include <map>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "server/ps/rocksdb_snapshot_store.h"
+#include "server/ps/snapshot_file.h"
 
 namespace pscluster::ps {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr char kMagic[8] = {'P', 'S', 'N', 'A', 'P', '\0', 'v', '2'};
-constexpr char kEndMagic[8] = {'P', 'S', 'N', 'A', 'P', 'E', 'N', 'D'};
-constexpr uint64_t kFooterBytes = 16;
-constexpr uint64_t kRecordOverhead = 4 + 8 + 4;
-// No record is larger than a dense block with its slots, or a manifest.
-constexpr uint64_t kMaxRecordBytes = uint64_t{64} << 20;
-enum RecordKind : uint32_t { kHeader = 1, kBlock = 2, kManifest = 3 };
-
-// The errno of a failed write, as a status naming the file: a full disk is
-// RESOURCE_EXHAUSTED saying what to do.
-absl::Status WriteError(int err, absl::string_view what, const std::string& path) {
-  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg + " (free disk space)");
-  return absl::UnavailableError(msg);
-}
-
-absl::Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return WriteError(errno, "opening directory", dir);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  return rc == 0 ? absl::OkStatus() : WriteError(err, "fsync of directory", dir);
-}
-
-// A file being written; removed unless Commit() renamed it into place.
-class NewFile {
- public:
-  explicit NewFile(std::string path) : path_(std::move(path)) {}
-  ~NewFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  absl::Status Open() {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    return fd_ >= 0 ? absl::OkStatus() : WriteError(errno, "creating", path_);
-  }
-  absl::Status Append(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return WriteError(errno, "writing", path_);
-      p += w;
-      n -= static_cast<size_t>(w);
-      offset_ += static_cast<uint64_t>(w);
-    }
-    return absl::OkStatus();
-  }
-  // kind, length, payload, CRC-32C of the payload.
-  absl::Status AppendRecord(RecordKind kind, const std::string& payload) {
-    char head[12];
-    const uint32_t k = kind;
-    const uint64_t len = payload.size();
-    std::memcpy(head, &k, 4);
-    std::memcpy(head + 4, &len, 8);
-    const uint32_t crc = crc32c::Value(payload.data(), payload.size());
-    RETURN_IF_ERROR(Append(head, sizeof(head)));
-    RETURN_IF_ERROR(Append(payload.data(), payload.size()));
-    return Append(&crc, 4);
-  }
-  // fsync, close, rename to `target`, fsync the target's directory.
-  absl::Status Commit(const std::string& target) {
-    if (::fsync(fd_) != 0) return WriteError(errno, "fsync of", path_);
-    int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) return WriteError(errno, "closing", path_);
-    if (::rename(path_.c_str(), target.c_str()) != 0) {
-      return WriteError(errno, "renaming into place", target);
-    }
-    committed_ = true;
-    return SyncDir(fs::path(target).parent_path().string());
-  }
-  uint64_t offset() const { return offset_; }
-
- private:
-  const std::string path_;
-  int fd_ = -1;
-  uint64_t offset_ = 0;
-  bool committed_ = false;
-};
-
-// A complete snapshot file, read record by record; every error names the file.
-class SnapshotFile {
- public:
-  explicit SnapshotFile(std::string path) : path_(std::move(path)) {}
-  ~SnapshotFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  absl::Status DataLoss(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat("snapshot file ", path_, ": ", what));
-  }
-
-  // Opens the file and reads and checks its manifest.
-  absl::Status Open() {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path_, " does not exist"));
-      return absl::UnavailableError(absl::StrCat("opening ", path_, ": ", std::strerror(errno)));
-    }
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) {
-      return absl::UnavailableError(absl::StrCat("stat of ", path_, ": ", std::strerror(errno)));
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-    char magic[8], footer[kFooterBytes];
-    if (size_ < sizeof(magic) + kFooterBytes) return DataLoss("shorter than a snapshot can be");
-    RETURN_IF_ERROR(ReadAt(0, magic, sizeof(magic)));
-    if (std::memcmp(magic, kMagic, sizeof(magic)) != 0) return DataLoss("bad magic at the start");
-    RETURN_IF_ERROR(ReadAt(size_ - kFooterBytes, footer, kFooterBytes));
-    if (std::memcmp(footer + 8, kEndMagic, 8) != 0) return DataLoss("bad footer (truncated?)");
-    std::memcpy(&manifest_at_, footer, 8);
-    std::string payload;
-    uint64_t next = 0;
-    RETURN_IF_ERROR(ReadRecord(manifest_at_, kManifest, &payload, &next));
-    if (next != size_ - kFooterBytes) return DataLoss("the manifest is not the last record");
-    if (!manifest_.ParseFromString(payload)) return DataLoss("the manifest does not parse");
-    if (manifest_.format_version() != kFileSnapshotFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path_, " has format version ", manifest_.format_version(),
-          "; this ps_server reads version ", kFileSnapshotFormatVersion));
-    }
-    return absl::OkStatus();
-  }
-
-  // The record at `at`, which must be of `kind`; `next` is the offset after it.
-  absl::Status ReadRecord(uint64_t at, RecordKind kind, std::string* payload, uint64_t* next) {
-    char head[12];
-    if (at > size_ || size_ - at < kRecordOverhead) {
-      return DataLoss(absl::StrCat("record at offset ", at, " runs past the end"));
-    }
-    RETURN_IF_ERROR(ReadAt(at, head, sizeof(head)));
-    uint32_t k;
-    uint64_t len;
-    std::memcpy(&k, head, 4);
-    std::memcpy(&len, head + 4, 8);
-    if (k != kind) {
-      return DataLoss(absl::StrCat("record at offset ", at, " is of kind ", k, ", expected ",
-                                   static_cast<uint32_t>(kind)));
-    }
-    if (len > kMaxRecordBytes || len > size_ - at - kRecordOverhead) {
-      return DataLoss(absl::StrCat("record at offset ", at, " claims ", len, " bytes"));
-    }
-    payload->resize(len);
-    uint32_t crc;
-    RETURN_IF_ERROR(ReadAt(at + 12, payload->data(), len));
-    RETURN_IF_ERROR(ReadAt(at + 12 + len, &crc, 4));
-    if (crc != crc32c::Value(payload->data(), len)) {
-      return DataLoss(absl::StrCat("record at offset ", at, " fails its checksum"));
-    }
-    *next = at + kRecordOverhead + len;
-    return absl::OkStatus();
-  }
-  // The kind of the record at `at` (the caller checks bounds).
-  absl::StatusOr<uint32_t> KindAt(uint64_t at) {
-    uint32_t k;
-    RETURN_IF_ERROR(ReadAt(at, &k, 4));
-    return k;
-  }
-
-  const SnapshotManifest& manifest() const { return manifest_; }
-  uint64_t manifest_at() const { return manifest_at_; }
-  const std::string& path() const { return path_; }
-
- private:
-  absl::Status ReadAt(uint64_t at, void* out, size_t n) {
-    char* p = static_cast<char*>(out);
-    while (n > 0) {
-      ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(at));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        return absl::UnavailableError(absl::StrCat("reading ", path_, ": ", std::strerror(errno)));
-      }
-      if (r == 0) return DataLoss(absl::StrCat("unexpected end of file at offset ", at));
-      p += r;
-      at += static_cast<uint64_t>(r);
-      n -= static_cast<size_t>(r);
-    }
-    return absl::OkStatus();
-  }
-
-  const std::string path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-  uint64_t manifest_at_ = 0;
-  SnapshotManifest manifest_;
-};
-
-// "<step:020>.psnap" -> step.
-bool ParseSnapshotName(const std::string& name, int64_t* step) {
-  const std::string suffix = ".psnap";
-  if (name.size() != 20 + suffix.size() || name.substr(20) != suffix) return false;
-  return absl::SimpleAtoi(name.substr(0, 20), step) && *step >= 0;
-}
+using psnap::kBlock;
+using psnap::kEndMagic;
+using psnap::kFooterBytes;
+using psnap::kHeader;
+using psnap::kMagic;
+using psnap::kManifest;
+using psnap::NewFile;
+using psnap::ParseSnapshotName;
+using psnap::SnapshotFile;
+using psnap::SyncDir;
+using psnap::WriteError;
 
 }  // namespace
 
@@ -280,6 +96,23 @@ absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::LegacyList() co
 
 FileSnapshotStore::~FileSnapshotStore() = default;
 
+absl::Status FileSnapshotStore::CheckWritable(
+    int64_t step, const std::vector<std::unique_ptr<TableImage>>& images) const {
+  if (read_only_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("snapshot store ", dir_, " is open read-only; not writing step ", step));
+  }
+  const std::string target = SnapshotPath(dir_, step);
+  // A complete snapshot of the step is never written again (Snapshotter), so a file there
+  // is a damaged one: the operator's, not to be replaced.
+  if (std::error_code ec; fs::exists(target, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a damaged snapshot file of step ", step, " is in the way (left in place): ", target,
+        "; move it away to snapshot this step again"));
+  }
+  return CheckSpace(step, images);
+}
+
 // Refuses up front when the disk clearly cannot hold the snapshot. The disk may still fill
 // during the write; that fails the write cleanly too.
 absl::Status FileSnapshotStore::CheckSpace(
@@ -310,11 +143,7 @@ absl::StatusOr<SnapshotManifest> FileSnapshotStore::Write(
   manifest.set_has_metric(options.has_metric);
   manifest.set_metric(options.metric);
   manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
-  if (read_only_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("snapshot store ", dir_, " is open read-only; not writing step ", step));
-  }
-  RETURN_IF_ERROR(CheckSpace(step, images));
+  RETURN_IF_ERROR(CheckWritable(step, images));
 
   const std::string target = SnapshotPath(dir_, step);
   NewFile file((fs::path(dir_) / "staging" / absl::StrCat(step, ".tmp")).string());
@@ -363,8 +192,8 @@ absl::Status FileSnapshotStore::Scan(std::map<int64_t, SnapshotManifest>* comple
   if (auto old = LegacyList(); old.ok()) {
     for (SnapshotManifest& m : *old) (*complete)[m.step()] = std::move(m);
   } else {
-    damaged->push_back(absl::StrCat("the older RocksDB snapshot store in ", dir_, ": ",
-                                    old.status().message()));
+    damaged->push_back(
+        absl::StrCat("the older RocksDB snapshot store in ", dir_, ": ", old.status().message()));
   }
   std::error_code ec;
   fs::directory_iterator it(fs::path(dir_) / "snapshots", ec);
@@ -375,7 +204,8 @@ absl::Status FileSnapshotStore::Scan(std::map<int64_t, SnapshotManifest>* comple
     int64_t step;
     const std::string name = entry.path().filename().string();
     if (!ParseSnapshotName(name, &step)) {
-      if (name.rfind('.', 0) != 0) damaged->push_back(entry.path().string() + ": not a snapshot name");
+      if (name.rfind('.', 0) != 0)
+        damaged->push_back(entry.path().string() + ": not a snapshot name");
       continue;
     }
     SnapshotFile f(entry.path().string());
@@ -389,8 +219,30 @@ absl::Status FileSnapshotStore::Scan(std::map<int64_t, SnapshotManifest>* comple
       damaged->push_back(std::string(s.message()));
     }
   }
+  ExcludeUnreadable(complete, damaged);
   std::sort(damaged->begin(), damaged->end());
   return absl::OkStatus();
+}
+
+FileSnapshotStore::FileId FileSnapshotStore::IdOf(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return {static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino),
+          static_cast<int64_t>(st.st_size),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void FileSnapshotStore::ExcludeUnreadable(std::map<int64_t, SnapshotManifest>* complete,
+                                          std::vector<std::string>* damaged) const {
+  absl::MutexLock lock(&mu_);
+  for (auto it = unreadable_.begin(); it != unreadable_.end();) {
+    if (IdOf(SnapshotPath(dir_, it->first)) != it->second.file) {
+      it = unreadable_.erase(it);  // replaced or moved away: what is there now gets listed
+      continue;
+    }
+    if (complete->erase(it->first) > 0) damaged->push_back(it->second.why);
+    ++it;
+  }
 }
 
 absl::StatusOr<std::vector<SnapshotManifest>> FileSnapshotStore::List() const {
@@ -429,7 +281,46 @@ absl::Status FileSnapshotStore::Delete(int64_t step) {
   return SyncDir(fs::path(path).parent_path().string());
 }
 
+namespace {
+
+// Forwards to a visitor, noting whether it failed: a visitor's own DATA_LOSS (say, specs
+// that disagree between shards) says nothing about the file.
+class WatchedVisitor final : public SnapshotStore::Visitor {
+ public:
+  explicit WatchedVisitor(SnapshotStore::Visitor* inner) : inner_(inner) {}
+  bool failed() const { return failed_; }
+  absl::Status Header(const TableSnapshotHeader& h) override { return Note(inner_->Header(h)); }
+  absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
+                          const float* data) override {
+    return Note(inner_->DenseBlock(h, begin, n, data));
+  }
+  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+                         const float* data) override {
+    return Note(inner_->SparseRow(h, key, updates, data));
+  }
+
+ private:
+  absl::Status Note(absl::Status s) {
+    failed_ = failed_ || !s.ok();
+    return s;
+  }
+  SnapshotStore::Visitor* const inner_;
+  bool failed_ = false;
+};
+
+}  // namespace
+
 absl::Status FileSnapshotStore::Read(int64_t step, Visitor* visitor) const {
+  WatchedVisitor watched(visitor);
+  absl::Status s = ReadWhole(step, &watched);
+  if (absl::IsDataLoss(s) && !watched.failed()) {
+    absl::MutexLock lock(&mu_);
+    unreadable_[step] = {std::string(s.message()), IdOf(SnapshotPath(dir_, step))};
+  }
+  return s;
+}
+
+absl::Status FileSnapshotStore::ReadWhole(int64_t step, Visitor* visitor) const {
   SnapshotFile f(SnapshotPath(dir_, step));
   absl::Status opened = f.Open();
   if (absl::IsNotFound(opened)) {

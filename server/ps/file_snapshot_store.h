@@ -17,12 +17,18 @@
 // snapshot_store.h), 3 the SnapshotManifest (last; its per-table CRCs run over the
 // header's and blocks' payloads as in the RocksDB layout).
 //
+// The records are written and read by snapshot_file.h.
+//
 // A file that is in snapshots/ but does not verify is damaged: it is named (Damaged()),
-// never listed as restorable and never deleted; what to do is the operator's choice.
+// never listed as restorable, never deleted and never written over; what to do is the
+// operator's choice. Listing verifies each file's footer and manifest; a file whose data
+// fails its checksums is found by reading it whole (Read), which only a restore does, and
+// is damaged from then on for as long as the store is open and the file stays the same.
 //
 // Thread-safe; Write() calls must not overlap.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,13 +72,37 @@ class FileSnapshotStore final : public SnapshotStore {
   // what does not verify (file and why, sorted). UNAVAILABLE for an unreadable directory.
   absl::Status Scan(std::map<int64_t, SnapshotManifest>* complete,
                     std::vector<std::string>* damaged) const;
+  // Before writing step `step`: FAILED_PRECONDITION when read-only or when a file of the
+  // step is in the way (a damaged one); RESOURCE_EXHAUSTED for too little disk space.
+  absl::Status CheckWritable(int64_t step,
+                             const std::vector<std::unique_ptr<TableImage>>& images) const;
   absl::Status CheckSpace(int64_t step,
                           const std::vector<std::unique_ptr<TableImage>>& images) const;
+  // Read, without remembering what it finds.
+  absl::Status ReadWhole(int64_t step, Visitor* visitor) const;
+
+  // A snapshot file as it is now: device, inode, size, modification time (ns); zeros when
+  // there is none. Another one means the file was replaced or moved away.
+  using FileId = std::array<int64_t, 4>;
+  static FileId IdOf(const std::string& path);
+  // Moves the steps Read found damaged from `complete` to `damaged`, forgetting those whose
+  // file changed since.
+  void ExcludeUnreadable(std::map<int64_t, SnapshotManifest>* complete,
+                         std::vector<std::string>* damaged) const;
 
   const std::string dir_;
   const bool read_only_;
   const std::unique_ptr<SnapshotStore> legacy_;  // the older RocksDB store, read-only
   const std::string legacy_error_;               // why it could not be opened
+
+  // Steps whose data Read found damaged (their manifests verify, so a scan alone would list
+  // them): why, and the file it was.
+  struct Unreadable {
+    std::string why;
+    FileId file;
+  };
+  mutable absl::Mutex mu_;
+  mutable std::map<int64_t, Unreadable> unreadable_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::ps

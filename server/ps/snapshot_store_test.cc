@@ -214,7 +214,8 @@ std::map<std::string, std::string> DirContents(const std::string& dir) {
   std::map<std::string, std::string> out;
   std::error_code ec;
   for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = ReadBytes(e.path().string());
+    if (e.is_regular_file())
+      out[fs::relative(e.path(), dir).string()] = ReadBytes(e.path().string());
   }
   return out;
 }
@@ -282,9 +283,9 @@ std::string LegacyBlockKey(int64_t step, uint32_t table, uint64_t block) {
 struct LegacyOptions {
   bool has_metric = false;
   double metric = 0;
-  bool flush = true;              // into an SST; else the data stays in the write-ahead log
-  bool write_manifest = true;     // false: a partial snapshot of the old writer
-  uint32_t crc_xor = 0;           // nonzero: the manifest's checksums are wrong
+  bool flush = true;                // into an SST; else the data stays in the write-ahead log
+  bool write_manifest = true;       // false: a partial snapshot of the old writer
+  uint32_t crc_xor = 0;             // nonzero: the manifest's checksums are wrong
   bool shrink_first_block = false;  // the first block of each table one byte short
 };
 
@@ -976,8 +977,66 @@ TEST_F(SnapshotStoreTest, ChangedBlockIsChecksumMismatch) {
   auto ro = OpenStore(/*read_only=*/true);
   ASSERT_NE(ro, nullptr);
   ExpectDataLoss(*ro, 6, {"checksum mismatch", "table 3"});
-  // Still listed: a listing checks manifests, a read checks data.
-  EXPECT_THAT(Steps(*store), ElementsAre(5, 6));
+  // A listing checks manifests, a read checks data: a store lists a snapshot until it has
+  // read it whole and found it damaged, then names it instead.
+  EXPECT_THAT(Steps(*store), ElementsAre(6));
+  EXPECT_THAT(Steps(*ro), ElementsAre(5));
+  ASSERT_EQ(store->Damaged().size(), 1u);
+  EXPECT_THAT(store->Damaged()[0], AllOf(HasSubstr(Path(5)), HasSubstr("checksum mismatch")));
+}
+
+// Fails every header it is shown, as a loader does for specs that disagree between shards.
+class RefusingVisitor final : public SnapshotStore::Visitor {
+ public:
+  absl::Status Header(const TableSnapshotHeader&) override {
+    return absl::DataLossError("specs differ");
+  }
+  absl::Status DenseBlock(const TableSnapshotHeader&, uint64_t, uint64_t, const float*) override {
+    return absl::OkStatus();
+  }
+  absl::Status SparseRow(const TableSnapshotHeader&, uint64_t, int64_t, const float*) override {
+    return absl::OkStatus();
+  }
+};
+
+// Regression: a snapshot whose data a read found damaged stayed listed as complete (its
+// manifest verifies), so a restore that skipped it still saw it offered. The store that read
+// it names it instead of listing it, for as long as the file is the one it read; a visitor's
+// own refusal says nothing of the file; a file put back in its place is listed again.
+TEST_F(SnapshotStoreTest, SnapshotAReadFoundDamagedIsNamedNotListedWhileItsFileStays) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  WriteSmall(*store, 1);
+  WriteSmall(*store, 2);
+  const std::string intact = ReadBytes(Path(2));
+  RawSnapshot r2 = MustParse(Path(2));
+  FlipByte(Path(2), r2.records[1].payload_offset() + 3, 0x01);
+  const std::string damaged = ReadBytes(Path(2));
+  EXPECT_THAT(Steps(*store), ElementsAre(1, 2)) << "its manifest verifies";
+
+  RefusingVisitor refusing;
+  EXPECT_EQ(store->Read(1, &refusing).code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Steps(*store), ElementsAre(1, 2)) << "the visitor's refusal marked a file";
+
+  ExpectDataLoss(*store, 2, {"fails its checksum"});
+  EXPECT_THAT(Steps(*store), ElementsAre(1));
+  ASSERT_EQ(store->Damaged().size(), 1u);
+  EXPECT_THAT(store->Damaged()[0], AllOf(HasSubstr(Path(2)), HasSubstr("fails its checksum")));
+  auto deleted = store->RetainOnly({});
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_THAT(*deleted, ElementsAre(1));
+  absl::Status over = store->Write(2, Images(DenseImage(1, 0, 100, 1, 7)), {}).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kFailedPrecondition) << over;
+  EXPECT_THAT(std::string(over.message()), HasSubstr(Path(2)));
+  EXPECT_EQ(ReadBytes(Path(2)), damaged) << "the damaged file was changed";
+
+  // Another file in its place (renamed there, as a copy put back is): read afresh.
+  WriteBytes(Path(2) + ".new", intact);
+  fs::rename(Path(2) + ".new", Path(2));
+  EXPECT_THAT(Steps(*store), ElementsAre(2));
+  EXPECT_THAT(store->Damaged(), IsEmpty());
+  RebuildVisitor v;
+  EXPECT_TRUE(store->Read(2, &v).ok());
 }
 
 TEST_F(SnapshotStoreTest, ChangedHeaderIsChecksumMismatch) {

@@ -391,8 +391,11 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
 
 void Snapshotter::Install(Loaded loaded) {
   shard_->ReplaceWith(loaded.shard.get());
+  // Loading may have found the newest snapshot damaged, which listed as complete before.
+  auto list = store_->List();
   absl::MutexLock lock(&mu_);
   restored_step_ = loaded.step;
+  if (list.ok()) last_complete_step_ = list->empty() ? -1 : list->back().step();
 }
 
 absl::StatusOr<std::vector<int64_t>> Snapshotter::DropAfter(int64_t step) {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
+#include "server/ps/file_snapshot_store.h"
 #include "server/ps/memory_snapshot_store.h"
 #include "server/ps/service.h"
 #include "server/ps/shard.h"
@@ -31,6 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -864,6 +868,72 @@ TEST_F(ReshardTest, LatestIsTheNewestStepEveryOldShardHas) {
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, 3);
   EXPECT_TRUE(BitwiseEqual(ReadDense(shard, 1), dense));  // no pushes between 3 and 5
+}
+
+// Regression: --restore_skip_damaged restored the newest snapshot that verifies, but the
+// newer one whose data was damaged (its manifest verifies, so only reading it whole finds
+// the damage) stayed listed as complete: ListSnapshots, and so PsClient's latest complete
+// snapshot, kept offering it. Once a restore has found it damaged it is named as such, no
+// longer listed or counted as the last complete step, and its file is neither deleted
+// nor written over.
+TEST_F(SnapshotterTest, SnapshotFoundDamagedByARestoreIsNoLongerListed) {
+  Shard a(ShardOptions{0, 1});
+  a.RegisterWorker(0);
+  ASSERT_TRUE(a.CreateTable(SgdSpec(1, TableSpec::DENSE, ConsistencyConfig::ASP)).ok());
+  auto writer = Make(&a);
+  ASSERT_NE(writer, nullptr);
+  PushDenseSlice(a, 1, 0, 0, DenseGrads(8, 0));
+  SnapshotAndWait(*writer, Request(1));
+  const std::vector<float> at1 = ReadDense(a, 1);
+  PushDenseSlice(a, 1, 0, 1, DenseGrads(8, 1));
+  SnapshotAndWait(*writer, Request(2));
+  writer.reset();
+
+  // A bit of step 2's last data record flipped: the record just before the manifest, whose
+  // offset the footer holds (and whose own checksum takes the last 4 bytes before it).
+  const std::string path = FileSnapshotStore::SnapshotPath(ShardSnapshotDir(root_, 0), 2);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 16u);
+  uint64_t manifest_at = 0;
+  std::memcpy(&manifest_at, bytes.data() + bytes.size() - 16, 8);
+  ASSERT_GT(manifest_at, 8u + 4u);
+  bytes[manifest_at - 5] ^= 0x10;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+
+  Shard b(ShardOptions{0, 1});
+  SnapshotterOptions options = Options();
+  options.skip_damaged = true;
+  auto restorer = Make(&b, options);
+  ASSERT_NE(restorer, nullptr);
+  auto restored = restorer->Restore("latest");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, 1);
+  EXPECT_EQ(ReadDense(b, 1), at1);
+
+  EXPECT_THAT(ListedSteps(*restorer), ElementsAre(1)) << "the damaged snapshot is still offered";
+  EXPECT_EQ(restorer->Status().last_complete_step(), 1);
+  auto by_step = restorer->Load("2");
+  EXPECT_EQ(by_step.status().code(), absl::StatusCode::kNotFound) << by_step.status();
+  EXPECT_THAT(
+      std::string(by_step.status().message()),
+      AllOf(HasSubstr("restorable steps: [1]"), HasSubstr(path), HasSubstr("fails its checksum")));
+
+  // A new snapshot of step 2 does not replace the damaged file; it says why.
+  auto again = restorer->Snapshot(Request(2), Generous());
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(restorer->AwaitIdle(Generous()));
+  EXPECT_THAT(restorer->Status().last_error(), AllOf(HasSubstr(path), HasSubstr("damaged")));
+  EXPECT_THAT(ListedSteps(*restorer), ElementsAre(1));
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), bytes)
+      << "the damaged snapshot file was changed";
 }
 
 TEST_F(SnapshotterTest, RestoreFromEmptyRoot) {

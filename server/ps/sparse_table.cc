@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/sharding.h"
@@ -44,9 +46,12 @@ std::vector<float> SparseTable::InitialRow(uint64_t key) const {
   return row;
 }
 
-absl::Status SparseTable::CheckRowsLocked(const Grads& grads, uint64_t* new_rows) const {
+absl::Status SparseTable::CheckRowsLocked(const Grads& grads, const Parts* so_far,
+                                          uint64_t* new_rows) const {
   *new_rows = 0;
-  for (const auto& [key, g] : grads) *new_rows += rows_.count(key) == 0;
+  for (const auto& [key, g] : grads) {
+    *new_rows += rows_.count(key) == 0 && (so_far == nullptr || so_far->grads.count(key) == 0);
+  }
   const uint64_t after = rows_.size() + staged_new_rows_ + *new_rows;
   if (*new_rows > 0 && after > max_rows_) {
     return Reject(absl::ResourceExhaustedError(absl::StrCat(
@@ -73,8 +78,8 @@ const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_sca
     }
     const float* slots[8];
     for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data() + dim_ * (1 + k);
-    if (core::FirstOverflow(*optimizer_, row.data(), g.data(), slots, dim_, updates + 1,
-                            g_scale) < dim_) {
+    if (core::FirstOverflow(*optimizer_, row.data(), g.data(), slots, dim_, updates + 1, g_scale) <
+        dim_) {
       return &key;
     }
   }
@@ -97,10 +102,9 @@ absl::Status SparseTable::CheckKeys(absl::Span<const uint64_t> keys) const {
   return absl::OkStatus();
 }
 
-absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
-                               absl::Span<const float> grads, bool* skipped, uint32_t part,
-                               uint32_t parts) {
-  *skipped = false;
+absl::Status SparseTable::CheckRequest(absl::Span<const uint64_t> keys,
+                                       absl::Span<const float> grads, uint32_t part,
+                                       uint32_t parts) const {
   if (parts > 1 && part >= parts) {
     return Reject(absl::InvalidArgumentError(
         absl::StrCat("table ", id(), ": part ", part, " of ", parts, " (parts count from 0)")));
@@ -110,84 +114,156 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
         absl::StrCat("table ", id(), ": grads holds ", grads.size(), " values, expected keys (",
                      keys.size(), ") x dim (", dim_, ") = ", keys.size() * dim_)));
   }
-  RETURN_IF_ERROR(CheckKeys(keys));
+  return CheckKeys(keys);
+}
+
+SparseTable::Grads SparseTable::Merge(absl::Span<const uint64_t> keys,
+                                      absl::Span<const float> grads) const {
+  Grads merged;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<float>& g = merged[keys[i]];
+    if (g.empty()) g.assign(dim_, 0.0f);
+    for (size_t j = 0; j < dim_; ++j) g[j] += grads[i * dim_ + j];
+  }
+  return merged;
+}
+
+absl::Status SparseTable::CheckPartLocked(int32_t worker, int64_t step, uint32_t part,
+                                          uint32_t parts, Parts** so_far) {
+  *so_far = nullptr;
+  if (auto s = parts_.find(step); s != parts_.end()) {
+    if (auto w = s->second.find(worker); w != s->second.end()) *so_far = &w->second;
+  }
+  if (*so_far == nullptr) return absl::OkStatus();
+  if ((*so_far)->count != parts) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("table ", id(), ": worker ", worker, "'s push of step ", step, " in ", parts,
+                     " parts, but its earlier parts said ", (*so_far)->count)));
+  }
+  if ((*so_far)->got.count(part)) {
+    return Reject(absl::FailedPreconditionError(absl::StrCat("table ", id(), ": worker ", worker,
+                                                             " already pushed step ", step,
+                                                             " (part ", part, " of ", parts, ")")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::CheckUpdateLocked(const Parts* so_far, Grads* grads, uint64_t* new_rows,
+                                            bool* drop) const {
+  if (so_far != nullptr) {
+    for (auto& [key, g] : *grads) {
+      auto earlier = so_far->grads.find(key);
+      if (earlier == so_far->grads.end()) continue;
+      for (size_t j = 0; j < dim_; ++j) g[j] = earlier->second[j] + g[j];
+    }
+  }
+  RETURN_IF_ERROR(CheckRowsLocked(*grads, so_far, new_rows));
+  // Under BSP each push is checked alone, scaled by the number of workers whose rows the
+  // step sums (the sum itself is checked when the step applies).
+  const uint64_t* over = FirstOverflowLocked(*grads, bsp() ? num_workers_locked() : 1);
+  if (over == nullptr) return absl::OkStatus();
+  if (spec_.skip_nonfinite()) {
+    *drop = true;
+    return absl::OkStatus();
+  }
+  return Reject(absl::InvalidArgumentError(absl::StrCat(
+      "table ", id(), ": the gradient of key ", *over,
+      " is finite but its update would make the row or its optimizer state non-finite (too "
+      "large for learning rate ",
+      spec_.optimizer().learning_rate(),
+      "); fix the gradient, lower the learning rate or create the table with skip_nonfinite")));
+}
+
+absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
+                               absl::Span<const float> grads, bool* skipped, uint32_t part,
+                               uint32_t parts) {
+  *skipped = false;
+  RETURN_IF_ERROR(CheckRequest(keys, grads, part, parts));
   const size_t bad = core::FirstNonFinite(grads);
   const bool finite = bad == grads.size();
   if (!finite && !spec_.skip_nonfinite()) return NonFinite(grads[bad], bad);
-  Grads merged;  // duplicate keys summed in request order
-  if (finite) {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::vector<float>& g = merged[keys[i]];
-      if (g.empty()) g.assign(dim_, 0.0f);
-      for (size_t j = 0; j < dim_; ++j) g[j] += grads[i * dim_ + j];
-    }
-  }
+  Grads merged = finite ? Merge(keys, grads) : Grads();
 
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPushLocked(worker, step));
-  const bool in_parts = bsp() && parts > 1;
-  Parts* so_far = nullptr;  // in_parts: this step's earlier parts from this worker
-  if (in_parts) {
-    if (auto s = parts_.find(step); s != parts_.end()) {
-      if (auto w = s->second.find(worker); w != s->second.end()) so_far = &w->second;
-    }
-    if (so_far != nullptr && so_far->count != parts) {
-      return Reject(absl::InvalidArgumentError(
-          absl::StrCat("table ", id(), ": worker ", worker, "'s push of step ", step, " in ",
-                       parts, " parts, but its earlier parts said ", so_far->count)));
-    }
-    if (so_far != nullptr && so_far->got.count(part)) {
-      return Reject(absl::FailedPreconditionError(absl::StrCat(
-          "table ", id(), ": worker ", worker, " already pushed step ", step, " (part ", part,
-          " of ", parts, ")")));
-    }
-  }
+  Parts* so_far = nullptr;
+  if (parts > 1) RETURN_IF_ERROR(CheckPartLocked(worker, step, part, parts, &so_far));
+  const bool dropped_before = so_far != nullptr && so_far->skipped;
+  bool drop = !finite || dropped_before;
   uint64_t new_rows = 0;
-  const uint64_t* over = nullptr;
-  if (finite) {
-    RETURN_IF_ERROR(CheckRowsLocked(merged, &new_rows));
-    over = FirstOverflowLocked(merged, bsp() ? num_workers_locked() : 1);
-    if (over != nullptr && !spec_.skip_nonfinite()) {
-      return Reject(absl::InvalidArgumentError(absl::StrCat(
-          "table ", id(), ": the gradient of key ", *over,
-          " is finite but its update would make the row or its optimizer state non-finite (too "
-          "large for learning rate ", spec_.optimizer().learning_rate(),
-          "); fix the gradient, lower the learning rate or create the table with "
-          "skip_nonfinite")));
-    }
-  }
+  if (!drop) RETURN_IF_ERROR(CheckUpdateLocked(so_far, &merged, &new_rows, &drop));
   bytes_pushed_ += grads.size() * sizeof(float);
   rows_pushed_ += keys.size();
-  if (!finite || over != nullptr) {
-    *skipped = true;
-    nonfinite_skipped_++;
-  } else if (bsp()) {
-    Grads& staged = pending_[step][worker];  // a part after others: added, in arrival order
-    for (auto& [key, g] : merged) {
-      auto [row, inserted] = staged.try_emplace(key, std::move(g));
-      if (!inserted) {
-        for (size_t j = 0; j < dim_; ++j) row->second[j] += g[j];
-      }
-    }
-    pending_new_rows_[step] += new_rows;
-    staged_new_rows_ += new_rows;
-  } else {
-    for (const auto& [key, g] : merged) ApplyLocked(key, g);
+  *skipped = drop;
+  if (drop && !dropped_before) nonfinite_skipped_++;  // once per push
+  if (parts > 1) {
+    TakePartLocked(worker, step, part, parts, std::move(merged), new_rows, drop);
+    return absl::OkStatus();
   }
-  if (in_parts) {
-    Parts& p = so_far != nullptr ? *so_far : parts_[step][worker];
-    p.count = parts;
-    p.got.insert(part);
-    p.skipped = p.skipped || *skipped;
-    if (p.got.size() < parts) return absl::OkStatus();  // the push counts at its last part
-    if (p.skipped) {  // a skipped part drops the whole push
-      if (auto s = pending_.find(step); s != pending_.end()) s->second.erase(worker);
-    }
-    parts_[step].erase(worker);
-    if (parts_[step].empty()) parts_.erase(step);
-  }
+  if (!drop) CommitLocked(worker, step, std::move(merged), new_rows);
   RecordPushLocked(worker, step);
   return absl::OkStatus();
+}
+
+void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts,
+                                 Grads grads, uint64_t new_rows, bool drop) {
+  Parts& p = parts_[step][worker];
+  p.count = parts;
+  p.got.insert(part);
+  if (drop) {  // nothing of the push will be applied: its rows need not wait
+    p.skipped = true;
+    staged_new_rows_ -= p.new_rows;
+    p.new_rows = 0;
+    p.grads.clear();
+  } else {
+    for (auto& [key, g] : grads) p.grads[key] = std::move(g);  // the sums, earlier parts in
+    p.new_rows += new_rows;
+    staged_new_rows_ += new_rows;
+  }
+  if (p.got.size() < parts) return;
+  Parts done = std::move(p);
+  parts_[step].erase(worker);
+  if (parts_[step].empty()) parts_.erase(step);
+  staged_new_rows_ -= done.new_rows;
+  // Each part was checked against the rows as they were then; under ASP/SSP other pushes
+  // may have changed them since.
+  if (!done.skipped &&
+      (bsp() || !SumOverflowsLocked(done.grads, absl::StrCat("worker ", worker, "'s push of step ",
+                                                             step, " in ", parts, " parts")))) {
+    CommitLocked(worker, step, std::move(done.grads), done.new_rows);
+  }
+  RecordPushLocked(worker, step);
+}
+
+void SparseTable::CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows) {
+  if (!bsp()) {
+    for (const auto& [key, g] : grads) ApplyLocked(key, g);
+    return;
+  }
+  pending_[step][worker] = std::move(grads);  // a worker pushes a BSP step once
+  pending_new_rows_[step] += new_rows;
+  staged_new_rows_ += new_rows;
+}
+
+void SparseTable::DropWorkerLocked(int32_t worker) {
+  for (auto s = parts_.begin(); s != parts_.end();) {
+    if (auto w = s->second.find(worker); w != s->second.end()) {
+      staged_new_rows_ -= w->second.new_rows;
+      s->second.erase(w);
+    }
+    s = s->second.empty() ? parts_.erase(s) : std::next(s);
+  }
+}
+
+bool SparseTable::SumOverflowsLocked(const Grads& sum, const std::string& what) {
+  const uint64_t* over = FirstOverflowLocked(sum, 1.0f);
+  if (over == nullptr) return false;
+  nonfinite_skipped_++;
+  std::fprintf(stderr,
+               "ps_server: table %u: the summed gradient of %s would make the row of key %llu "
+               "non-finite; it was not applied to this table\n",
+               id(), what.c_str(), static_cast<unsigned long long>(*over));
+  return true;
 }
 
 SparseTable::Row& SparseTable::RowLocked(uint64_t key) {
@@ -205,14 +281,9 @@ void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad) {
 
 void SparseTable::ApplyBspStepLocked(int64_t step) {
   auto it = pending_.find(step);
-  if (auto p = parts_.find(step); p != parts_.end()) {  // pushes whose workers left mid-way
-    for (const auto& [worker, unused] : p->second) {
-      if (it != pending_.end()) it->second.erase(worker);
-    }
-    parts_.erase(p);
-  }
-  if (it == pending_.end()) return;
-  Grads sum;  // per key: the workers' rows added in worker-id order
+  if (it == pending_.end()) return;  // every push of this step was dropped
+  // Per key: the workers' rows added in worker-id order.
+  Grads sum;
   for (auto& [worker, grads] : it->second) {
     for (auto& [key, g] : grads) {
       auto [s, inserted] = sum.try_emplace(key, std::move(g));
@@ -228,14 +299,7 @@ void SparseTable::ApplyBspStepLocked(int64_t step) {
   }
   // Each push was checked alone; their sum may still overflow: then the step leaves this
   // table as it was, counted and said.
-  if (const uint64_t* over = FirstOverflowLocked(sum, 1.0f); over != nullptr) {
-    nonfinite_skipped_++;
-    std::fprintf(stderr,
-                 "ps_server: table %u: the summed gradient of BSP step %lld would make the row "
-                 "of key %llu non-finite; the step's update was not applied to this table\n",
-                 id(), static_cast<long long>(step), static_cast<unsigned long long>(*over));
-    return;
-  }
+  if (SumOverflowsLocked(sum, absl::StrCat("BSP step ", step))) return;
   for (const auto& [key, g] : sum) ApplyLocked(key, g);
 }
 
@@ -274,9 +338,9 @@ absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float*
   if (SparseShardOf(key, num_shards_) != shard_id_) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   if (rows_.size() >= max_rows_ && rows_.count(key) == 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table ", id(), ": the snapshot holds more than the ", max_rows_,
-        " rows this shard may keep (ps_server --max_table_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", id(), ": the snapshot holds more than the ", max_rows_,
+                     " rows this shard may keep (ps_server --max_table_bytes)"));
   }
   Row& row = rows_[key];
   row.updates = updates;

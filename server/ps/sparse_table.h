@@ -5,6 +5,7 @@
 
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -18,8 +19,7 @@ class SparseTable final : public Table {
  public:
   // `spec` must already be validated (ValidateTableSpec).
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const TableSpec& spec,
-                                                             uint32_t shard_id,
-                                                             uint32_t num_shards,
+                                                             uint32_t shard_id, uint32_t num_shards,
                                                              uint64_t max_rows = UINT64_MAX);
   // The bytes one stored row takes (values, optimizer slots, key, bookkeeping).
   static uint64_t RowBytes(const TableSpec& spec, int num_slots);
@@ -30,11 +30,14 @@ class SparseTable final : public Table {
   // Applies (ASP/SSP) or stages (BSP) one worker's gradient rows; duplicate keys are summed.
   // `grads` holds keys.size() * dim values. All or nothing: RESOURCE_EXHAUSTED when the new
   // rows would pass max_rows; a non-finite gradient, or a finite one whose update would
-  // make a row non-finite, is INVALID_ARGUMENT (or dropped, *skipped, under skip_nonfinite).
-  // A push in several parts (part of parts, parts > 1; BSP): counted once all have come;
+  // make a row non-finite, is INVALID_ARGUMENT, or under skip_nonfinite dropped (*skipped):
+  // a dropped push changes no row (values, optimizer slots, update counts) but is still the
+  // worker's push of `step`, so its clock moves on and a BSP step completes without it.
+  // A push in several parts (part of parts, parts > 1), in every mode: one push, its parts'
+  // rows summed in arrival order, applied or staged and counted once all have come;
   // FAILED_PRECONDITION for a part already taken, INVALID_ARGUMENT for a part count that
-  // differs from the step's earlier parts'. A non-finite part skipped under skip_nonfinite
-  // drops the worker's whole push of the step.
+  // differs from the step's earlier parts'. A part dropped under skip_nonfinite drops the
+  // worker's whole push of the step.
   absl::Status Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
                     absl::Span<const float> grads, bool* skipped, uint32_t part = 0,
                     uint32_t parts = 1);
@@ -60,15 +63,52 @@ class SparseTable final : public Table {
   // A key's row before any update: initializer values, then each slot's initial value.
   std::vector<float> InitialRow(uint64_t key) const;
   Row& RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when storing the rows of `grads` not yet stored (plus those staged)
-  // would pass max_rows; *new_rows: how many that is.
-  absl::Status CheckRowsLocked(const Grads& grads, uint64_t* new_rows) const
+  // A push in parts: the parts come so far, until the last (see parts_).
+  struct Parts {
+    uint32_t count = 0;
+    std::set<uint32_t> got;
+    bool skipped = false;   // a part was dropped: so is the whole push
+    Grads grads;            // the parts' rows, summed in arrival order
+    uint64_t new_rows = 0;  // rows of `grads` not stored, counted in staged_new_rows_
+  };
+
+  // What needs no lock: the part number, the gradient's length, the keys.
+  absl::Status CheckRequest(absl::Span<const uint64_t> keys, absl::Span<const float> grads,
+                            uint32_t part, uint32_t parts) const;
+  // The rows of a finite push, duplicate keys summed in request order.
+  Grads Merge(absl::Span<const uint64_t> keys, absl::Span<const float> grads) const;
+  // A part of a push in parts against its earlier parts (*so_far, null for the first).
+  absl::Status CheckPartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts,
+                               Parts** so_far) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds to `grads` the earlier parts' rows of its keys (the sums the push will apply),
+  // then checks them: the rows they would store, and that no row becomes non-finite
+  // (*drop instead of INVALID_ARGUMENT under skip_nonfinite). Changes nothing stored.
+  absl::Status CheckUpdateLocked(const Parts* so_far, Grads* grads, uint64_t* new_rows,
+                                 bool* drop) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Keeps a checked part with the push's earlier parts (a dropped one forgets them all);
+  // at the last part commits the push whole, or drops it whole, and records it.
+  void TakePartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts, Grads grads,
+                      uint64_t new_rows, bool drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stages (BSP) or applies (ASP/SSP) a whole checked push.
+  void CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when storing the rows of `grads` that are neither stored nor in
+  // `so_far` (plus those staged) would pass max_rows; *new_rows: how many that is.
+  absl::Status CheckRowsLocked(const Grads& grads, const Parts* so_far, uint64_t* new_rows) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The first key whose row the update `grads` * g_scale would make non-finite, if any.
   const uint64_t* FirstOverflowLocked(const Grads& grads, float g_scale) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether a sum of pushes checked one by one (`what`) would make a row non-finite after
+  // all: then it is not applied, counted as dropped and said.
+  bool SumOverflowsLocked(const Grads& sum, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(uint64_t key, const std::vector<float>& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropWorkerLocked(int32_t worker) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PushInPartsLocked() const override ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !parts_.empty();
+  }
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t MemoryBytes(const TableInfo& info) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -81,13 +121,8 @@ class SparseTable final : public Table {
   // BSP: step -> worker -> its summed gradient rows, and per step the rows they would add
   // (counted per push: an upper bound).
   std::map<int64_t, std::map<int32_t, Grads>> pending_ ABSL_GUARDED_BY(mu_);
-  // BSP pushes in parts: step -> worker -> the parts come so far (and whether one was
-  // skipped), until the last.
-  struct Parts {
-    uint32_t count = 0;
-    std::set<uint32_t> got;
-    bool skipped = false;
-  };
+  // Pushes in parts, in every mode: step -> worker -> the parts come so far. Nothing of
+  // them is stored, staged for a BSP step or counted as pushed before the last part.
   std::map<int64_t, std::map<int32_t, Parts>> parts_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, uint64_t> pending_new_rows_ ABSL_GUARDED_BY(mu_);
   uint64_t staged_new_rows_ ABSL_GUARDED_BY(mu_) = 0;

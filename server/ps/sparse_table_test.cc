@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -86,6 +89,32 @@ std::vector<float> InitRow(const TableSpec& spec, uint64_t key) {
 }
 
 using core::testing::AdamRef;
+
+// What a sparse table stores of a row: its update count, then its values and optimizer
+// slots as bits (so that equal means bitwise equal).
+using StoredRow = std::pair<int64_t, std::vector<uint32_t>>;
+
+// Every stored row by key, as a snapshot or a joining replica would get it.
+std::map<uint64_t, StoredRow> StoredRows(SparseTable& table) {
+  std::map<uint64_t, StoredRow> rows;
+  auto image = table.CaptureNow();
+  EXPECT_TRUE(image.ok()) << image.status();
+  if (!image.ok()) return rows;
+  const size_t n = (*image)->keys.empty() ? 0 : (*image)->row_data.size() / (*image)->keys.size();
+  for (size_t i = 0; i < (*image)->keys.size(); ++i) {
+    std::vector<uint32_t> bits(n);
+    std::memcpy(bits.data(), (*image)->row_data.data() + i * n, n * sizeof(float));
+    rows[(*image)->keys[i]] = {(*image)->row_updates[i], std::move(bits)};
+  }
+  return rows;
+}
+
+TableSpec SkippingAdamSpec(uint32_t dim, ConsistencyConfig::Mode mode) {
+  TableSpec spec = SparseSpec(dim, mode, 0.1f);
+  spec.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  spec.set_skip_nonfinite(true);
+  return spec;
+}
 
 // Regression: a sparse table grew through pulls past --max_table_bytes. Rows never pushed
 // read as the seeded initializer's values and are not stored.
@@ -238,24 +267,26 @@ TEST(SparseTableTest, BspPushInPartsCountsAtItsLastPart) {
   const uint64_t a = 11, b = 22, c = 33;
   bool skipped = false;
   ASSERT_TRUE(PushRows(*table, 1, 0, {a}, {1, 2}).ok());
-  ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{a, b}, std::vector<float>{1, 1, 5, 5},
-                          &skipped, 0, 3).ok());
-  absl::Status again = table->Push(0, 0, std::vector<uint64_t>{a}, std::vector<float>{9, 9},
-                                   &skipped, 0, 3);
+  ASSERT_TRUE(
+      table->Push(0, 0, std::vector<uint64_t>{a, b}, std::vector<float>{1, 1, 5, 5}, &skipped, 0, 3)
+          .ok());
+  absl::Status again =
+      table->Push(0, 0, std::vector<uint64_t>{a}, std::vector<float>{9, 9}, &skipped, 0, 3);
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(again.message()), HasSubstr("already pushed step 0 (part 0 of 3)"));
-  EXPECT_EQ(table->Push(0, 0, std::vector<uint64_t>{c}, std::vector<float>{1, 1}, &skipped, 1, 2)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{c, a}, std::vector<float>{7, 7, 2, 2},
-                          &skipped, 2, 3).ok());
+  EXPECT_EQ(
+      table->Push(0, 0, std::vector<uint64_t>{c}, std::vector<float>{1, 1}, &skipped, 1, 2).code(),
+      absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(
+      table->Push(0, 0, std::vector<uint64_t>{c, a}, std::vector<float>{7, 7, 2, 2}, &skipped, 2, 3)
+          .ok());
   EXPECT_EQ(table->Info().applied_steps(), 0) << "applied before the push's last part";
-  ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{}, std::vector<float>{}, &skipped, 1, 3)
-                  .ok());
+  ASSERT_TRUE(
+      table->Push(0, 0, std::vector<uint64_t>{}, std::vector<float>{}, &skipped, 1, 3).ok());
   EXPECT_EQ(table->Info().applied_steps(), 1);
   EXPECT_THAT(ReadRows(*table, {a, b, c}),
-              ElementsAre(kInit - 0.5f * (1 + 2 + 1), kInit - 0.5f * (1 + 2 + 2),
-                          kInit - 0.5f * 5, kInit - 0.5f * 5, kInit - 0.5f * 7, kInit - 0.5f * 7));
+              ElementsAre(kInit - 0.5f * (1 + 2 + 1), kInit - 0.5f * (1 + 2 + 2), kInit - 0.5f * 5,
+                          kInit - 0.5f * 5, kInit - 0.5f * 7, kInit - 0.5f * 7));
   EXPECT_EQ(PushRows(*table, 0, 0, {a}, {1, 1}).code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -373,6 +404,76 @@ TEST(SparseTableTest, FiniteGradientWhoseUpdateOverflowsIsRejectedOrSkippedPerTa
     ASSERT_TRUE(PushRows(*skipping, 0, 0, {5, 7}, {1, 1, 3e38f, 1}, &skipped).ok());
     EXPECT_TRUE(skipped);
     EXPECT_EQ(skipping->Info().num_rows(), 0u);
+  }
+}
+
+// Regression: under ASP and SSP each part of a push in parts was applied as it came, so a
+// skip_nonfinite push with a NaN in one part, answered OK and counted as dropped, still
+// changed the rows of its other parts: their values, Adam slots and update counts, and
+// stored a new row. A dropped push now changes no stored row in any mode; it still counts
+// as the worker's push of its step, and the next push gives what it gives on a table that
+// never saw the dropped one.
+TEST(SparseTableTest, NonFinitePartOfAPushInPartsDropsTheWholePushInEveryMode) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::SSP, ConsistencyConfig::BSP}) {
+    SCOPED_TRACE(ConsistencyConfig::Mode_Name(mode));
+    const TableSpec spec = SkippingAdamSpec(2, mode);
+    auto table = MakeTable(spec, {0});
+    auto reference = MakeTable(spec, {0});
+    const uint64_t a = 11, b = 22, c = 33;
+    ASSERT_TRUE(PushRows(*table, 0, 0, {a, b}, {0.5f, -1, 2, 0.25f}).ok());
+    ASSERT_TRUE(PushRows(*reference, 0, 0, {a, b}, {0.5f, -1, 2, 0.25f}).ok());
+    const std::map<uint64_t, StoredRow> before = StoredRows(*table);
+
+    bool skipped = true;
+    ASSERT_TRUE(table
+                    ->Push(0, 1, std::vector<uint64_t>{a, c}, std::vector<float>{3, 3, 1, 1},
+                           &skipped, 0, 2)
+                    .ok());
+    EXPECT_FALSE(skipped) << "a finite part is not dropped by itself";
+    ASSERT_TRUE(
+        table->Push(0, 1, std::vector<uint64_t>{b}, std::vector<float>{kNaN, 1}, &skipped, 1, 2)
+            .ok());
+    EXPECT_TRUE(skipped);
+    EXPECT_EQ(StoredRows(*table), before) << "the dropped push changed stored rows";
+    EXPECT_EQ(table->Info().num_rows(), 2u);
+    EXPECT_EQ(table->Stats().nonfinite_pushes_skipped(), 1u);
+    EXPECT_EQ(table->Clocks().at(0), 2) << "the dropped push is the worker's push of step 1";
+    EXPECT_EQ(table->Info().applied_steps(), 2);
+
+    ASSERT_TRUE(PushRows(*table, 0, 2, {a, c}, {-0.75f, 4, 1, -2}).ok());
+    ASSERT_TRUE(PushRows(*reference, 0, 1, {a, c}, {-0.75f, 4, 1, -2}).ok());
+    EXPECT_EQ(StoredRows(*table), StoredRows(*reference));
+  }
+}
+
+// Regression: under ASP and SSP each part of a push in parts was an optimizer update of its
+// own, so a key in two parts was updated twice (two Adam steps, its update count 2) where
+// one push of the same rows updates it once with their sum. A push in parts now is one
+// update per key in every mode, applied at its last part.
+TEST(SparseTableTest, PushInPartsIsOneUpdatePerKeyInEveryMode) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::SSP, ConsistencyConfig::BSP}) {
+    SCOPED_TRACE(ConsistencyConfig::Mode_Name(mode));
+    const TableSpec spec = SkippingAdamSpec(2, mode);
+    auto in_parts = MakeTable(spec, {0});
+    auto whole = MakeTable(spec, {0});
+    const uint64_t a = 11, b = 22;
+    bool skipped = false;
+    ASSERT_TRUE(
+        in_parts->Push(0, 0, std::vector<uint64_t>{a}, std::vector<float>{1, -2}, &skipped, 0, 2)
+            .ok());
+    EXPECT_EQ(in_parts->Info().num_rows(), 0u) << "applied before the push's last part";
+    EXPECT_EQ(in_parts->CaptureNow().status().code(), absl::StatusCode::kUnavailable)
+        << "a state transfer would lose the part already taken";
+    ASSERT_TRUE(in_parts
+                    ->Push(0, 0, std::vector<uint64_t>{b, a}, std::vector<float>{3, 3, 5, 7},
+                           &skipped, 1, 2)
+                    .ok());
+    ASSERT_TRUE(PushRows(*whole, 0, 0, {a, b, a}, {1, -2, 3, 3, 5, 7}).ok());
+    const std::map<uint64_t, StoredRow> rows = StoredRows(*in_parts);
+    EXPECT_EQ(rows, StoredRows(*whole));
+    ASSERT_EQ(rows.count(a), 1u);
+    EXPECT_EQ(rows.at(a).first, 1) << "key a was updated once per part";
+    EXPECT_EQ(in_parts->Stats().pushes(), 1u);
   }
 }
 

@@ -24,6 +24,7 @@ void Table::AddWorker(int32_t worker_id) {
 void Table::RemoveWorker(int32_t worker_id) {
   absl::MutexLock lock(&mu_);
   clock_.RemoveWorker(worker_id);
+  DropWorkerLocked(worker_id);
   DrainBspLocked();
 }
 
@@ -96,10 +97,14 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::CaptureNow() {
   if (bsp()) {
     for (const auto& [worker, clock] : clock_.clocks()) {
       if (clock > clock_.applied_steps()) {
-        return absl::UnavailableError(absl::StrCat(
-            "table ", id(), ": BSP step ", clock_.applied_steps(), " is pushed in part"));
+        return absl::UnavailableError(absl::StrCat("table ", id(), ": BSP step ",
+                                                   clock_.applied_steps(), " is pushed in part"));
       }
     }
+  }
+  if (PushInPartsLocked()) {
+    return absl::UnavailableError(
+        absl::StrCat("table ", id(), ": a push in parts has some of its parts only"));
   }
   TableSnapshotHeader& h = image->header;
   *h.mutable_spec() = spec_;
@@ -255,7 +260,8 @@ absl::Status Table::Overflow(uint64_t index) const {
   return Reject(absl::InvalidArgumentError(absl::StrCat(
       "table ", id(), ": the gradient at index ", index,
       " is finite but its update would make the parameter or its optimizer state non-finite "
-      "(too large for learning rate ", spec_.optimizer().learning_rate(),
+      "(too large for learning rate ",
+      spec_.optimizer().learning_rate(),
       "); fix the gradient, lower the learning rate or create the table with skip_nonfinite")));
 }
 

@@ -94,8 +94,9 @@ class Table {
   virtual void CompleteCapture(TableImage* image, absl::Duration* pause) {}
 
   // State transfer to a joining replica: the whole state as it is now, copied under the
-  // lock. UNAVAILABLE while a BSP step has some workers' pushes but is not applied (those
-  // gradients are in no image): try again once it is.
+  // lock. UNAVAILABLE while a BSP step has some workers' pushes but is not applied, or a
+  // push in parts has some of its parts (those gradients are in no image): try again once
+  // it is.
   absl::StatusOr<std::unique_ptr<TableImage>> CaptureNow();
 
   // Restore: consistency state from a snapshot header (before serving).
@@ -123,6 +124,10 @@ class Table {
 
   // BSP: sums the gradients pending for `step` in worker-id order, applies them, frees them.
   virtual void ApplyBspStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // The worker left for good: what the table holds of its unfinished pushes goes.
+  virtual void DropWorkerLocked(int32_t worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {}
+  // Whether a push in parts has some of its parts taken: they are in no image.
+  virtual bool PushInPartsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return false; }
   virtual void FillInfoLocked(TableInfo* info) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
   // Bytes of values and optimizer state held (TableStats.memory_bytes).
   virtual uint64_t MemoryBytes(const TableInfo& info) const = 0;
@@ -163,8 +168,7 @@ class Table {
   mutable std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0},
       rows_pushed_{0}, rows_pulled_{0}, nonfinite_skipped_{0}, rejected_{0};
   // Pull waits and staleness (TableStats): updated under mu_, read by Stats without it.
-  std::atomic<uint64_t> pulls_waited_{0}, pull_wait_nanos_{0}, staleness_sum_{0},
-      staleness_max_{0};
+  std::atomic<uint64_t> pulls_waited_{0}, pull_wait_nanos_{0}, staleness_sum_{0}, staleness_max_{0};
 
  private:
   // Waits (mu_ held) until PullableLocked(step); DEADLINE_EXCEEDED names `what` and the
