@@ -65,6 +65,9 @@ void CollectSnapshots(const Snapshotter& snapshotter, MetricFamilies* f) {
              c.completed);
   f->Counter("pscluster_ps_snapshots_total", "Snapshots by result.", {{"result", "failed"}},
              c.failed);
+  // Not failures: a request for a step the tables had passed, which the coordinator repeats.
+  f->Counter("pscluster_ps_snapshots_total", "Snapshots by result.", {{"result", "refused"}},
+             c.refused);
   f->Summary("pscluster_ps_snapshot_write_seconds", "Background write time of each snapshot.", {},
              c.completed, c.write_seconds_sum);
   f->Gauge("pscluster_ps_snapshot_last_write_seconds", "The last complete snapshot's write time.",

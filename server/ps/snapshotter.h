@@ -22,7 +22,7 @@
 namespace pscluster::ps {
 
 struct SnapshotterOptions {
-  std::string root;                     // checkpoint root (ps_server --data_dir)
+  std::string root;  // checkpoint root (ps_server --data_dir)
   // More roots whose shard directories Load reads (never writes): the other replicas' of a
   // chain-replicated shard, since whichever replica was the head wrote each snapshot.
   std::vector<std::string> read_roots;
@@ -39,11 +39,12 @@ struct SnapshotterOptions {
 // Snapshot writes since this process started, for metrics.
 struct SnapshotCounters {
   uint64_t completed = 0;
-  uint64_t failed = 0;  // captures refused and writes that failed
-  double write_seconds_sum = 0;    // of the completed writes
-  double last_write_seconds = 0;   // the last completed one's ...
+  uint64_t failed = 0;            // captures and writes that failed
+  uint64_t refused = 0;           // requests for a step a BSP table had passed: nothing was taken
+  double write_seconds_sum = 0;   // of the completed writes
+  double last_write_seconds = 0;  // the last completed one's ...
   uint64_t last_bytes = 0;
-  double last_pause_seconds = 0;   // ... and its longest capture pause
+  double last_pause_seconds = 0;         // ... and its longest capture pause
   double last_success_unix_seconds = 0;  // 0: none yet
   bool in_progress = false;
 };

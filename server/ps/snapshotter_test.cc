@@ -599,6 +599,40 @@ TEST_F(SnapshotterTest, BspSnapshotTimesOutWhenTheStepIsNotReached) {
   EXPECT_THAT(ListedSteps(*snapshotter), ElementsAre());
 }
 
+// A request for a step a BSP table has passed is part of the coordinator's protocol (it lands
+// after the step; the coordinator asks again): refused and counted as such, not as a failed
+// snapshot (which made an alert on failures fire once per shard on every healthy run), while
+// a capture that waits in vain is a failure.
+TEST_F(SnapshotterTest, ARequestForAPassedStepIsRefusedNotFailed) {
+  Shard shard(ShardOptions{0, 1});
+  shard.RegisterWorker(0);
+  ASSERT_TRUE(shard.CreateTable(SgdSpec(1, TableSpec::DENSE, ConsistencyConfig::BSP)).ok());
+  ASSERT_TRUE(shard.CreateTable(SgdSpec(2, TableSpec::DENSE, ConsistencyConfig::BSP)).ok());
+  auto snapshotter = Make(&shard);
+  ASSERT_NE(snapshotter, nullptr);
+  for (int64_t step = 0; step < 3; ++step) {
+    PushDenseSlice(shard, 1, 0, step, std::vector<float>(8, 1.0f));
+    PushDenseSlice(shard, 2, 0, step, std::vector<float>(8, 1.0f));
+  }
+  auto passed = snapshotter->Snapshot(Request(1), Generous());
+  EXPECT_EQ(passed.status().code(), absl::StatusCode::kFailedPrecondition) << passed.status();
+  EXPECT_EQ(snapshotter->Counters().refused, 1u);
+  EXPECT_EQ(snapshotter->Counters().failed, 0u);
+  EXPECT_FALSE(snapshotter->Status().in_progress());
+  // Nothing is left held: the next steps apply, and the step reached is taken as usual.
+  PushDenseSlice(shard, 1, 0, 3, std::vector<float>(8, 1.0f));
+  PushDenseSlice(shard, 2, 0, 3, std::vector<float>(8, 1.0f));
+  EXPECT_EQ(Dense(shard, 2)->Info().applied_steps(), 4);
+  ASSERT_TRUE(snapshotter->Snapshot(Request(4), Generous()).ok());
+  ASSERT_TRUE(snapshotter->AwaitIdle(Generous()));
+  EXPECT_EQ(snapshotter->Counters().completed, 1u);
+  // A capture that waits for a step no one pushes is a failure.
+  auto waited = snapshotter->Snapshot(Request(5), absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  EXPECT_EQ(snapshotter->Counters().failed, 1u);
+  EXPECT_EQ(snapshotter->Counters().refused, 1u);
+}
+
 TEST_F(SnapshotterTest, SnapshotErrors) {
   Shard shard(ShardOptions{0, 1});
   shard.RegisterWorker(0);
