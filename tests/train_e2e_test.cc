@@ -251,12 +251,16 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
     ASSERT_TRUE(p.ok());
     workers.push_back(*std::move(p));
   }
-  for (int r = 0; r < 2; ++r) FinishedSummary(workers[r], absl::StrCat(dir, "/worker", r, ".json"));
+  std::vector<std::string> summaries;
+  for (int r = 0; r < 2; ++r) {
+    summaries.push_back(FinishedSummary(workers[r], absl::StrCat(dir, "/worker", r, ".json")));
+  }
   absl::StatusOr<std::string> listed =
       testing::OutputOf({"tools/psctl/psctl", "--coordinator=" + coordinator, "checkpoints"});
   ASSERT_TRUE(listed.ok()) << listed.status();
   SCOPED_TRACE(*listed);
   int with_metric = 0;
+  double final_metric = -1;
   std::istringstream lines(*listed);
   for (std::string line; std::getline(lines, line);) {
     std::istringstream fields(line);
@@ -265,8 +269,13 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
     if (!(fields >> step >> metric) || metric == "-") continue;  // the header, or no metric
     ++with_metric;
     EXPECT_EQ(step % kStepsPerEpoch, 0) << "metric " << metric << " filed under step " << step;
+    if (step == 3 * kStepsPerEpoch) final_metric = std::stod(metric);
   }
   EXPECT_GE(with_metric, 1) << "the best checkpoint by metric is always kept";
+  // The run's final accuracy is filed under its final checkpoint, best or not: rank 0 reports
+  // it after worker 1 has finished and left (it was dropped while the cluster was incomplete).
+  EXPECT_NEAR(final_metric, JsonNumber(summaries[0], "test_accuracy"), 1e-4)
+      << "the final checkpoint (step " << 3 * kStepsPerEpoch << ") carries no final accuracy";
 }
 
 // Workers of one run started with different training flags the tables' specs do not show

@@ -18,6 +18,16 @@
 namespace pscluster::coord {
 namespace {
 
+// Rank 0's validation metric when it was measured at `step`.
+std::optional<double> MetricMeasuredAt(const ClusterView& view, int64_t step) {
+  for (const Member& m : view.members()) {
+    if (m.role() == WORKER && m.id() == 0 && m.has_metric() && m.metric_step() == step) {
+      return m.metric();
+    }
+  }
+  return std::nullopt;
+}
+
 // The code of a shard's SnapshotStatus.last_error ("RESOURCE_EXHAUSTED: ...", as
 // absl::Status::ToString writes it), so that a full or read-only disk reaches psctl as what
 // it is; INTERNAL when it names none.
@@ -92,36 +102,8 @@ std::vector<Checkpoint> Checkpointer::checkpoints() const {
 absl::Status Checkpointer::MaybeCheckpoint() {
   absl::MutexLock lock(&mu_);
   const ClusterView view = cluster_->View();
+  RETURN_IF_ERROR(TakeMetricLocked(view));
   if (!view.complete()) return absl::OkStatus();
-  std::optional<double> metric;
-  int64_t metric_step = 0;
-  for (const Member& m : view.members()) {  // rank 0's newest validation metric
-    if (m.role() != WORKER || m.id() != 0 || !m.has_metric() || m.step() == metric_step_seen_)
-      continue;
-    metric_step_seen_ = m.step();
-    bool best = true;
-    for (const Checkpoint& c : checkpoints_) {
-      if (c.has_metric() && !Better(m.metric(), c.metric())) best = false;
-    }
-    if (best) {
-      metric = m.metric();
-      metric_step = m.step();
-    }
-  }
-  if (metric) {
-    // The metric was measured on the parameters of its step: it is filed under the
-    // checkpoint of that step (rank 0 asks for one at each epoch's end, before it
-    // evaluates), or under one taken there, never under a later step's.
-    auto same = std::find_if(checkpoints_.begin(), checkpoints_.end(),
-                             [&](const Checkpoint& c) { return c.step() == metric_step; });
-    if (same != checkpoints_.end()) return FileMetricLocked(metric_step, *metric);
-    absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, metric_step);
-    if (!taken.ok()) {
-      std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
-                  *metric, static_cast<long long>(metric_step), taken.status().ToString().c_str());
-      std::fflush(stdout);
-    }
-  }
   // In the collective modes the shards hold the state only when the workers hand it over:
   // they do at the multiples of every_steps (ClusterView) and ask for the checkpoint then.
   const bool due = options_.every_steps > 0 && view.mode() == PS &&
@@ -129,6 +111,40 @@ absl::Status Checkpointer::MaybeCheckpoint() {
                                              options_.every_steps;
   if (!due) return absl::OkStatus();
   return CheckpointLocked(std::nullopt).status();
+}
+
+absl::Status Checkpointer::TakeMetricLocked(const ClusterView& view) {
+  for (const Member& m : view.members()) {  // rank 0's newest validation metric
+    if (m.role() != WORKER || m.id() != 0 || !m.has_metric() ||
+        m.metric_step() == metric_step_seen_) {
+      continue;
+    }
+    const int64_t step = m.metric_step();
+    const double metric = m.metric();
+    // Measured on the parameters of its step: filed under the checkpoint of that step (rank 0
+    // asks for one at each epoch's end, before it evaluates), best or not, never under a later
+    // step's. Filing takes no snapshot, so it needs no complete cluster: the run's last metric
+    // comes after the other workers finished and left (it was dropped, and the final
+    // checkpoint never carried the final accuracy).
+    if (std::any_of(checkpoints_.begin(), checkpoints_.end(),
+                    [&](const Checkpoint& c) { return c.step() == step; })) {
+      metric_step_seen_ = step;
+      return FileMetricLocked(step, metric);
+    }
+    if (!view.complete()) return absl::OkStatus();  // taken once the cluster is whole again
+    metric_step_seen_ = step;
+    const bool best = std::all_of(
+        checkpoints_.begin(), checkpoints_.end(),
+        [&](const Checkpoint& c) { return !c.has_metric() || Better(metric, c.metric()); });
+    if (!best) return absl::OkStatus();
+    absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, step);
+    if (!taken.ok()) {
+      std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
+                  metric, static_cast<long long>(step), taken.status().ToString().c_str());
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Checkpointer::FileMetricLocked(int64_t step, double metric) {
@@ -166,10 +182,6 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   auto shards = PsClient::Create(shard_options);
   if (!shards.ok()) return shards.status();
   ps::SnapshotRequest request;
-  if (metric) {
-    request.set_has_metric(true);
-    request.set_metric(*metric);
-  }
   // Snapshot the step the tables have reached, when they stand still (a worker waits on
   // this checkpointer: rank 0 reporting its metric or asking for a checkpoint; the run
   // stopped). BSP tables may pass it before the request lands, and then some shards capture
@@ -211,6 +223,13 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
         answer.set_earlier(true);
         return answer;
       }
+    }
+    // A step rank 0 has measured already carries its metric, best or not (its report came
+    // before the checkpoint: the final one never carried the run's final accuracy).
+    if (!metric) metric = MetricMeasuredAt(view, step);
+    if (metric) {
+      request.set_has_metric(true);
+      request.set_metric(*metric);
     }
     // Our retention, decided before the shards write: they keep exactly what we will list.
     request.clear_keep_steps();
@@ -256,7 +275,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
 }
 
 absl::Status Checkpointer::RefuseUnderActiveClients(PsClient& shards,
-                                                     const std::string& client_id) {
+                                                    const std::string& client_id) {
   // Every client's calls but the caller's: the live ps_workers refused the restore already,
   // and those that ended (or died) ended their calls then. A client without an id (psctl,
   // an older client) names no calls of its own.

@@ -20,10 +20,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/coordinator.pb.h"
 #include "server/coordinator/cluster_state.h"
-
-#include "common/security.h"
 
 namespace pscluster {
 class PsClient;
@@ -79,6 +78,8 @@ class Checkpointer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Files `metric` under the checkpoint of `step` (which exists) and applies retention.
   absl::Status FileMetricLocked(int64_t step, double metric) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Files rank 0's newest metric under its step's checkpoint, or checkpoints there for a best.
+  absl::Status TakeMetricLocked(const ClusterView& view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteManifest() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool Better(double a, double b) const;
   // The one retention policy: the checkpoints kept once one of `step` is added (the last

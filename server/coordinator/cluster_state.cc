@@ -237,6 +237,7 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (r.has_metric()) {
     m->set_has_metric(true);
     m->set_metric(r.metric());
+    m->set_metric_step(r.step());
   }
   return absl::OkStatus();
 }
