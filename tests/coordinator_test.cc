@@ -625,6 +625,19 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},
            {{nowhere, "stats"}, "unknown command 'stats'"},
            {{"status"}, "--coordinator=HOST:PORT is required"},
+           // Not HOST:PORT: gRPC dials 34463, then 443, then looks up "http://127.0.0.1:4000".
+           {{"--coordinator=localhost:99999", "status"},
+            "--coordinator 'localhost:99999' has port 99999, outside 1-65535; give HOST:PORT"},
+           {{"--coordinator=localhost", "status"}, "--coordinator 'localhost' has no port"},
+           {{"--coordinator=http://127.0.0.1:4000", "status"},
+            "--coordinator 'http://127.0.0.1:4000' has a scheme ('http://')"},
+           {{"--coordinator=localhost", "top", "--iterations=1"},
+            "--coordinator 'localhost' has no port"},
+           {{"--address=localhost:99999", "health"}, "--address 'localhost:99999' has port 99999"},
+           {{"--address=localhost", "health"}, "--address 'localhost' has no port"},
+           {{"--address=http://127.0.0.1:4000", "health"},
+            "--address 'http://127.0.0.1:4000' has a scheme ('http://')"},
+           {{"--coordinator=localhost", "health"}, "--coordinator 'localhost' has no port"},
        }) {
     // psctl writes its errors to stderr: through a shell, onto the pipe.
     std::string command = "tools/psctl/psctl";
@@ -657,8 +670,8 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
   ASSERT_TRUE(shard.ok()) << shard.status();
   auto line = shard->WaitForLine("listening on", absl::Seconds(60));
   ASSERT_TRUE(line.ok()) << line.status();
-  auto stub = pscluster::ps::ParameterServer::NewStub(grpc::CreateChannel(
-      *testing::ListeningAddress(*line), grpc::InsecureChannelCredentials()));
+  auto stub = pscluster::ps::ParameterServer::NewStub(
+      grpc::CreateChannel(*testing::ListeningAddress(*line), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   pscluster::ps::RegisterWorkerRequest req;

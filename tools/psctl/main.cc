@@ -64,13 +64,13 @@
 // or a closed stdout. A key or Ctrl-C during an RPC takes effect when it returns (at most
 // --timeout_seconds).
 //
-// Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a
-// member is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step
-// already passed, another switch is scheduled there, or 'ps' without shards); 2 usage (an
-// unknown flag, a flag without its value or with one it cannot hold, a missing or unknown
-// command; switch-mode: no or an unknown mode, a negative step; top: an interval that is not
-// a positive number of seconds, negative iterations; plan: input that describes no job, the
-// message naming the flag); 3 cannot reach the coordinator or a shard.
+// Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a member
+// is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step already passed,
+// another switch is scheduled there, or 'ps' without shards); 2 usage (an unknown flag, a flag
+// without its value or with one it cannot hold, a missing or unknown command, a --coordinator or
+// --address that is not HOST:PORT; switch-mode: no or an unknown mode, a negative step; top: an
+// interval that is not a positive number of seconds, negative iterations; plan: input that
+// describes no job, the message naming the flag); 3 cannot reach the coordinator or a shard.
 #include <signal.h>
 #include <unistd.h>
 
@@ -94,9 +94,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/coordinator/coordinator_operator.h"
+#include "common/address.h"
 #include "common/command_line.h"
 #include "common/grpc_status.h"
 #include "common/security_flags.h"
+#include "common/status_macros.h"
 #include "common/training_mode.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -425,6 +427,25 @@ absl::StatusOr<TopOptions> TopOptionsFromFlags() {
   return options;
 }
 
+// The server `command` talks to: --address (health) or --coordinator. Refused before any
+// dialling unless HOST:PORT: gRPC dials port 99999 as 34463, a name without a port at 443 and
+// looks "http://host:port" up as a host name, and each then looks like a server that is down.
+absl::StatusOr<std::string> TargetFromFlags(const std::string& command) {
+  const std::string address = absl::GetFlag(FLAGS_address);
+  if (command == "health" && !address.empty()) {
+    RETURN_IF_ERROR(CheckHostPort(address, "--address"));
+    return address;
+  }
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) {
+    return absl::InvalidArgumentError(command == "health"
+                                          ? "health: give --address=HOST:PORT (or --coordinator)"
+                                          : "--coordinator=HOST:PORT is required");
+  }
+  RETURN_IF_ERROR(CheckHostPort(coordinator, "--coordinator"));
+  return coordinator;
+}
+
 // plan: the flags' PlanInput, printed as a table or --json; no cluster involved.
 int PlanCommand(bool json) {
   const absl::StatusOr<plan::Plan> p = plan::MakePlan(plan::PlanInputFromFlags());
@@ -457,14 +478,10 @@ int main(int argc, char** argv) {
   }
   const absl::StatusOr<Security> security = SecurityFromFlags();
   if (!security.ok()) return Error(kUsage, std::string(security.status().message()));
-  const std::string address = absl::GetFlag(FLAGS_coordinator);
-  if (command == "health") {
-    const std::string target =
-        absl::GetFlag(FLAGS_address).empty() ? address : absl::GetFlag(FLAGS_address);
-    if (target.empty()) return Error(kUsage, "health: give --address=HOST:PORT (or --coordinator)");
-    return Health(target, *security);
-  }
-  if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
+  const absl::StatusOr<std::string> target = TargetFromFlags(command);
+  if (!target.ok()) return Error(kUsage, std::string(target.status().message()));
+  const std::string& address = *target;
+  if (command == "health") return Health(address, *security);
   if (command == "switch-mode") return SwitchMode(address, *security);
   if (command == "checkpoint") return Checkpoint(address, *security);
   if (command == "restore") return Restore(address, *security);
