@@ -852,6 +852,38 @@ TEST(CheckpointWhileTrainingTest, ACaptureWaitingForADeadWorkersPushEndsNamingTh
   EXPECT_THAT(checkpoint.error_message(), HasSubstr("is down"));
 }
 
+// A 3 MiB shard address was accepted and grew the view to 9 MiB: GetView failed with
+// RESOURCE_EXHAUSTED for every default client, psctl status included. Refused at registration.
+TEST(CoordinatorRegistrationTest, AThreeMebibyteShardAddressIsRefusedAndStatusStillWorks) {
+  std::vector<testing::Subprocess> processes;
+  // No shard process heartbeats here: a long timeout keeps the registered one alive.
+  const std::string coordinator = StartCoordinator(
+      {"--num_shards=1", "--num_workers=0", "--heartbeat_timeout_ms=600000"}, &processes);
+  ASSERT_FALSE(coordinator.empty());
+  auto stub = coord::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  coord::RegisterRequest shard;
+  shard.set_role(coord::SHARD);
+  shard.set_address(std::string(3 << 20, 'a') + ":5000");
+  coord::RegisterResponse resp;
+  grpc::Status s = Call(stub.get(), &coord::Coordinator::Stub::Register, shard, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("shard 0 replica 0's address"));
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 253"));
+  std::vector<std::string> out;
+  EXPECT_EQ(RunPsctl({"--coordinator=" + coordinator, "status"}, &out), 1) << "no shard yet";
+  ASSERT_FALSE(out.empty()) << "psctl status printed no view";
+  EXPECT_THAT(out[0], HasSubstr("INCOMPLETE"));
+
+  shard.set_address("127.0.0.1:5000");  // only announced, never dialled
+  s = Call(stub.get(), &coord::Coordinator::Stub::Register, shard, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  out.clear();
+  EXPECT_EQ(RunPsctl({"--coordinator=" + coordinator, "status"}, &out), 0)
+      << absl::StrJoin(out, "\n");
+  for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+}
+
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {
   std::vector<testing::Subprocess> processes;
   const std::string no_shards = StartCoordinator({"--num_shards=0", "--num_workers=1"}, &processes);

@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/training_mode.h"
 
 namespace pscluster::coord {
 namespace {
-
-const char* RoleName(Role role) { return role == SHARD ? "shard" : "worker rank"; }
 
 SwitchScheduleOptions ScheduleOptions(const ClusterStateOptions& o) {
   SwitchScheduleOptions s;
@@ -50,20 +49,8 @@ Member* ClusterState::FindLocked(Role role, int32_t id, int32_t replica) {
 
 absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r) {
   if (absl::Status s = CheckId(r.role(), r.id(), r.replica()); !s.ok()) return s;
-  if (const int expected = r.role() == SHARD ? options_.num_shards : options_.num_workers;
-      r.group_size() != 0 && r.group_size() != expected) {
-    const char* flag = r.role() == SHARD ? "--num_shards" : "--world";
-    return absl::InvalidArgumentError(absl::StrCat(
-        RoleName(r.role()), " ", r.id(), " was started with ", flag, "=", r.group_size(),
-        " but this coordinator runs ", r.role() == SHARD ? "--num_shards=" : "--num_workers=",
-        expected, ": start it with ", flag, "=", expected,
-        r.role() == SHARD ? " (each shard's key ranges follow the number of shards)"
-                          : " (each worker's share of the data follows the number of workers)"));
-  }
-  if (r.role() == SHARD && r.address().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", r.id(), " registered without an address"));
-  }
+  const int expected = r.role() == SHARD ? options_.num_shards : options_.num_workers;
+  if (absl::Status s = CheckRegistration(r, expected); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   Member* m = FindLocked(r.role(), r.id(), r.replica());
   if (m != nullptr && m->alive() && (r.address().empty() || m->address() != r.address())) {
@@ -71,6 +58,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
         RoleName(r.role()), " ", r.id(), " is held by a live member at '", m->address(),
         "' (incarnation ", m->incarnation(), "); use another id or stop that process"));
   }
+  if (absl::Status s = CheckViewRoomLocked(r, m); !s.ok()) return s;
   if (m == nullptr) {
     m = &members_[{r.role(), r.id(), r.replica()}];
     m->set_role(r.role());
@@ -295,6 +283,23 @@ std::string ClusterState::MissingLocked() const {
   return out;
 }
 
+absl::Status ClusterState::CheckViewRoomLocked(const RegisterRequest& r,
+                                               const Member* replaced) const {
+  // What the view is now, what the members in it may still add (their slack), and the most
+  // this registration adds; a member registering again replaces its own entry.
+  const size_t others = members_.size() - (replaced != nullptr ? 1 : 0);
+  const size_t now = ViewLocked().ByteSizeLong() - (replaced ? replaced->ByteSizeLong() : 0);
+  const size_t worst = now + others * kMemberSlackBytes + MaxViewGrowth(r);
+  if (worst <= options_.max_view_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      RoleName(r.role()), " ", r.id(), "'s registration could grow the cluster view to ", worst,
+      " bytes, past its bound of ", options_.max_view_bytes,
+      " bytes (every member and client reads the view whole, in one message; a default gRPC "
+      "client takes at most ",
+      kDefaultClientMessageBytes,
+      "): refused; give the members shorter addresses, or run fewer per coordinator"));
+}
+
 ClusterView ClusterState::ViewLocked() const {
   ClusterView v;
   v.set_version(version_);
@@ -360,6 +365,12 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
   for (const Member& m : state.members()) {
     // Restarted with fewer shards, workers or replicas.
     if (!CheckId(m.role(), m.id(), m.replica()).ok()) continue;
+    // Saved by a coordinator that did not check addresses: the member registers again.
+    if (absl::Status s = CheckAdvertised(m.role(), m.id(), m.replica(), m.address(), m.limits());
+        !s.ok()) {
+      std::fprintf(stderr, "coordinator: dropped a saved member: %s\n", s.ToString().c_str());
+      continue;
+    }
     Member& kept = members[{m.role(), m.id(), m.replica()}] = m;
     kept.set_alive(true);
     // A grace before the first liveness verdict: members reconnect with backoff (up to
