@@ -884,6 +884,30 @@ TEST(CoordinatorRegistrationTest, AThreeMebibyteShardAddressIsRefusedAndStatusSt
   for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
 }
 
+// ps_server's and ps_worker's --coordinator (and ps_worker's --ps) are checked at start as
+// psctl's are: exit 2 naming the flag, instead of a minute of retrying a port nobody named.
+TEST(CoordinatorFlagTest, AShardOrWorkerGivenAnAddressThatIsNotHostPortExitsSayingSo) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"server/ps/ps_server", "--port=0", "--coordinator=localhost:99999"},
+            "ps_server: --coordinator 'localhost:99999' has port 99999, outside 1-65535"},
+           {{"worker/ps_worker", "--coordinator=localhost", "--rank=0", "--world=1"},
+            "ps_worker: --coordinator 'localhost' has no port"},
+           {{"worker/ps_worker", "--ps=127.0.0.1:1,http://127.0.0.1:2", "--rank=0", "--world=1"},
+            "ps_worker: --ps 'http://127.0.0.1:2' has a scheme ('http://')"},
+       }) {
+    std::string command;
+    for (const std::string& a : c.argv) absl::StrAppend(&command, " '", a, "'");
+    std::vector<std::string> out;
+    EXPECT_EQ(RunToExit({"/bin/sh", "-c", command + " 2>&1"}, &out), 2) << command;
+    EXPECT_THAT(absl::StrJoin(out, "\n"), HasSubstr(c.says)) << command;
+    EXPECT_THAT(absl::StrJoin(out, "\n"), HasSubstr("give HOST:PORT")) << command;
+  }
+}
+
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {
   std::vector<testing::Subprocess> processes;
   const std::string no_shards = StartCoordinator({"--num_shards=0", "--num_workers=1"}, &processes);
