@@ -625,6 +625,19 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},
            {{nowhere, "stats"}, "unknown command 'stats'"},
            {{"status"}, "--coordinator=HOST:PORT is required"},
+           // Not HOST:PORT: gRPC dials 34463, then 443, then looks up "http://127.0.0.1:4000".
+           {{"--coordinator=localhost:99999", "status"},
+            "--coordinator 'localhost:99999' has port 99999, outside 1-65535; give HOST:PORT"},
+           {{"--coordinator=localhost", "status"}, "--coordinator 'localhost' has no port"},
+           {{"--coordinator=http://127.0.0.1:4000", "status"},
+            "--coordinator 'http://127.0.0.1:4000' has a scheme ('http://')"},
+           {{"--coordinator=localhost", "top", "--iterations=1"},
+            "--coordinator 'localhost' has no port"},
+           {{"--address=localhost:99999", "health"}, "--address 'localhost:99999' has port 99999"},
+           {{"--address=localhost", "health"}, "--address 'localhost' has no port"},
+           {{"--address=http://127.0.0.1:4000", "health"},
+            "--address 'http://127.0.0.1:4000' has a scheme ('http://')"},
+           {{"--coordinator=localhost", "health"}, "--coordinator 'localhost' has no port"},
        }) {
     // psctl writes its errors to stderr: through a shell, onto the pipe.
     std::string command = "tools/psctl/psctl";
@@ -657,8 +670,8 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
   ASSERT_TRUE(shard.ok()) << shard.status();
   auto line = shard->WaitForLine("listening on", absl::Seconds(60));
   ASSERT_TRUE(line.ok()) << line.status();
-  auto stub = pscluster::ps::ParameterServer::NewStub(grpc::CreateChannel(
-      *testing::ListeningAddress(*line), grpc::InsecureChannelCredentials()));
+  auto stub = pscluster::ps::ParameterServer::NewStub(
+      grpc::CreateChannel(*testing::ListeningAddress(*line), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   pscluster::ps::RegisterWorkerRequest req;
@@ -837,6 +850,62 @@ TEST(CheckpointWhileTrainingTest, ACaptureWaitingForADeadWorkersPushEndsNamingTh
   EXPECT_THAT(checkpoint.error_message(), HasSubstr("checkpoint of step 1 abandoned"));
   EXPECT_THAT(checkpoint.error_message(), HasSubstr("worker rank 1"));
   EXPECT_THAT(checkpoint.error_message(), HasSubstr("is down"));
+}
+
+// A 3 MiB shard address was accepted and grew the view to 9 MiB: GetView failed with
+// RESOURCE_EXHAUSTED for every default client, psctl status included. Refused at registration.
+TEST(CoordinatorRegistrationTest, AThreeMebibyteShardAddressIsRefusedAndStatusStillWorks) {
+  std::vector<testing::Subprocess> processes;
+  // No shard process heartbeats here: a long timeout keeps the registered one alive.
+  const std::string coordinator = StartCoordinator(
+      {"--num_shards=1", "--num_workers=0", "--heartbeat_timeout_ms=600000"}, &processes);
+  ASSERT_FALSE(coordinator.empty());
+  auto stub = coord::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  coord::RegisterRequest shard;
+  shard.set_role(coord::SHARD);
+  shard.set_address(std::string(3 << 20, 'a') + ":5000");
+  coord::RegisterResponse resp;
+  grpc::Status s = Call(stub.get(), &coord::Coordinator::Stub::Register, shard, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("shard 0 replica 0's address"));
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 253"));
+  std::vector<std::string> out;
+  EXPECT_EQ(RunPsctl({"--coordinator=" + coordinator, "status"}, &out), 1) << "no shard yet";
+  ASSERT_FALSE(out.empty()) << "psctl status printed no view";
+  EXPECT_THAT(out[0], HasSubstr("INCOMPLETE"));
+
+  shard.set_address("127.0.0.1:5000");  // only announced, never dialled
+  s = Call(stub.get(), &coord::Coordinator::Stub::Register, shard, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  out.clear();
+  EXPECT_EQ(RunPsctl({"--coordinator=" + coordinator, "status"}, &out), 0)
+      << absl::StrJoin(out, "\n");
+  for (auto& p : processes) p.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();
+}
+
+// ps_server's and ps_worker's --coordinator (and ps_worker's --ps) are checked at start as
+// psctl's are: exit 2 naming the flag, instead of a minute of retrying a port nobody named.
+TEST(CoordinatorFlagTest, AShardOrWorkerGivenAnAddressThatIsNotHostPortExitsSayingSo) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"server/ps/ps_server", "--port=0", "--coordinator=localhost:99999"},
+            "ps_server: --coordinator 'localhost:99999' has port 99999, outside 1-65535"},
+           {{"worker/ps_worker", "--coordinator=localhost", "--rank=0", "--world=1"},
+            "ps_worker: --coordinator 'localhost' has no port"},
+           {{"worker/ps_worker", "--ps=127.0.0.1:1,http://127.0.0.1:2", "--rank=0", "--world=1"},
+            "ps_worker: --ps 'http://127.0.0.1:2' has a scheme ('http://')"},
+       }) {
+    std::string command;
+    for (const std::string& a : c.argv) absl::StrAppend(&command, " '", a, "'");
+    std::vector<std::string> out;
+    EXPECT_EQ(RunToExit({"/bin/sh", "-c", command + " 2>&1"}, &out), 2) << command;
+    EXPECT_THAT(absl::StrJoin(out, "\n"), HasSubstr(c.says)) << command;
+    EXPECT_THAT(absl::StrJoin(out, "\n"), HasSubstr("give HOST:PORT")) << command;
+  }
 }
 
 TEST(CoordinatorModeFlagTest, StartsInTheGivenModeAndRefusesPsWithoutShards) {

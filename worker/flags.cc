@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/address.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
@@ -171,6 +172,7 @@ absl::StatusOr<model::ModelConfig> ModelFromFlags() {
 absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   modes::TrainerOptions o;
   o.shards = absl::GetFlag(FLAGS_ps);
+  for (const std::string& shard : o.shards) RETURN_IF_ERROR(CheckHostPort(shard, "--ps"));
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world = absl::GetFlag(FLAGS_world);
   o.epochs = absl::GetFlag(FLAGS_epochs);
@@ -213,6 +215,7 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   ASSIGN_OR_RETURN(f.trainer.security, SecurityFromFlags());
   f.mode = absl::GetFlag(FLAGS_mode);
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (!f.coordinator.empty()) RETURN_IF_ERROR(CheckHostPort(f.coordinator, "--coordinator"));
   f.host = absl::GetFlag(FLAGS_host);
   f.collectives = absl::GetFlag(FLAGS_collectives);
   f.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);

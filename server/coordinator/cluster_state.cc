@@ -10,8 +10,6 @@
 namespace pscluster::coord {
 namespace {
 
-const char* RoleName(Role role) { return role == SHARD ? "shard" : "worker rank"; }
-
 SwitchScheduleOptions ScheduleOptions(const ClusterStateOptions& o) {
   SwitchScheduleOptions s;
   s.initial_mode = o.mode;
@@ -37,9 +35,9 @@ absl::Status ClusterState::CheckId(Role role, int32_t id, int32_t replica) const
   }
   const int replicas = role == SHARD ? options_.replicas : 1;
   if (replica < 0 || replica >= replicas) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        RoleName(role), " ", id, " replica ", replica, " is outside [0, ", replicas,
-        "): this coordinator expects --replicas=", options_.replicas));
+    return absl::InvalidArgumentError(
+        absl::StrCat(RoleName(role), " ", id, " replica ", replica, " is outside [0, ", replicas,
+                     "): this coordinator expects --replicas=", options_.replicas));
   }
   return absl::OkStatus();
 }
@@ -49,75 +47,10 @@ Member* ClusterState::FindLocked(Role role, int32_t id, int32_t replica) {
   return it == members_.end() ? nullptr : &it->second;
 }
 
-bool ClusterState::ChainAliveLocked(int32_t shard, int32_t except) const {
-  auto chain = chains_.find(shard);
-  if (chain == chains_.end()) return false;
-  for (int32_t r : chain->second.replicas()) {
-    if (r == except) continue;
-    auto it = members_.find({SHARD, shard, r});
-    if (it != members_.end() && it->second.alive()) return true;
-  }
-  return false;
-}
-
-void ClusterState::JoinChainLocked(const Member& m) {
-  Chain& chain = chains_[m.id()];
-  chain.set_shard(m.id());
-  // Live members of the chain besides m (which registered anew).
-  const bool others_alive = ChainAliveLocked(m.id(), /*except=*/m.replica());
-  if (formed_.count(m.id()) && others_alive) {
-    std::printf("coordinator: shard %d replica %d waits outside its chain (the chain holds "
-                "the state; it joins by a state transfer from the tail)\n", m.id(), m.replica());
-    std::fflush(stdout);
-    return;
-  }
-  if (formed_.count(m.id())) {
-    // Every member is gone, and with them the state: a chain of a new generation, of m
-    // alone (the others would join with no state; they wait outside it).
-    chain.clear_replicas();
-    chain.set_generation(chain.generation() + 1);
-    if (options_.replicas > 1) shard_map_version_ = version_ + 1;
-  }
-  std::vector<int32_t> replicas(chain.replicas().begin(), chain.replicas().end());
-  if (std::find(replicas.begin(), replicas.end(), m.replica()) == replicas.end()) {
-    replicas.push_back(m.replica());
-  }
-  std::sort(replicas.begin(), replicas.end());
-  chain.clear_replicas();
-  for (int32_t r : replicas) chain.add_replicas(r);
-  chain.set_epoch(chain.epoch() + 1);
-  if (chain.replicas_size() == options_.replicas || chain.generation() > 0) formed_.insert(m.id());
-}
-
-void ClusterState::LeaveChainLocked(const Member& m, bool keep_last) {
-  auto it = chains_.find(m.id());
-  if (it == chains_.end()) return;
-  Chain& chain = it->second;
-  auto pos = std::find(chain.replicas().begin(), chain.replicas().end(), m.replica());
-  if (pos == chain.replicas().end() || (keep_last && chain.replicas_size() == 1)) return;
-  chain.mutable_replicas()->erase(pos);
-  chain.set_epoch(chain.epoch() + 1);
-  std::printf("coordinator: shard %d replica %d left its chain (epoch %lld, %d left)\n", m.id(),
-              m.replica(), static_cast<long long>(chain.epoch()), chain.replicas_size());
-  std::fflush(stdout);
-}
-
 absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r) {
   if (absl::Status s = CheckId(r.role(), r.id(), r.replica()); !s.ok()) return s;
-  if (const int expected = r.role() == SHARD ? options_.num_shards : options_.num_workers;
-      r.group_size() != 0 && r.group_size() != expected) {
-    const char* flag = r.role() == SHARD ? "--num_shards" : "--world";
-    return absl::InvalidArgumentError(absl::StrCat(
-        RoleName(r.role()), " ", r.id(), " was started with ", flag, "=", r.group_size(),
-        " but this coordinator runs ", r.role() == SHARD ? "--num_shards=" : "--num_workers=",
-        expected, ": start it with ", flag, "=", expected,
-        r.role() == SHARD ? " (each shard's key ranges follow the number of shards)"
-                          : " (each worker's share of the data follows the number of workers)"));
-  }
-  if (r.role() == SHARD && r.address().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", r.id(), " registered without an address"));
-  }
+  const int expected = r.role() == SHARD ? options_.num_shards : options_.num_workers;
+  if (absl::Status s = CheckRegistration(r, expected); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   Member* m = FindLocked(r.role(), r.id(), r.replica());
   if (m != nullptr && m->alive() && (r.address().empty() || m->address() != r.address())) {
@@ -125,6 +58,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
         RoleName(r.role()), " ", r.id(), " is held by a live member at '", m->address(),
         "' (incarnation ", m->incarnation(), "); use another id or stop that process"));
   }
+  if (absl::Status s = CheckViewRoomLocked(r, m); !s.ok()) return s;
   if (m == nullptr) {
     m = &members_[{r.role(), r.id(), r.replica()}];
     m->set_role(r.role());
@@ -179,8 +113,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     // already have moved on without it, so it comes back only as a new incarnation.
     return absl::NotFoundError(absl::StrCat(
         RoleName(r.role()), " ", r.id(), " incarnation ", r.incarnation(),
-        " was declared dead (no heartbeat for ",
-        absl::FormatDuration(options_.heartbeat_timeout),
+        " was declared dead (no heartbeat for ", absl::FormatDuration(options_.heartbeat_timeout),
         "); register again as a new incarnation"));
   }
   m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
@@ -210,10 +143,10 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   // checkpoint is kept as the best, and a rate is summed and charted: those must be numbers.
   if (!std::isfinite(r.samples_per_sec()) || r.samples_per_sec() < 0 ||
       (r.has_metric() && !std::isfinite(r.metric()))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker rank ", r.rank(), " reported samples/s ", r.samples_per_sec(), " and metric ",
-        r.has_metric() ? absl::StrCat(r.metric()) : "none",
-        ": samples/s must be a number >= 0 and a metric a finite number"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", r.rank(), " reported samples/s ", r.samples_per_sec(),
+                     " and metric ", r.has_metric() ? absl::StrCat(r.metric()) : "none",
+                     ": samples/s must be a number >= 0 and a metric a finite number"));
   }
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Member*> found = FindWorkerLocked(r.rank(), r.incarnation());
@@ -255,11 +188,11 @@ absl::StatusOr<SwitchModeResponse> ClusterState::SwitchMode(const SwitchModeRequ
   }
   const int64_t at = r.at_step() == 0 ? switches_.max_polled() + 1 : r.at_step();  // Schedule's
   if (ends_first != nullptr && at >= ends_first->run_end_step()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the run ends at step ", ends_first->run_end_step(), " (worker ", ends_first->id(),
-        " trains the steps before it): a switch at step ", at,
-        " would never happen; nothing was scheduled. Pick a step below ",
-        ends_first->run_end_step(), ", or start the workers with more --epochs"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the run ends at step ", ends_first->run_end_step(), " (worker ",
+                     ends_first->id(), " trains the steps before it): a switch at step ", at,
+                     " would never happen; nothing was scheduled. Pick a step below ",
+                     ends_first->run_end_step(), ", or start the workers with more --epochs"));
   }
   // Refused here, not at the switch: a worker whose model cannot take the mode would stop
   // there, and the others with it.
@@ -299,65 +232,6 @@ absl::StatusOr<ReportSwitchResponse> ClusterState::ReportSwitch(const ReportSwit
   if (ack->changed) ChangedLocked();
   ReportSwitchResponse response;
   response.set_done(ack->done);
-  return response;
-}
-
-absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest& r) {
-  if (absl::Status s = CheckId(SHARD, r.shard(), r.replica()); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  Member* m = FindLocked(SHARD, r.shard(), r.replica());
-  auto it = chains_.find(r.shard());
-  if (m == nullptr || !m->alive() || it == chains_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", r.shard(), " replica ", r.replica(), " is not a live registered replica"));
-  }
-  Chain& chain = it->second;
-  if (chain.epoch() != r.epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", r.shard(), "'s chain is at epoch ", chain.epoch(), ", not ", r.epoch(),
-        ": it changed during the state transfer; start the transfer again"));
-  }
-  if (std::find(chain.replicas().begin(), chain.replicas().end(), r.replica()) !=
-      chain.replicas().end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", r.shard(), " replica ", r.replica(), " is in the chain already"));
-  }
-  chain.add_replicas(r.replica());
-  chain.set_epoch(chain.epoch() + 1);
-  std::printf("coordinator: shard %d replica %d joined its chain as the tail (epoch %lld, %d "
-              "replicas)\n", r.shard(), r.replica(), static_cast<long long>(chain.epoch()),
-              chain.replicas_size());
-  std::fflush(stdout);
-  ChangedLocked();
-  JoinChainResponse response;
-  response.set_epoch(chain.epoch());
-  return response;
-}
-
-absl::StatusOr<JoinChainResponse> ClusterState::ShrinkChain(const ShrinkChainRequest& r) {
-  if (absl::Status s = CheckId(SHARD, r.shard(), r.replica()); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  auto it = chains_.find(r.shard());
-  if (it == chains_.end() || it->second.epoch() != r.epoch() ||
-      it->second.replicas().empty() || it->second.replicas(0) != r.replica()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", r.shard(), " replica ", r.replica(), " is not the head of chain epoch ",
-        r.epoch(), it == chains_.end() ? "" : absl::StrCat(" (the chain is at epoch ",
-                                                            it->second.epoch(), ")")));
-  }
-  Chain& chain = it->second;
-  if (chain.replicas_size() > 1) {
-    chain.clear_replicas();
-    chain.add_replicas(r.replica());
-    chain.set_epoch(chain.epoch() + 1);
-    std::printf("coordinator: shard %d's chain is its head, replica %d, alone (epoch %lld): "
-                "the head replaces its state; the others join again\n",
-                r.shard(), r.replica(), static_cast<long long>(chain.epoch()));
-    std::fflush(stdout);
-    ChangedLocked();
-  }
-  JoinChainResponse response;
-  response.set_epoch(chain.epoch());
   return response;
 }
 
@@ -408,6 +282,23 @@ std::string ClusterState::MissingLocked() const {
     }
   }
   return out;
+}
+
+absl::Status ClusterState::CheckViewRoomLocked(const RegisterRequest& r,
+                                               const Member* replaced) const {
+  // What the view is now, what the members in it may still add (their slack), and the most
+  // this registration adds; a member registering again replaces its own entry.
+  const size_t others = members_.size() - (replaced != nullptr ? 1 : 0);
+  const size_t now = ViewLocked().ByteSizeLong() - (replaced ? replaced->ByteSizeLong() : 0);
+  const size_t worst = now + others * kMemberSlackBytes + MaxViewGrowth(r);
+  if (worst <= options_.max_view_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      RoleName(r.role()), " ", r.id(), "'s registration could grow the cluster view to ", worst,
+      " bytes, past its bound of ", options_.max_view_bytes,
+      " bytes (every member and client reads the view whole, in one message; a default gRPC "
+      "client takes at most ",
+      kDefaultClientMessageBytes,
+      "): refused; give the members shorter addresses, or run fewer per coordinator"));
 }
 
 ClusterView ClusterState::ViewLocked() const {
@@ -475,6 +366,12 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
   for (const Member& m : state.members()) {
     // Restarted with fewer shards, workers or replicas.
     if (!CheckId(m.role(), m.id(), m.replica()).ok()) continue;
+    // Saved by a coordinator that did not check addresses: the member registers again.
+    if (absl::Status s = CheckAdvertised(m.role(), m.id(), m.replica(), m.address(), m.limits());
+        !s.ok()) {
+      std::fprintf(stderr, "coordinator: dropped a saved member: %s\n", s.ToString().c_str());
+      continue;
+    }
     Member& kept = members[{m.role(), m.id(), m.replica()}] = m;
     kept.set_alive(true);
     // A grace before the first liveness verdict: members reconnect with backoff (up to
@@ -521,8 +418,8 @@ absl::StatusOr<ClusterView> ClusterState::AwaitView(int64_t min_version, bool co
   const bool woken = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   if (woken && !ready()) {
     return absl::UnavailableError(absl::StrCat(
-        "the coordinator is shutting down while waiting for cluster view version >= ",
-        min_version, complete ? " and complete" : "", "; retry against its restart"));
+        "the coordinator is shutting down while waiting for cluster view version >= ", min_version,
+        complete ? " and complete" : "", "; retry against its restart"));
   }
   if (!woken) {
     return absl::DeadlineExceededError(

@@ -3,12 +3,13 @@
 // gRPC; the clock is injected so tests control time. Thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <set>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,16 +19,20 @@
 #include "absl/time/clock.h"
 #include "proto/coordinator.pb.h"
 #include "server/coordinator/mode_switch.h"
+#include "server/coordinator/registration.h"
 
 namespace pscluster::coord {
 
 struct ClusterStateOptions {
-  int num_shards = 1;                                   // expected shards: ids [0, num_shards)
-  int num_workers = 1;                                  // expected workers: ranks [0, num_workers)
-  int replicas = 1;  // copies of each shard, in a chain (proto Chain): replicas [0, replicas)
+  int num_shards = 1;   // expected shards: ids [0, num_shards)
+  int num_workers = 1;  // expected workers: ranks [0, num_workers)
+  int replicas = 1;     // copies of each shard, in a chain (proto Chain): replicas [0, replicas)
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silent this long: dead
-  TrainingMode mode = PS;  // the starting mode; must pass ValidateMode (main checks)
+  TrainingMode mode = PS;              // the starting mode; must pass ValidateMode (main checks)
   int64_t checkpoint_every_steps = 0;  // into the view (ClusterView's field says why)
+  // A registration that could grow the view past this is refused (registration.h says why
+  // the default; tests set less).
+  size_t max_view_bytes = kMaxViewBytes;
   // Called (under the lock, so in order) with the state to persist after every change of
   // the view: members and their incarnations, the versions, the switch schedule.
   std::function<void(const CoordinatorState&)> on_change;
@@ -38,10 +43,13 @@ class ClusterState {
   explicit ClusterState(
       ClusterStateOptions options, std::function<absl::Time()> now = [] { return absl::Now(); });
 
-  // INVALID_ARGUMENT for an id (or replica) outside the expected range or a shard without
-  // an address; ALREADY_EXISTS when a live member holds the id at another address (a
-  // duplicate rank). Re-registering from the same address (a restart) gets a new
-  // incarnation. A shard replica joins its chain while the chain forms (until it first has
+  // INVALID_ARGUMENT for an id (or replica) outside the expected range, or what
+  // CheckRegistration refuses (a shard's address that is not HOST:PORT, a worker's that is
+  // no short printable label); RESOURCE_EXHAUSTED when the view could grow past
+  // options.max_view_bytes (a refused registration changes nothing); ALREADY_EXISTS when a live
+  // member holds the id at another address (a duplicate rank). Re-registering from the same address
+  // (a restart) gets a new incarnation. A shard replica joins its chain while the chain forms
+  // (until it first has
   // --replicas members) or when the chain has no live member left (a new generation);
   // otherwise it waits outside it (a replica that registers again lost its state, and
   // leaves the chain if it was in it).
@@ -94,14 +102,16 @@ class ClusterState {
  private:
   using Key = std::tuple<int, int32_t, int32_t>;  // (role, id, replica)
   absl::Status CheckId(Role role, int32_t id, int32_t replica = 0) const;
-  Member* FindLocked(Role role, int32_t id, int32_t replica = 0)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when registering `r` (in place of `replaced`, its earlier entry, or
+  // nullptr) could grow the view past options_.max_view_bytes.
+  absl::Status CheckViewRoomLocked(const RegisterRequest& r, const Member* replaced) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Member* FindLocked(Role role, int32_t id, int32_t replica = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Chain changes (see Register and CheckLiveness); each bumps the chain's epoch.
   void JoinChainLocked(const Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveChainLocked(const Member& m, bool keep_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the shard's chain holds a live member (other than replica `except`).
-  bool ChainAliveLocked(int32_t shard, int32_t except = -1) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool ChainAliveLocked(int32_t shard, int32_t except = -1) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The worker, or NOT_FOUND when `rank` is not registered with `incarnation`.
   absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -168,14 +168,14 @@ TEST_F(ClusterStateTest, ViewListsShardAddressesByIdEmptyUntilRegistered) {
 TEST_F(ClusterStateTest, ViewListsMembersShardsThenWorkersById) {
   MAKE_MEMBERSHIP(m, 2, 2);
   MustRegister(m, WORKER, 1, "w1");
-  MustRegister(m, SHARD, 1, "s1");
+  MustRegister(m, SHARD, 1, "s1:5001");
   MustRegister(m, WORKER, 0, "w0");
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   ClusterView v = m.View();
   ASSERT_EQ(v.members_size(), 4);
   EXPECT_EQ(v.members(0).role(), SHARD);
   EXPECT_EQ(v.members(0).id(), 0);
-  EXPECT_EQ(v.members(0).address(), "s0");
+  EXPECT_EQ(v.members(0).address(), "s0:5000");
   EXPECT_EQ(v.members(1).role(), SHARD);
   EXPECT_EQ(v.members(1).id(), 1);
   EXPECT_EQ(v.members(2).role(), WORKER);
@@ -193,8 +193,8 @@ TEST_F(ClusterStateTest, ViewListsMembersShardsThenWorkersById) {
 TEST_F(ClusterStateTest, CompleteOnlyWhenEveryExpectedShardAndWorkerIsRegistered) {
   MAKE_MEMBERSHIP(m, 2, 2);
   EXPECT_FALSE(m.View().complete());
-  MustRegister(m, SHARD, 0, "s0");
-  MustRegister(m, SHARD, 1, "s1");
+  MustRegister(m, SHARD, 0, "s0:5000");
+  MustRegister(m, SHARD, 1, "s1:5001");
   EXPECT_FALSE(m.View().complete()) << "no workers yet";
   MustRegister(m, WORKER, 0, "w0");
   EXPECT_FALSE(m.View().complete()) << "worker 1 missing";
@@ -207,9 +207,9 @@ TEST_F(ClusterStateTest, CompleteOnlyWhenEveryExpectedShardAndWorkerIsRegistered
 TEST_F(ClusterStateTest, CompleteRequiresShardsTooNotJustWorkers) {
   MAKE_MEMBERSHIP(m, 2, 1);
   MustRegister(m, WORKER, 0, "w0");
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   EXPECT_FALSE(m.View().complete());
-  MustRegister(m, SHARD, 1, "s1");
+  MustRegister(m, SHARD, 1, "s1:5001");
   EXPECT_TRUE(m.View().complete());
 }
 
@@ -218,7 +218,7 @@ TEST_F(ClusterStateTest, CompleteRequiresShardsTooNotJustWorkers) {
 
 TEST_F(ClusterStateTest, ShardIdOutOfRangeIsInvalidArgumentNamingNumShardsFlag) {
   MAKE_MEMBERSHIP(m, 2, 3);
-  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 2, "s2"));
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 2, "s2:5002"));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_THAT(Msg(r.status()), HasSubstr("--num_shards=2"));
   EXPECT_EQ(m.View().version(), 1) << "a refused registration must not change the view";
@@ -364,7 +364,7 @@ TEST_F(ClusterStateTest, HeartbeatWithOldIncarnationIsFailedPrecondition) {
 
 TEST_F(ClusterStateTest, CheckLivenessKeepsMembersWithinTheTimeout) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   MustRegister(m, WORKER, 0, "w0");
   const int64_t version = m.View().version();
   clock_.Advance(kTimeout);  // silent exactly the timeout: not longer than it
@@ -375,7 +375,7 @@ TEST_F(ClusterStateTest, CheckLivenessKeepsMembersWithinTheTimeout) {
 
 TEST_F(ClusterStateTest, CheckLivenessDeclaresSilentMembersDeadAfterTimeout) {
   MAKE_MEMBERSHIP(m, 1, 2);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
   const int64_t s0 = 1;
   MustRegister(m, WORKER, 1, "w1");
@@ -421,7 +421,7 @@ TEST_F(ClusterStateTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
 // waited forever while the view said the cluster was complete. It must register again.
 TEST_F(ClusterStateTest, HeartbeatOfADeadMemberMakesItRegisterAsANewIncarnation) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   clock_.Advance(absl::Seconds(10));
   ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());
@@ -461,16 +461,16 @@ TEST_F(ClusterStateTest, DeadMembersIdCanBeRegisteredFromAnotherAddress) {
 
 TEST_F(ClusterStateTest, DeadShardCanMoveToAnotherAddress) {
   MAKE_MEMBERSHIP(m, 2, 1);
-  MustRegister(m, SHARD, 0, "s0:old");
-  MustRegister(m, SHARD, 1, "s1");
+  MustRegister(m, SHARD, 0, "s0-old:5000");
+  MustRegister(m, SHARD, 1, "s1:5001");
   clock_.Advance(absl::Seconds(4));
   ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 1, 1)).ok());
   clock_.Advance(absl::Seconds(2));
   ASSERT_TRUE(m.CheckLiveness());
-  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, "s0:new"));
+  absl::StatusOr<RegisterResponse> r = m.Register(Reg(SHARD, 0, "s0-new:5000"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->incarnation(), 2);
-  EXPECT_THAT(r->view().shard_addresses(), ElementsAre("s0:new", "s1"));
+  EXPECT_THAT(r->view().shard_addresses(), ElementsAre("s0-new:5000", "s1:5001"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -478,7 +478,7 @@ TEST_F(ClusterStateTest, DeadShardCanMoveToAnotherAddress) {
 
 TEST_F(ClusterStateTest, ReportProgressUpdatesStepLossAndThroughput) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   const int64_t version = m.View().version();
   ASSERT_TRUE(m.ReportProgress(Progress(0, inc, version, 42, 0.25, 1234.5)).ok());
@@ -492,7 +492,7 @@ TEST_F(ClusterStateTest, ReportProgressUpdatesStepLossAndThroughput) {
 
 TEST_F(ClusterStateTest, GlobalStepIsMinimumOverLiveWorkers) {
   MAKE_MEMBERSHIP(m, 1, 3);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t i0 = MustRegister(m, WORKER, 0, "w0");
   const int64_t i1 = MustRegister(m, WORKER, 1, "w1");
   const int64_t i2 = MustRegister(m, WORKER, 2, "w2");
@@ -543,7 +543,7 @@ TEST_F(ClusterStateTest, ReportProgressOfUnregisteredOrReplacedWorkerIsRefused) 
 // number, they are refused; a diverged run's NaN loss is shown as it is.
 TEST_F(ClusterStateTest, ReportProgressWithANonFiniteMetricOrRateIsRefused) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   const ClusterView before = m.View();
   ReportProgressRequest nan_metric = Progress(0, inc, before.version(), 3, 0.5, 100);
@@ -560,7 +560,7 @@ TEST_F(ClusterStateTest, ReportProgressWithANonFiniteMetricOrRateIsRefused) {
 
 TEST_F(ClusterStateTest, ReportProgressWithANegativeStepIsInvalidArgumentAndChangesNothing) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   ASSERT_TRUE(m.ReportProgress(Progress(0, inc, m.View().version(), 7, 0.5, 100)).ok());
   const ClusterView before = m.View();
@@ -585,12 +585,12 @@ TEST_F(ClusterStateTest, ReportProgressWithANegativeStepIsInvalidArgumentAndChan
 
 TEST_F(ClusterStateTest, ReportProgressWithViewOlderThanShardAddressChangeIsStale) {
   MAKE_MEMBERSHIP(m, 2, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   const int64_t before = m.View().version();
   ASSERT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok());
 
-  absl::StatusOr<RegisterResponse> shard1 = m.Register(Reg(SHARD, 1, "s1"));
+  absl::StatusOr<RegisterResponse> shard1 = m.Register(Reg(SHARD, 1, "s1:5001"));
   ASSERT_TRUE(shard1.ok()) << shard1.status();
   const int64_t after = shard1->view().version();
   ASSERT_GT(after, before);
@@ -608,7 +608,7 @@ TEST_F(ClusterStateTest, ReportProgressWithViewOlderThanShardAddressChangeIsStal
 
 TEST_F(ClusterStateTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0:old");
+  MustRegister(m, SHARD, 0, "s0-old:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   clock_.Advance(absl::Seconds(4));
   ASSERT_TRUE(m.Heartbeat(Hb(WORKER, 0, inc)).ok());
@@ -618,7 +618,7 @@ TEST_F(ClusterStateTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
   ASSERT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok())
       << "a death is not a shard address change";
 
-  absl::StatusOr<RegisterResponse> moved = m.Register(Reg(SHARD, 0, "s0:new"));
+  absl::StatusOr<RegisterResponse> moved = m.Register(Reg(SHARD, 0, "s0-new:5000"));
   ASSERT_TRUE(moved.ok()) << moved.status();
   absl::Status stale = m.ReportProgress(Progress(0, inc, before, 2));
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
@@ -628,17 +628,17 @@ TEST_F(ClusterStateTest, ShardMovingToANewAddressMakesEarlierViewsStale) {
 
 TEST_F(ClusterStateTest, ShardRestartAtSameAddressDoesNotMakeViewsStale) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   const int64_t before = m.View().version();
-  EXPECT_EQ(MustRegister(m, SHARD, 0, "s0"), 2);
+  EXPECT_EQ(MustRegister(m, SHARD, 0, "s0:5000"), 2);
   EXPECT_GT(m.View().version(), before);
   EXPECT_TRUE(m.ReportProgress(Progress(0, inc, before, 1)).ok());
 }
 
 TEST_F(ClusterStateTest, RegisteringAWorkerDoesNotMakeEarlierViewsStaleForProgress) {
   MAKE_MEMBERSHIP(m, 1, 3);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   const int64_t before = m.View().version();
   MustRegister(m, WORKER, 1, "w1");
@@ -651,7 +651,7 @@ TEST_F(ClusterStateTest, RegisteringAWorkerDoesNotMakeEarlierViewsStaleForProgre
 
 TEST_F(ClusterStateTest, ReportProgressDoesNotBumpTheViewVersion) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   const int64_t version = m.View().version();
   ASSERT_TRUE(m.ReportProgress(Progress(0, inc, version, 9)).ok());
@@ -663,7 +663,7 @@ TEST_F(ClusterStateTest, ReportProgressDoesNotBumpTheViewVersion) {
 
 TEST_F(ClusterStateTest, AwaitViewReturnsAtOnceWhenSatisfied) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   MustRegister(m, WORKER, 0, "w0");
   const absl::Time past = absl::Now() - absl::Seconds(1);
   absl::StatusOr<ClusterView> v = m.AwaitView(3, /*complete=*/true, past);
@@ -687,7 +687,7 @@ TEST_F(ClusterStateTest, AwaitViewTimesOutWaitingForAVersion) {
 
 TEST_F(ClusterStateTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) {
   MAKE_MEMBERSHIP(m, 2, 2);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
   MustRegister(m, WORKER, 1, "w1");
   clock_.Advance(absl::Seconds(4));
@@ -707,7 +707,7 @@ TEST_F(ClusterStateTest, AwaitViewTimesOutListingNeverRegisteredAndDeadMembers) 
 
 TEST_F(ClusterStateTest, AwaitViewWakesWhenTheLastMemberRegisters) {
   MAKE_MEMBERSHIP(m, 1, 2);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   MustRegister(m, WORKER, 0, "w0");
   ASSERT_FALSE(m.View().complete());
 
@@ -728,7 +728,7 @@ TEST_F(ClusterStateTest, AwaitViewWakesOnAVersionBump) {
   absl::StatusOr<ClusterView> result = absl::UnknownError("not run");
   std::thread waiter(
       [&] { result = m.AwaitView(2, /*complete=*/false, absl::Now() + absl::Seconds(30)); });
-  MustRegister(m, SHARD, 1, "s1");
+  MustRegister(m, SHARD, 1, "s1:5001");
   waiter.join();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_GE(result->version(), 2);
@@ -737,7 +737,7 @@ TEST_F(ClusterStateTest, AwaitViewWakesOnAVersionBump) {
 
 TEST_F(ClusterStateTest, AwaitViewWakesWhenADeadMemberRegistersAgain) {
   MAKE_MEMBERSHIP(m, 1, 1);
-  MustRegister(m, SHARD, 0, "s0");
+  MustRegister(m, SHARD, 0, "s0:5000");
   const int64_t inc = MustRegister(m, WORKER, 0, "w0");
   clock_.Advance(absl::Seconds(4));
   ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, 1)).ok());

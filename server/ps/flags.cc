@@ -7,7 +7,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "common/host_name.h"
+#include "common/status_macros.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one (printed at start).");
@@ -107,17 +109,18 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   }
   f.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   if (f.service.stream_idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--stream_idle_timeout must be > 0 (or inf), got ",
-        absl::FormatDuration(f.service.stream_idle_timeout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stream_idle_timeout must be > 0 (or inf), got ",
+                     absl::FormatDuration(f.service.stream_idle_timeout)));
   }
   f.host = absl::GetFlag(FLAGS_host);
   f.port = absl::GetFlag(FLAGS_port);
   f.threads = absl::GetFlag(FLAGS_threads);
   if (f.threads < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--threads=", f.threads, " must be >= 2: one thread polls for calls, and a call "
-        "needs another to run on (with fewer the shard answers nothing)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads=", f.threads,
+                     " must be >= 2: one thread polls for calls, and a call "
+                     "needs another to run on (with fewer the shard answers nothing)"));
   }
   f.snapshots.root = absl::GetFlag(FLAGS_data_dir);
   f.restore = absl::GetFlag(FLAGS_restore);
@@ -137,10 +140,11 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   f.snapshots.test_delay_per_block =
       absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
   f.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (!f.coordinator.empty()) RETURN_IF_ERROR(CheckHostPort(f.coordinator, "--coordinator"));
   f.replica = absl::GetFlag(FLAGS_replica);
   if (f.replica < 0 || f.replica > 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--replica=", f.replica, " must be 0, 1 or 2 (ps_coordinator --replicas <= 3)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replica=", f.replica, " must be 0, 1 or 2 (ps_coordinator --replicas <= 3)"));
   }
   if (f.replica > 0 && f.coordinator.empty()) {
     return absl::InvalidArgumentError(

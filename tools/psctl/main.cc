@@ -64,26 +64,21 @@
 // or a closed stdout. A key or Ctrl-C during an RPC takes effect when it returns (at most
 // --timeout_seconds).
 //
-// Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a
-// member is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step
-// already passed, another switch is scheduled there, or 'ps' without shards); 2 usage (an
-// unknown flag, a flag without its value or with one it cannot hold, a missing or unknown
-// command; switch-mode: no or an unknown mode, a negative step; top: an interval that is not
-// a positive number of seconds, negative iterations; plan: input that describes no job, the
-// message naming the flag); 3 cannot reach the coordinator or a shard.
-#include <poll.h>
+// Exit codes: 0 ok; 1 the command ran but the cluster is not healthy or refused (status: a member
+// is dead or missing; checkpoint: a shard refused or failed; switch-mode: the step already passed,
+// another switch is scheduled there, or 'ps' without shards); 2 usage (an unknown flag, a flag
+// without its value or with one it cannot hold, a missing or unknown command, a --coordinator or
+// --address that is not HOST:PORT; switch-mode: no or an unknown mode, a negative step; top: an
+// interval that is not a positive number of seconds, negative iterations; plan: input that
+// describes no job, the message naming the flag); 3 cannot reach the coordinator or a shard.
 #include <signal.h>
-#include <sys/signalfd.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -99,22 +94,20 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/coordinator/coordinator_operator.h"
+#include "common/address.h"
 #include "common/command_line.h"
 #include "common/grpc_status.h"
 #include "common/security_flags.h"
+#include "common/status_macros.h"
 #include "common/training_mode.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
-#include "google/protobuf/util/type_resolver_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "tools/psctl/plan.h"
 #include "tools/psctl/plan_flags.h"
 #include "tools/psctl/plan_format.h"
+#include "tools/psctl/top_input.h"
+#include "tools/psctl/view_format.h"
 
 ABSL_FLAG(std::string, coordinator, "", "ps_coordinator address (host:port).");
 ABSL_FLAG(std::string, address, "",
@@ -220,121 +213,14 @@ CoordinatorOperator Connect(const std::string& address, const Security& security
                              security);
 }
 
-// Seconds since `m`'s last heartbeat by psctl's clock (0 where the clocks disagree).
-double HeartbeatAgeSeconds(const coord::Member& m, absl::Time now) {
-  return std::max(0.0, absl::ToDoubleSeconds(now - absl::FromUnixMillis(m.last_heartbeat_ms())));
-}
-
-// The mode switches: done ones in the order they completed, then pending ones by step.
-void AppendSwitches(const coord::ClusterView& view, std::string* out) {
-  if (view.switches_size() + view.pending_switches_size() == 0) {
-    absl::StrAppend(out, "mode switches: none\n");
-    return;
-  }
-  absl::StrAppendFormat(out, "%6s %9s %-10s %-10s %9s %s\n", "SWITCH", "AT_STEP", "FROM", "TO",
-                        "HANDOFF_S", "STATE");
-  auto row = [out](const coord::SwitchRecord& s, const std::string& state) {
-    const bool reported = s.from_mode() != coord::TRAINING_MODE_UNSPECIFIED;
-    absl::StrAppendFormat(out, "%6d %9d %-10s %-10s %9s %s\n", s.switch_id(), s.at_step(),
-                          reported ? ModeName(s.from_mode()) : "-", ModeName(s.to_mode()),
-                          reported ? absl::StrFormat("%.3f", s.handoff_seconds())
-                                   : "-",  // no worker has reported it yet
-                          state);
-  };
-  for (const auto& s : view.switches()) {
-    row(s, "done " + absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(s.unix_ms()),
-                                      absl::UTCTimeZone()));
-  }
-  for (const auto& s : view.pending_switches()) {
-    row(s, absl::StrCat("pending: ", s.acked_ranks_size(), " of ", view.num_workers(),
-                        " worker(s) done",
-                        s.acked_ranks_size() == 0
-                            ? ""
-                            : absl::StrCat(" (rank ", absl::StrJoin(s.acked_ranks(), ","), ")")));
-  }
-}
-
-// What status prints (and top redraws): the view's mode, step and completeness, a row per
-// member, the last checkpoint and the mode switches; heartbeat ages as of `now`.
-std::string FormatView(const coord::ClusterView& view, absl::Time now) {
-  std::string out = absl::StrFormat("cluster view %d: mode %s, global step %d, %s\n",
-                                    view.version(), ModeName(view.mode()), view.global_step(),
-                                    view.complete() ? "complete" : "INCOMPLETE");
-  absl::StrAppendFormat(&out, "%-8s %4s %-6s %7s %-22s %5s %13s %9s %10s %9s\n", "ROLE", "ID",
-                        "ALIVE", "HB_AGE", "ADDRESS", "INC", "STEP/END", "LOSS", "SAMPLES/S",
-                        "METRIC");
-  for (const auto& m : view.members()) {
-    const bool worker = m.role() == coord::WORKER;
-    // A worker's step, and the step its run ends at once it has said.
-    const std::string step = m.run_end_step() > 0 ? absl::StrCat(m.step(), "/", m.run_end_step())
-                                                  : absl::StrCat(m.step());
-    absl::StrAppendFormat(&out, "%-8s %4d %-6s %6.1fs %-22s %5d %13s %9s %10s %9s\n",
-                          worker ? "worker" : "shard", m.id(), m.alive() ? "yes" : "DEAD",
-                          HeartbeatAgeSeconds(m, now), m.address(), m.incarnation(),
-                          worker ? step : "-", worker ? absl::StrFormat("%.4g", m.loss()) : "-",
-                          worker ? absl::StrFormat("%.0f", m.samples_per_sec()) : "-",
-                          worker && m.has_metric() ? absl::StrFormat("%.4f", m.metric()) : "-");
-  }
-  absl::StrAppend(&out, "last checkpoint: ",
-                  view.checkpoints().empty()
-                      ? "none"
-                      : absl::StrCat("step ", view.checkpoints().rbegin()->step()),
-                  "\n");
-  AppendSwitches(view, &out);
-  return out;
-}
-
-// `message` as protobuf JSON with its map keys sorted (deterministic serialization orders
-// them; the JSON printer keeps the wire order).
-absl::StatusOr<std::string> SortedJson(const google::protobuf::Message& message) {
-  namespace pb = google::protobuf;
-  std::string bytes;
-  {
-    pb::io::StringOutputStream stream(&bytes);
-    pb::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
-  }
-  constexpr char kPrefix[] = "type.googleapis.com";
-  std::unique_ptr<pb::util::TypeResolver> resolver(
-      pb::util::NewTypeResolverForDescriptorPool(kPrefix, pb::DescriptorPool::generated_pool()));
-  std::string json;
-  const auto s = pb::util::BinaryToJsonString(
-      resolver.get(), absl::StrCat(kPrefix, "/", message.GetDescriptor()->full_name()), bytes,
-      &json);
-  if (!s.ok()) return absl::InternalError(s.ToString());
-  return json;
-}
-
-// status --json (the usage comment above describes it).
-absl::StatusOr<std::string> ViewJson(const coord::ClusterView& view, absl::Time now) {
-  namespace pb = google::protobuf;
-  pb::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  pb::Struct object;
-  auto s = pb::util::MessageToJsonString(view, &json, options);
-  if (s.ok()) s = pb::util::JsonStringToMessage(json, &object);
-  if (!s.ok()) return absl::InternalError(s.ToString());
-  auto& fields = *object.mutable_fields();
-  fields["mode_name"].set_string_value(ModeName(view.mode()));
-  pb::ListValue* members = fields["members"].mutable_list_value();
-  for (int i = 0; i < view.members_size() && i < members->values_size(); ++i) {
-    (*members->mutable_values(i)->mutable_struct_value()->mutable_fields())["heartbeat_age_seconds"]
-        .set_number_value(HeartbeatAgeSeconds(view.members(i), now));
-  }
-  return SortedJson(object);
-}
-
 int Status(const coord::ClusterView& view, bool json) {
   const absl::Time now = absl::Now();
   if (json) {
-    absl::StatusOr<std::string> text = ViewJson(view, now);
+    absl::StatusOr<std::string> text = psctl::ViewJson(view, now);
     if (!text.ok()) return Error(kUnhealthy, "status --json: " + text.status().ToString());
     std::printf("%s\n", text->c_str());
   } else {
-    std::fputs(FormatView(view, now).c_str(), stdout);
+    std::fputs(psctl::FormatView(view, now).c_str(), stdout);
   }
   return view.complete() ? kOk : kUnhealthy;
 }
@@ -489,57 +375,6 @@ struct TopOptions {
   int64_t iterations = 0;                      // redraws before exiting; 0: until q or Ctrl-C
 };
 
-// Stdin in non-canonical no-echo mode (each key arrives at once, unechoed) while this lives,
-// if stdin is a terminal; restored on destruction. Not thread-safe.
-class KeyboardMode {
- public:
-  KeyboardMode() {
-    tty_ = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved_) == 0;
-    if (!tty_) return;
-    termios keys = saved_;
-    keys.c_lflag &= ~(ICANON | ECHO);  // ISIG stays: Ctrl-C is still a SIGINT
-    keys.c_cc[VMIN] = 1;
-    keys.c_cc[VTIME] = 0;
-    tcsetattr(STDIN_FILENO, TCSANOW, &keys);
-  }
-  ~KeyboardMode() {
-    if (tty_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
-  }
-  KeyboardMode(const KeyboardMode&) = delete;
-  KeyboardMode& operator=(const KeyboardMode&) = delete;
-
-  bool tty() const { return tty_; }
-
- private:
-  termios saved_{};
-  bool tty_ = false;
-};
-
-// SIGINT and SIGTERM blocked and readable on fd() (signalfd), so that poll() sees them beside
-// the keys: no handler, no global. Construct it before any gRPC thread exists (threads inherit
-// the mask). They stay blocked after destruction, on the way out: a second Ctrl-C then cannot
-// turn top's exit 0 into death by signal. Not thread-safe.
-class QuitSignals {
- public:
-  QuitSignals() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    if (pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0) fd_ = signalfd(-1, &set, SFD_CLOEXEC);
-  }
-  ~QuitSignals() {
-    if (fd_ >= 0) close(fd_);
-  }
-  QuitSignals(const QuitSignals&) = delete;
-  QuitSignals& operator=(const QuitSignals&) = delete;
-
-  int fd() const { return fd_; }  // -1: could not be set up
-
- private:
-  int fd_ = -1;
-};
-
 // One frame of top: a header, then status's view or, while the coordinator cannot be read,
 // what top waits for.
 std::string TopFrame(const std::string& address, const TopOptions& options,
@@ -548,34 +383,19 @@ std::string TopFrame(const std::string& address, const TopOptions& options,
   std::string frame = absl::StrCat(
       "psctl top: coordinator ", address, ", every ", absl::FormatDuration(options.interval), ", ",
       absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", now, absl::UTCTimeZone()), "; q or Ctrl-C quits\n");
-  if (view.ok()) return frame + FormatView(*view, now);
+  if (view.ok()) return frame + psctl::FormatView(*view, now);
   return absl::StrCat(frame, "waiting for the coordinator at ", address,
                       " to answer GetView (deadline --timeout_seconds=",
                       absl::GetFlag(FLAGS_timeout_seconds), "): ", view.status().ToString(),
                       "; retrying every ", absl::FormatDuration(options.interval), "\n");
 }
 
-// Waits up to `interval` (the wait between redraws) for a key or a quit signal; true when
-// top should quit: 'q', Ctrl-C or SIGTERM, or the terminal gone.
-bool AwaitQuit(const KeyboardMode& keyboard, int signal_fd, absl::Duration interval) {
-  pollfd fds[2] = {{signal_fd, POLLIN, 0}, {STDIN_FILENO, POLLIN, 0}};
-  const double ms = std::ceil(absl::ToDoubleMilliseconds(interval));
-  const int timeout_ms = static_cast<int>(std::clamp(ms, 1.0, static_cast<double>(INT_MAX)));
-  if (poll(fds, keyboard.tty() ? 2 : 1, timeout_ms) <= 0) return false;  // time to redraw
-  if (fds[0].revents != 0) return true;
-  char keys[64];
-  const ssize_t got = read(STDIN_FILENO, keys, sizeof keys);
-  if (got < 0) return errno != EINTR && errno != EAGAIN;
-  return got == 0 || std::memchr(keys, 'q', got) != nullptr ||
-         std::memchr(keys, 'Q', got) != nullptr;  // any other key: redraw now
-}
-
 // Redraws the view every interval until told to quit; a coordinator that cannot be reached
 // (restarting, say) is shown and asked again at the next redraw.
 int Top(const std::string& address, const Security& security, const TopOptions& options) {
-  QuitSignals quit;  // first: before the channel starts gRPC's threads
+  psctl::QuitSignals quit;  // first: before the channel starts gRPC's threads
   if (quit.fd() < 0) return Error(kUnhealthy, absl::StrCat("top: signalfd: ", strerror(errno)));
-  KeyboardMode keyboard;
+  psctl::KeyboardMode keyboard;
   signal(SIGPIPE, SIG_IGN);  // a closed stdout ends top below, with exit 0
   CoordinatorOperator coordinator = Connect(address, security);
   const char* clear = isatty(STDOUT_FILENO) ? "\033[H\033[2J" : "";
@@ -586,7 +406,7 @@ int Top(const std::string& address, const Security& security, const TopOptions& 
       return kOk;
     }
     if (options.iterations > 0 && drawn >= options.iterations) return kOk;
-    if (AwaitQuit(keyboard, quit.fd(), options.interval)) return kOk;
+    if (psctl::AwaitQuit(keyboard, quit.fd(), options.interval)) return kOk;
   }
 }
 
@@ -605,6 +425,25 @@ absl::StatusOr<TopOptions> TopOptionsFromFlags() {
                                                    " is negative; give 0 (no limit) or more"));
   }
   return options;
+}
+
+// The server `command` talks to: --address (health) or --coordinator. Refused before any
+// dialling unless HOST:PORT: gRPC dials port 99999 as 34463, a name without a port at 443 and
+// looks "http://host:port" up as a host name, and each then looks like a server that is down.
+absl::StatusOr<std::string> TargetFromFlags(const std::string& command) {
+  const std::string address = absl::GetFlag(FLAGS_address);
+  if (command == "health" && !address.empty()) {
+    RETURN_IF_ERROR(CheckHostPort(address, "--address"));
+    return address;
+  }
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) {
+    return absl::InvalidArgumentError(command == "health"
+                                          ? "health: give --address=HOST:PORT (or --coordinator)"
+                                          : "--coordinator=HOST:PORT is required");
+  }
+  RETURN_IF_ERROR(CheckHostPort(coordinator, "--coordinator"));
+  return coordinator;
 }
 
 // plan: the flags' PlanInput, printed as a table or --json; no cluster involved.
@@ -639,14 +478,10 @@ int main(int argc, char** argv) {
   }
   const absl::StatusOr<Security> security = SecurityFromFlags();
   if (!security.ok()) return Error(kUsage, std::string(security.status().message()));
-  const std::string address = absl::GetFlag(FLAGS_coordinator);
-  if (command == "health") {
-    const std::string target =
-        absl::GetFlag(FLAGS_address).empty() ? address : absl::GetFlag(FLAGS_address);
-    if (target.empty()) return Error(kUsage, "health: give --address=HOST:PORT (or --coordinator)");
-    return Health(target, *security);
-  }
-  if (address.empty()) return Error(kUsage, "--coordinator=HOST:PORT is required");
+  const absl::StatusOr<std::string> target = TargetFromFlags(command);
+  if (!target.ok()) return Error(kUsage, std::string(target.status().message()));
+  const std::string& address = *target;
+  if (command == "health") return Health(address, *security);
   if (command == "switch-mode") return SwitchMode(address, *security);
   if (command == "checkpoint") return Checkpoint(address, *security);
   if (command == "restore") return Restore(address, *security);
