@@ -255,6 +255,11 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
   for (int r = 0; r < 2; ++r) {
     summaries.push_back(FinishedSummary(workers[r], absl::StrCat(dir, "/worker", r, ".json")));
   }
+  // A run whose workers finished is reported finished, and psctl status exits 0 for it.
+  absl::StatusOr<std::string> status =
+      testing::OutputOf({"tools/psctl/psctl", "--coordinator=" + coordinator, "status"});
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_THAT(*status, ::testing::HasSubstr("FINISHED"));
   absl::StatusOr<std::string> listed =
       testing::OutputOf({"tools/psctl/psctl", "--coordinator=" + coordinator, "checkpoints"});
   ASSERT_TRUE(listed.ok()) << listed.status();

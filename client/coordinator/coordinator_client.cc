@@ -203,6 +203,20 @@ absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_vers
   return view;
 }
 
+absl::Status CoordinatorClient::ReportFinished(int64_t view_version, int64_t step) {
+  coord::ReportProgressRequest req;
+  req.set_rank(options_.id);
+  req.set_incarnation(incarnation_);
+  req.set_view_version(view_version);
+  req.set_step(step);
+  req.set_run_end_step(run_end_step_.load());
+  req.set_finished(true);
+  coord::ReportProgressResponse resp;
+  return Reconnecting("ReportFinished", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->ReportProgress(ctx, req, &resp);
+  });
+}
+
 absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t step, double loss,
                                                double samples_per_sec,
                                                std::optional<double> metric) {

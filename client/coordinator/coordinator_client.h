@@ -78,6 +78,9 @@ class CoordinatorClient {
   // `metric` (optional): a validation metric measured at `step`.
   absl::Status ReportProgress(int64_t view_version, int64_t step, double loss,
                               double samples_per_sec, std::optional<double> metric = std::nullopt);
+  // This worker's run ended well at `step` and it leaves: the view shows it finished, not
+  // dead, once it falls silent.
+  absl::Status ReportFinished(int64_t view_version, int64_t step);
 
   // Live mode switching (see proto/coordinator.proto). SwitchMode schedules a switch of
   // every worker to `mode` at `at_step` (0: the

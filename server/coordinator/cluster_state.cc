@@ -84,6 +84,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
   m->clear_samples_per_sec();
   m->clear_has_metric();
   m->clear_metric();
+  m->clear_finished();
   m->set_alive(true);
   m->set_last_heartbeat_ms(absl::ToUnixMillis(now_()));
   if (r.role() == SHARD) JoinChainLocked(*m);
@@ -165,12 +166,18 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
     // from the view (ps_coordinator says so).
     if (switches_.DropFrom(r.run_end_step()) > 0) ChangedLocked();
   }
-  m->set_loss(r.loss());
-  m->set_samples_per_sec(r.samples_per_sec());
+  if (!r.finished()) {  // a finished report carries no figures: the last ones stay shown
+    m->set_loss(r.loss());
+    m->set_samples_per_sec(r.samples_per_sec());
+  }
   if (r.has_metric()) {
     m->set_has_metric(true);
     m->set_metric(r.metric());
     m->set_metric_step(r.step());
+  }
+  if (r.finished() && !m->finished()) {
+    m->set_finished(true);
+    ChangedLocked();
   }
   return absl::OkStatus();
 }
@@ -319,13 +326,16 @@ ClusterView ClusterState::ViewLocked() const {
     v.add_shard_addresses(chain->addresses().empty() ? "" : chain->addresses(0));
   }
   int64_t global_step = -1;
+  int finished = 0;
   for (const auto& [key, m] : members_) {
     *v.add_members() = m;
-    if (m.role() == WORKER && m.alive()) {
+    if (m.role() == WORKER && (m.alive() || m.finished())) {  // a finished run keeps its step
       global_step = global_step < 0 ? m.step() : std::min(global_step, m.step());
     }
+    if (m.role() == WORKER && m.finished()) ++finished;
   }
   v.set_global_step(std::max<int64_t>(global_step, 0));
+  v.set_finished(options_.num_workers > 0 && finished == options_.num_workers);
   v.set_complete(CompleteLocked());
   if (!v.complete()) v.set_missing(MissingLocked());
   for (const Checkpoint& c : checkpoints_) *v.add_checkpoints() = c;

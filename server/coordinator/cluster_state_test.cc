@@ -402,6 +402,37 @@ TEST_F(ClusterStateTest, CheckLivenessDeclaresSilentMembersDeadAfterTimeout) {
   EXPECT_EQ(m.View().version(), v.version());
 }
 
+// A worker that finished its run and left is not a dead member: after both workers of a
+// clean run exited, psctl status said "global step 0, INCOMPLETE" (exit 1) with both DEAD.
+TEST_F(ClusterStateTest, WorkersThatFinishedAndFellSilentMakeAFinishedRun) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  const int64_t s0 = MustRegister(m, SHARD, 0, "s0:5000");
+  const int64_t w0 = MustRegister(m, WORKER, 0, "w0");
+  const int64_t w1 = MustRegister(m, WORKER, 1, "w1");
+  const int64_t version = m.View().version();
+  ASSERT_TRUE(m.ReportProgress(Progress(0, w0, version, 100, 0.25, 900)).ok());
+  ReportProgressRequest done = Progress(1, w1, version, 100);
+  done.set_finished(true);
+  ASSERT_TRUE(m.ReportProgress(done).ok());
+  EXPECT_FALSE(m.View().finished()) << "worker 0 has not finished yet";
+  done.set_rank(0);
+  done.set_incarnation(w0);
+  ASSERT_TRUE(m.ReportProgress(done).ok());
+  clock_.Advance(kTimeout + absl::Seconds(1));  // the workers have exited; the shard stays
+  ASSERT_TRUE(m.Heartbeat(Hb(SHARD, 0, s0)).ok());
+  EXPECT_TRUE(m.CheckLiveness());
+  const ClusterView v = m.View();
+  EXPECT_TRUE(v.finished());
+  EXPECT_EQ(v.global_step(), 100) << "a finished run keeps its step";
+  EXPECT_TRUE(FindMember(v, WORKER, 0).finished());
+  EXPECT_FALSE(FindMember(v, WORKER, 0).alive());
+  EXPECT_EQ(FindMember(v, WORKER, 0).loss(), 0.25) << "a finished report keeps the last figures";
+  // A worker that registers again starts a new run of its own: no longer finished.
+  MustRegister(m, WORKER, 0, "w0");
+  EXPECT_FALSE(m.View().finished());
+  EXPECT_FALSE(FindMember(m.View(), WORKER, 0).finished());
+}
+
 TEST_F(ClusterStateTest, CheckLivenessDeclaresADeadShardAndKeepsItsAddress) {
   MAKE_MEMBERSHIP(m, 1, 1);
   MustRegister(m, SHARD, 0, "s0:1");

@@ -132,8 +132,10 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
                   after.replicas() > 1 && m.role() == pscluster::coord::SHARD
                       ? absl::StrCat(" replica ", m.replica()).c_str()
                       : "",
-                  m.alive() ? "alive" : "DEAD", static_cast<long long>(m.incarnation()),
-                  m.address().c_str());
+                  m.alive()      ? "alive"
+                  : m.finished() ? "finished its run and left"
+                                 : "DEAD",
+                  static_cast<long long>(m.incarnation()), m.address().c_str());
     }
   }
   for (const auto& chain : after.chains()) {

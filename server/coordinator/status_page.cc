@@ -87,7 +87,8 @@ std::string Chart(const std::string& id, const std::string& title,
   for (const auto& [rank, c] : curves) {
     const std::vector<ProgressPoint>& points = series(c);
     if (points.empty()) continue;
-    const char* colour = kColours[static_cast<size_t>(rank) % (sizeof(kColours) / sizeof(*kColours))];
+    const char* colour =
+        kColours[static_cast<size_t>(rank) % (sizeof(kColours) / sizeof(*kColours))];
     std::string coords;
     for (const ProgressPoint& p : points) {
       absl::StrAppendFormat(&coords, "%s%.1f,%.1f", coords.empty() ? "" : " ",
@@ -111,70 +112,91 @@ std::string HtmlEscape(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
 }
 
-std::string RenderStatusPage(const ClusterView& view,
-                             const std::map<int32_t, WorkerCurves>& curves, absl::Time now,
-                             int refresh_seconds) {
-  int alive = 0, dead = 0;
-  for (const Member& m : view.members()) (m.alive() ? alive : dead)++;
+std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
+                             absl::Time now, int refresh_seconds) {
+  int alive = 0, finished = 0, dead = 0;  // a worker that finished and left is not dead
+  for (const Member& m : view.members()) (m.alive() ? alive : m.finished() ? finished : dead)++;
   std::string h = absl::StrCat(
       "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-      "<meta http-equiv=\"refresh\" content=\"", refresh_seconds, "\">"
-      "<title>pscluster: ", HtmlEscape(ModeName(view.mode())), ", step ", view.global_step(),
+      "<meta http-equiv=\"refresh\" content=\"",
+      refresh_seconds,
+      "\">"
+      "<title>pscluster: ",
+      HtmlEscape(ModeName(view.mode())), ", step ", view.global_step(),
       "</title><style>"
       "body{font-family:sans-serif;margin:1.5em;color:#222}"
       "table{border-collapse:collapse;margin-bottom:1em}"
       "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
       "th{background:#eee}.dead{color:#fff;background:#c00;font-weight:bold}"
-      ".alive{color:#060}.frame{fill:none;stroke:#999}.title{font-weight:bold}"
+      ".alive{color:#060}.finished{color:#036}.frame{fill:none;stroke:#999}.title{font-weight:bold}"
       "svg text{font-size:11px}.chart{margin-right:1em}"
       "</style></head><body>");
   absl::StrAppend(&h, "<h1>pscluster</h1><p id=\"summary\">mode <b id=\"mode\">",
                   HtmlEscape(ModeName(view.mode())), "</b> &middot; global step <b>",
                   view.global_step(), "</b> &middot; view ", view.version(), " &middot; ",
-                  view.complete() ? "complete" : "<b>incomplete</b>", " &middot; ", alive,
-                  " alive, ", dead, " dead &middot; refreshed ", When(absl::ToUnixMillis(now)),
-                  "</p>");
+                  view.finished()   ? "<b id=\"finished\">run finished</b>"
+                  : view.complete() ? "complete"
+                                    : "<b>incomplete</b>",
+                  " &middot; ", alive, " alive, ", finished, " finished, ", dead,
+                  " dead &middot; refreshed ", When(absl::ToUnixMillis(now)), "</p>");
 
-  absl::StrAppend(&h, "<h2>Members</h2><table id=\"members\"><tr><th>role</th><th>id</th>"
-                      "<th>address</th><th>state</th><th>heartbeat age</th><th>incarnation</th>"
-                      "<th>step</th><th>loss</th><th>samples/s</th><th>test metric</th></tr>");
+  absl::StrAppend(&h,
+                  "<h2>Members</h2><table id=\"members\"><tr><th>role</th><th>id</th>"
+                  "<th>address</th><th>state</th><th>heartbeat age</th><th>incarnation</th>"
+                  "<th>step</th><th>loss</th><th>samples/s</th><th>test metric</th></tr>");
   for (const Member& m : view.members()) {
     const bool worker = m.role() == WORKER;
-    absl::StrAppend(
-        &h, "<tr class=\"member\" data-role=\"", worker ? "worker" : "shard", "\" data-id=\"",
-        m.id(), "\"><td>", worker ? "worker" : "shard", "</td><td>", m.id(), "</td><td>",
-        HtmlEscape(m.address()), "</td><td class=\"", m.alive() ? "alive\">alive" : "dead\">DEAD",
-        "</td><td>", Ago(m.last_heartbeat_ms(), now), "</td><td>", m.incarnation(), "</td><td>",
-        worker ? absl::StrCat(m.step()) : "", "</td><td>", worker ? Number(m.loss()) : "",
-        "</td><td>", worker ? Number(m.samples_per_sec()) : "", "</td><td>",
-        worker && m.has_metric() ? Number(m.metric()) : "", "</td></tr>");
+    absl::StrAppend(&h, "<tr class=\"member\" data-role=\"", worker ? "worker" : "shard",
+                    "\" data-id=\"", m.id(), "\"><td>", worker ? "worker" : "shard", "</td><td>",
+                    m.id(), "</td><td>", HtmlEscape(m.address()), "</td><td class=\"",
+                    m.alive()      ? "alive\">alive"
+                    : m.finished() ? "finished\">finished"
+                                   : "dead\">DEAD",
+                    "</td><td>", Ago(m.last_heartbeat_ms(), now), "</td><td>", m.incarnation(),
+                    "</td><td>", worker ? absl::StrCat(m.step()) : "", "</td><td>",
+                    worker ? Number(m.loss()) : "", "</td><td>",
+                    worker ? Number(m.samples_per_sec()) : "", "</td><td>",
+                    worker && m.has_metric() ? Number(m.metric()) : "", "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
 
-  absl::StrAppend(&h, "<h2>Shard map</h2><table id=\"shards\"><tr><th>shard</th>"
-                      "<th>address</th></tr>");
+  absl::StrAppend(&h,
+                  "<h2>Shard map</h2><table id=\"shards\"><tr><th>shard</th>"
+                  "<th>address</th></tr>");
   for (int i = 0; i < view.shard_addresses_size(); ++i) {
-    absl::StrAppend(&h, "<tr><td>", i, "</td><td>",
-                    view.shard_addresses(i).empty() ? "(not registered)"
-                                                    : HtmlEscape(view.shard_addresses(i)),
-                    "</td></tr>");
+    absl::StrAppend(
+        &h, "<tr><td>", i, "</td><td>",
+        view.shard_addresses(i).empty() ? "(not registered)" : HtmlEscape(view.shard_addresses(i)),
+        "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
 
-  absl::StrAppend(&h, "<h2>Mode switches</h2><table id=\"switches\"><tr><th>id</th>"
-                      "<th>at step</th><th>from</th><th>to</th><th>hand-over</th>"
-                      "<th>state</th><th>time</th></tr><tr><td>0</td><td>0</td><td></td><td>",
+  absl::StrAppend(&h,
+                  "<h2>Mode switches</h2><table id=\"switches\"><tr><th>id</th>"
+                  "<th>at step</th><th>from</th><th>to</th><th>hand-over</th>"
+                  "<th>state</th><th>time</th></tr><tr><td>0</td><td>0</td><td></td><td>",
                   HtmlEscape(ModeName(view.initial_mode())),
                   "</td><td></td><td>start</td><td></td></tr>");
   for (const SwitchRecord& s : view.switches()) {
@@ -191,8 +213,9 @@ std::string RenderStatusPage(const ClusterView& view,
   }
   absl::StrAppend(&h, "</table>");
 
-  absl::StrAppend(&h, "<h2>Checkpoints</h2><table id=\"checkpoints\"><tr><th>step</th>"
-                      "<th>metric</th><th>complete</th><th>time</th></tr>");
+  absl::StrAppend(&h,
+                  "<h2>Checkpoints</h2><table id=\"checkpoints\"><tr><th>step</th>"
+                  "<th>metric</th><th>complete</th><th>time</th></tr>");
   if (view.checkpoints().empty()) absl::StrAppend(&h, "<tr><td colspan=\"4\">none yet</td></tr>");
   for (const Checkpoint& c : view.checkpoints()) {
     absl::StrAppend(&h, "<tr><td>", c.step(), "</td><td>", c.has_metric() ? Number(c.metric()) : "",
@@ -226,8 +249,7 @@ class StatusPageServer::Handler final : public CivetHandler {
       mg_send_http_error(conn, 404, "%s", "not found: the status page is at /");
       return true;
     }
-    const std::string body =
-        RenderStatusPage(cluster_->View(), history_->Curves(), absl::Now());
+    const std::string body = RenderStatusPage(cluster_->View(), history_->Curves(), absl::Now());
     mg_printf(conn,
               "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
               "Content-Length: %zu\r\nCache-Control: no-store\r\n"
@@ -252,8 +274,8 @@ absl::StatusOr<std::unique_ptr<StatusPageServer>> StatusPageServer::Start(
     s->server_ = std::make_unique<CivetServer>(std::vector<std::string>{
         "listening_ports", absl::StrCat(host, ":", port), "num_threads", "2"});
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve the status page on ", host, ":",
-                                               port, ": ", e.what(), " (port in use?)"));
+    return absl::UnavailableError(absl::StrCat("cannot serve the status page on ", host, ":", port,
+                                               ": ", e.what(), " (port in use?)"));
   }
   s->server_->addHandler("/", s->handler_.get());
   const std::vector<int> ports = s->server_->getListeningPorts();

@@ -222,7 +222,7 @@ int Status(const coord::ClusterView& view, bool json) {
   } else {
     std::fputs(psctl::FormatView(view, now).c_str(), stdout);
   }
-  return view.complete() ? kOk : kUnhealthy;
+  return view.complete() || view.finished() ? kOk : kUnhealthy;
 }
 
 // The coordinator's manifest: the checkpoints complete on every shard, ascending.

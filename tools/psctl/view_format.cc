@@ -75,10 +75,17 @@ absl::StatusOr<std::string> SortedJson(const google::protobuf::Message& message)
 
 }  // namespace
 
+std::string MemberState(const coord::Member& m) {
+  return m.alive() ? "yes" : m.finished() ? "done" : "DEAD";
+}
+
 std::string FormatView(const coord::ClusterView& view, absl::Time now) {
+  // A finished run is neither complete (its workers left) nor a failure.
   std::string out = absl::StrFormat("cluster view %d: mode %s, global step %d, %s\n",
                                     view.version(), ModeName(view.mode()), view.global_step(),
-                                    view.complete() ? "complete" : "INCOMPLETE");
+                                    view.finished()   ? "FINISHED"
+                                    : view.complete() ? "complete"
+                                                      : "INCOMPLETE");
   absl::StrAppendFormat(&out, "%-8s %4s %-6s %7s %-22s %5s %13s %9s %10s %9s\n", "ROLE", "ID",
                         "ALIVE", "HB_AGE", "ADDRESS", "INC", "STEP/END", "LOSS", "SAMPLES/S",
                         "METRIC");
@@ -88,7 +95,7 @@ std::string FormatView(const coord::ClusterView& view, absl::Time now) {
     const std::string step = m.run_end_step() > 0 ? absl::StrCat(m.step(), "/", m.run_end_step())
                                                   : absl::StrCat(m.step());
     absl::StrAppendFormat(&out, "%-8s %4d %-6s %6.1fs %-22s %5d %13s %9s %10s %9s\n",
-                          worker ? "worker" : "shard", m.id(), m.alive() ? "yes" : "DEAD",
+                          worker ? "worker" : "shard", m.id(), MemberState(m),
                           HeartbeatAgeSeconds(m, now), m.address(), m.incarnation(),
                           worker ? step : "-", worker ? absl::StrFormat("%.4g", m.loss()) : "-",
                           worker ? absl::StrFormat("%.0f", m.samples_per_sec()) : "-",

@@ -12,6 +12,9 @@ namespace pscluster::psctl {
 
 // The view's mode, step and completeness, a row per member, the last checkpoint and the
 // mode switches; heartbeat ages as of `now` (psctl's clock).
+// ALIVE's column: "yes", "done" (a worker that finished its run and left) or "DEAD".
+std::string MemberState(const coord::Member& m);
+
 std::string FormatView(const coord::ClusterView& view, absl::Time now);
 
 // One line of JSON: the view in protobuf's JSON mapping with the proto's field names, plus

@@ -123,6 +123,15 @@ absl::Status Trainer::CheckLiveness() const {
 }
 
 absl::Status Trainer::Leave() {
+  if (options_.coordinator != nullptr) {
+    // Said first: once this worker falls silent the coordinator shows it finished, not dead,
+    // and psctl status reports the run finished (exit 0) instead of INCOMPLETE (exit 1).
+    absl::Status s = options_.coordinator->ReportFinished(view_.version(), total_steps());
+    if (!s.ok()) {
+      std::fprintf(stderr, "worker %d: telling the coordinator the run finished: %s\n",
+                   options_.rank, s.ToString().c_str());
+    }
+  }
   return client_ == nullptr ? absl::OkStatus() : client_->UnregisterWorker();
 }
 
