@@ -40,7 +40,8 @@ int RunRank(int rank, int ranks, const std::string& store_dir) {
     return 1;
   }
   std::string json = "[\n";
-  if (rank == 0) std::printf("%12s %12s %12s %12s\n", "bytes", "time us", "algbw GB/s", "busbw GB/s");
+  if (rank == 0)
+    std::printf("%12s %12s %12s %12s\n", "bytes", "time us", "algbw GB/s", "busbw GB/s");
   const size_t min_bytes = std::max<int64_t>(absl::GetFlag(FLAGS_min_bytes), sizeof(float) * 2);
   for (size_t bytes = min_bytes; bytes <= static_cast<size_t>(absl::GetFlag(FLAGS_max_bytes));
        bytes *= 4) {
@@ -63,8 +64,8 @@ int RunRank(int rank, int ranks, const std::string& store_dir) {
     const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (ranks - 1) / ranks;
     if (rank == 0) {
       std::printf("%12zu %12.1f %12.3f %12.3f\n", bytes, t * 1e6, algbw, busbw);
-      absl::StrAppend(&json, bytes > min_bytes ? ",\n" : "", "  {\"bytes\": ", bytes, ", \"algbw\": ", algbw,
-                      ", \"busbw\": ", busbw, "}");
+      absl::StrAppend(&json, bytes > min_bytes ? ",\n" : "", "  {\"bytes\": ", bytes,
+                      ", \"algbw\": ", algbw, ", \"busbw\": ", busbw, "}");
     }
   }
   if (rank == 0 && !absl::GetFlag(FLAGS_json).empty()) {

@@ -11,14 +11,14 @@
 // of the whole tensor, alternating. Goodput = tensor bytes / wall time of one call; the
 // median of the timed calls is reported, and the median client CPU time (user + system, all
 // threads) of one call.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <sys/resource.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
     std::vector<double> push, pull, push_cpu, pull_cpu;
     for (int i = 0; i < reps + 2; ++i) {
       double ca, cb;
-      double a = Seconds(
-          [&] { Check(client->PushDense(spec.table_id(), i, grad), "PushDense"); }, &ca);
+      double a =
+          Seconds([&] { Check(client->PushDense(spec.table_id(), i, grad), "PushDense"); }, &ca);
       double b = Seconds(
           [&] { Check(client->PullDense(spec.table_id(), i, absl::MakeSpan(out)), "PullDense"); },
           &cb);
@@ -126,8 +126,8 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    Result r{bytes, bytes / Median(push) / 1e9, bytes / Median(pull) / 1e9,
-             1e3 * Median(push_cpu), 1e3 * Median(pull_cpu)};
+    Result r{bytes, bytes / Median(push) / 1e9, bytes / Median(pull) / 1e9, 1e3 * Median(push_cpu),
+             1e3 * Median(pull_cpu)};
     std::printf("%-7d %6lu KiB %10.3f %10.3f %12.2f %12.2f\n", client->num_shards(),
                 static_cast<unsigned long>(bytes >> 10), r.push_gbps, r.pull_gbps, r.push_cpu_ms,
                 r.pull_cpu_ms);
@@ -143,8 +143,8 @@ int main(int argc, char** argv) {
       f << absl::StrCat("  {\"client\": \"cpp\", \"shards\": ", client->num_shards(),
                         ", \"bytes\": ", r.bytes, ", \"reps\": ", reps,
                         ", \"push_gbps\": ", r.push_gbps, ", \"pull_gbps\": ", r.pull_gbps,
-                        ", \"push_cpu_ms\": ", r.push_cpu_ms, ", \"pull_cpu_ms\": ", r.pull_cpu_ms, "}",
-                        i + 1 < results.size() ? ",\n" : "\n");
+                        ", \"push_cpu_ms\": ", r.push_cpu_ms, ", \"pull_cpu_ms\": ", r.pull_cpu_ms,
+                        "}", i + 1 < results.size() ? ",\n" : "\n");
     }
     f << "]\n";
     if (!f) {

@@ -8,10 +8,11 @@
 //   elementwise_gbps   the step's element-wise kernels (LayerNorm, GELU, causal softmax,
 //                      bias adds, residual copies and adds, their backwards, the loss's
 //                      softmax) over their time, counted as the plan counts them: 4 bytes
-//                      per element of tools/psctl/plan.h's ElementwisePerTokenLayer. On a GPU these kernels are bound by the
-//                      memory bandwidth (the plan's --memory_gbps presets); on a CPU core
-//                      GELU's tanh and softmax's exp make them compute-bound, so the rate is
-//                      measured rather than taken from a copy's bandwidth.
+//                      per element of tools/psctl/plan.h's ElementwisePerTokenLayer. On a GPU these
+//                      kernels are bound by the memory bandwidth (the plan's --memory_gbps
+//                      presets); on a CPU core GELU's tanh and softmax's exp make them
+//                      compute-bound, so the rate is measured rather than taken from a copy's
+//                      bandwidth.
 //
 // Not a whole step: no training, no communication, no optimizer; each kernel class alone.
 //
@@ -96,12 +97,12 @@ int main(int argc, char** argv) {
                     y->get(), d, k, count);
     be->GemmBatched(false, true, t, t, k, 1.0f, y->get(), d, k, q + 2 * d, 3 * d, k, 0.0f,
                     datt->get(), t, st, count);  // dp = do·vᵀ
-    be->GemmBatched(true, false, t, k, t, 1.0f, att->get(), t, st, y->get(), d, k, 0.0f,
-                    z->get(), d, k, count);  // dv = pᵀ·do
+    be->GemmBatched(true, false, t, k, t, 1.0f, att->get(), t, st, y->get(), d, k, 0.0f, z->get(),
+                    d, k, count);  // dv = pᵀ·do
     be->GemmBatched(false, false, t, k, t, 1.0f, datt->get(), t, st, q + d, 3 * d, k, 0.0f,
                     z->get(), d, k, count);  // dq = ds·k
-    be->GemmBatched(true, false, t, k, t, 1.0f, datt->get(), t, st, q, 3 * d, k, 0.0f, z->get(),
-                    d, k, count);  // dk = dsᵀ·q
+    be->GemmBatched(true, false, t, k, t, 1.0f, datt->get(), t, st, q, 3 * d, k, 0.0f, z->get(), d,
+                    k, count);  // dk = dsᵀ·q
   };
   const double block_gemm = TimePerCall(seconds, [&] {
     linear(d, 3 * d);

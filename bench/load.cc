@@ -61,7 +61,7 @@ struct ClientLog {
   std::vector<double> ms[kOps][kOutcomes];
   uint64_t bytes = 0;
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> key_updates;  // key -> {ok, failed}
-  std::map<std::string, uint64_t> errors;                          // message -> count
+  std::map<std::string, uint64_t> errors;                         // message -> count
 };
 
 double Percentile(std::vector<double>* v, double p) {
@@ -106,22 +106,33 @@ void RunClient(PsClient* c, int id, absl::Time end, ClientLog* log) {
   std::uniform_int_distribution<uint64_t> key(0, absl::GetFlag(FLAGS_key_space) - 1);
   for (int64_t step = 0; absl::Now() < end; ++step) {
     const int draw = static_cast<int>(rng() % 10);
-    const Op op = draw < 4 ? kPullDense : draw < 7 ? kPushDense : draw < 9 ? kPullSparse : kPushSparse;
+    const Op op = draw < 4   ? kPullDense
+                  : draw < 7 ? kPushDense
+                  : draw < 9 ? kPullSparse
+                             : kPushSparse;
     if (op == kPullSparse || op == kPushSparse) {
       for (auto& key_i : keys) key_i = key(rng);
     }
     const absl::Time t0 = absl::Now();
     absl::Status s;
     switch (op) {
-      case kPullDense: s = c->PullDense(kDense, step, absl::MakeSpan(dense)); break;
-      case kPushDense: s = c->PushDense(kDense, step, ones); break;
-      case kPullSparse: s = c->PullSparse(kSparse, step, keys, absl::MakeSpan(rows)); break;
-      default: s = c->PushSparse(kSparse, step, keys, row_grads); break;
+      case kPullDense:
+        s = c->PullDense(kDense, step, absl::MakeSpan(dense));
+        break;
+      case kPushDense:
+        s = c->PushDense(kDense, step, ones);
+        break;
+      case kPullSparse:
+        s = c->PullSparse(kSparse, step, keys, absl::MakeSpan(rows));
+        break;
+      default:
+        s = c->PushSparse(kSparse, step, keys, row_grads);
+        break;
     }
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-    const Outcome outcome = s.ok()                                              ? kOk
+    const Outcome outcome = s.ok()                                             ? kOk
                             : s.code() == absl::StatusCode::kResourceExhausted ? kRefused
-                                                                                : kError;
+                                                                               : kError;
     log->ms[op][outcome].push_back(ms);
     if (outcome != kOk) ++log->errors[std::string(s.message().substr(0, 160))];
     if (s.ok()) log->bytes += op <= kPushDense ? n * 4 : k * dim * 4;
@@ -201,9 +212,10 @@ int main(int argc, char** argv) {
     }
     const size_t count = all[kOk].size() + all[kRefused].size() + all[kError].size();
     ops += count;
-    const double ok_max = all[kOk].empty() ? 0 : *std::max_element(all[kOk].begin(), all[kOk].end());
-    std::printf("%-14s %9zu %9zu %9zu %7zu | %8.2f %8.2f %8.1f | %8.2f %8.2f  (ms)\n",
-                kOpNames[op], count, all[kOk].size(), all[kRefused].size(), all[kError].size(),
+    const double ok_max =
+        all[kOk].empty() ? 0 : *std::max_element(all[kOk].begin(), all[kOk].end());
+    std::printf("%-14s %9zu %9zu %9zu %7zu | %8.2f %8.2f %8.1f | %8.2f %8.2f  (ms)\n", kOpNames[op],
+                count, all[kOk].size(), all[kRefused].size(), all[kError].size(),
                 Percentile(&all[kOk], 0.5), Percentile(&all[kOk], 0.99), ok_max,
                 Percentile(&all[kRefused], 0.5), Percentile(&all[kRefused], 0.99));
   }
@@ -266,8 +278,10 @@ int main(int argc, char** argv) {
   uint64_t wrong_rows = 0;
   for (size_t at = 0; at < keys.size(); at += 10000) {  // well inside a message
     const size_t len = std::min<size_t>(10000, keys.size() - at);
-    if (!admin->PullSparse(kSparse, 0, absl::MakeConstSpan(keys).subspan(at, len),
-                           absl::MakeSpan(rows).subspan(at * dim, len * dim)).ok()) {
+    if (!admin
+             ->PullSparse(kSparse, 0, absl::MakeConstSpan(keys).subspan(at, len),
+                          absl::MakeSpan(rows).subspan(at * dim, len * dim))
+             .ok()) {
       std::fprintf(stderr, "load: cannot read the sparse rows\n");
       return 1;
     }
@@ -286,8 +300,8 @@ int main(int argc, char** argv) {
               " %s\n",
               keys.size(), wrong_rows, wrong_rows == 0 ? "OK" : "WRONG");
   exact = exact && wrong_rows == 0;
-  std::printf("exact check: %s\n", exact ? "PASSED (no acknowledged update lost, none torn)"
-                                         : "FAILED");
+  std::printf("exact check: %s\n",
+              exact ? "PASSED (no acknowledged update lost, none torn)" : "FAILED");
   clients.clear();
   admin.reset();
   for (auto& s : servers) s.Stop(SIGTERM, absl::Seconds(20)).IgnoreError();

@@ -59,8 +59,9 @@ int main(int argc, char** argv) {
                {"adagrad", OptimizerOptions::Kind::kAdagrad},
                {"adam", OptimizerOptions::Kind::kAdam},
                {"ftrl", OptimizerOptions::Kind::kFtrl}};
-  std::printf("| optimizer | values | ns / value | update GB/s | memcpy GB/s (same arrays) | "
-              "update / memcpy |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| optimizer | values | ns / value | update GB/s | memcpy GB/s (same arrays) | "
+      "update / memcpy |\n|---|---|---|---|---|---|\n");
   for (absl::string_view field : absl::StrSplit(absl::GetFlag(FLAGS_values), ',')) {
     size_t n = 0;
     if (!absl::SimpleAtoi(field, &n) || n == 0) {
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
       const std::unique_ptr<Optimizer> opt = *Optimizer::Create(options);
       const int slots = opt->num_slots();
       std::vector<float> w(n, 0.5f), g(n);
-      for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((i * 2654435761u) % 1000) / 1e3f - 0.5f;
+      for (size_t i = 0; i < n; ++i)
+        g[i] = static_cast<float>((i * 2654435761u) % 1000) / 1e3f - 0.5f;
       std::vector<std::vector<float>> slot(slots);
       std::vector<float*> slot_ptr;
       for (int s = 0; s < slots; ++s) {
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
         slot_ptr.push_back(slot[s].data());
       }
       const size_t bytes = (2 * (1 + slots) + 1) * n * sizeof(float);  // read + written
-      const size_t half = (2 + slots) * n * sizeof(float) / 2;        // of the arrays
+      const size_t half = (2 + slots) * n * sizeof(float) / 2;         // of the arrays
       std::vector<char> from(half, 1), to(half);
       std::vector<double> update_ns, copy_ns;
       int64_t step = 1;

@@ -32,10 +32,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bench/raw.grpc.pb.h"
 #include "bench/tcp_ceiling.h"
-#include "absl/synchronization/notification.h"
 #include "client/ps/ps_client.h"
 #include "common/malloc_mode.h"
 #include "common/metrics.h"
@@ -144,7 +144,7 @@ struct Treatment {
 // the admin token (it creates the table).
 std::pair<Security, Security> TlsFromDir() {
   const std::string dir = absl::GetFlag(FLAGS_tls_dir);
-  SecurityOptions server{dir + "/node.pem", dir + "/node.key", dir + "/ca.pem", false, "",
+  SecurityOptions server{dir + "/node.pem",      dir + "/node.key",   dir + "/ca.pem", false, "",
                          dir + "/cluster.token", dir + "/admin.token"};
   SecurityOptions client;
   client.tls_ca = dir + "/ca.pem";
@@ -160,17 +160,16 @@ std::pair<Security, Security> TlsFromDir() {
 
 // `as_ps_server`: with the interceptors ps_server installs (the parse-error one, and with
 // `metrics` the RPC counter); the raw ceiling has none. `tls`: ps_server's credentials.
-std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address,
-                                    bool as_ps_server, Metrics* metrics = nullptr,
-                                    const Security* tls = nullptr) {
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address, bool as_ps_server,
+                                    Metrics* metrics = nullptr, const Security* tls = nullptr) {
   grpc::ServerBuilder b;
   if (as_ps_server) NameUnparsableRequests(&b, metrics ? metrics->rpcs().Interceptor() : nullptr);
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0",
-                     tls ? *tls->ServerCredentials(AdminMethods("pscluster.ps.ParameterServer",
-                                                                {"CreateTable"}))
-                         : grpc::InsecureServerCredentials(),
-                     &port);
+  b.AddListeningPort(
+      "127.0.0.1:0",
+      tls ? *tls->ServerCredentials(AdminMethods("pscluster.ps.ParameterServer", {"CreateTable"}))
+          : grpc::InsecureServerCredentials(),
+      &port);
   b.SetMaxReceiveMessageSize(64 << 20);
   b.SetMaxSendMessageSize(64 << 20);
   b.RegisterService(service);
@@ -211,7 +210,8 @@ Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
   if (!c.metrics.empty()) {
     std::vector<int> ports;
     for (const auto& m : c.metrics) ports.push_back(m->port());
-    c.scraper = std::make_unique<Scraper>(ports, absl::Milliseconds(absl::GetFlag(FLAGS_scrape_ms)));
+    c.scraper =
+        std::make_unique<Scraper>(ports, absl::Milliseconds(absl::GetFlag(FLAGS_scrape_ms)));
   }
   return c;
 }
@@ -270,16 +270,14 @@ class RawClient {
   std::vector<std::unique_ptr<RawStream::Stub>> stubs_;
 };
 
-
-
 // Loopback TCP as iperf3 measures it (one stream, 2 s), in GB/s; 0 when it cannot run.
 double Iperf3Gbps() {
   const std::string iperf3 = absl::GetFlag(FLAGS_iperf3);
   if (iperf3.empty()) return 0;
   const std::string port = absl::StrCat(20000 + getpid() % 20000);
   std::thread server([&] {  // one test, then it exits; bounded if the client never comes
-    std::system(absl::StrCat("timeout 30 ", iperf3, " -s -1 -p ", port, " >/dev/null 2>&1")
-                    .c_str());
+    std::system(
+        absl::StrCat("timeout 30 ", iperf3, " -s -1 -p ", port, " >/dev/null 2>&1").c_str());
   });
   double gbps = 0;
   for (int attempt = 0; attempt < 50 && gbps == 0; ++attempt) {  // until the server listens
@@ -326,7 +324,7 @@ struct Result {
   uint64_t bytes;
   double push_gbps, raw_push_gbps, pull_gbps, raw_pull_gbps, tcp_push_gbps, tcp_pull_gbps,
       iperf3_gbps;
-  double push_ratio = 0, pull_ratio = 0;  // to raw gRPC: medians of per-round ratios
+  double push_ratio = 0, pull_ratio = 0;                // to raw gRPC: medians of per-round ratios
   double push_tcp_ratio = 0, pull_tcp_ratio = 0;        // to raw TCP
   double push_iperf3_ratio = 0, pull_iperf3_ratio = 0;  // to iperf3
 };
@@ -390,9 +388,8 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   if (raw_out.front() != 1.0f || raw_out.back() != 1.0f) std::abort();
   if (tcp_out.front() == 0.0f || tcp_out.back() == 0.0f) std::abort();
   auto gbps = [&](const std::vector<double>& t) { return bytes / Median(t) / 1e9; };
-  Result r{num_shards,     bytes,          gbps(push),    gbps(raw_push),
-           gbps(pull),     gbps(raw_pull), gbps(tcp_push), gbps(tcp_pull),
-           Iperf3Gbps()};
+  Result r{num_shards,     bytes,          gbps(push),     gbps(raw_push), gbps(pull),
+           gbps(raw_pull), gbps(tcp_push), gbps(tcp_pull), Iperf3Gbps()};
   for (auto& s : cluster.servers) s->Shutdown();
   return r;
 }
@@ -489,9 +486,9 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results;
   std::printf("goodput GB/s; ratios are medians of per-round ratios (PS over the ceiling)\n");
-  std::printf("%-6s %-9s | %7s %7s %7s %7s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s\n",
-              "shards", "tensor", "iperf3", "push", "grpc", "tcp", "pull", "grpc", "tcp",
-              "/grpc", "/tcp", "/iperf", "/grpc", "/tcp", "/iperf");
+  std::printf("%-6s %-9s | %7s %7s %7s %7s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s\n", "shards",
+              "tensor", "iperf3", "push", "grpc", "tcp", "pull", "grpc", "tcp", "/grpc", "/tcp",
+              "/iperf", "/grpc", "/tcp", "/iperf");
   for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
     for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
       uint32_t shards = std::stoul(shards_flag);

@@ -28,8 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "grpcpp/grpcpp.h"
 #include "bench/proc_status.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/subprocess.h"
 
@@ -239,22 +239,22 @@ int main(int argc, char** argv) {
   std::printf("%d concurrent requests x %d rounds, %lu MiB each\n",
               absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_rounds),
               static_cast<unsigned long>(absl::GetFlag(FLAGS_request_mib)));
-  std::printf("%-24s %10s %10s %10s %10s %10s %5s %7s  %s\n", "scenario", "before MiB",
-              "peak MiB", "HWM MiB", "after MiB", "closed MiB", "ok", "refused", "first error");
+  std::printf("%-24s %10s %10s %10s %10s %10s %5s %7s  %s\n", "scenario", "before MiB", "peak MiB",
+              "HWM MiB", "after MiB", "closed MiB", "ok", "refused", "first error");
   std::string json;
   for (const std::string& scenario : absl::GetFlag(FLAGS_scenarios)) {
     Result r = pscluster::bench::Run(scenario);
     auto mib = [](uint64_t kib) { return kib / 1024.0; };
-    std::printf("%-24s %10.0f %10.0f %10.0f %10.0f %10.0f %5d %7d  %.100s\n",
-                r.scenario.c_str(), mib(r.before.rss_kib), mib(r.peak.rss_kib),
-                mib(r.peak.hwm_kib), mib(r.after.rss_kib), mib(r.closed.rss_kib), r.ok,
-                r.refused, r.sample_error.c_str());
+    std::printf("%-24s %10.0f %10.0f %10.0f %10.0f %10.0f %5d %7d  %.100s\n", r.scenario.c_str(),
+                mib(r.before.rss_kib), mib(r.peak.rss_kib), mib(r.peak.hwm_kib),
+                mib(r.after.rss_kib), mib(r.closed.rss_kib), r.ok, r.refused,
+                r.sample_error.c_str());
     std::fflush(stdout);
-    json += absl::StrCat("{\"scenario\": \"", r.scenario, "\", \"before_kib\": ", r.before.rss_kib,
-                         ", \"peak_kib\": ", r.peak.rss_kib, ", \"hwm_kib\": ", r.peak.hwm_kib,
-                         ", \"after_kib\": ", r.after.rss_kib,
-                         ", \"closed_kib\": ", r.closed.rss_kib, ", \"ok\": ", r.ok,
-                         ", \"refused\": ", r.refused, "}\n");
+    json +=
+        absl::StrCat("{\"scenario\": \"", r.scenario, "\", \"before_kib\": ", r.before.rss_kib,
+                     ", \"peak_kib\": ", r.peak.rss_kib, ", \"hwm_kib\": ", r.peak.hwm_kib,
+                     ", \"after_kib\": ", r.after.rss_kib, ", \"closed_kib\": ", r.closed.rss_kib,
+                     ", \"ok\": ", r.ok, ", \"refused\": ", r.refused, "}\n");
   }
   if (!absl::GetFlag(FLAGS_json).empty()) std::ofstream(absl::GetFlag(FLAGS_json)) << json;
   return 0;

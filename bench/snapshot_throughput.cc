@@ -145,10 +145,11 @@ int main(int argc, char** argv) {
         }
       }
       table->set_copy_on_write(true);
-      std::printf("%-8s whole copy: %.0f MB/s, pause %.2f%%; copy on write: %.0f MB/s, pause "
-                  "%.2f%%; write MB/s cow/whole %.2f\n",
-                  mib_flag.c_str(), Median(mbs[0]), 100 * Median(pauses[0]), Median(mbs[1]),
-                  100 * Median(pauses[1]), Median(mbs[1]) / Median(mbs[0]));
+      std::printf(
+          "%-8s whole copy: %.0f MB/s, pause %.2f%%; copy on write: %.0f MB/s, pause "
+          "%.2f%%; write MB/s cow/whole %.2f\n",
+          mib_flag.c_str(), Median(mbs[0]), 100 * Median(pauses[0]), Median(mbs[1]),
+          100 * Median(pauses[1]), Median(mbs[1]) / Median(mbs[0]));
       std::fflush(stdout);
       continue;
     }

@@ -25,12 +25,12 @@ constexpr uint32_t kChunksTag = (1 << 3) | 2;  // DenseBatch.chunks, length-deli
 // sets it (the client inside a user's program, Python's), a fresh megabyte is often a fresh
 // mapping (glibc maps blocks this large, or trims its heap when they are freed), and every
 // page of it faults on first touch: on a virtual machine, whose page faults are slow, a
-// 1 MiB push then took 0.96 ms of client CPU instead of 0.40 (bench/history/RESULTS-to-2026-12-05.md, 2026-12-04
-// evening; the daemons tune malloc, common/malloc_mode.h). A slice at or above kPoolFrom
-// bytes takes a block of this pool, and gRPC gives the block back when it drops the slice
-// (after sending it, on whichever thread); the pool keeps at most kPoolBytes of them and
-// frees the rest. A block is reused for a message of at least half its size, so small
-// messages never hold large blocks.
+// 1 MiB push then took 0.96 ms of client CPU instead of 0.40
+// (bench/history/RESULTS-to-2026-12-05.md, 2026-12-04 evening; the daemons tune malloc,
+// common/malloc_mode.h). A slice at or above kPoolFrom bytes takes a block of this pool, and gRPC
+// gives the block back when it drops the slice (after sending it, on whichever thread); the pool
+// keeps at most kPoolBytes of them and frees the rest. A block is reused for a message of at least
+// half its size, so small messages never hold large blocks.
 class SlicePool {
  public:
   static SlicePool& Get() {

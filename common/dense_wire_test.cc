@@ -90,8 +90,11 @@ TEST(DenseWireTest, LargeMessagesInRecycledMemoryHoldExactlyTheirBytes) {
   grpc::ByteBuffer second = EncodeDenseChunk(Header(2, 0), b);  // while the first is alive
   EXPECT_EQ(Bytes(first), expected(mib, 1));
   first.Clear();  // its block goes back
-  for (const auto& [n, base] : {std::pair<size_t, float>{mib * 3 / 5, 3}, {mib, 4},
-                                {mib / 4, 5}, {mib + 1, 6}, {mib * 3 / 5, 7}}) {
+  for (const auto& [n, base] : {std::pair<size_t, float>{mib * 3 / 5, 3},
+                                {mib, 4},
+                                {mib / 4, 5},
+                                {mib + 1, 6},
+                                {mib * 3 / 5, 7}}) {
     const std::vector<float> v = Values(n, base);
     EXPECT_EQ(Bytes(EncodeDenseChunk(Header(2, 0), v)), expected(n, base)) << n;
   }

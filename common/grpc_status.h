@@ -25,20 +25,23 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view cont
       context.empty() ? s.error_message() : std::string(context) + ": " + s.error_message();
   if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
       s.error_message() == kThreadpoolExhausted) {
-    msg += " (every handler thread is busy, so the call was refused before any handler ran "
-           "and changed nothing: retry after a backoff, or give the server more --threads or "
-           "more shards)";
+    msg +=
+        " (every handler thread is busy, so the call was refused before any handler ran "
+        "and changed nothing: retry after a backoff, or give the server more --threads or "
+        "more shards)";
   }
   if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
       absl::StrContains(s.error_message(), "message larger than max")) {
-    msg += " (gRPC's own limit on one message: a shard takes up to its --max_chunk_bytes plus "
-           "64 KiB; the client's is PsClientOptions::max_message_bytes, with chunk_bytes at "
-           "most that minus 1 KiB. Raise both together, or send less per call)";
+    msg +=
+        " (gRPC's own limit on one message: a shard takes up to its --max_chunk_bytes plus "
+        "64 KiB; the client's is PsClientOptions::max_message_bytes, with chunk_bytes at "
+        "most that minus 1 KiB. Raise both together, or send less per call)";
   }
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && s.error_message().empty()) {
-    msg += "the server there does not serve this call: is it the right kind of process (a "
-           "ps_coordinator's address where one is asked for, not a ps_server's, or the "
-           "reverse)?";
+    msg +=
+        "the server there does not serve this call: is it the right kind of process (a "
+        "ps_coordinator's address where one is asked for, not a ps_server's, or the "
+        "reverse)?";
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }

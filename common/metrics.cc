@@ -4,8 +4,8 @@
 #include <exception>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/process_memory.h"
 #include "common/version.h"
@@ -184,16 +184,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& host,
     f->Gauge("pscluster_info", "Always 1: this process's role, id and version.", info, 1);
     f->Gauge("pscluster_process_resident_memory_bytes", "Resident memory of this process.", {},
              static_cast<double>(ResidentMemoryBytes()));
-    f->Gauge("pscluster_process_start_time_seconds", "When this process started (unix time).",
-             {}, start);
+    f->Gauge("pscluster_process_start_time_seconds", "When this process started (unix time).", {},
+             start);
   });
   try {
     // A scrape is quick, but a connection that sends nothing holds a thread until civetweb's
     // request timeout (30 s by default): with 2 threads, two idle connections stopped every
     // scrape. Eight threads, and an idle connection dropped after 5 s.
     m->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "8",
-        "request_timeout_ms", "5000", "keep_alive_timeout_ms", "5000"});
+        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "8", "request_timeout_ms",
+        "5000", "keep_alive_timeout_ms", "5000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host, ":", port, ": ",
                                                e.what(), " (port in use? try another)"));

@@ -22,17 +22,17 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     const auto type = info_->type();
     const bool one_request = type == grpc::experimental::ServerRpcInfo::Type::UNARY ||
                              type == grpc::experimental::ServerRpcInfo::Type::SERVER_STREAMING;
-    if (one_request && methods->QueryInterceptionHookPoint(
-                           InterceptionHookPoints::POST_RECV_MESSAGE) &&
+    if (one_request &&
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
         methods->GetRecvMessage() == nullptr) {
       unparsable_ = true;
     }
     if (unparsable_ &&
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
         methods->GetSendStatus().error_code() == grpc::StatusCode::INTERNAL) {
-      methods->ModifySendStatus(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          std::string(info_->method()) + ": " + kUnparsableRequest));
+      methods->ModifySendStatus(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       std::string(info_->method()) + ": " + kUnparsableRequest));
     }
     methods->Proceed();
   }

@@ -35,18 +35,18 @@ absl::StatusOr<std::string> ReadToken(const std::string& flag, const std::string
   std::string token(absl::StripAsciiWhitespace(*contents));
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, "=", path,
-          ": a token is one line of printable ASCII without spaces (gRPC metadata); "
-          "make one with: openssl rand -hex 32 > ",
-          path));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", path,
+                       ": a token is one line of printable ASCII without spaces (gRPC metadata); "
+                       "make one with: openssl rand -hex 32 > ",
+                       path));
     }
   }
   if (token.size() < kMinTokenBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, "=", path, ": the token has ", token.size(), " characters; at least ",
-        kMinTokenBytes, " are needed so that it cannot be guessed (openssl rand -hex 32 > ",
-        path, ")"));
+        kMinTokenBytes, " are needed so that it cannot be guessed (openssl rand -hex 32 > ", path,
+        ")"));
   }
   return token;
 }
@@ -70,8 +70,8 @@ class TokenChecker final : public grpc::AuthMetadataProcessor {
 
   bool IsBlocking() const override { return false; }  // a comparison: run it inline
 
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*,
-                       OutputMetadata* consumed, OutputMetadata*) override {
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*, OutputMetadata* consumed,
+                       OutputMetadata*) override {
     auto path_it = metadata.find(":path");
     const std::string path = path_it == metadata.end()
                                  ? std::string()
@@ -80,15 +80,17 @@ class TokenChecker final : public grpc::AuthMetadataProcessor {
     auto auth = metadata.find("authorization");
     if (auth == metadata.end()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          absl::StrCat(path, ": no token; this cluster needs one on every call "
-                                             "(--token_file, or token= in the Python client)"));
+                          absl::StrCat(path,
+                                       ": no token; this cluster needs one on every call "
+                                       "(--token_file, or token= in the Python client)"));
     }
     absl::string_view value(auth->second.data(), auth->second.size());
-    consumed->insert(std::make_pair(std::string(auth->first.data(), auth->first.size()),
-                                    std::string(value)));
+    consumed->insert(
+        std::make_pair(std::string(auth->first.data(), auth->first.size()), std::string(value)));
     if (!absl::ConsumePrefix(&value, kBearer)) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          absl::StrCat(path, ": the authorization metadata is not \"Bearer TOKEN\""));
+      return grpc::Status(
+          grpc::StatusCode::UNAUTHENTICATED,
+          absl::StrCat(path, ": the authorization metadata is not \"Bearer TOKEN\""));
     }
     if (SameToken(value, admin_token_)) return grpc::Status::OK;
     if (!SameToken(value, token_)) {

@@ -24,11 +24,11 @@
 namespace pscluster {
 
 struct SecurityOptions {
-  std::string tls_cert;  // PEM certificate (chain) file: this process's identity
-  std::string tls_key;   // PEM private key file of tls_cert
-  std::string tls_ca;    // PEM file of the CA(s) that sign the peers' certificates
+  std::string tls_cert;              // PEM certificate (chain) file: this process's identity
+  std::string tls_key;               // PEM private key file of tls_cert
+  std::string tls_ca;                // PEM file of the CA(s) that sign the peers' certificates
   bool require_client_cert = false;  // servers: mutual TLS, clients must present a cert
-  std::string tls_server_name;  // clients: name servers' certs must carry (default: host dialled)
+  std::string tls_server_name;   // clients: name servers' certs must carry (default: host dialled)
   std::string token_file;        // the cluster token (one line)
   std::string admin_token_file;  // the admin token; admin methods then need it
 };

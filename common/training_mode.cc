@@ -56,8 +56,7 @@ absl::Status CheckModeFits(TrainingMode mode, const ModeLimits& limits, int work
       (limits.batch_size() * workers) % limits.micro_batches() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pipeline mode splits the global batch of ", limits.batch_size() * workers,
-        " examples into --micro_batches=", limits.micro_batches(),
-        ", which does not divide it"));
+        " examples into --micro_batches=", limits.micro_batches(), ", which does not divide it"));
   }
   if (mode == PIPELINE && workers > limits.layers()) {
     return absl::FailedPreconditionError(
@@ -65,9 +64,9 @@ absl::Status CheckModeFits(TrainingMode mode, const ModeLimits& limits, int work
                      " model has ", limits.layers(), " layers, the cluster ", workers, " workers"));
   }
   if (mode == TENSOR && limits.max_tensor_parallel() < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor mode needs a model with tensor-parallel layers (gpt); the ", model,
-        " model has none"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor mode needs a model with tensor-parallel layers (gpt); the ", model,
+                     " model has none"));
   }
   if (mode == TENSOR && (workers < 1 || limits.max_tensor_parallel() % workers != 0)) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -40,8 +40,9 @@ struct Fixture {
 };
 
 template <typename Req, typename Resp>
-Method<Fixture> Unary(const char* name, grpc::Status (CoordinatorService::*handler)(
-                                            grpc::ServerContext*, const Req*, Resp*)) {
+Method<Fixture> Unary(const char* name,
+                      grpc::Status (CoordinatorService::*handler)(grpc::ServerContext*, const Req*,
+                                                                  Resp*)) {
   return {name, [handler](Fixture* c, const std::string& bytes, grpc::Status* status) {
             Req req;
             if (!req.ParseFromString(bytes)) return false;
@@ -64,12 +65,18 @@ bool Tick(Fixture* c, const std::string& bytes, grpc::Status* status) {
 const std::vector<Method<Fixture>>& Methods() {
   using S = CoordinatorService;
   static const auto* methods = new std::vector<Method<Fixture>>{
-      Unary("Register", &S::Register),         Unary("Heartbeat", &S::Heartbeat),
-      Unary("ReportProgress", &S::ReportProgress), Unary("GetView", &S::GetView),
-      Unary("KvPut", &S::KvPut),               Unary("KvGet", &S::KvGet),
-      Unary("SwitchMode", &S::SwitchMode),     Unary("PollSwitch", &S::PollSwitch),
-      Unary("ReportSwitch", &S::ReportSwitch), Unary("Checkpoint", &S::Checkpoint),
-      {"tick", Tick},                          Unary("JoinChain", &S::JoinChain),
+      Unary("Register", &S::Register),
+      Unary("Heartbeat", &S::Heartbeat),
+      Unary("ReportProgress", &S::ReportProgress),
+      Unary("GetView", &S::GetView),
+      Unary("KvPut", &S::KvPut),
+      Unary("KvGet", &S::KvGet),
+      Unary("SwitchMode", &S::SwitchMode),
+      Unary("PollSwitch", &S::PollSwitch),
+      Unary("ReportSwitch", &S::ReportSwitch),
+      Unary("Checkpoint", &S::Checkpoint),
+      {"tick", Tick},
+      Unary("JoinChain", &S::JoinChain),
   };
   return *methods;
 }
@@ -87,8 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pscluster::fuzz;
   Fixture c;
   // A failed call persists nothing and leaves the view as it was.
-  RunCalls(data, size, Methods(), &c, [](Fixture* f) {
-    return std::make_pair(f->changes, ViewBytes(f->cluster));
-  });
+  RunCalls(data, size, Methods(), &c,
+           [](Fixture* f) { return std::make_pair(f->changes, ViewBytes(f->cluster)); });
   return 0;
 }

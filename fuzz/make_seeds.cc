@@ -66,9 +66,27 @@ pscluster::ps::TableSpec Sparse(uint32_t id) {
 
 // Method numbers of ps_service_fuzzer.cc's table.
 enum PsMethod : uint8_t {
-  kRegister, kUnregister, kCreate, kDescribe, kPullDense, kPushDense, kPullBatch, kPushBatch,
-  kPushPullBatch, kPullSparse, kPushSparse, kStats, kSnapshot, kList, kStatus, kRestore,
-  kPushStream, kImport, kPullStream, kExport, kReplicate
+  kRegister,
+  kUnregister,
+  kCreate,
+  kDescribe,
+  kPullDense,
+  kPushDense,
+  kPullBatch,
+  kPushBatch,
+  kPushPullBatch,
+  kPullSparse,
+  kPushSparse,
+  kStats,
+  kSnapshot,
+  kList,
+  kStatus,
+  kRestore,
+  kPushStream,
+  kImport,
+  kPullStream,
+  kExport,
+  kReplicate
 };
 
 // A stream call's request: the flags byte (1: the client cancels instead of ending the

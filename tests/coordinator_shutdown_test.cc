@@ -17,14 +17,14 @@ namespace pscluster {
 namespace {
 
 TEST(CoordinatorShutdownTest, SigtermWakesBlockedGetViewAndKvGetAndExits) {
-  auto c = testing::Subprocess::Start({"server/coordinator/ps_coordinator", "--port=0",
-                                       "--num_shards=1", "--num_workers=1"});
+  auto c = testing::Subprocess::Start(
+      {"server/coordinator/ps_coordinator", "--port=0", "--num_shards=1", "--num_workers=1"});
   ASSERT_TRUE(c.ok()) << c.status();
   auto line = c->WaitForLine("listening on", absl::Seconds(60));
   ASSERT_TRUE(line.ok()) << line.status();
   const std::string address = *testing::ListeningAddress(*line);
-  auto stub = coord::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      coord::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 
   // Two calls that would block for 10 minutes (a view that never comes, a key never set),
   // started in order on one connection before a probe whose answer shows the server has

@@ -1,6 +1,7 @@
 // A snapshot that runs out of disk, up front or while it is written, fails with a clear
-// error, leaves no partial snapshot, never aborts the process, and the shard keeps serving. Needs a small file system: tests/run.sh mounts an 8 MiB tmpfs
-// (as root) and passes it in PSCLUSTER_SMALL_FS; elsewhere the test skips, saying so.
+// error, leaves no partial snapshot, never aborts the process, and the shard keeps serving. Needs a
+// small file system: tests/run.sh mounts an 8 MiB tmpfs (as root) and passes it in
+// PSCLUSTER_SMALL_FS; elsewhere the test skips, saying so.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>

@@ -6,7 +6,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
-
 #include "gmock/gmock.h"
 #include "tests/ps_cluster_fixture.h"
 #include "tests/test_tables.h"
@@ -22,9 +21,7 @@ constexpr uint64_t kSize = 64;
 
 class OverloadTest : public PsClusterTest {
  protected:
-  std::vector<std::string> ServerArgs() override {
-    return {absl::StrCat("--threads=", kThreads)};
-  }
+  std::vector<std::string> ServerArgs() override { return {absl::StrCat("--threads=", kThreads)}; }
 };
 
 TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
@@ -59,7 +56,7 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   for (int i = 0; i < kThreads; ++i) {
     waits.push_back(std::make_unique<Puller>());
     pullers.emplace_back([this, puller = waits.back().get()] {
-      for (grpc::Status s;; ) {
+      for (grpc::Status s;;) {
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
         {
@@ -110,7 +107,8 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   // The client retries a refused call (it changed nothing): its push of both halves waits
   // out the overload and is applied once on each shard, not on shard 1 alone.
   absl::Status pushed;
-  std::thread pusher([&] { pushed = clients_[1]->PushDense(kAsp, accepted, std::vector<float>(kSize, 1.0f)); });
+  std::thread pusher(
+      [&] { pushed = clients_[1]->PushDense(kAsp, accepted, std::vector<float>(kSize, 1.0f)); });
   // Cancelled, the waiting pulls give their threads back (within Table::kCancelCheckEvery).
   for (auto& puller : waits) puller->Cancel();
   for (auto& t : pullers) t.join();

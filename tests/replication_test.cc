@@ -190,9 +190,10 @@ TEST_F(ReplicationTest, KilledHeadFailsOverWithoutRollbackAndEndsBitwiseAsIfUnin
     const absl::Time killed = absl::Now();
     ASSERT_TRUE(cluster.shard(1, 0).Stop(SIGKILL, absl::Seconds(20)).ok());
     const absl::Duration pause = AwaitTrainingAgain(survivor.get(), tables, killed, at_kill);
-    std::printf("failover pause: %.0f ms from the SIGKILL of shard 1's head to a whole step "
-                "applied by the new head (liveness timeout 600 ms)\n",
-                absl::ToDoubleMilliseconds(pause));
+    std::printf(
+        "failover pause: %.0f ms from the SIGKILL of shard 1's head to a whole step "
+        "applied by the new head (liveness timeout 600 ms)\n",
+        absl::ToDoubleMilliseconds(pause));
     std::fflush(stdout);
     run = cluster.Finish();
   }
@@ -252,7 +253,8 @@ TEST_F(ReplicationTest, HeadCutOffIsReplacedAndRefusesWritesWhenItComesBack) {
   // replica applies it.
   auto old_head = StubTo(cluster.shard_address(0, 0));
   auto new_head = StubTo(cluster.shard_address(0, 1));
-  const int64_t before_old = PushesApplied(old_head.get()), before_new = PushesApplied(new_head.get());
+  const int64_t before_old = PushesApplied(old_head.get()),
+                before_new = PushesApplied(new_head.get());
   ps::DenseBatch batch;
   ps::DenseChunk* c = batch.add_chunks();
   c->set_worker_id(0);

@@ -127,7 +127,8 @@ TEST_F(SecurityTest, PlaintextAndUntrustedCertificatesDoNotConnect) {
   EXPECT_EQ(plaintext.code(), absl::StatusCode::kUnavailable) << plaintext;
   // A server whose certificate another CA signed: the client refuses it (and so never sends
   // its token to it).
-  absl::Status untrusted = Connect(Client("cluster.token", Dir() + "/other"))->PushDense(kTable, 0, grad);
+  absl::Status untrusted =
+      Connect(Client("cluster.token", Dir() + "/other"))->PushDense(kTable, 0, grad);
   EXPECT_EQ(untrusted.code(), absl::StatusCode::kUnavailable) << untrusted;
   EXPECT_EQ(Values(), before);
 }
@@ -205,14 +206,13 @@ TEST_F(MutualTlsTest, ClientsWithoutACertificateAreRefused) {
 // The whole worker over TLS with tokens: it creates its tables (admin token) and trains.
 TEST_F(SecurityTest, AWorkerTrainsOverTlsWithTokens) {
   const std::string summary = ::testing::TempDir() + "/tls_worker.json";
-  std::vector<std::string> argv = {"worker/ps_worker",
-                                   absl::StrCat("--ps=", addresses_[0], ",", addresses_[1]),
-                                   "--rank=0", "--world=1", "--synthetic=2000",
-                                   "--layers=20,16,4", "--epochs=1", "--batch_size=32",
-                                   // the fixture's idle clients are registered workers too
-                                   "--consistency=asp", "--summary_json=" + summary,
-                                   // TLS and the admin token: the worker creates its tables
-                                   Flag("tls_ca", "ca.pem"), Flag("admin_token_file", "admin.token")};
+  std::vector<std::string> argv = {
+      "worker/ps_worker", absl::StrCat("--ps=", addresses_[0], ",", addresses_[1]), "--rank=0",
+      "--world=1", "--synthetic=2000", "--layers=20,16,4", "--epochs=1", "--batch_size=32",
+      // the fixture's idle clients are registered workers too
+      "--consistency=asp", "--summary_json=" + summary,
+      // TLS and the admin token: the worker creates its tables
+      Flag("tls_ca", "ca.pem"), Flag("admin_token_file", "admin.token")};
   auto worker = testing::Subprocess::Start(argv);
   ASSERT_TRUE(worker.ok()) << worker.status();
   auto done = worker->WaitForLine("done:", absl::Minutes(3));

@@ -15,7 +15,7 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& target,
-                                                 const Security& security) {
+                                                  const Security& security) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);

@@ -52,6 +52,6 @@ class CoordinatorOperator {
 // The channel every coordinator client uses: reconnects within a second of a restarted
 // coordinator (gRPC's default backoff grows to two minutes).
 std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& target,
-                                                 const Security& security);
+                                                  const Security& security);
 
 }  // namespace pscluster

@@ -10,8 +10,8 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -165,8 +165,7 @@ class PsClient final : public ParameterStore {
                         absl::Span<const absl::Span<float>> out);
   // The chunks of a batch answer, one per table (every shard gets every table's chunk, an
   // empty range's too), into out.
-  absl::Status CopyBatch(int shard, const grpc::ByteBuffer& resp,
-                         absl::Span<const uint32_t> tables,
+  absl::Status CopyBatch(int shard, const grpc::ByteBuffer& resp, absl::Span<const uint32_t> tables,
                          absl::Span<const absl::Span<float>> out);
   absl::Status PushDenseShard(int shard, uint32_t table_id, int64_t step, uint64_t begin,
                               absl::Span<const float> grad);

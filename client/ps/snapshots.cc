@@ -92,11 +92,13 @@ absl::Status PsClient::Restore(int64_t step, bool drop_later, std::vector<int>* 
   req.set_step(step);
   req.set_drop_later(drop_later);
   std::vector<absl::Status> each(num_shards());
-  calls_.ForEach([&](int s) {
-    ps::RestoreResponse resp;
-    each[s] = calls_.Unary(s, &Stub::Restore, req, &resp);
-    return absl::OkStatus();
-  }).IgnoreError();  // each shard's own status, below
+  calls_
+      .ForEach([&](int s) {
+        ps::RestoreResponse resp;
+        each[s] = calls_.Unary(s, &Stub::Restore, req, &resp);
+        return absl::OkStatus();
+      })
+      .IgnoreError();  // each shard's own status, below
   std::vector<int> done;
   const absl::Status* failed = nullptr;
   for (int s = 0; s < num_shards(); ++s) {

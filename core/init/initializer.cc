@@ -49,9 +49,9 @@ absl::Status ValidateInitializer(const ps::InitializerConfig& c) {
   // NORMAL draws at most 5.8 standard deviations (Box-Muller from 24-bit uniforms): a larger
   // scale would make some values infinite.
   if (c.kind() == ps::InitializerConfig::NORMAL && c.scale() > kMaxNormalScale) {
-    return absl::InvalidArgumentError(absl::StrCat("initializer.scale ", c.scale(),
-                                                   " of a NORMAL initializer must be <= ",
-                                                   kMaxNormalScale, " (its values stay finite)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initializer.scale ", c.scale(), " of a NORMAL initializer must be <= ", kMaxNormalScale,
+        " (its values stay finite)"));
   }
   return absl::OkStatus();
 }

@@ -41,10 +41,9 @@ void Check(const absl::Status& s) {
 // float32, else TypeError. Holds the buffer (and the array) for the call.
 class FloatBuffer {
  public:
-  FloatBuffer(const py::buffer& b, bool writable, const char* what)
-      : info_(b.request(writable)) {
-    if (info_.itemsize != 4 || (info_.format != "f" && info_.format != "<f" &&
-                                info_.format != "=f")) {
+  FloatBuffer(const py::buffer& b, bool writable, const char* what) : info_(b.request(writable)) {
+    if (info_.itemsize != 4 ||
+        (info_.format != "f" && info_.format != "<f" && info_.format != "=f")) {
       throw py::type_error(std::string(what) + ": a float32 buffer is needed, not format '" +
                            info_.format + "'");
     }
@@ -83,9 +82,8 @@ class Client {
       replicated = replicated || r.size() > 1;
     }
     if (replicated) options_.shard_replicas = std::move(replicas);
-    options_.security = Security::ForClient(tls, std::move(ca), std::move(cert),
-                                            std::move(key), std::move(token),
-                                            std::move(server_name));
+    options_.security = Security::ForClient(tls, std::move(ca), std::move(cert), std::move(key),
+                                            std::move(token), std::move(server_name));
   }
 
   void PullDense(int32_t worker, uint32_t table, int64_t step, const py::buffer& out) {
@@ -154,8 +152,8 @@ PYBIND11_MODULE(_native, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const pscluster::StatusError& e) {
-      py::tuple args = py::make_tuple(static_cast<int>(e.status.code()),
-                                      std::string(e.status.message()));
+      py::tuple args =
+          py::make_tuple(static_cast<int>(e.status.code()), std::string(e.status.message()));
       PyErr_SetObject(error.ptr(), args.ptr());
     }
   });
@@ -163,12 +161,12 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<std::vector<std::vector<std::string>>, double, uint64_t, bool, std::string,
                     std::string, std::string, std::string, std::string, std::string>(),
            py::arg("replicas"), py::arg("timeout"), py::arg("chunk_bytes"), py::arg("tls"),
-           py::arg("ca"), py::arg("cert"), py::arg("key"), py::arg("token"),
-           py::arg("server_name"), py::arg("client_id"))
-      .def("pull_dense", &Client::PullDense, py::arg("worker"), py::arg("table"),
-           py::arg("step"), py::arg("out"))
-      .def("push_dense", &Client::PushDense, py::arg("worker"), py::arg("table"),
-           py::arg("step"), py::arg("grad"))
+           py::arg("ca"), py::arg("cert"), py::arg("key"), py::arg("token"), py::arg("server_name"),
+           py::arg("client_id"))
+      .def("pull_dense", &Client::PullDense, py::arg("worker"), py::arg("table"), py::arg("step"),
+           py::arg("out"))
+      .def("push_dense", &Client::PushDense, py::arg("worker"), py::arg("table"), py::arg("step"),
+           py::arg("grad"))
       .def("push_pull_dense", &Client::PushPullDense, py::arg("worker"), py::arg("step"),
            py::arg("tables"), py::arg("grads"), py::arg("outs"));
 }

@@ -12,7 +12,8 @@ void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
   double alive[2] = {0, 0}, dead[2] = {0, 0};
   for (const Member& m : view.members()) {
     const int role = m.role() == WORKER ? 1 : 0;
-    const MetricLabels labels = {{"role", role ? "worker" : "shard"}, {"id", std::to_string(m.id())}};
+    const MetricLabels labels = {{"role", role ? "worker" : "shard"},
+                                 {"id", std::to_string(m.id())}};
     (m.alive() ? alive : dead)[role]++;
     f->Gauge("pscluster_coordinator_member_up", "1 while a member is alive, 0 once declared dead.",
              labels, m.alive() ? 1 : 0);

@@ -22,8 +22,7 @@ absl::Status ValidateMode(TrainingMode mode, int num_shards) {
 SwitchSchedule::SwitchSchedule(SwitchScheduleOptions options)
     : options_(std::move(options)), mode_(options_.initial_mode) {}
 
-absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int rank, int64_t step,
-                                                        int64_t horizon) {
+absl::StatusOr<PollSwitchResponse> SwitchSchedule::Poll(int rank, int64_t step, int64_t horizon) {
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("polled step ", step, " is negative"));
   }

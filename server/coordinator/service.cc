@@ -125,9 +125,9 @@ grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext* ctx,
     return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
   }
   if (req->client_id().size() > kMaxClientIdBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "client_id has ", req->client_id().size(), " bytes; a ", kClientIdKey, " has at most ",
-        kMaxClientIdBytes)));
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("client_id has ", req->client_id().size(), " bytes; a ", kClientIdKey,
+                     " has at most ", kMaxClientIdBytes)));
   }
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
   return Answer(

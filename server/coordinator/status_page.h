@@ -23,16 +23,14 @@ namespace pscluster::coord {
 std::string HtmlEscape(const std::string& text);
 
 // The page for `view` at `now`, refreshing every `refresh_seconds`.
-std::string RenderStatusPage(const ClusterView& view,
-                             const std::map<int32_t, WorkerCurves>& curves, absl::Time now,
-                             int refresh_seconds = 2);
+std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
+                             absl::Time now, int refresh_seconds = 2);
 
 class StatusPageServer {
  public:
   // Serves the page at http://host:port/ (port 0: one the kernel picks); UNAVAILABLE when
   // it cannot listen. `cluster` and `history` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<StatusPageServer>> Start(const std::string& host,
-                                                                 int port,
+  static absl::StatusOr<std::unique_ptr<StatusPageServer>> Start(const std::string& host, int port,
                                                                  const ClusterState* cluster,
                                                                  const ProgressHistory* history);
   ~StatusPageServer();

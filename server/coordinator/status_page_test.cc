@@ -81,8 +81,7 @@ TEST(StatusPageTest, ShowsEveryMemberTheModeSwitchesCheckpointsAndCurves) {
 
 TEST(StatusPageTest, EscapesEverythingItPrints) {
   const absl::Time now = absl::FromUnixSeconds(1800000000);
-  const std::string page =
-      RenderStatusPage(TwoWorkersOneShard(absl::ToUnixMillis(now)), {}, now);
+  const std::string page = RenderStatusPage(TwoWorkersOneShard(absl::ToUnixMillis(now)), {}, now);
   EXPECT_THAT(page, Not(HasSubstr("<script>")));
   EXPECT_THAT(page, HasSubstr("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;:5000"));
   EXPECT_EQ(HtmlEscape("a&b\"c'<>"), "a&amp;b&quot;c&#39;&lt;&gt;");

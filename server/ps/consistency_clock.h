@@ -89,8 +89,8 @@ class ConsistencyClock {
   const ConsistencyConfig config_;
   std::map<int32_t, int64_t> clocks_;            // worker -> steps pushed
   std::map<int64_t, std::set<int32_t>> pushed_;  // BSP: step -> workers that pushed it
-  int64_t applied_steps_ = 0;  // see applied_steps()
-  std::multiset<int64_t> capture_at_;  // BSP steps held for a capture
+  int64_t applied_steps_ = 0;                    // see applied_steps()
+  std::multiset<int64_t> capture_at_;            // BSP steps held for a capture
   bool shutdown_ = false;
 };
 

@@ -113,8 +113,8 @@ class DenseTable final : public Table {
   // id order, and every push checked, before any is applied. On an error, *refused is the
   // index of the push that was refused.
   // (It locks a set of tables known only at run time: no static lock analysis.)
-  static absl::Status PushAll(const std::vector<PushArgs>& pushes, size_t* refused)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  static absl::Status PushAll(const std::vector<PushArgs>& pushes,
+                              size_t* refused) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Copies [begin, begin + out.size()) into `out`. Call AwaitPullable first.
   absl::Status Read(uint64_t begin, absl::Span<float> out) const;

@@ -22,8 +22,8 @@ struct ServerFlags {
   std::string coordinator;       // ps_coordinator address, or empty
   int replica = 0;               // which copy of the shard (chain replication)
   absl::Duration forward_timeout = absl::Seconds(20);  // ReplicatorOptions::forward_timeout
-  std::string advertise_host;    // the host workers reach this shard at
-  int advertise_port = 0;        // and the port (0: the one it listens on)
+  std::string advertise_host;                          // the host workers reach this shard at
+  int advertise_port = 0;                              // and the port (0: the one it listens on)
 };
 
 // The machine's physical memory (4 GiB when the system does not say).

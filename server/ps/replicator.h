@@ -52,11 +52,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/recent_ids.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
-#include "absl/synchronization/notification.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/shard.h"
 #include "server/ps/table.h"
@@ -66,7 +66,7 @@ namespace pscluster::ps {
 // This replica's place in its shard's chain, as the coordinator last said.
 struct ChainConfig {
   int64_t epoch = 0;
-  std::vector<int32_t> replicas;   // head first
+  std::vector<int32_t> replicas;  // head first
   std::vector<std::string> addresses;
   // The chain has had all its replicas once (or started over after losing them all): a
   // head serves only then, so no update is acknowledged by a chain still being joined.
@@ -76,7 +76,7 @@ struct ChainConfig {
 struct ReplicatorOptions {
   uint32_t shard_id = 0;
   int32_t replica = 0;
-  absl::Duration lease = absl::Seconds(3);            // see the file comment
+  absl::Duration lease = absl::Seconds(3);             // see the file comment
   absl::Duration forward_timeout = absl::Seconds(20);  // an update's trip down the chain
   // An update's trip down the chain while neither the successor nor the coordinator can be
   // reached (this replica cut off): the coordinator decides whether the successor is still
@@ -173,7 +173,6 @@ class Replicator {
                              grpc::ServerWriter<StateTransferChunk>* writer);
   grpc::Status JoinedChain(const JoinedChainRequest* req, JoinedChainResponse* resp);
 
-
  private:
   struct Place {
     int64_t epoch = 0;
@@ -216,7 +215,7 @@ class Replicator {
   const Apply apply_;
   const Capture capture_;
   const Install install_;
-  absl::Mutex own_serving_;      // when options_.serving is null
+  absl::Mutex own_serving_;  // when options_.serving is null
   absl::Mutex* const serving_;
   absl::Mutex apply_mu_;  // held while an update is applied: one at a time, in seq order
   mutable absl::Mutex mu_;

@@ -30,8 +30,8 @@ struct Replica {
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
     address = absl::StrCat("127.0.0.1:", port);
-    stub = ParameterServer::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub =
+        ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
   ~Replica() {
     server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -43,7 +43,8 @@ struct Replica {
     o.serving = service.serving_mu();
     o.forward_timeout = forward_timeout;
     chain = std::make_unique<Replicator>(
-        o, [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
+        o,
+        [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
           return service.ApplyReplicated(u, chunks);
         },
         [this] { return service.CaptureState(); },
@@ -173,9 +174,9 @@ TEST(ReplicatorTest, ConcurrentStandAlonesShrinkTheChainOnce) {
                           absl::Seconds(2));
     }
     if (seen != epoch) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "replica ", replica, " is not the head of chain epoch ", seen, " (it is at ", epoch,
-          ")"));
+      return absl::FailedPreconditionError(absl::StrCat("replica ", replica,
+                                                        " is not the head of chain epoch ", seen,
+                                                        " (it is at ", epoch, ")"));
     }
     ++epoch;
     head.chain->Update(ChainConfig{epoch, {0}, {head.address}, true});

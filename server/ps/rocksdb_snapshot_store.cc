@@ -34,7 +34,6 @@ bool StartsWith(const rocksdb::Slice& s, const std::string& prefix) {
   return s.size() >= prefix.size() && std::memcmp(s.data(), prefix.data(), prefix.size()) == 0;
 }
 
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SnapshotStore>> RocksDbSnapshotStore::OpenReadOnly(
@@ -61,9 +60,9 @@ absl::StatusOr<SnapshotManifest> RocksDbSnapshotStore::Write(
 }
 
 absl::Status RocksDbSnapshotStore::Delete(int64_t step) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "snapshot of step ", step, " is in the read-only RocksDB layout in ", dir_,
-      "; remove it by hand when no longer needed"));
+  return absl::FailedPreconditionError(absl::StrCat("snapshot of step ", step,
+                                                    " is in the read-only RocksDB layout in ", dir_,
+                                                    "; remove it by hand when no longer needed"));
 }
 
 absl::StatusOr<std::vector<SnapshotManifest>> RocksDbSnapshotStore::List() const {

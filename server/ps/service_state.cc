@@ -40,9 +40,9 @@ grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequ
                                            StatsResponse* resp) {
   Scope scope(this);
   if (req->except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("except_clients lists ", req->except_clients_size(), " client ids; at most ",
-                     kMaxExceptClients)));
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("except_clients lists ", req->except_clients_size(),
+                                                " client ids; at most ", kMaxExceptClients)));
   }
   *resp = shard_->Stats({req->except_clients().begin(), req->except_clients().end()});
   if (req->fingerprint()) resp->set_fingerprint(shard_->Fingerprint());
@@ -227,8 +227,8 @@ grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
 }
 
 absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
-    DenseTable* table, const TableStateChunk& first,
-    grpc::ServerReader<TableStateChunk>* reader, StreamWatchdog::Watch* watch) const {
+    DenseTable* table, const TableStateChunk& first, grpc::ServerReader<TableStateChunk>* reader,
+    StreamWatchdog::Watch* watch) const {
   DenseStateBuilder builder = table->StateBuilder();
   TableStateChunk chunk;
   uint64_t index = 0;

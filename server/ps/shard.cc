@@ -235,8 +235,8 @@ Shard::Seen& Shard::SeenLocked(int32_t worker_id, const std::string& client) con
 }
 
 void Shard::Saw(int32_t worker_id) const {
-  Visit* visit = current_visit != nullptr && current_visit->shard_ == this ? current_visit
-                                                                           : nullptr;
+  Visit* visit =
+      current_visit != nullptr && current_visit->shard_ == this ? current_visit : nullptr;
   absl::MutexLock lock(&seen_mu_);
   Seen& seen = SeenLocked(worker_id, visit != nullptr ? visit->client_ : std::string());
   seen.last = absl::Now();
@@ -278,7 +278,7 @@ StatsResponse Shard::Stats(const std::set<std::string>& except_clients) const {
       calls += o->second.calls;
     }
     wc->set_calls(calls);
-    wc->set_idle_ms(calls > 0                       ? 0
+    wc->set_idle_ms(calls > 0                      ? 0
                     : last == absl::InfinitePast() ? -1
                                                    : absl::ToInt64Milliseconds(now - last));
   }

@@ -10,7 +10,8 @@
 // to it and finished. Each prints one row of the table:
 //   scenario | outcome | time to recover | steps lost
 // (time to recover: from the fault to the end of the workers' rollback, or for the
-// coordinator to its restart's first checkpoint; "none" when nothing had to recover). The disk filling during a snapshot is
+// coordinator to its restart's first checkpoint; "none" when nothing had to recover). The disk
+// filling during a snapshot is
 // //tests:disk_full_test (it needs a small tmpfs); a worker killed inside an ALLREDUCE
 // collective and a checkpoint restored in another mode are in //tests:recovery_test.
 #include <signal.h>
@@ -259,8 +260,7 @@ TEST_F(FaultSuite, CoordinatorKilledAndRestarted) {
   if (cluster.coordinator().WaitForLine("complete on", absl::Minutes(2)).ok()) {
     recovered = absl::Now();
   }
-  ExpectCompletesBitwise(cluster, "SIGKILL coordinator, restarted on its port", fault,
-                         recovered);
+  ExpectCompletesBitwise(cluster, "SIGKILL coordinator, restarted on its port", fault, recovered);
 }
 
 // SIGSTOP for `stopped`, then SIGCONT, of a shard or a worker.
@@ -282,9 +282,9 @@ TEST_P(StoppedMember, RunEndsBitwiseAndALongStopIsNamedAndRolledBack) {
   const Stop stop = GetParam();
   const bool longer = stop.stopped > absl::Seconds(2);
   const std::string who = stop.shard ? "shard 1" : "worker 1";
-  Cluster cluster(Dir(absl::StrCat(stop.shard ? "shard" : "worker", "_stopped_",
-                                   longer ? "long" : "short")),
-                  ClusterOptions());
+  Cluster cluster(
+      Dir(absl::StrCat(stop.shard ? "shard" : "worker", "_stopped_", longer ? "long" : "short")),
+      ClusterOptions());
   AwaitFirstEpochCheckpoint(cluster);
   const absl::Time fault = absl::Now();
   StopFor(stop.shard ? cluster.shard(1) : cluster.worker(1), stop.stopped);
@@ -292,18 +292,17 @@ TEST_P(StoppedMember, RunEndsBitwiseAndALongStopIsNamedAndRolledBack) {
   if (longer) {
     // Regression: the others sat silently in a BSP pull for its whole deadline, and a
     // stopped member came back as the same incarnation.
-    EXPECT_TRUE(cluster.worker(0)
-                    .WaitForLine(stop.shard ? "shard 1 is down" : "rank 1 is down",
-                                 absl::Minutes(1))
-                    .ok())
+    EXPECT_TRUE(
+        cluster.worker(0)
+            .WaitForLine(stop.shard ? "shard 1 is down" : "rank 1 is down", absl::Minutes(1))
+            .ok())
         << "worker 0 never said which member it waited for";
     recovered = RolledBack(cluster, absl::Minutes(2));
     EXPECT_TRUE(recovered.has_value()) << "worker 0 did not roll back";
   }
-  ExpectCompletesBitwise(cluster,
-                         absl::StrFormat("SIGSTOP %s for %s (deadline 2 s)", who,
-                                         longer ? "5 s" : "0.2 s"),
-                         fault, recovered);
+  ExpectCompletesBitwise(
+      cluster, absl::StrFormat("SIGSTOP %s for %s (deadline 2 s)", who, longer ? "5 s" : "0.2 s"),
+      fault, recovered);
 }
 
 INSTANTIATE_TEST_SUITE_P(ShorterAndLonger, StoppedMember,

@@ -81,9 +81,10 @@ TEST(PlanFormatTest, JsonEscapesADeviceNameAndGivesNoCommunicationForALayoutThat
   EXPECT_TRUE(WellFormed(json)) << json;
   EXPECT_TRUE(Contains(json, R"("name":"my \"gpu\"\\2")")) << json;
   EXPECT_TRUE(Contains(json, R"("name":"DDP",)"));
-  EXPECT_TRUE(Contains(json, R"("fits":"no","recompute":false,"gemm_seconds":null,"memory_seconds":null,)"
-                             R"("compute_seconds":null,)"
-                             R"("step_seconds":null,"communication":null})"));
+  EXPECT_TRUE(Contains(json,
+                       R"("fits":"no","recompute":false,"gemm_seconds":null,"memory_seconds":null,)"
+                       R"("compute_seconds":null,)"
+                       R"("step_seconds":null,"communication":null})"));
 }
 
 TEST(PlanFormatTest, NothingFitsSaysSoInBothForms) {

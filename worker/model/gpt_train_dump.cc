@@ -80,10 +80,10 @@ int Run(int argc, char** argv) {
   std::vector<size_t> sizes;
   for (const auto& p : initial) sizes.push_back(p.size());
   std::ofstream out(argv[1], std::ios::binary);
-  out << absl::StrCat("{\"layers\": ", o.layers, ", \"heads\": ", o.heads, ", \"width\": ",
-                      o.width, ", \"context\": ", o.context, ", \"batch\": ", batch,
-                      ", \"lr\": ", lr, ", \"losses\": [", absl::StrJoin(losses, ", "),
-                      "], \"sizes\": [", absl::StrJoin(sizes, ", "), "]}\n");
+  out << absl::StrCat("{\"layers\": ", o.layers, ", \"heads\": ", o.heads, ", \"width\": ", o.width,
+                      ", \"context\": ", o.context, ", \"batch\": ", batch, ", \"lr\": ", lr,
+                      ", \"losses\": [", absl::StrJoin(losses, ", "), "], \"sizes\": [",
+                      absl::StrJoin(sizes, ", "), "]}\n");
   for (const auto& p : initial) {
     out.write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
   }

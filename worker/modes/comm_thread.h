@@ -35,9 +35,8 @@ class CommThread {
   absl::Status Wait() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](CommThread* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-          return t->queue_.empty() && !t->running_;
-        },
+        +[](CommThread* t)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return t->queue_.empty() && !t->running_; },
         this));
     absl::Status first = std::move(first_error_);
     first_error_ = absl::OkStatus();
@@ -49,9 +48,8 @@ class CommThread {
     absl::MutexLock lock(&mu_);
     while (true) {
       mu_.Await(absl::Condition(
-          +[](CommThread* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-            return t->stopping_ || !t->queue_.empty();
-          },
+          +[](CommThread* t)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return t->stopping_ || !t->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, nothing left
       std::function<absl::Status()> fn = std::move(queue_.front());

@@ -156,9 +156,9 @@ TEST(FsdpReshardTest, KeepingTheGatheredLayersGivesTheSameBits) {
       for (bool reshard : {true, false}) {
         states[reshard].resize(world);
         auto options = [&](int r) {
-          TrainerOptions o = gpt ? testing::GptOptions(coord::FSDP, r, world,
-                                                       ps::OptimizerConfig::ADAM)
-                                 : Options(coord::FSDP, r, world, ps::OptimizerConfig::ADAM);
+          TrainerOptions o =
+              gpt ? testing::GptOptions(coord::FSDP, r, world, ps::OptimizerConfig::ADAM)
+                  : Options(coord::FSDP, r, world, ps::OptimizerConfig::ADAM);
           o.fsdp_reshard_after_forward = reshard;
           return o;
         };
@@ -215,8 +215,8 @@ TEST(PipelineFiguresTest, TheStagesTimesArePartsOfTheirStep) {
     for (int64_t step = 0; step < 4; ++step) ASSERT_TRUE(t.Step(step).ok()) << step;
     const auto list = t.Figures();
     std::map<std::string, double> f(list.begin(), list.end());
-    for (const char* k :
-         {"pipeline_forward_ms", "pipeline_backward_ms", "pipeline_update_ms", "pipeline_step_ms"}) {
+    for (const char* k : {"pipeline_forward_ms", "pipeline_backward_ms", "pipeline_update_ms",
+                          "pipeline_step_ms"}) {
       EXPECT_GT(f[k], 0) << k << ", rank " << r;
     }
     const double parts =

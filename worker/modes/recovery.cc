@@ -53,10 +53,8 @@ std::string BucketMb(size_t bytes) {
 // The training flags every worker of a run must share beyond what the tables' specs hold
 // (the model's sizes, the optimizer, the consistency), as "--name=value" words.
 std::vector<std::string> SharedFlags(const TrainerOptions& o) {
-  return {absl::StrCat("--batch_size=", o.batch_size),
-          absl::StrCat("--epochs=", o.epochs),
-          absl::StrCat("--max_steps=", o.max_steps),
-          absl::StrCat("--seed=", o.seed),
+  return {absl::StrCat("--batch_size=", o.batch_size), absl::StrCat("--epochs=", o.epochs),
+          absl::StrCat("--max_steps=", o.max_steps), absl::StrCat("--seed=", o.seed),
           absl::StrCat("--micro_batches=", o.micro_batches),
           // ALLREDUCE's buckets and FSDP's gathers: ranks that differ make other collective
           // calls, which may have the same sizes and sum floats of different tensors.

@@ -165,8 +165,8 @@ void SetTraffic(const Cluster& c, Layout& l) {
   const double token_layers = tokens / l.d * std::ceil(static_cast<double>(m.layers) / l.p);
   const double whole = c.input.sequence_parallel ? e.whole / l.t : e.whole;
   const double elements = token_layers * (whole + e.split / l.t) + tokens / l.d * e.loss / l.t;
-  l.memory_seconds = (Element(c) * elements + 2 * l.model_state_bytes) /
-                     (c.device.memory_gbps * 1e9);
+  l.memory_seconds =
+      (Element(c) * elements + 2 * l.model_state_bytes) / (c.device.memory_gbps * 1e9);
   const double bubble = 1 + (l.p - 1.0) / l.micro_batches;
   l.compute_seconds = (l.gemm_seconds + l.memory_seconds) * (l.recompute ? 4.0 / 3 : 1) * bubble;
   l.step_seconds = l.compute_seconds + l.comm_seconds;
