@@ -13,10 +13,9 @@
 #include "common/version.h"
 
 namespace pscluster {
-namespace {
+namespace {}  // namespace
 
-// Wraps `text` to lines of at most `width` characters, each after `indent`.
-std::string Wrapped(absl::string_view text, absl::string_view indent, size_t width) {
+std::string WrapText(absl::string_view text, absl::string_view indent, size_t width) {
   std::string out, line;
   for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
     if (!line.empty() && line.size() + 1 + word.size() > width) {
@@ -28,6 +27,8 @@ std::string Wrapped(absl::string_view text, absl::string_view indent, size_t wid
   if (!line.empty()) absl::StrAppend(&out, indent, line, "\n");
   return out;
 }
+
+namespace {
 
 bool IsAbseils(const absl::CommandLineFlag& flag) {
   return absl::StrContains(flag.Filename(), "absl/");
@@ -46,7 +47,7 @@ std::string FlagsHelp(absl::string_view usage, bool full) {
     absl::StrAppend(&out, "\n  from ", file, ":\n");
     for (const auto& [name, flag] : flags) {
       absl::StrAppend(&out, "    --", name, "=", flag->DefaultValue(), "\n",
-                      Wrapped(flag->Help(), "        ", 88));
+                      WrapText(flag->Help(), "        ", 88));
     }
   }
   return out;

@@ -15,6 +15,9 @@ namespace pscluster {
 // "PROGRAM VERSION" (the repository's VERSION file) and exits 0. Otherwise returns.
 void HandleHelpAndVersion(int argc, char** argv, absl::string_view usage);
 
+// `text` in lines of at most `width` characters, each after `indent` (help output).
+std::string WrapText(absl::string_view text, absl::string_view indent, size_t width);
+
 // The help text itself: `usage`, then each flag as "--name=DEFAULT" and its help, grouped
 // by the file that defines it; Abseil's own flags only with `full`.
 std::string FlagsHelp(absl::string_view usage, bool full);

@@ -20,5 +20,13 @@ check server/ps/ps_server shard_id
 check server/coordinator/ps_coordinator num_workers
 check worker/ps_worker micro_batches
 check tools/psctl/psctl coordinator
+# psctl help: the commands, and one command's synopsis and flags; an unknown one is a usage
+# error (exit 2).
+out=$(tools/psctl/psctl help 2>&1) || { echo "FAIL: psctl help exited $?"; failed=1; }
+grep -q "switch-mode" <<<"$out" || { echo "FAIL: psctl help does not list switch-mode"; failed=1; }
+out=$(tools/psctl/psctl help switch-mode 2>&1) || { echo "FAIL: psctl help switch-mode exited $?"; failed=1; }
+grep -q -- "--at_step=0" <<<"$out" || { echo "FAIL: psctl help switch-mode lacks --at_step: $out"; failed=1; }
+tools/psctl/psctl help nope >/dev/null 2>&1
+rc=$?; ((rc == 2)) || { echo "FAIL: psctl help nope exited $rc, not 2"; failed=1; }
 ((failed == 0)) && echo PASS
 exit "$failed"

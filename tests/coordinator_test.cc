@@ -618,8 +618,9 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{nowhere, "top", "--iterations=-1"}, "--iterations=-1 is negative"},
            {{nowhere, "status", "--json=maybe"}, "--json=maybe"},
            {{nowhere},
-            "give one command: status, top, checkpoint, checkpoints, restore, switch-mode, health "
-            "or plan"},
+            "give one command: status, top, checkpoint, checkpoints, restore, switch-mode, health, "
+            "plan or help"},
+           {{"help", "nope"}, "help: no command 'nope'"},
            {{nowhere, "restore"}, "restore needs --step=N"},
            {{nowhere, "restore", "--step=-1"}, "--step=-1 is negative"},
            {{"health"}, "health: give --address=HOST:PORT (or --coordinator)"},

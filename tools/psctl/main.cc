@@ -103,6 +103,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "tools/psctl/commands.h"
 #include "tools/psctl/plan.h"
 #include "tools/psctl/plan_flags.h"
 #include "tools/psctl/plan_format.h"
@@ -139,7 +140,7 @@ constexpr char kUsageLine[] =
     "[--step=N [--force]] [--timeout_seconds=S] | psctl --address=HOST:PORT health | "
     "psctl plan [--json] "
     "--params=N|--layers=L --width=H --heads=A --dataset_bytes=B|--dataset_tokens=T "
-    "[--nodes=N --gpus_per_node=G --gpu=a100-80gb ...]";
+    "[--nodes=N --gpus_per_node=G --gpu=a100-80gb ...] | psctl help [COMMAND]";
 
 int Error(int code, const std::string& message) {
   std::fprintf(stderr, "psctl: %s\n", message.c_str());
@@ -160,52 +161,6 @@ int FirstCallError(int code, const std::string& prefix, const absl::Status& stat
                  "host); a slow answer: raise --timeout_seconds\n");
   }
   return code;
-}
-
-// What absl::ParseCommandLine would refuse with exit status 1 (an unknown flag, a flag
-// without its value, a value its flag cannot hold), found first so that psctl exits with
-// its usage code instead; nullopt when it will parse. Follows its syntax: -flag or --flag,
-// =value or the next argument as the value (a bool needs none; --noflag is false), "--"
-// ends the flags. A valid value is set here already (ParseCommandLine sets it again);
-// absl's own flags (--help..., --flagfile...) are left to it.
-std::optional<std::string> FlagError(int argc, char** argv) {
-  static const auto* const kAbslOwn = new std::set<absl::string_view>{
-      "help",    "helpfull",        "helpshort", "helppackage", "helpon",     "helpmatch",
-      "version", "only_check_args", "flagfile",  "fromenv",     "tryfromenv", "undefok"};
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "-") || arg.empty()) continue;  // the command
-    absl::ConsumePrefix(&arg, "-");
-    const size_t eq = arg.find('=');
-    const std::string given(arg.substr(0, eq));
-    if (kAbslOwn->count(given) > 0) continue;
-    absl::string_view name = given;
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    bool negated = false;
-    if (flag == nullptr && absl::ConsumePrefix(&name, "no")) {
-      flag = absl::FindCommandLineFlag(name);
-      negated = flag != nullptr && flag->IsOfType<bool>();
-      if (!negated) flag = nullptr;
-    }
-    if (flag == nullptr) return absl::StrCat("unknown flag --", given);
-    std::string value;
-    if (eq != absl::string_view::npos) {
-      if (negated) return absl::StrCat("--", given, " takes no value");
-      value = std::string(arg.substr(eq + 1));
-    } else if (flag->IsOfType<bool>()) {
-      value = negated ? "false" : "true";
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::StrCat("--", given, " needs a value");
-    }
-    std::string error;
-    if (!flag->ParseFrom(value, &error)) {
-      return absl::StrCat("--", given, "=", value, ": ", error);
-    }
-  }
-  return std::nullopt;
 }
 
 CoordinatorOperator Connect(const std::string& address, const Security& security) {
@@ -460,10 +415,22 @@ int PlanCommand(bool json) {
 int main(int argc, char** argv) {
   pscluster::HandleHelpAndVersion(argc, argv, kUsageLine);
   absl::SetProgramUsageMessage(kUsageLine);
-  if (std::optional<std::string> error = FlagError(argc, argv)) return Error(kUsage, *error);
+  if (std::optional<std::string> error = psctl::FlagError(argc, argv)) {
+    return Error(kUsage, *error);
+  }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   constexpr char kCommands[] =
-      "status, top, checkpoint, checkpoints, restore, switch-mode, health or plan";
+      "status, top, checkpoint, checkpoints, restore, switch-mode, health, plan or help";
+  if (args.size() == 2 && std::string(args[1]) == "help") {
+    std::fputs(psctl::CommandsOverview().c_str(), stdout);
+    return kOk;
+  }
+  if (args.size() == 3 && std::string(args[1]) == "help") {
+    const std::optional<std::string> help = psctl::CommandHelp(args[2]);
+    if (!help) return Error(kUsage, absl::StrCat("help: no command '", args[2], "'; ", kCommands));
+    std::fputs(help->c_str(), stdout);
+    return kOk;
+  }
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
   const std::set<std::string> known = {"status",  "top",         "checkpoint", "checkpoints",
