@@ -283,6 +283,29 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
       << "the final checkpoint (step " << 3 * kStepsPerEpoch << ") carries no final accuracy";
 }
 
+// ps_coordinator --exit_when_finished ends by itself, exit 0, once its workers finished
+// (compose and systemd can then treat the job as done).
+TEST(CheckpointE2eTest, ACoordinatorToldToExitWhenTheRunFinishesDoes) {
+  const std::string dir = ::testing::TempDir() + "/exit_when_finished";
+  CheckpointingCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCheckpointingCluster(dir, {"--exit_when_finished"}, &cluster));
+  std::vector<testing::Subprocess> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto p = testing::Subprocess::Start(
+        {"worker/ps_worker", "--coordinator=" + cluster.coordinator, absl::StrCat("--rank=", r),
+         "--world=2", "--synthetic=2000", "--layers=20,16,4", "--epochs=1", "--batch_size=32"});
+    ASSERT_TRUE(p.ok());
+    workers.push_back(*std::move(p));
+  }
+  for (auto& w : workers) FinishedSummary(w, "/dev/null");
+  testing::Subprocess& coordinator = cluster.processes.front();
+  auto line = coordinator.WaitForLine("--exit_when_finished", absl::Seconds(60));
+  ASSERT_TRUE(line.ok()) << line.status();
+  auto status = coordinator.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "raw wait status " << *status;
+}
+
 // Workers of one run started with different training flags the tables' specs do not show
 // (here --micro_batches, --bucket_mb and --fsdp_reshard_after_forward: the collective calls
 // the ranks make) are refused, naming the flags, instead of training together.

@@ -4,6 +4,9 @@
 //
 // Prints "ps_coordinator listening on HOST:PORT" once it serves, and a line whenever
 // members join, die or come back, and when a mode switch is scheduled or done.
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -61,6 +64,9 @@ ABSL_FLAG(
     std::string, mode, "",
     "Training mode at start: ps, allreduce, fsdp, pipeline or tensor. Default ps, or allreduce "
     "when --num_shards=0 ('ps' needs shards). psctl switch-mode changes it live.");
+ABSL_FLAG(bool, exit_when_finished, false,
+          "Exit (0, as on SIGTERM) once every worker has finished its run: for compose, systemd "
+          "and scripts that run one training job per coordinator.");
 
 namespace {
 
@@ -254,6 +260,12 @@ void RunBackground(pscluster::coord::ClusterState* cluster,
     cluster->CheckLiveness();
     pscluster::coord::ClusterView now = cluster->View();
     if (now.version() != last.version()) PrintChanges(last, now);
+    if (now.finished() && !last.finished() && absl::GetFlag(FLAGS_exit_when_finished)) {
+      std::printf("ps_coordinator: the run finished at step %lld; exiting (--exit_when_finished)\n",
+                  static_cast<long long>(now.global_step()));
+      std::fflush(stdout);
+      kill(getpid(), SIGTERM);  // the same drain and shutdown as an operator's SIGTERM
+    }
     last = now;
   }
   checkpoints.join();
