@@ -205,35 +205,33 @@ absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_vers
 
 absl::Status CoordinatorClient::ReportFinished(int64_t view_version, int64_t step) {
   coord::ReportProgressRequest req;
-  req.set_rank(options_.id);
-  req.set_incarnation(incarnation_);
   req.set_view_version(view_version);
   req.set_step(step);
-  req.set_run_end_step(run_end_step_.load());
   req.set_finished(true);
-  coord::ReportProgressResponse resp;
-  return Reconnecting("ReportFinished", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
-    return stub_->ReportProgress(ctx, req, &resp);
-  });
+  return SendProgress(std::move(req), "ReportFinished");
 }
 
 absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t step, double loss,
                                                double samples_per_sec,
                                                std::optional<double> metric) {
   coord::ReportProgressRequest req;
-  req.set_rank(options_.id);
-  req.set_incarnation(incarnation_);
   req.set_view_version(view_version);
   req.set_step(step);
   req.set_loss(loss);
   req.set_samples_per_sec(samples_per_sec);
-  req.set_run_end_step(run_end_step_.load());
   if (metric) {
     req.set_has_metric(true);
     req.set_metric(*metric);
   }
+  return SendProgress(std::move(req), "ReportProgress");
+}
+
+absl::Status CoordinatorClient::SendProgress(coord::ReportProgressRequest req, const char* what) {
+  req.set_rank(options_.id);
+  req.set_incarnation(incarnation_);
+  req.set_run_end_step(run_end_step_.load());
   coord::ReportProgressResponse resp;
-  return Reconnecting("ReportProgress", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+  return Reconnecting(what, options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
     return stub_->ReportProgress(ctx, req, &resp);
   });
 }

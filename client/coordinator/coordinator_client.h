@@ -117,6 +117,8 @@ class CoordinatorClient {
   void HeartbeatLoop();
   // Registers again (a heartbeat answered NOT_FOUND: the coordinator lost this member).
   void Reregister();
+  // `req` as this worker's (rank, incarnation, run end), reconnecting as every call does.
+  absl::Status SendProgress(coord::ReportProgressRequest req, const char* what);
   // One RPC through `call(ctx)` with `timeout`, made again with backoff while the
   // coordinator is unreachable (UNAVAILABLE), up to reconnect_timeout; says once what it
   // waits for. Member calls are idempotent, so a retry after a lost answer is harmless.
