@@ -138,27 +138,27 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
   absl::Duration longest_pause;
   uint64_t bytes = 0;
   const std::vector<Table*> tables = shard_->Tables();
-  // Hold every table at the step first, so none moves past it while another is captured.
-  auto fail = [&](size_t held_from, size_t held_to, absl::Status status) {
+  // Ends a snapshot that took nothing: releases the tables [held_from, held_to) still held
+  // and counts it under `counter`. A refusal (a BSP table past the step) is part of the
+  // coordinator's checkpoints in the normal course (a request that lands after the step; it
+  // asks again): counted apart from failures, so that an alert on failed snapshots means a
+  // failure (it fired once per shard on every healthy run), and not logged.
+  auto end = [&](size_t held_from, size_t held_to, absl::Status status,
+                 uint64_t SnapshotCounters::*counter) {
     for (size_t i = held_from; i < held_to; ++i) tables[i]->ReleaseStep(request.step());
+    if (counter == &SnapshotCounters::failed) {
+      std::fprintf(stderr, "ps_server: snapshot of step %lld failed in its capture: %s\n",
+                   static_cast<long long>(request.step()), std::string(status.ToString()).c_str());
+    }
     absl::MutexLock lock(&mu_);
     in_progress_ = false;
-    counters_.failed++;
-    std::fprintf(stderr, "ps_server: snapshot of step %lld failed in its capture: %s\n",
-                 static_cast<long long>(request.step()), std::string(status.ToString()).c_str());
+    counters_.*counter += 1;
     return status;
   };
+  // Hold every table at the step first, so none moves past it while another is captured.
   for (size_t i = 0; i < tables.size(); ++i) {
     if (absl::Status s = tables[i]->HoldStep(request.step()); !s.ok()) {
-      // A BSP table past the step refuses before anything is taken: the coordinator's
-      // checkpoints meet this in the normal course (a request that lands after the step) and
-      // ask again. Counted apart, so that an alert on failed snapshots means a failure (it
-      // fired once per shard on every healthy run).
-      for (size_t k = 0; k < i; ++k) tables[k]->ReleaseStep(request.step());
-      absl::MutexLock lock(&mu_);
-      in_progress_ = false;
-      counters_.refused++;
-      return s;
+      return end(0, i, s, &SnapshotCounters::refused);
     }
   }
   // Every table's point in time first, then what they copy on write (so the captures are
@@ -177,7 +177,7 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
     auto image = tables[i]->Capture(request.step(), deadline, &pause);
     if (!image.ok()) {
       complete();
-      return fail(i + 1, tables.size(), image.status());
+      return end(i + 1, tables.size(), image.status(), &SnapshotCounters::failed);
     }
     longest_pause = std::max(longest_pause, pause);
     images.push_back(*std::move(image));
