@@ -18,14 +18,19 @@
 namespace pscluster::coord {
 namespace {
 
+// Rank 0 when it has reported a validation metric (the checkpoints' metric), else null.
+const Member* MeasuringRankZero(const ClusterView& view) {
+  for (const Member& m : view.members()) {
+    if (m.role() == WORKER && m.id() == 0 && m.has_metric()) return &m;
+  }
+  return nullptr;
+}
+
 // Rank 0's validation metric when it was measured at `step`.
 std::optional<double> MetricMeasuredAt(const ClusterView& view, int64_t step) {
-  for (const Member& m : view.members()) {
-    if (m.role() == WORKER && m.id() == 0 && m.has_metric() && m.metric_step() == step) {
-      return m.metric();
-    }
-  }
-  return std::nullopt;
+  const Member* m = MeasuringRankZero(view);
+  if (m == nullptr || m->metric_step() != step) return std::nullopt;
+  return m->metric();
 }
 
 // The code of a shard's SnapshotStatus.last_error ("RESOURCE_EXHAUSTED: ...", as
@@ -114,35 +119,31 @@ absl::Status Checkpointer::MaybeCheckpoint() {
 }
 
 absl::Status Checkpointer::TakeMetricLocked(const ClusterView& view) {
-  for (const Member& m : view.members()) {  // rank 0's newest validation metric
-    if (m.role() != WORKER || m.id() != 0 || !m.has_metric() ||
-        m.metric_step() == metric_step_seen_) {
-      continue;
-    }
-    const int64_t step = m.metric_step();
-    const double metric = m.metric();
-    // Measured on the parameters of its step: filed under the checkpoint of that step (rank 0
-    // asks for one at each epoch's end, before it evaluates), best or not, never under a later
-    // step's. Filing takes no snapshot, so it needs no complete cluster: the run's last metric
-    // comes after the other workers finished and left (it was dropped, and the final
-    // checkpoint never carried the final accuracy).
-    if (std::any_of(checkpoints_.begin(), checkpoints_.end(),
-                    [&](const Checkpoint& c) { return c.step() == step; })) {
-      metric_step_seen_ = step;
-      return FileMetricLocked(step, metric);
-    }
-    if (!view.complete()) return absl::OkStatus();  // taken once the cluster is whole again
+  const Member* m = MeasuringRankZero(view);
+  if (m == nullptr || m->metric_step() == metric_step_seen_) return absl::OkStatus();
+  const int64_t step = m->metric_step();
+  const double metric = m->metric();
+  // Measured on the parameters of its step: filed under the checkpoint of that step (rank 0
+  // asks for one at each epoch's end, before it evaluates), best or not, never under a later
+  // step's. Filing takes no snapshot, so it needs no complete cluster: the run's last metric
+  // comes after the other workers finished and left (it was dropped, and the final
+  // checkpoint never carried the final accuracy).
+  if (std::any_of(checkpoints_.begin(), checkpoints_.end(),
+                  [&](const Checkpoint& c) { return c.step() == step; })) {
     metric_step_seen_ = step;
-    const bool best = std::all_of(
-        checkpoints_.begin(), checkpoints_.end(),
-        [&](const Checkpoint& c) { return !c.has_metric() || Better(metric, c.metric()); });
-    if (!best) return absl::OkStatus();
-    absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, step);
-    if (!taken.ok()) {
-      std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
-                  metric, static_cast<long long>(step), taken.status().ToString().c_str());
-      std::fflush(stdout);
-    }
+    return FileMetricLocked(step, metric);
+  }
+  if (!view.complete()) return absl::OkStatus();  // taken once the cluster is whole again
+  metric_step_seen_ = step;
+  const bool best = std::all_of(checkpoints_.begin(), checkpoints_.end(), [&](const Checkpoint& c) {
+    return !c.has_metric() || Better(metric, c.metric());
+  });
+  if (!best) return absl::OkStatus();
+  absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, step);
+  if (!taken.ok()) {
+    std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
+                metric, static_cast<long long>(step), taken.status().ToString().c_str());
+    std::fflush(stdout);
   }
   return absl::OkStatus();
 }
