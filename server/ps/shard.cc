@@ -208,13 +208,25 @@ Shard::Visit::Visit(const Shard* shard, std::string client)
 
 Shard::Visit::~Visit() {
   current_visit = outer_;
-  if (workers_.empty()) return;
-  absl::MutexLock lock(&shard_->seen_mu_);
-  for (auto& [worker, seen] : workers_) {
+  End(shard_, workers_);
+}
+
+void Shard::Visit::End(const Shard* shard, const std::vector<std::pair<int32_t, Seen*>>& workers) {
+  if (workers.empty()) return;
+  absl::MutexLock lock(&shard->seen_mu_);
+  for (auto& [worker, seen] : workers) {
     seen->calls--;  // a record with calls in progress is never forgotten
     seen->last = absl::Now();
   }
 }
+
+std::unique_ptr<Shard::Visit::Held> Shard::Visit::Keep() {
+  std::vector<std::pair<int32_t, Seen*>> kept;
+  kept.swap(workers_);
+  return std::unique_ptr<Held>(new Held(shard_, std::move(kept)));
+}
+
+Shard::Visit::Held::~Held() { End(shard_, workers_); }
 
 Shard::Seen& Shard::SeenLocked(int32_t worker_id, const std::string& client) const {
   auto key = std::make_pair(worker_id, client);

@@ -75,8 +75,25 @@ class Shard {
     Visit(const Visit&) = delete;
     Visit& operator=(const Visit&) = delete;
 
+    // The workers this visit counts in a call, still counted after it ends, until the
+    // Held is destroyed: a pull parked until its step is readable is still a call.
+    class Held {
+     public:
+      ~Held();
+
+     private:
+      friend class Visit;
+      Held(const Shard* shard, std::vector<std::pair<int32_t, Seen*>> workers)
+          : shard_(shard), workers_(std::move(workers)) {}
+      const Shard* const shard_;
+      const std::vector<std::pair<int32_t, Seen*>> workers_;
+    };
+    std::unique_ptr<Held> Keep();
+
    private:
     friend class Shard;
+    // Ends the calls of `workers`, now.
+    static void End(const Shard* shard, const std::vector<std::pair<int32_t, Seen*>>& workers);
     const Shard* const shard_;
     const std::string client_;
     Visit* const outer_;  // the visit this thread was in before (none: nullptr)

@@ -51,6 +51,9 @@ void CollectTables(const Shard& shard, MetricFamilies* f) {
                table, t.pulls(), static_cast<double>(t.staleness_sum()));
     f->Gauge("pscluster_ps_pull_staleness_max_steps", "The largest staleness a pull saw.", table,
              t.staleness_max());
+    f->Gauge("pscluster_ps_pulls_parked",
+             "Pulls waiting for their consistency bound now (parked: no thread held), per table.",
+             table, t.pulls_parked());
   }
   for (const WorkerClock& w : stats.workers()) {
     f->Gauge("pscluster_ps_worker_clock", "Steps each registered worker has pushed.",

@@ -39,11 +39,29 @@ void Table::RecordPushLocked(int32_t worker, int64_t step) {
   DrainBspLocked();
 }
 
+Table::~Table() {
+  absl::MutexLock lock(&mu_);
+  parked_.WakeAll(absl::UnavailableError(
+      absl::StrCat("table ", id(),
+                   " was replaced (a restore, or a replica installing state) while the "
+                   "pull waited; pull again")));
+}
+
 void Table::DrainBspLocked() {
   while (clock_.NextStepReady()) {
     ApplyBspStepLocked(clock_.applied_steps());
     clock_.StepApplied();
   }
+  WakeParkedLocked();
+}
+
+void Table::WakeParkedLocked() {
+  if (clock_.shut_down()) {
+    parked_.WakeAll(shutdown_why_);
+    return;
+  }
+  parked_.WakeReady([this](int64_t step)
+                        ABSL_NO_THREAD_SAFETY_ANALYSIS { return clock_.Pullable(step); });
 }
 
 absl::Status Table::HoldStep(int64_t step) {
@@ -144,6 +162,7 @@ uint32_t Table::Fingerprint() const {
 void Table::RestoreClocks(const TableSnapshotHeader& header) {
   absl::MutexLock lock(&mu_);
   clock_.Restore(header);
+  WakeParkedLocked();
 }
 
 uint64_t TableImage::bytes() const {
@@ -152,43 +171,72 @@ uint64_t TableImage::bytes() const {
   return n;
 }
 
+std::string Table::WaitedForLocked(int64_t step, absl::string_view what) const {
+  return absl::StrCat("table ", id(), ": ", what, " at step ", step, " waited for ",
+                      ConsistencyConfig::Mode_Name(spec_.consistency().mode()),
+                      " on: ", clock_.DescribeLaggards(step));
+}
+
 absl::Status Table::AwaitPullableLocked(int64_t step, absl::Time deadline, absl::string_view what,
                                         const std::function<bool()>& cancelled) {
   auto ready = [this, step]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return clock_.Pullable(step); };
-  auto waited_for = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return absl::StrCat("table ", id(), ": ", what, " at step ", step, " waited for ",
-                        ConsistencyConfig::Mode_Name(spec_.consistency().mode()),
-                        " on: ", clock_.DescribeLaggards(step));
-  };
   for (;;) {
     const absl::Time until =
         cancelled ? std::min(deadline, absl::Now() + kCancelCheckEvery) : deadline;
     if (mu_.AwaitWithDeadline(absl::Condition(&ready), until)) break;
-    if (until >= deadline) return Reject(absl::DeadlineExceededError(waited_for()));
+    if (until >= deadline) {
+      return Reject(absl::DeadlineExceededError(WaitedForLocked(step, what)));
+    }
     if (cancelled()) {
-      return absl::CancelledError(absl::StrCat(waited_for(), "; the caller cancelled the call"));
+      return absl::CancelledError(
+          absl::StrCat(WaitedForLocked(step, what), "; the caller cancelled the call"));
     }
   }
   if (clock_.shut_down()) return shutdown_why_;
   return absl::OkStatus();
 }
 
-absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline,
-                                  const std::function<bool()>& cancelled) {
-  absl::MutexLock lock(&mu_);
-  const bool waits = !clock_.Pullable(step);  // counted, and timed, only if it has to wait
-  const absl::Time start = waits ? absl::Now() : absl::InfinitePast();
-  absl::Status ready = AwaitPullableLocked(step, deadline, "pull", cancelled);
-  if (waits) {
-    pulls_waited_++;
-    pull_wait_nanos_ += absl::ToInt64Nanoseconds(absl::Now() - start);
-  }
-  RETURN_IF_ERROR(ready);
+void Table::CountWaitLocked(absl::Time since) {
+  if (since == absl::InfinitePast()) return;
+  pulls_waited_++;
+  pull_wait_nanos_ += absl::ToInt64Nanoseconds(absl::Now() - since);
+}
+
+void Table::CountPullLocked(int64_t step) {
   const uint64_t staleness = clock_.Staleness(step);
   staleness_sum_ += staleness;
   if (staleness > staleness_max_) staleness_max_ = staleness;
   pulls_++;
+}
+
+absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline,
+                                  const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mu_);
+  // counted, and timed, only if it has to wait
+  const absl::Time start = clock_.Pullable(step) ? absl::InfinitePast() : absl::Now();
+  absl::Status ready = AwaitPullableLocked(step, deadline, "pull", cancelled);
+  CountWaitLocked(start);
+  RETURN_IF_ERROR(ready);
+  CountPullLocked(step);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Table::PullableOrPark(int64_t step, absl::Time deadline,
+                                           std::weak_ptr<PullWaiter> waiter,
+                                           absl::Time parked_since) {
+  absl::MutexLock lock(&mu_);
+  if (clock_.shut_down()) return shutdown_why_;
+  if (clock_.Pullable(step)) {
+    CountWaitLocked(parked_since);
+    CountPullLocked(step);
+    return true;
+  }
+  if (absl::Now() >= deadline) {
+    CountWaitLocked(parked_since);
+    return Reject(absl::DeadlineExceededError(WaitedForLocked(step, "pull")));
+  }
+  parked_.Park(step, std::move(waiter));
+  return false;
 }
 
 absl::Status Table::AwaitStateLocked(int64_t step, absl::Time deadline) {
@@ -210,6 +258,7 @@ void Table::Shutdown(absl::Status why) {
   absl::MutexLock lock(&mu_);
   shutdown_why_ = std::move(why);
   clock_.Shutdown();
+  WakeParkedLocked();
 }
 
 TableInfo Table::Info() const {
@@ -237,6 +286,8 @@ TableStats Table::Stats() const {
   s.set_pull_wait_seconds(static_cast<double>(pull_wait_nanos_) * 1e-9);
   s.set_staleness_sum(staleness_sum_);
   s.set_staleness_max(staleness_max_);
+  absl::ReaderMutexLock lock(&mu_);
+  s.set_pulls_parked(parked_.size());
   return s;
 }
 

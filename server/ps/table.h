@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -27,6 +28,7 @@
 #include "proto/ps.pb.h"
 #include "proto/snapshot.pb.h"
 #include "server/ps/consistency_clock.h"
+#include "server/ps/pull_waiters.h"
 #include "server/ps/staging_allocator.h"
 
 namespace pscluster::ps {
@@ -46,7 +48,8 @@ struct TableImage {
 
 class Table {
  public:
-  virtual ~Table() = default;
+  // Parked pulls are woken with UNAVAILABLE: the table they waited on is gone.
+  virtual ~Table();
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
@@ -67,6 +70,13 @@ class Table {
   absl::Status AwaitPullable(int64_t step, absl::Time deadline,
                              const std::function<bool()>& cancelled = nullptr);
   static constexpr absl::Duration kCancelCheckEvery = absl::Milliseconds(100);
+  // AwaitPullable that never blocks: true when the pull may read now (counted as a pull,
+  // having waited since `parked_since` unless that is InfinitePast). Else, before
+  // `deadline`, parks `waiter` to be woken once it may (or the table shuts down) and returns
+  // false; from `deadline` on, AwaitPullable's DEADLINE_EXCEEDED.
+  absl::StatusOr<bool> PullableOrPark(int64_t step, absl::Time deadline,
+                                      std::weak_ptr<PullWaiter> waiter,
+                                      absl::Time parked_since = absl::InfinitePast());
 
   // Wakes every waiting pull with `why` (a restore, or the server shutting down); later
   // waits fail with it at once.
@@ -151,7 +161,10 @@ class Table {
   // registered worker had pushed exactly the steps before it and (BSP) all were applied:
   // clocks = step, applied_steps = step, no step pushed beyond. Holds taken for a snapshot
   // stay. Pulls waiting for `step` proceed once mu_ is released.
-  void ResetClocksLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { clock_.Reset(step); }
+  void ResetClocksLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    clock_.Reset(step);
+    WakeParkedLocked();
+  }
 
   // Error helpers that also count the rejection.
   absl::Status Reject(absl::Status status) const;
@@ -179,9 +192,18 @@ class Table {
   // BSP: applies, in order, every step that all workers have pushed, stopping before a
   // step a capture is waiting for.
   void DrainBspLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After every change to clock_: wakes the parked pulls it now lets read.
+  void WakeParkedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a pull (`what`) at `step` waits for: the mode and the workers behind.
+  std::string WaitedForLocked(int64_t step, absl::string_view what) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A pull that waited since `since` (InfinitePast: it did not wait), and one that reads.
+  void CountWaitLocked(absl::Time since) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountPullLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ConsistencyClock clock_ ABSL_GUARDED_BY(mu_);
   absl::Status shutdown_why_ ABSL_GUARDED_BY(mu_);  // Shutdown's
+  PullWaiters parked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::ps
