@@ -1,7 +1,8 @@
-// A shard at its --threads bound refuses further calls at once with RESOURCE_EXHAUSTED
-// (gRPC's synchronous server, before any handler runs), and the refused calls change
-// nothing; the client says what to do and retries them itself; pulls waiting for BSP whose
-// callers cancel give their threads back, and the shard serves again.
+// A shard at its --threads bound refuses further synchronous calls at once with
+// RESOURCE_EXHAUSTED (before any handler runs), and the refused calls change nothing; the
+// client says what to do and retries them itself; streams whose callers cancel give their
+// threads back, and the shard serves again. Pulls waiting for BSP hold no thread at all:
+// 64 of them wait at once on a shard with --threads=4, and all are answered.
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -36,12 +37,13 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   ASSERT_TRUE(clients_[0]->CreateTable(asp).ok());
   std::vector<float> before(kSize);
   ASSERT_TRUE(clients_[0]->PullDense(kAsp, 0, absl::MakeSpan(before)).ok());
+  std::vector<float> bsp_before(kSize);
+  ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_before)).ok());
 
-  // Worker 0's BSP pulls of step 1 wait for worker 1, which never pushes step 0: each holds
-  // a handler thread of shard 0 until it is cancelled. A pull refused because the probes
-  // below hold the threads for the moment is made again (else the probes got threads
-  // for ever, up to the 1024-step limit: seen under load).
-  struct Puller {
+  // Push streams of worker 0 that send one value of shard 0's half and then nothing: each
+  // holds a handler thread of shard 0 until it is cancelled. A stream refused because the
+  // probes below hold the threads for the moment is opened again.
+  struct Holder {
     absl::Mutex mu;
     grpc::ClientContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
     bool stop ABSL_GUARDED_BY(mu) = false;
@@ -51,27 +53,31 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
       if (ctx != nullptr) ctx->TryCancel();
     }
   };
-  std::vector<std::unique_ptr<Puller>> waits;
+  std::vector<std::unique_ptr<Holder>> waits;
   std::vector<std::thread> pullers;
   for (int i = 0; i < kThreads; ++i) {
-    waits.push_back(std::make_unique<Puller>());
-    pullers.emplace_back([this, puller = waits.back().get()] {
+    waits.push_back(std::make_unique<Holder>());
+    pullers.emplace_back([this, holder = waits.back().get()] {
       for (grpc::Status s;;) {
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
         {
-          absl::MutexLock lock(&puller->mu);
-          if (puller->stop) return;
-          puller->ctx = &ctx;
+          absl::MutexLock lock(&holder->mu);
+          if (holder->stop) return;
+          holder->ctx = &ctx;
         }
-        ps::PullDenseRequest req;
-        req.set_worker_id(0);
-        req.set_step(1);
-        req.set_table_id(kBsp);
-        ps::DenseChunk resp;
-        s = clients_[0]->stub(0)->PullDense(&ctx, req, &resp);
-        absl::MutexLock lock(&puller->mu);
-        puller->ctx = nullptr;
+        ps::PushDenseResponse resp;
+        auto stream = clients_[0]->stub(0)->PushDenseStream(&ctx, &resp);
+        ps::DenseChunk first;
+        first.set_worker_id(0);
+        first.set_table_id(kBsp);
+        first.set_total_length(kSize / 2);
+        const float one = 1.0f;
+        first.set_data(&one, sizeof(one));
+        stream->Write(first);
+        s = stream->Finish();  // the shard waits for the rest until cancelled
+        absl::MutexLock lock(&holder->mu);
+        holder->ctx = nullptr;
         if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return;
       }
     });
@@ -109,7 +115,7 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   absl::Status pushed;
   std::thread pusher(
       [&] { pushed = clients_[1]->PushDense(kAsp, accepted, std::vector<float>(kSize, 1.0f)); });
-  // Cancelled, the waiting pulls give their threads back (within Table::kCancelCheckEvery).
+  // Cancelled, the streams give their threads back.
   for (auto& puller : waits) puller->Cancel();
   for (auto& t : pullers) t.join();
   pusher.join();
@@ -123,6 +129,90 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
     want -= 1.0f;
     EXPECT_EQ(after[i], want) << "index " << i << " (" << accepted << " probes accepted)";
   }
+  std::vector<float> bsp_after(kSize);
+  ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_after)).ok());
+  EXPECT_EQ(bsp_after, bsp_before) << "a cancelled push stream changed the table";
+}
+
+class ParkedPullsTest : public PsClusterTest {
+ protected:
+  std::vector<std::string> ServerArgs() override { return {"--threads=4"}; }
+};
+
+// Each of 64 workers pulls step 1 of a BSP table from shard 0, which 4 handler threads
+// serve: every pull waits for step 0, parked, holding no thread, so the 64 pushes of step 0
+// still get threads, and every pull is answered with the values step 0 left. (With pulls
+// that held a thread each, the fifth was refused at once.)
+TEST_F(ParkedPullsTest, SixtyFourBspPullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {
+  constexpr int kPullers = 64;
+  OptimizerConfig sgd;
+  sgd.set_kind(OptimizerConfig::SGD);
+  sgd.set_learning_rate(1.0f);
+  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
+  bsp.set_size(kSize);
+  ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
+  ps::ParameterServer::Stub* shard0 = clients_[0]->stub(0);
+  auto deadline = [](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  };
+  for (int w = 0; w < kPullers; ++w) {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    ps::RegisterWorkerRequest req;
+    req.set_worker_id(w);
+    ps::RegisterWorkerResponse resp;
+    ASSERT_TRUE(shard0->RegisterWorker(&ctx, req, &resp).ok()) << w;
+  }
+  auto pull = [&](int worker, ps::DenseChunk* out) {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    ps::PullDenseRequest req;
+    req.set_worker_id(worker);
+    req.set_step(1);
+    req.set_table_id(kBsp);
+    req.set_length(kSize / 2);
+    return shard0->PullDense(&ctx, req, out);
+  };
+  std::vector<grpc::Status> pulled(kPullers);
+  std::vector<ps::DenseChunk> answers(kPullers);
+  std::vector<std::thread> pullers;
+  for (int w = 0; w < kPullers; ++w) {
+    pullers.emplace_back([&, w] { pulled[w] = pull(w, &answers[w]); });
+  }
+  // Every pull parked (bounded: each is refused at once if it cannot be).
+  auto parked = [&] {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    ps::StatsResponse stats;
+    if (!shard0->Stats(&ctx, ps::StatsRequest(), &stats).ok()) return uint64_t{0};
+    return stats.tables(0).pulls_parked();
+  };
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       parked() < kPullers && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(parked(), kPullers);
+  for (int w = 0; w < kPullers; ++w) {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    ps::DenseChunk push;
+    push.set_worker_id(w);
+    push.set_table_id(kBsp);
+    push.set_total_length(kSize / 2);
+    const std::vector<float> grad(kSize / 2, 1.0f);
+    push.set_data(grad.data(), grad.size() * sizeof(float));
+    ps::PushDenseResponse resp;
+    grpc::Status s = shard0->PushDense(&ctx, push, &resp);
+    ASSERT_TRUE(s.ok()) << "worker " << w << ": " << s.error_message();
+  }
+  for (auto& t : pullers) t.join();
+  ps::DenseChunk want;
+  ASSERT_TRUE(pull(0, &want).ok());
+  for (int w = 0; w < kPullers; ++w) {
+    ASSERT_TRUE(pulled[w].ok()) << "worker " << w << ": " << pulled[w].error_message();
+    EXPECT_EQ(answers[w].data(), want.data()) << "worker " << w;
+  }
+  EXPECT_EQ(parked(), 0u);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@
 
 namespace pscluster::ps {
 
-std::string RequestId(const grpc::ServerContext* ctx) {
+std::string RequestId(const grpc::ServerContextBase* ctx) {
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find(kRequestIdKey);
   return it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());

@@ -244,6 +244,6 @@ class Replicator {
 };
 
 // The request id of a client call (metadata kRequestIdKey; "" when absent).
-std::string RequestId(const grpc::ServerContext* ctx);
+std::string RequestId(const grpc::ServerContextBase* ctx);
 
 }  // namespace pscluster::ps

@@ -1,10 +1,12 @@
 // gRPC front of a Shard: decodes requests, enforces transfer limits, streams chunks.
-// Uses the synchronous API: a pull may block (bounded by its deadline) until its
-// consistency bound holds, which a sync handler thread can do without extra machinery.
+// The dense pulls run on gRPC's callback API (pull_reactors.h): one that must wait for its
+// step is parked in its table and holds no thread. The other methods are still synchronous.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -12,6 +14,7 @@
 #include "common/call_metadata.h"
 #include "common/graceful_shutdown.h"
 #include "common/recent_ids.h"
+#include "common/work_queue.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/buffer_pool.h"
@@ -51,7 +54,31 @@ int MaxMessageBytes(const ServiceOptions& options);
 
 inline constexpr int kMaxExceptClients = 64;  // StatsRequest.except_clients
 
-class ParameterServerService final : public ParameterServer::Service {
+// How a pull waits for its step: blocking the calling thread until `deadline` (the
+// synchronous handlers, in-process callers), or, with a `waiter`, parked in the table (the
+// callback handlers): PreparePull then answers Parked() and the waiter is woken later.
+struct PullWait {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;     // blocking: asked while waiting
+  std::shared_ptr<PullWaiter> waiter;  // null: block
+  absl::Time parked_since = absl::InfinitePast();
+};
+// The answer of a pull that parked (never sent to a client).
+absl::Status Parked();
+bool IsParked(const absl::Status& s);
+
+namespace callback {
+class PullReactors;
+}
+
+// The generated service with the dense pulls on the raw callback API: their requests are
+// parsed, and their answers coded, by pull_reactors.cc.
+using ParameterServerBase = ParameterServer::WithRawCallbackMethod_PullDense<
+    ParameterServer::WithRawCallbackMethod_PullDenseBatch<
+        ParameterServer::WithRawCallbackMethod_PushPullDenseBatch<
+            ParameterServer::WithRawCallbackMethod_PullDenseStream<ParameterServer::Service>>>>;
+
+class ParameterServerService final : public ParameterServerBase {
  public:
   // `snapshotter` may be null (no --data_dir): snapshot RPCs then fail clearly.
   ParameterServerService(Shard* shard, Snapshotter* snapshotter, ServiceOptions options);
@@ -99,6 +126,18 @@ class ParameterServerService final : public ParameterServer::Service {
                               PushDenseBatchResponse* resp) override;
   grpc::Status PushPullDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
                                   DenseBatch* resp) override;
+  // The same pulls on the wire (pull_reactors.cc); the synchronous ones above stay for
+  // callers in this process (the fuzzers).
+  grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* PullDenseBatch(grpc::CallbackServerContext* ctx,
+                                           const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* PushPullDenseBatch(grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* req,
+                                               grpc::ByteBuffer* resp) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(grpc::CallbackServerContext* ctx,
+                                                              const grpc::ByteBuffer* req) override;
   grpc::Status PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                           PullSparseResponse* resp) override;
   grpc::Status PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
@@ -125,30 +164,7 @@ class ParameterServerService final : public ParameterServer::Service {
                            JoinedChainResponse* resp) override;
 
  private:
-  // How the pull handlers above answer on the wire: the constructor installs these in their
-  // place (the ones above stay for callers in this process, the fuzzer's). The same work,
-  // with the answer's values read from the tables straight into the bytes gRPC sends
-  // (common/dense_wire.h) instead of into a message that gRPC then copies again.
-  template <typename Req>
-  using Unary = grpc::ServerUnaryStreamer<Req, grpc::ByteBuffer>;
-  template <typename Req>
-  using Split = grpc::ServerSplitStreamer<Req, grpc::ByteBuffer>;
-  grpc::Status PullDenseWire(grpc::ServerContext* ctx, const PullDenseRequest& req,
-                             Unary<PullDenseRequest>* stream);
-  grpc::Status PullDenseBatchWire(grpc::ServerContext* ctx, const PullDenseBatchRequest& req,
-                                  Unary<PullDenseBatchRequest>* stream);
-  grpc::Status PushPullDenseBatchWire(grpc::ServerContext* ctx, const DenseBatch& req,
-                                      Unary<DenseBatch>* stream);
-  grpc::Status PullDenseStreamWire(grpc::ServerContext* ctx, const PullDenseRequest& req,
-                                   Split<PullDenseRequest>* stream);
-  // Serves `method` through handler(ctx, request, stream) in place of its generated
-  // handler: the request parsed here (one that does not parse is INVALID_ARGUMENT, as the
-  // parse-error interceptor says for every other method), the answer coded by the handler.
-  // Stream: Unary (one answer) or Split (a stream of them).
-  template <typename Stream, typename Req>
-  void ServeCoded(const char* method,
-                  grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*, const Req&,
-                                                                  Stream*));
+  friend class callback::PullReactors;
 
   // A dense pull's answer before its values are read: the chunk's every field but data, and
   // the table its `length` values come from, from header.offset() on.
@@ -164,41 +180,61 @@ class ParameterServerService final : public ParameterServer::Service {
   static absl::Status ReadChunk(const PullChunk& chunk, DenseChunk* out);
   static absl::StatusOr<grpc::ByteBuffer> EncodeChunks(const std::vector<PullChunk>& chunks,
                                                        bool batch);
-  // The pull RPCs' work up to reading the values. A stream's chunks go to write() one by
-  // one (an error from it ends the stream).
-  absl::StatusOr<PullChunk> PullOne(const grpc::ServerContext* ctx, const PullDenseRequest& req,
+  // The pull RPCs' work up to reading the values.
+  absl::StatusOr<PullChunk> PullOne(const PullWait& wait, const PullDenseRequest& req,
                                     RequestBudget::Charge* charge);
-  absl::Status PushPull(const grpc::ServerContext* ctx, const DenseBatch& req,
-                        std::vector<PullChunk>* out, RequestBudget::Charge* charge);
-  absl::Status PullStream(const grpc::ServerContext* ctx, const PullDenseRequest& req,
-                          const std::function<absl::Status(const PullChunk&)>& write);
+  // PushPullDenseBatch in two parts: the push, made once (a repeated attempt, same request
+  // id, only pulls), and the pull of step + 1 of the same ranges, made again after a park.
+  absl::Status PushOnce(const grpc::ServerContextBase* ctx, const DenseBatch& req,
+                        RequestBudget::Charge* charge);
+  absl::Status PullAfterPush(const PullWait& wait, const DenseBatch& req,
+                             std::vector<PullChunk>* out, RequestBudget::Charge* charge);
+  // A pull stream's chunks: `per_chunk` values each, the last one shorter (one empty chunk
+  // when `length` is 0).
+  struct StreamPlan {
+    uint64_t length, per_chunk;
+    bool Done(uint64_t done, uint64_t sent) const { return sent > 0 && done >= length; }
+    PullChunk Chunk(const DenseTable* table, const PullDenseRequest& req, uint64_t done) const;
+  };
+  StreamPlan PlanStream(const PullDenseRequest& req, uint64_t length) const;
+  // The synchronous handlers' wait: until the call's deadline, or until it is cancelled.
+  PullWait Blocking(const grpc::ServerContextBase* ctx) const;
 
-  absl::Time Deadline(const grpc::ServerContext* ctx) const;
+  absl::Time Deadline(const grpc::ServerContextBase* ctx) const;
   // OK when this shard serves clients: not replicated, or the head of its chain.
   absl::Status CheckServing() const;
   // A client's update: apply() directly, or, replicated, on the head in the chain's order
   // and then down the chain (describe fills in the update it sends).
-  absl::Status Write(const grpc::ServerContext* ctx,
+  absl::Status Write(const grpc::ServerContextBase* ctx,
                      const std::function<void(ReplicatedUpdate*)>& describe,
                      std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
   // The handlers' updates, once their requests are checked (the chain applies them again).
   absl::Status PushDenseChunk(const DenseChunk& chunk, PushDenseResponse* resp);
   absl::Status PushSparseRows(const SparseRequest& req, PushSparseResponse* resp);
+  // A push stream's chunks after `first`, each checked (CheckStreamChunk), charged and
+  // scanned as it comes, its bytes kept in *buffers; `first`'s own bytes become buffers[0].
+  absl::Status ReceivePush(DenseTable* table, DenseChunk* first,
+                           grpc::ServerReader<DenseChunk>* reader, StreamWatchdog::Watch* watch,
+                           RequestBudget::Charge* charge, std::vector<std::string>* buffers,
+                           DenseTable::Scanned* scanned);
+  // Chunk `index` of a push stream that received `received` values before it.
+  absl::Status CheckStreamChunk(const DenseChunk& first, const DenseChunk& c, uint64_t index,
+                                uint64_t received) const;
   // A push stream's transfer: `first`'s header, the chunks' values in order.
   absl::Status PushStreamed(const DenseChunk& first, const std::vector<std::string>& buffers,
                             DenseTable::Scanned scanned, PushDenseResponse* resp);
   // Whether the client cancelled the call (or gave up on it): waits end early on it.
-  static std::function<bool()> Cancelled(const grpc::ServerContext* ctx);
-  // Validates a pull and waits for its consistency bound; returns the table and the
-  // resolved length (0 in the request = to the end of this shard's range).
+  static std::function<bool()> Cancelled(const grpc::ServerContextBase* ctx);
   // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.
   absl::Status PushBatch(const DenseBatch& batch, PushDenseBatchResponse* resp);
   // The answer's bytes are added to `charge` as its chunks are planned.
-  absl::Status PullBatch(const grpc::ServerContext* ctx,
+  absl::Status PullBatch(const PullWait& wait,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
                          std::vector<PullChunk>* out, RequestBudget::Charge* charge);
-  absl::StatusOr<DenseTable*> PreparePull(const grpc::ServerContext* ctx,
-                                          const PullDenseRequest& req, uint64_t* length);
+  // Validates a pull and waits for its consistency bound (or parks: Parked()); returns the
+  // table and the resolved length (0 in the request = to the end of this shard's range).
+  absl::StatusOr<DenseTable*> PreparePull(const PullWait& wait, const PullDenseRequest& req,
+                                          uint64_t* length);
 
   // The thread that gives idle memory back (release_idle_memory_after).
   void ReleaseIdleMemory();
@@ -220,7 +256,8 @@ class ParameterServerService final : public ParameterServer::Service {
   // call of the client its ps-client-id metadata names until it ends (Shard::Visit).
   class Scope {
    public:
-    explicit Scope(ParameterServerService* s, const grpc::ServerContext* ctx = nullptr);
+    explicit Scope(ParameterServerService* s, const grpc::ServerContextBase* ctx = nullptr);
+    Shard::Visit* visit() { return &visit_; }
 
    private:
     InFlightCounter::Scope in_flight_;
@@ -246,6 +283,12 @@ class ParameterServerService final : public ParameterServer::Service {
   static constexpr size_t kPushedIds = 4096;
   absl::Mutex pushed_mu_ ABSL_ACQUIRED_AFTER(serving_mu_);
   RecentIds<bool> pushed_ ABSL_GUARDED_BY(pushed_mu_){kPushedIds};
+  // Counts the times Restore or a joining replica replaced the tables: a pull stream, which
+  // reads its table across callbacks, ends when it changes under it.
+  std::atomic<uint64_t> tables_replaced_{0};
+  // Where the callback handlers run what may block: a woken pull, a chain's round trip.
+  WorkQueue pool_{kPoolThreads};
+  static constexpr int kPoolThreads = 4;
   absl::Mutex release_mu_;
   bool stopping_ ABSL_GUARDED_BY(release_mu_) = false;
   std::thread releaser_;  // last: started once everything it uses exists

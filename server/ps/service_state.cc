@@ -149,6 +149,7 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   {
     absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
     snapshotter_->Install(*std::move(loaded));
+    tables_replaced_++;
     absl::MutexLock lock(&pushed_mu_);  // repeats of pushes into the old tables push again
     pushed_.Clear();
   }

@@ -1,0 +1,32 @@
+// The dense pulls on gRPC's callback API. A pull whose step is not readable yet parks in
+// its table (pull_waiters.h) and holds no thread; it runs again on the service's pool when
+// the table wakes it, its deadline comes, or the client cancels. The answers are coded
+// straight from the tables into the bytes gRPC sends (common/dense_wire.h).
+#pragma once
+
+#include "grpcpp/grpcpp.h"
+
+namespace pscluster::ps {
+class ParameterServerService;
+
+namespace callback {
+
+// ParameterServerService's raw callback methods, and the only code besides it that reaches
+// its private pull path (a friend).
+class PullReactors {
+ public:
+  using Service = ParameterServerService;
+  static grpc::ServerUnaryReactor* PullDense(Service* s, grpc::CallbackServerContext* ctx,
+                                             const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
+  static grpc::ServerUnaryReactor* PullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* req,
+                                                  grpc::ByteBuffer* resp);
+  static grpc::ServerUnaryReactor* PushPullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* req,
+                                                      grpc::ByteBuffer* resp);
+  static grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(
+      Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req);
+};
+
+}  // namespace callback
+}  // namespace pscluster::ps
