@@ -188,16 +188,18 @@ absl::Status PsClient::PushDenseShard(int shard, uint32_t table_id, int64_t step
     return calls_.DenseUnary(shard, &DenseMethods::push_dense, whole, &resp);
   }
   return calls_.Status(shard, calls_.Retrying(shard, [&](grpc::ClientContext* ctx) {
-    const internal::ShardCalls::Dense d = calls_.dense(shard);
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            d.channel, d.methods->push_dense_stream, ctx, &resp));
+    internal::RawStream stream(calls_.generic(shard), internal::kDenseMethods.push_dense_stream,
+                               ctx);
     for (uint64_t done = 0; done < grad.size(); done += per_chunk) {
       // the server ended the stream when a write fails; Finish says why
-      if (!writer->Write(chunk(done, std::min<uint64_t>(per_chunk, grad.size() - done)))) break;
+      if (!stream.Write(chunk(done, std::min<uint64_t>(per_chunk, grad.size() - done)))) break;
     }
-    writer->WritesDone();
-    return writer->Finish();
+    stream.WritesDone();
+    grpc::ByteBuffer answer;
+    const bool answered = stream.Read(&answer);
+    grpc::Status s = stream.Finish();
+    if (s.ok() && answered) s = internal::FromBytes(&answer, &resp);
+    return s;
   }));
 }
 
@@ -233,18 +235,19 @@ absl::Status PsClient::PullDenseShard(int shard, uint32_t table_id, int64_t step
     absl::Status bad;  // a chunk out of place, or one that does not parse
     absl::Status st = calls_.Waiting(shard, [&](grpc::ClientContext* ctx, int) {
       got = 0;
-      const internal::ShardCalls::Dense d = calls_.dense(shard);
-      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-              d.channel, d.methods->pull_dense_stream, ctx, req));
-      while (reader->Read(&chunk)) {
+      internal::RawStream stream(calls_.generic(shard), internal::kDenseMethods.pull_dense_stream,
+                                 ctx);
+      grpc::ByteBuffer request;
+      if (grpc::Status s = internal::ToBytes(req, &request); !s.ok()) return s;
+      if (stream.Write(request)) stream.WritesDone();
+      while (stream.Read(&chunk)) {
         if (bad = internal::DecodeDenseChunk(chunk, place); !bad.ok()) {
           ctx->TryCancel();
-          reader->Finish();
+          stream.Finish();
           return grpc::Status::OK;
         }
       }
-      return reader->Finish();
+      return stream.Finish();
     });
     RETURN_IF_ERROR(bad);
     RETURN_IF_ERROR(st);

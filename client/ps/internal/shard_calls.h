@@ -16,37 +16,32 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/ps/internal/raw_call.h"
 #include "common/backoff.h"
 #include "common/call_metadata.h"
 #include "common/dense_wire.h"
 #include "common/executor.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/impl/client_unary_call.h"
-#include "grpcpp/impl/rpc_method.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace pscluster::internal {
 
 // The ParameterServer methods whose messages the client codes itself (common/dense_wire.h),
-// registered on one channel.
+// called through the generic stub (raw_call.h).
 struct DenseMethods {
-  using M = grpc::internal::RpcMethod;
-  explicit DenseMethods(const std::shared_ptr<grpc::ChannelInterface>& channel)
-      : pull_dense("/pscluster.ps.ParameterServer/PullDense", M::NORMAL_RPC, channel),
-        push_dense("/pscluster.ps.ParameterServer/PushDense", M::NORMAL_RPC, channel),
-        pull_dense_stream("/pscluster.ps.ParameterServer/PullDenseStream", M::SERVER_STREAMING,
-                          channel),
-        push_dense_stream("/pscluster.ps.ParameterServer/PushDenseStream", M::CLIENT_STREAMING,
-                          channel),
-        pull_dense_batch("/pscluster.ps.ParameterServer/PullDenseBatch", M::NORMAL_RPC, channel),
-        push_dense_batch("/pscluster.ps.ParameterServer/PushDenseBatch", M::NORMAL_RPC, channel),
-        push_pull_dense_batch("/pscluster.ps.ParameterServer/PushPullDenseBatch", M::NORMAL_RPC,
-                              channel) {}
-  M pull_dense, push_dense, pull_dense_stream, push_dense_stream, pull_dense_batch,
-      push_dense_batch, push_pull_dense_batch;
+  const char* pull_dense = "/pscluster.ps.ParameterServer/PullDense";
+  const char* push_dense = "/pscluster.ps.ParameterServer/PushDense";
+  const char* pull_dense_stream = "/pscluster.ps.ParameterServer/PullDenseStream";
+  const char* push_dense_stream = "/pscluster.ps.ParameterServer/PushDenseStream";
+  const char* pull_dense_batch = "/pscluster.ps.ParameterServer/PullDenseBatch";
+  const char* push_dense_batch = "/pscluster.ps.ParameterServer/PushDenseBatch";
+  const char* push_pull_dense_batch = "/pscluster.ps.ParameterServer/PushPullDenseBatch";
 };
+inline constexpr DenseMethods kDenseMethods;
+using DenseMethod = const char* const DenseMethods::*;
 
 class ShardCalls {
  public:
@@ -70,13 +65,11 @@ class ShardCalls {
     for (size_t s = 0; s < replicas_.size(); ++s) {
       current_[s] = 0;
       stubs_.emplace_back();
-      channels_.emplace_back();
-      dense_.emplace_back();
+      generic_.emplace_back();
       for (const std::string& address : replicas_[s]) {
         std::shared_ptr<grpc::Channel> channel = security.Channel(address, args);
         stubs_.back().push_back(ps::ParameterServer::NewStub(channel));
-        dense_.back().push_back(std::make_unique<DenseMethods>(channel));
-        channels_.back().push_back(std::move(channel));
+        generic_.back().push_back(std::make_unique<grpc::GenericStub>(channel));
       }
       replicated_ |= replicas_[s].size() > 1;
     }
@@ -93,15 +86,9 @@ class ShardCalls {
   int size() const { return static_cast<int>(stubs_.size()); }
   // The replica of `shard` calls go to now (the head, as far as this client knows).
   Stub* stub(int shard) const { return stubs_[shard][current_[shard].load()].get(); }
-  // The same replica's channel, with the dense methods whose messages the client codes
-  // itself (dense_wire.h) registered on it.
-  struct Dense {
-    grpc::ChannelInterface* channel;
-    const DenseMethods* methods;
-  };
-  Dense dense(int shard) const {
-    const int at = current_[shard].load();
-    return {channels_[shard][at].get(), dense_[shard][at].get()};
+  // The same replica's generic stub, for the methods whose messages the client codes itself.
+  grpc::GenericStub* generic(int shard) const {
+    return generic_[shard][current_[shard].load()].get();
   }
   std::string Name(int shard) const {
     return absl::StrCat("shard ", shard, " (", replicas_[shard][current_[shard].load()], ")");
@@ -186,16 +173,13 @@ class ShardCalls {
   // One call of a dense method, its request or answer (or both) coded by dense_wire as
   // grpc::ByteBuffer, on the replica of `shard` calls go to now.
   template <typename Req, typename Resp>
-  grpc::Status DenseCall(int shard, grpc::internal::RpcMethod DenseMethods::*method,
-                         grpc::ClientContext* ctx, const Req& req, Resp* resp) const {
-    const Dense d = dense(shard);
-    return grpc::internal::BlockingUnaryCall<Req, Resp>(d.channel, d.methods->*method, ctx, req,
-                                                        resp);
+  grpc::Status DenseCall(int shard, DenseMethod method, grpc::ClientContext* ctx, const Req& req,
+                         Resp* resp) const {
+    return RawUnary(generic(shard), kDenseMethods.*method, ctx, req, resp);
   }
   // The same with the deadline (Retrying), as Unary.
   template <typename Req, typename Resp>
-  absl::Status DenseUnary(int shard, grpc::internal::RpcMethod DenseMethods::*method,
-                          const Req& req, Resp* resp) const {
+  absl::Status DenseUnary(int shard, DenseMethod method, const Req& req, Resp* resp) const {
     return Status(shard, Retrying(shard, [&](grpc::ClientContext* ctx) {
                     return DenseCall(shard, method, ctx, req, resp);
                   }));
@@ -275,8 +259,7 @@ class ShardCalls {
   const absl::Duration wait_slice_;
   const std::function<absl::Status()> wait_check_;
   std::vector<std::vector<std::unique_ptr<Stub>>> stubs_;
-  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels_;
-  std::vector<std::vector<std::unique_ptr<DenseMethods>>> dense_;
+  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> generic_;
   std::unique_ptr<std::atomic<int>[]> current_;  // by shard: the replica calls go to
   bool replicated_ = false;
   std::string request_prefix_;  // random per client: request ids unique across clients
