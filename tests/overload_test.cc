@@ -3,10 +3,12 @@
 // client says what to do and retries them itself; streams whose callers cancel give their
 // threads back, and the shard serves again. Pulls waiting for BSP hold no thread at all:
 // 64 of them wait at once on a shard with --threads=4, and all are answered.
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/sharding.h"
 #include "gmock/gmock.h"
 #include "tests/ps_cluster_fixture.h"
 #include "tests/test_tables.h"
@@ -134,85 +136,149 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   EXPECT_EQ(bsp_after, bsp_before) << "a cancelled push stream changed the table";
 }
 
+// 64 workers on one shard that 4 handler threads serve: each pulls step 1 of a BSP table,
+// which waits for step 0, parked, holding no thread; so the 64 pushes of step 0 still get
+// threads, and every pull is answered with the values step 0 left. (With pulls that held a
+// thread each, the fifth was refused at once: the test above, before pulls parked.)
 class ParkedPullsTest : public PsClusterTest {
  protected:
+  static constexpr int kPullers = 64;
   std::vector<std::string> ServerArgs() override { return {"--threads=4"}; }
+
+  void SetUp() override {
+    PsClusterTest::SetUp();
+    if (HasFatalFailure()) return;
+    shard0_ = clients_[0]->stub(0);
+    for (int w = 0; w < kPullers; ++w) {
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      ps::RegisterWorkerRequest req;
+      req.set_worker_id(w);
+      ps::RegisterWorkerResponse resp;
+      ASSERT_TRUE(shard0_->RegisterWorker(&ctx, req, &resp).ok()) << w;
+    }
+  }
+  static void Deadline(grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  }
+  // Shard 0's pulls parked now, summed over its tables.
+  uint64_t Parked() {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ps::StatsResponse stats;
+    if (!shard0_->Stats(&ctx, ps::StatsRequest(), &stats).ok()) return 0;
+    uint64_t n = 0;
+    for (const ps::TableStats& t : stats.tables()) n += t.pulls_parked();
+    return n;
+  }
+  // pull(w) for every worker at once; once all are parked, push(w) for every worker in turn
+  // (each must be served); then every pull must have been answered, with what pull(0)
+  // answers afterwards. Answers are compared as bytes.
+  void PullWhilePushing(const std::function<grpc::Status(int, std::string*)>& pull,
+                        const std::function<grpc::Status(int)>& push) {
+    std::vector<grpc::Status> pulled(kPullers);
+    std::vector<std::string> answers(kPullers);
+    std::vector<std::thread> pullers;
+    for (int w = 0; w < kPullers; ++w) {
+      pullers.emplace_back([&, w] { pulled[w] = pull(w, &answers[w]); });
+    }
+    // Bounded: a pull that could not park would have been refused at once.
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+         Parked() < kPullers && absl::Now() < give_up;) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(Parked(), kPullers);
+    for (int w = 0; w < kPullers; ++w) {
+      grpc::Status s = push(w);
+      EXPECT_TRUE(s.ok()) << "push of worker " << w << ": " << s.error_message();
+    }
+    for (auto& t : pullers) t.join();
+    std::string want;
+    ASSERT_TRUE(pull(0, &want).ok());
+    for (int w = 0; w < kPullers; ++w) {
+      ASSERT_TRUE(pulled[w].ok()) << "worker " << w << ": " << pulled[w].error_message();
+      EXPECT_EQ(answers[w], want) << "worker " << w;
+    }
+    EXPECT_EQ(Parked(), 0u);
+  }
+
+  ps::ParameterServer::Stub* shard0_ = nullptr;
 };
 
-// Each of 64 workers pulls step 1 of a BSP table from shard 0, which 4 handler threads
-// serve: every pull waits for step 0, parked, holding no thread, so the 64 pushes of step 0
-// still get threads, and every pull is answered with the values step 0 left. (With pulls
-// that held a thread each, the fifth was refused at once.)
-TEST_F(ParkedPullsTest, SixtyFourBspPullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {
-  constexpr int kPullers = 64;
+TEST_F(ParkedPullsTest, SixtyFourDensePullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {
   OptimizerConfig sgd;
   sgd.set_kind(OptimizerConfig::SGD);
   sgd.set_learning_rate(1.0f);
   TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
   bsp.set_size(kSize);
   ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
-  ps::ParameterServer::Stub* shard0 = clients_[0]->stub(0);
-  auto deadline = [](grpc::ClientContext* ctx) {
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  };
-  for (int w = 0; w < kPullers; ++w) {
-    grpc::ClientContext ctx;
-    deadline(&ctx);
-    ps::RegisterWorkerRequest req;
+  PullWhilePushing(
+      [&](int w, std::string* values) {
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        ps::PullDenseRequest req;
+        req.set_worker_id(w);
+        req.set_step(1);
+        req.set_table_id(kBsp);
+        req.set_length(kSize / 2);
+        ps::DenseChunk chunk;
+        grpc::Status s = shard0_->PullDense(&ctx, req, &chunk);
+        *values = chunk.data();
+        return s;
+      },
+      [&](int w) {
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        ps::DenseChunk push;
+        push.set_worker_id(w);
+        push.set_table_id(kBsp);
+        push.set_total_length(kSize / 2);
+        const std::vector<float> grad(kSize / 2, 1.0f);
+        push.set_data(grad.data(), grad.size() * sizeof(float));
+        ps::PushDenseResponse resp;
+        return shard0_->PushDense(&ctx, push, &resp);
+      });
+}
+
+TEST_F(ParkedPullsTest, SixtyFourSparsePullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {
+  constexpr int kDim = 4;
+  OptimizerConfig sgd;
+  sgd.set_kind(OptimizerConfig::SGD);
+  sgd.set_learning_rate(1.0f);
+  TableSpec bsp = Spec(kBsp, TableSpec::SPARSE, sgd);
+  bsp.set_dim(kDim);
+  ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
+  // Keys that live on shard 0.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; keys.size() < 8; ++k) {
+    if (SparseShardOf(k, kShards) == 0) keys.push_back(k);
+  }
+  auto request = [&](int w, int64_t step) {
+    ps::SparseRequest req;
     req.set_worker_id(w);
-    ps::RegisterWorkerResponse resp;
-    ASSERT_TRUE(shard0->RegisterWorker(&ctx, req, &resp).ok()) << w;
-  }
-  auto pull = [&](int worker, ps::DenseChunk* out) {
-    grpc::ClientContext ctx;
-    deadline(&ctx);
-    ps::PullDenseRequest req;
-    req.set_worker_id(worker);
-    req.set_step(1);
+    req.set_step(step);
     req.set_table_id(kBsp);
-    req.set_length(kSize / 2);
-    return shard0->PullDense(&ctx, req, out);
+    for (uint64_t k : keys) req.add_keys(k);
+    return req;
   };
-  std::vector<grpc::Status> pulled(kPullers);
-  std::vector<ps::DenseChunk> answers(kPullers);
-  std::vector<std::thread> pullers;
-  for (int w = 0; w < kPullers; ++w) {
-    pullers.emplace_back([&, w] { pulled[w] = pull(w, &answers[w]); });
-  }
-  // Every pull parked (bounded: each is refused at once if it cannot be).
-  auto parked = [&] {
-    grpc::ClientContext ctx;
-    deadline(&ctx);
-    ps::StatsResponse stats;
-    if (!shard0->Stats(&ctx, ps::StatsRequest(), &stats).ok()) return uint64_t{0};
-    return stats.tables(0).pulls_parked();
-  };
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
-       parked() < kPullers && absl::Now() < give_up;) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(parked(), kPullers);
-  for (int w = 0; w < kPullers; ++w) {
-    grpc::ClientContext ctx;
-    deadline(&ctx);
-    ps::DenseChunk push;
-    push.set_worker_id(w);
-    push.set_table_id(kBsp);
-    push.set_total_length(kSize / 2);
-    const std::vector<float> grad(kSize / 2, 1.0f);
-    push.set_data(grad.data(), grad.size() * sizeof(float));
-    ps::PushDenseResponse resp;
-    grpc::Status s = shard0->PushDense(&ctx, push, &resp);
-    ASSERT_TRUE(s.ok()) << "worker " << w << ": " << s.error_message();
-  }
-  for (auto& t : pullers) t.join();
-  ps::DenseChunk want;
-  ASSERT_TRUE(pull(0, &want).ok());
-  for (int w = 0; w < kPullers; ++w) {
-    ASSERT_TRUE(pulled[w].ok()) << "worker " << w << ": " << pulled[w].error_message();
-    EXPECT_EQ(answers[w].data(), want.data()) << "worker " << w;
-  }
-  EXPECT_EQ(parked(), 0u);
+  PullWhilePushing(
+      [&](int w, std::string* values) {
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        ps::PullSparseResponse rows;
+        grpc::Status s = shard0_->PullSparse(&ctx, request(w, 1), &rows);
+        *values = rows.values();
+        return s;
+      },
+      [&](int w) {
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        ps::SparseRequest req = request(w, 0);
+        const std::vector<float> grads(keys.size() * kDim, 1.0f);
+        req.set_grads(grads.data(), grads.size() * sizeof(float));
+        ps::PushSparseResponse resp;
+        return shard0_->PushSparse(&ctx, req, &resp);
+      });
 }
 
 }  // namespace

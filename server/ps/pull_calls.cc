@@ -42,14 +42,15 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const PullWait& 
     *length = range.end - req.offset();
   }
   RETURN_IF_ERROR((*table)->CheckRange(req.offset(), *length));
-  if (wait.waiter == nullptr) {
-    RETURN_IF_ERROR((*table)->AwaitPullable(req.step(), wait.deadline, wait.cancelled));
-    return table;
-  }
-  ASSIGN_OR_RETURN(bool ready, (*table)->PullableOrPark(req.step(), wait.deadline, wait.waiter,
-                                                        wait.parked_since));
-  if (!ready) return Parked();
+  RETURN_IF_ERROR(WaitForStep(*table, req.step(), wait));
   return table;
+}
+
+absl::Status ParameterServerService::WaitForStep(Table* table, int64_t step, const PullWait& wait) {
+  if (wait.waiter == nullptr) return table->AwaitPullable(step, wait.deadline, wait.cancelled);
+  ASSIGN_OR_RETURN(bool ready,
+                   table->PullableOrPark(step, wait.deadline, wait.waiter, wait.parked_since));
+  return ready ? absl::OkStatus() : Parked();
 }
 
 absl::StatusOr<ParameterServerService::PullChunk> ParameterServerService::PullOne(

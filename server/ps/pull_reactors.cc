@@ -192,6 +192,27 @@ grpc::ServerUnaryReactor* PullReactors::PushPullDenseBatch(Service* s,
   return reactor;
 }
 
+grpc::ServerUnaryReactor* PullReactors::PullSparse(Service* s, grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* req,
+                                                   grpc::ByteBuffer* resp) {
+  auto pull = std::make_shared<SparseRequest>();
+  if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullSparse"));
+  auto* reactor = new UnaryPull(
+      ctx, resp, s->Deadline(ctx), &s->pool_, &s->in_flight_,
+      [s, ctx, pull, held = Held(new Held::element_type)](const PullWait& wait,
+                                                          grpc::ByteBuffer* out) -> absl::Status {
+        Service::Scope scope(s, ctx);
+        RequestBudget::Charge charge(&s->budget_);
+        PullSparseResponse rows;
+        RETURN_IF_ERROR(KeepIfParked(&scope, s->PullRows(wait, *pull, &rows, &charge), held));
+        bool own = false;
+        return FromGrpcStatus(
+            grpc::SerializationTraits<PullSparseResponse>::Serialize(rows, out, &own));
+      });
+  reactor->Run();
+  return reactor;
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PullReactors::PullDenseStream(
     Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   struct Call {
@@ -261,6 +282,12 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPullDenseBatch(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServerService::PullDenseStream(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return callback::PullReactors::PullDenseStream(this, ctx, req);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PullSparse(grpc::CallbackServerContext* ctx,
+                                                             const grpc::ByteBuffer* req,
+                                                             grpc::ByteBuffer* resp) {
+  return callback::PullReactors::PullSparse(this, ctx, req, resp);
 }
 
 }  // namespace pscluster::ps

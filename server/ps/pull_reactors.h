@@ -1,4 +1,4 @@
-// The dense pulls on gRPC's callback API. A pull whose step is not readable yet parks in
+// The pulls on gRPC's callback API. A pull whose step is not readable yet parks in
 // its table (pull_waiters.h) and holds no thread; it runs again on the service's pool when
 // the table wakes it, its deadline comes, or the client cancels. The answers are coded
 // straight from the tables into the bytes gRPC sends (common/dense_wire.h).
@@ -24,6 +24,8 @@ class PullReactors {
   static grpc::ServerUnaryReactor* PushPullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
                                                       const grpc::ByteBuffer* req,
                                                       grpc::ByteBuffer* resp);
+  static grpc::ServerUnaryReactor* PullSparse(Service* s, grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
   static grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(
       Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req);
 };

@@ -296,28 +296,29 @@ grpc::Status ParameterServerService::DescribeTable(grpc::ServerContext*,
 grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PullSparseResponse* resp) {
   Scope scope(this, ctx);
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckStep(req->step()); !s.ok()) return ToGrpcStatus(s);
-  auto table = shard_->GetSparse(req->table_id(), req->worker_id());
-  if (!table.ok()) return ToGrpcStatus(table.status());
-  uint64_t values = static_cast<uint64_t>(req->keys_size()) * (*table)->spec().dim();
-  if (values * sizeof(float) > options_.max_chunk_bytes) {
-    return ToGrpcStatus(absl::ResourceExhaustedError(
-        absl::StrCat("pulling ", req->keys_size(), " rows would return ", values * sizeof(float),
-                     " bytes; the limit is ", options_.max_chunk_bytes, "; split the keys")));
-  }
-  absl::Span<const uint64_t> keys(req->keys().data(), req->keys_size());
-  if (absl::Status s = (*table)->CheckKeys(keys); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = (*table)->AwaitPullable(req->step(), Deadline(ctx), Cancelled(ctx));
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
   RequestBudget::Charge charge(&budget_);
-  charge.ForceGrowTo(values * sizeof(float));  // at most max_chunk_bytes: counted, not refused
+  return ToGrpcStatus(PullRows(Blocking(ctx), *req, resp, &charge));
+}
+
+absl::Status ParameterServerService::PullRows(const PullWait& wait, const SparseRequest& req,
+                                              PullSparseResponse* resp,
+                                              RequestBudget::Charge* charge) {
+  RETURN_IF_ERROR(CheckServing());
+  RETURN_IF_ERROR(CheckStep(req.step()));
+  ASSIGN_OR_RETURN(SparseTable * table, shard_->GetSparse(req.table_id(), req.worker_id()));
+  const uint64_t values = static_cast<uint64_t>(req.keys_size()) * table->spec().dim();
+  if (values * sizeof(float) > options_.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pulling ", req.keys_size(), " rows would return ", values * sizeof(float),
+                     " bytes; the limit is ", options_.max_chunk_bytes, "; split the keys"));
+  }
+  absl::Span<const uint64_t> keys(req.keys().data(), req.keys_size());
+  RETURN_IF_ERROR(table->CheckKeys(keys));
+  RETURN_IF_ERROR(WaitForStep(table, req.step(), wait));
+  charge->ForceGrowTo(values * sizeof(float));  // at most max_chunk_bytes: counted, not refused
   std::string* out = resp->mutable_values();
   out->resize(values * sizeof(float));
-  return ToGrpcStatus(
-      (*table)->Read(keys, absl::MakeSpan(reinterpret_cast<float*>(out->data()), values)));
+  return table->Read(keys, absl::MakeSpan(reinterpret_cast<float*>(out->data()), values));
 }
 
 grpc::Status ParameterServerService::PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,

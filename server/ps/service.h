@@ -1,6 +1,6 @@
 // gRPC front of a Shard: decodes requests, enforces transfer limits, streams chunks.
-// The dense pulls run on gRPC's callback API (pull_reactors.h): one that must wait for its
-// step is parked in its table and holds no thread. The other methods are still synchronous.
+// The pulls run on gRPC's callback API (pull_reactors.h): one that must wait for its step
+// is parked in its table and holds no thread. The other methods are still synchronous.
 #pragma once
 
 #include <atomic>
@@ -71,12 +71,13 @@ namespace callback {
 class PullReactors;
 }
 
-// The generated service with the dense pulls on the raw callback API: their requests are
-// parsed, and their answers coded, by pull_reactors.cc.
+// The generated service with the pulls on the raw callback API: their requests are parsed,
+// and their answers coded, by pull_reactors.cc.
 using ParameterServerBase = ParameterServer::WithRawCallbackMethod_PullDense<
     ParameterServer::WithRawCallbackMethod_PullDenseBatch<
         ParameterServer::WithRawCallbackMethod_PushPullDenseBatch<
-            ParameterServer::WithRawCallbackMethod_PullDenseStream<ParameterServer::Service>>>>;
+            ParameterServer::WithRawCallbackMethod_PullDenseStream<
+                ParameterServer::WithRawCallbackMethod_PullSparse<ParameterServer::Service>>>>>;
 
 class ParameterServerService final : public ParameterServerBase {
  public:
@@ -138,6 +139,9 @@ class ParameterServerService final : public ParameterServerBase {
                                                grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* req) override;
+  grpc::ServerUnaryReactor* PullSparse(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::Status PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                           PullSparseResponse* resp) override;
   grpc::Status PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
@@ -235,6 +239,11 @@ class ParameterServerService final : public ParameterServerBase {
   // table and the resolved length (0 in the request = to the end of this shard's range).
   absl::StatusOr<DenseTable*> PreparePull(const PullWait& wait, const PullDenseRequest& req,
                                           uint64_t* length);
+  // Until `table` is readable at `step`: blocking, or Parked() (PullWait).
+  static absl::Status WaitForStep(Table* table, int64_t step, const PullWait& wait);
+  // A sparse pull's rows into resp->values (the pull waits as `wait` says).
+  absl::Status PullRows(const PullWait& wait, const SparseRequest& req, PullSparseResponse* resp,
+                        RequestBudget::Charge* charge);
 
   // The thread that gives idle memory back (release_idle_memory_after).
   void ReleaseIdleMemory();
