@@ -14,22 +14,14 @@
 
 namespace pscluster::ps {
 
-absl::Status Parked() {
-  return absl::Status(absl::StatusCode::kAborted, "parked until the step is readable");
-}
-
-bool IsParked(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kAborted && s.message() == Parked().message();
-}
-
-PullWait ParameterServerService::Blocking(const grpc::ServerContextBase* ctx) const {
-  PullWait wait;
+Wait ParameterServerService::Blocking(const grpc::ServerContextBase* ctx) const {
+  Wait wait;
   wait.deadline = Deadline(ctx);
   wait.cancelled = Cancelled(ctx);
   return wait;
 }
 
-absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const PullWait& wait,
+absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const Wait& wait,
                                                                 const PullDenseRequest& req,
                                                                 uint64_t* length) {
   RETURN_IF_ERROR(CheckServing());
@@ -46,7 +38,7 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const PullWait& 
   return table;
 }
 
-absl::Status ParameterServerService::WaitForStep(Table* table, int64_t step, const PullWait& wait) {
+absl::Status ParameterServerService::WaitForStep(Table* table, int64_t step, const Wait& wait) {
   if (wait.waiter == nullptr) return table->AwaitPullable(step, wait.deadline, wait.cancelled);
   ASSIGN_OR_RETURN(bool ready,
                    table->PullableOrPark(step, wait.deadline, wait.waiter, wait.parked_since));
@@ -54,7 +46,7 @@ absl::Status ParameterServerService::WaitForStep(Table* table, int64_t step, con
 }
 
 absl::StatusOr<ParameterServerService::PullChunk> ParameterServerService::PullOne(
-    const PullWait& wait, const PullDenseRequest& req, RequestBudget::Charge* charge) {
+    const Wait& wait, const PullDenseRequest& req, RequestBudget::Charge* charge) {
   uint64_t length = 0;
   ASSIGN_OR_RETURN(DenseTable * table, PreparePull(wait, req, &length));
   if (length * sizeof(float) > options_.max_chunk_bytes) {
@@ -124,7 +116,7 @@ grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
 }
 
 absl::Status ParameterServerService::PullBatch(
-    const PullWait& wait, const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
+    const Wait& wait, const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
     std::vector<PullChunk>* out, RequestBudget::Charge* charge) {
   const uint64_t charged = charge->bytes();
   uint64_t total = 0;
@@ -187,7 +179,7 @@ absl::Status ParameterServerService::PushOnce(const grpc::ServerContextBase* ctx
       [&] { return PushBatch(req, &pushed); });
 }
 
-absl::Status ParameterServerService::PullAfterPush(const PullWait& wait, const DenseBatch& req,
+absl::Status ParameterServerService::PullAfterPush(const Wait& wait, const DenseBatch& req,
                                                    std::vector<PullChunk>* out,
                                                    RequestBudget::Charge* charge) {
   google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "common/grpc_status.h"
+#include "common/park_loop.h"
 #include "common/status_macros.h"
-#include "server/ps/park_loop.h"
 #include "server/ps/request_checks.h"
 #include "server/ps/service.h"
 
@@ -19,31 +19,6 @@ bool Parse(const grpc::ByteBuffer& bytes, Msg* msg) {
   grpc::ByteBuffer copy(bytes);
   return grpc::SerializationTraits<Msg>::Deserialize(&copy, msg).ok();
 }
-
-// A unary pull: attempt codes the answer into the response gRPC sends.
-class UnaryPull final : public grpc::ServerUnaryReactor {
- public:
-  using Attempt = std::function<absl::Status(const PullWait&, grpc::ByteBuffer*)>;
-  UnaryPull(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response, absl::Time deadline,
-            WorkQueue* pool, InFlightCounter* in_flight, Attempt attempt)
-      : response_(response),
-        attempt_(std::move(attempt)),
-        loop_(ctx, deadline, pool, in_flight, [this] { Run(); }) {}
-
-  void Run() {
-    bool parked = false;
-    absl::Status s =
-        loop_.Step([this](const PullWait& w) { return attempt_(w, response_); }, &parked);
-    if (!parked) Finish(ToGrpcStatus(s));
-  }
-  void OnCancel() override { loop_.Cancel(); }
-  void OnDone() override { delete this; }
-
- private:
-  grpc::ByteBuffer* const response_;
-  const Attempt attempt_;
-  ParkLoop loop_;
-};
 
 // A pull stream: prepare waits for the step (parking as a unary pull does); then next codes
 // one chunk at a time, each written once the one before has gone.
@@ -122,16 +97,16 @@ grpc::ServerUnaryReactor* PullReactors::PullDense(Service* s, grpc::CallbackServ
   auto pull = std::make_shared<PullDenseRequest>();
   if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullDense"));
   auto* reactor =
-      new UnaryPull(ctx, resp, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                    [s, ctx, pull, held = Held(new Held::element_type)](
-                        const PullWait& wait, grpc::ByteBuffer* out) -> absl::Status {
-                      Service::Scope scope(s, ctx);
-                      RequestBudget::Charge charge(&s->budget_);
-                      absl::StatusOr<Service::PullChunk> chunk = s->PullOne(wait, *pull, &charge);
-                      RETURN_IF_ERROR(KeepIfParked(&scope, chunk.status(), held));
-                      ASSIGN_OR_RETURN(*out, Service::EncodeChunks({*chunk}, /*batch=*/false));
-                      return absl::OkStatus();
-                    });
+      new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
+                      [s, ctx, pull, out = resp,
+                       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
+                        Service::Scope scope(s, ctx);
+                        RequestBudget::Charge charge(&s->budget_);
+                        absl::StatusOr<Service::PullChunk> chunk = s->PullOne(wait, *pull, &charge);
+                        RETURN_IF_ERROR(KeepIfParked(&scope, chunk.status(), held));
+                        ASSIGN_OR_RETURN(*out, Service::EncodeChunks({*chunk}, /*batch=*/false));
+                        return absl::OkStatus();
+                      });
   reactor->Run();
   return reactor;
 }
@@ -142,17 +117,17 @@ grpc::ServerUnaryReactor* PullReactors::PullDenseBatch(Service* s, grpc::Callbac
   auto batch = std::make_shared<PullDenseBatchRequest>();
   if (!Parse(*req, batch.get())) return Refuse(ctx, Unparsable("PullDenseBatch"));
   auto* reactor =
-      new UnaryPull(ctx, resp, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                    [s, ctx, batch, held = Held(new Held::element_type)](
-                        const PullWait& wait, grpc::ByteBuffer* out) -> absl::Status {
-                      Service::Scope scope(s, ctx);
-                      RequestBudget::Charge charge(&s->budget_);
-                      std::vector<Service::PullChunk> chunks;
-                      RETURN_IF_ERROR(KeepIfParked(
-                          &scope, s->PullBatch(wait, batch->pulls(), &chunks, &charge), held));
-                      ASSIGN_OR_RETURN(*out, Service::EncodeChunks(chunks, /*batch=*/true));
-                      return absl::OkStatus();
-                    });
+      new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
+                      [s, ctx, batch, out = resp,
+                       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
+                        Service::Scope scope(s, ctx);
+                        RequestBudget::Charge charge(&s->budget_);
+                        std::vector<Service::PullChunk> chunks;
+                        RETURN_IF_ERROR(KeepIfParked(
+                            &scope, s->PullBatch(wait, batch->pulls(), &chunks, &charge), held));
+                        ASSIGN_OR_RETURN(*out, Service::EncodeChunks(chunks, /*batch=*/true));
+                        return absl::OkStatus();
+                      });
   reactor->Run();
   return reactor;
 }
@@ -168,21 +143,21 @@ grpc::ServerUnaryReactor* PullReactors::PushPullDenseBatch(Service* s,
   auto call = std::make_shared<Call>();
   if (!Parse(*req, &call->batch)) return Refuse(ctx, Unparsable("PushPullDenseBatch"));
   auto* reactor =
-      new UnaryPull(ctx, resp, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                    [s, ctx, call, held = Held(new Held::element_type)](
-                        const PullWait& wait, grpc::ByteBuffer* out) -> absl::Status {
-                      Service::Scope scope(s, ctx);
-                      RequestBudget::Charge charge(&s->budget_);
-                      if (!call->pushed) {
-                        RETURN_IF_ERROR(s->PushOnce(ctx, call->batch, &charge));
-                        call->pushed = true;
-                      }
-                      std::vector<Service::PullChunk> chunks;
-                      RETURN_IF_ERROR(KeepIfParked(
-                          &scope, s->PullAfterPush(wait, call->batch, &chunks, &charge), held));
-                      ASSIGN_OR_RETURN(*out, Service::EncodeChunks(chunks, /*batch=*/true));
-                      return absl::OkStatus();
-                    });
+      new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
+                      [s, ctx, call, out = resp,
+                       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
+                        Service::Scope scope(s, ctx);
+                        RequestBudget::Charge charge(&s->budget_);
+                        if (!call->pushed) {
+                          RETURN_IF_ERROR(s->PushOnce(ctx, call->batch, &charge));
+                          call->pushed = true;
+                        }
+                        std::vector<Service::PullChunk> chunks;
+                        RETURN_IF_ERROR(KeepIfParked(
+                            &scope, s->PullAfterPush(wait, call->batch, &chunks, &charge), held));
+                        ASSIGN_OR_RETURN(*out, Service::EncodeChunks(chunks, /*batch=*/true));
+                        return absl::OkStatus();
+                      });
   // A chain's push waits for its round trip down the chain: not on a gRPC thread.
   if (s->replicator_.load() != nullptr) {
     s->pool_.Post([reactor] { reactor->Run(); });
@@ -197,10 +172,10 @@ grpc::ServerUnaryReactor* PullReactors::PullSparse(Service* s, grpc::CallbackSer
                                                    grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<SparseRequest>();
   if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullSparse"));
-  auto* reactor = new UnaryPull(
-      ctx, resp, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-      [s, ctx, pull, held = Held(new Held::element_type)](const PullWait& wait,
-                                                          grpc::ByteBuffer* out) -> absl::Status {
+  auto* reactor = new ParkedUnary(
+      ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
+      [s, ctx, pull, out = resp,
+       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
         Service::Scope scope(s, ctx);
         RequestBudget::Charge charge(&s->budget_);
         PullSparseResponse rows;
@@ -227,7 +202,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PullReactors::PullDenseStream(
   if (!Parse(*req, &call->pull)) return new RefusedStream(Unparsable("PullDenseStream"));
   call->charge = std::make_unique<RequestBudget::Charge>(&s->budget_);
   auto prepare = [s, ctx, call,
-                  held = Held(new Held::element_type)](const PullWait& wait) -> absl::Status {
+                  held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
     Service::Scope scope(s, ctx);
     uint64_t length = 0;
     absl::StatusOr<DenseTable*> table = s->PreparePull(wait, call->pull, &length);

@@ -300,7 +300,7 @@ grpc::Status ParameterServerService::PullSparse(grpc::ServerContext* ctx, const 
   return ToGrpcStatus(PullRows(Blocking(ctx), *req, resp, &charge));
 }
 
-absl::Status ParameterServerService::PullRows(const PullWait& wait, const SparseRequest& req,
+absl::Status ParameterServerService::PullRows(const Wait& wait, const SparseRequest& req,
                                               PullSparseResponse* resp,
                                               RequestBudget::Charge* charge) {
   RETURN_IF_ERROR(CheckServing());

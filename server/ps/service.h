@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/call_metadata.h"
 #include "common/graceful_shutdown.h"
+#include "common/parking.h"
 #include "common/recent_ids.h"
 #include "common/work_queue.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -53,19 +54,6 @@ struct ServiceOptions {
 int MaxMessageBytes(const ServiceOptions& options);
 
 inline constexpr int kMaxExceptClients = 64;  // StatsRequest.except_clients
-
-// How a pull waits for its step: blocking the calling thread until `deadline` (the
-// synchronous handlers, in-process callers), or, with a `waiter`, parked in the table (the
-// callback handlers): PreparePull then answers Parked() and the waiter is woken later.
-struct PullWait {
-  absl::Time deadline = absl::InfiniteFuture();
-  std::function<bool()> cancelled;     // blocking: asked while waiting
-  std::shared_ptr<PullWaiter> waiter;  // null: block
-  absl::Time parked_since = absl::InfinitePast();
-};
-// The answer of a pull that parked (never sent to a client).
-absl::Status Parked();
-bool IsParked(const absl::Status& s);
 
 namespace callback {
 class PullReactors;
@@ -185,14 +173,14 @@ class ParameterServerService final : public ParameterServerBase {
   static absl::StatusOr<grpc::ByteBuffer> EncodeChunks(const std::vector<PullChunk>& chunks,
                                                        bool batch);
   // The pull RPCs' work up to reading the values.
-  absl::StatusOr<PullChunk> PullOne(const PullWait& wait, const PullDenseRequest& req,
+  absl::StatusOr<PullChunk> PullOne(const Wait& wait, const PullDenseRequest& req,
                                     RequestBudget::Charge* charge);
   // PushPullDenseBatch in two parts: the push, made once (a repeated attempt, same request
   // id, only pulls), and the pull of step + 1 of the same ranges, made again after a park.
   absl::Status PushOnce(const grpc::ServerContextBase* ctx, const DenseBatch& req,
                         RequestBudget::Charge* charge);
-  absl::Status PullAfterPush(const PullWait& wait, const DenseBatch& req,
-                             std::vector<PullChunk>* out, RequestBudget::Charge* charge);
+  absl::Status PullAfterPush(const Wait& wait, const DenseBatch& req, std::vector<PullChunk>* out,
+                             RequestBudget::Charge* charge);
   // A pull stream's chunks: `per_chunk` values each, the last one shorter (one empty chunk
   // when `length` is 0).
   struct StreamPlan {
@@ -202,7 +190,7 @@ class ParameterServerService final : public ParameterServerBase {
   };
   StreamPlan PlanStream(const PullDenseRequest& req, uint64_t length) const;
   // The synchronous handlers' wait: until the call's deadline, or until it is cancelled.
-  PullWait Blocking(const grpc::ServerContextBase* ctx) const;
+  Wait Blocking(const grpc::ServerContextBase* ctx) const;
 
   absl::Time Deadline(const grpc::ServerContextBase* ctx) const;
   // OK when this shard serves clients: not replicated, or the head of its chain.
@@ -232,17 +220,17 @@ class ParameterServerService final : public ParameterServerBase {
   // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.
   absl::Status PushBatch(const DenseBatch& batch, PushDenseBatchResponse* resp);
   // The answer's bytes are added to `charge` as its chunks are planned.
-  absl::Status PullBatch(const PullWait& wait,
+  absl::Status PullBatch(const Wait& wait,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
                          std::vector<PullChunk>* out, RequestBudget::Charge* charge);
   // Validates a pull and waits for its consistency bound (or parks: Parked()); returns the
   // table and the resolved length (0 in the request = to the end of this shard's range).
-  absl::StatusOr<DenseTable*> PreparePull(const PullWait& wait, const PullDenseRequest& req,
+  absl::StatusOr<DenseTable*> PreparePull(const Wait& wait, const PullDenseRequest& req,
                                           uint64_t* length);
-  // Until `table` is readable at `step`: blocking, or Parked() (PullWait).
-  static absl::Status WaitForStep(Table* table, int64_t step, const PullWait& wait);
+  // Until `table` is readable at `step`: blocking, or Parked() (Wait).
+  static absl::Status WaitForStep(Table* table, int64_t step, const Wait& wait);
   // A sparse pull's rows into resp->values (the pull waits as `wait` says).
-  absl::Status PullRows(const PullWait& wait, const SparseRequest& req, PullSparseResponse* resp,
+  absl::Status PullRows(const Wait& wait, const SparseRequest& req, PullSparseResponse* resp,
                         RequestBudget::Charge* charge);
 
   // The thread that gives idle memory back (release_idle_memory_after).

@@ -22,13 +22,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/parking.h"
 #include "core/optimizer/optimizer.h"
 #include "core/optimizer/optimizer_config.h"
 #include "core/tensor/non_finite.h"
 #include "proto/ps.pb.h"
 #include "proto/snapshot.pb.h"
 #include "server/ps/consistency_clock.h"
-#include "server/ps/pull_waiters.h"
 #include "server/ps/staging_allocator.h"
 
 namespace pscluster::ps {
@@ -75,7 +75,7 @@ class Table {
   // `deadline`, parks `waiter` to be woken once it may (or the table shuts down) and returns
   // false; from `deadline` on, AwaitPullable's DEADLINE_EXCEEDED.
   absl::StatusOr<bool> PullableOrPark(int64_t step, absl::Time deadline,
-                                      std::weak_ptr<PullWaiter> waiter,
+                                      std::weak_ptr<Waiter> waiter,
                                       absl::Time parked_since = absl::InfinitePast());
 
   // Wakes every waiting pull with `why` (a restore, or the server shutting down); later
@@ -203,7 +203,7 @@ class Table {
 
   ConsistencyClock clock_ ABSL_GUARDED_BY(mu_);
   absl::Status shutdown_why_ ABSL_GUARDED_BY(mu_);  // Shutdown's
-  PullWaiters parked_ ABSL_GUARDED_BY(mu_);
+  Waiters<int64_t> parked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::ps

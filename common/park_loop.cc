@@ -1,8 +1,8 @@
-#include "server/ps/park_loop.h"
+#include "common/park_loop.h"
 
 #include <utility>
 
-namespace pscluster::ps::callback {
+namespace pscluster {
 
 void Resumable::Wake(const absl::Status& why) {
   {
@@ -59,10 +59,10 @@ absl::Status ParkLoop::Step(const Attempt& attempt, bool* parked) {
   for (;;) {
     absl::Status s = resumable_->woken_with();
     if (s.ok() && ctx_->IsCancelled()) {
-      s = absl::CancelledError("the client cancelled the pull while it waited for its step");
+      s = absl::CancelledError("the client cancelled the call while it waited");
     }
     if (s.ok()) {
-      PullWait wait;
+      Wait wait;
       wait.deadline = deadline_;
       wait.waiter = resumable_;
       wait.parked_since = parked_since_;
@@ -76,7 +76,8 @@ absl::Status ParkLoop::Step(const Attempt& attempt, bool* parked) {
     if (parked_since_ == absl::InfinitePast()) {
       parked_since_ = absl::Now();
       // The alarm's callback may come after the call is gone: it holds the shared part only.
-      alarm_.Set(absl::ToChronoTime(deadline_), [r = resumable_](bool fired) {
+      alarm_ = std::make_unique<grpc::Alarm>();
+      alarm_->Set(absl::ToChronoTime(deadline_), [r = resumable_](bool fired) {
         if (fired) r->Poke();
       });
     }
@@ -87,4 +88,4 @@ absl::Status ParkLoop::Step(const Attempt& attempt, bool* parked) {
   }
 }
 
-}  // namespace pscluster::ps::callback
+}  // namespace pscluster
