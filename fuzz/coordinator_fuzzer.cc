@@ -1,12 +1,13 @@
-// libFuzzer target: sequences of calls to a CoordinatorService over a fresh cluster state
-// (2 shards, 2 workers expected; a fake clock that only a "tick" call advances, so liveness
-// is exercised and every input replays the same), each request arbitrary bytes parsed as
-// the method's request. Beyond "no crash, no hang, no leak": a call that fails must not
-// change the cluster (no state persisted, the same view).
+// libFuzzer target: sequences of calls to CoordinatorCalls (the work CoordinatorService
+// serves) over a fresh cluster state (2 shards, 2 workers expected; a fake clock that only a "tick"
+// call advances, so liveness is exercised and every input replays the same), each request arbitrary
+// bytes parsed as the method's request. Beyond "no crash, no hang, no leak": a call that fails must
+// not change the cluster (no state persisted, the same view).
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/grpc_status.h"
 #include "fuzz/fuzz_input.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator/cluster_state.h"
@@ -36,19 +37,32 @@ struct Fixture {
   int64_t changes = 0;
   ClusterState cluster;
   KvStore kv;
-  CoordinatorService service;
+  CoordinatorCalls service;
 };
 
 template <typename Req, typename Resp>
 Method<Fixture> Unary(const char* name,
-                      grpc::Status (CoordinatorService::*handler)(grpc::ServerContext*, const Req*,
-                                                                  Resp*)) {
+                      absl::Status (CoordinatorCalls::*handler)(const Req&, Resp*)) {
   return {name, [handler](Fixture* c, const std::string& bytes, grpc::Status* status) {
             Req req;
             if (!req.ParseFromString(bytes)) return false;
             Resp resp;
-            grpc::ServerContext ctx;
-            *status = (c->service.*handler)(&ctx, &req, &resp);
+            *status = ToGrpcStatus((c->service.*handler)(req, &resp));
+            return true;
+          }};
+}
+
+// A read that may wait, made as a blocking call: the fixture's max_wait (1 ms) bounds it.
+template <typename Req, typename Resp>
+Method<Fixture> Waiting(const char* name,
+                        absl::Status (CoordinatorCalls::*handler)(const Req&, const Wait&, Resp*)) {
+  return {name, [handler](Fixture* c, const std::string& bytes, grpc::Status* status) {
+            Req req;
+            if (!req.ParseFromString(bytes)) return false;
+            Resp resp;
+            Wait how;
+            how.deadline = c->service.Deadline(absl::InfiniteFuture());
+            *status = ToGrpcStatus((c->service.*handler)(req, how, &resp));
             return true;
           }};
 }
@@ -63,14 +77,14 @@ bool Tick(Fixture* c, const std::string& bytes, grpc::Status* status) {
 }
 
 const std::vector<Method<Fixture>>& Methods() {
-  using S = CoordinatorService;
+  using S = CoordinatorCalls;
   static const auto* methods = new std::vector<Method<Fixture>>{
       Unary("Register", &S::Register),
       Unary("Heartbeat", &S::Heartbeat),
       Unary("ReportProgress", &S::ReportProgress),
-      Unary("GetView", &S::GetView),
+      Waiting("GetView", &S::GetView),
       Unary("KvPut", &S::KvPut),
-      Unary("KvGet", &S::KvGet),
+      Waiting("KvGet", &S::KvGet),
       Unary("SwitchMode", &S::SwitchMode),
       Unary("PollSwitch", &S::PollSwitch),
       Unary("ReportSwitch", &S::ReportSwitch),

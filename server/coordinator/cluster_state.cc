@@ -359,6 +359,11 @@ void ClusterState::RolledBackTo(int64_t step, const std::vector<Checkpoint>& che
 
 void ClusterState::ChangedLocked() {
   ++version_;
+  view_waiters_.WakeReady([this](const std::pair<int64_t, bool>& wanted)
+                              ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu_, as ChangedLocked
+                                return version_ >= wanted.first &&
+                                       (!wanted.second || CompleteLocked());
+                              });
   if (!options_.on_change) return;
   CoordinatorState state;
   state.set_version(version_);
@@ -419,30 +424,34 @@ ClusterView ClusterState::View() const {
 }
 
 absl::StatusOr<ClusterView> ClusterState::AwaitView(int64_t min_version, bool complete,
-                                                    absl::Time deadline) {
+                                                    const Wait& how) {
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return version_ >= min_version && (!complete || CompleteLocked());
   };
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return shutdown_ || ready(); };
-  const bool woken = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  if (woken && !ready()) {
+  if (how.waiter == nullptr) {
+    mu_.AwaitWithDeadline(absl::Condition(&done), how.deadline);
+  } else if (!done() && absl::Now() < how.deadline) {
+    view_waiters_.Park({min_version, complete}, how.waiter);
+    return Parked();
+  }
+  if (ready()) return ViewLocked();
+  if (shutdown_) {
     return absl::UnavailableError(absl::StrCat(
         "the coordinator is shutting down while waiting for cluster view version >= ", min_version,
         complete ? " and complete" : "", "; retry against its restart"));
   }
-  if (!woken) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("waited for cluster view version >= ", min_version,
-                     complete ? " and complete" : "", "; current version ", version_,
-                     complete ? absl::StrCat(", missing: ", MissingLocked()) : ""));
-  }
-  return ViewLocked();
+  return absl::DeadlineExceededError(
+      absl::StrCat("waited for cluster view version >= ", min_version,
+                   complete ? " and complete" : "", "; current version ", version_,
+                   complete ? absl::StrCat(", missing: ", MissingLocked()) : ""));
 }
 
 void ClusterState::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
+  view_waiters_.WakeAll(absl::OkStatus());  // each asks again, and hears of the shutdown
 }
 
 }  // namespace pscluster::coord

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/parking.h"
 #include "proto/coordinator.pb.h"
 #include "server/coordinator/mode_switch.h"
 #include "server/coordinator/registration.h"
@@ -95,7 +96,14 @@ class ClusterState {
   void RolledBackTo(int64_t step, const std::vector<Checkpoint>& checkpoints);
   // Waits until the view's version >= min_version (and it is complete, if asked), or
   // DEADLINE_EXCEEDED naming who is missing.
-  absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, absl::Time deadline);
+  absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, absl::Time deadline) {
+    Wait how;
+    how.deadline = deadline;
+    return AwaitView(min_version, complete, how);
+  }
+  // The same, blocking or parked (common/parking.h: Parked(), and how.waiter woken by the
+  // change that makes the view what it waits for).
+  absl::StatusOr<ClusterView> AwaitView(int64_t min_version, bool complete, const Wait& how);
   // Wakes every AwaitView, and fails later waits, with UNAVAILABLE (server shutdown).
   void Shutdown();
 
@@ -126,6 +134,8 @@ class ClusterState {
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Parked AwaitViews: (min_version, complete).
+  Waiters<std::pair<int64_t, bool>> view_waiters_ ABSL_GUARDED_BY(mu_);
   int64_t shard_map_version_ ABSL_GUARDED_BY(mu_) = 1;  // version of the last address change
   std::vector<Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
   // By shard id: the chain (its addresses are filled in by ViewLocked), and whether it has

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -752,6 +753,48 @@ TEST_F(ClusterStateTest, AwaitViewWakesWhenTheLastMemberRegisters) {
   EXPECT_TRUE(result->complete());
   EXPECT_EQ(result->members_size(), 3);
   EXPECT_EQ(result->version(), 4);
+}
+
+// Records its wakes (the callback API's waiter, without gRPC).
+class CountingWaiter final : public Waiter {
+ public:
+  void Wake(const absl::Status& why) override {
+    ++wakes;
+    last = why;
+  }
+  int wakes = 0;
+  absl::Status last;
+};
+
+TEST_F(ClusterStateTest, AParkedAwaitViewIsWokenWhenTheViewBecomesComplete) {
+  MAKE_MEMBERSHIP(m, 1, 2);
+  MustRegister(m, SHARD, 0, "s0:5000");
+  MustRegister(m, WORKER, 0, "w0");
+  auto waiter = std::make_shared<CountingWaiter>();
+  Wait how;
+  how.deadline = absl::Now() + absl::Seconds(30);
+  how.waiter = waiter;
+  EXPECT_TRUE(IsParked(m.AwaitView(0, /*complete=*/true, how).status()));
+  ASSERT_FALSE(m.View().complete());
+  EXPECT_EQ(waiter->wakes, 0);
+  MustRegister(m, WORKER, 1, "w1");
+  EXPECT_EQ(waiter->wakes, 1);
+  absl::StatusOr<ClusterView> view = m.AwaitView(0, /*complete=*/true, how);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(view->complete());
+}
+
+TEST_F(ClusterStateTest, AParkedAwaitViewHearsOfShutdown) {
+  MAKE_MEMBERSHIP(m, 2, 1);
+  auto waiter = std::make_shared<CountingWaiter>();
+  Wait how;
+  how.deadline = absl::Now() + absl::Seconds(30);
+  how.waiter = waiter;
+  EXPECT_TRUE(IsParked(m.AwaitView(100, /*complete=*/false, how).status()));
+  m.Shutdown();
+  EXPECT_EQ(waiter->wakes, 1);
+  EXPECT_EQ(m.AwaitView(100, /*complete=*/false, how).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST_F(ClusterStateTest, AwaitViewWakesOnAVersionBump) {

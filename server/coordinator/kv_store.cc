@@ -19,29 +19,34 @@ absl::Status KvStore::Put(const std::string& key, std::string value) {
         absl::StrCat("the store holds ", kMaxKeys, " keys already"));
   }
   values_[key] = std::move(value);
+  waiting_.WakeReady([&](const std::string& k) { return k == key; });
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> KvStore::Get(const std::string& key, bool wait, absl::Time deadline) {
+absl::StatusOr<std::string> KvStore::Get(const std::string& key, bool wait, const Wait& how) {
   absl::MutexLock lock(&mu_);
   auto present = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; };
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return shutdown_ || present(); };
-  if (!present()) {
-    if (!wait) return absl::NotFoundError(absl::StrCat("key '", key, "' is not set"));
-    if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("waited for key '", key, "' to be set"));
-    }
-    if (!present()) {
-      return absl::UnavailableError(absl::StrCat(
-          "the coordinator is shutting down while waiting for key '", key, "'; retry"));
-    }
+  if (present()) return values_.at(key);
+  if (!wait) return absl::NotFoundError(absl::StrCat("key '", key, "' is not set"));
+  if (how.waiter == nullptr) {
+    mu_.AwaitWithDeadline(absl::Condition(&done), how.deadline);
+  } else if (!done() && absl::Now() < how.deadline) {
+    waiting_.Park(key, how.waiter);
+    return Parked();
   }
-  return values_.at(key);
+  if (present()) return values_.at(key);
+  if (shutdown_) {
+    return absl::UnavailableError(
+        absl::StrCat("the coordinator is shutting down while waiting for key '", key, "'; retry"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("waited for key '", key, "' to be set"));
 }
 
 void KvStore::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
+  waiting_.WakeAll(absl::OkStatus());  // each asks again, and hears of the shutdown
 }
 
 }  // namespace pscluster::coord

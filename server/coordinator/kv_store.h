@@ -1,4 +1,4 @@
-// A small key-value store with blocking reads: the rendezvous point for collectives (a
+// A small key-value store with waiting reads: the rendezvous point for collectives (a
 // NCCL unique id, Gloo's store). Bounded: keys up to 256 bytes, values up to 1 MiB, at
 // most 10,000 keys. Thread-safe.
 #pragma once
@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/parking.h"
 
 namespace pscluster::coord {
 
@@ -22,9 +23,15 @@ class KvStore {
   // INVALID_ARGUMENT for an empty or oversized key, RESOURCE_EXHAUSTED for an oversized
   // value or a full store. Overwrites.
   absl::Status Put(const std::string& key, std::string value);
-  // With wait, blocks until the key exists or `deadline` (DEADLINE_EXCEEDED naming it);
+  // With wait, until the key exists or the deadline (DEADLINE_EXCEEDED naming it): blocking,
+  // or parked (common/parking.h: Parked(), and how.waiter woken by the Put of the key);
   // without, NOT_FOUND when absent.
-  absl::StatusOr<std::string> Get(const std::string& key, bool wait, absl::Time deadline);
+  absl::StatusOr<std::string> Get(const std::string& key, bool wait, const Wait& how);
+  absl::StatusOr<std::string> Get(const std::string& key, bool wait, absl::Time deadline) {
+    Wait how;
+    how.deadline = deadline;
+    return Get(key, wait, how);
+  }
   // Wakes every waiting Get, and fails later waits, with UNAVAILABLE (server shutdown).
   void Shutdown();
 
@@ -32,6 +39,7 @@ class KvStore {
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  Waiters<std::string> waiting_ ABSL_GUARDED_BY(mu_);  // parked Gets, by key
 };
 
 }  // namespace pscluster::coord

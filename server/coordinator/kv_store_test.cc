@@ -1,5 +1,6 @@
 #include "server/coordinator/kv_store.h"
 
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,53 @@ using ::testing::HasSubstr;
 absl::Time Past() { return absl::Now() - absl::Seconds(1); }
 absl::Time Generous() { return absl::Now() + absl::Seconds(30); }
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+// Records its wakes (the callback API's waiter, without gRPC).
+class CountingWaiter final : public Waiter {
+ public:
+  void Wake(const absl::Status& why) override {
+    ++wakes;
+    last = why;
+  }
+  int wakes = 0;
+  absl::Status last;
+};
+
+TEST(KvStoreTest, AParkedGetIsWokenByThePutOfItsKeyOnly) {
+  KvStore kv;
+  auto waiter = std::make_shared<CountingWaiter>();
+  Wait how;
+  how.deadline = Generous();
+  how.waiter = waiter;
+  EXPECT_TRUE(IsParked(kv.Get("rank0/addr", /*wait=*/true, how).status()));
+  ASSERT_TRUE(kv.Put("rank1/addr", "b").ok());
+  EXPECT_EQ(waiter->wakes, 0) << "another key's Put woke it";
+  ASSERT_TRUE(kv.Put("rank0/addr", "a").ok());
+  EXPECT_EQ(waiter->wakes, 1);
+  EXPECT_TRUE(waiter->last.ok());
+  // Asked again (as the woken call is), it has its value; a second Put wakes no one.
+  absl::StatusOr<std::string> v = kv.Get("rank0/addr", /*wait=*/true, how);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "a");
+  ASSERT_TRUE(kv.Put("rank0/addr", "c").ok());
+  EXPECT_EQ(waiter->wakes, 1);
+}
+
+TEST(KvStoreTest, AParkedGetHearsOfShutdownAndOfItsDeadline) {
+  KvStore kv;
+  auto waiter = std::make_shared<CountingWaiter>();
+  Wait how;
+  how.deadline = Generous();
+  how.waiter = waiter;
+  EXPECT_TRUE(IsParked(kv.Get("k", /*wait=*/true, how).status()));
+  how.deadline = Past();  // the deadline came: asked again, it does not park
+  EXPECT_EQ(kv.Get("k", /*wait=*/true, how).status().code(), absl::StatusCode::kDeadlineExceeded);
+  how.deadline = Generous();
+  EXPECT_TRUE(IsParked(kv.Get("k", /*wait=*/true, how).status()));
+  kv.Shutdown();
+  EXPECT_GE(waiter->wakes, 1);
+  EXPECT_EQ(kv.Get("k", /*wait=*/true, how).status().code(), absl::StatusCode::kUnavailable);
+}
 
 TEST(KvStoreTest, PutThenGetRoundTrips) {
   KvStore kv;

@@ -3,152 +3,137 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/call_metadata.h"
 #include "common/grpc_status.h"
+#include "common/park_loop.h"
 
 namespace pscluster::coord {
+namespace {
 
-CoordinatorService::CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                                       Checkpointer* checkpointer, ProgressHistory* history)
+// Runs `fn` (returning StatusOr<T>) and copies its value into *out.
+template <typename T, typename Fn>
+absl::Status Answer(Fn fn, T* out) {
+  absl::StatusOr<T> r = fn();
+  if (!r.ok()) return r.status();
+  *out = *std::move(r);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CoordinatorCalls::CoordinatorCalls(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
+                                   Checkpointer* checkpointer, ProgressHistory* history)
     : cluster_(cluster),
       kv_(kv),
       max_wait_(max_wait),
       checkpointer_(checkpointer),
       history_(history) {}
 
-absl::Time CoordinatorService::Deadline(const grpc::ServerContext* ctx) const {
-  return std::min(absl::FromChrono(ctx->deadline()), absl::Now() + max_wait_);
+absl::Time CoordinatorCalls::Deadline(absl::Time caller) const {
+  return std::min(caller, absl::Now() + max_wait_);
 }
 
-// Runs `fn` (returning StatusOr<T>) and copies its value into *out.
-template <typename T, typename Fn>
-grpc::Status Answer(Fn fn, T* out) {
-  absl::StatusOr<T> r = fn();
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *out = *std::move(r);
-  return grpc::Status::OK;
+absl::Status CoordinatorCalls::Register(const RegisterRequest& req, RegisterResponse* resp) {
+  return Answer([&] { return cluster_->Register(req); }, resp);
 }
 
-grpc::Status CoordinatorService::Register(grpc::ServerContext*, const RegisterRequest* req,
-                                          RegisterResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->Register(*req); }, resp);
+absl::Status CoordinatorCalls::JoinChain(const JoinChainRequest& req, JoinChainResponse* resp) {
+  return Answer([&] { return cluster_->JoinChain(req); }, resp);
 }
 
-grpc::Status CoordinatorService::JoinChain(grpc::ServerContext*, const JoinChainRequest* req,
-                                           JoinChainResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->JoinChain(*req); }, resp);
+absl::Status CoordinatorCalls::ShrinkChain(const ShrinkChainRequest& req, JoinChainResponse* resp) {
+  return Answer([&] { return cluster_->ShrinkChain(req); }, resp);
 }
 
-grpc::Status CoordinatorService::ShrinkChain(grpc::ServerContext*, const ShrinkChainRequest* req,
-                                             JoinChainResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->ShrinkChain(*req); }, resp);
+absl::Status CoordinatorCalls::Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {
+  return Answer([&] { return cluster_->Heartbeat(req); }, resp);
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req,
-                                           HeartbeatResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->Heartbeat(*req); }, resp);
+bool CoordinatorCalls::Checkpoints(const ReportProgressRequest& req) const {
+  return req.has_metric() && req.rank() == 0 && checkpointer_ != nullptr &&
+         checkpointer_->automatic();
 }
 
-grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
-                                                const ReportProgressRequest* req,
-                                                ReportProgressResponse*) {
-  InFlightCounter::Scope scope(&in_flight_);
-  absl::Status s = cluster_->ReportProgress(*req);
-  if (s.ok() && history_ != nullptr) history_->Record(*req);
+absl::Status CoordinatorCalls::ReportProgress(const ReportProgressRequest& req,
+                                              ReportProgressResponse*) {
+  absl::Status s = cluster_->ReportProgress(req);
+  if (s.ok() && history_ != nullptr) history_->Record(req);
   // Rank 0's test metric is acted on while rank 0 waits here, before it pushes the step
   // after the one it measured: the tables are still at that step, so the checkpoint filed
   // under the metric holds what was measured (the background loop would come too late).
-  if (s.ok() && req->has_metric() && req->rank() == 0 && checkpointer_ != nullptr &&
-      checkpointer_->automatic()) {
+  if (s.ok() && Checkpoints(req)) {
     if (absl::Status c = checkpointer_->MaybeCheckpoint(); !c.ok()) {
       std::fprintf(stderr, "ps_coordinator: checkpoint on rank 0's metric: %s\n",
                    c.ToString().c_str());
     }
   }
-  return ToGrpcStatus(s);
+  return s;
 }
 
-grpc::Status CoordinatorService::GetView(grpc::ServerContext* ctx, const GetViewRequest* req,
-                                         ClusterView* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
+absl::Status CoordinatorCalls::GetView(const GetViewRequest& req, const Wait& how,
+                                       ClusterView* resp) {
   return Answer(
-      [&] {
-        return cluster_->AwaitView(req->min_version(), req->wait_until_complete(), Deadline(ctx));
-      },
-      resp);
+      [&] { return cluster_->AwaitView(req.min_version(), req.wait_until_complete(), how); }, resp);
 }
 
-grpc::Status CoordinatorService::KvPut(grpc::ServerContext*, const KvPutRequest* req,
-                                       KvPutResponse*) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return ToGrpcStatus(kv_->Put(req->key(), req->value()));
+absl::Status CoordinatorCalls::KvPut(const KvPutRequest& req, KvPutResponse*) {
+  return kv_->Put(req.key(), req.value());
 }
 
-grpc::Status CoordinatorService::KvGet(grpc::ServerContext* ctx, const KvGetRequest* req,
-                                       KvGetResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  auto value = kv_->Get(req->key(), req->wait(), Deadline(ctx));
-  if (!value.ok()) return ToGrpcStatus(value.status());
+absl::Status CoordinatorCalls::KvGet(const KvGetRequest& req, const Wait& how,
+                                     KvGetResponse* resp) {
+  absl::StatusOr<std::string> value = kv_->Get(req.key(), req.wait(), how);
+  if (!value.ok()) return value.status();
   resp->set_value(*std::move(value));
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status CoordinatorService::SwitchMode(grpc::ServerContext*, const SwitchModeRequest* req,
-                                            SwitchModeResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->SwitchMode(*req); }, resp);
+absl::Status CoordinatorCalls::SwitchMode(const SwitchModeRequest& req, SwitchModeResponse* resp) {
+  return Answer([&] { return cluster_->SwitchMode(req); }, resp);
 }
 
-grpc::Status CoordinatorService::PollSwitch(grpc::ServerContext*, const PollSwitchRequest* req,
-                                            PollSwitchResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->PollSwitch(*req); }, resp);
+absl::Status CoordinatorCalls::PollSwitch(const PollSwitchRequest& req, PollSwitchResponse* resp) {
+  return Answer([&] { return cluster_->PollSwitch(req); }, resp);
 }
 
-grpc::Status CoordinatorService::ReportSwitch(grpc::ServerContext*, const ReportSwitchRequest* req,
-                                              ReportSwitchResponse* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
-  return Answer([&] { return cluster_->ReportSwitch(*req); }, resp);
+absl::Status CoordinatorCalls::ReportSwitch(const ReportSwitchRequest& req,
+                                            ReportSwitchResponse* resp) {
+  return Answer([&] { return cluster_->ReportSwitch(req); }, resp);
 }
 
-grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext* ctx,
-                                                   const RestoreCheckpointRequest* req,
-                                                   ::pscluster::coord::Checkpoint* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
+absl::Status CoordinatorCalls::RestoreCheckpoint(const RestoreCheckpointRequest& req,
+                                                 absl::Time deadline,
+                                                 ::pscluster::coord::Checkpoint* resp) {
   if (checkpointer_ == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
+    return absl::FailedPreconditionError("this coordinator takes no checkpoints");
   }
-  if (req->client_id().size() > kMaxClientIdBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("client_id has ", req->client_id().size(), " bytes; a ", kClientIdKey,
-                     " has at most ", kMaxClientIdBytes)));
+  if (req.client_id().size() > kMaxClientIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("client_id has ", req.client_id().size(),
+                                                   " bytes; a ", kClientIdKey, " has at most ",
+                                                   kMaxClientIdBytes));
   }
-  const absl::Time deadline = absl::FromChrono(ctx->deadline());
   return Answer(
-      [&] { return checkpointer_->Restore(req->step(), req->force(), req->client_id(), deadline); },
+      [&] { return checkpointer_->Restore(req.step(), req.force(), req.client_id(), deadline); },
       resp);
 }
 
-grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*, const CheckpointRequest* req,
-                                            ::pscluster::coord::Checkpoint* resp) {
-  InFlightCounter::Scope scope(&in_flight_);
+absl::Status CoordinatorCalls::Checkpoint(const CheckpointRequest& req,
+                                          ::pscluster::coord::Checkpoint* resp) {
   if (checkpointer_ == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError("this coordinator takes no checkpoints"));
+    return absl::FailedPreconditionError("this coordinator takes no checkpoints");
   }
-  if (req->has_metric() && !std::isfinite(req->metric())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "metric ", req->metric(), " is not a finite number; nothing was checkpointed")));
+  if (req.has_metric() && !std::isfinite(req.metric())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric ", req.metric(), " is not a finite number; nothing was checkpointed"));
   }
   return Answer(
       [&] {
-        return checkpointer_->CheckpointNow(req->has_metric() ? std::optional(req->metric())
-                                                              : std::nullopt);
+        return checkpointer_->CheckpointNow(req.has_metric() ? std::optional(req.metric())
+                                                             : std::nullopt);
       },
       resp);
 }

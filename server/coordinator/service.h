@@ -1,9 +1,14 @@
-// gRPC front of the coordinator's ClusterState, KvStore and Checkpointer (synchronous API:
-// blocking reads and checkpoints wait on the handler thread, bounded by the RPC deadline).
+// gRPC front of the coordinator's ClusterState, KvStore and Checkpointer. CoordinatorCalls
+// does each RPC's work as a plain call (the fuzzer drives it); CoordinatorService serves
+// them on gRPC's callback API: quick calls on gRPC's thread, the calls that reach the
+// shards (checkpoints, restores) on a pool, and the waiting reads (GetView, KvGet with
+// wait) parked, holding no thread until the view or the key they wait for arrives.
 #pragma once
 
 #include "absl/time/time.h"
 #include "common/graceful_shutdown.h"
+#include "common/parking.h"
+#include "common/work_queue.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "server/coordinator/checkpointer.h"
 #include "server/coordinator/cluster_state.h"
@@ -12,48 +17,100 @@
 
 namespace pscluster::coord {
 
-class CoordinatorService final : public Coordinator::Service {
+class CoordinatorCalls {
  public:
-  // Longest a blocking read waits when the caller set no shorter deadline. `checkpointer`
-  // null: the Checkpoint RPC answers FAILED_PRECONDITION. `history` (may be null) records
-  // every accepted progress report, for the status page.
-  CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                     Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr);
+  // Longest a waiting read waits when the caller set no shorter deadline. `checkpointer`
+  // null: Checkpoint answers FAILED_PRECONDITION. `history` (may be null) records every
+  // accepted progress report, for the status page.
+  CoordinatorCalls(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
+                   Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr);
 
-  grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*,
-                         HeartbeatResponse*) override;
-  grpc::Status ReportProgress(grpc::ServerContext*, const ReportProgressRequest*,
-                              ReportProgressResponse*) override;
-  grpc::Status GetView(grpc::ServerContext*, const GetViewRequest*, ClusterView*) override;
-  grpc::Status KvPut(grpc::ServerContext*, const KvPutRequest*, KvPutResponse*) override;
-  grpc::Status KvGet(grpc::ServerContext*, const KvGetRequest*, KvGetResponse*) override;
-  grpc::Status SwitchMode(grpc::ServerContext*, const SwitchModeRequest*,
-                          SwitchModeResponse*) override;
-  grpc::Status PollSwitch(grpc::ServerContext*, const PollSwitchRequest*,
-                          PollSwitchResponse*) override;
-  grpc::Status ReportSwitch(grpc::ServerContext*, const ReportSwitchRequest*,
-                            ReportSwitchResponse*) override;
-  grpc::Status Checkpoint(grpc::ServerContext*, const CheckpointRequest*,
-                          ::pscluster::coord::Checkpoint*) override;
-  grpc::Status RestoreCheckpoint(grpc::ServerContext*, const RestoreCheckpointRequest*,
-                                 ::pscluster::coord::Checkpoint*) override;
-  grpc::Status JoinChain(grpc::ServerContext*, const JoinChainRequest*,
-                         JoinChainResponse*) override;
-  grpc::Status ShrinkChain(grpc::ServerContext*, const ShrinkChainRequest*,
-                           JoinChainResponse*) override;
+  absl::Status Register(const RegisterRequest& req, RegisterResponse* resp);
+  absl::Status Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+  absl::Status ReportProgress(const ReportProgressRequest& req, ReportProgressResponse* resp);
+  absl::Status GetView(const GetViewRequest& req, const Wait& how, ClusterView* resp);
+  absl::Status KvPut(const KvPutRequest& req, KvPutResponse* resp);
+  absl::Status KvGet(const KvGetRequest& req, const Wait& how, KvGetResponse* resp);
+  absl::Status SwitchMode(const SwitchModeRequest& req, SwitchModeResponse* resp);
+  absl::Status PollSwitch(const PollSwitchRequest& req, PollSwitchResponse* resp);
+  absl::Status ReportSwitch(const ReportSwitchRequest& req, ReportSwitchResponse* resp);
+  absl::Status Checkpoint(const CheckpointRequest& req, ::pscluster::coord::Checkpoint* resp);
+  absl::Status RestoreCheckpoint(const RestoreCheckpointRequest& req, absl::Time deadline,
+                                 ::pscluster::coord::Checkpoint* resp);
+  absl::Status JoinChain(const JoinChainRequest& req, JoinChainResponse* resp);
+  absl::Status ShrinkChain(const ShrinkChainRequest& req, JoinChainResponse* resp);
 
-  InFlightCounter* in_flight() { return &in_flight_; }
+  // Whether ReportProgress will take a checkpoint (rank 0's metric): it then calls the shards.
+  bool Checkpoints(const ReportProgressRequest& req) const;
+  // How long a waiting read may wait: until the caller's deadline, at most max_wait.
+  absl::Time Deadline(absl::Time caller) const;
 
  private:
-  absl::Time Deadline(const grpc::ServerContext* ctx) const;
-
   ClusterState* const cluster_;
   KvStore* const kv_;
   const absl::Duration max_wait_;
   Checkpointer* const checkpointer_;
   ProgressHistory* const history_;
+};
+
+class CoordinatorService final : public Coordinator::CallbackService {
+ public:
+  // As CoordinatorCalls.
+  CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
+                     Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr);
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const RegisterRequest* req,
+                                     RegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const HeartbeatRequest* req,
+                                      HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
+                                           const ReportProgressRequest* req,
+                                           ReportProgressResponse* resp) override;
+  grpc::ServerUnaryReactor* GetView(grpc::CallbackServerContext* ctx, const GetViewRequest* req,
+                                    ClusterView* resp) override;
+  grpc::ServerUnaryReactor* KvPut(grpc::CallbackServerContext* ctx, const KvPutRequest* req,
+                                  KvPutResponse* resp) override;
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const KvGetRequest* req,
+                                  KvGetResponse* resp) override;
+  grpc::ServerUnaryReactor* SwitchMode(grpc::CallbackServerContext* ctx,
+                                       const SwitchModeRequest* req,
+                                       SwitchModeResponse* resp) override;
+  grpc::ServerUnaryReactor* PollSwitch(grpc::CallbackServerContext* ctx,
+                                       const PollSwitchRequest* req,
+                                       PollSwitchResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportSwitch(grpc::CallbackServerContext* ctx,
+                                         const ReportSwitchRequest* req,
+                                         ReportSwitchResponse* resp) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const CheckpointRequest* req,
+                                       ::pscluster::coord::Checkpoint* resp) override;
+  grpc::ServerUnaryReactor* RestoreCheckpoint(grpc::CallbackServerContext* ctx,
+                                              const RestoreCheckpointRequest* req,
+                                              ::pscluster::coord::Checkpoint* resp) override;
+  grpc::ServerUnaryReactor* JoinChain(grpc::CallbackServerContext* ctx, const JoinChainRequest* req,
+                                      JoinChainResponse* resp) override;
+  grpc::ServerUnaryReactor* ShrinkChain(grpc::CallbackServerContext* ctx,
+                                        const ShrinkChainRequest* req,
+                                        JoinChainResponse* resp) override;
+
+  // Calls in progress (parked ones included), for ShutdownGracefully.
+  InFlightCounter* in_flight() { return &in_flight_; }
+
+ private:
+  // Answers with fn()'s status: on this (gRPC's) thread, or on the pool.
+  grpc::ServerUnaryReactor* Now(grpc::CallbackServerContext* ctx,
+                                const std::function<absl::Status()>& fn);
+  grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx,
+                                   std::function<absl::Status()> fn);
+  // A read that may park until what it waits for arrives (common/park_loop.h).
+  grpc::ServerUnaryReactor* Parking(grpc::CallbackServerContext* ctx,
+                                    std::function<absl::Status(const Wait&)> attempt);
+
+  CoordinatorCalls calls_;
   InFlightCounter in_flight_;
+  // Checkpoints and restores: a few at a time at most (psctl, rank 0's metric).
+  static constexpr int kPoolThreads = 4;
+  WorkQueue pool_{kPoolThreads};
 };
 
 }  // namespace pscluster::coord
