@@ -202,6 +202,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
     ro.address = co.address;
     ro.shard = f.shard;
     ro.serving = service->serving_mu();
+    // A replica that must stop shuts down as on SIGTERM, and main exits 3 (chain->stopped()).
+    ro.stop = [] { kill(getpid(), SIGTERM); };
     CoordinatorClient* c = coordinator.get();
     ro.append = [c](int32_t replica, int64_t epoch) { return c->JoinChain(replica, epoch); };
     ro.shrink = [c](int32_t replica, int64_t epoch) { return c->ShrinkChain(replica, epoch); };
@@ -302,5 +304,6 @@ int main(int argc, char** argv) {
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
   server->reset();   // before the interceptor's RpcMetrics ...
   metrics->reset();  // ... and before the collectors' shard and snapshotter go
+  if (chain != nullptr && !chain->stopped().ok()) return 3;  // see ReplicatorOptions::stop
   return 0;
 }

@@ -88,8 +88,14 @@ Replicator::Place Replicator::PlaceLocked() const {
   return p;
 }
 
+absl::Status Replicator::stopped() const {
+  absl::MutexLock lock(&mu_);
+  return stopped_;
+}
+
 absl::Status Replicator::CheckHead() const {
   absl::MutexLock lock(&mu_);
+  if (!stopped_.ok()) return stopped_;
   const Place p = PlaceLocked();
   const std::string chain = absl::StrCat("chain epoch ", p.epoch);
   if (!p.in_chain) {
@@ -331,18 +337,28 @@ absl::Status Replicator::Forward(ReplicatedUpdate update, std::vector<std::strin
     }
     absl::SleepFor(backoff.Next());
   }
+  return Stop(
+      absl::StrCat("update ", update.seq(), " applied here could not be handed to ", last_to,
+                   " for ", absl::FormatDuration(absl::Now() - start), " (", last.error_message(),
+                   "), while the coordinator ",
+                   coordinator_answered ? "keeps it in the chain" : "could not be reached either"));
+}
+
+absl::Status Replicator::Stop(const std::string& what) {
   // The coordinator still lists a successor this replica cannot reach: the chain cannot go
   // on with both. Chain replication assumes members that fail by stopping, so stop: the
   // coordinator then takes this replica out and the chain goes on without it.
-  std::fprintf(stderr,
-               "ps_server: %s: FATAL: update %llu applied here could not be handed to %s for %s "
-               "(%s), while the coordinator %s; stopping so the chain goes on without this "
-               "replica (restart it to hold a copy again)\n",
-               Name().c_str(), static_cast<unsigned long long>(update.seq()), last_to.c_str(),
-               absl::FormatDuration(absl::Now() - start).c_str(), last.error_message().c_str(),
-               coordinator_answered ? "keeps it in the chain" : "could not be reached either");
+  const std::string why =
+      absl::StrCat(Name(), " had to stop: ", what,
+                   "; the chain goes on without this replica (restart it to hold a copy again)");
+  std::fprintf(stderr, "ps_server: FATAL: %s\n", why.c_str());
   std::fflush(stderr);
-  std::_Exit(3);
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = absl::UnavailableError(why);
+  }
+  if (options_.stop) options_.stop();
+  return absl::UnavailableError(why);
 }
 
 grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
@@ -352,6 +368,7 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
   if (!reader->Read(&update)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Replicate carried no update");
   }
+  if (absl::Status s = stopped(); !s.ok()) return ToGrpcStatus(s);
   const uint64_t seq = update.seq();
   const absl::Time deadline =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.forward_timeout);

@@ -102,6 +102,11 @@ struct ReplicatorOptions {
   // (ParameterServerService's): updates apply under it shared, a joiner installs its new
   // state under it exclusively. Locks are taken in the order serving, then the order lock.
   absl::Mutex* serving = nullptr;
+  // The replica must stop: an update it applied cannot be handed down the chain while the
+  // coordinator keeps the successor in it (chain replication assumes members that fail by
+  // stopping). From then on it refuses every call (stopped()); `stop` ends the process
+  // (ps_server: a graceful shutdown, exit status 3). May be null.
+  std::function<void()> stop;
 };
 
 class Replicator {
@@ -133,6 +138,8 @@ class Replicator {
   // OK when this replica serves clients now: the head of its chain, its lease valid.
   // Otherwise UNAVAILABLE naming the head (clients go there).
   absl::Status CheckHead() const;
+  // UNAVAILABLE once this replica had to stop (ReplicatorOptions::stop); else OK.
+  absl::Status stopped() const;
   // Before the head replaces its whole state (`what`: Restore, ImportDense), which the chain
   // does not carry as an update: the chain becomes the head alone (the coordinator's
   // ShrinkChain), and the others join again by a state transfer of the new state. One at
@@ -189,6 +196,9 @@ class Replicator {
   // tail, bounded by forward_timeout. `from_head`: a client's update this replica applied as
   // the head (not done once it left the chain, even to join it again).
   absl::Status Forward(ReplicatedUpdate update, std::vector<std::string>* chunks, bool from_head);
+  // This replica must stop (`what` says why): it refuses everything from now on and calls
+  // ReplicatorOptions::stop. Returns the UNAVAILABLE the update it could not hand on gets.
+  absl::Status Stop(const std::string& what);
   grpc::Status SendOnce(const std::string& successor, const ReplicatedUpdate& update,
                         std::vector<std::string>* chunks, absl::Time deadline);
   // seq applied here: remembered (with its request id) and, once handed on, done.
@@ -219,6 +229,7 @@ class Replicator {
   absl::Mutex* const serving_;
   absl::Mutex apply_mu_;  // held while an update is applied: one at a time, in seq order
   mutable absl::Mutex mu_;
+  absl::Status stopped_ ABSL_GUARDED_BY(mu_);  // see ReplicatorOptions::stop
   ChainConfig config_ ABSL_GUARDED_BY(mu_);
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

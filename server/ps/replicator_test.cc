@@ -236,6 +236,38 @@ TEST(ReplicatorTest, AHeadCutOffFromEveryoneWaitsForTheCoordinatorInsteadOfStopp
   EXPECT_GT(refreshes, 1);
 }
 
+// A head whose successor does not take an update for forward_timeout, while the
+// coordinator answers and keeps the successor in the chain, must stop (chain replication
+// assumes members that fail by stopping). It no longer ends the process from library code:
+// the update is refused UNAVAILABLE saying why, `stop` is called once (ps_server's main then
+// shuts down and exits 3), and from then on the replica refuses every call.
+TEST(ReplicatorTest, AHeadThatCannotHandOnAnUpdateStopsAndRefusesEverything) {
+  Replica head(0);
+  std::string unreachable;  // a successor that answers nothing: its server is gone
+  {
+    Replica gone(1);
+    unreachable = gone.address;
+  }
+  std::atomic<int> stops{0};
+  ReplicatorOptions o;
+  o.refresh = [] { return true; };  // the coordinator answers: the chain stays as it is
+  o.stop = [&] { ++stops; };
+  head.Follow(o, absl::Milliseconds(200));
+  head.chain->Update(ChainConfig{1, {0}, {head.address}, true});
+  RegisterAndCreateTable(head.stub.get());
+  head.chain->Update(ChainConfig{2, {0, 1}, {head.address, unreachable}, true});
+  grpc::Status s = Push(head.stub.get(), 0);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("had to stop"), std::string::npos) << s.error_message();
+  EXPECT_EQ(stops.load(), 1);
+  EXPECT_EQ(head.chain->stopped().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(head.chain->CheckHead().code(), absl::StatusCode::kUnavailable);
+  grpc::Status again = Push(head.stub.get(), 1);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::UNAVAILABLE) << again.error_message();
+  EXPECT_NE(again.error_message().find("had to stop"), std::string::npos) << again.error_message();
+  EXPECT_EQ(stops.load(), 1) << "a refused call does not stop it again";
+}
+
 // One Replicate call to `to`, as a head makes it: `messages` in order, then the end of the
 // stream, or with `end` false none (the sender gone quiet, the call left open).
 grpc::Status Send(Replica& to, const std::vector<ReplicatedUpdate>& messages, bool end = true) {
