@@ -1,5 +1,7 @@
 #include "client/ps/internal/raw_call.h"
 
+#include <utility>
+
 namespace pscluster::internal {
 namespace {
 
@@ -19,20 +21,34 @@ void Drain(grpc::CompletionQueue* cq) {
   }
 }
 
+// The calling thread's queue for its unary calls, made once, which the thread itself polls:
+// no hand-over to another thread when the answer comes (as with the callback form), and no
+// queue made and drained per call. A thread makes one call at a time, and each call puts
+// exactly one event on it (Finish's).
+grpc::CompletionQueue* ThreadQueue() {
+  struct Queue {
+    grpc::CompletionQueue cq;
+    ~Queue() { Drain(&cq); }
+  };
+  thread_local Queue queue;
+  return &queue.cq;
+}
+
 }  // namespace
 
 grpc::Status RawUnaryCall(grpc::GenericStub* stub, const char* method, grpc::ClientContext* ctx,
                           const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
-  grpc::CompletionQueue cq;
+  grpc::CompletionQueue* cq = ThreadQueue();
   std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub->PrepareUnaryCall(ctx, method, request, &cq);
+      stub->PrepareUnaryCall(ctx, method, request, cq);
   call->StartCall();
   grpc::Status status;
-  call->Finish(response, &status, nullptr);
-  if (!Next(&cq) && status.ok()) {
-    status = grpc::Status(grpc::StatusCode::INTERNAL, "the call ended without a status");
+  call->Finish(response, &status, &status);
+  void* tag = nullptr;
+  bool ok = false;
+  if (!cq->Next(&tag, &ok) || tag != &status || !ok) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the call ended without a status");
   }
-  Drain(&cq);
   return status;
 }
 
