@@ -1,8 +1,9 @@
-// A shard at its --threads bound refuses further synchronous calls at once with
-// RESOURCE_EXHAUSTED (before any handler runs), and the refused calls change nothing; the
-// client says what to do and retries them itself; streams whose callers cancel give their
-// threads back, and the shard serves again. Pulls waiting for BSP hold no thread at all:
-// 64 of them wait at once on a shard with --threads=4, and all are answered.
+// A shard at its --threads bound refuses further synchronous calls (admin, streams) at once
+// with RESOURCE_EXHAUSTED (before any handler runs), and the refused calls change nothing;
+// the client says what to do and retries them itself; streams whose callers cancel give
+// their threads back, and the shard serves again. Pulls and unary pushes run on the callback
+// API: pulls waiting for BSP hold no thread at all, 64 of them wait at once on a shard with
+// --threads=4, and all are answered.
 #include <functional>
 #include <thread>
 
@@ -19,7 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr int kThreads = 3;
-constexpr uint32_t kBsp = 1, kAsp = 2;
+constexpr uint32_t kBsp = 1;
 constexpr uint64_t kSize = 64;
 
 class OverloadTest : public PsClusterTest {
@@ -31,14 +32,9 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   OptimizerConfig sgd;
   sgd.set_kind(OptimizerConfig::SGD);
   sgd.set_learning_rate(1.0f);
-  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd), asp = Spec(kAsp, TableSpec::DENSE, sgd);
+  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
   bsp.set_size(kSize);
-  asp.set_size(kSize);
-  asp.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
   ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
-  ASSERT_TRUE(clients_[0]->CreateTable(asp).ok());
-  std::vector<float> before(kSize);
-  ASSERT_TRUE(clients_[0]->PullDense(kAsp, 0, absl::MakeSpan(before)).ok());
   std::vector<float> bsp_before(kSize);
   ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_before)).ok());
 
@@ -84,27 +80,25 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
       }
     });
   }
-  // Until every thread is taken some probes (worker 1's unary pushes to shard 0's half)
-  // still get one; then they are refused. Bounded.
+  // Until every thread is taken some probes (CreateTable of a new table on shard 0, a
+  // synchronous call) still get one; then they are refused. Bounded.
   int accepted = 0;
   grpc::Status refused;
+  uint32_t refused_id = 0;
   for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
-    ps::DenseChunk probe;
-    probe.set_worker_id(1);
-    probe.set_step(accepted);
-    probe.set_table_id(kAsp);
-    probe.set_total_length(kSize / 2);
-    const std::vector<float> ones(kSize / 2, 1.0f);
-    probe.set_data(ones.data(), ones.size() * sizeof(float));
+    ps::CreateTableRequest probe;
+    *probe.mutable_spec() = Spec(100 + accepted, TableSpec::DENSE, sgd);
+    probe.mutable_spec()->set_size(kSize);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ps::PushDenseResponse resp;
-    grpc::Status s = clients_[1]->stub(0)->PushDense(&ctx, probe, &resp);
+    ps::CreateTableResponse resp;
+    grpc::Status s = clients_[1]->stub(0)->CreateTable(&ctx, probe, &resp);
     if (s.ok()) {
       ++accepted;
       continue;
     }
     refused = s;
+    refused_id = probe.spec().table_id();
     break;
   }
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
@@ -112,34 +106,38 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   const absl::Status said = FromGrpcStatus(refused, "shard 0");
   EXPECT_THAT(std::string(said.message()), HasSubstr("retry after a backoff"));
 
-  // The client retries a refused call (it changed nothing): its push of both halves waits
-  // out the overload and is applied once on each shard, not on shard 1 alone.
-  absl::Status pushed;
-  std::thread pusher(
-      [&] { pushed = clients_[1]->PushDense(kAsp, accepted, std::vector<float>(kSize, 1.0f)); });
+  // The client retries a refused call (it changed nothing): its CreateTable of both shards
+  // waits out the overload and creates the table once on each.
+  TableSpec retried = Spec(500, TableSpec::DENSE, sgd);
+  retried.set_size(kSize);
+  absl::Status created;
+  std::thread creator([&] { created = clients_[1]->CreateTable(retried); });
   // Cancelled, the streams give their threads back.
-  for (auto& puller : waits) puller->Cancel();
+  for (auto& holder : waits) holder->Cancel();
   for (auto& t : pullers) t.join();
-  pusher.join();
-  EXPECT_TRUE(pushed.ok()) << pushed;
-  std::vector<float> after(kSize);
-  ASSERT_TRUE(clients_[0]->PullDense(kAsp, 0, absl::MakeSpan(after)).ok());
-  for (uint64_t i = 0; i < kSize; ++i) {
-    // The shard's SGD steps in float, in order: each accepted probe, then the retried push.
-    float want = before[i];
-    for (int k = 0; k < (i < kSize / 2 ? accepted : 0); ++k) want -= 1.0f;
-    want -= 1.0f;
-    EXPECT_EQ(after[i], want) << "index " << i << " (" << accepted << " probes accepted)";
-  }
+  creator.join();
+  EXPECT_TRUE(created.ok()) << created;
+  auto describe = [&](int shard, uint32_t id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ps::DescribeTableRequest req;
+    req.set_table_id(id);
+    ps::TableInfo info;
+    return clients_[0]->stub(shard)->DescribeTable(&ctx, req, &info).error_code();
+  };
+  EXPECT_EQ(describe(0, 500), grpc::StatusCode::OK);
+  EXPECT_EQ(describe(1, 500), grpc::StatusCode::OK);
+  EXPECT_EQ(describe(0, refused_id), grpc::StatusCode::NOT_FOUND) << "a refused call created it";
+  EXPECT_EQ(describe(0, 100), accepted > 0 ? grpc::StatusCode::OK : grpc::StatusCode::NOT_FOUND);
   std::vector<float> bsp_after(kSize);
   ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_after)).ok());
   EXPECT_EQ(bsp_after, bsp_before) << "a cancelled push stream changed the table";
 }
 
 // 64 workers on one shard that 4 handler threads serve: each pulls step 1 of a BSP table,
-// which waits for step 0, parked, holding no thread; so the 64 pushes of step 0 still get
-// threads, and every pull is answered with the values step 0 left. (With pulls that held a
-// thread each, the fifth was refused at once: the test above, before pulls parked.)
+// which waits for step 0, parked, holding no thread; the 64 pushes of step 0 are served, and
+// every pull is answered with the values step 0 left. (With pulls that held a thread each,
+// the fifth was refused at once, "Server Threadpool Exhausted".)
 class ParkedPullsTest : public PsClusterTest {
  protected:
   static constexpr int kPullers = 64;

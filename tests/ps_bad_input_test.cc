@@ -502,7 +502,8 @@ TEST_F(BadInputTest, UnparsableRequestIsInvalidArgumentNamingTheMethod) {
   grpc::ByteBuffer request(&slice, 1), response;
   for (const char* method :
        {"/pscluster.ps.ParameterServer/PullDense", "/pscluster.ps.ParameterServer/RegisterWorker",
-        "/pscluster.ps.ParameterServer/PullDenseStream"}) {
+        "/pscluster.ps.ParameterServer/PullDenseStream", "/pscluster.ps.ParameterServer/PushDense",
+        "/pscluster.ps.ParameterServer/PushSparse"}) {
     SCOPED_TRACE(method);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));

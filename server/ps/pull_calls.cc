@@ -1,5 +1,5 @@
 // The dense pull path of ParameterServerService: checking a pull, waiting for its step
-// (blocking, or parked for the callback handlers in pull_reactors.cc), planning its chunks
+// (blocking, or parked for the callback handlers in reactors.cc), planning its chunks
 // and reading them from the table, as a message or straight into the bytes gRPC sends.
 #include <algorithm>
 #include <string>

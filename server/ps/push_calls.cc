@@ -51,12 +51,18 @@ absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uin
 
 grpc::Status ParameterServerService::PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
                                                     PushDenseBatchResponse* resp) {
+  return ToGrpcStatus(WritePushBatch(ctx, *req, resp));
+}
+
+absl::Status ParameterServerService::WritePushBatch(const grpc::ServerContextBase* ctx,
+                                                    const DenseBatch& req,
+                                                    PushDenseBatchResponse* resp) {
   Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
-  charge.ForceGrowTo(PayloadBytes(*req));
-  return ToGrpcStatus(Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = *req; }, nullptr,
-      [&] { return PushBatch(*req, resp); }));
+  charge.ForceGrowTo(PayloadBytes(req));
+  return Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
+      [&] { return PushBatch(req, resp); });
 }
 
 absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
@@ -125,12 +131,17 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
 
 grpc::Status ParameterServerService::PushDense(grpc::ServerContext* ctx, const DenseChunk* req,
                                                PushDenseResponse* resp) {
+  return ToGrpcStatus(WritePush(ctx, *req, resp));
+}
+
+absl::Status ParameterServerService::WritePush(const grpc::ServerContextBase* ctx,
+                                               const DenseChunk& req, PushDenseResponse* resp) {
   Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
-  charge.ForceGrowTo(req->data().size());  // already received: counted, never refused
-  return ToGrpcStatus(Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense() = *req; }, nullptr,
-      [&] { return PushDenseChunk(*req, resp); }));
+  charge.ForceGrowTo(req.data().size());  // already received: counted, never refused
+  return Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense() = req; }, nullptr,
+      [&] { return PushDenseChunk(req, resp); });
 }
 
 absl::Status ParameterServerService::PushDenseChunk(const DenseChunk& chunk,

@@ -1,4 +1,4 @@
-#include "server/ps/pull_reactors.h"
+#include "server/ps/reactors.h"
 
 #include <memory>
 #include <utility>
@@ -91,9 +91,8 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::S
 
 }  // namespace
 
-grpc::ServerUnaryReactor* PullReactors::PullDense(Service* s, grpc::CallbackServerContext* ctx,
-                                                  const grpc::ByteBuffer* req,
-                                                  grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* Reactors::PullDense(Service* s, grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<PullDenseRequest>();
   if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullDense"));
   auto* reactor =
@@ -111,9 +110,9 @@ grpc::ServerUnaryReactor* PullReactors::PullDense(Service* s, grpc::CallbackServ
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PullReactors::PullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
-                                                       const grpc::ByteBuffer* req,
-                                                       grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* Reactors::PullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* req,
+                                                   grpc::ByteBuffer* resp) {
   auto batch = std::make_shared<PullDenseBatchRequest>();
   if (!Parse(*req, batch.get())) return Refuse(ctx, Unparsable("PullDenseBatch"));
   auto* reactor =
@@ -132,10 +131,9 @@ grpc::ServerUnaryReactor* PullReactors::PullDenseBatch(Service* s, grpc::Callbac
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PullReactors::PushPullDenseBatch(Service* s,
-                                                           grpc::CallbackServerContext* ctx,
-                                                           const grpc::ByteBuffer* req,
-                                                           grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* Reactors::PushPullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* req,
+                                                       grpc::ByteBuffer* resp) {
   struct Call {
     DenseBatch batch;
     bool pushed = false;  // a run after a park only pulls
@@ -167,9 +165,9 @@ grpc::ServerUnaryReactor* PullReactors::PushPullDenseBatch(Service* s,
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PullReactors::PullSparse(Service* s, grpc::CallbackServerContext* ctx,
-                                                   const grpc::ByteBuffer* req,
-                                                   grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* Reactors::PullSparse(Service* s, grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* req,
+                                               grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<SparseRequest>();
   if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullSparse"));
   auto* reactor = new ParkedUnary(
@@ -188,7 +186,30 @@ grpc::ServerUnaryReactor* PullReactors::PullSparse(Service* s, grpc::CallbackSer
   return reactor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* PullReactors::PullDenseStream(
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* Reactors::Write(
+    Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+    grpc::ByteBuffer* resp, const char* method,
+    absl::Status (Service::*work)(const grpc::ServerContextBase*, const Req&, Resp*)) {
+  auto request = std::make_shared<Req>();
+  if (!Parse(*req, request.get())) return Refuse(ctx, Unparsable(method));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto answer = [s, ctx, resp, reactor, request, work] {
+    Resp out;
+    absl::Status st = (s->*work)(ctx, *request, &out);
+    bool own = false;
+    if (st.ok()) st = FromGrpcStatus(grpc::SerializationTraits<Resp>::Serialize(out, resp, &own));
+    reactor->Finish(ToGrpcStatus(st));
+  };
+  if (s->replicator_.load() == nullptr) {
+    answer();
+  } else {
+    s->pool_.Post(std::move(answer));
+  }
+  return reactor;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
     Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   struct Call {
     PullDenseRequest pull;
@@ -240,29 +261,50 @@ namespace pscluster::ps {
 grpc::ServerUnaryReactor* ParameterServerService::PullDense(grpc::CallbackServerContext* ctx,
                                                             const grpc::ByteBuffer* req,
                                                             grpc::ByteBuffer* resp) {
-  return callback::PullReactors::PullDense(this, ctx, req, resp);
+  return callback::Reactors::PullDense(this, ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PullDenseBatch(grpc::CallbackServerContext* ctx,
                                                                  const grpc::ByteBuffer* req,
                                                                  grpc::ByteBuffer* resp) {
-  return callback::PullReactors::PullDenseBatch(this, ctx, req, resp);
+  return callback::Reactors::PullDenseBatch(this, ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushPullDenseBatch(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return callback::PullReactors::PushPullDenseBatch(this, ctx, req, resp);
+  return callback::Reactors::PushPullDenseBatch(this, ctx, req, resp);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServerService::PullDenseStream(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
-  return callback::PullReactors::PullDenseStream(this, ctx, req);
+  return callback::Reactors::PullDenseStream(this, ctx, req);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushDense(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* req,
+                                                            grpc::ByteBuffer* resp) {
+  return callback::Reactors::Write(this, ctx, req, resp, "PushDense",
+                                   &ParameterServerService::WritePush);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushDenseBatch(grpc::CallbackServerContext* ctx,
+                                                                 const grpc::ByteBuffer* req,
+                                                                 grpc::ByteBuffer* resp) {
+  return callback::Reactors::Write(this, ctx, req, resp, "PushDenseBatch",
+                                   &ParameterServerService::WritePushBatch);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushSparse(grpc::CallbackServerContext* ctx,
+                                                             const grpc::ByteBuffer* req,
+                                                             grpc::ByteBuffer* resp) {
+  return callback::Reactors::Write(this, ctx, req, resp, "PushSparse",
+                                   &ParameterServerService::WritePushSparse);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PullSparse(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* req,
                                                              grpc::ByteBuffer* resp) {
-  return callback::PullReactors::PullSparse(this, ctx, req, resp);
+  return callback::Reactors::PullSparse(this, ctx, req, resp);
 }
 
 }  // namespace pscluster::ps

@@ -1,9 +1,10 @@
-// The pulls on gRPC's callback API. A pull whose step is not readable yet parks in
-// its table (pull_waiters.h) and holds no thread; it runs again on the service's pool when
+// The pulls and the unary pushes on gRPC's callback API. A pull whose step is not readable yet
+// parks in its table (pull_waiters.h) and holds no thread; it runs again on the service's pool when
 // the table wakes it, its deadline comes, or the client cancels. The answers are coded
 // straight from the tables into the bytes gRPC sends (common/dense_wire.h).
 #pragma once
 
+#include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pscluster::ps {
@@ -11,9 +12,9 @@ class ParameterServerService;
 
 namespace callback {
 
-// ParameterServerService's raw callback methods, and the only code besides it that reaches
-// its private pull path (a friend).
-class PullReactors {
+// ParameterServerService's raw callback methods (the pulls and the unary pushes), and the
+// only code besides it that reaches its private pull path (a friend).
+class Reactors {
  public:
   using Service = ParameterServerService;
   static grpc::ServerUnaryReactor* PullDense(Service* s, grpc::CallbackServerContext* ctx,
@@ -26,6 +27,13 @@ class PullReactors {
                                                       grpc::ByteBuffer* resp);
   static grpc::ServerUnaryReactor* PullSparse(Service* s, grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
+  // A unary push: its request parsed here, work(ctx, request, &answer) run on gRPC's thread,
+  // or, with a chain, whose round trip blocks, on the service's pool.
+  template <typename Req, typename Resp>
+  static grpc::ServerUnaryReactor* Write(
+      Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+      grpc::ByteBuffer* resp, const char* method,
+      absl::Status (Service::*work)(const grpc::ServerContextBase*, const Req&, Resp*));
   static grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(
       Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req);
 };

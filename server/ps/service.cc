@@ -323,12 +323,18 @@ absl::Status ParameterServerService::PullRows(const Wait& wait, const SparseRequ
 
 grpc::Status ParameterServerService::PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
                                                 PushSparseResponse* resp) {
+  return ToGrpcStatus(WritePushSparse(ctx, *req, resp));
+}
+
+absl::Status ParameterServerService::WritePushSparse(const grpc::ServerContextBase* ctx,
+                                                     const SparseRequest& req,
+                                                     PushSparseResponse* resp) {
   Scope scope(this, ctx);
   RequestBudget::Charge charge(&budget_);
-  charge.ForceGrowTo(req->grads().size() + uint64_t{8} * req->keys_size());
-  return ToGrpcStatus(Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_sparse() = *req; }, nullptr,
-      [&] { return PushSparseRows(*req, resp); }));
+  charge.ForceGrowTo(req.grads().size() + uint64_t{8} * req.keys_size());
+  return Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_sparse() = req; }, nullptr,
+      [&] { return PushSparseRows(req, resp); });
 }
 
 absl::Status ParameterServerService::PushSparseRows(const SparseRequest& request,

@@ -1,5 +1,5 @@
 // gRPC front of a Shard: decodes requests, enforces transfer limits, streams chunks.
-// The pulls run on gRPC's callback API (pull_reactors.h): one that must wait for its step
+// The pulls run on gRPC's callback API (reactors.h): one that must wait for its step
 // is parked in its table and holds no thread. The other methods are still synchronous.
 #pragma once
 
@@ -56,16 +56,21 @@ int MaxMessageBytes(const ServiceOptions& options);
 inline constexpr int kMaxExceptClients = 64;  // StatsRequest.except_clients
 
 namespace callback {
-class PullReactors;
+class Reactors;
 }
 
-// The generated service with the pulls on the raw callback API: their requests are parsed,
-// and their answers coded, by pull_reactors.cc.
+// The generated service with the pulls and the unary pushes on the raw callback API: their
+// requests are parsed, and their answers coded, by reactors.cc (gRPC's own parser answers a
+// callback method's unparsable request UNIMPLEMENTED, with no message).
 using ParameterServerBase = ParameterServer::WithRawCallbackMethod_PullDense<
     ParameterServer::WithRawCallbackMethod_PullDenseBatch<
         ParameterServer::WithRawCallbackMethod_PushPullDenseBatch<
             ParameterServer::WithRawCallbackMethod_PullDenseStream<
-                ParameterServer::WithRawCallbackMethod_PullSparse<ParameterServer::Service>>>>>;
+                ParameterServer::WithRawCallbackMethod_PullSparse<
+                    ParameterServer::WithRawCallbackMethod_PushDense<
+                        ParameterServer::WithRawCallbackMethod_PushDenseBatch<
+                            ParameterServer::WithRawCallbackMethod_PushSparse<
+                                ParameterServer::Service>>>>>>>>;
 
 class ParameterServerService final : public ParameterServerBase {
  public:
@@ -115,7 +120,7 @@ class ParameterServerService final : public ParameterServerBase {
                               PushDenseBatchResponse* resp) override;
   grpc::Status PushPullDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
                                   DenseBatch* resp) override;
-  // The same pulls on the wire (pull_reactors.cc); the synchronous ones above stay for
+  // The same pulls on the wire (reactors.cc); the synchronous ones above stay for
   // callers in this process (the fuzzers).
   grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
@@ -127,6 +132,16 @@ class ParameterServerService final : public ParameterServerBase {
                                                grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* req) override;
+  // The unary pushes on the wire: answered on gRPC's thread, or, with a chain, whose round
+  // trip blocks, on the pool (push_calls.cc).
+  grpc::ServerUnaryReactor* PushDense(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* PushDenseBatch(grpc::CallbackServerContext* ctx,
+                                           const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* PushSparse(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* PullSparse(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* req,
                                        grpc::ByteBuffer* resp) override;
@@ -156,7 +171,7 @@ class ParameterServerService final : public ParameterServerBase {
                            JoinedChainResponse* resp) override;
 
  private:
-  friend class callback::PullReactors;
+  friend class callback::Reactors;
 
   // A dense pull's answer before its values are read: the chunk's every field but data, and
   // the table its `length` values come from, from header.offset() on.
@@ -200,6 +215,13 @@ class ParameterServerService final : public ParameterServerBase {
   absl::Status Write(const grpc::ServerContextBase* ctx,
                      const std::function<void(ReplicatedUpdate*)>& describe,
                      std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
+  // The unary pushes' work, for both the synchronous and the callback handlers.
+  absl::Status WritePush(const grpc::ServerContextBase* ctx, const DenseChunk& req,
+                         PushDenseResponse* resp);
+  absl::Status WritePushBatch(const grpc::ServerContextBase* ctx, const DenseBatch& req,
+                              PushDenseBatchResponse* resp);
+  absl::Status WritePushSparse(const grpc::ServerContextBase* ctx, const SparseRequest& req,
+                               PushSparseResponse* resp);
   // The handlers' updates, once their requests are checked (the chain applies them again).
   absl::Status PushDenseChunk(const DenseChunk& chunk, PushDenseResponse* resp);
   absl::Status PushSparseRows(const SparseRequest& req, PushSparseResponse* resp);
