@@ -279,5 +279,50 @@ TEST_F(ParkedPullsTest, SixtyFourSparsePullsWaitAtOnceOnFourThreadsAndAllAreAnsw
       });
 }
 
+// A parked pull ends when its caller cancels (CANCELLED) or when its deadline comes
+// (DEADLINE_EXCEEDED naming the worker it waited for), and is no longer parked after.
+TEST_F(ParkedPullsTest, AParkedPullEndsWhenItsCallerCancelsOrItsDeadlineComes) {
+  OptimizerConfig sgd;
+  sgd.set_kind(OptimizerConfig::SGD);
+  sgd.set_learning_rate(1.0f);
+  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
+  bsp.set_size(kSize);
+  ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
+  ps::PullDenseRequest req;
+  req.set_worker_id(0);
+  req.set_step(1);
+  req.set_table_id(kBsp);
+  req.set_length(kSize / 2);
+
+  grpc::ClientContext cancelled;
+  Deadline(&cancelled);
+  grpc::Status first;
+  std::thread puller([&] {
+    ps::DenseChunk chunk;
+    first = shard0_->PullDense(&cancelled, req, &chunk);
+  });
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       Parked() < 1 && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(Parked(), 1u);
+  cancelled.TryCancel();
+  puller.join();
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::CANCELLED) << first.error_message();
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       Parked() > 0 && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Parked(), 0u) << "a cancelled pull stayed parked";
+
+  grpc::ClientContext short_deadline;
+  short_deadline.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  ps::DenseChunk chunk;
+  grpc::Status late = shard0_->PullDense(&short_deadline, req, &chunk);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << late.error_message();
+  EXPECT_THAT(late.error_message(), HasSubstr("waited for BSP")) << "the shard's own answer";
+  EXPECT_EQ(Parked(), 0u);
+}
+
 }  // namespace
 }  // namespace pscluster
