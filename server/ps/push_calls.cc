@@ -67,20 +67,44 @@ absl::Status ParameterServerService::WritePushBatch(const grpc::ServerContextBas
 
 absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
                                                PushDenseBatchResponse* resp) {
-  const DenseBatch* req = &batch;
   std::vector<DenseTable*> tables;
   std::vector<DenseTable::Scanned> scanned;
-  uint64_t total_bytes = 0;
-  for (const DenseChunk& c : req->chunks()) total_bytes += c.data().size();
-  if (total_bytes > options_.max_chunk_bytes) {
+  RETURN_IF_ERROR(CheckBatch(batch, &tables, &scanned));  // all checked before any is applied
+  // Checked against the tables' state and applied under all their locks at once: a batch
+  // is applied whole or not at all.
+  std::vector<DenseTable::PushArgs> pushes;
+  std::unique_ptr<bool[]> skipped(new bool[batch.chunks_size()]);
+  for (int i = 0; i < batch.chunks_size(); ++i) {
+    const DenseChunk& c = batch.chunks(i);
+    pushes.push_back({tables[i], c.worker_id(), c.step(), c.offset(), AsFloats(c.data()),
+                      scanned[i], &skipped[i]});
+  }
+  size_t refused = 0;
+  if (absl::Status s = DenseTable::PushAll(pushes, &refused); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("chunk ", refused, " of the batch (table ",
+                                               batch.chunks(refused).table_id(), "): ", s.message(),
+                                               "; nothing in the batch was applied"));
+  }
+  for (int i = 0; i < batch.chunks_size(); ++i) {
+    PushDenseResponse* r = resp->add_results();
+    r->set_values_received(batch.chunks(i).data().size() / sizeof(float));
+    r->set_skipped_nonfinite(skipped[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::CheckBatch(const DenseBatch& batch,
+                                                std::vector<DenseTable*>* tables,
+                                                std::vector<DenseTable::Scanned>* scanned) const {
+  if (PayloadBytes(batch) > options_.max_chunk_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the batch carries ", total_bytes, " bytes of gradients; the unary limit is ",
-                     options_.max_chunk_bytes,
+        absl::StrCat("the batch carries ", PayloadBytes(batch),
+                     " bytes of gradients; the unary limit is ", options_.max_chunk_bytes,
                      " (ps_server --max_chunk_bytes); nothing in the "
                      "batch was applied: push the large tables with PushDenseStream"));
   }
-  for (int i = 0; i < req->chunks_size(); ++i) {  // all checked before any is applied
-    const DenseChunk& c = req->chunks(i);
+  for (int i = 0; i < batch.chunks_size(); ++i) {
+    const DenseChunk& c = batch.chunks(i);
     auto fail = [&](const absl::Status& s) {
       return absl::Status(s.code(),
                           absl::StrCat("chunk ", i, " of the batch (table ", c.table_id(),
@@ -94,7 +118,7 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
       return fail(s);
     }
     for (int j = 0; j < i; ++j) {
-      if (req->chunks(j).table_id() == c.table_id()) {
+      if (batch.chunks(j).table_id() == c.table_id()) {
         return fail(absl::InvalidArgumentError("the table appears twice in the batch"));
       }
     }
@@ -103,28 +127,8 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
         !s.ok()) {
       return fail(s);
     }
-    tables.push_back(*table);
-    scanned.push_back(chunk_scan);
-  }
-  // Checked against the tables' state and applied under all their locks at once: a batch
-  // is applied whole or not at all.
-  std::vector<DenseTable::PushArgs> pushes;
-  std::unique_ptr<bool[]> skipped(new bool[req->chunks_size()]);
-  for (int i = 0; i < req->chunks_size(); ++i) {
-    const DenseChunk& c = req->chunks(i);
-    pushes.push_back({tables[i], c.worker_id(), c.step(), c.offset(), AsFloats(c.data()),
-                      scanned[i], &skipped[i]});
-  }
-  size_t refused = 0;
-  if (absl::Status s = DenseTable::PushAll(pushes, &refused); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("chunk ", refused, " of the batch (table ",
-                                               req->chunks(refused).table_id(), "): ", s.message(),
-                                               "; nothing in the batch was applied"));
-  }
-  for (int i = 0; i < req->chunks_size(); ++i) {
-    PushDenseResponse* r = resp->add_results();
-    r->set_values_received(req->chunks(i).data().size() / sizeof(float));
-    r->set_skipped_nonfinite(skipped[i]);
+    tables->push_back(*table);
+    scanned->push_back(chunk_scan);
   }
   return absl::OkStatus();
 }

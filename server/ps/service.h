@@ -241,6 +241,9 @@ class ParameterServerService final : public ParameterServerBase {
   static std::function<bool()> Cancelled(const grpc::ServerContextBase* ctx);
   // The batch RPCs' work: every chunk checked before any is pushed; pulls read in order.
   absl::Status PushBatch(const DenseBatch& batch, PushDenseBatchResponse* resp);
+  // A batch's every chunk checked, its table found and its values scanned, in order.
+  absl::Status CheckBatch(const DenseBatch& batch, std::vector<DenseTable*>* tables,
+                          std::vector<DenseTable::Scanned>* scanned) const;
   // The answer's bytes are added to `charge` as its chunks are planned.
   absl::Status PullBatch(const Wait& wait,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
