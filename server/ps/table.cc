@@ -222,8 +222,7 @@ absl::Status Table::AwaitPullable(int64_t step, absl::Time deadline,
 }
 
 absl::StatusOr<bool> Table::PullableOrPark(int64_t step, absl::Time deadline,
-                                           std::weak_ptr<Waiter> waiter,
-                                           absl::Time parked_since) {
+                                           std::weak_ptr<Waiter> waiter, absl::Time parked_since) {
   absl::MutexLock lock(&mu_);
   if (clock_.shut_down()) return shutdown_why_;
   if (clock_.Pullable(step)) {
