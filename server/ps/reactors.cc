@@ -91,23 +91,32 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::S
 
 }  // namespace
 
+grpc::ServerUnaryReactor* Reactors::StartPull(Service* s, grpc::CallbackServerContext* ctx,
+                                              Attempt attempt, bool on_pool) {
+  auto* reactor = new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
+                                  [s, ctx, held = Held(new Held::element_type),
+                                   attempt = std::move(attempt)](const Wait& wait) -> absl::Status {
+                                    Service::Scope scope(s, ctx);
+                                    RequestBudget::Charge charge(&s->budget_);
+                                    return KeepIfParked(&scope, attempt(wait, &charge), held);
+                                  });
+  if (on_pool) {
+    s->pool_.Post([reactor] { reactor->Run(); });
+  } else {
+    reactor->Run();
+  }
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* Reactors::PullDense(Service* s, grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<PullDenseRequest>();
   if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullDense"));
-  auto* reactor =
-      new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                      [s, ctx, pull, out = resp,
-                       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
-                        Service::Scope scope(s, ctx);
-                        RequestBudget::Charge charge(&s->budget_);
-                        absl::StatusOr<Service::PullChunk> chunk = s->PullOne(wait, *pull, &charge);
-                        RETURN_IF_ERROR(KeepIfParked(&scope, chunk.status(), held));
-                        ASSIGN_OR_RETURN(*out, Service::EncodeChunks({*chunk}, /*batch=*/false));
-                        return absl::OkStatus();
-                      });
-  reactor->Run();
-  return reactor;
+  return StartPull(s, ctx, [s, pull, resp](const Wait& wait, RequestBudget::Charge* charge) {
+    ASSIGN_OR_RETURN(Service::PullChunk chunk, s->PullOne(wait, *pull, charge));
+    ASSIGN_OR_RETURN(*resp, Service::EncodeChunks({chunk}, /*batch=*/false));
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* Reactors::PullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
@@ -115,20 +124,12 @@ grpc::ServerUnaryReactor* Reactors::PullDenseBatch(Service* s, grpc::CallbackSer
                                                    grpc::ByteBuffer* resp) {
   auto batch = std::make_shared<PullDenseBatchRequest>();
   if (!Parse(*req, batch.get())) return Refuse(ctx, Unparsable("PullDenseBatch"));
-  auto* reactor =
-      new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                      [s, ctx, batch, out = resp,
-                       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
-                        Service::Scope scope(s, ctx);
-                        RequestBudget::Charge charge(&s->budget_);
-                        std::vector<Service::PullChunk> chunks;
-                        RETURN_IF_ERROR(KeepIfParked(
-                            &scope, s->PullBatch(wait, batch->pulls(), &chunks, &charge), held));
-                        ASSIGN_OR_RETURN(*out, Service::EncodeChunks(chunks, /*batch=*/true));
-                        return absl::OkStatus();
-                      });
-  reactor->Run();
-  return reactor;
+  return StartPull(s, ctx, [s, batch, resp](const Wait& wait, RequestBudget::Charge* charge) {
+    std::vector<Service::PullChunk> chunks;
+    RETURN_IF_ERROR(s->PullBatch(wait, batch->pulls(), &chunks, charge));
+    ASSIGN_OR_RETURN(*resp, Service::EncodeChunks(chunks, /*batch=*/true));
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* Reactors::PushPullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,
@@ -140,29 +141,21 @@ grpc::ServerUnaryReactor* Reactors::PushPullDenseBatch(Service* s, grpc::Callbac
   };
   auto call = std::make_shared<Call>();
   if (!Parse(*req, &call->batch)) return Refuse(ctx, Unparsable("PushPullDenseBatch"));
-  auto* reactor =
-      new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                      [s, ctx, call, out = resp,
-                       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
-                        Service::Scope scope(s, ctx);
-                        RequestBudget::Charge charge(&s->budget_);
-                        if (!call->pushed) {
-                          RETURN_IF_ERROR(s->PushOnce(ctx, call->batch, &charge));
-                          call->pushed = true;
-                        }
-                        std::vector<Service::PullChunk> chunks;
-                        RETURN_IF_ERROR(KeepIfParked(
-                            &scope, s->PullAfterPush(wait, call->batch, &chunks, &charge), held));
-                        ASSIGN_OR_RETURN(*out, Service::EncodeChunks(chunks, /*batch=*/true));
-                        return absl::OkStatus();
-                      });
   // A chain's push waits for its round trip down the chain: not on a gRPC thread.
-  if (s->replicator_.load() != nullptr) {
-    s->pool_.Post([reactor] { reactor->Run(); });
-  } else {
-    reactor->Run();
-  }
-  return reactor;
+  const bool on_pool = s->replicator_.load() != nullptr;
+  return StartPull(
+      s, ctx,
+      [s, ctx, call, resp](const Wait& wait, RequestBudget::Charge* charge) {
+        if (!call->pushed) {
+          RETURN_IF_ERROR(s->PushOnce(ctx, call->batch, charge));
+          call->pushed = true;
+        }
+        std::vector<Service::PullChunk> chunks;
+        RETURN_IF_ERROR(s->PullAfterPush(wait, call->batch, &chunks, charge));
+        ASSIGN_OR_RETURN(*resp, Service::EncodeChunks(chunks, /*batch=*/true));
+        return absl::OkStatus();
+      },
+      on_pool);
 }
 
 grpc::ServerUnaryReactor* Reactors::PullSparse(Service* s, grpc::CallbackServerContext* ctx,
@@ -170,20 +163,13 @@ grpc::ServerUnaryReactor* Reactors::PullSparse(Service* s, grpc::CallbackServerC
                                                grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<SparseRequest>();
   if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullSparse"));
-  auto* reactor = new ParkedUnary(
-      ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-      [s, ctx, pull, out = resp,
-       held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
-        Service::Scope scope(s, ctx);
-        RequestBudget::Charge charge(&s->budget_);
-        PullSparseResponse rows;
-        RETURN_IF_ERROR(KeepIfParked(&scope, s->PullRows(wait, *pull, &rows, &charge), held));
-        bool own = false;
-        return FromGrpcStatus(
-            grpc::SerializationTraits<PullSparseResponse>::Serialize(rows, out, &own));
-      });
-  reactor->Run();
-  return reactor;
+  return StartPull(s, ctx, [s, pull, resp](const Wait& wait, RequestBudget::Charge* charge) {
+    PullSparseResponse rows;
+    RETURN_IF_ERROR(s->PullRows(wait, *pull, &rows, charge));
+    bool own = false;
+    return FromGrpcStatus(
+        grpc::SerializationTraits<PullSparseResponse>::Serialize(rows, resp, &own));
+  });
 }
 
 template <typename Req, typename Resp>
