@@ -11,7 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace pscluster {
@@ -76,5 +79,21 @@ class Waiters {
  private:
   std::vector<std::pair<Key, std::weak_ptr<Waiter>>> parked_;
 };
+
+// A call's wait for `done`, under `mu` (which the caller holds), as `how` says. Blocking:
+// until done or the deadline (the caller then looks at what holds). Parking: when not done
+// and before the deadline, parks how.waiter in `waiters` under `key` and returns true (the
+// call answers Parked()); else returns false at once.
+template <typename Key>
+bool AwaitOrPark(absl::Mutex* mu, const absl::Condition& done, const Wait& how, Key key,
+                 Waiters<Key>* waiters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  if (how.waiter == nullptr) {
+    mu->AwaitWithDeadline(done, how.deadline);
+    return false;
+  }
+  if (done.Eval() || absl::Now() >= how.deadline) return false;
+  waiters->Park(std::move(key), how.waiter);
+  return true;
+}
 
 }  // namespace pscluster

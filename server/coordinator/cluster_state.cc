@@ -430,10 +430,8 @@ absl::StatusOr<ClusterView> ClusterState::AwaitView(int64_t min_version, bool co
     return version_ >= min_version && (!complete || CompleteLocked());
   };
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return shutdown_ || ready(); };
-  if (how.waiter == nullptr) {
-    mu_.AwaitWithDeadline(absl::Condition(&done), how.deadline);
-  } else if (!done() && absl::Now() < how.deadline) {
-    view_waiters_.Park({min_version, complete}, how.waiter);
+  if (AwaitOrPark(&mu_, absl::Condition(&done), how, std::make_pair(min_version, complete),
+                  &view_waiters_)) {
     return Parked();
   }
   if (ready()) return ViewLocked();

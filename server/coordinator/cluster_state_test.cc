@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/parking_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.pb.h"
@@ -755,25 +756,12 @@ TEST_F(ClusterStateTest, AwaitViewWakesWhenTheLastMemberRegisters) {
   EXPECT_EQ(result->version(), 4);
 }
 
-// Records its wakes (the callback API's waiter, without gRPC).
-class CountingWaiter final : public Waiter {
- public:
-  void Wake(const absl::Status& why) override {
-    ++wakes;
-    last = why;
-  }
-  int wakes = 0;
-  absl::Status last;
-};
-
 TEST_F(ClusterStateTest, AParkedAwaitViewIsWokenWhenTheViewBecomesComplete) {
   MAKE_MEMBERSHIP(m, 1, 2);
   MustRegister(m, SHARD, 0, "s0:5000");
   MustRegister(m, WORKER, 0, "w0");
-  auto waiter = std::make_shared<CountingWaiter>();
-  Wait how;
-  how.deadline = absl::Now() + absl::Seconds(30);
-  how.waiter = waiter;
+  auto waiter = std::make_shared<testing::CountingWaiter>();
+  Wait how = testing::ParkedWait(waiter, absl::Now() + absl::Seconds(30));
   EXPECT_TRUE(IsParked(m.AwaitView(0, /*complete=*/true, how).status()));
   ASSERT_FALSE(m.View().complete());
   EXPECT_EQ(waiter->wakes, 0);
@@ -786,10 +774,8 @@ TEST_F(ClusterStateTest, AParkedAwaitViewIsWokenWhenTheViewBecomesComplete) {
 
 TEST_F(ClusterStateTest, AParkedAwaitViewHearsOfShutdown) {
   MAKE_MEMBERSHIP(m, 2, 1);
-  auto waiter = std::make_shared<CountingWaiter>();
-  Wait how;
-  how.deadline = absl::Now() + absl::Seconds(30);
-  how.waiter = waiter;
+  auto waiter = std::make_shared<testing::CountingWaiter>();
+  Wait how = testing::ParkedWait(waiter, absl::Now() + absl::Seconds(30));
   EXPECT_TRUE(IsParked(m.AwaitView(100, /*complete=*/false, how).status()));
   m.Shutdown();
   EXPECT_EQ(waiter->wakes, 1);

@@ -29,12 +29,7 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& key, bool wait, cons
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return shutdown_ || present(); };
   if (present()) return values_.at(key);
   if (!wait) return absl::NotFoundError(absl::StrCat("key '", key, "' is not set"));
-  if (how.waiter == nullptr) {
-    mu_.AwaitWithDeadline(absl::Condition(&done), how.deadline);
-  } else if (!done() && absl::Now() < how.deadline) {
-    waiting_.Park(key, how.waiter);
-    return Parked();
-  }
+  if (AwaitOrPark(&mu_, absl::Condition(&done), how, key, &waiting_)) return Parked();
   if (present()) return values_.at(key);
   if (shutdown_) {
     return absl::UnavailableError(

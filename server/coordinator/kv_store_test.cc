@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/parking_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,23 +22,10 @@ absl::Time Past() { return absl::Now() - absl::Seconds(1); }
 absl::Time Generous() { return absl::Now() + absl::Seconds(30); }
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
-// Records its wakes (the callback API's waiter, without gRPC).
-class CountingWaiter final : public Waiter {
- public:
-  void Wake(const absl::Status& why) override {
-    ++wakes;
-    last = why;
-  }
-  int wakes = 0;
-  absl::Status last;
-};
-
 TEST(KvStoreTest, AParkedGetIsWokenByThePutOfItsKeyOnly) {
   KvStore kv;
-  auto waiter = std::make_shared<CountingWaiter>();
-  Wait how;
-  how.deadline = Generous();
-  how.waiter = waiter;
+  auto waiter = std::make_shared<testing::CountingWaiter>();
+  Wait how = testing::ParkedWait(waiter, Generous());
   EXPECT_TRUE(IsParked(kv.Get("rank0/addr", /*wait=*/true, how).status()));
   ASSERT_TRUE(kv.Put("rank1/addr", "b").ok());
   EXPECT_EQ(waiter->wakes, 0) << "another key's Put woke it";
@@ -54,10 +42,8 @@ TEST(KvStoreTest, AParkedGetIsWokenByThePutOfItsKeyOnly) {
 
 TEST(KvStoreTest, AParkedGetHearsOfShutdownAndOfItsDeadline) {
   KvStore kv;
-  auto waiter = std::make_shared<CountingWaiter>();
-  Wait how;
-  how.deadline = Generous();
-  how.waiter = waiter;
+  auto waiter = std::make_shared<testing::CountingWaiter>();
+  Wait how = testing::ParkedWait(waiter, Generous());
   EXPECT_TRUE(IsParked(kv.Get("k", /*wait=*/true, how).status()));
   how.deadline = Past();  // the deadline came: asked again, it does not park
   EXPECT_EQ(kv.Get("k", /*wait=*/true, how).status().code(), absl::StatusCode::kDeadlineExceeded);
