@@ -23,18 +23,23 @@ constexpr int kThreads = 3;
 constexpr uint32_t kBsp = 1;
 constexpr uint64_t kSize = 64;
 
+// A BSP table (the default) under SGD with learning rate 1; dense ones of kSize values.
+TableSpec SgdSpec(uint32_t id, TableSpec::Kind kind) {
+  OptimizerConfig sgd;
+  sgd.set_kind(OptimizerConfig::SGD);
+  sgd.set_learning_rate(1.0f);
+  TableSpec spec = Spec(id, kind, sgd);
+  if (kind == TableSpec::DENSE) spec.set_size(kSize);
+  return spec;
+}
+
 class OverloadTest : public PsClusterTest {
  protected:
   std::vector<std::string> ServerArgs() override { return {absl::StrCat("--threads=", kThreads)}; }
 };
 
 TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
-  OptimizerConfig sgd;
-  sgd.set_kind(OptimizerConfig::SGD);
-  sgd.set_learning_rate(1.0f);
-  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
-  bsp.set_size(kSize);
-  ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
+  ASSERT_TRUE(clients_[0]->CreateTable(SgdSpec(kBsp, TableSpec::DENSE)).ok());
   std::vector<float> bsp_before(kSize);
   ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_before)).ok());
 
@@ -87,8 +92,7 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
   uint32_t refused_id = 0;
   for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
     ps::CreateTableRequest probe;
-    *probe.mutable_spec() = Spec(100 + accepted, TableSpec::DENSE, sgd);
-    probe.mutable_spec()->set_size(kSize);
+    *probe.mutable_spec() = SgdSpec(100 + accepted, TableSpec::DENSE);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     ps::CreateTableResponse resp;
@@ -108,8 +112,7 @@ TEST_F(OverloadTest, CallsPastTheThreadBoundAreRefusedAtOnceAndChangeNothing) {
 
   // The client retries a refused call (it changed nothing): its CreateTable of both shards
   // waits out the overload and creates the table once on each.
-  TableSpec retried = Spec(500, TableSpec::DENSE, sgd);
-  retried.set_size(kSize);
+  const TableSpec retried = SgdSpec(500, TableSpec::DENSE);
   absl::Status created;
   std::thread creator([&] { created = clients_[1]->CreateTable(retried); });
   // Cancelled, the streams give their threads back.
@@ -204,12 +207,7 @@ class ParkedPullsTest : public PsClusterTest {
 };
 
 TEST_F(ParkedPullsTest, SixtyFourDensePullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {
-  OptimizerConfig sgd;
-  sgd.set_kind(OptimizerConfig::SGD);
-  sgd.set_learning_rate(1.0f);
-  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
-  bsp.set_size(kSize);
-  ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
+  ASSERT_TRUE(clients_[0]->CreateTable(SgdSpec(kBsp, TableSpec::DENSE)).ok());
   PullWhilePushing(
       [&](int w, std::string* values) {
         grpc::ClientContext ctx;
@@ -240,10 +238,7 @@ TEST_F(ParkedPullsTest, SixtyFourDensePullsWaitAtOnceOnFourThreadsAndAllAreAnswe
 
 TEST_F(ParkedPullsTest, SixtyFourSparsePullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {
   constexpr int kDim = 4;
-  OptimizerConfig sgd;
-  sgd.set_kind(OptimizerConfig::SGD);
-  sgd.set_learning_rate(1.0f);
-  TableSpec bsp = Spec(kBsp, TableSpec::SPARSE, sgd);
+  TableSpec bsp = SgdSpec(kBsp, TableSpec::SPARSE);
   bsp.set_dim(kDim);
   ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
   // Keys that live on shard 0.
@@ -282,12 +277,7 @@ TEST_F(ParkedPullsTest, SixtyFourSparsePullsWaitAtOnceOnFourThreadsAndAllAreAnsw
 // A parked pull ends when its caller cancels (CANCELLED) or when its deadline comes
 // (DEADLINE_EXCEEDED naming the worker it waited for), and is no longer parked after.
 TEST_F(ParkedPullsTest, AParkedPullEndsWhenItsCallerCancelsOrItsDeadlineComes) {
-  OptimizerConfig sgd;
-  sgd.set_kind(OptimizerConfig::SGD);
-  sgd.set_learning_rate(1.0f);
-  TableSpec bsp = Spec(kBsp, TableSpec::DENSE, sgd);
-  bsp.set_size(kSize);
-  ASSERT_TRUE(clients_[0]->CreateTable(bsp).ok());
+  ASSERT_TRUE(clients_[0]->CreateTable(SgdSpec(kBsp, TableSpec::DENSE)).ok());
   ps::PullDenseRequest req;
   req.set_worker_id(0);
   req.set_step(1);
