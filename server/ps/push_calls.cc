@@ -96,10 +96,10 @@ absl::Status ParameterServerService::PushBatch(const DenseBatch& batch,
 absl::Status ParameterServerService::CheckBatch(const DenseBatch& batch,
                                                 std::vector<DenseTable*>* tables,
                                                 std::vector<DenseTable::Scanned>* scanned) const {
-  if (PayloadBytes(batch) > options_.max_chunk_bytes) {
+  if (const uint64_t bytes = PayloadBytes(batch); bytes > options_.max_chunk_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the batch carries ", PayloadBytes(batch),
-                     " bytes of gradients; the unary limit is ", options_.max_chunk_bytes,
+        absl::StrCat("the batch carries ", bytes, " bytes of gradients; the unary limit is ",
+                     options_.max_chunk_bytes,
                      " (ps_server --max_chunk_bytes); nothing in the "
                      "batch was applied: push the large tables with PushDenseStream"));
   }

@@ -13,16 +13,11 @@
 
 namespace pscluster::internal {
 
-// A message as bytes on the wire (a ByteBuffer passes as is; slices are shared, not copied).
+// A message as bytes on the wire.
 template <typename Msg>
 grpc::Status ToBytes(const Msg& msg, grpc::ByteBuffer* out) {
-  if constexpr (std::is_same_v<Msg, grpc::ByteBuffer>) {
-    *out = msg;
-    return grpc::Status::OK;
-  } else {
-    bool own = false;
-    return grpc::SerializationTraits<Msg>::Serialize(msg, out, &own);
-  }
+  bool own = false;
+  return grpc::SerializationTraits<Msg>::Serialize(msg, out, &own);
 }
 
 template <typename Msg>
