@@ -12,6 +12,11 @@ void Resumable::Wake(const absl::Status& why) {
   Poke();
 }
 
+bool Resumable::Waiting() const {
+  absl::MutexLock lock(&mu_);
+  return state_ != State::kAnswered;
+}
+
 void Resumable::Poke() {
   absl::MutexLock lock(&mu_);
   switch (state_) {

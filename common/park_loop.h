@@ -29,6 +29,7 @@ class Resumable final : public Waiter {
  public:
   Resumable(WorkQueue* pool, std::function<void()> run) : pool_(pool), run_(std::move(run)) {}
   void Wake(const absl::Status& why) override;
+  bool Waiting() const override;
   // Runs `run` on the pool if parked; if it runs now, makes it run once more.
   void Poke();
   // At the end of an attempt that parked: true if it stays parked, false if a poke came
@@ -43,7 +44,7 @@ class Resumable final : public Waiter {
   enum class State { kRunning, kPoked, kParked, kAnswered };
   WorkQueue* const pool_;
   const std::function<void()> run_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;
   absl::Status why_ ABSL_GUARDED_BY(mu_);
 };

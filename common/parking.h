@@ -25,6 +25,9 @@ class Waiter {
   // What the call waited for holds now (`why` OK), or never will: the object shut down or
   // went away (`why` says so, and is the call's answer).
   virtual void Wake(const absl::Status& why) = 0;
+  // False once the call has answered: its entry may linger until the next wake-up, but
+  // counts (pulls_parked) must not show a call whose client already has its answer.
+  virtual bool Waiting() const { return true; }
 };
 
 // How a call waits: blocking the calling thread until `deadline`, asking `cancelled` (if
@@ -69,10 +72,13 @@ class Waiters {
   void WakeAll(const absl::Status& why) {
     WakeReady([](const Key&) { return true; }, why);
   }
-  // The waiters whose calls have not ended.
+  // The waiters whose calls have not answered.
   size_t size() const {
     size_t n = 0;
-    for (const auto& entry : parked_) n += entry.second.expired() ? 0 : 1;
+    for (const auto& entry : parked_) {
+      std::shared_ptr<Waiter> alive = entry.second.lock();
+      n += alive != nullptr && alive->Waiting() ? 1 : 0;
+    }
     return n;
   }
 

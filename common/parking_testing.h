@@ -16,8 +16,10 @@ class CountingWaiter final : public Waiter {
     ++wakes;
     last = why;
   }
+  bool Waiting() const override { return !answered; }
   int wakes = 0;
-  absl::Status last;  // the last wake's status
+  bool answered = false;  // set by a test: the call has answered
+  absl::Status last;      // the last wake's status
 };
 
 // A call that parks `waiter` until `deadline`.
