@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -153,9 +155,19 @@ uint32_t Table::Fingerprint() const {
     crc = crc32c::Extend(crc, reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
   };
   for (const StagingArray& a : image.arrays) extend(a);
-  extend(image.keys);
-  extend(image.row_updates);
-  extend(image.row_data);
+  // Rows in key order: a sparse table's hash map iterates in an order of its own process
+  // (absl seeds its hash per process), and replicas holding the same rows must agree.
+  const size_t rows = image.keys.size();
+  const size_t row_len = rows == 0 ? 0 : image.row_data.size() / rows;
+  std::vector<size_t> order(rows);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return image.keys[a] < image.keys[b]; });
+  for (size_t i : order) {
+    extend(absl::MakeConstSpan(&image.keys[i], 1));
+    extend(absl::MakeConstSpan(&image.row_updates[i], 1));
+    extend(absl::MakeConstSpan(image.row_data.data() + i * row_len, row_len));
+  }
   return crc;
 }
 
