@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_COMMON_RECENT_IDS_H_
 #define PSCLUSTER_COMMON_RECENT_IDS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
 #include <string>
@@ -26,6 +27,20 @@ class RecentIds {
       order_.pop_front();
     }
     return true;
+  }
+  // Remembers id -> value, replacing the value an id remembered already has.
+  void Set(const std::string& id, V value) {
+    auto it = values_.find(id);
+    if (it == values_.end()) {
+      Add(id, std::move(value));
+    } else {
+      it->second = std::move(value);
+    }
+  }
+  // Forgets id (linear in size: for the rare failed request).
+  void Erase(const std::string& id) {
+    if (values_.erase(id) == 0) return;
+    order_.erase(std::find(order_.begin(), order_.end(), id));
   }
   // The id's value, or null when it is not (or no longer) remembered.
   const V* Find(const std::string& id) const {

@@ -27,5 +27,20 @@ TEST(RecentIdsTest, ARepeatChangesNothingAndTheOldestGoFirst) {
   EXPECT_EQ(ids.Find("c"), nullptr);
 }
 
+TEST(RecentIdsTest, SetReplacesAndEraseForgets) {
+  RecentIds<int> ids(3);
+  ids.Set("a", 1);
+  ids.Set("b", 2);
+  ids.Set("a", 5);  // replaced, keeping its place in the order
+  EXPECT_EQ(*ids.Find("a"), 5);
+  ids.Erase("a");
+  ids.Erase("never added");
+  EXPECT_EQ(ids.Find("a"), nullptr);
+  EXPECT_EQ(ids.size(), 1u);
+  std::vector<std::pair<std::string, int>> seen;
+  ids.ForEach([&](const std::string& id, int v) { seen.emplace_back(id, v); });
+  EXPECT_EQ(seen, (std::vector<std::pair<std::string, int>>{{"b", 2}}));
+}
+
 }  // namespace
 }  // namespace pscluster

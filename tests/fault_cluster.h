@@ -47,6 +47,7 @@ struct ClusterOptions {
   std::string progress_every = "1s";
   int replicas = 1;  // the coordinator's --replicas: copies of each shard
   int heartbeat_timeout_ms = 2000;
+  int workers = kWorkers;  // started at once (0: a test that calls the shards itself)
 };
 
 class Cluster {
@@ -67,7 +68,7 @@ class Cluster {
       auto status = psctl->Wait(absl::Seconds(30));
       EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << sw;
     }
-    for (int r = 0; r < kWorkers; ++r) StartWorker(r);
+    for (int r = 0; r < options_.workers; ++r) StartWorker(r);
   }
   // The older signature: (dir, coordinator_checkpoints, mode, switches).
   explicit Cluster(const std::string& dir, bool coordinator_checkpoints = false,

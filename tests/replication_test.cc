@@ -16,10 +16,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/call_metadata.h"
+#include "common/sharding.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/fault_cluster.h"
+#include "tests/test_tables.h"
 
 namespace pscluster {
 namespace {
@@ -88,6 +91,14 @@ void ExpectReplicasEqual(Cluster& cluster, int replicas) {
           << "shard " << s << " replica " << r << " differs from replica 0";
     }
   }
+}
+
+std::string StatsOf(ps::ParameterServer::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ps::StatsResponse stats;
+  grpc::Status s = stub->Stats(&ctx, ps::StatsRequest(), &stats);
+  return s.ok() ? stats.DebugString() : s.error_message();
 }
 
 int64_t Tables(ps::ParameterServer::Stub* stub) {
@@ -271,6 +282,93 @@ TEST_F(ReplicationTest, HeadCutOffIsReplacedAndRefusesWritesWhenItComesBack) {
       << refused.error_message();
   EXPECT_EQ(PushesApplied(old_head.get()), before_old);
   EXPECT_EQ(PushesApplied(new_head.get()), before_new);
+}
+
+// Makes `call` with request id `id` (none if empty), retrying, bounded, while the shard is
+// not serving yet (UNAVAILABLE: its chain is still forming; such a refusal changes nothing).
+template <typename Call>
+grpc::Status Identified(const std::string& id, Call call) {
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!id.empty()) ctx.AddMetadata(kRequestIdKey, id);
+    grpc::Status s = call(&ctx);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up) return s;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+// A write made again with its request id (a client whose answer was lost: a slice that ran
+// out, a head that died) is applied once, on a shard alone and on a chain of 2 alike: both
+// go through the shard's one write log (server/ps/write_log.h). A new id applies again.
+TEST(RetriedWriteTest, IsAppliedOnceOnAShardAloneAndOnAChainOfTwo) {
+  for (int replicas : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
+    ClusterOptions o = Replicated(replicas);
+    o.workers = 0;
+    Cluster cluster(absl::StrCat(::testing::TempDir(), "/retried", replicas), o);
+    auto head = StubTo(cluster.shard_address(0, 0));
+    OptimizerConfig sgd = AllOptimizers()[0];  // lr 0.5
+    for (TableSpec::Kind kind : {TableSpec::DENSE, TableSpec::SPARSE}) {
+      TableSpec spec = Spec(kind == TableSpec::DENSE ? 7 : 8, kind, sgd);
+      spec.set_size(2 * testing::kShards);  // 2 values on shard 0
+      spec.set_dim(2);
+      spec.mutable_initializer()->set_kind(ps::InitializerConfig::ZEROS);
+      spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+      ps::CreateTableRequest req;
+      *req.mutable_spec() = spec;
+      ps::CreateTableResponse resp;
+      ASSERT_TRUE(Identified("", [&](grpc::ClientContext* ctx) {
+                    return head->CreateTable(ctx, req, &resp);
+                  }).ok());
+    }
+    ps::RegisterWorkerRequest reg;
+    ps::RegisterWorkerResponse registered;
+    ASSERT_TRUE(Identified("", [&](grpc::ClientContext* ctx) {
+                  return head->RegisterWorker(ctx, reg, &registered);
+                }).ok());
+    const std::vector<float> ones(4, 1.0f);
+    ps::DenseChunk dense;
+    dense.set_table_id(7);
+    dense.set_total_length(2);
+    dense.set_data(ones.data(), 2 * sizeof(float));
+    ps::SparseRequest sparse;
+    sparse.set_table_id(8);
+    for (uint64_t k = 0; sparse.keys_size() < 2; ++k) {
+      if (SparseShardOf(k, testing::kShards) == 0) sparse.add_keys(k);  // 2 rows of dim 2
+    }
+    sparse.set_grads(ones.data(), ones.size() * sizeof(float));
+    for (const std::string id : {"retried", "retried", "retried", "another"}) {
+      ps::PushDenseResponse pushed;
+      grpc::Status s = Identified(
+          id, [&](grpc::ClientContext* ctx) { return head->PushDense(ctx, dense, &pushed); });
+      ASSERT_TRUE(s.ok()) << id << ": " << s.error_message();
+      ps::PushSparseResponse rows;
+      s = Identified(id + "-sparse", [&](grpc::ClientContext* ctx) {
+        return head->PushSparse(ctx, sparse, &rows);
+      });
+      ASSERT_TRUE(s.ok()) << id << ": " << s.error_message();
+    }
+    ps::PullDenseRequest pull;
+    pull.set_table_id(7);
+    pull.set_length(2);
+    ps::DenseChunk values;
+    ASSERT_TRUE(Identified("", [&](grpc::ClientContext* ctx) {
+                  return head->PullDense(ctx, pull, &values);
+                }).ok());
+    const std::vector<float> twice(2, -1.0f);  // 2 pushes of 1.0 at lr 0.5
+    EXPECT_EQ(values.data(), std::string(reinterpret_cast<const char*>(twice.data()),
+                                         twice.size() * sizeof(float)));
+    for (int r = 0; r < replicas; ++r) {
+      EXPECT_EQ(PushesApplied(StubTo(cluster.shard_address(0, r)).get()), 4)
+          << "replica " << r << ": 2 dense and 2 sparse pushes";
+    }
+    if (replicas > 1) {
+      EXPECT_EQ(Fingerprint(StubTo(cluster.shard_address(0, 1)).get()), Fingerprint(head.get()))
+          << StatsOf(head.get()) << "\n"
+          << StatsOf(StubTo(cluster.shard_address(0, 1)).get());
+    }
+  }
 }
 
 }  // namespace

@@ -163,17 +163,7 @@ absl::Status ParameterServerService::PushOnce(const grpc::ServerContextBase* ctx
                                               RequestBudget::Charge* charge) {
   charge->ForceGrowTo(PayloadBytes(req));  // then the pulled chunks (PullBatch)
   PushDenseBatchResponse pushed;
-  const std::string id = RequestId(ctx);
-  if (replicator_.load() == nullptr && !id.empty()) {
-    RETURN_IF_ERROR(CheckServing());
-    absl::MutexLock lock(&pushed_mu_);
-    if (pushed_.Find(id) == nullptr) {
-      RETURN_IF_ERROR(PushBatch(req, &pushed));
-      pushed_.Add(id, true);
-    }
-    return absl::OkStatus();
-  }
-  // a chain answers repeats itself (Replicator::Write)
+  // A repeated attempt (its slice ran out waiting for the pull) does not push again.
   return Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
       [&] { return PushBatch(req, &pushed); });

@@ -165,33 +165,8 @@ bool Replicator::AloneNow() {
   return config_.replicas.size() <= 1;
 }
 
-void Replicator::AppliedLocked(uint64_t seq, const std::string& request_id) {
-  applied_ = seq;
-  RememberLocked(request_id, seq);
-}
-
-void Replicator::RememberLocked(const std::string& request_id, uint64_t seq) {
-  if (request_id.empty()) return;
-  request_seq_.Add(request_id, seq);
-}
-
-bool Replicator::DoneLocked(uint64_t seq) const {
-  return seq <= done_through_ || done_above_.count(seq) > 0;
-}
-
-void Replicator::Done(uint64_t seq) {
-  absl::MutexLock lock(&mu_);
-  done_above_.insert(seq);
-  while (!done_above_.empty() && *done_above_.begin() == done_through_ + 1) {
-    done_through_ = *done_above_.begin();
-    done_above_.erase(done_above_.begin());
-  }
-}
-
 absl::Status Replicator::AwaitDone(uint64_t seq, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return DoneLocked(seq); };
-  if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) return absl::OkStatus();
+  if (log_.AwaitDone(seq, deadline)) return absl::OkStatus();
   return absl::UnavailableError(
       absl::StrCat(Name(), ": update ", seq,
                    " (this request, made before) has not reached the chain's tail "
@@ -201,33 +176,15 @@ absl::Status Replicator::AwaitDone(uint64_t seq, absl::Time deadline) {
 absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate update,
                                std::vector<std::string>* chunks,
                                const std::function<absl::Status()>& apply) {
-  uint64_t seq = 0;
-  bool seen = false;
-  {
-    absl::MutexLock order(&apply_mu_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (!request_id.empty()) {
-        if (const uint64_t* known = request_seq_.Find(request_id)) {
-          seen = true;
-          seq = *known;
-        }
-      }
-    }
-    if (!seen) {
-      // A refused update changed nothing (every handler checks before it applies), so it
-      // stays here.
-      if (absl::Status s = apply(); !s.ok()) return s;
-      absl::MutexLock lock(&mu_);
-      seq = applied_ + 1;
-      AppliedLocked(seq, request_id);
-    }
-  }
-  if (seen) return AwaitDone(seq, absl::Now() + options_.forward_timeout);
-  update.set_seq(seq);
+  // A refused update changed nothing (every handler checks before it applies): the log
+  // gives it no number.
+  const absl::Time deadline = absl::Now() + options_.forward_timeout;
+  ASSIGN_OR_RETURN(const WriteLog::Entry entry, log_.Append(request_id, deadline, apply));
+  if (entry.repeat) return AwaitDone(entry.seq, deadline);
+  update.set_seq(entry.seq);
   update.set_request_id(request_id);
   absl::Status s = Forward(std::move(update), chunks, /*from_head=*/true);
-  if (s.ok()) Done(seq);
+  if (s.ok()) log_.Done(entry.seq);
   return s;
 }
 
@@ -369,82 +326,10 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Replicate carried no update");
   }
   if (absl::Status s = stopped(); !s.ok()) return ToGrpcStatus(s);
-  const uint64_t seq = update.seq();
   const absl::Time deadline =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + options_.forward_timeout);
-  // The checks a member makes of an update, here and again once it holds the order lock.
-  auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    const Place p = PlaceLocked();
-    if (update.epoch() < p.epoch) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(), " is at chain epoch ", p.epoch, "; the update comes from epoch ",
-                       update.epoch(), ": the sender's chain is out of date"));
-    }
-    if (update.epoch() > p.epoch) {
-      return absl::UnavailableError(absl::StrCat(Name(), " is at chain epoch ", p.epoch,
-                                                 ", behind the update's ", update.epoch(),
-                                                 "; retry once it has caught up"));
-    }
-    if ((!p.in_chain && !p.learning) || p.head) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(), " takes no updates from another member in chain epoch ", p.epoch,
-                       p.head ? " (it is the head)" : " (it is not in the chain, nor joining it)"));
-    }
-    return absl::OkStatus();
-  };
-  // A sender this replica takes nothing from (an old head, an outsider) is refused before
-  // its stream's chunks are read; the rest hold at most the push's total_length values.
   std::vector<std::string> chunks;
-  if (update.stream()) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (absl::Status s = check(); s.code() == absl::StatusCode::kFailedPrecondition) {
-        return ToGrpcStatus(s);
-      }
-    }
-    if (!update.has_push_dense()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "a Replicate stream must begin with a push_dense");
-    }
-    const uint64_t declared = update.push_dense().total_length();
-    uint64_t values = update.push_dense().data().size() / sizeof(float);
-    uint64_t held = update.push_dense().data().capacity();
-    auto hold = [&](uint64_t bytes) {
-      return hooks.hold ? ToGrpcStatus(hooks.hold(bytes)) : grpc::Status::OK;
-    };
-    const uint64_t declared_bytes = declared > UINT64_MAX / sizeof(float)
-                                        ? UINT64_MAX  // (no budget holds it)
-                                        : declared * sizeof(float);
-    if (grpc::Status s = hold(std::max(declared_bytes, held)); !s.ok()) {
-      return s;
-    }
-    for (ReplicatedUpdate c; reader->Read(&c);) {
-      if (!c.has_chunk()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "a Replicate stream's later messages must hold only a chunk");
-      }
-      values += c.chunk().data().size() / sizeof(float);
-      if (values > declared) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("a Replicate stream carries more than its push's "
-                                         "total_length=",
-                                         declared, " values"));
-      }
-      held += c.chunk().data().capacity();
-      if (grpc::Status s = hold(held); !s.ok()) return s;
-      chunks.push_back(std::move(*c.mutable_chunk()->mutable_data()));
-    }
-    if (values != declared && !ctx->IsCancelled()) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("the Replicate stream ended after ", values,
-                       " of its push's total_length=", declared, " values; nothing was applied"));
-    }
-  } else if (ReplicatedUpdate more; reader->Read(&more)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "a Replicate update that is not a stream is one message; another "
-                        "followed it");
-  }
+  if (grpc::Status s = ReadRest(ctx, reader, hooks, update, &chunks); !s.ok()) return s;
   // An update is applied only once its sender has sent all of it and ended the stream: one
   // that gives up before (or is idle too long: the service's watch) changes nothing here.
   if (hooks.read) hooks.read();
@@ -453,62 +338,140 @@ grpc::Status Replicator::Receive(grpc::ServerContext* ctx,
                         "the Replicate call was cancelled before its sender ended it; "
                         "nothing was applied");
   }
-  {
-    absl::MutexLock lock(&mu_);
-    absl::Status s = check();
-    if (s.code() == absl::StatusCode::kUnavailable && options_.refresh) {
-      mu_.Unlock();
-      options_.refresh();
-      mu_.Lock();
-      s = check();
-    }
-    if (!s.ok()) return ToGrpcStatus(s);
-    if (seq <= applied_) {  // handed on again after a member failed: it is here already
-      if (DoneLocked(seq)) return grpc::Status::OK;
-      // Not acknowledged yet: its first trip down the chain may still be under way, or may
-      // have failed (this replica's place changed meanwhile, as when a joiner becomes the
-      // tail). Hand it on again: the members after this one skip it if they hold it.
-      mu_.Unlock();
-      absl::Status s = Forward(std::move(update), &chunks, /*from_head=*/false);
-      if (s.ok()) Done(seq);
-      mu_.Lock();
-      return ToGrpcStatus(s);
-    }
-    const int64_t epoch = update.epoch();
-    auto turn = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return applied_ + 1 >= seq || config_.epoch != epoch;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline)) {
-      return ToGrpcStatus(
-          absl::UnavailableError(absl::StrCat(Name(), ": update ", seq, " waited for update ",
-                                              applied_ + 1, ", which has not arrived")));
-    }
-  }
-  {
+  const uint64_t seq = update.seq();
+  absl::StatusOr<Turn> turn = AwaitTurn(update, deadline);
+  if (!turn.ok() || *turn == Turn::kHeld) return ToGrpcStatus(turn.status());
+  if (*turn == Turn::kApply) {
     absl::ReaderMutexLock serving(serving_);
-    absl::MutexLock order(&apply_mu_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (absl::Status s = check(); !s.ok()) return ToGrpcStatus(s);
-      if (applied_ + 1 != seq) {
-        return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
-            Name(), ": update ", seq, " is out of turn (", applied_, " applied); retry")));
-      }
-    }
-    absl::Status s = apply_(update, &chunks);
-    if (!s.ok()) {
-      // Refused here, it changed nothing here: not applied, not acknowledged. Sent by a
-      // head that applied it, the head cannot hand it on and stops (Forward), and the chain
-      // goes on without it; sent by anyone else, it is refused and this replica goes on.
-      return ToGrpcStatus(absl::Status(
-          s.code(), absl::StrCat(Name(), ": update ", seq, " refused: ", s.message())));
-    }
-    absl::MutexLock lock(&mu_);
-    AppliedLocked(seq, update.request_id());
+    absl::Status s = log_.AppendAt(
+        seq, update.request_id(),
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CheckSenderLocked(update); },
+        [&]() -> absl::Status {
+          absl::Status s = apply_(update, &chunks);
+          if (s.ok()) return s;
+          // Refused here, it changed nothing here: not applied, not acknowledged. Sent by
+          // a head that applied it, the head cannot hand it on and stops (Forward), and the
+          // chain goes on without it; sent by anyone else, it is refused and this replica
+          // goes on.
+          return absl::Status(s.code(),
+                              absl::StrCat(Name(), ": update ", seq, " refused: ", s.message()));
+        });
+    if (!s.ok()) return ToGrpcStatus(s);
   }
   absl::Status s = Forward(std::move(update), &chunks, /*from_head=*/false);
-  if (s.ok()) Done(seq);
+  if (s.ok()) log_.Done(seq);
   return ToGrpcStatus(s);
+}
+
+absl::Status Replicator::CheckSenderLocked(const ReplicatedUpdate& update) const {
+  const Place p = PlaceLocked();
+  if (update.epoch() < p.epoch) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(), " is at chain epoch ", p.epoch, "; the update comes from epoch ",
+                     update.epoch(), ": the sender's chain is out of date"));
+  }
+  if (update.epoch() > p.epoch) {
+    return absl::UnavailableError(absl::StrCat(Name(), " is at chain epoch ", p.epoch,
+                                               ", behind the update's ", update.epoch(),
+                                               "; retry once it has caught up"));
+  }
+  if ((!p.in_chain && !p.learning) || p.head) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(), " takes no updates from another member in chain epoch ", p.epoch,
+                     p.head ? " (it is the head)" : " (it is not in the chain, nor joining it)"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status Replicator::ReadRest(grpc::ServerContext* ctx,
+                                  grpc::ServerReader<ReplicatedUpdate>* reader,
+                                  const StreamHooks& hooks, const ReplicatedUpdate& update,
+                                  std::vector<std::string>* chunks) {
+  if (!update.stream()) {
+    if (ReplicatedUpdate more; reader->Read(&more)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a Replicate update that is not a stream is one message; another "
+                          "followed it");
+    }
+    return grpc::Status::OK;
+  }
+  // A sender this replica takes nothing from (an old head, an outsider) is refused before
+  // its stream's chunks are read; the rest hold at most the push's total_length values.
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckSenderLocked(update);
+        s.code() == absl::StatusCode::kFailedPrecondition) {
+      return ToGrpcStatus(s);
+    }
+  }
+  if (!update.has_push_dense()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a Replicate stream must begin with a push_dense");
+  }
+  auto hold = [&](uint64_t bytes) {
+    return hooks.hold ? ToGrpcStatus(hooks.hold(bytes)) : grpc::Status::OK;
+  };
+  const uint64_t declared = update.push_dense().total_length();
+  uint64_t values = update.push_dense().data().size() / sizeof(float);
+  uint64_t held = update.push_dense().data().capacity();
+  const uint64_t declared_bytes = declared > UINT64_MAX / sizeof(float)
+                                      ? UINT64_MAX  // (no budget holds it)
+                                      : declared * sizeof(float);
+  if (grpc::Status s = hold(std::max(declared_bytes, held)); !s.ok()) return s;
+  for (ReplicatedUpdate c; reader->Read(&c);) {
+    if (!c.has_chunk()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a Replicate stream's later messages must hold only a chunk");
+    }
+    values += c.chunk().data().size() / sizeof(float);
+    if (values > declared) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("a Replicate stream carries more than its push's "
+                                       "total_length=",
+                                       declared, " values"));
+    }
+    held += c.chunk().data().capacity();
+    if (grpc::Status s = hold(held); !s.ok()) return s;
+    chunks->push_back(std::move(*c.mutable_chunk()->mutable_data()));
+  }
+  if (values != declared && !ctx->IsCancelled()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the Replicate stream ended after ", values,
+                     " of its push's total_length=", declared, " values; nothing was applied"));
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<Replicator::Turn> Replicator::AwaitTurn(const ReplicatedUpdate& update,
+                                                       absl::Time deadline) {
+  absl::Status sender;
+  {
+    absl::MutexLock lock(&mu_);
+    sender = CheckSenderLocked(update);
+  }
+  // This replica may be behind the sender's chain epoch: ask the coordinator (not under mu_:
+  // refresh calls Update).
+  if (sender.code() == absl::StatusCode::kUnavailable && options_.refresh) options_.refresh();
+  const uint64_t seq = update.seq();
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckSenderLocked(update));
+  if (seq <= log_.applied()) {
+    // Handed on again after a member failed: it is here already. Not acknowledged yet, its
+    // first trip down the chain may still be under way, or may have failed (this replica's
+    // place changed meanwhile, as when a joiner becomes the tail): hand it on again; the
+    // members after this one skip it if they hold it.
+    return log_.IsDone(seq) ? Turn::kHeld : Turn::kHandOn;
+  }
+  const int64_t epoch = update.epoch();
+  auto turn = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return log_.applied() + 1 >= seq || config_.epoch != epoch;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline)) {
+    return absl::UnavailableError(absl::StrCat(Name(), ": update ", seq, " waited for update ",
+                                               log_.applied() + 1, ", which has not arrived"));
+  }
+  return Turn::kApply;
 }
 
 void Replicator::DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why) {
@@ -536,7 +499,7 @@ grpc::Status Replicator::TransferState(const TransferStateRequest* req,
   const absl::Time give_up = absl::Now() + options_.forward_timeout;
   for (absl::Status busy;;) {
     {
-      absl::MutexLock order(&apply_mu_);
+      absl::MutexLock order(log_.order());
       {
         absl::MutexLock lock(&mu_);
         const Place p = PlaceLocked();
@@ -550,8 +513,8 @@ grpc::Status Replicator::TransferState(const TransferStateRequest* req,
       if (captured.ok()) {
         state = *std::move(captured);
         absl::MutexLock lock(&mu_);
-        start.set_seq(applied_);
-        request_seq_.ForEach([&](const std::string& id, uint64_t seq) {
+        start.set_seq(log_.applied());
+        log_.ForEachId([&](const std::string& id, uint64_t seq) {
           start.add_request_ids(id);
           start.add_request_seqs(seq);
         });
@@ -675,15 +638,14 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   {
     // What this replica held is no longer the chain's: updates handed to it from now on
     // wait (in order) for the state they follow.
-    absl::MutexLock order(&apply_mu_);
+    absl::MutexLock order(log_.order());
     absl::MutexLock lock(&mu_);
     if (config_.epoch != epoch || PlaceLocked().in_chain) {
       return absl::AbortedError(
           absl::StrCat("the chain moved on from epoch ", epoch, " before the join began"));
     }
     learning_epoch_ = epoch;
-    applied_ = done_through_ = 0;
-    done_above_.clear();
+    log_.Reset(0);
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.transfer_timeout));
@@ -744,15 +706,14 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   staged->RestoreWorkers({start.workers().begin(), start.workers().end()});
   {
     absl::WriterMutexLock serving(serving_);  // no call uses the tables meanwhile
-    absl::MutexLock order(&apply_mu_);
+    absl::MutexLock order(log_.order());
     RETURN_IF_ERROR(install_(std::move(staged)));
     absl::MutexLock lock(&mu_);
-    applied_ = done_through_ = start.seq();
-    done_above_.clear();
-    request_seq_.Clear();
-    for (int i = 0; i < start.request_ids_size() && i < start.request_seqs_size(); ++i) {
-      RememberLocked(start.request_ids(i), start.request_seqs(i));
-    }
+    log_.Reset(start.seq(), [&](RecentIds<uint64_t>* ids) {
+      for (int i = 0; i < start.request_ids_size() && i < start.request_seqs_size(); ++i) {
+        if (!start.request_ids(i).empty()) ids->Set(start.request_ids(i), start.request_seqs(i));
+      }
+    });
   }
   std::printf("ps_server: %s: installed the state at update %llu (%u tables)\n", Name().c_str(),
               static_cast<unsigned long long>(start.seq()), tables);

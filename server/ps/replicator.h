@@ -60,6 +60,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "server/ps/shard.h"
 #include "server/ps/table.h"
+#include "server/ps/write_log.h"
 
 namespace pscluster::ps {
 
@@ -201,14 +202,6 @@ class Replicator {
   absl::Status Stop(const std::string& what);
   grpc::Status SendOnce(const std::string& successor, const ReplicatedUpdate& update,
                         std::vector<std::string>* chunks, absl::Time deadline);
-  // seq applied here: remembered (with its request id) and, once handed on, done.
-  void AppliedLocked(uint64_t seq, const std::string& request_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The request id's update (the last max_request_ids are kept; "" is not remembered).
-  void RememberLocked(const std::string& request_id, uint64_t seq)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Done(uint64_t seq);
-  bool DoneLocked(uint64_t seq) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Waits (bounded) until seq is done: the chain after this replica holds it.
   absl::Status AwaitDone(uint64_t seq, absl::Time deadline);
   ParameterServer::Stub* StubFor(const std::string& address);
@@ -219,6 +212,18 @@ class Replicator {
   void UpdateLocked(const ChainConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tail stops handing updates to a joiner it could not reach.
   void DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why);
+  // Receive's parts. Whether this replica takes `update` from its sender (epochs, place).
+  absl::Status CheckSenderLocked(const ReplicatedUpdate& update) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stream's later messages (its chunks, held to the stream hooks' budget); a unary
+  // update's end.
+  grpc::Status ReadRest(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
+                        const StreamHooks& hooks, const ReplicatedUpdate& update,
+                        std::vector<std::string>* chunks);
+  // What a received update needs once the ones before it are here (bounded by `deadline`):
+  // to be applied, to be handed on again (applied, not yet acknowledged), or nothing.
+  enum class Turn { kApply, kHandOn, kHeld };
+  absl::StatusOr<Turn> AwaitTurn(const ReplicatedUpdate& update, absl::Time deadline);
   std::string Name() const;
 
   const ReplicatorOptions options_;
@@ -227,16 +232,14 @@ class Replicator {
   const Install install_;
   absl::Mutex own_serving_;  // when options_.serving is null
   absl::Mutex* const serving_;
-  absl::Mutex apply_mu_;  // held while an update is applied: one at a time, in seq order
   mutable absl::Mutex mu_;
   absl::Status stopped_ ABSL_GUARDED_BY(mu_);  // see ReplicatorOptions::stop
   ChainConfig config_ ABSL_GUARDED_BY(mu_);
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;       // the last seq applied (all before it too)
-  uint64_t done_through_ ABSL_GUARDED_BY(mu_) = 0;  // every seq up to it is done
-  std::set<uint64_t> done_above_ ABSL_GUARDED_BY(mu_);
-  RecentIds<uint64_t> request_seq_ ABSL_GUARDED_BY(mu_){options_.max_request_ids};
+  // Updates applied here, in seq order (its order lock comes before mu_), and the request
+  // ids of the last max_request_ids.
+  WriteLog log_{Name(), &mu_, options_.max_request_ids, /*ordered=*/true};
   // The tail: the joiner it hands every update to (replica -1: none), for one epoch.
   struct Learner {
     int32_t replica = -1;

@@ -125,7 +125,7 @@ absl::Status ParameterServerService::Write(const grpc::ServerContextBase* ctx,
                                            const std::function<absl::Status()>& apply) {
   RETURN_IF_ERROR(CheckServing());  // (with a chain: this replica is its head)
   Replicator* chain = replicator_.load();
-  if (chain == nullptr) return apply();
+  if (chain == nullptr) return alone_.Append(RequestId(ctx), Deadline(ctx), apply).status();
   ReplicatedUpdate update;
   describe(&update);
   return chain->Write(RequestId(ctx), std::move(update), chunks, apply);

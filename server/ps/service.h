@@ -24,6 +24,7 @@
 #include "server/ps/shard.h"
 #include "server/ps/snapshotter.h"
 #include "server/ps/stream_watchdog.h"
+#include "server/ps/write_log.h"
 
 namespace pscluster::ps {
 
@@ -298,13 +299,14 @@ class ParameterServerService final : public ParameterServerBase {
   RequestBudget budget_;
   InFlightCounter in_flight_;
   absl::Mutex serving_mu_;
-  // Without a chain: the request ids of the last kPushedIds pushes PushPull applied, so that
-  // a repeated attempt (its slice ran out before the answer came) only pulls. Held across
-  // the check and the push: a repeat that arrives while the first attempt still pushes
-  // waits for it. Cleared when Restore replaces the tables.
-  static constexpr size_t kPushedIds = 4096;
-  absl::Mutex pushed_mu_ ABSL_ACQUIRED_AFTER(serving_mu_);
-  RecentIds<bool> pushed_ ABSL_GUARDED_BY(pushed_mu_){kPushedIds};
+  // Without a chain, every write goes through this log (with one, through the chain's):
+  // a repeated attempt of a write (its slice ran out before the answer came) is not
+  // applied again. Started again when Restore replaces the tables: repeats of writes into
+  // the old tables apply again.
+  static constexpr size_t kWriteIds = 4096;
+  absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(serving_mu_);
+  WriteLog alone_{"shard " + std::to_string(shard_->options().shard_id), &log_mu_, kWriteIds,
+                  /*ordered=*/false};
   // Counts the times Restore or a joining replica replaced the tables: a pull stream, which
   // reads its table across callbacks, ends when it changes under it.
   std::atomic<uint64_t> tables_replaced_{0};

@@ -150,8 +150,8 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
     absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
     snapshotter_->Install(*std::move(loaded));
     tables_replaced_++;
-    absl::MutexLock lock(&pushed_mu_);  // repeats of pushes into the old tables push again
-    pushed_.Clear();
+    absl::MutexLock lock(&log_mu_);
+    alone_.Reset(0);
   }
   std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
               static_cast<long long>(step));
