@@ -197,6 +197,10 @@ class Replicator {
   // tail, bounded by forward_timeout. `from_head`: a client's update this replica applied as
   // the head (not done once it left the chain, even to join it again).
   absl::Status Forward(ReplicatedUpdate update, std::vector<std::string>* chunks, bool from_head);
+  struct Trip;
+  // After a failed attempt of Trip: false to give up (the successor stays in the chain, or
+  // the coordinator stayed out of reach for cut_off_timeout); else waits a backoff.
+  bool TryAgain(Trip* trip, uint64_t seq);
   // This replica must stop (`what` says why): it refuses everything from now on and calls
   // ReplicatorOptions::stop. Returns the UNAVAILABLE the update it could not hand on gets.
   absl::Status Stop(const std::string& what);
@@ -209,6 +213,17 @@ class Replicator {
   void JoinLoop();
   // The chain's epoch once this replica was appended to it.
   absl::StatusOr<int64_t> JoinOnce(const std::string& tail, int64_t epoch);
+  // JoinOnce's parts: the tables (and workers) the tail streams, into `staged`; and their
+  // install, the log then starting at the tail's update.
+  absl::Status ReadState(grpc::ClientReaderInterface<StateTransferChunk>* reader,
+                         const StateTransferStart& start, Shard* staged);
+  absl::Status InstallState(std::unique_ptr<Shard> staged, const StateTransferStart& start);
+  // TransferState's parts: the state at a moment between steps (retried, bounded), with
+  // the log's place and ids in *start, this tail handing the joiner every update from then
+  // on; and its tables, streamed (false: the joiner stopped reading).
+  absl::Status CaptureForJoiner(const TransferStateRequest& req, State* state,
+                                StateTransferStart* start);
+  bool SendState(const State& state, grpc::ServerWriter<StateTransferChunk>* writer);
   void UpdateLocked(const ChainConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tail stops handing updates to a joiner it could not reach.
   void DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why);
