@@ -104,6 +104,17 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
   }
+  RETURN_IF_ERROR(Begin(request.step()));
+  ASSIGN_OR_RETURN(Captured captured, CaptureAll(request.step(), deadline));
+  SnapshotResponse response;
+  response.set_step(request.step());
+  response.set_bytes(captured.bytes);
+  response.set_pause_seconds(absl::ToDoubleSeconds(captured.longest_pause));
+  StartWrite(request, std::move(captured));
+  return response;
+}
+
+absl::Status Snapshotter::Begin(int64_t step) {
   std::thread finished;  // the previous writer, joined outside the lock
   {
     absl::MutexLock lock(&mu_);
@@ -119,70 +130,71 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
           "snapshot of step ", current_step_, " is still being written (", bytes_written_.load(),
           " of ", bytes_total_, " bytes); retry when it completes"));
     }
-    auto list = store_->List();
-    if (!list.ok()) return list.status();
-    for (const auto& m : *list) {
-      if (m.step() == request.step()) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("a snapshot of step ", request.step(), " exists"));
+    ASSIGN_OR_RETURN(auto list, store_->List());
+    for (const auto& m : list) {
+      if (m.step() == step) {
+        return absl::AlreadyExistsError(absl::StrCat("a snapshot of step ", step, " exists"));
       }
     }
     in_progress_ = true;
     capturing_ = true;
-    current_step_ = request.step();
+    current_step_ = step;
     finished = std::move(writer_);
   }
   if (finished.joinable()) finished.join();
+  return absl::OkStatus();
+}
 
-  std::vector<std::unique_ptr<TableImage>> images;
-  absl::Duration longest_pause;
-  uint64_t bytes = 0;
+absl::StatusOr<Snapshotter::Captured> Snapshotter::CaptureAll(int64_t step, absl::Time deadline) {
+  Captured out;
   const std::vector<Table*> tables = shard_->Tables();
-  // Ends a snapshot that took nothing: releases the tables [held_from, held_to) still held
-  // and counts it under `counter`. A refusal (a BSP table past the step) is part of the
-  // coordinator's checkpoints in the normal course (a request that lands after the step; it
-  // asks again): counted apart from failures, so that an alert on failed snapshots means a
-  // failure (it fired once per shard on every healthy run), and not logged.
-  auto end = [&](size_t held_from, size_t held_to, absl::Status status,
-                 uint64_t SnapshotCounters::*counter) {
-    for (size_t i = held_from; i < held_to; ++i) tables[i]->ReleaseStep(request.step());
-    if (counter == &SnapshotCounters::failed) {
-      std::fprintf(stderr, "ps_server: snapshot of step %lld failed in its capture: %s\n",
-                   static_cast<long long>(request.step()), std::string(status.ToString()).c_str());
-    }
-    absl::MutexLock lock(&mu_);
-    in_progress_ = false;
-    counters_.*counter += 1;
-    return status;
-  };
   // Hold every table at the step first, so none moves past it while another is captured.
   for (size_t i = 0; i < tables.size(); ++i) {
-    if (absl::Status s = tables[i]->HoldStep(request.step()); !s.ok()) {
-      return end(0, i, s, &SnapshotCounters::refused);
+    if (absl::Status s = tables[i]->HoldStep(step); !s.ok()) {
+      return Abandon(tables, 0, i, step, s, &SnapshotCounters::refused);
     }
   }
   // Every table's point in time first, then what they copy on write (so the captures are
   // close together; pushes go on between the blocks). Nothing is left half-copied, even
   // when a capture fails (the images refer to nothing once complete).
-  auto complete = [&] {
-    for (size_t i = 0; i < images.size(); ++i) {
-      absl::Duration pause;
-      tables[i]->CompleteCapture(images[i].get(), &pause);
-      longest_pause = std::max(longest_pause, pause);
-      bytes += images[i]->bytes();
-    }
-  };
   for (size_t i = 0; i < tables.size(); ++i) {
     absl::Duration pause;
-    auto image = tables[i]->Capture(request.step(), deadline, &pause);
+    auto image = tables[i]->Capture(step, deadline, &pause);
     if (!image.ok()) {
-      complete();
-      return end(i + 1, tables.size(), image.status(), &SnapshotCounters::failed);
+      Complete(tables, &out);
+      return Abandon(tables, i + 1, tables.size(), step, image.status(), &SnapshotCounters::failed);
     }
-    longest_pause = std::max(longest_pause, pause);
-    images.push_back(*std::move(image));
+    out.longest_pause = std::max(out.longest_pause, pause);
+    out.images.push_back(*std::move(image));
   }
-  complete();
+  Complete(tables, &out);
+  return out;
+}
+
+void Snapshotter::Complete(const std::vector<Table*>& tables, Captured* captured) {
+  for (size_t i = 0; i < captured->images.size(); ++i) {
+    absl::Duration pause;
+    tables[i]->CompleteCapture(captured->images[i].get(), &pause);
+    captured->longest_pause = std::max(captured->longest_pause, pause);
+    captured->bytes += captured->images[i]->bytes();
+  }
+}
+
+absl::Status Snapshotter::Abandon(const std::vector<Table*>& tables, size_t held_from,
+                                  size_t held_to, int64_t step, absl::Status status,
+                                  uint64_t SnapshotCounters::*counter) {
+  for (size_t i = held_from; i < held_to; ++i) tables[i]->ReleaseStep(step);
+  if (counter == &SnapshotCounters::failed) {
+    std::fprintf(stderr, "ps_server: snapshot of step %lld failed in its capture: %s\n",
+                 static_cast<long long>(step), std::string(status.ToString()).c_str());
+  }
+  absl::MutexLock lock(&mu_);
+  in_progress_ = false;
+  counters_.*counter += 1;
+  return status;
+}
+
+void Snapshotter::StartWrite(const SnapshotRequest& request, Captured captured) {
   SnapshotStore::WriteOptions wo;
   wo.shard_id = shard_->options().shard_id;
   wo.num_shards = shard_->options().num_shards;
@@ -190,22 +202,15 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
   wo.metric = request.metric();
   wo.test_delay_per_block = options_.test_delay_per_block;
   wo.bytes_written = &bytes_written_;
-  {
-    absl::MutexLock lock(&mu_);
-    counters_.last_pause_seconds = absl::ToDoubleSeconds(longest_pause);
-    bytes_total_ = bytes;
-    capturing_ = false;
-    bytes_written_ = 0;
-    std::vector<int64_t> keep(request.keep_steps().begin(), request.keep_steps().end());
-    if (!keep.empty()) keep.push_back(request.step());
-    writer_ = std::thread(&Snapshotter::WriteInBackground, this, request.step(), std::move(images),
-                          wo, std::move(keep));
-  }
-  SnapshotResponse response;
-  response.set_step(request.step());
-  response.set_bytes(bytes);
-  response.set_pause_seconds(absl::ToDoubleSeconds(longest_pause));
-  return response;
+  absl::MutexLock lock(&mu_);
+  counters_.last_pause_seconds = absl::ToDoubleSeconds(captured.longest_pause);
+  bytes_total_ = captured.bytes;
+  capturing_ = false;
+  bytes_written_ = 0;
+  std::vector<int64_t> keep(request.keep_steps().begin(), request.keep_steps().end());
+  if (!keep.empty()) keep.push_back(request.step());
+  writer_ = std::thread(&Snapshotter::WriteInBackground, this, request.step(),
+                        std::move(captured.images), wo, std::move(keep));
 }
 
 void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
@@ -307,81 +312,20 @@ bool Snapshotter::AwaitIdle(absl::Time deadline) const {
 }
 
 absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) const {
-  // Every shard directory under the root, and the complete snapshots in each.
-  std::vector<std::unique_ptr<SnapshotStore>> owned;  // other shards' stores
-  std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, const SnapshotStore*>>> by_step;
-  std::vector<std::string> damaged;
-  std::vector<std::string> dirs = storage_->ShardDirs(options_.root);
-  for (const std::string& root : options_.read_roots) {
-    for (std::string& dir : storage_->ShardDirs(root)) dirs.push_back(std::move(dir));
-  }
-  for (const std::string& dir : dirs) {
-    const SnapshotStore* store = store_.get();
-    if (!storage_->Same(dir, store_->dir())) {
-      ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStore> opened,
-                       storage_->Open(dir, /*read_only=*/true));
-      store = opened.get();
-      owned.push_back(std::move(opened));
-    }
-    ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, store->List());
-    for (const auto& m : list) by_step[m.step()][m.shard_id()] = {m.num_shards(), store};
-    for (std::string& d : store->Damaged()) damaged.push_back(std::move(d));
-  }
-  if (!damaged.empty() && which == "latest" && !options_.skip_damaged) {
+  ASSIGN_OR_RETURN(Catalog catalog, Survey());
+  if (!catalog.damaged.empty() && which == "latest" && !options_.skip_damaged) {
     return absl::DataLossError(
         absl::StrCat("damaged snapshot files under ", options_.root,
-                     " (left in place): ", absl::StrJoin(damaged, "; "),
+                     " (left in place): ", absl::StrJoin(catalog.damaged, "; "),
                      ". Move them away, or pass --restore_skip_damaged to restore without them"));
   }
-  // A step is restorable when all of the shards it was taken with have it.
-  std::vector<int64_t> restorable;
-  for (const auto& [step, shards] : by_step) {
-    uint32_t n = shards.begin()->second.first;
-    bool whole = shards.size() == n;
-    for (const auto& [id, info] : shards) whole = whole && info.first == n && id < n;
-    if (whole) restorable.push_back(step);
-  }
-  std::vector<int64_t> candidates;  // newest first
-  if (which == "latest") {
-    candidates.assign(restorable.rbegin(), restorable.rend());
-    if (candidates.empty()) return Loaded();
-  } else {
-    int64_t step = -1;
-    if (!absl::SimpleAtoi(which, &step) ||
-        std::find(restorable.begin(), restorable.end(), step) == restorable.end()) {
-      // Of a step some shards have: which parts are missing.
-      std::string parts;
-      if (auto it = by_step.find(step); it != by_step.end()) {
-        const uint32_t n = it->second.begin()->second.first;
-        std::vector<uint32_t> missing;
-        for (uint32_t id = 0; id < n; ++id) {
-          if (it->second.count(id) == 0) missing.push_back(id);
-        }
-        parts = absl::StrCat(" (the part of shard(s) ", absl::StrJoin(missing, ", "), " of ", n,
-                             " is missing)");
-      }
-      return absl::NotFoundError(absl::StrCat(
-          "no complete snapshot '", which, "' under ", options_.root, parts,
-          "; restorable steps: [", absl::StrJoin(restorable, ", "), "]",
-          damaged.empty() ? "" : absl::StrCat("; damaged files: ", absl::StrJoin(damaged, "; "))));
-    }
-    candidates.push_back(step);
-  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> candidates, Candidates(which, catalog));
+  if (candidates.empty()) return Loaded();
   absl::Status last;
   for (int64_t step : candidates) {
-    Loaded loaded;
-    loaded.step = step;
-    loaded.shard = std::make_unique<Shard>(shard_->options());
-    ShardLoader visitor(loaded.shard.get());
-    absl::Status s;
-    for (const auto& [id, info] : by_step[step]) {
-      s = info.second->Read(step, &visitor);
-      if (!s.ok()) break;
-    }
-    if (s.ok()) {
-      loaded.shard->RestoreWorkers(visitor.workers());
-      return loaded;
-    }
+    absl::StatusOr<Loaded> loaded = LoadStep(step, catalog);
+    if (loaded.ok()) return loaded;
+    const absl::Status& s = loaded.status();
     if (!absl::IsDataLoss(s) || which != "latest" || !options_.skip_damaged) {
       if (absl::IsDataLoss(s) && which == "latest") {
         return absl::DataLossError(
@@ -399,6 +343,71 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
   }
   return absl::DataLossError(absl::StrCat("no snapshot under ", options_.root,
                                           " verifies; the last error: ", last.message()));
+}
+
+absl::StatusOr<Snapshotter::Catalog> Snapshotter::Survey() const {
+  Catalog c;
+  std::vector<std::string> dirs = storage_->ShardDirs(options_.root);
+  for (const std::string& root : options_.read_roots) {
+    for (std::string& dir : storage_->ShardDirs(root)) dirs.push_back(std::move(dir));
+  }
+  for (const std::string& dir : dirs) {
+    const SnapshotStore* store = store_.get();
+    if (!storage_->Same(dir, store_->dir())) {
+      ASSIGN_OR_RETURN(std::unique_ptr<SnapshotStore> opened,
+                       storage_->Open(dir, /*read_only=*/true));
+      store = opened.get();
+      c.owned.push_back(std::move(opened));
+    }
+    ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, store->List());
+    for (const auto& m : list) c.by_step[m.step()][m.shard_id()] = {m.num_shards(), store};
+    for (std::string& d : store->Damaged()) c.damaged.push_back(std::move(d));
+  }
+  // A step is restorable when all of the shards it was taken with have it.
+  for (const auto& [step, shards] : c.by_step) {
+    uint32_t n = shards.begin()->second.first;
+    bool whole = shards.size() == n;
+    for (const auto& [id, info] : shards) whole = whole && info.first == n && id < n;
+    if (whole) c.restorable.push_back(step);
+  }
+  return c;
+}
+
+absl::StatusOr<std::vector<int64_t>> Snapshotter::Candidates(const std::string& which,
+                                                             const Catalog& c) const {
+  if (which == "latest") return std::vector<int64_t>(c.restorable.rbegin(), c.restorable.rend());
+  int64_t step = -1;
+  if (absl::SimpleAtoi(which, &step) &&
+      std::find(c.restorable.begin(), c.restorable.end(), step) != c.restorable.end()) {
+    return std::vector<int64_t>{step};
+  }
+  // Of a step some shards have: which parts are missing.
+  std::string parts;
+  if (auto it = c.by_step.find(step); it != c.by_step.end()) {
+    const uint32_t n = it->second.begin()->second.first;
+    std::vector<uint32_t> missing;
+    for (uint32_t id = 0; id < n; ++id) {
+      if (it->second.count(id) == 0) missing.push_back(id);
+    }
+    parts = absl::StrCat(" (the part of shard(s) ", absl::StrJoin(missing, ", "), " of ", n,
+                         " is missing)");
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no complete snapshot '", which, "' under ", options_.root, parts, "; restorable steps: [",
+      absl::StrJoin(c.restorable, ", "), "]",
+      c.damaged.empty() ? "" : absl::StrCat("; damaged files: ", absl::StrJoin(c.damaged, "; "))));
+}
+
+absl::StatusOr<Snapshotter::Loaded> Snapshotter::LoadStep(int64_t step, const Catalog& c) const {
+  Loaded loaded;
+  loaded.step = step;
+  loaded.shard = std::make_unique<Shard>(shard_->options());
+  ShardLoader visitor(loaded.shard.get());
+  for (const auto& [id, info] : c.by_step.at(step)) {
+    RETURN_IF_ERROR(info.second->Read(step, &visitor));
+  }
+  loaded.shard->RestoreWorkers(visitor.workers());
+  return loaded;
 }
 
 void Snapshotter::Install(Loaded loaded) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -114,6 +115,39 @@ class Snapshotter {
   Snapshotter(Shard* shard, SnapshotterOptions options, std::unique_ptr<SnapshotStorage> local,
               std::unique_ptr<SnapshotStore> store);
   uint64_t bytes_total() const;
+  // Snapshot's parts. Begin: refuses while one is in progress or the step exists; else
+  // marks one in progress (after the previous writer is joined).
+  absl::Status Begin(int64_t step);
+  struct Captured {
+    std::vector<std::unique_ptr<TableImage>> images;
+    absl::Duration longest_pause;
+    uint64_t bytes = 0;
+  };
+  // Every table held at `step`, then captured; a table that cannot be ends it (Abandon).
+  absl::StatusOr<Captured> CaptureAll(int64_t step, absl::Time deadline);
+  static void Complete(const std::vector<Table*>& tables, Captured* captured);
+  // Ends a snapshot that took nothing: releases the tables [held_from, held_to) still held
+  // and counts it under `counter`. A refusal (a BSP table past the step) is part of the
+  // coordinator's checkpoints in the normal course (a request that lands after the step; it
+  // asks again): counted apart from failures, so that an alert on failed snapshots means a
+  // failure (it fired once per shard on every healthy run), and not logged.
+  absl::Status Abandon(const std::vector<Table*>& tables, size_t held_from, size_t held_to,
+                       int64_t step, absl::Status status, uint64_t SnapshotCounters::*counter);
+  // Hands the images to a background writer.
+  void StartWrite(const SnapshotRequest& request, Captured captured);
+  // Load's parts. What the roots hold: every shard directory's complete snapshots, by step
+  // then shard (with the shard count each was taken with), the damaged files, and the steps
+  // every shard has (restorable, oldest first).
+  struct Catalog {
+    std::vector<std::unique_ptr<SnapshotStore>> owned;  // other shards' stores
+    std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, const SnapshotStore*>>> by_step;
+    std::vector<std::string> damaged;
+    std::vector<int64_t> restorable;
+  };
+  absl::StatusOr<Catalog> Survey() const;
+  // The steps `which` names, newest first (none: nothing to restore).
+  absl::StatusOr<std::vector<int64_t>> Candidates(const std::string& which, const Catalog& c) const;
+  absl::StatusOr<Loaded> LoadStep(int64_t step, const Catalog& c) const;
   // `keep`: the coordinator's retention (SnapshotRequest.keep_steps); empty: our own.
   void WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
                          SnapshotStore::WriteOptions options, std::vector<int64_t> keep);
