@@ -81,109 +81,142 @@ uint64_t DefaultInflightRequestBytes() {
   return std::max<uint64_t>(uint64_t{1} << 30, PhysicalMemoryBytes() / 4);
 }
 
-absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
-  ServerFlags f;
-  f.shard.shard_id = absl::GetFlag(FLAGS_shard_id);
-  f.shard.num_shards = absl::GetFlag(FLAGS_num_shards);
-  f.shard.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
-  if (f.shard.max_table_bytes == 0) {
-    f.shard.max_table_bytes = std::min(uint64_t{16} << 30, PhysicalMemoryBytes() / 4);
+namespace {
+
+absl::Status ReadShardFlags(ServerFlags* f) {
+  f->shard.shard_id = absl::GetFlag(FLAGS_shard_id);
+  f->shard.num_shards = absl::GetFlag(FLAGS_num_shards);
+  f->shard.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
+  if (f->shard.max_table_bytes == 0) {
+    f->shard.max_table_bytes = std::min(uint64_t{16} << 30, PhysicalMemoryBytes() / 4);
   }
-  f.shard.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
-  if (f.shard.max_memory_bytes == 0) f.shard.max_memory_bytes = PhysicalMemoryBytes() / 2;
-  if (f.shard.num_shards == 0 || f.shard.shard_id >= f.shard.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--shard_id=", f.shard.shard_id, " must be in [0, --num_shards=", f.shard.num_shards, ")"));
+  f->shard.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  if (f->shard.max_memory_bytes == 0) f->shard.max_memory_bytes = PhysicalMemoryBytes() / 2;
+  if (f->shard.num_shards == 0 || f->shard.shard_id >= f->shard.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_id=", f->shard.shard_id,
+                     " must be in [0, --num_shards=", f->shard.num_shards, ")"));
   }
-  f.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
-  if (f.service.max_chunk_bytes < 1024 || f.service.max_chunk_bytes > (1u << 30)) {
+  return absl::OkStatus();
+}
+
+// The service's limits and threads.
+absl::Status ReadServiceFlags(ServerFlags* f) {
+  f->service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  if (f->service.max_chunk_bytes < 1024 || f->service.max_chunk_bytes > (1u << 30)) {
     return absl::InvalidArgumentError("--max_chunk_bytes must be in [1024, 1 GiB]");
   }
-  f.service.max_inflight_request_bytes = absl::GetFlag(FLAGS_max_inflight_request_bytes);
-  if (f.service.max_inflight_request_bytes == 0) {
-    f.service.max_inflight_request_bytes = DefaultInflightRequestBytes();
+  f->service.max_inflight_request_bytes = absl::GetFlag(FLAGS_max_inflight_request_bytes);
+  if (f->service.max_inflight_request_bytes == 0) {
+    f->service.max_inflight_request_bytes = DefaultInflightRequestBytes();
   }
-  if (f.service.max_inflight_request_bytes < f.service.max_chunk_bytes) {
+  if (f->service.max_inflight_request_bytes < f->service.max_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max_inflight_request_bytes=", f.service.max_inflight_request_bytes,
-        " must be 0 (automatic) or at least --max_chunk_bytes=", f.service.max_chunk_bytes));
+        "--max_inflight_request_bytes=", f->service.max_inflight_request_bytes,
+        " must be 0 (automatic) or at least --max_chunk_bytes=", f->service.max_chunk_bytes));
   }
-  f.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
-  if (f.service.stream_idle_timeout <= absl::ZeroDuration()) {
+  f->service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  if (f->service.stream_idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stream_idle_timeout must be > 0 (or inf), got ",
-                     absl::FormatDuration(f.service.stream_idle_timeout)));
+                     absl::FormatDuration(f->service.stream_idle_timeout)));
   }
-  f.host = absl::GetFlag(FLAGS_host);
-  f.port = absl::GetFlag(FLAGS_port);
-  f.threads = absl::GetFlag(FLAGS_threads);
-  if (f.threads < 2) {
+  f->host = absl::GetFlag(FLAGS_host);
+  f->port = absl::GetFlag(FLAGS_port);
+  f->threads = absl::GetFlag(FLAGS_threads);
+  if (f->threads < 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--threads=", f.threads,
+        absl::StrCat("--threads=", f->threads,
                      " must be >= 2: one thread polls for calls, and a call "
                      "needs another to run on (with fewer the shard answers nothing)"));
   }
-  f.snapshots.root = absl::GetFlag(FLAGS_data_dir);
-  f.restore = absl::GetFlag(FLAGS_restore);
+  return absl::OkStatus();
+}
+
+absl::Status ReadSnapshotFlags(ServerFlags* f) {
+  f->snapshots.root = absl::GetFlag(FLAGS_data_dir);
+  f->restore = absl::GetFlag(FLAGS_restore);
   const std::string metric = absl::GetFlag(FLAGS_snapshot_metric);
-  if (f.snapshots.root.empty() && !f.restore.empty()) {
+  if (f->snapshots.root.empty() && !f->restore.empty()) {
     return absl::InvalidArgumentError("--restore needs --data_dir");
   }
   if (metric != "min" && metric != "max") {
     return absl::InvalidArgumentError("--snapshot_metric must be 'min' or 'max'");
   }
-  f.snapshots.keep_last = absl::GetFlag(FLAGS_snapshot_keep_last);
-  f.snapshots.skip_damaged = absl::GetFlag(FLAGS_restore_skip_damaged);
-  if (f.snapshots.keep_last < 1) {
+  f->snapshots.keep_last = absl::GetFlag(FLAGS_snapshot_keep_last);
+  f->snapshots.skip_damaged = absl::GetFlag(FLAGS_restore_skip_damaged);
+  if (f->snapshots.keep_last < 1) {
     return absl::InvalidArgumentError("--snapshot_keep_last must be >= 1");
   }
-  f.snapshots.lower_metric_is_better = metric == "min";
-  f.snapshots.test_delay_per_block =
+  f->snapshots.lower_metric_is_better = metric == "min";
+  f->snapshots.test_delay_per_block =
       absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));
-  f.coordinator = absl::GetFlag(FLAGS_coordinator);
-  if (!f.coordinator.empty()) RETURN_IF_ERROR(CheckHostPort(f.coordinator, "--coordinator"));
-  f.replica = absl::GetFlag(FLAGS_replica);
-  if (f.replica < 0 || f.replica > 2) {
+  return absl::OkStatus();
+}
+
+// The coordinator, this replica's place, and where the other replicas' snapshots lie.
+absl::Status ReadChainFlags(ServerFlags* f) {
+  f->coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (!f->coordinator.empty()) RETURN_IF_ERROR(CheckHostPort(f->coordinator, "--coordinator"));
+  f->replica = absl::GetFlag(FLAGS_replica);
+  if (f->replica < 0 || f->replica > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--replica=", f.replica, " must be 0, 1 or 2 (ps_coordinator --replicas <= 3)"));
+        "--replica=", f->replica, " must be 0, 1 or 2 (ps_coordinator --replicas <= 3)"));
   }
-  if (f.replica > 0 && f.coordinator.empty()) {
+  if (f->replica > 0 && f->coordinator.empty()) {
     return absl::InvalidArgumentError(
         "--replica > 0 needs --coordinator: the coordinator chains the replicas");
   }
-  if (!f.snapshots.root.empty() && !f.coordinator.empty()) {
+  if (!f->snapshots.root.empty() && !f->coordinator.empty()) {
     // Replica r > 0 writes under DIR/replica-r; a restore reads what every replica wrote
     // (whichever was its chain's head then), on this machine or a shared file system.
-    const std::string base = f.snapshots.root;
+    const std::string base = f->snapshots.root;
     for (int r = 0; r < 3; ++r) {
       const std::string root = r == 0 ? base : absl::StrCat(base, "/replica-", r);
-      if (r == f.replica) {
-        f.snapshots.root = root;
+      if (r == f->replica) {
+        f->snapshots.root = root;
       } else {
-        f.snapshots.read_roots.push_back(root);  // (a root not there yet holds nothing)
+        f->snapshots.read_roots.push_back(root);  // (a root not there yet holds nothing)
       }
     }
   }
-  f.forward_timeout = absl::GetFlag(FLAGS_forward_timeout);
-  if (f.forward_timeout <= absl::ZeroDuration()) {
+  f->forward_timeout = absl::GetFlag(FLAGS_forward_timeout);
+  if (f->forward_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--forward_timeout=", absl::FormatDuration(f.forward_timeout), " must be positive"));
+        "--forward_timeout=", absl::FormatDuration(f->forward_timeout), " must be positive"));
   }
-  f.advertise_host = absl::GetFlag(FLAGS_advertise_host);
-  f.advertise_port = absl::GetFlag(FLAGS_advertise_port);
-  if (f.advertise_port < 0 || f.advertise_port > 65535) {
+  return absl::OkStatus();
+}
+
+// Where clients reach this shard.
+absl::Status ReadAdvertiseFlags(ServerFlags* f) {
+  f->advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  f->advertise_port = absl::GetFlag(FLAGS_advertise_port);
+  if (f->advertise_port < 0 || f->advertise_port > 65535) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--advertise_port=", f.advertise_port, " is not a port (0: --port's)"));
+        absl::StrCat("--advertise_port=", f->advertise_port, " is not a port (0: --port's)"));
   }
-  if (f.advertise_host.empty()) f.advertise_host = f.host;
-  if (f.advertise_host == "0.0.0.0" || f.advertise_host == "::" || f.advertise_host == "[::]") {
+  if (f->advertise_host.empty()) f->advertise_host = f->host;
+  if (f->advertise_host == "0.0.0.0" || f->advertise_host == "::" || f->advertise_host == "[::]") {
     // A wildcard is where to listen, never where to connect: name this machine instead.
-    f.advertise_host = HostName();
-    if (f.advertise_host.empty()) {
+    f->advertise_host = HostName();
+    if (f->advertise_host.empty()) {
       return absl::InvalidArgumentError(
           "--host is a wildcard and the host name is unknown: give --advertise_host");
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
+  ServerFlags f;
+  RETURN_IF_ERROR(ReadShardFlags(&f));
+  RETURN_IF_ERROR(ReadServiceFlags(&f));
+  RETURN_IF_ERROR(ReadSnapshotFlags(&f));
+  RETURN_IF_ERROR(ReadChainFlags(&f));
+  RETURN_IF_ERROR(ReadAdvertiseFlags(&f));
   return f;
 }
 

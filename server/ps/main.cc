@@ -235,6 +235,37 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
   return coordinator;
 }
 
+// Register, while a SIGTERM or SIGINT (registering may wait up to a minute for the
+// coordinator) stops the shard at once: it has served no data call and taken no write yet.
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> RegisterOrStop(
+    const ServerFlags& f, const pscluster::Security& security, int port,
+    ParameterServerService* service, std::unique_ptr<Replicator>* chain) {
+  std::atomic<bool> registered{false};
+  auto stop_on_signal = [&] {
+    while (!registered.load()) {
+      const int sig = pscluster::TakeTerminationSignal(absl::Milliseconds(100));
+      if (sig == 0) continue;
+      if (registered.load()) {  // too late: the signal is ServeUntilSignal's
+        kill(getpid(), sig);
+        return;
+      }
+      std::fprintf(stderr,
+                   "ps_server: signal %d while registering with the coordinator at %s: "
+                   "stopped (no data call was served)\n",
+                   sig, f.coordinator.c_str());
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
+  };
+  std::thread watch;
+  if (!f.coordinator.empty()) watch = std::thread(stop_on_signal);
+  auto coordinator = Register(f, security, port, service, chain);
+  registered = true;
+  if (coordinator.ok()) service->SetJoined(true);  // at once: the view shows it already
+  if (watch.joinable()) watch.join();
+  return coordinator;
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "ps_server: %s\n", std::string(status.message()).c_str());
   return 2;
@@ -274,31 +305,7 @@ int main(int argc, char** argv) {
               flags->shard.num_shards, flags->host.c_str(), port, security->Describe().c_str());
   std::fflush(stdout);
   std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
-  // Registering may wait up to a minute for the coordinator. A SIGTERM or SIGINT meanwhile
-  // stops the shard at once: it has served no data call and taken no write yet.
-  std::atomic<bool> registered{false};
-  std::thread stop_while_registering;
-  auto stop_on_signal = [&] {
-    while (!registered.load()) {
-      const int sig = pscluster::TakeTerminationSignal(absl::Milliseconds(100));
-      if (sig == 0) continue;
-      if (registered.load()) {  // too late: the signal is ServeUntilSignal's
-        kill(getpid(), sig);
-        return;
-      }
-      std::fprintf(stderr,
-                   "ps_server: signal %d while registering with the coordinator at %s: "
-                   "stopped (no data call was served)\n",
-                   sig, flags->coordinator.c_str());
-      std::fflush(stderr);
-      std::_Exit(0);
-    }
-  };
-  if (!flags->coordinator.empty()) stop_while_registering = std::thread(stop_on_signal);
-  auto coordinator = Register(*flags, *security, port, &service, &chain);
-  registered = true;
-  if (coordinator.ok()) service.SetJoined(true);  // at once: the view shows it already
-  if (stop_while_registering.joinable()) stop_while_registering.join();
+  auto coordinator = RegisterOrStop(*flags, *security, port, &service, &chain);
   if (!coordinator.ok()) return Fail(coordinator.status());
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE

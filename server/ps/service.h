@@ -265,6 +265,10 @@ class ParameterServerService final : public ParameterServerBase {
   absl::Status CheckSnapshotter() const;
   // Replicated, before the head replaces its whole state (Restore, ImportDense): the chain
   // becomes the head alone and no replica joins until *joins is released (Replicator).
+  // Restore's parts: the snapshots after `step` deleted (their timeline is abandoned); the
+  // loaded state installed, waiting pulls failed with the restore named.
+  absl::Status DropLaterThan(int64_t step);
+  void InstallRestored(Snapshotter::Loaded loaded);
   absl::Status ReplaceWholeState(absl::string_view what, std::unique_ptr<absl::MutexLock>* joins);
   // A dense table for ExportDense/ImportDense: NOT_FOUND, or FAILED_PRECONDITION for a
   // sparse one. (No worker id: moving state is not a worker's push or pull.)

@@ -123,23 +123,38 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   // the timeline this restore abandons. If they cannot all go, the restore fails and the
   // tables stay as they are.
   if (req->drop_later()) {
-    absl::StatusOr<std::vector<int64_t>> dropped = snapshotter_->DropAfter(step);
-    if (!dropped.ok()) {
-      return ToGrpcStatus(absl::Status(
-          dropped.status().code(),
-          absl::StrCat("restoring step ", step,
-                       " needs the later snapshots deleted, and they "
-                       "could not all be: ",
-                       dropped.status().message(),
-                       " (nothing was "
-                       "restored; the tables are unchanged; make the snapshot directory "
-                       "writable, or delete the later .psnap files, and restore again)")));
-    }
-    if (!dropped->empty()) {
-      std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
-                  absl::StrJoin(*dropped, ", ").c_str());
-    }
+    if (absl::Status s = DropLaterThan(step); !s.ok()) return ToGrpcStatus(s);
   }
+  InstallRestored(*std::move(loaded));
+  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
+              static_cast<long long>(step));
+  std::fflush(stdout);
+  resp->set_step(step);
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::DropLaterThan(int64_t step) {
+  absl::StatusOr<std::vector<int64_t>> dropped = snapshotter_->DropAfter(step);
+  if (!dropped.ok()) {
+    return absl::Status(
+        dropped.status().code(),
+        absl::StrCat("restoring step ", step,
+                     " needs the later snapshots deleted, and they "
+                     "could not all be: ",
+                     dropped.status().message(),
+                     " (nothing was "
+                     "restored; the tables are unchanged; make the snapshot directory "
+                     "writable, or delete the later .psnap files, and restore again)"));
+  }
+  if (!dropped->empty()) {
+    std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
+                absl::StrJoin(*dropped, ", ").c_str());
+  }
+  return absl::OkStatus();
+}
+
+void ParameterServerService::InstallRestored(Snapshotter::Loaded loaded) {
+  const int64_t step = loaded.step;
   // Waiting pulls fail now, naming the restore (not UNAVAILABLE: a replica would be tried,
   // and no retry finds the tables they waited on) ...
   shard_->Shutdown(absl::AbortedError(absl::StrCat(
@@ -148,16 +163,11 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
       "run rolled back resumes from that checkpoint")));
   {
     absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
-    snapshotter_->Install(*std::move(loaded));
+    snapshotter_->Install(std::move(loaded));
     tables_replaced_++;
     absl::MutexLock lock(&log_mu_);
     alone_.Reset(0);
   }
-  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
-              static_cast<long long>(step));
-  std::fflush(stdout);
-  resp->set_step(step);
-  return grpc::Status::OK;
 }
 
 absl::Status ParameterServerService::ReplaceWholeState(absl::string_view what,
