@@ -9,7 +9,8 @@
 //
 // Ordered (a chain): entries apply one at a time, in number order, so that every replica
 // replays the same sequence. Unordered (a shard alone): writes apply concurrently, and a
-// repeat that comes while its first attempt still applies waits for it.
+// repeat that comes while its first attempt still applies waits for it; a write without a
+// request id takes no number (Entry.seq 0).
 //
 // Thread-safe. The numbers are guarded by the owner's mutex `mu` (the owner waits on them
 // under it); the order lock comes before it.
