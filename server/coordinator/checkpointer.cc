@@ -180,82 +180,104 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   // A capture waits in a shard for a BSP step, in slices: it ends once a worker the step may
   // wait for is gone (declared dead, or come back), and the workers roll back instead.
   shard_options.wait_check = [this, view] { return StillSameCluster(view, cluster_->View()); };
-  auto shards = PsClient::Create(shard_options);
-  if (!shards.ok()) return shards.status();
-  ps::SnapshotRequest request;
-  // Snapshot the step the tables have reached, when they stand still (a worker waits on
-  // this checkpointer: rank 0 reporting its metric or asking for a checkpoint; the run
-  // stopped). BSP tables may pass it before the request lands, and then some shards capture
-  // and others refuse: wait for those writes to end and ask again. Passed twice, the run
-  // goes on without us (psctl checkpoint during training): aim ahead, at a step the tables
-  // will reach, further each time they pass it first; not with a metric, measured on the
-  // step reached. An ahead capture waits for pushes: if what moved the tables stops (the
-  // run ends, or rank 0 now waits on this checkpointer and cannot push them) it gives up
-  // after kAheadWait, and the tables, standing still, are taken where they are. (Ahead
-  // captures were the only kind once: a 10 s stall at epoch ends, seen by the red team.)
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> shards, PsClient::Create(shard_options));
+  int64_t step = -1;
+  ASSIGN_OR_RETURN(std::optional<Checkpoint> earlier,
+                   SnapshotShards(view, shards.get(), at, &metric, &step));
+  if (earlier) return *earlier;
+  return File(view, shards.get(), step, metric);
+}
+
+// Snapshot the step the tables have reached, when they stand still (a worker waits on
+// this checkpointer: rank 0 reporting its metric or asking for a checkpoint; the run
+// stopped). BSP tables may pass it before the request lands, and then some shards capture
+// and others refuse: wait for those writes to end and ask again. Passed twice, the run
+// goes on without us (psctl checkpoint during training): aim ahead, at a step the tables
+// will reach, further each time they pass it first; not with a metric, measured on the
+// step reached. An ahead capture waits for pushes: if what moved the tables stops (the
+// run ends, or rank 0 now waits on this checkpointer and cannot push them) it gives up
+// after kAheadWait, and the tables, standing still, are taken where they are. (Ahead
+// captures were the only kind once: a 10 s stall at epoch ends, seen by the red team.)
+absl::StatusOr<std::optional<Checkpoint>> Checkpointer::SnapshotShards(
+    const ClusterView& view, PsClient* shards, std::optional<int64_t> at,
+    std::optional<double>* metric, int64_t* step) {
   constexpr absl::Duration kAheadWait = absl::Seconds(2);
   std::unique_ptr<PsClient> soon;  // the ahead captures' calls, deadline kAheadWait
-  int64_t step = -1;
-  int64_t ahead = 0;  // steps past the reached one this attempt aims at
+  int64_t ahead = 0;               // steps past the reached one this attempt aims at
   absl::Status s;
   for (int attempt = 0; attempt < (at ? 1 : 8); ++attempt) {
-    if (auto idle = (*shards)->SnapshotStatus(/*wait_until_idle=*/true); !idle.ok()) {
-      return idle.status();
-    }
-    if (at) {
-      step = *at;
-      if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, " is not after the newest checkpoint's, ", checkpoints_.back().step()));
-      }
-    } else {
-      auto reached = (*shards)->CheckpointStep();
-      if (!reached.ok()) return reached.status();
-      step = *reached + ahead;
-      if (!checkpoints_.empty() && step <= checkpoints_.back().step()) {
-        Checkpoint& newest = checkpoints_.back();
-        if (metric && step == newest.step()) {  // measured at its step: filed under it
-          newest.set_has_metric(true);
-          newest.set_metric(*metric);
-          RETURN_IF_ERROR(WriteManifest());
-          cluster_->SetCheckpoints(checkpoints_);
-        }
-        Checkpoint answer = newest;
-        answer.set_earlier(true);
-        return answer;
-      }
-    }
-    // A step rank 0 has measured already carries its metric, best or not (its report came
-    // before the checkpoint: the final one never carried the run's final accuracy).
-    if (!metric) metric = MetricMeasuredAt(view, step);
-    if (metric) {
-      request.set_has_metric(true);
-      request.set_metric(*metric);
-    }
-    // Our retention, decided before the shards write: they keep exactly what we will list.
-    request.clear_keep_steps();
-    for (const Checkpoint& c : Retained(step, metric)) request.add_keep_steps(c.step());
+    RETURN_IF_ERROR(shards->SnapshotStatus(/*wait_until_idle=*/true).status());
+    ASSIGN_OR_RETURN(std::optional<Checkpoint> earlier,
+                     ChooseStep(shards, at, ahead, *metric, step));
+    if (earlier) return earlier;
+    const ps::SnapshotRequest request = RequestFor(view, *step, metric);
     if (ahead > 0 && soon == nullptr) {
       PsClientOptions o = ShardsOf(view, options_);
       o.rpc_timeout = std::min(o.rpc_timeout, kAheadWait);
       ASSIGN_OR_RETURN(soon, PsClient::Create(o));
     }
-    s = (ahead > 0 ? soon : *shards)->Snapshot(step, request);
-    if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) break;
+    s = (ahead > 0 ? soon.get() : shards)->Snapshot(*step, request);
+    if (s.ok() || s.code() == absl::StatusCode::kAlreadyExists) return std::nullopt;
     if (s.code() == absl::StatusCode::kUnavailable) {  // a member is gone, or a shard is
       return absl::Status(s.code(),
-                          absl::StrCat("checkpoint of step ", step, " abandoned: ", s.message()));
+                          absl::StrCat("checkpoint of step ", *step, " abandoned: ", s.message()));
     }
     // Passed before the request landed (twice: further ahead), or an ahead capture waited in
     // vain (the tables stand still now).
     const bool passed = s.code() == absl::StatusCode::kFailedPrecondition;
-    ahead = passed && attempt >= 1 && !metric ? std::max<int64_t>(2, 2 * ahead) : 0;
+    ahead = passed && attempt >= 1 && !*metric ? std::max<int64_t>(2, 2 * ahead) : 0;
   }
-  if (!s.ok() && s.code() != absl::StatusCode::kAlreadyExists) return s;
-  auto done = (*shards)->SnapshotStatus(/*wait_until_idle=*/true);
-  if (!done.ok()) return done.status();
-  for (size_t i = 0; i < done->size(); ++i) {
-    const ps::SnapshotStatusResponse& d = (*done)[i];
+  return s;
+}
+
+absl::StatusOr<std::optional<Checkpoint>> Checkpointer::ChooseStep(PsClient* shards,
+                                                                   std::optional<int64_t> at,
+                                                                   int64_t ahead,
+                                                                   std::optional<double> metric,
+                                                                   int64_t* step) {
+  if (at) {
+    *step = *at;
+    if (!checkpoints_.empty() && *step <= checkpoints_.back().step()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", *step, " is not after the newest checkpoint's, ", checkpoints_.back().step()));
+    }
+    return std::nullopt;
+  }
+  ASSIGN_OR_RETURN(const int64_t reached, shards->CheckpointStep());
+  *step = reached + ahead;
+  if (checkpoints_.empty() || *step > checkpoints_.back().step()) return std::nullopt;
+  Checkpoint& newest = checkpoints_.back();
+  if (metric && *step == newest.step()) {  // measured at its step: filed under it
+    newest.set_has_metric(true);
+    newest.set_metric(*metric);
+    RETURN_IF_ERROR(WriteManifest());
+    cluster_->SetCheckpoints(checkpoints_);
+  }
+  Checkpoint answer = newest;
+  answer.set_earlier(true);
+  return answer;
+}
+
+ps::SnapshotRequest Checkpointer::RequestFor(const ClusterView& view, int64_t step,
+                                             std::optional<double>* metric) {
+  ps::SnapshotRequest request;
+  // A step rank 0 has measured already carries its metric, best or not (its report came
+  // before the checkpoint: the final one never carried the run's final accuracy).
+  if (!*metric) *metric = MetricMeasuredAt(view, step);
+  if (*metric) {
+    request.set_has_metric(true);
+    request.set_metric(**metric);
+  }
+  // Our retention, decided before the shards write: they keep exactly what we will list.
+  for (const Checkpoint& c : Retained(step, *metric)) request.add_keep_steps(c.step());
+  return request;
+}
+
+absl::StatusOr<Checkpoint> Checkpointer::File(const ClusterView& view, PsClient* shards,
+                                              int64_t step, std::optional<double> metric) {
+  ASSIGN_OR_RETURN(auto done, shards->SnapshotStatus(/*wait_until_idle=*/true));
+  for (size_t i = 0; i < done.size(); ++i) {
+    const ps::SnapshotStatusResponse& d = done[i];
     if (d.last_complete_step() < step || !d.last_error().empty()) {
       return absl::Status(ErrorCode(d.last_error()),
                           absl::StrCat("checkpoint of step ", step, " failed on shard ", i, " (",
@@ -266,10 +288,10 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   checkpoints_ = Retained(step, metric);
   Checkpoint& c = checkpoints_.back();  // the new one: retention always keeps the newest
   c.set_unix_ms(absl::ToUnixMillis(absl::Now()));
-  if (absl::Status w = WriteManifest(); !w.ok()) return w;
+  RETURN_IF_ERROR(WriteManifest());
   cluster_->SetCheckpoints(checkpoints_);
   std::printf("ps_coordinator: checkpoint of step %lld complete on %d shard(s)%s\n",
-              static_cast<long long>(step), (*shards)->num_shards(),
+              static_cast<long long>(step), shards->num_shards(),
               metric ? absl::StrCat(", metric ", *metric).c_str() : "");
   std::fflush(stdout);
   return c;

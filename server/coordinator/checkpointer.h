@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/security.h"
 #include "proto/coordinator.pb.h"
+#include "proto/ps.pb.h"
 #include "server/coordinator/cluster_state.h"
 
 namespace pscluster {
@@ -76,6 +77,22 @@ class Checkpointer {
   absl::StatusOr<Checkpoint> CheckpointLocked(std::optional<double> metric,
                                               std::optional<int64_t> at = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckpointLocked's parts. Has the shards snapshot a step (*step): none answered when an
+  // earlier checkpoint answers instead (the tables stand at or before the newest).
+  absl::StatusOr<std::optional<Checkpoint>> SnapshotShards(
+      const ClusterView& view, PsClient* shards, std::optional<int64_t> at,
+      std::optional<double>* metric, int64_t* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step an attempt aims at: `at`, or the one reached plus `ahead`.
+  absl::StatusOr<std::optional<Checkpoint>> ChooseStep(PsClient* shards, std::optional<int64_t> at,
+                                                       int64_t ahead, std::optional<double> metric,
+                                                       int64_t* step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request for `step`: its metric (*metric, or rank 0's measure of it) and retention.
+  ps::SnapshotRequest RequestFor(const ClusterView& view, int64_t step,
+                                 std::optional<double>* metric) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every shard wrote `step`: listed in the manifest and the view.
+  absl::StatusOr<Checkpoint> File(const ClusterView& view, PsClient* shards, int64_t step,
+                                  std::optional<double> metric) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Files `metric` under the checkpoint of `step` (which exists) and applies retention.
   absl::Status FileMetricLocked(int64_t step, double metric) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Files rank 0's newest metric under its step's checkpoint, or checkpoints there for a best.
