@@ -32,36 +32,48 @@ std::string When(int64_t unix_ms) {
                                      absl::UTCTimeZone()));
 }
 
+// The ranges a chart spans: every worker's points, at least [0, 1] in y when `unit`.
+struct Span {
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
+  bool any = false;  // any point at all
+};
+template <typename Series>
+Span SpanOf(const std::map<int32_t, WorkerCurves>& curves, bool unit, Series series) {
+  Span r;
+  for (const auto& [rank, c] : curves) {
+    for (const ProgressPoint& p : series(c)) {
+      if (!r.any) {
+        r.x0 = r.x1 = static_cast<double>(p.step);
+        r.y0 = r.y1 = p.value;
+        r.any = true;
+      }
+      r.x0 = std::min(r.x0, static_cast<double>(p.step));
+      r.x1 = std::max(r.x1, static_cast<double>(p.step));
+      r.y0 = std::min(r.y0, p.value);
+      r.y1 = std::max(r.y1, p.value);
+    }
+  }
+  if (r.x1 == r.x0) r.x1 = r.x0 + 1;
+  if (unit) {
+    r.y0 = std::min(r.y0, 0.0);
+    r.y1 = std::max(r.y1, 1.0);
+  }
+  if (r.y1 == r.y0) {
+    r.y0 -= 0.5;
+    r.y1 += 0.5;
+  }
+  return r;
+}
+
 // One chart: a polyline per worker of series(curves) against step, with the ranges printed.
 // `unit`: the y axis spans at least [0, 1] (accuracy).
 template <typename Series>
 std::string Chart(const std::string& id, const std::string& title,
                   const std::map<int32_t, WorkerCurves>& curves, bool unit, Series series) {
   constexpr double kW = 460, kH = 180, kLeft = 56, kRight = 10, kTop = 24, kBottom = 28;
-  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
-  bool any = false;
-  for (const auto& [rank, c] : curves) {
-    for (const ProgressPoint& p : series(c)) {
-      if (!any) {
-        x0 = x1 = static_cast<double>(p.step);
-        y0 = y1 = p.value;
-        any = true;
-      }
-      x0 = std::min(x0, static_cast<double>(p.step));
-      x1 = std::max(x1, static_cast<double>(p.step));
-      y0 = std::min(y0, p.value);
-      y1 = std::max(y1, p.value);
-    }
-  }
-  if (x1 == x0) x1 = x0 + 1;
-  if (unit) {
-    y0 = std::min(y0, 0.0);
-    y1 = std::max(y1, 1.0);
-  }
-  if (y1 == y0) {
-    y0 -= 0.5;
-    y1 += 0.5;
-  }
+  const Span span = SpanOf(curves, unit, series);
+  const double x0 = span.x0, x1 = span.x1, y0 = span.y0, y1 = span.y1;
+  const bool any = span.any;
   auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
   auto py = [&](double y) { return kH - kBottom - (y - y0) / (y1 - y0) * (kH - kTop - kBottom); };
   std::string svg = absl::StrFormat(
@@ -134,8 +146,10 @@ std::string HtmlEscape(const std::string& text) {
   return out;
 }
 
-std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
-                             absl::Time now, int refresh_seconds) {
+namespace {
+
+// The page's head and its summary line.
+std::string Head(const ClusterView& view, absl::Time now, int refresh_seconds) {
   int alive = 0, finished = 0, dead = 0;  // a worker that finished and left is not dead
   for (const Member& m : view.members()) (m.alive() ? alive : m.finished() ? finished : dead)++;
   std::string h = absl::StrCat(
@@ -161,7 +175,11 @@ std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, Wo
                                     : "<b>incomplete</b>",
                   " &middot; ", alive, " alive, ", finished, " finished, ", dead,
                   " dead &middot; refreshed ", When(absl::ToUnixMillis(now)), "</p>");
+  return h;
+}
 
+std::string MembersTable(const ClusterView& view, absl::Time now) {
+  std::string h;
   absl::StrAppend(&h,
                   "<h2>Members</h2><table id=\"members\"><tr><th>role</th><th>id</th>"
                   "<th>address</th><th>state</th><th>heartbeat age</th><th>incarnation</th>"
@@ -181,7 +199,11 @@ std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, Wo
                     worker && m.has_metric() ? Number(m.metric()) : "", "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
+  return h;
+}
 
+std::string ShardsTable(const ClusterView& view) {
+  std::string h;
   absl::StrAppend(&h,
                   "<h2>Shard map</h2><table id=\"shards\"><tr><th>shard</th>"
                   "<th>address</th></tr>");
@@ -192,7 +214,11 @@ std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, Wo
         "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
+  return h;
+}
 
+std::string SwitchesTable(const ClusterView& view) {
+  std::string h;
   absl::StrAppend(&h,
                   "<h2>Mode switches</h2><table id=\"switches\"><tr><th>id</th>"
                   "<th>at step</th><th>from</th><th>to</th><th>hand-over</th>"
@@ -212,7 +238,11 @@ std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, Wo
                     s.acked_ranks_size(), " acked)</td><td>", When(s.unix_ms()), "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
+  return h;
+}
 
+std::string CheckpointsTable(const ClusterView& view) {
+  std::string h;
   absl::StrAppend(&h,
                   "<h2>Checkpoints</h2><table id=\"checkpoints\"><tr><th>step</th>"
                   "<th>metric</th><th>complete</th><th>time</th></tr>");
@@ -222,7 +252,11 @@ std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, Wo
                     "</td><td>yes</td><td>", When(c.unix_ms()), "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
+  return h;
+}
 
+std::string CurvesSection(const std::map<int32_t, WorkerCurves>& curves) {
+  std::string h;
   absl::StrAppend(
       &h, "<h2>Curves</h2><div id=\"curves\">",
       Chart("loss-chart", "training loss", curves, false,
@@ -235,6 +269,14 @@ std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, Wo
             }),
       "</div></body></html>\n");
   return h;
+}
+
+}  // namespace
+
+std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
+                             absl::Time now, int refresh_seconds) {
+  return absl::StrCat(Head(view, now, refresh_seconds), MembersTable(view, now), ShardsTable(view),
+                      SwitchesTable(view), CheckpointsTable(view), CurvesSection(curves));
 }
 
 class StatusPageServer::Handler final : public CivetHandler {
