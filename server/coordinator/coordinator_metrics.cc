@@ -8,8 +8,9 @@
 namespace pscluster::coord {
 namespace {
 
-void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
-  double alive[2] = {0, 0}, dead[2] = {0, 0};
+// Each member's gauges; counts[role][alive] of the members (role 1: workers).
+void CollectMembers(const ClusterView& view, absl::Time now, MetricFamilies* f, double alive[2],
+                    double dead[2]) {
   for (const Member& m : view.members()) {
     const int role = m.role() == WORKER ? 1 : 0;
     const MetricLabels labels = {{"role", role ? "worker" : "shard"},
@@ -38,6 +39,11 @@ void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
       }
     }
   }
+}
+
+void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
+  double alive[2] = {0, 0}, dead[2] = {0, 0};
+  CollectMembers(view, now, f, alive, dead);
   for (int role = 0; role < 2; ++role) {
     const char* name = role ? "worker" : "shard";
     f->Gauge("pscluster_coordinator_members", "Registered members by role and state.",

@@ -287,6 +287,32 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusP
   return page;
 }
 
+// The coordinator's gRPC server, with health checks and reflection (as ps_server's).
+absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(
+    pscluster::coord::CoordinatorService* service,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials,
+    const pscluster::Security& security, pscluster::Metrics* metrics, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, as ps_server
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // for generic tools, as ps_server
+  grpc::ServerBuilder builder;
+  pscluster::NameUnparsableRequests(&builder, metrics ? metrics->rpcs().Interceptor() : nullptr);
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, credentials, port);
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, " (port in use?",
+                     security.tls() ? " or gRPC refused the TLS key and certificate: do "
+                                      "--tls_cert and --tls_key belong together?"
+                                    : "",
+                     ")"));
+  }
+  return server;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -317,25 +343,9 @@ int main(int argc, char** argv) {
   if (*metrics) pscluster::coord::AddCoordinatorMetrics(&cluster, metrics->get());
   auto page = StartStatusPage(&cluster, &history);
   if (!page.ok()) return Fail(page.status().ToString());
-  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, as ps_server
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // for generic tools, as ps_server
-  grpc::ServerBuilder builder;
-  pscluster::NameUnparsableRequests(&builder,
-                                    *metrics ? (*metrics)->rpcs().Interceptor() : nullptr);
   int port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, *credentials, &port);
-  builder.SetMaxReceiveMessageSize(4 << 20);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", address, " (port in use?",
-                             security->tls() ? " or gRPC refused the TLS key and certificate: do "
-                                               "--tls_cert and --tls_key belong together?"
-                                             : "",
-                             ")"));
-  }
+  auto server = Listen(&service, *credentials, *security, metrics->get(), &port);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
   std::printf(
       "ps_coordinator listening on %s:%d (expecting %d shard(s) x %d replica(s), %d worker(s); "
       "mode %s; %s)\n",
@@ -349,14 +359,14 @@ int main(int argc, char** argv) {
       [&] { RunBackground(&cluster, checkpointer->get(), options->heartbeat_timeout / 4, &stop); });
   // Waiting GetView and KvGet calls fail with UNAVAILABLE, so the drain does not wait for
   // their deadlines.
-  pscluster::ServeUntilSignal(server.get(), service.in_flight(), "ps_coordinator", [&] {
+  pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_coordinator", [&] {
     cluster.Shutdown();
     kv.Shutdown();
   });
   stop.Notify();
   background.join();
-  server.reset();  // before the interceptor's RpcMetrics; then the HTTP servers stop before
-  page->reset();   // the state they read goes
+  server->reset();  // before the interceptor's RpcMetrics; then the HTTP servers stop before
+  page->reset();    // the state they read goes
   metrics->reset();
   return 0;
 }
