@@ -19,18 +19,9 @@
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
 #include "worker/modes/model_tables.h"
-#include "worker/modes/recent_rate.h"
+#include "worker/modes/step_observers.h"
 
 namespace pscluster::modes {
-namespace {
-
-std::string FormatEta(double seconds) {
-  int s = static_cast<int>(seconds);
-  return absl::StrCat(s / 60, "m", s % 60 < 10 ? "0" : "", s % 60, "s");
-}
-
-}  // namespace
-
 bool PeerFailure(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -269,146 +260,75 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   TrainSummary summary;
   const int64_t total = total_steps();
   if (options_.coordinator != nullptr) options_.coordinator->set_run_end_step(total);
-  absl::Time start = absl::Now(), last_report = start;
-  absl::Duration eval_time, reported_eval;
-  // Progress lines, the ETA, the coordinator's figure and the gauge: the last 30 s, not an
-  // average since the start (which after an outage lied for minutes).
-  RecentRate recent;
-  recent.Add(start, 0);
-  int64_t steps_done = 0, reported_steps = 0;  // replayed steps after a rollback count
-  double epoch_loss = 0;
-  int64_t epoch_steps = 0;
-  // One step: a switch if one is due, the step, and at an epoch's end checkpoint and
-  // evaluation.
-  auto run_step = [&](int64_t step) -> absl::Status {
-    RETURN_IF_ERROR(MaybeSwitch(step, &summary));
-    const absl::Time step_start = absl::Now();
-    const absl::Duration comm_before = comm_clock_.total();
-    ASSIGN_OR_RETURN(float loss, placement_->Step(step));
-    if (options_.metrics != nullptr) {
-      // With a communication thread (ALLREDUCE, PS overlap_push) communication overlaps
-      // compute: it counts up to the step's length.
-      const absl::Duration took = absl::Now() - step_start;
-      const absl::Duration comm = std::min(comm_clock_.total() - comm_before, took);
-      options_.metrics->Step(options_.batch_size, took - comm, comm, loss);
-      if (placement_->mode() != reported_mode_) {
-        reported_mode_ = placement_->mode();
-        options_.metrics->SetMode(reported_mode_);
-      }
-    }
-    epoch_loss += loss;
-    ++epoch_steps;
-    ++steps_done;
-    const absl::Time now = absl::Now();
-    if (now - last_report >= options_.progress_every || step + 1 == total) {
-      recent.Add(now, (steps_done - reported_steps) * options_.batch_size,
-                 eval_time - reported_eval);
-      reported_steps = steps_done;
-      reported_eval = eval_time;
-      const double rate = recent.PerSecond();
-      std::printf("worker %d (%s): epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n",
-                  options_.rank, ModeName(placement_->mode()),
-                  static_cast<long long>(step / per_epoch_ + 1), options_.epochs,
-                  static_cast<long long>(step + 1), static_cast<long long>(total),
-                  epoch_loss / epoch_steps, rate,
-                  rate > 0 ? FormatEta((total - step - 1) * options_.batch_size / rate).c_str()
-                           : "unknown");
-      std::fflush(stdout);
-      ReportProgress(step + 1, epoch_loss / epoch_steps, rate);
-      if (options_.metrics != nullptr) options_.metrics->Progress(rate, step / per_epoch_ + 1);
-      last_report = now;
-    }
-    // An epoch's end, or the last step of a run cut short by max_steps: checkpoint and
-    // evaluation.
-    if ((step + 1) % per_epoch_ != 0 && step + 1 != total) {
-      return CheckpointMidEpoch(step + 1, &summary);
-    }
-    summary.final_loss = epoch_loss / epoch_steps;
-    epoch_loss = 0;
-    epoch_steps = 0;
-    const int64_t epoch = (step + per_epoch_) / per_epoch_;  // the epoch this step is in
-    const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(placement_->Flush());  // the boundary's checkpoint sees every step before it
-    if (options_.coordinator != nullptr) RETURN_IF_ERROR(Publish(step + 1));
-    RequestCheckpoint(epoch, &summary);
-    // Training's memory, before the first evaluation (which builds a model of its own): what
-    // is live after the steps (free pages returned first), and the peak so far (with the
-    // start's transient copies of the state: the initial state, the first checkpoint).
-    if (memory_live_ == 0) {
-      memory_peak_ = PeakResidentMemoryBytes();
-      malloc_trim(0);
-      memory_live_ = ResidentMemoryBytes();
-    }
-    if (options_.evaluate && test_ != nullptr) {
-      ASSIGN_OR_RETURN(model::StepResult r, Evaluate(step + 1));
-      summary.test_accuracy = static_cast<double>(r.correct) / std::max(r.examples, 1);
-      summary.test_loss = r.loss;
-      if (model_->spec().label_width > 1) {  // a language model: the loss is what matters
-        std::printf(
-            "worker %d: epoch %lld test loss %.4f (%.4f bits per token), next-token "
-            "accuracy %.4f\n",
-            options_.rank, static_cast<long long>(epoch), r.loss, r.loss / std::log(2.0),
-            summary.test_accuracy);
-      } else {
-        std::printf("worker %d: epoch %lld test accuracy %.4f\n", options_.rank,
-                    static_cast<long long>(epoch), summary.test_accuracy);
-      }
-      std::fflush(stdout);
-      if (options_.metrics != nullptr) options_.metrics->Evaluated(summary.test_accuracy);
-      if (options_.coordinator != nullptr) {  // feeds keep-the-best checkpoints
-        absl::Status r = options_.coordinator->ReportProgress(
-            view_.version(), step + 1, summary.final_loss, 0, summary.test_accuracy);
-        if (!r.ok())
-          std::fprintf(stderr, "worker %d: metric report: %s\n", options_.rank,
-                       r.ToString().c_str());
-      }
-    }
-    eval_time += absl::Now() - t0;
-    return absl::OkStatus();
-  };
-  for (int64_t step = start_step_; step < total;) {
+  TrainLoop loop(LoopHooks(&summary), per_epoch_, total);
+  MetricsObserver metrics(options_.metrics, options_.batch_size, [this] { return mode(); });
+  ProgressPrinter::Options p;
+  p.rank = options_.rank;
+  p.batch_size = options_.batch_size;
+  p.epochs = options_.epochs;
+  p.per_epoch = per_epoch_;
+  p.every = options_.progress_every;
+  p.mode = [this] { return mode(); };
+  p.report = [this](int64_t step, double loss, double rate) { ReportProgress(step, loss, rate); };
+  p.metrics = options_.metrics;
+  ProgressPrinter progress(std::move(p));
+  Checkpoints checkpoints(this, &summary);
+  Evaluation evaluation(this, &summary);
+  if (options_.metrics != nullptr) loop.Observe(&metrics);
+  loop.Observe(&progress);
+  loop.Observe(&checkpoints);
+  loop.Observe(&evaluation);
+  ASSIGN_OR_RETURN(TrainLoop::Result result, loop.Run(start_step_));
+  summary.rollbacks = std::move(result.rollbacks);
+  summary.final_loss = result.final_loss;
+  RETURN_IF_ERROR(Summarize(total, result.training, &summary));
+  return summary;
+}
+
+TrainLoopHooks Trainer::LoopHooks(TrainSummary* summary) {
+  TrainLoopHooks h;
+  h.before = [this, summary](int64_t step) -> absl::Status {
     // A worker the coordinator declared dead (cut off or stopped past the timeout) whose
     // calls all succeeded again once it came back has registered as a new incarnation: it
     // rolls back with the others instead of training on in the old generation (they see
     // the new one in their next wait for it).
-    absl::Status s = options_.coordinator != nullptr && DeclaredDead()
-                         ? absl::UnavailableError(absl::StrCat(
-                               "worker ", options_.rank,
-                               " was declared dead by the coordinator and registered again"))
-                         : run_step(step);
-    if (s.ok()) {
-      ++step;
-      continue;
+    if (options_.coordinator != nullptr && DeclaredDead()) {
+      return absl::UnavailableError(absl::StrCat(
+          "worker ", options_.rank, " was declared dead by the coordinator and registered again"));
     }
+    return MaybeSwitch(step, summary);
+  };
+  h.step = [this](int64_t step) { return placement_->Step(step); };
+  h.comm_clock = [this] { return comm_clock_.total(); };
+  h.recover = [this](int64_t step, absl::Status s) -> absl::StatusOr<int64_t> {
     if (options_.coordinator == nullptr || !(PeerFailure(s) || DeclaredDead())) return s;
-    ASSIGN_OR_RETURN(int64_t back_to, Recover(step, s));
-    summary.rollbacks.emplace_back(step, back_to);
-    if (options_.metrics != nullptr) options_.metrics->RolledBack();
-    step = back_to;
-    epoch_loss = 0;
-    epoch_steps = 0;
-  }
-  const absl::Duration train_time = absl::Now() - start - eval_time;
+    return Recover(step, s);
+  };
+  return h;
+}
+
+absl::Status Trainer::Summarize(int64_t total, absl::Duration training, TrainSummary* summary) {
   ASSIGN_OR_RETURN(ModelState final_state, placement_->Gather(total, /*with_slots=*/false));
   for (const auto& p : final_state.params) {
-    summary.param_crc32c = crc32c::Extend(summary.param_crc32c, p.data(), p.size() * sizeof(float));
+    summary->param_crc32c =
+        crc32c::Extend(summary->param_crc32c, p.data(), p.size() * sizeof(float));
   }
-  summary.figures = placement_->Figures();
+  summary->figures = placement_->Figures();
   if (memory_live_ > memory_before_) {  // resident memory training added, this worker's
-    summary.figures.emplace_back("train_memory_bytes",
-                                 static_cast<double>(memory_live_ - memory_before_));
-    summary.figures.emplace_back("peak_memory_bytes",
-                                 static_cast<double>(memory_peak_ - memory_before_));
+    summary->figures.emplace_back("train_memory_bytes",
+                                  static_cast<double>(memory_live_ - memory_before_));
+    summary->figures.emplace_back("peak_memory_bytes",
+                                  static_cast<double>(memory_peak_ - memory_before_));
   }
-  summary.final_mode = ModeName(placement_->mode());
-  summary.model = model_->spec().kind;
-  summary.steps = total;
-  summary.steps_per_epoch = per_epoch_;
-  summary.epochs = options_.epochs;
-  summary.train_seconds = absl::ToDoubleSeconds(train_time);
-  summary.samples_per_sec =
-      (total - start_step_) * static_cast<double>(options_.batch_size) / summary.train_seconds;
-  return summary;
+  summary->final_mode = ModeName(placement_->mode());
+  summary->model = model_->spec().kind;
+  summary->steps = total;
+  summary->steps_per_epoch = per_epoch_;
+  summary->epochs = options_.epochs;
+  summary->train_seconds = absl::ToDoubleSeconds(training);
+  summary->samples_per_sec =
+      (total - start_step_) * static_cast<double>(options_.batch_size) / summary->train_seconds;
+  return absl::OkStatus();
 }
 
 }  // namespace pscluster::modes

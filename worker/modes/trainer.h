@@ -36,6 +36,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/registry.h"
 #include "worker/modes/placement.h"
+#include "worker/modes/train_loop.h"
 #include "worker/modes/worker_metrics.h"
 
 namespace pscluster::modes {
@@ -193,6 +194,30 @@ class Trainer {
   void ReportProgress(int64_t step, double loss, double rate);
   // options_.connect for generation `name`, its calls timed into comm_clock_.
   absl::Status ConnectCommunicator(const std::string& name);
+  // Run's parts: the loop's hooks (a due switch, the step, recovery), and the summary's
+  // figures once the run ended.
+  TrainLoopHooks LoopHooks(TrainSummary* summary);
+  absl::Status Summarize(int64_t total, absl::Duration training, TrainSummary* summary);
+  // The loop's observers on this trainer's state (trainer_observers.cc): checkpoints,
+  // mid-epoch and at every epoch's end; the test set's evaluation at every epoch's end.
+  class Checkpoints final : public StepObserver {
+   public:
+    Checkpoints(Trainer* trainer, TrainSummary* summary) : trainer_(trainer), summary_(summary) {}
+    absl::Status AfterStep(const StepDone& done) override;
+
+   private:
+    Trainer* const trainer_;
+    TrainSummary* const summary_;
+  };
+  class Evaluation final : public StepObserver {
+   public:
+    Evaluation(Trainer* trainer, TrainSummary* summary) : trainer_(trainer), summary_(summary) {}
+    absl::Status AfterStep(const StepDone& done) override;
+
+   private:
+    Trainer* const trainer_;
+    TrainSummary* const summary_;
+  };
 
   const TrainerOptions options_;
   const data::Dataset* const train_;
@@ -204,10 +229,9 @@ class Trainer {
   // Time the training thread spends communicating: the placements reach the shards and
   // the other workers only through these timed wrappers.
   CommClock comm_clock_;
-  std::unique_ptr<PsClient> client_;                       // null without shards
-  std::unique_ptr<TimedParameterStore> timed_ps_;          // client_, timed
-  std::unique_ptr<collective::Communicator> comm_;         // a TimedCommunicator
-  Mode reported_mode_ = coord::TRAINING_MODE_UNSPECIFIED;  // to options_.metrics
+  std::unique_ptr<PsClient> client_;                // null without shards
+  std::unique_ptr<TimedParameterStore> timed_ps_;   // client_, timed
+  std::unique_ptr<collective::Communicator> comm_;  // a TimedCommunicator
   std::unique_ptr<Placement> placement_;
   coord::ClusterView view_;  // with a coordinator: the view training uses
   // The steps of the whole run: the epochs', or fewer with max_steps.

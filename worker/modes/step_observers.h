@@ -1,0 +1,58 @@
+// The training loop's observers that need no trainer: Prometheus metrics and the progress
+// lines (with the coordinator's progress reports).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/time/time.h"
+#include "worker/modes/placement.h"
+#include "worker/modes/recent_rate.h"
+#include "worker/modes/train_loop.h"
+#include "worker/modes/worker_metrics.h"
+
+namespace pscluster::modes {
+
+// Each step's time, communication and loss, the mode in effect, and rollbacks.
+class MetricsObserver final : public StepObserver {
+ public:
+  // metrics: not owned. mode: the mode steps run in now.
+  MetricsObserver(WorkerMetrics* metrics, int batch_size, std::function<Mode()> mode)
+      : metrics_(metrics), batch_size_(batch_size), mode_(std::move(mode)) {}
+  absl::Status AfterStep(const StepDone& done) override;
+  void RolledBack(int64_t, int64_t) override { metrics_->RolledBack(); }
+
+ private:
+  WorkerMetrics* const metrics_;
+  const int batch_size_;
+  const std::function<Mode()> mode_;
+  Mode reported_ = coord::TRAINING_MODE_UNSPECIFIED;
+};
+
+// A line every `every` (and at the last step) with the epoch's loss, the samples/s of the
+// last 30 s (not an average since the start, which after an outage lied for minutes) and
+// the ETA; the same figures go to `report` (the coordinator) and the metrics' gauges.
+class ProgressPrinter final : public StepObserver {
+ public:
+  struct Options {
+    int rank = 0;
+    int batch_size = 0;
+    int epochs = 0;
+    int64_t per_epoch = 1;
+    absl::Duration every = absl::Seconds(5);
+    std::function<Mode()> mode;
+    std::function<void(int64_t step, double loss, double rate)> report;  // may be null
+    WorkerMetrics* metrics = nullptr;                                    // may be null
+  };
+  explicit ProgressPrinter(Options options);
+  absl::Status AfterStep(const StepDone& done) override;
+
+ private:
+  const Options options_;
+  RecentRate recent_;
+  absl::Time last_line_;
+  int64_t steps_done_ = 0, reported_steps_ = 0;  // replayed steps after a rollback count
+  absl::Duration reported_paused_;
+};
+
+}  // namespace pscluster::modes
