@@ -135,6 +135,44 @@ const char* FitName(Fit f) {
   return f == Fit::kFits ? "yes" : f == Fit::kWithRecompute ? "recompute" : "no";
 }
 
+// How section 2's figures are counted, for the input's precision and flags.
+std::string MemoryLegend(const PlanInput& in) {
+  const bool fp32 = in.precision == "fp32";
+  return absl::StrCat(
+      fp32 ? "  state: fp32 Adam, 16 bytes/param (4 weights + 4 gradients + 8 m, v) over T·P;\n"
+             "    ZeRO-1 divides the 8 by D, ZeRO-2 also the 4 gradient bytes, ZeRO-3 all 16;\n"
+           : "  state: mixed-precision Adam, 16 bytes/param (2 bf16 weights + 2 bf16 gradients +\n"
+             "    12 fp32 master, m, v) over T·P; ZeRO-1 divides the 12 by D, ZeRO-2 also the 2\n"
+             "    gradient bytes, ZeRO-3 all 16;\n",
+      in.state_bytes_per_param > 0
+          ? absl::StrFormat("    DDP %g bytes/param (--state_bytes_per_param: the framework's "
+                            "copies; ZeRO-1 divides\n    what is beyond the weights and "
+                            "gradients by D);\n",
+                            in.state_bytes_per_param)
+          : "",
+      "    the TxPxD rows shard the optimizer over D (ZeRO-1, Megatron's distributed\n"
+      "    optimizer). T is tensor parallelism within a node, P pipeline stages.\n",
+      fp32 ? "  activ: s·b·h·(64 + 4·a·s/h) bytes per layer per micro-batch (Korthikanti et al.'s\n"
+             "    tensors in fp32, no dropout),"
+           : "  activ: s·b·h·(34 + 5·a·s/h) bytes per layer per micro-batch (Korthikanti et al.\n"
+             "    2022),",
+      in.sequence_parallel ? " /T with sequence parallelism.\n"
+                           : absl::StrCat(" /T with sequence parallelism; here without\n    it "
+                                          "(--nosequence_parallel): s·b·h·(",
+                                          fp32 ? "16 + (48 + 4·a·s/h)/T" : "10 + (24 + 5·a·s/h)/T",
+                                          "), the LayerNorms' part whole.\n"),
+      "    A stage holds ceil(L/P) layers, min(P, micro-batches) of them in flight under\n"
+      "    1F1B. act.rc: full recomputation, 2·s·b·h/T per layer (its input) + one layer's\n"
+      "    full activations. buffers: the logits (4·s·b·V/T) and one layer's activation\n"
+      "    gradients while its backward runs.\n",
+      "  est. step: (6·N + 12·L·s·h) FLOP per token at --mfu_high (PaLM's count: attention's\n"
+      "    products too), + the element-wise kernels (LayerNorm, GELU, softmax, residuals:\n"
+      "    54·h + 6·a·s elements per token per layer) and the optimizer (its state read and\n"
+      "    written once) at --memory_gbps; x4/3 with recomputation, x(1 + (P-1)/m) for the\n"
+      "    1F1B bubble; + communication (section 4), none of it assumed hidden. The layouts\n"
+      "    are ranked by it per sequence of their batch.\n\n");
+}
+
 std::string MemorySection(const Plan& p) {
   double largest = 0;
   for (const Layout& l : p.layouts) {
@@ -167,42 +205,7 @@ std::string MemorySection(const Plan& p) {
     absl::StripTrailingAsciiWhitespace(&row);
     absl::StrAppend(&out, row, "\n");
   }
-  const bool fp32 = p.input.precision == "fp32";
-  absl::StrAppend(
-      &out,
-      fp32 ? "  state: fp32 Adam, 16 bytes/param (4 weights + 4 gradients + 8 m, v) over T·P;\n"
-             "    ZeRO-1 divides the 8 by D, ZeRO-2 also the 4 gradient bytes, ZeRO-3 all 16;\n"
-           : "  state: mixed-precision Adam, 16 bytes/param (2 bf16 weights + 2 bf16 gradients +\n"
-             "    12 fp32 master, m, v) over T·P; ZeRO-1 divides the 12 by D, ZeRO-2 also the 2\n"
-             "    gradient bytes, ZeRO-3 all 16;\n",
-      p.input.state_bytes_per_param > 0
-          ? absl::StrFormat("    DDP %g bytes/param (--state_bytes_per_param: the framework's "
-                            "copies; ZeRO-1 divides\n    what is beyond the weights and "
-                            "gradients by D);\n",
-                            p.input.state_bytes_per_param)
-          : "",
-      "    the TxPxD rows shard the optimizer over D (ZeRO-1, Megatron's distributed\n"
-      "    optimizer). T is tensor parallelism within a node, P pipeline stages.\n",
-      fp32 ? "  activ: s·b·h·(64 + 4·a·s/h) bytes per layer per micro-batch (Korthikanti et al.'s\n"
-             "    tensors in fp32, no dropout),"
-           : "  activ: s·b·h·(34 + 5·a·s/h) bytes per layer per micro-batch (Korthikanti et al.\n"
-             "    2022),",
-      p.input.sequence_parallel
-          ? " /T with sequence parallelism.\n"
-          : absl::StrCat(" /T with sequence parallelism; here without\n    it "
-                         "(--nosequence_parallel): s·b·h·(",
-                         fp32 ? "16 + (48 + 4·a·s/h)/T" : "10 + (24 + 5·a·s/h)/T",
-                         "), the LayerNorms' part whole.\n"),
-      "    A stage holds ceil(L/P) layers, min(P, micro-batches) of them in flight under\n"
-      "    1F1B. act.rc: full recomputation, 2·s·b·h/T per layer (its input) + one layer's\n"
-      "    full activations. buffers: the logits (4·s·b·V/T) and one layer's activation\n"
-      "    gradients while its backward runs.\n",
-      "  est. step: (6·N + 12·L·s·h) FLOP per token at --mfu_high (PaLM's count: attention's\n"
-      "    products too), + the element-wise kernels (LayerNorm, GELU, softmax, residuals:\n"
-      "    54·h + 6·a·s elements per token per layer) and the optimizer (its state read and\n"
-      "    written once) at --memory_gbps; x4/3 with recomputation, x(1 + (P-1)/m) for the\n"
-      "    1F1B bubble; + communication (section 4), none of it assumed hidden. The layouts\n"
-      "    are ranked by it per sequence of their batch.\n\n");
+  absl::StrAppend(&out, MemoryLegend(p.input));
   return out;
 }
 

@@ -141,38 +141,7 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   }
   int64_t back_to = 0;
   if (rank == 0) {  // once every worker has stopped, roll every shard back
-    for (int r = 0; r < options_.world; ++r) {
-      RETURN_IF_ERROR(AwaitRollbackKey(absl::StrCat(prefix, "stopped/", r),
-                                       absl::StrCat("worker rank ", r, " to stop"))
-                          .status());
-    }
-    if (client_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
-          "a coordinator --data_dir to survive a worker failure)");
-    }
-    // The coordinator's manifest is the one list of complete checkpoints.
-    ASSIGN_OR_RETURN(const coord::ClusterView now, c->AwaitView(0, false, options_.rpc_timeout));
-    if (now.checkpoints().empty()) {
-      return absl::FailedPreconditionError(
-          "no checkpoint to roll back to: the coordinator lists none; run with "
-          "--snapshot_every_epochs or a coordinator --checkpoint_every_steps");
-    }
-    // The newest checkpoint every shard can restore: one a shard lost its part of (a file
-    // deleted or damaged, a disk replaced) is skipped, said, for the one before it.
-    // Snapshots after it are of the timeline the failure ended (a checkpoint some shards
-    // wrote before it): gone, so the resumed run's checkpoints of those steps are its own.
-    absl::Status restored;
-    for (auto it = now.checkpoints().rbegin(); it != now.checkpoints().rend(); ++it) {
-      back_to = it->step();
-      restored = client_->Restore(back_to, /*drop_later=*/true);
-      if (restored.ok() || !(absl::IsNotFound(restored) || absl::IsDataLoss(restored))) break;
-      std::printf("worker 0: the checkpoint of step %lld cannot be restored (%s)%s\n",
-                  static_cast<long long>(back_to), restored.ToString().c_str(),
-                  std::next(it) == now.checkpoints().rend() ? "" : "; trying the one before it");
-      std::fflush(stdout);
-    }
-    RETURN_IF_ERROR(restored);
+    ASSIGN_OR_RETURN(back_to, RollBackShards(prefix));
     RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
   } else {
     ASSIGN_OR_RETURN(std::string value,
@@ -193,6 +162,44 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
     ASSIGN_OR_RETURN(ModelState state, from_shards->Gather(back_to, /*with_slots=*/true));
     RETURN_IF_ERROR(placement_->Load(state, back_to));
   }
+  return back_to;
+}
+
+absl::StatusOr<int64_t> Trainer::RollBackShards(const std::string& prefix) {
+  for (int r = 0; r < options_.world; ++r) {
+    RETURN_IF_ERROR(AwaitRollbackKey(absl::StrCat(prefix, "stopped/", r),
+                                     absl::StrCat("worker rank ", r, " to stop"))
+                        .status());
+  }
+  if (client_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
+        "a coordinator --data_dir to survive a worker failure)");
+  }
+  // The coordinator's manifest is the one list of complete checkpoints.
+  ASSIGN_OR_RETURN(const coord::ClusterView now,
+                   options_.coordinator->AwaitView(0, false, options_.rpc_timeout));
+  if (now.checkpoints().empty()) {
+    return absl::FailedPreconditionError(
+        "no checkpoint to roll back to: the coordinator lists none; run with "
+        "--snapshot_every_epochs or a coordinator --checkpoint_every_steps");
+  }
+  // The newest checkpoint every shard can restore: one a shard lost its part of (a file
+  // deleted or damaged, a disk replaced) is skipped, said, for the one before it.
+  // Snapshots after it are of the timeline the failure ended (a checkpoint some shards
+  // wrote before it): gone, so the resumed run's checkpoints of those steps are its own.
+  absl::Status restored;
+  int64_t back_to = 0;
+  for (auto it = now.checkpoints().rbegin(); it != now.checkpoints().rend(); ++it) {
+    back_to = it->step();
+    restored = client_->Restore(back_to, /*drop_later=*/true);
+    if (restored.ok() || !(absl::IsNotFound(restored) || absl::IsDataLoss(restored))) break;
+    std::printf("worker 0: the checkpoint of step %lld cannot be restored (%s)%s\n",
+                static_cast<long long>(back_to), restored.ToString().c_str(),
+                std::next(it) == now.checkpoints().rend() ? "" : "; trying the one before it");
+    std::fflush(stdout);
+  }
+  RETURN_IF_ERROR(restored);
   return back_to;
 }
 

@@ -152,6 +152,9 @@ class Trainer {
   // Stops, agrees on the newest complete checkpoint with the others (generation `gen`),
   // rolls back to it and loads it into the current mode. Returns its step.
   absl::StatusOr<int64_t> Rejoin(const std::string& gen);
+  // Rank 0's part of it: once every worker stopped, the shards rolled back to the newest
+  // checkpoint they all can restore (the ones after it deleted). Returns its step.
+  absl::StatusOr<int64_t> RollBackShards(const std::string& prefix);
   // Another worker's part of the rollback (the coordinator key `key`, under this
   // generation's prefix), waited for in slices: between them CheckLiveness gives up when a
   // member failed or the generation changed again (the rollback then starts over).
