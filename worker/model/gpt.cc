@@ -57,6 +57,30 @@ absl::Status ValidateGpt(const GptOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The layers a pipeline splits: the embedding, the blocks and the head, with their
+// parameters and costs (FLOP per example, relative).
+void AddGptLayers(const GptOptions& o, ModelSpec* spec) {
+  const int64_t d = o.width;
+  const int lnf = LnfGamma(o.layers);
+  const double t = o.context;
+  spec->layer_params.push_back({kWte, kWpe});  // the embedding: a lookup and an add
+  spec->layer_costs.push_back(t * d);
+  for (int l = 0; l < o.layers; ++l) {
+    std::vector<int> block;
+    for (int i = 0; i < kBlockTensors; ++i) block.push_back(BlockParam(l, i));
+    spec->layer_params.push_back(std::move(block));
+    spec->layer_costs.push_back(t * 12 * d * d + 2 * t * t * d);  // weights + attention
+  }
+  spec->layer_params.push_back({lnf, lnf + 1});  // the head, which reads wte
+  spec->layer_costs.push_back(t * d * o.vocab);
+  spec->layer_reads.assign(spec->layer_params.size(), {});
+  spec->layer_reads.back() = {kWte};
+}
+
+}  // namespace
+
 ModelSpec GptSpec(const GptOptions& o, uint64_t seed) {
   ModelSpec spec;
   spec.kind = "gpt";
@@ -102,20 +126,7 @@ ModelSpec GptSpec(const GptOptions& o, uint64_t seed) {
   add("lnf.gamma", {d}, 0, 1);
   add("lnf.beta", {d}, 0, 0);
   spec.max_tensor_parallel = std::gcd(o.heads, o.vocab);
-  const int lnf = LnfGamma(o.layers);
-  const double t = o.context;
-  spec.layer_params.push_back({kWte, kWpe});  // the embedding: a lookup and an add
-  spec.layer_costs.push_back(t * d);
-  for (int l = 0; l < o.layers; ++l) {
-    std::vector<int> block;
-    for (int i = 0; i < kBlockTensors; ++i) block.push_back(BlockParam(l, i));
-    spec.layer_params.push_back(std::move(block));
-    spec.layer_costs.push_back(t * 12 * d * d + 2 * t * t * d);  // weights + attention
-  }
-  spec.layer_params.push_back({lnf, lnf + 1});  // the head, which reads wte
-  spec.layer_costs.push_back(t * d * o.vocab);
-  spec.layer_reads.assign(spec.layer_params.size(), {});
-  spec.layer_reads.back() = {kWte};
+  AddGptLayers(o, &spec);
   return spec;
 }
 

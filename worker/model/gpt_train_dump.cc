@@ -27,6 +27,22 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// The dump: a JSON line (sizes, hyper-parameters, losses), then the initial parameters.
+int Write(const char* path, const GptOptions& o, int batch, float lr,
+          const std::vector<float>& losses, const std::vector<std::vector<float>>& initial) {
+  std::vector<size_t> sizes;
+  for (const auto& p : initial) sizes.push_back(p.size());
+  std::ofstream out(path, std::ios::binary);
+  out << absl::StrCat("{\"layers\": ", o.layers, ", \"heads\": ", o.heads, ", \"width\": ", o.width,
+                      ", \"context\": ", o.context, ", \"batch\": ", batch, ", \"lr\": ", lr,
+                      ", \"losses\": [", absl::StrJoin(losses, ", "), "], \"sizes\": [",
+                      absl::StrJoin(sizes, ", "), "]}\n");
+  for (const auto& p : initial) {
+    out.write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
+  }
+  return out.good() ? 0 : 1;
+}
+
 int Run(int argc, char** argv) {
   const int steps = std::atoi(argv[2]);
   const float lr = std::strtof(argv[3], nullptr);
@@ -77,17 +93,7 @@ int Run(int argc, char** argv) {
       (*opt)->Apply(params[i].data(), grad.data(), slots, grad.size(), step + 1);
     }
   }
-  std::vector<size_t> sizes;
-  for (const auto& p : initial) sizes.push_back(p.size());
-  std::ofstream out(argv[1], std::ios::binary);
-  out << absl::StrCat("{\"layers\": ", o.layers, ", \"heads\": ", o.heads, ", \"width\": ", o.width,
-                      ", \"context\": ", o.context, ", \"batch\": ", batch, ", \"lr\": ", lr,
-                      ", \"losses\": [", absl::StrJoin(losses, ", "), "], \"sizes\": [",
-                      absl::StrJoin(sizes, ", "), "]}\n");
-  for (const auto& p : initial) {
-    out.write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
-  }
-  return out.good() ? 0 : 1;
+  return Write(argv[1], o, batch, lr, losses, initial);
 }
 
 }  // namespace
