@@ -145,16 +145,9 @@ void RunClient(PsClient* c, int id, absl::Time end, ClientLog* log) {
   }
 }
 
-}  // namespace
-}  // namespace pscluster::bench
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  using namespace pscluster;
-  using namespace pscluster::bench;
-  const int threads = absl::GetFlag(FLAGS_shard_threads);
-  std::vector<testing::Subprocess> servers;
-  std::vector<std::string> shards;
+// Starts the shards (ps_server --threads=threads each); false once one did not start.
+bool StartShards(int threads, std::vector<testing::Subprocess>* servers,
+                 std::vector<std::string>* shards) {
   for (int s = 0; s < kShards; ++s) {
     auto p = testing::Subprocess::Start(
         {absl::GetFlag(FLAGS_server), "--port=0", absl::StrCat("--shard_id=", s),
@@ -163,49 +156,49 @@ int main(int argc, char** argv) {
                        : absl::StatusOr<std::string>(p.status());
     if (!line.ok()) {
       std::fprintf(stderr, "load: ps_server: %s\n", line.status().ToString().c_str());
-      return 1;
+      return false;
     }
-    shards.push_back(*testing::ListeningAddress(*line));
-    servers.push_back(*std::move(p));
+    shards->push_back(*testing::ListeningAddress(*line));
+    servers->push_back(*std::move(p));
   }
-  auto admin = Connect(shards, 100000);
-  if (!admin->CreateTable(Table(kDense, ps::TableSpec::DENSE)).ok() ||
-      !admin->CreateTable(Table(kSparse, ps::TableSpec::SPARSE)).ok()) {
-    std::fprintf(stderr, "load: cannot create the tables\n");
-    return 1;
-  }
-  const int n = absl::GetFlag(FLAGS_clients);
-  std::vector<std::unique_ptr<PsClient>> clients;
-  for (int i = 0; i < n; ++i) clients.push_back(Connect(shards, i));
-  std::vector<ClientLog> logs(n);
-  std::printf("load: %d clients, 2 shards (--threads=%d each), %d s\n", n, threads,
-              absl::GetFlag(FLAGS_seconds));
-  std::fflush(stdout);
+  return true;
+}
+
+// Runs every client until --seconds pass, sampling the shards' RSS; the wall time.
+double RunClients(const std::vector<std::unique_ptr<PsClient>>& clients,
+                  const std::vector<testing::Subprocess>& servers, std::vector<ClientLog>* logs,
+                  std::vector<Rss>* peak) {
+  const int n = static_cast<int>(clients.size());
   const absl::Time start = absl::Now(), end = start + absl::Seconds(absl::GetFlag(FLAGS_seconds));
   std::atomic<bool> running{true};
-  std::vector<Rss> peak(kShards);
   std::thread sampler([&] {  // RSS while the load runs (VmHWM is the peak anyway)
     while (running) {
       for (int s = 0; s < kShards; ++s) {
-        peak[s].rss_kib = std::max(peak[s].rss_kib, ReadRss(servers[s].pid()).rss_kib);
+        (*peak)[s].rss_kib = std::max((*peak)[s].rss_kib, ReadRss(servers[s].pid()).rss_kib);
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
   std::vector<std::thread> workers;
-  for (int i = 0; i < n; ++i) workers.emplace_back(RunClient, clients[i].get(), i, end, &logs[i]);
+  for (int i = 0; i < n; ++i)
+    workers.emplace_back(RunClient, clients[i].get(), i, end, &(*logs)[i]);
   for (auto& w : workers) w.join();
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   running = false;
   sampler.join();
 
-  // Per operation and outcome, over every client.
+  return wall;
+}
+
+// Per operation and outcome, over every client; the shards' peak RSS.
+void Report(const std::vector<ClientLog>& logs, double wall,
+            const std::vector<testing::Subprocess>& servers, const std::vector<Rss>& peak) {
   uint64_t ops = 0, bytes = 0;
   std::printf("%-14s %9s %9s %9s %7s | %8s %8s %8s | %8s %8s\n", "operation", "count", "ok",
               "refused", "errors", "ok p50", "ok p99", "ok max", "ref p50", "ref p99");
   for (int op = 0; op < kOps; ++op) {
     std::vector<double> all[kOutcomes];
-    for (auto& log : logs) {
+    for (const auto& log : logs) {
       for (int o = 0; o < kOutcomes; ++o) {
         all[o].insert(all[o].end(), log.ms[op][o].begin(), log.ms[op][o].end());
       }
@@ -220,9 +213,9 @@ int main(int argc, char** argv) {
                 Percentile(&all[kRefused], 0.5), Percentile(&all[kRefused], 0.99));
   }
   std::map<std::string, uint64_t> errors;
-  for (auto& log : logs) {
+  for (const auto& log : logs) {
     bytes += log.bytes;
-    for (auto& [m, c] : log.errors) errors[m] += c;
+    for (const auto& [m, c] : log.errors) errors[m] += c;
   }
   for (auto& [m, c] : errors) std::printf("  refused or failed x%" PRIu64 ": %s\n", c, m.c_str());
   std::printf("throughput: %.0f ops/s, %.1f MB/s of tensor data acknowledged\n", ops / wall,
@@ -232,11 +225,14 @@ int main(int argc, char** argv) {
     std::printf("shard %d: peak RSS %.1f MiB (VmHWM), %.1f MiB now\n", s,
                 std::max(peak[s].rss_kib, now.hwm_kib) / 1024.0, now.rss_kib / 1024.0);
   }
+}
 
-  // The exact check.
+// Every dense value is -(pushes the shard applied), which lie between the pushes
+// acknowledged and those attempted.
+bool CheckDense(PsClient* admin, const std::vector<ClientLog>& logs) {
   bool exact = true;
   uint64_t dense_ok = 0, dense_failed = 0;
-  for (auto& log : logs) {
+  for (const auto& log : logs) {
     dense_ok += log.ms[kPushDense][kOk].size();
     dense_failed += log.ms[kPushDense][kRefused].size() + log.ms[kPushDense][kError].size();
   }
@@ -244,7 +240,7 @@ int main(int argc, char** argv) {
   std::vector<float> dense(absl::GetFlag(FLAGS_dense_values));
   if (!stats.ok() || !admin->PullDense(kDense, 0, absl::MakeSpan(dense)).ok()) {
     std::fprintf(stderr, "load: cannot read the final state\n");
-    return 1;
+    return false;
   }
   auto dense_info = admin->DescribeTable(kDense);
   for (int s = 0; s < kShards && dense_info.ok(); ++s) {
@@ -264,9 +260,14 @@ int main(int argc, char** argv) {
     exact = exact && torn == 0 && in_range;
   }
   exact = exact && dense_info.ok();
+  return exact;
+}
+
+// Every sparse row updated is -n, with acknowledged <= n <= attempted updates of its key.
+bool CheckSparse(PsClient* admin, const std::vector<ClientLog>& logs) {
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> updates;
-  for (auto& log : logs) {
-    for (auto& [key, c] : log.key_updates) {
+  for (const auto& log : logs) {
+    for (const auto& [key, c] : log.key_updates) {
       updates[key].first += c.first;
       updates[key].second += c.second;
     }
@@ -283,7 +284,7 @@ int main(int argc, char** argv) {
                           absl::MakeSpan(rows).subspan(at * dim, len * dim))
              .ok()) {
       std::fprintf(stderr, "load: cannot read the sparse rows\n");
-      return 1;
+      return false;
     }
   }
   for (size_t r = 0; r < keys.size(); ++r) {
@@ -299,7 +300,38 @@ int main(int argc, char** argv) {
   std::printf("sparse: %zu rows updated; rows not -n with acknowledged <= n <= attempted: %" PRIu64
               " %s\n",
               keys.size(), wrong_rows, wrong_rows == 0 ? "OK" : "WRONG");
-  exact = exact && wrong_rows == 0;
+  return wrong_rows == 0;
+}
+
+}  // namespace
+}  // namespace pscluster::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace pscluster;
+  using namespace pscluster::bench;
+  const int threads = absl::GetFlag(FLAGS_shard_threads);
+  std::vector<testing::Subprocess> servers;
+  std::vector<std::string> shards;
+  if (!StartShards(threads, &servers, &shards)) return 1;
+  auto admin = Connect(shards, 100000);
+  if (!admin->CreateTable(Table(kDense, ps::TableSpec::DENSE)).ok() ||
+      !admin->CreateTable(Table(kSparse, ps::TableSpec::SPARSE)).ok()) {
+    std::fprintf(stderr, "load: cannot create the tables\n");
+    return 1;
+  }
+  const int n = absl::GetFlag(FLAGS_clients);
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int i = 0; i < n; ++i) clients.push_back(Connect(shards, i));
+  std::vector<ClientLog> logs(n);
+  std::printf("load: %d clients, 2 shards (--threads=%d each), %d s\n", n, threads,
+              absl::GetFlag(FLAGS_seconds));
+  std::fflush(stdout);
+  std::vector<Rss> peak(kShards);
+  const double wall = RunClients(clients, servers, &logs, &peak);
+  Report(logs, wall, servers, peak);
+  const bool dense = CheckDense(admin.get(), logs);
+  const bool exact = CheckSparse(admin.get(), logs) && dense;
   std::printf("exact check: %s\n",
               exact ? "PASSED (no acknowledged update lost, none torn)" : "FAILED");
   clients.clear();
