@@ -34,6 +34,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "bench/grpc_ceiling.h"
+#include "bench/iperf3_ceiling.h"
 #include "bench/raw.grpc.pb.h"
 #include "bench/tcp_ceiling.h"
 #include "client/ps/ps_client.h"
@@ -72,35 +74,6 @@ namespace pscluster::bench {
 namespace {
 
 using ps::DenseChunk;
-
-class RawService final : public RawStream::Service {
- public:
-  grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<DenseChunk>* reader,
-                    ps::PushDenseResponse* resp) override {
-    DenseChunk c;
-    uint64_t n = 0;
-    while (reader->Read(&c)) n += c.data().size() / sizeof(float);
-    resp->set_values_received(n);
-    return grpc::Status::OK;
-  }
-  grpc::Status Pull(grpc::ServerContext*, const ps::PullDenseRequest* req,
-                    grpc::ServerWriter<DenseChunk>* writer) override {
-    if (source_.size() < req->length()) source_.resize(req->length(), 1.0f);
-    const uint64_t per = absl::GetFlag(FLAGS_chunk_bytes) / sizeof(float);
-    DenseChunk c;
-    for (uint64_t done = 0; done < req->length(); done += per) {
-      uint64_t n = std::min(per, req->length() - done);
-      c.set_offset(req->offset() + done);
-      c.mutable_data()->resize(n * sizeof(float));
-      std::memcpy(c.mutable_data()->data(), source_.data() + done, n * sizeof(float));
-      if (!writer->Write(c)) break;
-    }
-    return grpc::Status::OK;
-  }
-
- private:
-  std::vector<float> source_;  // one pull at a time per server in this benchmark
-};
 
 // Scrapes every endpoint every `every` until destroyed.
 class Scraper {
@@ -189,7 +162,7 @@ Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
     vo.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
     c.services.push_back(
         std::make_unique<ps::ParameterServerService>(c.shards.back().get(), nullptr, vo));
-    c.raws.push_back(std::make_unique<RawService>());
+    c.raws.push_back(std::make_unique<RawService>(absl::GetFlag(FLAGS_chunk_bytes)));
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();
     Metrics* metrics = nullptr;
@@ -214,97 +187,6 @@ Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
         std::make_unique<Scraper>(ports, absl::Milliseconds(absl::GetFlag(FLAGS_scrape_ms)));
   }
   return c;
-}
-
-// Raw ceiling client: the same split across shards, in parallel, same chunks.
-class RawClient {
- public:
-  explicit RawClient(const std::vector<std::string>& addresses) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    for (const auto& a : addresses) {
-      stubs_.push_back(RawStream::NewStub(
-          grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
-    }
-  }
-  void Push(const std::vector<float>& data) {
-    OnShards(data.size(), [&](int s, Range r) {
-      grpc::ClientContext ctx;
-      ps::PushDenseResponse resp;
-      auto w = stubs_[s]->Push(&ctx, &resp);
-      const uint64_t per = absl::GetFlag(FLAGS_chunk_bytes) / sizeof(float);
-      DenseChunk c;
-      for (uint64_t done = 0; done < r.size(); done += per) {
-        uint64_t n = std::min(per, r.size() - done);
-        c.set_offset(r.begin + done);
-        c.set_data(data.data() + r.begin + done, n * sizeof(float));
-        w->Write(c);
-      }
-      w->WritesDone();
-      w->Finish();
-    });
-  }
-  void Pull(std::vector<float>* out) {
-    OnShards(out->size(), [&](int s, Range r) {
-      grpc::ClientContext ctx;
-      ps::PullDenseRequest req;
-      req.set_offset(r.begin);
-      req.set_length(r.size());
-      auto reader = stubs_[s]->Pull(&ctx, req);
-      DenseChunk c;
-      uint64_t got = 0;
-      while (reader->Read(&c)) {
-        std::memcpy(out->data() + r.begin + got, c.data().data(), c.data().size());
-        got += c.data().size() / sizeof(float);
-      }
-      reader->Finish();
-    });
-  }
-
- private:
-  template <typename Fn>
-  void OnShards(uint64_t size, Fn fn) {
-    OnEachShard(static_cast<int>(stubs_.size()), size, fn);
-  }
-  std::vector<std::unique_ptr<RawStream::Stub>> stubs_;
-};
-
-// Loopback TCP as iperf3 measures it (one stream, 2 s), in GB/s; 0 when it cannot run.
-double Iperf3Gbps() {
-  const std::string iperf3 = absl::GetFlag(FLAGS_iperf3);
-  if (iperf3.empty()) return 0;
-  const std::string port = absl::StrCat(20000 + getpid() % 20000);
-  std::thread server([&] {  // one test, then it exits; bounded if the client never comes
-    std::system(
-        absl::StrCat("timeout 30 ", iperf3, " -s -1 -p ", port, " >/dev/null 2>&1").c_str());
-  });
-  double gbps = 0;
-  for (int attempt = 0; attempt < 50 && gbps == 0; ++attempt) {  // until the server listens
-    FILE* p = ::popen(
-        absl::StrCat(iperf3, " -c 127.0.0.1 -p ", port, " -t 2 -J 2>/dev/null").c_str(), "r");
-    std::string json;
-    char buf[4096];
-    for (size_t k; p != nullptr && (k = std::fread(buf, 1, sizeof(buf), p)) > 0;) {
-      json.append(buf, k);
-    }
-    if (p != nullptr) ::pclose(p);
-    const size_t at = json.find("\"sum_received\"");
-    const size_t bps = at == std::string::npos ? at : json.find("\"bits_per_second\":", at);
-    if (bps != std::string::npos) {
-      gbps = std::strtod(json.c_str() + bps + 18, nullptr) / 8e9;
-    } else {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-  }
-  server.join();
-  if (gbps == 0) {
-    std::fprintf(stderr,
-                 "ps_throughput: %s did not run (Debian: apt-get install iperf3); no iperf3 "
-                 "figure\n",
-                 iperf3.c_str());
-  }
-  return gbps;
 }
 
 double Median(std::vector<double> v) {
@@ -356,7 +238,7 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   metrics.metrics = absl::GetFlag(FLAGS_metrics);
   Cluster cluster = StartCluster(num_shards, metrics);
   auto client = ConnectWithTable(cluster, bytes);
-  RawClient raw(cluster.raw_addresses);
+  RawClient raw(cluster.raw_addresses, absl::GetFlag(FLAGS_chunk_bytes));
   std::vector<std::unique_ptr<TcpServer>> tcp_servers;
   for (uint32_t s = 0; s < num_shards; ++s) tcp_servers.push_back(std::make_unique<TcpServer>());
   TcpClient tcp(tcp_servers);
@@ -388,8 +270,9 @@ Result Measure(uint32_t num_shards, uint64_t bytes, int reps) {
   if (raw_out.front() != 1.0f || raw_out.back() != 1.0f) std::abort();
   if (tcp_out.front() == 0.0f || tcp_out.back() == 0.0f) std::abort();
   auto gbps = [&](const std::vector<double>& t) { return bytes / Median(t) / 1e9; };
-  Result r{num_shards,     bytes,          gbps(push),     gbps(raw_push), gbps(pull),
-           gbps(raw_pull), gbps(tcp_push), gbps(tcp_pull), Iperf3Gbps()};
+  Result r{num_shards,     bytes,          gbps(push),
+           gbps(raw_push), gbps(pull),     gbps(raw_pull),
+           gbps(tcp_push), gbps(tcp_pull), Iperf3Gbps(absl::GetFlag(FLAGS_iperf3))};
   for (auto& s : cluster.servers) s->Shutdown();
   return r;
 }
@@ -441,6 +324,91 @@ std::pair<double, double> MeasureAbCost(uint32_t num_shards, uint64_t bytes, int
   return {Median(push_off) / Median(push_on), Median(pull_off) / Median(pull_on)};
 }
 
+// --ab: one line per size, on/off goodput of push and pull.
+int RunAb(const std::string& ab) {
+  if (ab != "metrics" && ab != "tls") {
+    std::fprintf(stderr, "ps_throughput: --ab=%s: give metrics or tls\n", ab.c_str());
+    return 2;
+  }
+  Treatment treatment;
+  std::pair<Security, Security> tls;
+  if (ab == "metrics") treatment.metrics = true;
+  if (ab == "tls") {
+    tls = TlsFromDir();
+    treatment.server_tls = &tls.first;
+    treatment.client_tls = tls.second;
+  }
+  std::printf("%-7s %-9s %12s %12s\n", "shards", "tensor", "push on/off", "pull on/off");
+  for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
+    for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
+      const uint32_t shards = std::stoul(shards_flag);
+      const uint64_t kib = std::stoull(kib_flag);
+      std::vector<double> push, pull;
+      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+        auto [a, b] =
+            MeasureAbCost(shards, kib << 10, absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1),
+                          round % 2, treatment);
+        push.push_back(a), pull.push_back(b);
+      }
+      std::printf("%-7u %6lu KiB %12.3f %12.3f\n", shards, static_cast<unsigned long>(kib),
+                  Median(push), Median(pull));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+// One size's figures: medians over --rounds of Measure, with the ratios' medians.
+Result MeasureSize(uint32_t shards, uint64_t kib) {
+  int reps = absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1);
+  std::vector<Result> rounds;
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    rounds.push_back(Measure(shards, kib << 10, reps));
+  }
+  auto m = [&](auto field) {
+    std::vector<double> v;
+    for (const Result& r : rounds) v.push_back(field(r));
+    return Median(v);
+  };
+  Result r{shards,
+           kib << 10,
+           m([](const Result& r) { return r.push_gbps; }),
+           m([](const Result& r) { return r.raw_push_gbps; }),
+           m([](const Result& r) { return r.pull_gbps; }),
+           m([](const Result& r) { return r.raw_pull_gbps; }),
+           m([](const Result& r) { return r.tcp_push_gbps; }),
+           m([](const Result& r) { return r.tcp_pull_gbps; }),
+           m([](const Result& r) { return r.iperf3_gbps; })};
+  r.push_ratio = m([](const Result& r) { return r.push_gbps / r.raw_push_gbps; });
+  r.pull_ratio = m([](const Result& r) { return r.pull_gbps / r.raw_pull_gbps; });
+  r.push_tcp_ratio = m([](const Result& r) { return r.push_gbps / r.tcp_push_gbps; });
+  r.pull_tcp_ratio = m([](const Result& r) { return r.pull_gbps / r.tcp_pull_gbps; });
+  if (r.iperf3_gbps > 0) {
+    r.push_iperf3_ratio = m([](const Result& r) { return r.push_gbps / r.iperf3_gbps; });
+    r.pull_iperf3_ratio = m([](const Result& r) { return r.pull_gbps / r.iperf3_gbps; });
+  }
+  return r;
+}
+
+void WriteJson(const std::string& path, const std::vector<Result>& results) {
+  std::ofstream f(path);
+  f << "[\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    f << absl::StrCat(
+        "  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes, ", \"push_gbps\": ", r.push_gbps,
+        ", \"raw_push_gbps\": ", r.raw_push_gbps, ", \"push_ratio\": ", r.push_ratio,
+        ", \"pull_gbps\": ", r.pull_gbps, ", \"raw_pull_gbps\": ", r.raw_pull_gbps,
+        ", \"pull_ratio\": ", r.pull_ratio, ", \"tcp_push_gbps\": ", r.tcp_push_gbps,
+        ", \"tcp_pull_gbps\": ", r.tcp_pull_gbps, ", \"iperf3_gbps\": ", r.iperf3_gbps,
+        ", \"push_tcp_ratio\": ", r.push_tcp_ratio, ", \"pull_tcp_ratio\": ", r.pull_tcp_ratio,
+        ", \"push_iperf3_ratio\": ", r.push_iperf3_ratio,
+        ", \"pull_iperf3_ratio\": ", r.pull_iperf3_ratio, "}",
+        i + 1 < results.size() ? ",\n" : "\n");
+  }
+  f << "]\n";
+}
+
 }  // namespace
 }  // namespace pscluster::bench
 
@@ -450,40 +418,8 @@ int main(int argc, char** argv) {
   // message here, the ceilings' too, landed in fresh pages; ps_server does not do that).
   pscluster::ShardMallocMode();
   using pscluster::bench::Result;
-  auto median = [](std::vector<double> v) { return pscluster::bench::Median(std::move(v)); };
   const std::string ab = absl::GetFlag(FLAGS_ab);
-  if (!ab.empty()) {  // one line per size: on/off goodput, push and pull
-    if (ab != "metrics" && ab != "tls") {
-      std::fprintf(stderr, "ps_throughput: --ab=%s: give metrics or tls\n", ab.c_str());
-      return 2;
-    }
-    pscluster::bench::Treatment treatment;
-    std::pair<pscluster::Security, pscluster::Security> tls;
-    if (ab == "metrics") treatment.metrics = true;
-    if (ab == "tls") {
-      tls = pscluster::bench::TlsFromDir();
-      treatment.server_tls = &tls.first;
-      treatment.client_tls = tls.second;
-    }
-    std::printf("%-7s %-9s %12s %12s\n", "shards", "tensor", "push on/off", "pull on/off");
-    for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
-      for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
-        const uint32_t shards = std::stoul(shards_flag);
-        const uint64_t kib = std::stoull(kib_flag);
-        std::vector<double> push, pull;
-        for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-          auto [a, b] = pscluster::bench::MeasureAbCost(
-              shards, kib << 10, absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1), round % 2,
-              treatment);
-          push.push_back(a), pull.push_back(b);
-        }
-        std::printf("%-7u %6lu KiB %12.3f %12.3f\n", shards, static_cast<unsigned long>(kib),
-                    median(push), median(pull));
-        std::fflush(stdout);
-      }
-    }
-    return 0;
-  }
+  if (!ab.empty()) return pscluster::bench::RunAb(ab);
   std::vector<Result> results;
   std::printf("goodput GB/s; ratios are medians of per-round ratios (PS over the ceiling)\n");
   std::printf("%-6s %-9s | %7s %7s %7s %7s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s\n", "shards",
@@ -491,35 +427,9 @@ int main(int argc, char** argv) {
               "/iperf", "/grpc", "/tcp", "/iperf");
   for (const std::string& shards_flag : absl::GetFlag(FLAGS_shards)) {
     for (const std::string& kib_flag : absl::GetFlag(FLAGS_sizes_kib)) {
-      uint32_t shards = std::stoul(shards_flag);
-      uint64_t kib = std::stoull(kib_flag);
-      int reps = absl::GetFlag(FLAGS_reps) * (kib <= 1024 ? 5 : 1);
-      std::vector<Result> rounds;
-      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-        rounds.push_back(pscluster::bench::Measure(shards, kib << 10, reps));
-      }
-      auto m = [&](auto field) {
-        std::vector<double> v;
-        for (const Result& r : rounds) v.push_back(field(r));
-        return median(v);
-      };
-      Result r{shards,
-               kib << 10,
-               m([](const Result& r) { return r.push_gbps; }),
-               m([](const Result& r) { return r.raw_push_gbps; }),
-               m([](const Result& r) { return r.pull_gbps; }),
-               m([](const Result& r) { return r.raw_pull_gbps; }),
-               m([](const Result& r) { return r.tcp_push_gbps; }),
-               m([](const Result& r) { return r.tcp_pull_gbps; }),
-               m([](const Result& r) { return r.iperf3_gbps; })};
-      r.push_ratio = m([](const Result& r) { return r.push_gbps / r.raw_push_gbps; });
-      r.pull_ratio = m([](const Result& r) { return r.pull_gbps / r.raw_pull_gbps; });
-      r.push_tcp_ratio = m([](const Result& r) { return r.push_gbps / r.tcp_push_gbps; });
-      r.pull_tcp_ratio = m([](const Result& r) { return r.pull_gbps / r.tcp_pull_gbps; });
-      if (r.iperf3_gbps > 0) {
-        r.push_iperf3_ratio = m([](const Result& r) { return r.push_gbps / r.iperf3_gbps; });
-        r.pull_iperf3_ratio = m([](const Result& r) { return r.pull_gbps / r.iperf3_gbps; });
-      }
+      const uint32_t shards = std::stoul(shards_flag);
+      const uint64_t kib = std::stoull(kib_flag);
+      const Result r = pscluster::bench::MeasureSize(shards, kib);
       std::printf(
           "%-6u %5lu KiB | %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f | %6.2f %6.2f %6.2f | "
           "%6.2f %6.2f %6.2f\n",
@@ -531,24 +441,7 @@ int main(int argc, char** argv) {
       results.push_back(r);
     }
   }
-  std::string path = absl::GetFlag(FLAGS_json);
-  if (!path.empty()) {
-    std::ofstream f(path);
-    f << "[\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      f << absl::StrCat(
-          "  {\"shards\": ", r.shards, ", \"bytes\": ", r.bytes, ", \"push_gbps\": ", r.push_gbps,
-          ", \"raw_push_gbps\": ", r.raw_push_gbps, ", \"push_ratio\": ", r.push_ratio,
-          ", \"pull_gbps\": ", r.pull_gbps, ", \"raw_pull_gbps\": ", r.raw_pull_gbps,
-          ", \"pull_ratio\": ", r.pull_ratio, ", \"tcp_push_gbps\": ", r.tcp_push_gbps,
-          ", \"tcp_pull_gbps\": ", r.tcp_pull_gbps, ", \"iperf3_gbps\": ", r.iperf3_gbps,
-          ", \"push_tcp_ratio\": ", r.push_tcp_ratio, ", \"pull_tcp_ratio\": ", r.pull_tcp_ratio,
-          ", \"push_iperf3_ratio\": ", r.push_iperf3_ratio,
-          ", \"pull_iperf3_ratio\": ", r.pull_iperf3_ratio, "}",
-          i + 1 < results.size() ? ",\n" : "\n");
-    }
-    f << "]\n";
-  }
+  const std::string path = absl::GetFlag(FLAGS_json);
+  if (!path.empty()) pscluster::bench::WriteJson(path, results);
   return 0;
 }
