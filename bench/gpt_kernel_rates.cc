@@ -56,95 +56,122 @@ double TimePerCall(double seconds, const std::function<void()>& fn) {
   return absl::ToDoubleSeconds(spent) / calls;
 }
 
+// The kernels' operands: a block's activations, weights and their gradients.
+struct Kernels {
+  int b, t, d, a, v, k, n;  // batch, context, width, heads, vocabulary, head width, tokens
+  std::unique_ptr<compute::Backend> be;
+  std::unique_ptr<compute::BackendBuffer> x, y, z, w, dw, att, datt, qkv, logits, stats, gamma,
+      beta, dbias, dgamma, dbeta;
+  std::vector<int32_t> labels;
+};
+
+Kernels MakeKernels() {
+  Kernels k;
+  k.b = absl::GetFlag(FLAGS_batch), k.t = absl::GetFlag(FLAGS_context);
+  k.d = absl::GetFlag(FLAGS_width), k.a = absl::GetFlag(FLAGS_heads);
+  k.v = absl::GetFlag(FLAGS_vocab), k.k = k.d / k.a, k.n = k.b * k.t;
+  const int b = k.b, t = k.t, d = k.d, a = k.a, v = k.v, n = k.n;
+  k.be = compute::MakeCpuBackend(1);
+  auto buffer = [&](size_t count, float value) {
+    return std::make_unique<compute::BackendBuffer>(k.be.get(), std::vector<float>(count, value));
+  };
+  // Values that keep every kernel on its ordinary path (no denormals, no overflow).
+  k.x = buffer(static_cast<size_t>(n) * 4 * d, 0.5f),
+  k.y = buffer(static_cast<size_t>(n) * 4 * d, 0.25f);
+  const size_t weights = static_cast<size_t>(d) * std::max(4 * d, v);
+  k.z = buffer(static_cast<size_t>(n) * 4 * d, 0.1f), k.w = buffer(weights, 0.01f),
+  k.dw = buffer(weights, 0);
+  k.att = buffer(static_cast<size_t>(b) * a * t * t, 0.01f),
+  k.datt = buffer(static_cast<size_t>(b) * a * t * t, 0.02f);
+  k.qkv = buffer(static_cast<size_t>(n) * 3 * d, 0.1f),
+  k.logits = buffer(static_cast<size_t>(n) * v, 0.1f);
+  k.stats = buffer(size_t{2} * n, 1.0f), k.gamma = buffer(d, 1.0f), k.beta = buffer(4 * d, 0);
+  k.dbias = buffer(4 * d, 0), k.dgamma = buffer(d, 0), k.dbeta = buffer(d, 0);
+  k.labels.resize(n);
+  for (int i = 0; i < n; ++i) k.labels[i] = i % v;
+  return k;
+}
+
+// One product with weights of in x out, forward and both gradients; 3 x 2·n·in·out FLOPs.
+void Linear(Kernels& k, int in, int out) {
+  const int n = k.n;
+  k.be->Gemm(false, false, n, out, in, 1.0f, k.x->get(), k.w->get(), 0.0f, k.y->get());
+  k.be->Gemm(false, true, n, in, out, 1.0f, k.y->get(), k.w->get(), 0.0f, k.z->get());
+  k.be->Gemm(true, false, in, out, n, 1.0f, k.x->get(), k.y->get(), 0.0f, k.dw->get());
+}
+
+// Attention's products per block: scores q·kᵀ and the output p·v, and their 4 gradients.
+void Attention(Kernels& kn) {
+  const int b = kn.b, t = kn.t, d = kn.d, a = kn.a, k = kn.k;
+  const int count = b * a;
+  const float* q = kn.qkv->get();
+  const int64_t st = int64_t{t} * t;
+  kn.be->GemmBatched(false, true, t, t, k, 1.0f, q, 3 * d, k, q + d, 3 * d, k, 0.0f, kn.att->get(),
+                     t, st, count);
+  kn.be->GemmBatched(false, false, t, k, t, 1.0f, kn.att->get(), t, st, q + 2 * d, 3 * d, k, 0.0f,
+                     kn.y->get(), d, k, count);
+  kn.be->GemmBatched(false, true, t, t, k, 1.0f, kn.y->get(), d, k, q + 2 * d, 3 * d, k, 0.0f,
+                     kn.datt->get(), t, st, count);  // dp = do·vᵀ
+  kn.be->GemmBatched(true, false, t, k, t, 1.0f, kn.att->get(), t, st, kn.y->get(), d, k, 0.0f,
+                     kn.z->get(), d, k, count);  // dv = pᵀ·do
+  kn.be->GemmBatched(false, false, t, k, t, 1.0f, kn.datt->get(), t, st, q + d, 3 * d, k, 0.0f,
+                     kn.z->get(), d, k, count);  // dq = ds·k
+  kn.be->GemmBatched(true, false, t, k, t, 1.0f, kn.datt->get(), t, st, q, 3 * d, k, 0.0f,
+                     kn.z->get(), d, k, count);  // dk = dsᵀ·q
+}
+
+// A block's element-wise kernels, forward and backward.
+void BlockElementwise(Kernels& k) {
+  const int b = k.b, t = k.t, d = k.d, a = k.a, n = k.n;
+  float *mean = k.stats->get(), *rstd = k.stats->get() + n;
+  k.be->LayerNorm(k.x->get(), k.gamma->get(), k.beta->get(), n, d, 1e-5f, k.y->get(), mean, rstd);
+  k.be->AddRowVector(k.qkv->get(), k.beta->get(), n, 3 * d);
+  k.be->CausalSoftmax(k.att->get(), b * a, t);
+  k.be->AddRowVector(k.y->get(), k.beta->get(), n, d);
+  k.be->Copy(k.x->get(), k.z->get(), static_cast<size_t>(n) * d);  // the residual stream
+  k.be->Axpy(1.0f, k.y->get(), k.z->get(), static_cast<size_t>(n) * d);
+  k.be->LayerNorm(k.z->get(), k.gamma->get(), k.beta->get(), n, d, 1e-5f, k.y->get(), mean, rstd);
+  k.be->AddRowVector(k.x->get(), k.beta->get(), n, 4 * d);
+  k.be->Gelu(k.x->get(), k.y->get(), static_cast<size_t>(n) * 4 * d);
+  k.be->AddRowVector(k.z->get(), k.beta->get(), n, d);
+  k.be->Axpy(1.0f, k.y->get(), k.z->get(), static_cast<size_t>(n) * d);
+  // Backward: the bias gradients, GELU's, LayerNorm's, softmax's, the residual adds.
+  k.be->ColumnSums(k.y->get(), n, d, k.dbias->get());
+  k.be->GeluBackward(k.x->get(), k.y->get(), k.z->get(), static_cast<size_t>(n) * 4 * d);
+  k.be->ColumnSums(k.z->get(), n, 4 * d, k.dbias->get());
+  k.be->LayerNormBackward(k.y->get(), k.x->get(), k.gamma->get(), mean, rstd, n, d, k.z->get(),
+                          k.dgamma->get(), k.dbeta->get());
+  k.be->Axpy(1.0f, k.z->get(), k.y->get(), static_cast<size_t>(n) * d);
+  k.be->ColumnSums(k.y->get(), n, d, k.dbias->get());
+  k.be->SoftmaxBackward(k.att->get(), k.datt->get(), k.datt->get(), b * a * t, t);
+  k.be->ColumnSums(k.qkv->get(), n, 3 * d, k.dbias->get());
+  k.be->LayerNormBackward(k.y->get(), k.x->get(), k.gamma->get(), mean, rstd, n, d, k.z->get(),
+                          k.dgamma->get(), k.dbeta->get());
+  k.be->Axpy(1.0f, k.z->get(), k.y->get(), static_cast<size_t>(n) * d);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const int b = absl::GetFlag(FLAGS_batch), t = absl::GetFlag(FLAGS_context);
-  const int d = absl::GetFlag(FLAGS_width), a = absl::GetFlag(FLAGS_heads);
-  const int v = absl::GetFlag(FLAGS_vocab), k = d / a, n = b * t;
   const int layers = absl::GetFlag(FLAGS_layers);
   const double seconds = absl::GetFlag(FLAGS_seconds);
-  auto be = compute::MakeCpuBackend(1);
-  auto buffer = [&](size_t count, float value) {
-    return std::make_unique<compute::BackendBuffer>(be.get(), std::vector<float>(count, value));
-  };
-  // Values that keep every kernel on its ordinary path (no denormals, no overflow).
-  auto x = buffer(size_t{n} * 4 * d, 0.5f), y = buffer(size_t{n} * 4 * d, 0.25f);
-  const size_t weights = size_t{d} * std::max(4 * d, v);
-  auto z = buffer(size_t{n} * 4 * d, 0.1f), w = buffer(weights, 0.01f), dw = buffer(weights, 0);
-  auto att = buffer(size_t{b} * a * t * t, 0.01f), datt = buffer(size_t{b} * a * t * t, 0.02f);
-  auto qkv = buffer(size_t{n} * 3 * d, 0.1f), logits = buffer(size_t{n} * v, 0.1f);
-  auto stats = buffer(size_t{2} * n, 1.0f), gamma = buffer(d, 1.0f), beta = buffer(4 * d, 0);
-  auto dbias = buffer(4 * d, 0), dgamma = buffer(d, 0), dbeta = buffer(d, 0);
-  std::vector<int32_t> labels(n);
-  for (int i = 0; i < n; ++i) labels[i] = i % v;
-
-  // One product with weights of in x out, forward and both gradients; 3 x 2·n·in·out FLOPs.
-  auto linear = [&](int in, int out) {
-    be->Gemm(false, false, n, out, in, 1.0f, x->get(), w->get(), 0.0f, y->get());
-    be->Gemm(false, true, n, in, out, 1.0f, y->get(), w->get(), 0.0f, z->get());
-    be->Gemm(true, false, in, out, n, 1.0f, x->get(), y->get(), 0.0f, dw->get());
-  };
-  // Attention's products per block: scores q·kᵀ and the output p·v, and their 4 gradients.
-  auto attention = [&]() {
-    const int count = b * a;
-    const float* q = qkv->get();
-    const int64_t st = int64_t{t} * t;
-    be->GemmBatched(false, true, t, t, k, 1.0f, q, 3 * d, k, q + d, 3 * d, k, 0.0f, att->get(), t,
-                    st, count);
-    be->GemmBatched(false, false, t, k, t, 1.0f, att->get(), t, st, q + 2 * d, 3 * d, k, 0.0f,
-                    y->get(), d, k, count);
-    be->GemmBatched(false, true, t, t, k, 1.0f, y->get(), d, k, q + 2 * d, 3 * d, k, 0.0f,
-                    datt->get(), t, st, count);  // dp = do·vᵀ
-    be->GemmBatched(true, false, t, k, t, 1.0f, att->get(), t, st, y->get(), d, k, 0.0f, z->get(),
-                    d, k, count);  // dv = pᵀ·do
-    be->GemmBatched(false, false, t, k, t, 1.0f, datt->get(), t, st, q + d, 3 * d, k, 0.0f,
-                    z->get(), d, k, count);  // dq = ds·k
-    be->GemmBatched(true, false, t, k, t, 1.0f, datt->get(), t, st, q, 3 * d, k, 0.0f, z->get(), d,
-                    k, count);  // dk = dsᵀ·q
-  };
+  Kernels kn = MakeKernels();
+  const int b = kn.b, t = kn.t, d = kn.d, a = kn.a, v = kn.v, k = kn.k, n = kn.n;
   const double block_gemm = TimePerCall(seconds, [&] {
-    linear(d, 3 * d);
-    attention();
-    linear(d, d);
-    linear(d, 4 * d);
-    linear(4 * d, d);
+    Linear(kn, d, 3 * d);
+    Attention(kn);
+    Linear(kn, d, d);
+    Linear(kn, d, 4 * d);
+    Linear(kn, 4 * d, d);
   });
   const double block_flops =
       3 * 2.0 * n * d * (3 * d + d + 4 * d + 4 * d) + 6 * 2.0 * b * a * t * t * k;
-  const double head_gemm = TimePerCall(seconds, [&] { linear(d, v); });
+  const double head_gemm = TimePerCall(seconds, [&] { Linear(kn, d, v); });
   const double head_flops = 3 * 2.0 * n * d * v;
-
-  const double block_elementwise = TimePerCall(seconds, [&] {
-    float *mean = stats->get(), *rstd = stats->get() + n;
-    be->LayerNorm(x->get(), gamma->get(), beta->get(), n, d, 1e-5f, y->get(), mean, rstd);
-    be->AddRowVector(qkv->get(), beta->get(), n, 3 * d);
-    be->CausalSoftmax(att->get(), b * a, t);
-    be->AddRowVector(y->get(), beta->get(), n, d);
-    be->Copy(x->get(), z->get(), size_t{n} * d);  // the residual stream
-    be->Axpy(1.0f, y->get(), z->get(), size_t{n} * d);
-    be->LayerNorm(z->get(), gamma->get(), beta->get(), n, d, 1e-5f, y->get(), mean, rstd);
-    be->AddRowVector(x->get(), beta->get(), n, 4 * d);
-    be->Gelu(x->get(), y->get(), size_t{n} * 4 * d);
-    be->AddRowVector(z->get(), beta->get(), n, d);
-    be->Axpy(1.0f, y->get(), z->get(), size_t{n} * d);
-    // Backward: the bias gradients, GELU's, LayerNorm's, softmax's, the residual adds.
-    be->ColumnSums(y->get(), n, d, dbias->get());
-    be->GeluBackward(x->get(), y->get(), z->get(), size_t{n} * 4 * d);
-    be->ColumnSums(z->get(), n, 4 * d, dbias->get());
-    be->LayerNormBackward(y->get(), x->get(), gamma->get(), mean, rstd, n, d, z->get(),
-                          dgamma->get(), dbeta->get());
-    be->Axpy(1.0f, z->get(), y->get(), size_t{n} * d);
-    be->ColumnSums(y->get(), n, d, dbias->get());
-    be->SoftmaxBackward(att->get(), datt->get(), datt->get(), b * a * t, t);
-    be->ColumnSums(qkv->get(), n, 3 * d, dbias->get());
-    be->LayerNormBackward(y->get(), x->get(), gamma->get(), mean, rstd, n, d, z->get(),
-                          dgamma->get(), dbeta->get());
-    be->Axpy(1.0f, z->get(), y->get(), size_t{n} * d);
-  });
+  const double block_elementwise = TimePerCall(seconds, [&] { BlockElementwise(kn); });
   const double loss = TimePerCall(seconds, [&] {
-    be->SoftmaxCrossEntropy(logits->get(), labels.data(), n, v, logits->get(), nullptr);
+    kn.be->SoftmaxCrossEntropy(kn.logits->get(), kn.labels.data(), n, v, kn.logits->get(), nullptr);
   });
   // The plan's count, 4 bytes an element.
   plan::Model shape;
