@@ -86,21 +86,10 @@ struct Pusher {
   }
 };
 
-}  // namespace
-}  // namespace pscluster::bench
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  using namespace pscluster::bench;
-  namespace ps = pscluster::ps;
-  const std::string dir = absl::GetFlag(FLAGS_dir);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::printf("%-8s %11s %11s %6s %8s %12s %12s %7s %9s\n", "MiB", "snap MB/s", "fsync MB/s",
-              "ratio", "pause %", "push p50 ms", "during p50", "ratio", "max ms");
-  for (const std::string& mib_flag : absl::GetFlag(FLAGS_sizes_mib)) {
-    const uint64_t bytes = std::stoull(mib_flag) << 20;
-    ps::Shard shard(ps::ShardOptions{});
+// One size's shard (a table of that many bytes of Adam state), its snapshotter, and a
+// pusher to run beside the snapshots.
+struct SizeRun {
+  SizeRun(uint64_t bytes, const std::string& dir) : root(dir) {
     shard.RegisterWorker(0);
     ps::TableSpec spec;
     spec.set_table_id(1);
@@ -110,76 +99,110 @@ int main(int argc, char** argv) {
     spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
     if (!shard.CreateTable(spec).ok()) std::abort();
     ps::SnapshotterOptions so;
-    so.root = dir + "/" + mib_flag;
+    so.root = root;
     so.keep_last = 2 * absl::GetFlag(FLAGS_rounds) + 1;  // no retention work inside the timing
-    auto snapshotter = *ps::Snapshotter::Create(&shard, so);
-    Pusher pusher{*shard.GetDense(1, 0)};
-    std::vector<double> snap, ceiling, pause, idle_p50, busy_p50, busy_max, capture;
-    int64_t step = 0;
-    // One snapshot: returns its seconds from request to durable, or -1 on failure.
-    auto snapshot = [&](double* pause_seconds) {
-      ps::SnapshotRequest req;
-      req.set_step(step++);
-      absl::Time t0 = absl::Now();
-      auto r = snapshotter->Snapshot(req, absl::InfiniteFuture());
-      capture.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-      if (!r.ok() || !snapshotter->AwaitIdle(absl::InfiniteFuture()) ||
-          !snapshotter->Status().last_error().empty()) {
-        std::fprintf(stderr, "snapshot failed: %s %s\n", r.status().ToString().c_str(),
-                     snapshotter->Status().last_error().c_str());
-        std::exit(1);
-      }
-      *pause_seconds = r->pause_seconds();
-      return absl::ToDoubleSeconds(absl::Now() - t0);
-    };
+    snapshotter = *ps::Snapshotter::Create(&shard, so);
+    pusher.reset(new Pusher{*shard.GetDense(1, 0)});
+  }
+  // One snapshot: its seconds from request to durable (a failure ends the program).
+  double Snapshot(double* pause_seconds) {
+    ps::SnapshotRequest req;
+    req.set_step(step++);
+    absl::Time t0 = absl::Now();
+    auto r = snapshotter->Snapshot(req, absl::InfiniteFuture());
+    capture.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (!r.ok() || !snapshotter->AwaitIdle(absl::InfiniteFuture()) ||
+        !snapshotter->Status().last_error().empty()) {
+      std::fprintf(stderr, "snapshot failed: %s %s\n", r.status().ToString().c_str(),
+                   snapshotter->Status().last_error().c_str());
+      std::exit(1);
+    }
+    *pause_seconds = r->pause_seconds();
+    return absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+
+  const std::string root;
+  ps::Shard shard{ps::ShardOptions{}};
+  std::unique_ptr<ps::Snapshotter> snapshotter;
+  std::unique_ptr<Pusher> pusher;
+  std::vector<double> capture;  // each Snapshot call's seconds
+  int64_t step = 0;
+};
+
+// --cow_ab: write rate and pause with a whole copy against copy on write, interleaved.
+void CowAb(SizeRun& run, const std::string& mib, uint64_t bytes) {
+  ps::DenseTable* table = *run.shard.GetDense(1, 0);
+  std::vector<double> mbs[2], pauses[2];  // [0] whole copy, [1] copy on write
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const int cow = (round + k) % 2;
+      table->set_copy_on_write(cow == 1);
+      double p = 0, seconds = run.Snapshot(&p);
+      mbs[cow].push_back(bytes / seconds / 1e6);
+      pauses[cow].push_back(p / seconds);
+    }
+  }
+  table->set_copy_on_write(true);
+  std::printf(
+      "%-8s whole copy: %.0f MB/s, pause %.2f%%; copy on write: %.0f MB/s, pause "
+      "%.2f%%; write MB/s cow/whole %.2f\n",
+      mib.c_str(), Median(mbs[0]), 100 * Median(pauses[0]), Median(mbs[1]), 100 * Median(pauses[1]),
+      Median(mbs[1]) / Median(mbs[0]));
+  std::fflush(stdout);
+}
+
+// Throughput alone against the fsync ceiling, and pushes' latency beside a snapshot.
+void Rounds(SizeRun& run, const std::string& mib, uint64_t bytes) {
+  std::vector<double> snap, ceiling, pause, idle_p50, busy_p50, busy_max;
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    // Throughput: the ceiling, then a snapshot with nothing else running.
+    ceiling.push_back(bytes / CeilingSeconds(run.root + "/ceiling.bin", bytes) / 1e6);
+    double p = 0, seconds = run.Snapshot(&p);
+    snap.push_back(bytes / seconds / 1e6);
+    pause.push_back(p / seconds);
+    // Stall: 1 MiB pushes for as long as a snapshot takes, then during one.
+    run.pusher->Start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(1000 * seconds)));
+    run.pusher->Stop();
+    idle_p50.push_back(Median(run.pusher->latencies));
+    run.pusher->Start();
+    double busy_seconds = run.Snapshot(&p);
+    run.pusher->Stop();
+    busy_p50.push_back(Median(run.pusher->latencies));
+    busy_max.push_back(
+        *std::max_element(run.pusher->latencies.begin(), run.pusher->latencies.end()));
+    std::printf(
+        "  round %d: %.0f MB/s alone (fsync ceiling %.0f), pause %.1f ms of %.2f s "
+        "(capture call %.2f s); under pushes %.2f s, slowest push %.1f ms\n",
+        round, snap.back(), ceiling.back(), 1e3 * p, seconds, run.capture[run.capture.size() - 2],
+        busy_seconds, 1e3 * busy_max.back());
+  }
+  std::printf("%-8s %11.0f %11.0f %6.2f %7.2f%% %12.3f %12.3f %7.2f %9.1f\n", mib.c_str(),
+              Median(snap), Median(ceiling), Median(snap) / Median(ceiling), 100 * Median(pause),
+              1e3 * Median(idle_p50), 1e3 * Median(busy_p50), Median(busy_p50) / Median(idle_p50),
+              1e3 * Median(busy_max));
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace pscluster::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace pscluster::bench;
+  const std::string dir = absl::GetFlag(FLAGS_dir);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::printf("%-8s %11s %11s %6s %8s %12s %12s %7s %9s\n", "MiB", "snap MB/s", "fsync MB/s",
+              "ratio", "pause %", "push p50 ms", "during p50", "ratio", "max ms");
+  for (const std::string& mib_flag : absl::GetFlag(FLAGS_sizes_mib)) {
+    const uint64_t bytes = std::stoull(mib_flag) << 20;
+    SizeRun run(bytes, dir + "/" + mib_flag);
     if (absl::GetFlag(FLAGS_cow_ab)) {
-      ps::DenseTable* table = *shard.GetDense(1, 0);
-      std::vector<double> mbs[2], pauses[2];  // [0] whole copy, [1] copy on write
-      for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-        for (int k = 0; k < 2; ++k) {
-          const int cow = (round + k) % 2;
-          table->set_copy_on_write(cow == 1);
-          double p = 0, seconds = snapshot(&p);
-          mbs[cow].push_back(bytes / seconds / 1e6);
-          pauses[cow].push_back(p / seconds);
-        }
-      }
-      table->set_copy_on_write(true);
-      std::printf(
-          "%-8s whole copy: %.0f MB/s, pause %.2f%%; copy on write: %.0f MB/s, pause "
-          "%.2f%%; write MB/s cow/whole %.2f\n",
-          mib_flag.c_str(), Median(mbs[0]), 100 * Median(pauses[0]), Median(mbs[1]),
-          100 * Median(pauses[1]), Median(mbs[1]) / Median(mbs[0]));
-      std::fflush(stdout);
-      continue;
+      CowAb(run, mib_flag, bytes);
+    } else {
+      Rounds(run, mib_flag, bytes);
     }
-    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-      // Throughput: the ceiling, then a snapshot with nothing else running.
-      ceiling.push_back(bytes / CeilingSeconds(so.root + "/ceiling.bin", bytes) / 1e6);
-      double p = 0, seconds = snapshot(&p);
-      snap.push_back(bytes / seconds / 1e6);
-      pause.push_back(p / seconds);
-      // Stall: 1 MiB pushes for as long as a snapshot takes, then during one.
-      pusher.Start();
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(1000 * seconds)));
-      pusher.Stop();
-      idle_p50.push_back(Median(pusher.latencies));
-      pusher.Start();
-      double busy_seconds = snapshot(&p);
-      pusher.Stop();
-      busy_p50.push_back(Median(pusher.latencies));
-      busy_max.push_back(*std::max_element(pusher.latencies.begin(), pusher.latencies.end()));
-      std::printf(
-          "  round %d: %.0f MB/s alone (fsync ceiling %.0f), pause %.1f ms of %.2f s "
-          "(capture call %.2f s); under pushes %.2f s, slowest push %.1f ms\n",
-          round, snap.back(), ceiling.back(), 1e3 * p, seconds, capture[capture.size() - 2],
-          busy_seconds, 1e3 * busy_max.back());
-    }
-    std::printf("%-8s %11.0f %11.0f %6.2f %7.2f%% %12.3f %12.3f %7.2f %9.1f\n", mib_flag.c_str(),
-                Median(snap), Median(ceiling), Median(snap) / Median(ceiling), 100 * Median(pause),
-                1e3 * Median(idle_p50), 1e3 * Median(busy_p50), Median(busy_p50) / Median(idle_p50),
-                1e3 * Median(busy_max));
-    std::fflush(stdout);
   }
   fs::remove_all(dir);
   return 0;
