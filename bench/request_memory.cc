@@ -146,8 +146,8 @@ struct Result {
   std::string sample_error;
 };
 
-Result Run(const std::string& scenario) {
-  Result res{scenario};
+// ps_server with --server_args, started; a failure ends the program.
+testing::Subprocess StartServer(std::string* address) {
   std::vector<std::string> argv = {absl::GetFlag(FLAGS_server), "--port=0"};
   for (const std::string& a : absl::GetFlag(FLAGS_server_args)) argv.push_back(a);
   auto server = testing::Subprocess::Start(argv);
@@ -160,42 +160,36 @@ Result Run(const std::string& scenario) {
     std::fprintf(stderr, "%s\n", line.status().ToString().c_str());
     std::exit(1);
   }
-  const std::string address = *testing::ListeningAddress(*line);
-  const int n = absl::GetFlag(FLAGS_concurrency);
-  const uint64_t values = (absl::GetFlag(FLAGS_request_mib) << 20) / sizeof(float);
-  const uint64_t table_size = 2 * values;  // room for a request of `values`, plus more
-  {
-    auto stub = Connect(address);
-    grpc::ClientContext ctx;
-    ps::RegisterWorkerRequest reg;
-    ps::RegisterWorkerResponse rr;
-    (void)stub->RegisterWorker(&ctx, reg, &rr);
-    grpc::ClientContext ctx2;
-    ps::CreateTableRequest req;
-    ps::TableSpec* spec = req.mutable_spec();
-    spec->set_table_id(kTable);
-    spec->set_size(table_size);
-    spec->mutable_optimizer()->set_learning_rate(0.01f);
-    spec->mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
-    ps::CreateTableResponse cr;
-    grpc::Status s = stub->CreateTable(&ctx2, req, &cr);
-    if (!s.ok()) {
-      std::fprintf(stderr, "CreateTable: %s\n", s.error_message().c_str());
-      std::exit(1);
-    }
+  *address = *testing::ListeningAddress(*line);
+  return *std::move(server);
+}
+
+// Registers worker 0 and creates the ASP table of `table_size` values.
+void CreateTable(const std::string& address, uint64_t table_size) {
+  auto stub = Connect(address);
+  grpc::ClientContext ctx;
+  ps::RegisterWorkerRequest reg;
+  ps::RegisterWorkerResponse rr;
+  (void)stub->RegisterWorker(&ctx, reg, &rr);
+  grpc::ClientContext ctx2;
+  ps::CreateTableRequest req;
+  ps::TableSpec* spec = req.mutable_spec();
+  spec->set_table_id(kTable);
+  spec->set_size(table_size);
+  spec->mutable_optimizer()->set_learning_rate(0.01f);
+  spec->mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+  ps::CreateTableResponse cr;
+  grpc::Status s = stub->CreateTable(&ctx2, req, &cr);
+  if (!s.ok()) {
+    std::fprintf(stderr, "CreateTable: %s\n", s.error_message().c_str());
+    std::exit(1);
   }
-  std::vector<std::unique_ptr<ps::ParameterServer::Stub>> stubs;
-  for (int i = 0; i < n; ++i) stubs.push_back(Connect(address));  // one connection each
-  absl::SleepFor(absl::Milliseconds(200));
-  res.before = ReadRss(server->pid());
-  std::atomic<bool> done{false};
-  std::thread sampler([&] {
-    while (!done.load()) {
-      Rss r = ReadRss(server->pid());
-      res.peak.rss_kib = std::max(res.peak.rss_kib, r.rss_kib);
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  });
+}
+
+// --rounds rounds of one request per stub at once: what the server said to each.
+void FireRounds(const std::vector<std::unique_ptr<ps::ParameterServer::Stub>>& stubs,
+                const std::string& scenario, uint64_t values, uint64_t table_size, Result* res) {
+  const int n = static_cast<int>(stubs.size());
   std::atomic<int> ok{0}, refused{0};
   absl::Mutex mu;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
@@ -208,25 +202,48 @@ Result Run(const std::string& scenario) {
         } else {
           ++refused;
           absl::MutexLock lock(&mu);
-          if (res.sample_error.empty()) {
-            res.sample_error = absl::StrCat(s.error_code(), ": ", s.error_message());
+          if (res->sample_error.empty()) {
+            res->sample_error = absl::StrCat(s.error_code(), ": ", s.error_message());
           }
         }
       });
     }
     for (auto& t : threads) t.join();
   }
+  res->ok = ok;
+  res->refused = refused;
+}
+
+Result Run(const std::string& scenario) {
+  Result res{scenario};
+  std::string address;
+  testing::Subprocess server = StartServer(&address);
+  const int n = absl::GetFlag(FLAGS_concurrency);
+  const uint64_t values = (absl::GetFlag(FLAGS_request_mib) << 20) / sizeof(float);
+  const uint64_t table_size = 2 * values;  // room for a request of `values`, plus more
+  CreateTable(address, table_size);
+  std::vector<std::unique_ptr<ps::ParameterServer::Stub>> stubs;
+  for (int i = 0; i < n; ++i) stubs.push_back(Connect(address));  // one connection each
+  absl::SleepFor(absl::Milliseconds(200));
+  res.before = ReadRss(server.pid());
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {
+    while (!done.load()) {
+      Rss r = ReadRss(server.pid());
+      res.peak.rss_kib = std::max(res.peak.rss_kib, r.rss_kib);
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  FireRounds(stubs, scenario, values, table_size, &res);
   absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)));
   done = true;
   sampler.join();
-  res.after = ReadRss(server->pid());
+  res.after = ReadRss(server.pid());
   res.peak.hwm_kib = res.after.hwm_kib;
   stubs.clear();  // the clients disconnect: what the server kept per connection goes too
   absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)));
-  res.closed = ReadRss(server->pid());
-  res.ok = ok;
-  res.refused = refused;
-  (void)server->Stop(SIGTERM, absl::Seconds(20));
+  res.closed = ReadRss(server.pid());
+  (void)server.Stop(SIGTERM, absl::Seconds(20));
   return res;
 }
 
