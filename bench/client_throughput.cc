@@ -76,6 +76,59 @@ struct Result {
   double push_cpu_ms, pull_cpu_ms;  // median client CPU time per call
 };
 
+// One tensor size: a fresh table, reps timed pushes and pulls after 2 warm-ups (the pulled
+// values must agree), and the medians.
+Result MeasureSize(pscluster::PsClient* client, uint32_t table_id, uint64_t bytes, int reps) {
+  ps::TableSpec spec;
+  spec.set_table_id(table_id);
+  spec.set_size(bytes / sizeof(float));
+  spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::SGD);
+  spec.mutable_optimizer()->set_learning_rate(1e-6f);
+  spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
+  spec.mutable_initializer()->set_kind(ps::InitializerConfig::ZEROS);
+  Check(client->CreateTable(spec), "CreateTable");
+  std::vector<float> grad(spec.size(), 0.5f), out(spec.size());
+  std::vector<double> push, pull, push_cpu, pull_cpu;
+  for (int i = 0; i < reps + 2; ++i) {
+    double ca, cb;
+    double a =
+        Seconds([&] { Check(client->PushDense(spec.table_id(), i, grad), "PushDense"); }, &ca);
+    double b = Seconds(
+        [&] { Check(client->PullDense(spec.table_id(), i, absl::MakeSpan(out)), "PullDense"); },
+        &cb);
+    if (i < 2) continue;  // warm-up
+    push.push_back(a), pull.push_back(b), push_cpu.push_back(ca), pull_cpu.push_back(cb);
+  }
+  // Every value took the same SGD steps (negative: gradients are positive).
+  for (float v : out) {
+    if (v != out[0] || !(v < 0.0f)) {
+      std::fprintf(stderr, "pulled values disagree: %g vs %g\n", v, out[0]);
+      std::exit(1);
+    }
+  }
+  return Result{bytes, bytes / Median(push) / 1e9, bytes / Median(pull) / 1e9,
+                1e3 * Median(push_cpu), 1e3 * Median(pull_cpu)};
+}
+
+bool WriteJson(const std::string& path, const std::vector<Result>& results, int shards, int reps) {
+  std::ofstream f(path);
+  f << "[\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    f << absl::StrCat("  {\"client\": \"cpp\", \"shards\": ", shards, ", \"bytes\": ", r.bytes,
+                      ", \"reps\": ", reps, ", \"push_gbps\": ", r.push_gbps,
+                      ", \"pull_gbps\": ", r.pull_gbps, ", \"push_cpu_ms\": ", r.push_cpu_ms,
+                      ", \"pull_cpu_ms\": ", r.pull_cpu_ms, "}",
+                      i + 1 < results.size() ? ",\n" : "\n");
+  }
+  f << "]\n";
+  if (!f) {
+    std::fprintf(stderr, "could not write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,35 +152,7 @@ int main(int argc, char** argv) {
   const auto sizes = absl::GetFlag(FLAGS_sizes_kib);
   for (size_t k = 0; k < sizes.size(); ++k) {
     const uint64_t bytes = std::stoull(sizes[k]) << 10;
-    ps::TableSpec spec;
-    spec.set_table_id(absl::GetFlag(FLAGS_table_id_base) + k);
-    spec.set_size(bytes / sizeof(float));
-    spec.mutable_optimizer()->set_kind(ps::OptimizerConfig::SGD);
-    spec.mutable_optimizer()->set_learning_rate(1e-6f);
-    spec.mutable_consistency()->set_mode(ps::ConsistencyConfig::ASP);
-    spec.mutable_initializer()->set_kind(ps::InitializerConfig::ZEROS);
-    Check(client->CreateTable(spec), "CreateTable");
-    std::vector<float> grad(spec.size(), 0.5f), out(spec.size());
-    std::vector<double> push, pull, push_cpu, pull_cpu;
-    for (int i = 0; i < reps + 2; ++i) {
-      double ca, cb;
-      double a =
-          Seconds([&] { Check(client->PushDense(spec.table_id(), i, grad), "PushDense"); }, &ca);
-      double b = Seconds(
-          [&] { Check(client->PullDense(spec.table_id(), i, absl::MakeSpan(out)), "PullDense"); },
-          &cb);
-      if (i < 2) continue;  // warm-up
-      push.push_back(a), pull.push_back(b), push_cpu.push_back(ca), pull_cpu.push_back(cb);
-    }
-    // Every value took the same SGD steps (negative: gradients are positive).
-    for (float v : out) {
-      if (v != out[0] || !(v < 0.0f)) {
-        std::fprintf(stderr, "pulled values disagree: %g vs %g\n", v, out[0]);
-        return 1;
-      }
-    }
-    Result r{bytes, bytes / Median(push) / 1e9, bytes / Median(pull) / 1e9, 1e3 * Median(push_cpu),
-             1e3 * Median(pull_cpu)};
+    const Result r = MeasureSize(client.get(), absl::GetFlag(FLAGS_table_id_base) + k, bytes, reps);
     std::printf("%-7d %6lu KiB %10.3f %10.3f %12.2f %12.2f\n", client->num_shards(),
                 static_cast<unsigned long>(bytes >> 10), r.push_gbps, r.pull_gbps, r.push_cpu_ms,
                 r.pull_cpu_ms);
@@ -135,22 +160,6 @@ int main(int argc, char** argv) {
     results.push_back(r);
   }
   const std::string path = absl::GetFlag(FLAGS_json);
-  if (!path.empty()) {
-    std::ofstream f(path);
-    f << "[\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      f << absl::StrCat("  {\"client\": \"cpp\", \"shards\": ", client->num_shards(),
-                        ", \"bytes\": ", r.bytes, ", \"reps\": ", reps,
-                        ", \"push_gbps\": ", r.push_gbps, ", \"pull_gbps\": ", r.pull_gbps,
-                        ", \"push_cpu_ms\": ", r.push_cpu_ms, ", \"pull_cpu_ms\": ", r.pull_cpu_ms,
-                        "}", i + 1 < results.size() ? ",\n" : "\n");
-    }
-    f << "]\n";
-    if (!f) {
-      std::fprintf(stderr, "could not write %s\n", path.c_str());
-      return 1;
-    }
-  }
+  if (!path.empty() && !WriteJson(path, results, client->num_shards(), reps)) return 1;
   return 0;
 }
