@@ -240,6 +240,31 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(d, "compression", None)
 
 
+def _check_addresses(shard_addresses: Sequence[str], timeout,
+                     replicas: Optional[Sequence[Sequence[str]]]) -> None:
+    """Cluster's arguments checked before any channel is opened."""
+    if not shard_addresses or any(not a for a in shard_addresses):
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"every shard needs an address; got {list(shard_addresses)}")
+    _check_timeout(timeout)
+    if replicas is not None and (len(replicas) != len(shard_addresses)
+                                 or any(not r or not all(r) for r in replicas)):
+        raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"replicas must list every shard's replicas; got {list(replicas)}")
+
+
+def _use_native(native: Optional[bool]) -> bool:
+    """Whether a Cluster's dense calls go through the C++ client: by default when it is
+    built and PSCLUSTER_NATIVE is not 0."""
+    if native is None:
+        native = _native is not None and os.environ.get("PSCLUSTER_NATIVE", "1") != "0"
+    if native and _native is None:
+        raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                      "native=True, but pscluster._native is not built (bazel build "
+                      "//python:pscluster, or install the .deb)")
+    return bool(native)
+
+
 class Cluster:
     """Channels to every shard of one cluster. Thread-safe; close() (or `with`) when done.
     `replicas` (chain-replicated shards, ps_coordinator --replicas > 1): each shard's
@@ -251,19 +276,10 @@ class Cluster:
                  coordinator: Optional[str] = None, security: Optional[Security] = None,
                  replicas: Optional[Sequence[Sequence[str]]] = None,
                  native: Optional[bool] = None):
-        if not shard_addresses or any(not a for a in shard_addresses):
-            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"every shard needs an address; got {list(shard_addresses)}")
-        _check_timeout(timeout)
-        if replicas is not None and (len(replicas) != len(shard_addresses)
-                                     or any(not r or not all(r) for r in replicas)):
-            raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"replicas must list every shard's replicas; got {list(replicas)}")
+        _check_addresses(shard_addresses, timeout, replicas)
         self.addresses: List[str] = list(shard_addresses)
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self.security = security or Security()
         self._replica_addresses: List[List[str]] = (
             [list(r) for r in replicas] if replicas is not None else [[a] for a in self.addresses])
@@ -272,6 +288,28 @@ class Cluster:
         # Sent with every call to the shards (_Metadata; the C++ client sends the same).
         self.client_id: str = os.urandom(16).hex()
         self._closed = False
+        self._open_replicas()
+        self._open_coordinator(coordinator)
+        # Shard fan-out; the async calls run on their own pool so that they never wait for
+        # a fan-out thread their own caller holds.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4 * len(self.addresses), thread_name_prefix="pscluster-shard")
+        self._async_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix="pscluster-async")
+        self._lock = threading.Lock()
+        self._specs: Dict[int, ps_pb2.TableSpec] = {}
+        self._names: Dict[str, int] = {}
+        self._registered: set = set()
+        self._forgotten: set = set()  # registered, then a shard forgot them (_forgot_worker)
+        self._native = None
+        if _use_native(native):
+            self._open_native(timeout, chunk_bytes)
+
+    def _open_replicas(self) -> None:
+        """A channel to every replica of every shard, and the calls that follow each
+        shard's head."""
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self._channels = []
         self._replicas: List[List[_Replica]] = []
         for shard_replicas in self._replica_addresses:
@@ -289,36 +327,21 @@ class Cluster:
         self._pull_unary = _Current(self, "pull_unary")
         self._push_pull_batch = _Current(self, "push_pull_batch")
         self._pull_stream = _Current(self, "pull_stream")
+
+    def _open_coordinator(self, coordinator: Optional[str]) -> None:
         self._coordinator_address = coordinator
         self._coordinator: Optional[coordinator_pb2_grpc.CoordinatorStub] = None
         self._coordinator_channel: Optional[grpc.Channel] = None
         if coordinator:
             self._coordinator_channel = self.security.channel(coordinator)
             self._coordinator = coordinator_pb2_grpc.CoordinatorStub(self._coordinator_channel)
-        # Shard fan-out; the async calls run on their own pool so that they never wait for
-        # a fan-out thread their own caller holds.
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=4 * len(self.addresses), thread_name_prefix="pscluster-shard")
-        self._async_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=8, thread_name_prefix="pscluster-async")
-        self._lock = threading.Lock()
-        self._specs: Dict[int, ps_pb2.TableSpec] = {}
-        self._names: Dict[str, int] = {}
-        self._registered: set = set()
-        self._forgotten: set = set()  # registered, then a shard forgot them (_forgot_worker)
-        if native is None:
-            native = _native is not None and os.environ.get("PSCLUSTER_NATIVE", "1") != "0"
-        if native and _native is None:
-            raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
-                          "native=True, but pscluster._native is not built (bazel build "
-                          "//python:pscluster, or install the .deb)")
-        self._native = None
-        if native:
-            s = self.security
-            self._native = _native.Client(
-                self._replica_addresses, timeout, chunk_bytes, s.tls, s.ca or b"",
-                s.cert or b"", s.key or b"", s.token or "", s.server_name or "",
-                self.client_id)
+
+    def _open_native(self, timeout: float, chunk_bytes: int) -> None:
+        s = self.security
+        self._native = _native.Client(
+            self._replica_addresses, timeout, chunk_bytes, s.tls, s.ca or b"",
+            s.cert or b"", s.key or b"", s.token or "", s.server_name or "",
+            self.client_id)
 
     @property
     def native(self) -> bool:

@@ -196,50 +196,16 @@ class ParameterServerOptimizer:
             (n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.embeddings: List[Embedding] = [m for m in module.modules()
                                             if isinstance(m, Embedding)]
-        for n, p in self.params:
-            _numpy(p.data, f"parameter {n}")
-            if p.numel() == 0:  # before any table is made: a refusal leaves none behind
-                raise PsError(_invalid(), f"parameter {n} has no elements (shape "
-                              f"{list(p.shape)}): a table needs at least one value")
-        # Every id this makes checked before any table is made: a refusal leaves none behind.
-        ids = [table_base + i for i in range(len(self.params))] + [
-            table_base + EMBEDDING_OFFSET + j for j, e in enumerate(self.embeddings)
-            if e.table is None]
-        last = max(ids, default=table_base)
-        if table_base < 0 or last > 2 ** 32 - 1:
-            raise PsError(_invalid(), f"table_base={table_base}: this module's tables would "
-                          f"take ids up to {last}; table ids are in [0, 2^32 - 1]")
+        self._check_module(table_base)
         self._incoming = ([np.empty(p.numel(), np.float32) for _, p in self.params]
                           if overlap else [])
         # Without overlap each step's scaled gradients are sent before step() returns: one
         # buffer per parameter, reused (with overlap a step's are in flight during the next).
         self._scaled = [] if overlap else [torch.empty(p.shape, dtype=torch.float32)
                                            for _, p in self.params]
-        # The shape in the name: a worker whose module has the same sizes in another layout
-        # (a transposed weight) is refused (ALREADY_EXISTS naming both) instead of summing
-        # its gradients into this one's.
-        self.tables = [cluster.create_dense(f"{name}/{n}{list(p.shape)}", p.numel(),
-                                            table_id=table_base + i,
-                                            worker=worker, **spec)
-                       for i, (n, p) in enumerate(self.params)]
-        for j, e in enumerate(self.embeddings):
-            if e.table is None:
-                e.create(table_base + EMBEDDING_OFFSET + j)
-            e.worker, e.step_, e.grad_scale = worker, step, self.grad_scale
+        self._create_tables(name, table_base, spec)
         if worker == 0 and step == 0:
-            for t, (n, p) in zip(self.tables, self.params):
-                trained = cluster.applied_step(t)
-                if trained > 0:
-                    raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"table {t} ({n}) has trained to step {trained} already (a "
-                                  "run against this cluster before, with the same table_base"
-                                  f"): pass step={trained} to resume it, or another "
-                                  "table_base and name for a new model")
-                cluster.set_dense(t, _numpy(p.data, f"parameter {n}"), step=0)
-            # Replicated shards: the imports left each head alone until its backups copy
-            # the state back; training starts once they have (a head lost before would
-            # lose its shard).
-            cluster.wait_for_chains(wait_timeout)
+            self._write_initial_values(wait_timeout)
         # Registered only now: no other worker's step 0 can be applied before worker 0 has
         # written the initial values (a BSP step waits for every registered worker).
         cluster.register_worker(worker)
@@ -252,6 +218,52 @@ class ParameterServerOptimizer:
         self._check_every = check_shards_every
         self._incarnations = cluster.shard_incarnations()
         self._checked_at = time.monotonic()
+
+    def _check_module(self, table_base: int) -> None:
+        """Refuses a module the tables cannot hold before any table is made: a refusal
+        leaves none behind."""
+        for n, p in self.params:
+            _numpy(p.data, f"parameter {n}")
+            if p.numel() == 0:
+                raise PsError(_invalid(), f"parameter {n} has no elements (shape "
+                              f"{list(p.shape)}): a table needs at least one value")
+        ids = [table_base + i for i in range(len(self.params))] + [
+            table_base + EMBEDDING_OFFSET + j for j, e in enumerate(self.embeddings)
+            if e.table is None]
+        last = max(ids, default=table_base)
+        if table_base < 0 or last > 2 ** 32 - 1:
+            raise PsError(_invalid(), f"table_base={table_base}: this module's tables would "
+                          f"take ids up to {last}; table ids are in [0, 2^32 - 1]")
+
+    def _create_tables(self, name: str, table_base: int, spec: dict) -> None:
+        # The shape in the name: a worker whose module has the same sizes in another layout
+        # (a transposed weight) is refused (ALREADY_EXISTS naming both) instead of summing
+        # its gradients into this one's.
+        self.tables = [self.cluster.create_dense(f"{name}/{n}{list(p.shape)}", p.numel(),
+                                                 table_id=table_base + i,
+                                                 worker=self.worker, **spec)
+                       for i, (n, p) in enumerate(self.params)]
+        for j, e in enumerate(self.embeddings):
+            if e.table is None:
+                e.create(table_base + EMBEDDING_OFFSET + j)
+            e.worker, e.step_, e.grad_scale = self.worker, self.step_count, self.grad_scale
+
+    def _write_initial_values(self, wait_timeout: Optional[float]) -> None:
+        """Worker 0 at step 0: the module's values into fresh tables, refusing tables that
+        a run before has trained."""
+        for t, (n, p) in zip(self.tables, self.params):
+            trained = self.cluster.applied_step(t)
+            if trained > 0:
+                raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"table {t} ({n}) has trained to step {trained} already (a "
+                              "run against this cluster before, with the same table_base"
+                              f"): pass step={trained} to resume it, or another "
+                              "table_base and name for a new model")
+            self.cluster.set_dense(t, _numpy(p.data, f"parameter {n}"), step=0)
+        # Replicated shards: the imports left each head alone until its backups copy
+        # the state back; training starts once they have (a head lost before would
+        # lose its shard).
+        self.cluster.wait_for_chains(wait_timeout)
 
     def _check_shards(self) -> None:
         if self._incarnations is None or time.monotonic() - self._checked_at < self._check_every:
