@@ -164,10 +164,7 @@ def predict(model, keys, batch=8192):
 
 
 def worker(args) -> dict:
-    import numpy as np
     import torch
-    import pscluster
-    import pscluster.torch as pst
     import ctr_data
 
     torch.set_num_threads(1)
@@ -177,6 +174,30 @@ def worker(args) -> dict:
     lo, hi = args.train * rank // world, args.train * (rank + 1) // world
     keys, labels, _ = data.generate(args.train, "train", lo, hi)
     gen_seconds = time.perf_counter() - t0
+    cluster, model, opt = connect_and_build(args, data)
+    heldout = None  # worker 0 evaluates: (keys, labels, true probabilities, Bayes AUC)
+    if rank == 0:
+        print(f"worker 0: {hi - lo:,} training examples generated in {gen_seconds:.1f} s; "
+              f"table {model.embedding.table}: {data.key_space:,} keys x dim {args.dim} on "
+              f"{cluster.num_shards} shards", flush=True)
+        test_keys, test_labels, test_probs = data.generate(args.test, "test")
+        heldout = test_keys, test_labels, test_probs, ctr_data.bayes_auc(test_labels, test_probs)
+    step, total, train_seconds, used = train(args, model, opt, keys, labels, heldout)
+    summary = {"rank": rank, "steps": step, "train_seconds": train_seconds,
+               "samples": step * args.batch_size, "gen_seconds": gen_seconds}
+    save_training_results(args, keys[used], summary)
+    if rank == 0:
+        final_evaluation(args, cluster, model, opt, data, heldout, total, summary)
+    cluster.unregister_worker(rank)
+    cluster.close()
+    return summary
+
+
+def connect_and_build(args, data):
+    """The cluster, the model and its optimizer: every worker builds the same ones."""
+    import torch
+    import pscluster
+    import pscluster.torch as pst
 
     cluster = pscluster.connect(args.coordinator, timeout=args.timeout,
                                 wait_until_complete=True)
@@ -184,7 +205,7 @@ def worker(args) -> dict:
     model = build_model(args, cluster, data.key_space, data.num_fields)
     opt = pst.ParameterServerOptimizer(
         model, cluster, optimizer="adam", lr=args.lr, consistency=args.consistency,
-        staleness=args.staleness, worker=rank, num_workers=world, name="ctr",
+        staleness=args.staleness, worker=args.rank, num_workers=args.workers, name="ctr",
         table_base=args.table_base, wait_timeout=300.0)
     if args.emb_grad == "sum":
         # The optimizer scales every gradient by 1/workers (a BSP step sums the workers'
@@ -193,21 +214,24 @@ def worker(args) -> dict:
         # gradient, whatever the batch size, and Adagrad's accumulator (starting at
         # --emb_init_acc) is in the units of one example's squared gradient.
         model.embedding.grad_scale = float(args.batch_size)
-    if rank == 0:
-        print(f"worker 0: {hi - lo:,} training examples generated in {gen_seconds:.1f} s; "
-              f"table {model.embedding.table}: {data.key_space:,} keys x dim {args.dim} on "
-              f"{cluster.num_shards} shards", flush=True)
-    if rank == 0:
-        test_keys, test_labels, test_probs = data.generate(args.test, "test")
-        bayes = ctr_data.bayes_auc(test_labels, test_probs)
+    return cluster, model, opt
+
+
+def train(args, model, opt, keys, labels, heldout):
+    """Every epoch over this worker's examples; returns (steps, steps planned, training
+    seconds, which examples a step took)."""
+    import numpy as np
+    import torch
+    import ctr_data
+
+    rank, world, B = args.rank, args.workers, args.batch_size
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    B = args.batch_size
     steps_per_epoch = (args.train // world) // B  # the same for every worker (BSP)
     total = steps_per_epoch * args.epochs
     step, loss_sum, loss_n, train_seconds = 0, 0.0, 0, 0.0
-    used = np.zeros(hi - lo, dtype=bool)
+    used = np.zeros(len(keys), dtype=bool)
     for epoch in range(args.epochs):
-        order = np.random.default_rng([args.seed, epoch, rank]).permutation(hi - lo)
+        order = np.random.default_rng([args.seed, epoch, rank]).permutation(len(keys))
         used[order[:steps_per_epoch * B]] = True  # the tail of the shard waits an epoch
         model.train()
         start = time.perf_counter()
@@ -231,31 +255,42 @@ def worker(args) -> dict:
         train_seconds += time.perf_counter() - start
         if rank == 0 and epoch + 1 < args.epochs and args.eval_every_epoch:
             # Not counted as training time; under BSP the others wait at the next step.
+            test_keys, test_labels, _, bayes = heldout
             auc = ctr_data.auc(test_labels, predict(model, test_keys))
             print(f"epoch {epoch}: held-out AUC {auc:.4f} (Bayes-optimal {bayes:.4f}, "
                   f"gap {bayes - auc:.4f})", flush=True)
-    summary = {"rank": rank, "steps": step, "train_seconds": train_seconds,
-               "samples": step * B, "gen_seconds": gen_seconds}
-    # The keys this worker trained on, and how often (per epoch): the launcher's report of
-    # how many held-out ids training never saw.
-    uniq, counts = np.unique(keys[used], return_counts=True)
-    np.savez(os.path.join(args.out, f"train_keys{rank}.npz"), keys=uniq, counts=counts)
-    with open(os.path.join(args.out, f"worker{rank}.json"), "w") as f:
-        json.dump(summary, f)
-    if rank != 0:
-        cluster.unregister_worker(rank)
-        cluster.close()
-        return summary
+    return step, total, train_seconds, used
 
-    # The final evaluation, once every worker has pushed its last step: under BSP they
-    # have when this one has; under ASP/SSP the others may still be running, so wait for
-    # their summaries, then pull the final dense values.
+
+def write_summary(args, summary):
+    with open(os.path.join(args.out, f"worker{args.rank}.json"), "w") as f:
+        json.dump(summary, f)
+
+
+def save_training_results(args, trained_keys, summary):
+    """The keys this worker trained on, and how often (per epoch), for the launcher's report
+    of how many held-out ids training never saw; then the worker's summary."""
+    import numpy as np
+    uniq, counts = np.unique(trained_keys, return_counts=True)
+    np.savez(os.path.join(args.out, f"train_keys{args.rank}.npz"), keys=uniq, counts=counts)
+    write_summary(args, summary)
+
+
+def final_evaluation(args, cluster, model, opt, data, heldout, total, summary):
+    """Worker 0's held-out AUC and losses of the final model, added to its summary."""
+    import numpy as np
+    import ctr_data
+
+    # Once every worker has pushed its last step: under BSP they have when this one has;
+    # under ASP/SSP the others may still be running, so wait for their summaries, then
+    # pull the final dense values.
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not all(
-            os.path.exists(os.path.join(args.out, f"worker{r}.json")) for r in range(world)):
+    while time.monotonic() < deadline and not all(os.path.exists(
+            os.path.join(args.out, f"worker{r}.json")) for r in range(args.workers)):
         time.sleep(0.2)
     for t, (n, p) in zip(opt.tables, opt.params):
-        cluster.pull_dense(t, step=total, worker=rank, out=p.data.numpy().reshape(-1))
+        cluster.pull_dense(t, step=total, worker=args.rank, out=p.data.numpy().reshape(-1))
+    test_keys, test_labels, test_probs, bayes = heldout
     t0 = time.perf_counter()
     probs = predict(model, test_keys)
     eval_seconds = time.perf_counter() - t0
@@ -275,11 +310,7 @@ def worker(args) -> dict:
           f"{summary['bayes_loss']:.4f}); evaluated in {eval_seconds:.1f} s", flush=True)
     print(f"rows materialised per shard: {rows} (total {sum(rows):,} of "
           f"{data.key_space:,} keys)", flush=True)
-    with open(os.path.join(args.out, f"worker{rank}.json"), "w") as f:
-        json.dump(summary, f)
-    cluster.unregister_worker(rank)
-    cluster.close()
-    return summary
+    write_summary(args, summary)
 
 
 def seen_report(out: str, world: int) -> dict:

@@ -76,22 +76,13 @@ def parse_args(argv=None):
 
 def worker(args) -> dict:
     import torch
-    import pscluster
-    import pscluster.torch as pst
     import fashion_mnist as fm
 
     torch.set_num_threads(1)
     rank, world = args.rank, args.workers
     images, labels = fm.load("train")
     test_images, test_labels = fm.load("test")
-    cluster = pscluster.connect(args.coordinator, timeout=args.timeout,
-                                wait_until_complete=True)
-    torch.manual_seed(args.seed)
-    model = fm.make_cnn() if args.model == "cnn" else fm.make_mlp()
-    opt = pst.ParameterServerOptimizer(
-        model, cluster, optimizer="adam", lr=args.lr, consistency=args.consistency,
-        staleness=args.staleness, worker=rank, num_workers=world, name=args.model,
-        wait_timeout=120.0, overlap=args.overlap)
+    cluster, model, opt = connect_and_build(args)
     loss_fn = torch.nn.CrossEntropyLoss()
     steps_per_epoch = len(images) // (world * args.batch_size)
     total = steps_per_epoch * args.epochs
@@ -123,12 +114,7 @@ def worker(args) -> dict:
         train_seconds += time.perf_counter() - start
         accuracy = fm.accuracy(model, test_images, test_labels)
         if rank == 0:
-            print(f"epoch {epoch}: test accuracy {accuracy:.4f}", flush=True)
-            try:
-                c = cluster.checkpoint(metric=accuracy, timeout=120.0)
-                print(f"epoch {epoch}: checkpoint of step {c['step']}", flush=True)
-            except pscluster.PsError as e:  # e.g. shards without --data_dir
-                print(f"epoch {epoch}: no checkpoint ({e.message})", flush=True)
+            report_epoch(cluster, epoch, accuracy)
         if step >= total:
             break
     cluster.unregister_worker(rank)
@@ -141,6 +127,35 @@ def worker(args) -> dict:
             "compute_seconds": compute_seconds,
             "samples_per_sec": step * args.batch_size / train_seconds,
             "test_accuracy": accuracy, "loss": loss}
+
+
+def connect_and_build(args):
+    """The cluster, the model and its optimizer: every worker builds the same ones."""
+    import torch
+    import pscluster
+    import pscluster.torch as pst
+    import fashion_mnist as fm
+
+    cluster = pscluster.connect(args.coordinator, timeout=args.timeout,
+                                wait_until_complete=True)
+    torch.manual_seed(args.seed)
+    model = fm.make_cnn() if args.model == "cnn" else fm.make_mlp()
+    opt = pst.ParameterServerOptimizer(
+        model, cluster, optimizer="adam", lr=args.lr, consistency=args.consistency,
+        staleness=args.staleness, worker=args.rank, num_workers=args.workers,
+        name=args.model, wait_timeout=120.0, overlap=args.overlap)
+    return cluster, model, opt
+
+
+def report_epoch(cluster, epoch, accuracy):
+    """Worker 0 prints the epoch's test accuracy and asks for a checkpoint filed under it."""
+    import pscluster
+    print(f"epoch {epoch}: test accuracy {accuracy:.4f}", flush=True)
+    try:
+        c = cluster.checkpoint(metric=accuracy, timeout=120.0)
+        print(f"epoch {epoch}: checkpoint of step {c['step']}", flush=True)
+    except pscluster.PsError as e:  # e.g. shards without --data_dir
+        print(f"epoch {epoch}: no checkpoint ({e.message})", flush=True)
 
 
 def main() -> int:
