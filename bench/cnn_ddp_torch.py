@@ -76,7 +76,6 @@ def parse_args(argv=None):
 def run(rank, a, port, t_launch):
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     import fashion_mnist as fm
 
@@ -107,7 +106,37 @@ def run(rank, a, port, t_launch):
         print(f"{FRAMEWORK}: cnn ({n_params} parameters), world {world}, batch {B}/rank, "
               f"{total} steps ({per_epoch}/epoch), 1 thread/rank, torch {torch.__version__}; "
               f"start-up {startup:.1f} s", flush=True)
+    train_seconds, paused, final_loss = train(a, rank, ddp, model, opt, order, (xt, yt),
+                                              (x_test, y_test), per_epoch, total)
 
+    acc, eval_seconds = -1.0, 0.0
+    if rank == 0:
+        t0 = time.perf_counter()
+        acc = fm.accuracy(model, x_test, y_test)
+        eval_seconds = time.perf_counter() - t0
+    gathered = [None] * world
+    dist.all_gather_object(gathered, {"train_seconds": train_seconds})
+    # Teardown order from bench/ddp_torch.py (a torch 1.13 hang otherwise): a barrier, free
+    # DDP while the default group still holds the process group, then destroy the group.
+    dist.barrier()
+    del ddp, opt
+    gc.collect()
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    report(a, total, epochs_run, gathered, acc, startup, eval_seconds + paused, final_loss)
+
+
+def train(a, rank, ddp, model, opt, order, train_set, test_set, per_epoch, total):
+    """The timed steps; returns (training seconds, seconds of --eval_each_epoch evaluations,
+    rank 0's mean loss over the last progress interval)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import fashion_mnist as fm
+
+    world, B, epochs_run = a.world, a.batch_size, len(order)
+    xt, yt = train_set
     loss_sum, loss_n, final_loss = 0.0, 0, float("nan")
     paused = 0.0  # seconds of --eval_each_epoch evaluations, taken off every rank's clock
     start = time.perf_counter()
@@ -132,35 +161,24 @@ def run(rank, a, port, t_launch):
             t0 = time.perf_counter()
             if rank == 0:
                 print(f"rank 0: epoch {e + 1} test accuracy "
-                      f"{fm.accuracy(model, x_test, y_test):.4f}", flush=True)
+                      f"{fm.accuracy(model, *test_set):.4f}", flush=True)
             dist.barrier()  # the other ranks wait here, off the clock too
             paused += time.perf_counter() - t0
-    train_seconds = time.perf_counter() - start - paused
+    return time.perf_counter() - start - paused, paused, final_loss
 
-    acc, eval_seconds = -1.0, 0.0
-    if rank == 0:
-        t0 = time.perf_counter()
-        acc = fm.accuracy(model, x_test, y_test)
-        eval_seconds = time.perf_counter() - t0
-    gathered = [None] * world
-    dist.all_gather_object(gathered, {"train_seconds": train_seconds})
-    # Teardown order from bench/ddp_torch.py (a torch 1.13 hang otherwise): a barrier, free
-    # DDP while the default group still holds the process group, then destroy the group.
-    dist.barrier()
-    del ddp, opt
-    gc.collect()
-    dist.destroy_process_group()
-    if rank != 0:
-        return
-    per_rank = [total * B / g["train_seconds"] for g in gathered]
+
+def report(a, total, epochs_run, gathered, acc, startup, eval_seconds, final_loss):
+    """Rank 0's JSON line of the run."""
+    import torch
+    per_rank = [total * a.batch_size / g["train_seconds"] for g in gathered]
     result = {
-        "framework": FRAMEWORK, "model": "cnn", "world": world, "batch_size": B,
+        "framework": FRAMEWORK, "model": "cnn", "world": a.world, "batch_size": a.batch_size,
         "steps": total, "epochs": epochs_run,
         "train_seconds": round(max(g["train_seconds"] for g in gathered), 4),
         "samples_per_sec": round(sum(per_rank), 1),
         "test_accuracy": acc,
         "per_rank_samples_per_sec": [round(r, 1) for r in per_rank],
-        "startup_seconds": round(startup, 3), "eval_seconds": round(eval_seconds + paused, 3),
+        "startup_seconds": round(startup, 3), "eval_seconds": round(eval_seconds, 3),
         "final_loss": round(final_loss, 6), "lr": a.lr, "seed": a.seed,
         "torch": torch.__version__,
     }

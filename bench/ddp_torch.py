@@ -217,34 +217,86 @@ def initial_params(layers, seed):
 # ---------------------------------------------------------------- one rank
 
 def run(rank, a, port, t_launch):
-    import numpy as np
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
     world, B = a.world, a.batch_size
+    x_train, y_train, x_test, y_test = load_data(a)
+    per_epoch, total = plan_steps(a, len(x_train))
+    order = rank_batches(a, rank, len(x_train), per_epoch, (total + per_epoch - 1) // per_epoch)
+    data = [torch.from_numpy(d) for d in (x_train, y_train, x_test, y_test)]
+    model = build_mlp(a)
 
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    ddp = DDP(model) if world > 1 else model  # one process: plain PyTorch, no DDP hooks
+    framework = FRAMEWORK if world > 1 else "torch-single-process"
+    opt = torch.optim.Adam(ddp.parameters(), lr=a.lr)
+
+    dist.barrier()  # every rank ready: start-up ends here
+    startup = time.perf_counter() - t_launch
+    if rank == 0:
+        print(f"{framework}: world {world}, batch {B}/rank, {total} steps ({per_epoch}/epoch), "
+              f"{a.threads} thread(s)/rank, torch {torch.__version__}; start-up {startup:.1f} s",
+              flush=True)
+    train_seconds, eval_time, acc, final_loss = train(a, rank, ddp, model, opt, order, data,
+                                                      per_epoch, total)
+
+    gathered = [None] * world
+    dist.all_gather_object(gathered, {"train_seconds": train_seconds, "eval_seconds": eval_time,
+                                      "test_accuracy": acc})
+    # Tear down in an order that cannot deadlock (torch 1.13): if the Reducer drops the last
+    # reference to the gloo process group, ~ProcessGroupGloo joins its worker threads with the
+    # GIL held while one of them may still be freeing a Python-owned tensor of the last
+    # collective (it waits for the GIL: a hang seen here). So: a barrier (its work owns no
+    # Python tensors), free DDP while the default group still holds the process group, and
+    # only then destroy the group, whose threads are idle by then.
+    dist.barrier()
+    del ddp, opt
+    gc.collect()
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    report(a, framework, total, gathered, acc, eval_time, startup, final_loss)
+
+
+def load_data(a):
+    """(x_train, y_train, x_test, y_test), the inputs checked against --layers."""
     x_train, y_train = load_fashion_mnist(a.data_dir, "train")
     x_test, y_test = load_fashion_mnist(a.data_dir, "t10k")
     if x_train.shape[1] != a.layers[0]:
         raise SystemExit(f"--layers starts with {a.layers[0]} but the data has {x_train.shape[1]} inputs")
-    per_epoch = len(x_train) // (world * B)
+    return x_train, y_train, x_test, y_test
+
+
+def plan_steps(a, n_train):
+    """(steps per epoch, steps in all): --steps caps the epochs' steps."""
+    per_epoch = n_train // (a.world * a.batch_size)
     if per_epoch < 1:
         raise SystemExit("the data is smaller than one global batch")
     total = per_epoch * a.epochs if a.steps == 0 else min(a.steps, per_epoch * a.epochs)
-    epochs_run = (total + per_epoch - 1) // per_epoch
+    return per_epoch, total
+
+
+def rank_batches(a, rank, n_train, per_epoch, epochs_run):
+    """Each epoch's batches of this rank: [per_epoch, batch_size] indices into the data."""
+    world, B = a.world, a.batch_size
     # Each rank's index sequence for every epoch, computed at start-up (it costs ~0.1 s per
     # epoch in Python; our workers build the permutation in C++ in ~1 ms inside the clock).
     order = []
     for e in range(epochs_run):
-        perm = epoch_permutation(len(x_train), a.seed, e)
+        perm = epoch_permutation(n_train, a.seed, e)
         order.append(perm[: per_epoch * world * B].reshape(per_epoch, world, B)[:, rank, :].copy())
-    xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
-    xe, ye = torch.from_numpy(x_test), torch.from_numpy(y_test)
+    return order
 
+
+def build_mlp(a):
+    """The MLP of --layers with the workers' initial parameters (initial_params)."""
+    import numpy as np
+    import torch
     layers = []
     for l, (w, b) in enumerate(initial_params(a.layers, a.seed)):
         lin = torch.nn.Linear(w.shape[0], w.shape[1])
@@ -254,30 +306,27 @@ def run(rank, a, port, t_launch):
         layers.append(lin)
         if l + 2 < len(a.layers):
             layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    return torch.nn.Sequential(*layers)
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    ddp = DDP(model) if world > 1 else model  # one process: plain PyTorch, no DDP hooks
-    framework = FRAMEWORK if world > 1 else "torch-single-process"
-    opt = torch.optim.Adam(ddp.parameters(), lr=a.lr)
 
-    def evaluate():
-        model.eval()
-        with torch.no_grad():
-            correct = 0
-            for i in range(0, len(xe), 10000):
-                correct += int((model(xe[i:i + 10000]).argmax(1) == ye[i:i + 10000]).sum())
-        model.train()
-        return correct / len(xe)
+def evaluate(model, xe, ye):
+    import torch
+    model.eval()
+    with torch.no_grad():
+        correct = 0
+        for i in range(0, len(xe), 10000):
+            correct += int((model(xe[i:i + 10000]).argmax(1) == ye[i:i + 10000]).sum())
+    model.train()
+    return correct / len(xe)
 
-    dist.barrier()  # every rank ready: start-up ends here
-    startup = time.perf_counter() - t_launch
-    if rank == 0:
-        print(f"{framework}: world {world}, batch {B}/rank, {total} steps ({per_epoch}/epoch), "
-              f"{a.threads} thread(s)/rank, torch {torch.__version__}; start-up {startup:.1f} s",
-              flush=True)
 
+def train(a, rank, ddp, model, opt, order, data, per_epoch, total):
+    """The timed steps, evaluating after each epoch unless --no_eval; returns (training
+    seconds, evaluation seconds, the last test accuracy, the last epoch's mean loss)."""
+    import torch
+    import torch.nn.functional as F
+    xt, yt, xe, ye = data
+    B, epochs_run = a.batch_size, len(order)
     acc, eval_time, epoch_loss, epoch_steps, final_loss = -1.0, 0.0, 0.0, 0, float("nan")
     start = time.perf_counter()
     last_report = start
@@ -302,49 +351,27 @@ def run(rank, a, port, t_launch):
             epoch_loss, epoch_steps = 0.0, 0
             if not a.no_eval:
                 t0 = time.perf_counter()
-                acc = evaluate()
+                acc = evaluate(model, xe, ye)
                 eval_time += time.perf_counter() - t0
                 if rank == 0:
                     print(f"rank 0: epoch {e + 1} test accuracy {acc:.4f}", flush=True)
-    train_seconds = time.perf_counter() - start - eval_time
+    return time.perf_counter() - start - eval_time, eval_time, acc, final_loss
 
-    gathered = [None] * world
-    dist.all_gather_object(gathered, {"train_seconds": train_seconds, "eval_seconds": eval_time,
-                                      "test_accuracy": acc})
-    # Tear down in an order that cannot deadlock (torch 1.13): if the Reducer drops the last
-    # reference to the gloo process group, ~ProcessGroupGloo joins its worker threads with the
-    # GIL held while one of them may still be freeing a Python-owned tensor of the last
-    # collective (it waits for the GIL: a hang seen here). So: a barrier (its work owns no
-    # Python tensors), free DDP while the default group still holds the process group, and
-    # only then destroy the group, whose threads are idle by then.
-    dist.barrier()
-    del ddp, opt
-    gc.collect()
-    dist.destroy_process_group()
-    if rank != 0:
-        return
-    per_rank = [total * B / g["train_seconds"] for g in gathered]
+
+def report(a, framework, total, gathered, acc, eval_time, startup, final_loss):
+    """Rank 0's JSON line of the run (also written to --json)."""
+    import torch
+    per_rank = [total * a.batch_size / g["train_seconds"] for g in gathered]
     result = {
-        "framework": framework,
-        "world": world,
-        "batch_size": B,
-        "steps": total,
+        "framework": framework, "world": a.world, "batch_size": a.batch_size, "steps": total,
         "train_seconds": round(max(g["train_seconds"] for g in gathered), 4),
-        "samples_per_sec": round(sum(per_rank), 1),
-        "test_accuracy": acc,
-        "epochs": a.epochs,
-        "steps_cap": a.steps,
-        "threads_per_rank": a.threads,
+        "samples_per_sec": round(sum(per_rank), 1), "test_accuracy": acc,
+        "epochs": a.epochs, "steps_cap": a.steps, "threads_per_rank": a.threads,
         "per_rank_samples_per_sec": [round(r, 1) for r in per_rank],
         "per_rank_train_seconds": [round(g["train_seconds"], 4) for g in gathered],
-        "eval_seconds": round(eval_time, 3),
-        "startup_seconds": round(startup, 3),
-        "final_loss": round(final_loss, 6),
-        "warmup_steps_excluded": 0,
-        "layers": a.layers,
-        "lr": a.lr,
-        "seed": a.seed,
-        "torch": torch.__version__,
+        "eval_seconds": round(eval_time, 3), "startup_seconds": round(startup, 3),
+        "final_loss": round(final_loss, 6), "warmup_steps_excluded": 0,
+        "layers": a.layers, "lr": a.lr, "seed": a.seed, "torch": torch.__version__,
     }
     line = json.dumps(result)
     if a.json:
