@@ -220,4 +220,13 @@ std::set<std::string> AdminMethods(const std::string& service,
   return names;
 }
 
+absl::Status CannotListen(const std::string& address, const Security& security) {
+  return absl::UnavailableError(
+      absl::StrCat("cannot listen on ", address, " (port in use? try --port=0",
+                   security.tls() ? "; or gRPC refused the TLS key and certificate: do "
+                                    "--tls_cert and --tls_key belong together?"
+                                  : "",
+                   ")"));
+}
+
 }  // namespace pscluster

@@ -71,4 +71,8 @@ class Security {
 std::set<std::string> AdminMethods(const std::string& service,
                                    std::initializer_list<const char*> methods);
 
+// A server that did not start listening on `address`: the port taken, or (with TLS) a key
+// and certificate gRPC refused. UNAVAILABLE, saying what to try.
+absl::Status CannotListen(const std::string& address, const Security& security);
+
 }  // namespace pscluster

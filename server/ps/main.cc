@@ -123,14 +123,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   builder.RegisterService(service);
   NameUnparsableRequests(&builder, metrics ? metrics->rpcs().Interceptor() : nullptr);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, " (port in use? try --port=0",
-                     security.tls() ? "; or gRPC refused the TLS key and certificate: do "
-                                      "--tls_cert and --tls_key belong together?"
-                                    : "",
-                     ")"));
-  }
+  if (!server || *port == 0) return pscluster::CannotListen(address, security);
   return server;
 }
 
