@@ -203,23 +203,24 @@ class Trainer {
   absl::Status Summarize(int64_t total, absl::Duration training, TrainSummary* summary);
   // The loop's observers on this trainer's state (trainer_observers.cc): checkpoints,
   // mid-epoch and at every epoch's end; the test set's evaluation at every epoch's end.
-  class Checkpoints final : public StepObserver {
+  class TrainerObserver : public StepObserver {
    public:
-    Checkpoints(Trainer* trainer, TrainSummary* summary) : trainer_(trainer), summary_(summary) {}
-    absl::Status AfterStep(const StepDone& done) override;
+    TrainerObserver(Trainer* trainer, TrainSummary* summary)
+        : trainer_(trainer), summary_(summary) {}
 
-   private:
+   protected:
     Trainer* const trainer_;
     TrainSummary* const summary_;
   };
-  class Evaluation final : public StepObserver {
+  class Checkpoints final : public TrainerObserver {
    public:
-    Evaluation(Trainer* trainer, TrainSummary* summary) : trainer_(trainer), summary_(summary) {}
+    using TrainerObserver::TrainerObserver;
     absl::Status AfterStep(const StepDone& done) override;
-
-   private:
-    Trainer* const trainer_;
-    TrainSummary* const summary_;
+  };
+  class Evaluation final : public TrainerObserver {
+   public:
+    using TrainerObserver::TrainerObserver;
+    absl::Status AfterStep(const StepDone& done) override;
   };
 
   const TrainerOptions options_;
