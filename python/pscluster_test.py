@@ -107,7 +107,7 @@ class ReplicatedTest(unittest.TestCase):
             want = (w0 - np.float32(LR) * g[0]) - np.float32(LR) * g[1]
             np.testing.assert_array_equal(w2, want)
             if not cluster.native:  # (the C++ client keeps its own rotation)
-                self.assertIn(local.replica_addresses[0][1], cluster._name(0))
+                self.assertIn(local.replica_addresses[0][1], cluster._shards.name(0))
 
     def test_restore_returns_once_every_chain_is_whole_again(self) -> None:
         """A restore leaves each head alone while its backups copy the restored state back
@@ -160,7 +160,7 @@ class DenseTest(ClusterTestCase):
         self.assertEqual(pscluster.shard_range(1001, 0, 2), (0, 500))
         self.assertEqual(pscluster.shard_range(1001, 1, 2), (500, 1001))
         table = self.create("ranges", 1001)
-        for s, stub in enumerate(self.cluster._stubs):
+        for s, stub in enumerate(self.cluster._shards.stubs):
             info = stub.DescribeTable(ps_pb2.DescribeTableRequest(table_id=table),
                                       timeout=RPC_TIMEOUT)
             self.assertEqual((info.shard_begin, info.shard_end),
@@ -286,7 +286,7 @@ class DenseTest(ClusterTestCase):
         for asked, expected in [(1 << 16, 31), (1 << 40, 1), (0, 1)]:
             req = ps_pb2.PullDenseRequest(table_id=table, offset=0, length=500_000,
                                           chunk_bytes=asked)
-            chunks = list(self.cluster._stubs[0].PullDenseStream(req, timeout=RPC_TIMEOUT))
+            chunks = list(self.cluster._shards.stubs[0].PullDenseStream(req, timeout=RPC_TIMEOUT))
             self.assertEqual(len(chunks), expected, f"chunk_bytes={asked}")
             self.assertEqual(sum(len(c.data) for c in chunks), 2_000_000)
 
@@ -309,7 +309,7 @@ class DenseTest(ClusterTestCase):
         table = self.create("server_check", 1000)
         before = self.cluster.pull_dense(table)
         with self.assertRaises(pscluster.PsError) as e:
-            self.cluster._call(1, lambda stub: stub.PushDense(ps_pb2.DenseChunk(
+            self.cluster._shards.call(1, lambda stub: stub.PushDense(ps_pb2.DenseChunk(
                 table_id=table, offset=0, begin=0, total_length=10,
                 data=np.ones(10, np.float32).tobytes()), timeout=RPC_TIMEOUT))
         self.assertEqual(e.exception.shard, 1)
