@@ -44,7 +44,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,7 +53,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/recent_ids.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/recent_ids.h"
 #include "common/status_macros.h"
 #include "server/ps/replicator.h"
 #include "server/ps/snapshot_store.h"

@@ -14,7 +14,6 @@
 #include "common/call_metadata.h"
 #include "common/graceful_shutdown.h"
 #include "common/parking.h"
-#include "common/recent_ids.h"
 #include "common/work_queue.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/ps.grpc.pb.h"
@@ -263,12 +262,12 @@ class ParameterServerService final : public ParameterServerBase {
   void ReleaseIdleMemory();
 
   absl::Status CheckSnapshotter() const;
-  // Replicated, before the head replaces its whole state (Restore, ImportDense): the chain
-  // becomes the head alone and no replica joins until *joins is released (Replicator).
   // Restore's parts: the snapshots after `step` deleted (their timeline is abandoned); the
   // loaded state installed, waiting pulls failed with the restore named.
   absl::Status DropLaterThan(int64_t step);
   void InstallRestored(Snapshotter::Loaded loaded);
+  // Replicated, before the head replaces its whole state (Restore, ImportDense): the chain
+  // becomes the head alone and no replica joins until *joins is released (Replicator).
   absl::Status ReplaceWholeState(absl::string_view what, std::unique_ptr<absl::MutexLock>* joins);
   // A dense table for ExportDense/ImportDense: NOT_FOUND, or FAILED_PRECONDITION for a
   // sparse one. (No worker id: moving state is not a worker's push or pull.)
