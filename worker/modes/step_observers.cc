@@ -43,15 +43,14 @@ absl::Status ProgressPrinter::AfterStep(const StepDone& done) {
   const double rate = recent_.PerSecond();
   const int64_t left = done.total - done.step - 1;
   std::printf("worker %d (%s): epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n",
-              options_.rank, ModeName(options_.mode()),
-              static_cast<long long>(done.step / options_.per_epoch + 1), options_.epochs,
-              static_cast<long long>(done.step + 1), static_cast<long long>(done.total),
-              done.epoch_loss, rate,
+              options_.rank, ModeName(options_.mode()), static_cast<long long>(done.epoch),
+              options_.epochs, static_cast<long long>(done.step + 1),
+              static_cast<long long>(done.total), done.epoch_loss, rate,
               rate > 0 ? FormatEta(left * options_.batch_size / rate).c_str() : "unknown");
   std::fflush(stdout);
   if (options_.report) options_.report(done.step + 1, done.epoch_loss, rate);
   if (options_.metrics != nullptr) {
-    options_.metrics->Progress(rate, done.step / options_.per_epoch + 1);
+    options_.metrics->Progress(rate, done.epoch);
   }
   last_line_ = now;
   return absl::OkStatus();

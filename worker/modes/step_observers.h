@@ -38,7 +38,6 @@ class ProgressPrinter final : public StepObserver {
     int rank = 0;
     int batch_size = 0;
     int epochs = 0;
-    int64_t per_epoch = 1;
     absl::Duration every = absl::Seconds(5);
     std::function<Mode()> mode;
     std::function<void(int64_t step, double loss, double rate)> report;  // may be null

@@ -35,6 +35,7 @@ absl::Status TrainLoop::RunStep(int64_t step) {
   ASSIGN_OR_RETURN(const float loss, hooks_.step(step));
   StepDone done;
   done.step = step;
+  done.epoch = step / per_epoch_ + 1;
   done.total = total_;
   done.loss = loss;
   done.took = absl::Now() - began;

@@ -19,6 +19,7 @@ namespace pscluster::modes {
 // What observers learn of a step that ran.
 struct StepDone {
   int64_t step = 0;   // the step (the next one is step + 1)
+  int64_t epoch = 0;  // the epoch it is in, from 1
   int64_t total = 0;  // the run's steps
   float loss = 0;
   absl::Duration took, comm;  // the step's time, and the part of it spent communicating

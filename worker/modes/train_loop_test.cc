@@ -15,8 +15,8 @@ class Recorder final : public StepObserver {
  public:
   explicit Recorder(std::vector<std::string>* log) : log_(log) {}
   absl::Status AfterStep(const StepDone& d) override {
-    log_->push_back(
-        absl::StrCat("step ", d.step, d.epoch_end ? " end" : "", " loss ", d.epoch_loss));
+    log_->push_back(absl::StrCat("step ", d.step, " epoch ", d.epoch, d.epoch_end ? " end" : "",
+                                 " loss ", d.epoch_loss));
     if (d.step == fail_at) {
       fail_at = -1;
       return absl::UnavailableError("observer failed");
@@ -52,11 +52,13 @@ TEST(TrainLoopTest, ObserversSeeEveryStepAndEveryEpochsEndInOrder) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->final_loss, 6);  // the run's last epoch: step 6 alone (cut short)
   EXPECT_TRUE(r->rollbacks.empty());
-  EXPECT_EQ(log, (std::vector<std::string>{"step 1 loss 1", "step 1 loss 1", "step 2 end loss 1.5",
-                                           "step 2 end loss 1.5", "step 3 loss 3", "step 3 loss 3",
-                                           "step 4 loss 3.5", "step 4 loss 3.5",
-                                           "step 5 end loss 4", "step 5 end loss 4",
-                                           "step 6 end loss 6", "step 6 end loss 6"}));
+  EXPECT_EQ(
+      log,
+      (std::vector<std::string>{
+          "step 1 epoch 1 loss 1", "step 1 epoch 1 loss 1", "step 2 epoch 1 end loss 1.5",
+          "step 2 epoch 1 end loss 1.5", "step 3 epoch 2 loss 3", "step 3 epoch 2 loss 3",
+          "step 4 epoch 2 loss 3.5", "step 4 epoch 2 loss 3.5", "step 5 epoch 2 end loss 4",
+          "step 5 epoch 2 end loss 4", "step 6 epoch 3 end loss 6", "step 6 epoch 3 end loss 6"}));
 }
 
 // A step that fails (before it runs, or in an observer) goes to the recovery; the loop
@@ -75,11 +77,12 @@ TEST(TrainLoopTest, AFailedStepResumesWhereRecoverySays) {
   auto r = loop.Run(0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->rollbacks, (std::vector<std::pair<int64_t, int64_t>>{{2, 1}, {3, 2}}));
-  EXPECT_EQ(log, (std::vector<std::string>{"step 0 loss 0", "step 1 loss 0.5",
-                                           "recover 2: a shard died", "rolled back 2 to 1",
-                                           "step 1 loss 1", "step 2 loss 1.5", "step 3 end loss 2",
-                                           "recover 3: observer failed", "rolled back 3 to 2",
-                                           "step 2 loss 2", "step 3 end loss 2.5"}));
+  EXPECT_EQ(log,
+            (std::vector<std::string>{
+                "step 0 epoch 1 loss 0", "step 1 epoch 1 loss 0.5", "recover 2: a shard died",
+                "rolled back 2 to 1", "step 1 epoch 1 loss 1", "step 2 epoch 1 loss 1.5",
+                "step 3 epoch 1 end loss 2", "recover 3: observer failed", "rolled back 3 to 2",
+                "step 2 epoch 1 loss 2", "step 3 epoch 1 end loss 2.5"}));
 }
 
 TEST(TrainLoopTest, AFailureTheRecoveryReturnsEndsTheRun) {

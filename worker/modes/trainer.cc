@@ -266,7 +266,6 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   p.rank = options_.rank;
   p.batch_size = options_.batch_size;
   p.epochs = options_.epochs;
-  p.per_epoch = per_epoch_;
   p.every = options_.progress_every;
   p.mode = [this] { return mode(); };
   p.report = [this](int64_t step, double loss, double rate) { ReportProgress(step, loss, rate); };

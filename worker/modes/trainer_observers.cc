@@ -14,10 +14,9 @@ namespace pscluster::modes {
 absl::Status Trainer::Checkpoints::AfterStep(const StepDone& done) {
   Trainer& t = *trainer_;
   if (!done.epoch_end) return t.CheckpointMidEpoch(done.step + 1, summary_);
-  const int64_t epoch = (done.step + t.per_epoch_) / t.per_epoch_;  // the epoch of this step
   RETURN_IF_ERROR(t.placement_->Flush());  // the boundary's checkpoint sees every step before it
   if (t.options_.coordinator != nullptr) RETURN_IF_ERROR(t.Publish(done.step + 1));
-  t.RequestCheckpoint(epoch, summary_);
+  t.RequestCheckpoint(done.epoch, summary_);
   // Training's memory, before the first evaluation (which builds a model of its own): what
   // is live after the steps (free pages returned first), and the peak so far (with the
   // start's transient copies of the state: the initial state, the first checkpoint).
@@ -32,7 +31,6 @@ absl::Status Trainer::Checkpoints::AfterStep(const StepDone& done) {
 absl::Status Trainer::Evaluation::AfterStep(const StepDone& done) {
   Trainer& t = *trainer_;
   if (!done.epoch_end || !t.options_.evaluate || t.test_ == nullptr) return absl::OkStatus();
-  const int64_t epoch = (done.step + t.per_epoch_) / t.per_epoch_;
   ASSIGN_OR_RETURN(model::StepResult r, t.Evaluate(done.step + 1));
   summary_->test_accuracy = static_cast<double>(r.correct) / std::max(r.examples, 1);
   summary_->test_loss = r.loss;
@@ -41,11 +39,11 @@ absl::Status Trainer::Evaluation::AfterStep(const StepDone& done) {
     std::printf(
         "worker %d: epoch %lld test loss %.4f (%.4f bits per token), next-token "
         "accuracy %.4f\n",
-        rank, static_cast<long long>(epoch), r.loss, r.loss / std::log(2.0),
+        rank, static_cast<long long>(done.epoch), r.loss, r.loss / std::log(2.0),
         summary_->test_accuracy);
   } else {
-    std::printf("worker %d: epoch %lld test accuracy %.4f\n", rank, static_cast<long long>(epoch),
-                summary_->test_accuracy);
+    std::printf("worker %d: epoch %lld test accuracy %.4f\n", rank,
+                static_cast<long long>(done.epoch), summary_->test_accuracy);
   }
   std::fflush(stdout);
   if (t.options_.metrics != nullptr) t.options_.metrics->Evaluated(summary_->test_accuracy);
