@@ -46,7 +46,7 @@
 #include "common/sharding.h"
 #include "common/testing/http_get.h"
 #include "grpcpp/grpcpp.h"
-#include "server/ps/service.h"
+#include "server/ps/service/service.h"
 #include "server/ps/shard_metrics.h"
 
 ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");

@@ -21,7 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/ps/snapshotter.h"
+#include "server/ps/snapshot/snapshotter.h"
 
 ABSL_FLAG(std::string, dir, "/var/tmp/pscluster_snapshot_bench", "Directory on the disk to test.");
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"64", "512", "2048"}),

@@ -1,7 +1,7 @@
 // Free buffers kept by capacity for reuse, up to a bound. Fresh memory of a megabyte or more
 // costs a page fault per page on first touch (on a virtual machine as much as the copy
 // into it), so the bulk paths recycle theirs: the shard the buffers it parses pushed chunks
-// into (server/ps/buffer_pool.h), the encoders the blocks of the messages they send
+// into (server/ps/service/buffer_pool.h), the encoders the blocks of the messages they send
 // (common/dense_wire.cc). A buffer is handed out only for a request it fits without waste
 // (capacity at most twice the size asked for), so small requests never hold large buffers.
 // Thread-safe.

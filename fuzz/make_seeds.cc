@@ -17,9 +17,9 @@
 #include "fuzz/fuzz_input.h"
 #include "proto/coordinator.pb.h"
 #include "proto/ps.pb.h"
-#include "server/ps/file_snapshot_store.h"
-#include "server/ps/service.h"
-#include "server/ps/snapshotter.h"
+#include "server/ps/snapshot/file_snapshot_store.h"
+#include "server/ps/service/service.h"
+#include "server/ps/snapshot/snapshotter.h"
 
 namespace fs = std::filesystem;
 using pscluster::fuzz::AppendCall;

@@ -21,10 +21,10 @@
 #include "absl/time/clock.h"
 #include "fuzz/fuzz_input.h"
 #include "grpcpp/grpcpp.h"
-#include "server/ps/memory_snapshot_store.h"
-#include "server/ps/replicator.h"
-#include "server/ps/service.h"
-#include "server/ps/snapshotter.h"
+#include "server/ps/snapshot/memory_snapshot_store.h"
+#include "server/ps/replication/replicator.h"
+#include "server/ps/service/service.h"
+#include "server/ps/snapshot/snapshotter.h"
 
 namespace pscluster::fuzz {
 namespace {

@@ -1,5 +1,5 @@
 // libFuzzer target: arbitrary bytes as a shard's snapshot file (the .psnap format of
-// server/ps/file_snapshot_store.h), then what ps_server --restore does: open the store
+// server/ps/snapshot/file_snapshot_store.h), then what ps_server --restore does: open the store
 // (Snapshotter::Create, which refuses damaged files unless skip_damaged) and load the
 // latest snapshot into a shard of its own. Every input must be refused with an error or
 // load into a consistent shard; never crash, loop or allocate without bound (the shard
@@ -11,8 +11,8 @@
 #include <fstream>
 #include <string>
 
-#include "server/ps/file_snapshot_store.h"
-#include "server/ps/snapshotter.h"
+#include "server/ps/snapshot/file_snapshot_store.h"
+#include "server/ps/snapshot/snapshotter.h"
 
 namespace fs = std::filesystem;
 

@@ -300,7 +300,7 @@ grpc::Status Identified(const std::string& id, Call call) {
 
 // A write made again with its request id (a client whose answer was lost: a slice that ran
 // out, a head that died) is applied once, on a shard alone and on a chain of 2 alike: both
-// go through the shard's one write log (server/ps/write_log.h). A new id applies again.
+// go through the shard's one write log (server/ps/replication/write_log.h). A new id applies again.
 TEST(RetriedWriteTest, IsAppliedOnceOnAShardAloneAndOnAChainOfTwo) {
   for (int replicas : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(replicas, " replicas"));

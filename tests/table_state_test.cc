@@ -17,8 +17,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/ps/dense_table.h"
-#include "server/ps/table.h"
+#include "server/ps/table/dense_table.h"
+#include "server/ps/table/table.h"
 #include "tests/ps_cluster_fixture.h"
 #include "tests/test_tables.h"
 

@@ -5,9 +5,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/ps/service.h"
-#include "server/ps/shard.h"
-#include "server/ps/snapshotter.h"
+#include "server/ps/service/service.h"
+#include "server/ps/table/shard.h"
+#include "server/ps/snapshot/snapshotter.h"
 
 namespace pscluster::ps {
 

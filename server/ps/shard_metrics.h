@@ -3,8 +3,8 @@
 #pragma once
 
 #include "common/metrics.h"
-#include "server/ps/shard.h"
-#include "server/ps/snapshotter.h"
+#include "server/ps/table/shard.h"
+#include "server/ps/snapshot/snapshotter.h"
 
 namespace pscluster::ps {
 

@@ -207,7 +207,9 @@ inline Slack OptimizerSlack(const TrainerOptions& o, const std::vector<std::vect
 // with_slots false: the parameters only (a state gathered without optimizer slots).
 inline void ExpectNear(const ModelState& got, const ModelState& want, float tolerance,
                        const std::string& what, bool with_slots = true, const Slack& slack = {}) {
-  if (with_slots) ASSERT_EQ(got.updates, want.updates) << what;
+  if (with_slots) {
+    ASSERT_EQ(got.updates, want.updates) << what;
+  }
   ASSERT_EQ(got.params.size(), want.params.size()) << what;
   for (size_t i = 0; i < want.params.size(); ++i) {
     ASSERT_EQ(got.params[i].size(), want.params[i].size());

@@ -10,7 +10,7 @@
 
 #include "absl/time/time.h"
 #include "client/ps/parameter_store.h"
-#include "server/ps/shard.h"
+#include "server/ps/table/shard.h"
 
 namespace pscluster::testing {
 

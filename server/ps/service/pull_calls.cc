@@ -1,0 +1,225 @@
+// The dense pull path of ParameterServerService: checking a pull, waiting for its step
+// (blocking, or parked for the callback handlers in reactors.cc), planning its chunks
+// and reading them from the table, as a message or straight into the bytes gRPC sends.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dense_wire.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "server/ps/service/request_checks.h"
+#include "server/ps/service/service.h"
+
+namespace pscluster::ps {
+
+Wait ParameterServerService::Blocking(const grpc::ServerContextBase* ctx) const {
+  Wait wait;
+  wait.deadline = Deadline(ctx);
+  wait.cancelled = Cancelled(ctx);
+  return wait;
+}
+
+absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const Wait& wait,
+                                                                const PullDenseRequest& req,
+                                                                uint64_t* length) {
+  RETURN_IF_ERROR(CheckServing());
+  RETURN_IF_ERROR(CheckStep(req.step()));
+  auto table = shard_->GetDense(req.table_id(), req.worker_id());
+  if (!table.ok()) return table.status();
+  Range range = (*table)->range();
+  *length = req.length();
+  if (*length == 0 && req.offset() >= range.begin && req.offset() <= range.end) {
+    *length = range.end - req.offset();
+  }
+  RETURN_IF_ERROR((*table)->CheckRange(req.offset(), *length));
+  RETURN_IF_ERROR(WaitForStep(*table, req.step(), wait));
+  return table;
+}
+
+absl::Status ParameterServerService::WaitForStep(Table* table, int64_t step, const Wait& wait) {
+  if (wait.waiter == nullptr) return table->AwaitPullable(step, wait.deadline, wait.cancelled);
+  ASSIGN_OR_RETURN(bool ready,
+                   table->PullableOrPark(step, wait.deadline, wait.waiter, wait.parked_since));
+  return ready ? absl::OkStatus() : Parked();
+}
+
+absl::StatusOr<ParameterServerService::PullChunk> ParameterServerService::PullOne(
+    const Wait& wait, const PullDenseRequest& req, RequestBudget::Charge* charge) {
+  uint64_t length = 0;
+  ASSIGN_OR_RETURN(DenseTable * table, PreparePull(wait, req, &length));
+  if (length * sizeof(float) > options_.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("length ", length, " values exceeds the unary limit of ",
+                     options_.max_chunk_bytes, " bytes; use PullDenseStream"));
+  }
+  charge->ForceGrowTo(length * sizeof(float));  // at most max_chunk_bytes: counted, not refused
+  return PlanChunk(table, req, req.offset(), length);
+}
+
+grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
+                                               const PullDenseRequest* req, DenseChunk* resp) {
+  Scope scope(this, ctx);
+  RequestBudget::Charge charge(&budget_);
+  absl::StatusOr<PullChunk> chunk = PullOne(Blocking(ctx), *req, &charge);
+  if (!chunk.ok()) return ToGrpcStatus(chunk.status());
+  return ToGrpcStatus(ReadChunk(*chunk, resp));
+}
+
+ParameterServerService::PullChunk ParameterServerService::PlanChunk(const DenseTable* table,
+                                                                    const PullDenseRequest& req,
+                                                                    uint64_t offset,
+                                                                    uint64_t length) {
+  PullChunk c{table, {}, length};
+  c.header.set_table_id(req.table_id());
+  c.header.set_step(req.step());
+  c.header.set_offset(offset);
+  c.header.set_begin(offset);
+  c.header.set_total_length(length);
+  return c;
+}
+
+absl::Status ParameterServerService::ReadChunk(const PullChunk& chunk, DenseChunk* out) {
+  *out = chunk.header;
+  std::string* data = out->mutable_data();
+  data->resize(chunk.length * sizeof(float));
+  return chunk.table->ReadBytes(chunk.header.offset(), chunk.length, data->data());
+}
+
+absl::StatusOr<grpc::ByteBuffer> ParameterServerService::EncodeChunks(
+    const std::vector<PullChunk>& chunks, bool batch) {
+  std::vector<DenseChunk> headers;
+  std::vector<size_t> bytes;
+  for (const PullChunk& c : chunks) {
+    headers.push_back(c.header);
+    bytes.push_back(c.length * sizeof(float));
+  }
+  return internal::EncodeDense(headers, bytes, batch, [&](size_t i, char* dst) {
+    return chunks[i].table->ReadBytes(chunks[i].header.offset(), chunks[i].length, dst);
+  });
+}
+
+grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
+                                                    const PullDenseBatchRequest* req,
+                                                    DenseBatch* resp) {
+  Scope scope(this, ctx);
+  RequestBudget::Charge charge(&budget_);
+  std::vector<PullChunk> chunks;
+  if (absl::Status s = PullBatch(Blocking(ctx), req->pulls(), &chunks, &charge); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  for (const PullChunk& c : chunks) {
+    if (absl::Status s = ReadChunk(c, resp->add_chunks()); !s.ok()) return ToGrpcStatus(s);
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::PullBatch(
+    const Wait& wait, const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
+    std::vector<PullChunk>* out, RequestBudget::Charge* charge) {
+  const uint64_t charged = charge->bytes();
+  uint64_t total = 0;
+  for (int i = 0; i < pulls.size(); ++i) {
+    const PullDenseRequest& pull = pulls[i];
+    uint64_t length = 0;
+    auto table = PreparePull(wait, pull, &length);
+    if (IsParked(table.status())) return table.status();
+    if (!table.ok()) {
+      return absl::Status(table.status().code(),
+                          absl::StrCat("pull ", i, " of the batch (table ", pull.table_id(),
+                                       "): ", table.status().message()));
+    }
+    total += length;
+    if (total * sizeof(float) > options_.max_chunk_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the batch's pulls exceed the unary limit of ", options_.max_chunk_bytes,
+                       " bytes at pull ", i, "; pull the large tables one by one"));
+    }
+    charge->ForceGrowTo(charged + total * sizeof(float));  // at most max_chunk_bytes
+    out->push_back(PlanChunk(*table, pull, pull.offset(), length));
+  }
+  return absl::OkStatus();
+}
+
+// A step's push and the next step's pull in one round trip: push the batch, then wait (as a
+// pull would) until step + 1 is readable and answer the same ranges.
+grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx,
+                                                        const DenseBatch* req, DenseBatch* resp) {
+  Scope scope(this, ctx);
+  RequestBudget::Charge charge(&budget_);
+  std::vector<PullChunk> chunks;
+  absl::Status s = PushOnce(ctx, *req, &charge);
+  if (s.ok()) s = PullAfterPush(Blocking(ctx), *req, &chunks, &charge);
+  if (!s.ok()) return ToGrpcStatus(s);
+  for (const PullChunk& c : chunks) {
+    if (absl::Status s = ReadChunk(c, resp->add_chunks()); !s.ok()) return ToGrpcStatus(s);
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::PushOnce(const grpc::ServerContextBase* ctx,
+                                              const DenseBatch& req,
+                                              RequestBudget::Charge* charge) {
+  charge->ForceGrowTo(PayloadBytes(req));  // then the pulled chunks (PullBatch)
+  PushDenseBatchResponse pushed;
+  // A repeated attempt (its slice ran out waiting for the pull) does not push again.
+  return Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
+      [&] { return PushBatch(req, &pushed); });
+}
+
+absl::Status ParameterServerService::PullAfterPush(const Wait& wait, const DenseBatch& req,
+                                                   std::vector<PullChunk>* out,
+                                                   RequestBudget::Charge* charge) {
+  google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
+  for (const DenseChunk& c : req.chunks()) {
+    PullDenseRequest* p = pulls.Add();
+    p->set_worker_id(c.worker_id());
+    p->set_step(c.step() + 1);
+    p->set_table_id(c.table_id());
+    p->set_offset(c.offset());
+    p->set_length(c.data().size() / sizeof(float));
+  }
+  return PullBatch(wait, pulls, out, charge);
+}
+
+grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
+                                                     const PullDenseRequest* req,
+                                                     grpc::ServerWriter<DenseChunk>* writer) {
+  Scope scope(this, ctx);
+  uint64_t length = 0;
+  absl::StatusOr<DenseTable*> table = PreparePull(Blocking(ctx), *req, &length);
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  const StreamPlan plan = PlanStream(*req, length);
+  RequestBudget::Charge charge(&budget_);
+  charge.ForceGrowTo(std::min(length, plan.per_chunk) * sizeof(float));  // one chunk at a time
+  DenseChunk message;  // reused: its buffer is allocated once
+  for (uint64_t done = 0, sent = 0; !plan.Done(done, sent); ++sent) {
+    const PullChunk c = plan.Chunk(*table, *req, done);
+    if (absl::Status s = ReadChunk(c, &message); !s.ok()) return ToGrpcStatus(s);
+    if (!writer->Write(message)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the pull stream");
+    }
+    done += c.length;
+  }
+  return grpc::Status::OK;
+}
+
+ParameterServerService::StreamPlan ParameterServerService::PlanStream(const PullDenseRequest& req,
+                                                                      uint64_t length) const {
+  const uint64_t chunk_bytes = req.chunk_bytes() == 0
+                                   ? options_.max_chunk_bytes
+                                   : std::min(req.chunk_bytes(), options_.max_chunk_bytes);
+  return StreamPlan{length, std::max<uint64_t>(1, chunk_bytes / sizeof(float))};
+}
+
+ParameterServerService::PullChunk ParameterServerService::StreamPlan::Chunk(
+    const DenseTable* table, const PullDenseRequest& req, uint64_t done) const {
+  PullChunk c = PlanChunk(table, req, req.offset() + done, std::min(per_chunk, length - done));
+  c.header.set_begin(req.offset());  // the whole transfer's
+  c.header.set_total_length(length);
+  return c;
+}
+
+}  // namespace pscluster::ps

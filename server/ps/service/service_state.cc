@@ -1,0 +1,304 @@
+// ParameterServerService: statistics, snapshots and restore, and a dense table's whole
+// state out of and into the shard (mode switches).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "server/ps/service/service.h"
+
+namespace pscluster::ps {
+namespace {
+
+// The header fields every chunk of one import stream must repeat unchanged.
+absl::Status CheckSameState(const TableStateChunk& first, const TableStateChunk& c,
+                            uint64_t index) {
+  auto differs = [&](absl::string_view field, auto was, auto now) {
+    return absl::InvalidArgumentError(absl::StrCat("import chunk ", index, " changes ", field,
+                                                   " from ", was, " to ", now,
+                                                   " within one stream"));
+  };
+  if (c.table_id() != first.table_id()) return differs("table_id", first.table_id(), c.table_id());
+  if (c.step() != first.step()) return differs("step", first.step(), c.step());
+  if (c.updates() != first.updates()) return differs("updates", first.updates(), c.updates());
+  return absl::OkStatus();
+}
+
+// Bytes of a dense table's whole state on this shard: values and optimizer slots.
+uint64_t StateBytes(const DenseTable& table) {
+  return table.range().size() * (1 + table.num_slots()) * sizeof(float);
+}
+
+}  // namespace
+
+grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest* req,
+                                           StatsResponse* resp) {
+  Scope scope(this);
+  if (req->except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("except_clients lists ", req->except_clients_size(),
+                                                " client ids; at most ", kMaxExceptClients)));
+  }
+  *resp = shard_->Stats({req->except_clients().begin(), req->except_clients().end()});
+  if (req->fingerprint()) resp->set_fingerprint(shard_->Fingerprint());
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::CheckSnapshotter() const {
+  if (snapshotter_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this ps_server has no snapshot directory; restart it with --data_dir=DIR");
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                                              SnapshotResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);  // the head writes
+  auto r = snapshotter_->Snapshot(*req, Deadline(ctx));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*,
+                                                   const ListSnapshotsRequest*,
+                                                   ListSnapshotsResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  auto r = snapshotter_->List();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::SnapshotStatus(grpc::ServerContext* ctx,
+                                                    const SnapshotStatusRequest* req,
+                                                    SnapshotStatusResponse* resp) {
+  Scope scope(this);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (req->wait_until_idle() && !snapshotter_->AwaitIdle(Deadline(ctx))) {
+    return ToGrpcStatus(absl::DeadlineExceededError("snapshot write still in progress"));
+  }
+  *resp = snapshotter_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const RestoreRequest* req,
+                                             RestoreResponse* resp) {
+  InFlightCounter::Scope in_flight(&in_flight_);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  std::unique_ptr<absl::MutexLock> joins;
+  if (absl::Status s = ReplaceWholeState("Restore", &joins); !s.ok()) return ToGrpcStatus(s);
+  if (req->step() < 0) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req->step())));
+  }
+  // Health checks answer NOT_SERVING until the restore is done or failed: balancers and
+  // probes hold traffic back while the state is replaced.
+  grpc::HealthCheckServiceInterface* health = health_;
+  if (health != nullptr) health->SetServingStatus(false);
+  absl::Cleanup serving_again = [health] {
+    if (health != nullptr) health->SetServingStatus(true);
+  };
+  // Read and verify the whole snapshot first, while serving: on any error the shard is
+  // exactly as before.
+  auto loaded = snapshotter_->Load(absl::StrCat(req->step()));
+  if (!loaded.ok()) {
+    return ToGrpcStatus(absl::Status(
+        loaded.status().code(), absl::StrCat(loaded.status().message(),
+                                             " (nothing was restored; the shard is unchanged)")));
+  }
+  const int64_t step = loaded->step;
+  // The later snapshots go first, while serving (it may wait for a write to end): kept, a
+  // restart with --restore=latest, or a checkpoint of one of their steps, would bring back
+  // the timeline this restore abandons. If they cannot all go, the restore fails and the
+  // tables stay as they are.
+  if (req->drop_later()) {
+    if (absl::Status s = DropLaterThan(step); !s.ok()) return ToGrpcStatus(s);
+  }
+  InstallRestored(*std::move(loaded));
+  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
+              static_cast<long long>(step));
+  std::fflush(stdout);
+  resp->set_step(step);
+  return grpc::Status::OK;
+}
+
+absl::Status ParameterServerService::DropLaterThan(int64_t step) {
+  absl::StatusOr<std::vector<int64_t>> dropped = snapshotter_->DropAfter(step);
+  if (!dropped.ok()) {
+    return absl::Status(
+        dropped.status().code(),
+        absl::StrCat("restoring step ", step,
+                     " needs the later snapshots deleted, and they "
+                     "could not all be: ",
+                     dropped.status().message(),
+                     " (nothing was "
+                     "restored; the tables are unchanged; make the snapshot directory "
+                     "writable, or delete the later .psnap files, and restore again)"));
+  }
+  if (!dropped->empty()) {
+    std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
+                absl::StrJoin(*dropped, ", ").c_str());
+  }
+  return absl::OkStatus();
+}
+
+void ParameterServerService::InstallRestored(Snapshotter::Loaded loaded) {
+  const int64_t step = loaded.step;
+  // Waiting pulls fail now, naming the restore (not UNAVAILABLE: a replica would be tried,
+  // and no retry finds the tables they waited on) ...
+  shard_->Shutdown(absl::AbortedError(absl::StrCat(
+      "shard ", shard_->options().shard_id, " was rolled back to its snapshot of step ", step,
+      " (a restore) while this call waited: the tables it waited on are gone; a worker of the "
+      "run rolled back resumes from that checkpoint")));
+  {
+    absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
+    snapshotter_->Install(std::move(loaded));
+    tables_replaced_++;
+    absl::MutexLock lock(&log_mu_);
+    alone_.Reset(0);
+  }
+}
+
+absl::Status ParameterServerService::ReplaceWholeState(absl::string_view what,
+                                                       std::unique_ptr<absl::MutexLock>* joins) {
+  Replicator* chain = replicator_.load();
+  if (chain == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(chain->StandAlone(what));
+  *joins = chain->HoldJoins();
+  if (!chain->AloneNow()) {
+    joins->reset();
+    return absl::UnavailableError(absl::StrCat(
+        what, ": a replica joined the chain again meanwhile; nothing was changed; retry"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DenseTable*> ParameterServerService::DenseForState(uint32_t table_id) const {
+  auto table = shard_->GetTable(table_id);
+  if (!table.ok()) return table.status();
+  if ((*table)->spec().kind() != TableSpec::DENSE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table_id ", table_id, " is a SPARSE table; ExportDense/ImportDense move dense tables"));
+  }
+  return static_cast<DenseTable*>(*table);
+}
+
+grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
+                                                 const ExportDenseRequest* req,
+                                                 grpc::ServerWriter<TableStateChunk>* writer) {
+  Scope scope(this);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  auto table = DenseForState(req->table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  // The export holds a copy of the table's whole state (values and slots) until it is sent.
+  RequestBudget::Charge charge(&budget_);
+  if (absl::Status s =
+          charge.GrowTo(StateBytes(**table), absl::StrCat("the export of table ", req->table_id()));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  auto state = (*table)->ExportState(req->step(), Deadline(ctx));  // copied under the lock
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  const size_t num_slots = state->slots.size();
+  const uint64_t per_chunk =
+      std::max<uint64_t>(1, options_.max_chunk_bytes / (sizeof(float) * (1 + num_slots)));
+  const uint64_t size = state->values.size();
+  TableStateChunk chunk;  // reused: its buffers are allocated once
+  chunk.set_table_id(req->table_id());
+  chunk.set_step(req->step());
+  chunk.set_updates(state->updates);
+  chunk.set_num_slots(num_slots);
+  for (uint64_t done = 0; done < size || done == 0;) {  // an empty range sends one chunk
+    const uint64_t n = std::min(per_chunk, size - done);
+    chunk.set_begin(state->range.begin + done);
+    chunk.clear_values();
+    chunk.mutable_values()->Add(state->values.begin() + done, state->values.begin() + done + n);
+    chunk.clear_slots();
+    for (const std::vector<float>& slot : state->slots) {
+      chunk.mutable_slots()->Add(slot.begin() + done, slot.begin() + done + n);
+    }
+    if (!writer->Write(chunk)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the export stream");
+    }
+    done += n;
+    if (size == 0) break;
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
+    DenseTable* table, const TableStateChunk& first, grpc::ServerReader<TableStateChunk>* reader,
+    StreamWatchdog::Watch* watch) const {
+  DenseStateBuilder builder = table->StateBuilder();
+  TableStateChunk chunk;
+  uint64_t index = 0;
+  for (const TableStateChunk* c = &first; c != nullptr;
+       c = reader->Read(&chunk) ? &chunk : nullptr, ++index) {
+    RETURN_IF_ERROR(CheckSameState(first, *c, index));
+    const uint64_t bytes = (uint64_t{1} * c->values_size() + c->slots_size()) * sizeof(float);
+    if (bytes > options_.max_chunk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("import chunk ", index, " holds ", bytes,
+                                                       " bytes of floats; the limit is ",
+                                                       options_.max_chunk_bytes));
+    }
+    if (absl::Status s = builder.Add(c->begin(), c->values(), c->num_slots(), c->slots());
+        !s.ok()) {
+      return s;
+    }
+    watch->Alive();
+  }
+  return builder.Finish(first.updates());
+}
+
+grpc::Status ParameterServerService::ImportDense(grpc::ServerContext* ctx,
+                                                 grpc::ServerReader<TableStateChunk>* reader,
+                                                 ImportDenseResponse* resp) {
+  std::unique_ptr<absl::MutexLock> joins;  // before Scope: the replicator's lock order
+  if (absl::Status s = ReplaceWholeState("ImportDense", &joins); !s.ok()) return ToGrpcStatus(s);
+  Scope scope(this);
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  StreamWatchdog::Watch watch(&watchdog_, ctx);
+  TableStateChunk first;
+  if (!reader->Read(&first)) {
+    return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));
+  }
+  auto table = DenseForState(first.table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  // Everything is received and checked before the table is touched: all or nothing. The
+  // state is allocated whole at the first chunk: charge it before.
+  RequestBudget::Charge charge(&budget_);
+  if (absl::Status s = charge.GrowTo(StateBytes(**table),
+                                     absl::StrCat("the import of table ", first.table_id()));
+      !s.ok()) {
+    return ToGrpcStatus(
+        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
+  }
+  auto state = ReceiveState(*table, first, reader, &watch);
+  absl::Status s = state.status();
+  watch.Disarm();
+  if (s.ok() && ctx->IsCancelled()) {  // the watchdog's (idle), or the client's
+    s = absl::CancelledError("import stream cancelled");
+  }
+  const uint64_t received = state.ok() ? state->values.size() : 0;
+  if (s.ok()) s = (*table)->ImportState(first.step(), *std::move(state));
+  if (!s.ok()) {
+    return ToGrpcStatus(
+        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
+  }
+  resp->set_values_received(received);
+  resp->set_step(first.step());
+  return grpc::Status::OK;
+}
+
+}  // namespace pscluster::ps

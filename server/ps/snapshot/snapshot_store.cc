@@ -1,0 +1,116 @@
+#include "server/ps/snapshot/snapshot_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pscluster::ps {
+
+absl::Status EmitBlocks(const TableImage& image,
+                        const std::function<absl::Status(const std::string& block)>& emit) {
+  const TableSnapshotHeader& h = image.header;
+  std::string buf;
+  if (h.spec().kind() == TableSpec::DENSE) {
+    const uint64_t size = h.shard_end() - h.shard_begin();
+    for (uint64_t at = 0; at < size; at += kDenseBlockValues) {
+      const uint64_t n = std::min(kDenseBlockValues, size - at);
+      buf.resize(n * sizeof(float) * image.arrays.size());
+      char* out = buf.data();
+      for (const auto& a : image.arrays) {
+        std::memcpy(out, a.data() + at, n * sizeof(float));
+        out += n * sizeof(float);
+      }
+      RETURN_IF_ERROR(emit(buf));
+    }
+    return absl::OkStatus();
+  }
+  const uint64_t rows = image.keys.size();
+  const uint64_t row_len = h.spec().dim() * (1 + h.num_slots());
+  for (uint64_t at = 0; at < rows; at += kSparseBlockRows) {
+    const uint64_t n = std::min(kSparseBlockRows, rows - at);
+    buf.resize(n * (16 + row_len * sizeof(float)));
+    char* out = buf.data();
+    std::memcpy(out, image.keys.data() + at, n * 8);
+    std::memcpy(out + n * 8, image.row_updates.data() + at, n * 8);
+    std::memcpy(out + n * 16, image.row_data.data() + at * row_len, n * row_len * sizeof(float));
+    RETURN_IF_ERROR(emit(buf));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size,
+                        uint64_t* dense_at, SnapshotStore::Visitor* visitor,
+                        absl::string_view where) {
+  const uint64_t arrays = 1 + h.num_slots();
+  if (h.spec().kind() == TableSpec::DENSE) {
+    const uint64_t slice = h.shard_end() - h.shard_begin();
+    const uint64_t n = std::min(kDenseBlockValues, slice - std::min(slice, *dense_at));
+    if (n == 0 || size != n * arrays * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(where, ": dense block of the wrong size"));
+    }
+    // Copy: the stored bytes need not be aligned for floats.
+    std::vector<float> block(size / sizeof(float));
+    std::memcpy(block.data(), data, size);
+    RETURN_IF_ERROR(visitor->DenseBlock(h, h.shard_begin() + *dense_at, n, block.data()));
+    *dense_at += n;
+    return absl::OkStatus();
+  }
+  const uint64_t row_len = h.spec().dim() * arrays;
+  const uint64_t row_bytes = 16 + row_len * sizeof(float);
+  if (size % row_bytes != 0) {
+    return absl::DataLossError(absl::StrCat(where, ": sparse block of the wrong size"));
+  }
+  const uint64_t n = size / row_bytes;
+  std::vector<float> row(row_len);
+  for (uint64_t r = 0; r < n; ++r) {
+    uint64_t key;
+    int64_t updates;
+    std::memcpy(&key, data + r * 8, 8);
+    std::memcpy(&updates, data + n * 8 + r * 8, 8);
+    std::memcpy(row.data(), data + n * 16 + r * row_len * sizeof(float), row_len * sizeof(float));
+    RETURN_IF_ERROR(visitor->SparseRow(h, key, updates, row.data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> SnapshotStore::ApplyRetention(int keep_last,
+                                                                   bool lower_is_better) {
+  auto list = List();
+  if (!list.ok()) return list.status();
+  list->erase(std::remove_if(list->begin(), list->end(),
+                             [](const SnapshotManifest& m) {
+                               return m.format_version() == kRocksDbSnapshotFormatVersion;
+                             }),
+              list->end());
+  const SnapshotManifest* best = nullptr;
+  for (const auto& m : *list) {
+    if (!m.has_metric()) continue;
+    if (!best || (lower_is_better ? m.metric() <= best->metric() : m.metric() >= best->metric())) {
+      best = &m;
+    }
+  }
+  std::vector<int64_t> deleted;
+  for (size_t i = 0; i + keep_last < list->size(); ++i) {
+    const SnapshotManifest& m = (*list)[i];
+    if (best && m.step() == best->step()) continue;
+    RETURN_IF_ERROR(Delete(m.step()));
+    deleted.push_back(m.step());
+  }
+  return deleted;
+}
+
+absl::StatusOr<std::vector<int64_t>> SnapshotStore::RetainOnly(const std::vector<int64_t>& keep) {
+  ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, List());
+  std::vector<int64_t> deleted;
+  for (const SnapshotManifest& m : list) {
+    if (std::find(keep.begin(), keep.end(), m.step()) != keep.end()) continue;
+    if (m.format_version() == kRocksDbSnapshotFormatVersion) continue;  // read-only
+    RETURN_IF_ERROR(Delete(m.step()));
+    deleted.push_back(m.step());
+  }
+  return deleted;
+}
+
+}  // namespace pscluster::ps

@@ -1,0 +1,111 @@
+// Where one shard's snapshots live, as an interface: files on disk
+// (file_snapshot_store.h, what ps_server uses) or the in-memory one of the tests
+// (memory_snapshot_store.h). A snapshot becomes visible (List, Read) only once complete;
+// a failed Write leaves nothing visible.
+//
+// Implementations are thread-safe; Write() calls must not overlap.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/snapshot.pb.h"
+#include "server/ps/table/table.h"
+
+namespace pscluster::ps {
+
+// Version 1: the RocksDB layout (read only); version 2: the files of file_snapshot_store.h.
+inline constexpr uint32_t kRocksDbSnapshotFormatVersion = 1;
+inline constexpr uint32_t kSnapshotFormatVersion = 2;
+inline constexpr uint64_t kDenseBlockValues = uint64_t{1} << 18;
+inline constexpr uint64_t kSparseBlockRows = 4096;
+
+class SnapshotStore {
+ public:
+  // The file store in `dir` (file_snapshot_store.h). Read-write: creates `dir` if needed
+  // and removes partial snapshots. Read-only: for reading another shard's snapshots
+  // (during resharding), even while it runs.
+  static absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& dir,
+                                                             bool read_only = false);
+  virtual ~SnapshotStore() = default;
+
+  virtual const std::string& dir() const = 0;
+
+  struct WriteOptions {
+    uint32_t shard_id = 0;
+    uint32_t num_shards = 1;
+    bool has_metric = false;
+    double metric = 0;
+    absl::Duration test_delay_per_block;             // tests only: widens the crash window
+    std::atomic<uint64_t>* bytes_written = nullptr;  // progress, if set
+  };
+  virtual absl::StatusOr<SnapshotManifest> Write(
+      int64_t step, const std::vector<std::unique_ptr<TableImage>>& images,
+      const WriteOptions& options) = 0;
+
+  // Complete snapshots, ascending step.
+  virtual absl::StatusOr<std::vector<SnapshotManifest>> List() const = 0;
+
+  // Makes snapshot `step` invisible, then deletes its data.
+  virtual absl::Status Delete(int64_t step) = 0;
+
+  // What is stored but does not verify (file names and why), as found by the last List():
+  // never listed, never deleted.
+  virtual std::vector<std::string> Damaged() const { return {}; }
+
+  // Keeps the newest `keep_last` and the best by metric; deletes the rest (List, Delete).
+  // Both leave snapshots of the read-only RocksDB layout alone.
+  absl::StatusOr<std::vector<int64_t>> ApplyRetention(int keep_last, bool lower_is_better);
+  // Deletes every complete snapshot whose step is not in `keep`; returns their steps.
+  absl::StatusOr<std::vector<int64_t>> RetainOnly(const std::vector<int64_t>& keep);
+
+  class Visitor {
+   public:
+    virtual ~Visitor() = default;
+    virtual absl::Status Header(const TableSnapshotHeader& header) = 0;
+    // DENSE: global indices [begin, begin + n): values, then each slot, n floats each.
+    virtual absl::Status DenseBlock(const TableSnapshotHeader& header, uint64_t begin, uint64_t n,
+                                    const float* data) = 0;
+    virtual absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key, int64_t updates,
+                                   const float* data) = 0;
+  };
+  // Visits every table of complete snapshot `step`; DATA_LOSS when what is stored
+  // disagrees with its checksums; NOT_FOUND for no complete snapshot of `step`.
+  virtual absl::Status Read(int64_t step, Visitor* visitor) const = 0;
+};
+
+// The block encoding every layout shares. DENSE: one block per kDenseBlockValues indices,
+// the values then each optimizer slot; SPARSE: up to kSparseBlockRows rows as keys (u64),
+// update counts (i64), then the rows' floats.
+absl::Status EmitBlocks(const TableImage& image,
+                        const std::function<absl::Status(const std::string& block)>& emit);
+// Decodes one block of the table `h` to `visitor`; `dense_at` counts the dense values seen
+// so far. DATA_LOSS naming `where` for a block of the wrong size.
+absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size,
+                        uint64_t* dense_at, SnapshotStore::Visitor* visitor,
+                        absl::string_view where);
+
+// The checkpoint root of a cluster: where every shard's store lives. Local disk (or a
+// shared file system) for ps_server, memory for tests. Thread-safe.
+class SnapshotStorage {
+ public:
+  virtual ~SnapshotStorage() = default;
+  // Opens (read-write: creating) the store in `dir`.
+  virtual absl::StatusOr<std::unique_ptr<SnapshotStore>> Open(const std::string& dir,
+                                                              bool read_only) = 0;
+  // The shard store directories under `root` ("shard-*"), in any order.
+  virtual std::vector<std::string> ShardDirs(const std::string& root) const = 0;
+  // Whether two directory names denote the same store.
+  virtual bool Same(const std::string& a, const std::string& b) const { return a == b; }
+};
+
+// The RocksDB stores on this machine's file system.
+std::unique_ptr<SnapshotStorage> MakeLocalSnapshotStorage();
+
+}  // namespace pscluster::ps

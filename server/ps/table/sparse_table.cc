@@ -1,0 +1,357 @@
+#include "server/ps/table/sparse_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/sharding.h"
+#include "common/status_macros.h"
+#include "core/init/initializer.h"
+
+namespace pscluster::ps {
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec& spec,
+                                                                 uint32_t shard_id,
+                                                                 uint32_t num_shards,
+                                                                 uint64_t max_rows) {
+  auto optimizer = core::MakeOptimizer(spec.optimizer());
+  if (!optimizer.ok()) return optimizer.status();
+  return std::unique_ptr<SparseTable>(
+      new SparseTable(spec, *std::move(optimizer), shard_id, num_shards, max_rows));
+}
+
+uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots) {
+  // The floats, plus the hash map entry: key, update count, the vector's header, slack.
+  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 64;
+}
+
+SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
+                         uint32_t shard_id, uint32_t num_shards, uint64_t max_rows)
+    : Table(spec, std::move(optimizer)),
+      shard_id_(shard_id),
+      num_shards_(num_shards),
+      dim_(spec.dim()),
+      max_rows_(max_rows) {}
+
+std::vector<float> SparseTable::InitialRow(uint64_t key) const {
+  std::vector<float> row(dim_ * (1 + optimizer_->num_slots()));
+  core::InitSparseRow(spec_.initializer(), key, absl::MakeSpan(row.data(), dim_));
+  for (int k = 0; k < optimizer_->num_slots(); ++k) {
+    std::fill_n(row.begin() + dim_ * (1 + k), dim_, optimizer_->slot_initial_value(k));
+  }
+  return row;
+}
+
+absl::Status SparseTable::CheckRowsLocked(const Grads& grads, const Parts* so_far,
+                                          uint64_t* new_rows) const {
+  *new_rows = 0;
+  for (const auto& [key, g] : grads) {
+    *new_rows += rows_.count(key) == 0 && (so_far == nullptr || so_far->grads.count(key) == 0);
+  }
+  const uint64_t after = rows_.size() + staged_new_rows_ + *new_rows;
+  if (*new_rows > 0 && after > max_rows_) {
+    return Reject(absl::ResourceExhaustedError(absl::StrCat(
+        "table ", id(), ": the push would store ", *new_rows, " new rows beside ", rows_.size(),
+        " stored and ", staged_new_rows_, " staged; this shard holds at most ", max_rows_,
+        " rows of this table (ps_server --max_table_bytes)")));
+  }
+  return absl::OkStatus();
+}
+
+const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_scale) const {
+  const float large = LargeGradientThreshold() / g_scale;
+  for (const auto& [key, g] : grads) {
+    float biggest = 0;
+    for (float v : g) biggest = std::max(biggest, std::fabs(v));
+    if (biggest < large) continue;
+    std::vector<float> row;
+    int64_t updates = 0;
+    if (auto it = rows_.find(key); it != rows_.end()) {
+      row = it->second.data;
+      updates = it->second.updates;
+    } else {
+      row = InitialRow(key);
+    }
+    const float* slots[8];
+    for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data() + dim_ * (1 + k);
+    if (core::FirstOverflow(*optimizer_, row.data(), g.data(), slots, dim_, updates + 1, g_scale) <
+        dim_) {
+      return &key;
+    }
+  }
+  return nullptr;
+}
+
+absl::Status SparseTable::CheckKeys(absl::Span<const uint64_t> keys) const {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (spec_.key_space() != 0 && keys[i] >= spec_.key_space()) {
+      return Reject(
+          absl::OutOfRangeError(absl::StrCat("table ", id(), ": keys[", i, "]=", keys[i],
+                                             " is outside key_space ", spec_.key_space())));
+    }
+    if (uint32_t owner = SparseShardOf(keys[i], num_shards_); owner != shard_id_) {
+      return Reject(absl::InvalidArgumentError(
+          absl::StrCat("table ", id(), ": keys[", i, "]=", keys[i], " belongs to shard ", owner,
+                       ", not shard ", shard_id_, " (route keys with SparseShardOf)")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::CheckRequest(absl::Span<const uint64_t> keys,
+                                       absl::Span<const float> grads, uint32_t part,
+                                       uint32_t parts) const {
+  if (parts > 1 && part >= parts) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("table ", id(), ": part ", part, " of ", parts, " (parts count from 0)")));
+  }
+  if (grads.size() != keys.size() * dim_) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("table ", id(), ": grads holds ", grads.size(), " values, expected keys (",
+                     keys.size(), ") x dim (", dim_, ") = ", keys.size() * dim_)));
+  }
+  return CheckKeys(keys);
+}
+
+SparseTable::Grads SparseTable::Merge(absl::Span<const uint64_t> keys,
+                                      absl::Span<const float> grads) const {
+  Grads merged;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<float>& g = merged[keys[i]];
+    if (g.empty()) g.assign(dim_, 0.0f);
+    for (size_t j = 0; j < dim_; ++j) g[j] += grads[i * dim_ + j];
+  }
+  return merged;
+}
+
+absl::Status SparseTable::CheckPartLocked(int32_t worker, int64_t step, uint32_t part,
+                                          uint32_t parts, Parts** so_far) {
+  *so_far = nullptr;
+  if (auto s = parts_.find(step); s != parts_.end()) {
+    if (auto w = s->second.find(worker); w != s->second.end()) *so_far = &w->second;
+  }
+  if (*so_far == nullptr) return absl::OkStatus();
+  if ((*so_far)->count != parts) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("table ", id(), ": worker ", worker, "'s push of step ", step, " in ", parts,
+                     " parts, but its earlier parts said ", (*so_far)->count)));
+  }
+  if ((*so_far)->got.count(part)) {
+    return Reject(absl::FailedPreconditionError(absl::StrCat("table ", id(), ": worker ", worker,
+                                                             " already pushed step ", step,
+                                                             " (part ", part, " of ", parts, ")")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::CheckUpdateLocked(const Parts* so_far, Grads* grads, uint64_t* new_rows,
+                                            bool* drop) const {
+  if (so_far != nullptr) {
+    for (auto& [key, g] : *grads) {
+      auto earlier = so_far->grads.find(key);
+      if (earlier == so_far->grads.end()) continue;
+      for (size_t j = 0; j < dim_; ++j) g[j] = earlier->second[j] + g[j];
+    }
+  }
+  RETURN_IF_ERROR(CheckRowsLocked(*grads, so_far, new_rows));
+  // Under BSP each push is checked alone, scaled by the number of workers whose rows the
+  // step sums (the sum itself is checked when the step applies).
+  const uint64_t* over = FirstOverflowLocked(*grads, bsp() ? num_workers_locked() : 1);
+  if (over == nullptr) return absl::OkStatus();
+  if (spec_.skip_nonfinite()) {
+    *drop = true;
+    return absl::OkStatus();
+  }
+  return Reject(absl::InvalidArgumentError(absl::StrCat(
+      "table ", id(), ": the gradient of key ", *over,
+      " is finite but its update would make the row or its optimizer state non-finite (too "
+      "large for learning rate ",
+      spec_.optimizer().learning_rate(),
+      "); fix the gradient, lower the learning rate or create the table with skip_nonfinite")));
+}
+
+absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
+                               absl::Span<const float> grads, bool* skipped, uint32_t part,
+                               uint32_t parts) {
+  *skipped = false;
+  RETURN_IF_ERROR(CheckRequest(keys, grads, part, parts));
+  const size_t bad = core::FirstNonFinite(grads);
+  const bool finite = bad == grads.size();
+  if (!finite && !spec_.skip_nonfinite()) return NonFinite(grads[bad], bad);
+  Grads merged = finite ? Merge(keys, grads) : Grads();
+
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckPushLocked(worker, step));
+  Parts* so_far = nullptr;
+  if (parts > 1) RETURN_IF_ERROR(CheckPartLocked(worker, step, part, parts, &so_far));
+  const bool dropped_before = so_far != nullptr && so_far->skipped;
+  bool drop = !finite || dropped_before;
+  uint64_t new_rows = 0;
+  if (!drop) RETURN_IF_ERROR(CheckUpdateLocked(so_far, &merged, &new_rows, &drop));
+  bytes_pushed_ += grads.size() * sizeof(float);
+  rows_pushed_ += keys.size();
+  *skipped = drop;
+  if (drop && !dropped_before) nonfinite_skipped_++;  // once per push
+  if (parts > 1) {
+    TakePartLocked(worker, step, part, parts, std::move(merged), new_rows, drop);
+    return absl::OkStatus();
+  }
+  if (!drop) CommitLocked(worker, step, std::move(merged), new_rows);
+  RecordPushLocked(worker, step);
+  return absl::OkStatus();
+}
+
+void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts,
+                                 Grads grads, uint64_t new_rows, bool drop) {
+  Parts& p = parts_[step][worker];
+  p.count = parts;
+  p.got.insert(part);
+  if (drop) {  // nothing of the push will be applied: its rows need not wait
+    p.skipped = true;
+    staged_new_rows_ -= p.new_rows;
+    p.new_rows = 0;
+    p.grads.clear();
+  } else {
+    for (auto& [key, g] : grads) p.grads[key] = std::move(g);  // the sums, earlier parts in
+    p.new_rows += new_rows;
+    staged_new_rows_ += new_rows;
+  }
+  if (p.got.size() < parts) return;
+  Parts done = std::move(p);
+  parts_[step].erase(worker);
+  if (parts_[step].empty()) parts_.erase(step);
+  staged_new_rows_ -= done.new_rows;
+  // Each part was checked against the rows as they were then; under ASP/SSP other pushes
+  // may have changed them since.
+  if (!done.skipped &&
+      (bsp() || !SumOverflowsLocked(done.grads, absl::StrCat("worker ", worker, "'s push of step ",
+                                                             step, " in ", parts, " parts")))) {
+    CommitLocked(worker, step, std::move(done.grads), done.new_rows);
+  }
+  RecordPushLocked(worker, step);
+}
+
+void SparseTable::CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows) {
+  if (!bsp()) {
+    for (const auto& [key, g] : grads) ApplyLocked(key, g);
+    return;
+  }
+  pending_[step][worker] = std::move(grads);  // a worker pushes a BSP step once
+  pending_new_rows_[step] += new_rows;
+  staged_new_rows_ += new_rows;
+}
+
+void SparseTable::DropWorkerLocked(int32_t worker) {
+  for (auto s = parts_.begin(); s != parts_.end();) {
+    if (auto w = s->second.find(worker); w != s->second.end()) {
+      staged_new_rows_ -= w->second.new_rows;
+      s->second.erase(w);
+    }
+    s = s->second.empty() ? parts_.erase(s) : std::next(s);
+  }
+}
+
+bool SparseTable::SumOverflowsLocked(const Grads& sum, const std::string& what) {
+  const uint64_t* over = FirstOverflowLocked(sum, 1.0f);
+  if (over == nullptr) return false;
+  nonfinite_skipped_++;
+  std::fprintf(stderr,
+               "ps_server: table %u: the summed gradient of %s would make the row of key %llu "
+               "non-finite; it was not applied to this table\n",
+               id(), what.c_str(), static_cast<unsigned long long>(*over));
+  return true;
+}
+
+SparseTable::Row& SparseTable::RowLocked(uint64_t key) {
+  auto [it, inserted] = rows_.try_emplace(key);
+  if (inserted) it->second.data = InitialRow(key);
+  return it->second;
+}
+
+void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad) {
+  Row& row = RowLocked(key);
+  float* slots[8];
+  for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data.data() + dim_ * (1 + k);
+  optimizer_->Apply(row.data.data(), grad.data(), slots, dim_, ++row.updates);
+}
+
+void SparseTable::ApplyBspStepLocked(int64_t step) {
+  auto it = pending_.find(step);
+  if (it == pending_.end()) return;  // every push of this step was dropped
+  // Per key: the workers' rows added in worker-id order.
+  Grads sum;
+  for (auto& [worker, grads] : it->second) {
+    for (auto& [key, g] : grads) {
+      auto [s, inserted] = sum.try_emplace(key, std::move(g));
+      if (!inserted) {
+        for (size_t j = 0; j < dim_; ++j) s->second[j] += g[j];
+      }
+    }
+  }
+  pending_.erase(it);
+  if (auto n = pending_new_rows_.find(step); n != pending_new_rows_.end()) {
+    staged_new_rows_ -= n->second;
+    pending_new_rows_.erase(n);
+  }
+  // Each push was checked alone; their sum may still overflow: then the step leaves this
+  // table as it was, counted and said.
+  if (SumOverflowsLocked(sum, absl::StrCat("BSP step ", step))) return;
+  for (const auto& [key, g] : sum) ApplyLocked(key, g);
+}
+
+absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
+  RETURN_IF_ERROR(CheckKeys(keys));
+  absl::ReaderMutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* dst = out.data() + i * dim_;
+    if (auto it = rows_.find(keys[i]); it != rows_.end()) {
+      std::memcpy(dst, it->second.data.data(), dim_ * sizeof(float));
+    } else {  // never pushed: the initial row, computed, not stored
+      core::InitSparseRow(spec_.initializer(), keys[i], absl::MakeSpan(dst, dim_));
+    }
+  }
+  bytes_pulled_ += out.size() * sizeof(float);
+  rows_pulled_ += keys.size();
+  return absl::OkStatus();
+}
+
+void SparseTable::CaptureLocked(TableImage* image) const {
+  const size_t row_len = dim_ * (1 + optimizer_->num_slots());
+  image->header.set_num_rows(rows_.size());
+  image->keys.reserve(rows_.size());
+  image->row_updates.reserve(rows_.size());
+  image->row_data.resize(rows_.size() * row_len);
+  float* out = image->row_data.data();
+  for (const auto& [key, row] : rows_) {
+    image->keys.push_back(key);
+    image->row_updates.push_back(row.updates);
+    std::memcpy(out, row.data.data(), row_len * sizeof(float));
+    out += row_len;
+  }
+}
+
+absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data) {
+  if (SparseShardOf(key, num_shards_) != shard_id_) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (rows_.size() >= max_rows_ && rows_.count(key) == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", id(), ": the snapshot holds more than the ", max_rows_,
+                     " rows this shard may keep (ps_server --max_table_bytes)"));
+  }
+  Row& row = rows_[key];
+  row.updates = updates;
+  row.data.assign(data, data + dim_ * (1 + optimizer_->num_slots()));
+  return absl::OkStatus();
+}
+
+uint64_t SparseTable::MemoryBytes(const TableInfo& info) const {
+  return info.num_rows() * dim_ * (1 + num_slots()) * sizeof(float);
+}
+
+void SparseTable::FillInfoLocked(TableInfo* info) const { info->set_num_rows(rows_.size()); }
+
+}  // namespace pscluster::ps

@@ -1,0 +1,131 @@
+// A sparse embedding table: uint64 key -> float32 row of spec.dim values, for the keys that
+// hash to this shard. A key never pushed reads as the seeded initializer's row without being
+// stored; a push stores the rows it touches, at most `max_rows` of them.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/ps/table/table.h"
+
+namespace pscluster::ps {
+
+class SparseTable final : public Table {
+ public:
+  // `spec` must already be validated (ValidateTableSpec).
+  static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const TableSpec& spec,
+                                                             uint32_t shard_id, uint32_t num_shards,
+                                                             uint64_t max_rows = UINT64_MAX);
+  // The bytes one stored row takes (values, optimizer slots, key, bookkeeping).
+  static uint64_t RowBytes(const TableSpec& spec, int num_slots);
+
+  // INVALID_ARGUMENT/OUT_OF_RANGE for a key of another shard or outside key_space.
+  absl::Status CheckKeys(absl::Span<const uint64_t> keys) const;
+
+  // Applies (ASP/SSP) or stages (BSP) one worker's gradient rows; duplicate keys are summed.
+  // `grads` holds keys.size() * dim values. All or nothing: RESOURCE_EXHAUSTED when the new
+  // rows would pass max_rows; a non-finite gradient, or a finite one whose update would
+  // make a row non-finite, is INVALID_ARGUMENT, or under skip_nonfinite dropped (*skipped):
+  // a dropped push changes no row (values, optimizer slots, update counts) but is still the
+  // worker's push of `step`, so its clock moves on and a BSP step completes without it.
+  // A push in several parts (part of parts, parts > 1), in every mode: one push, its parts'
+  // rows summed in arrival order, applied or staged and counted once all have come;
+  // FAILED_PRECONDITION for a part already taken, INVALID_ARGUMENT for a part count that
+  // differs from the step's earlier parts'. A part dropped under skip_nonfinite drops the
+  // worker's whole push of the step.
+  absl::Status Push(int32_t worker, int64_t step, absl::Span<const uint64_t> keys,
+                    absl::Span<const float> grads, bool* skipped, uint32_t part = 0,
+                    uint32_t parts = 1);
+
+  // Copies the rows of `keys` into `out` (keys.size() * dim values); a key never pushed
+  // reads as its initial row, and stores nothing. Call AwaitPullable first.
+  absl::Status Read(absl::Span<const uint64_t> keys, absl::Span<float> out);
+
+  // Restore, before serving: a row of a snapshot (dim * (1 + num_slots) floats). Rows of
+  // keys this shard does not own are ignored, so old shards' rows can be offered to all.
+  // RESOURCE_EXHAUSTED beyond max_rows.
+  absl::Status RestoreRow(uint64_t key, int64_t updates, const float* data);
+
+ private:
+  struct Row {
+    int64_t updates = 0;      // optimizer steps applied to this row (bias correction)
+    std::vector<float> data;  // dim values, then dim values per optimizer slot
+  };
+  using Grads = std::map<uint64_t, std::vector<float>>;
+
+  SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
+              uint32_t num_shards, uint64_t max_rows);
+  // A key's row before any update: initializer values, then each slot's initial value.
+  std::vector<float> InitialRow(uint64_t key) const;
+  Row& RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push in parts: the parts come so far, until the last (see parts_).
+  struct Parts {
+    uint32_t count = 0;
+    std::set<uint32_t> got;
+    bool skipped = false;   // a part was dropped: so is the whole push
+    Grads grads;            // the parts' rows, summed in arrival order
+    uint64_t new_rows = 0;  // rows of `grads` not stored, counted in staged_new_rows_
+  };
+
+  // What needs no lock: the part number, the gradient's length, the keys.
+  absl::Status CheckRequest(absl::Span<const uint64_t> keys, absl::Span<const float> grads,
+                            uint32_t part, uint32_t parts) const;
+  // The rows of a finite push, duplicate keys summed in request order.
+  Grads Merge(absl::Span<const uint64_t> keys, absl::Span<const float> grads) const;
+  // A part of a push in parts against its earlier parts (*so_far, null for the first).
+  absl::Status CheckPartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts,
+                               Parts** so_far) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds to `grads` the earlier parts' rows of its keys (the sums the push will apply),
+  // then checks them: the rows they would store, and that no row becomes non-finite
+  // (*drop instead of INVALID_ARGUMENT under skip_nonfinite). Changes nothing stored.
+  absl::Status CheckUpdateLocked(const Parts* so_far, Grads* grads, uint64_t* new_rows,
+                                 bool* drop) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Keeps a checked part with the push's earlier parts (a dropped one forgets them all);
+  // at the last part commits the push whole, or drops it whole, and records it.
+  void TakePartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts, Grads grads,
+                      uint64_t new_rows, bool drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stages (BSP) or applies (ASP/SSP) a whole checked push.
+  void CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when storing the rows of `grads` that are neither stored nor in
+  // `so_far` (plus those staged) would pass max_rows; *new_rows: how many that is.
+  absl::Status CheckRowsLocked(const Grads& grads, const Parts* so_far, uint64_t* new_rows) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The first key whose row the update `grads` * g_scale would make non-finite, if any.
+  const uint64_t* FirstOverflowLocked(const Grads& grads, float g_scale) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether a sum of pushes checked one by one (`what`) would make a row non-finite after
+  // all: then it is not applied, counted as dropped and said.
+  bool SumOverflowsLocked(const Grads& sum, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyLocked(uint64_t key, const std::vector<float>& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropWorkerLocked(int32_t worker) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PushInPartsLocked() const override ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !parts_.empty();
+  }
+  void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t MemoryBytes(const TableInfo& info) const override;
+  void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const uint32_t shard_id_;
+  const uint32_t num_shards_;
+  const size_t dim_;
+  const uint64_t max_rows_;
+  absl::flat_hash_map<uint64_t, Row> rows_ ABSL_GUARDED_BY(mu_);
+  // BSP: step -> worker -> its summed gradient rows, and per step the rows they would add
+  // (counted per push: an upper bound).
+  std::map<int64_t, std::map<int32_t, Grads>> pending_ ABSL_GUARDED_BY(mu_);
+  // Pushes in parts, in every mode: step -> worker -> the parts come so far. Nothing of
+  // them is stored, staged for a BSP step or counted as pushed before the last part.
+  std::map<int64_t, std::map<int32_t, Parts>> parts_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, uint64_t> pending_new_rows_ ABSL_GUARDED_BY(mu_);
+  uint64_t staged_new_rows_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pscluster::ps
