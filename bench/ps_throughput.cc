@@ -46,7 +46,7 @@
 #include "common/sharding.h"
 #include "common/testing/http_get.h"
 #include "grpcpp/grpcpp.h"
-#include "server/ps/service/service.h"
+#include "server/ps/service/shard_services.h"
 #include "server/ps/shard_metrics.h"
 
 ABSL_FLAG(int, reps, 7, "Timed repetitions per figure (median reported), after 2 warm-ups.");
@@ -98,7 +98,7 @@ class Scraper {
 // the metrics) go first, then the metrics (whose collectors read the shards).
 struct Cluster {
   std::vector<std::unique_ptr<ps::Shard>> shards;
-  std::vector<std::unique_ptr<ps::ParameterServerService>> services;
+  std::vector<std::unique_ptr<ps::ShardServices>> services;
   std::vector<std::unique_ptr<RawService>> raws;
   std::vector<std::unique_ptr<Metrics>> metrics;  // --metrics
   std::unique_ptr<Scraper> scraper;
@@ -133,19 +133,20 @@ std::pair<Security, Security> TlsFromDir() {
 
 // `as_ps_server`: with the interceptors ps_server installs (the parse-error one, and with
 // `metrics` the RPC counter); the raw ceiling has none. `tls`: ps_server's credentials.
-std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address, bool as_ps_server,
+std::unique_ptr<grpc::Server> Serve(const std::function<void(grpc::ServerBuilder*)>& add,
+                                    std::string* address, bool as_ps_server,
                                     Metrics* metrics = nullptr, const Security* tls = nullptr) {
   grpc::ServerBuilder b;
   if (as_ps_server) NameUnparsableRequests(&b, metrics ? metrics->rpcs().Interceptor() : nullptr);
   int port = 0;
   b.AddListeningPort(
       "127.0.0.1:0",
-      tls ? *tls->ServerCredentials(AdminMethods("pscluster.ps.ParameterServer", {"CreateTable"}))
+      tls ? *tls->ServerCredentials(AdminMethods("pscluster.ps.ShardAdmin", {"CreateTable"}))
           : grpc::InsecureServerCredentials(),
       &port);
   b.SetMaxReceiveMessageSize(64 << 20);
   b.SetMaxSendMessageSize(64 << 20);
-  b.RegisterService(service);
+  add(&b);
   auto server = b.BuildAndStart();
   *address = absl::StrCat("127.0.0.1:", port);
   return server;
@@ -160,8 +161,7 @@ Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
     c.shards.push_back(std::make_unique<ps::Shard>(so));
     ps::ServiceOptions vo;
     vo.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-    c.services.push_back(
-        std::make_unique<ps::ParameterServerService>(c.shards.back().get(), nullptr, vo));
+    c.services.push_back(std::make_unique<ps::ShardServices>(c.shards.back().get(), nullptr, vo));
     c.raws.push_back(std::make_unique<RawService>(absl::GetFlag(FLAGS_chunk_bytes)));
     c.ps_addresses.emplace_back();
     c.raw_addresses.emplace_back();
@@ -176,9 +176,12 @@ Cluster StartCluster(uint32_t num_shards, const Treatment& treatment = {}) {
       metrics = c.metrics.back().get();
       ps::AddShardMetrics(c.shards.back().get(), nullptr, metrics);
     }
-    c.servers.push_back(Serve(c.services.back().get(), &c.ps_addresses.back(), true, metrics,
-                              treatment.server_tls));
-    c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back(), false));
+    ps::ShardServices* services = c.services.back().get();
+    c.servers.push_back(Serve([services](grpc::ServerBuilder* b) { services->RegisterWith(b); },
+                              &c.ps_addresses.back(), true, metrics, treatment.server_tls));
+    RawService* raw = c.raws.back().get();
+    c.servers.push_back(Serve([raw](grpc::ServerBuilder* b) { b->RegisterService(raw); },
+                              &c.raw_addresses.back(), false));
   }
   if (!c.metrics.empty()) {
     std::vector<int> ports;

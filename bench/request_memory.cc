@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/proc_status.h"
+#include "client/ps/shard_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/subprocess.h"
@@ -54,12 +55,12 @@ using ps::DenseChunk;
 constexpr uint32_t kTable = 1;
 constexpr uint64_t kChunkBytes = 1 << 20;  // stream chunk size, as PsClient sends them
 
-std::unique_ptr<ps::ParameterServer::Stub> Connect(const std::string& address) {
+std::unique_ptr<pscluster::ShardStub> Connect(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection each, like workers
   args.SetMaxSendMessageSize(-1);
   args.SetMaxReceiveMessageSize(64 << 20);
-  return ps::ParameterServer::NewStub(
+  return pscluster::ShardStub::New(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
@@ -75,7 +76,7 @@ DenseChunk Chunk(int64_t step, uint64_t begin, uint64_t offset, uint64_t total, 
   return c;
 }
 
-grpc::Status Unary(ps::ParameterServer::Stub* stub, const DenseChunk& c) {
+grpc::Status Unary(pscluster::ShardStub* stub, const DenseChunk& c) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   ps::PushDenseResponse r;
@@ -83,7 +84,7 @@ grpc::Status Unary(ps::ParameterServer::Stub* stub, const DenseChunk& c) {
 }
 
 // Writes `chunks` (stopping at the first failed write) and finishes the stream.
-grpc::Status Stream(ps::ParameterServer::Stub* stub, const std::vector<DenseChunk>& chunks) {
+grpc::Status Stream(pscluster::ShardStub* stub, const std::vector<DenseChunk>& chunks) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   ps::PushDenseResponse r;
@@ -96,7 +97,7 @@ grpc::Status Stream(ps::ParameterServer::Stub* stub, const std::vector<DenseChun
 }
 
 // One request of `scenario` (client `i` of round `round`); returns its status.
-grpc::Status Fire(ps::ParameterServer::Stub* stub, const std::string& scenario, uint64_t values,
+grpc::Status Fire(pscluster::ShardStub* stub, const std::string& scenario, uint64_t values,
                   uint64_t table_size, int64_t step) {
   const uint64_t per = kChunkBytes / sizeof(float);
   std::vector<DenseChunk> chunks;
@@ -187,7 +188,7 @@ void CreateTable(const std::string& address, uint64_t table_size) {
 }
 
 // --rounds rounds of one request per stub at once: what the server said to each.
-void FireRounds(const std::vector<std::unique_ptr<ps::ParameterServer::Stub>>& stubs,
+void FireRounds(const std::vector<std::unique_ptr<pscluster::ShardStub>>& stubs,
                 const std::string& scenario, uint64_t values, uint64_t table_size, Result* res) {
   const int n = static_cast<int>(stubs.size());
   std::atomic<int> ok{0}, refused{0};
@@ -222,7 +223,7 @@ Result Run(const std::string& scenario) {
   const uint64_t values = (absl::GetFlag(FLAGS_request_mib) << 20) / sizeof(float);
   const uint64_t table_size = 2 * values;  // room for a request of `values`, plus more
   CreateTable(address, table_size);
-  std::vector<std::unique_ptr<ps::ParameterServer::Stub>> stubs;
+  std::vector<std::unique_ptr<pscluster::ShardStub>> stubs;
   for (int i = 0; i < n; ++i) stubs.push_back(Connect(address));  // one connection each
   absl::SleepFor(absl::Milliseconds(200));
   res.before = ReadRss(server.pid());

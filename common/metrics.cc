@@ -22,7 +22,7 @@ using grpc::experimental::InterceptionHookPoints;
 // registered service never reaches) is counted under one "other" so labels stay bounded.
 constexpr size_t kMaxMethods = 64;
 
-// "/pscluster.ps.ParameterServer/PullDense" -> {grpc_service, grpc_method}.
+// "/pscluster.ps.ShardData/PullDense" -> {grpc_service, grpc_method}.
 MetricLabels MethodLabels(const std::string& method) {
   const size_t slash = method.rfind('/');
   if (method.empty() || method[0] != '/' || slash == 0 || slash == std::string::npos) {

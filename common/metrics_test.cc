@@ -19,10 +19,10 @@ TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
   auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "1");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   ASSERT_GT((*metrics)->port(), 0);
-  (*metrics)->rpcs().Record("/pscluster.ps.ParameterServer/PullDense", grpc::StatusCode::OK, 0.002);
-  (*metrics)->rpcs().Record("/pscluster.ps.ParameterServer/PullDense", grpc::StatusCode::OK, 0.003);
-  (*metrics)->rpcs().Record("/pscluster.ps.ParameterServer/PushDense",
-                            grpc::StatusCode::INVALID_ARGUMENT, 0.001);
+  (*metrics)->rpcs().Record("/pscluster.ps.ShardData/PullDense", grpc::StatusCode::OK, 0.002);
+  (*metrics)->rpcs().Record("/pscluster.ps.ShardData/PullDense", grpc::StatusCode::OK, 0.003);
+  (*metrics)->rpcs().Record("/pscluster.ps.ShardData/PushDense", grpc::StatusCode::INVALID_ARGUMENT,
+                            0.001);
   int scrapes = 0;
   (*metrics)->AddCollector([&scrapes](MetricFamilies* f) {
     ++scrapes;
@@ -33,10 +33,10 @@ TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
   EXPECT_EQ(scrapes, 1) << "collectors run once per scrape";
   EXPECT_THAT(text, HasSubstr("pscluster_info{id=\"1\",role=\"ps_server\",version=\""));
   EXPECT_THAT(text, HasSubstr("pscluster_rpc_server_handled_total{grpc_code=\"OK\",grpc_method="
-                              "\"PullDense\",grpc_service=\"pscluster.ps.ParameterServer\"} 2"));
+                              "\"PullDense\",grpc_service=\"pscluster.ps.ShardData\"} 2"));
   EXPECT_THAT(text, HasSubstr("grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"PushDense\""));
   EXPECT_THAT(text, HasSubstr("pscluster_rpc_server_handling_seconds_count{grpc_method="
-                              "\"PullDense\",grpc_service=\"pscluster.ps.ParameterServer\"} 2"));
+                              "\"PullDense\",grpc_service=\"pscluster.ps.ShardData\"} 2"));
   EXPECT_THAT(text, HasSubstr("pscluster_ps_table_values{table=\"3\"} 42"));
   EXPECT_THAT(text, HasSubstr("pscluster_ps_pull_wait_seconds_count{table=\"3\"} 5"));
   EXPECT_THAT(text, HasSubstr("# TYPE pscluster_process_resident_memory_bytes gauge"));

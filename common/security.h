@@ -51,7 +51,7 @@ class Security {
   std::shared_ptr<grpc::Channel> Channel(const std::string& target,
                                          grpc::ChannelArguments args = {}) const;
   // Credentials for a listening port. `admin_methods`: full method names
-  // ("/pscluster.ps.ParameterServer/Restore") that need the admin token. Refused with TLS
+  // ("/pscluster.ps.ShardAdmin/Restore") that need the admin token. Refused with TLS
   // on but no certificate of this process's own.
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
       std::set<std::string> admin_methods) const;
@@ -66,7 +66,7 @@ class Security {
   std::string token_, admin_token_;
 };
 
-// The admin methods of a service, e.g. AdminMethods("pscluster.ps.ParameterServer",
+// The admin methods of a service, e.g. AdminMethods("pscluster.ps.ShardAdmin",
 // {"Restore", "Snapshot"}).
 std::set<std::string> AdminMethods(const std::string& service,
                                    std::initializer_list<const char*> methods);

@@ -17,8 +17,8 @@
 #include "fuzz/fuzz_input.h"
 #include "proto/coordinator.pb.h"
 #include "proto/ps.pb.h"
+#include "server/ps/service/shard_services.h"
 #include "server/ps/snapshot/file_snapshot_store.h"
-#include "server/ps/service/service.h"
 #include "server/ps/snapshot/snapshotter.h"
 
 namespace fs = std::filesystem;
@@ -407,20 +407,20 @@ void SnapshotSeeds(const fs::path& out) {
       !shard.CreateTable(Sparse(2)).ok()) {
     std::abort();
   }
-  ParameterServerService service(&shard, snapshotter.get(), ServiceOptions());
+  ShardServices services(&shard, snapshotter.get(), ServiceOptions());
   grpc::ServerContext ctx;
   DenseChunk c;
   c.set_table_id(1);
   c.set_total_length(300);
   c.set_data(Floats(std::vector<float>(300, 0.25f)));
   PushDenseResponse pushed;
-  service.PushDense(&ctx, &c, &pushed);
+  services.data()->PushDense(&ctx, &c, &pushed);
   SparseRequest sparse;
   sparse.set_table_id(2);
   for (uint64_t k : {uint64_t{5}, uint64_t{9}}) sparse.add_keys(k);
   sparse.set_grads(Floats(std::vector<float>(8, 1.0f)));
   PushSparseResponse rows;
-  service.PushSparse(&ctx, &sparse, &rows);
+  services.data()->PushSparse(&ctx, &sparse, &rows);
   SnapshotRequest request;
   request.set_step(1);
   if (!snapshotter->Snapshot(request, absl::Now() + absl::Seconds(10)).ok() ||

@@ -1,4 +1,4 @@
-// libFuzzer target: sequences of calls to a ParameterServerService over a fresh shard (with
+// libFuzzer target: sequences of calls to a shard's services over a fresh shard (with
 // snapshots in memory), each request arbitrary bytes parsed as the method's request, as
 // gRPC would hand it to the handler. Every unary handler is reachable, and the streaming
 // ones through a real gRPC call over loopback TCP: the three that read a client's stream
@@ -19,11 +19,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/ps/shard_stub.h"
 #include "fuzz/fuzz_input.h"
 #include "grpcpp/grpcpp.h"
-#include "server/ps/snapshot/memory_snapshot_store.h"
 #include "server/ps/replication/replicator.h"
-#include "server/ps/service/service.h"
+#include "server/ps/service/shard_services.h"
+#include "server/ps/snapshot/memory_snapshot_store.h"
 #include "server/ps/snapshot/snapshotter.h"
 
 namespace pscluster::fuzz {
@@ -53,7 +54,7 @@ struct Server {
     vo.max_wait = absl::Milliseconds(1);  // BSP/SSP pulls that would wait fail at once
     vo.max_inflight_request_bytes = 16 << 20;
     vo.release_idle_memory_after = absl::InfiniteDuration();
-    service = std::make_unique<ParameterServerService>(&shard, snapshotter.get(), vo);
+    services = std::make_unique<ShardServices>(&shard, snapshotter.get(), vo);
   }
   // The replica after a head, for Replicate: made at an input's first Replicate call (it
   // says its place on stdout), attached to the service during those calls only (with it,
@@ -64,11 +65,7 @@ struct Server {
       ReplicatorOptions o;
       o.replica = 1;
       o.forward_timeout = absl::Milliseconds(1);  // an update out of turn waits no longer
-      o.serving = service->serving_mu();
-      chain = std::make_unique<Replicator>(
-          o, [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
-            return service->ApplyReplicated(u, chunks);
-          });
+      chain = services->NewReplicator(o);
       chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", "127.0.0.1:2"}, true});
     }
     return chain.get();
@@ -76,14 +73,23 @@ struct Server {
   MemorySnapshotStorage storage;
   Shard shard;
   std::unique_ptr<Snapshotter> snapshotter;
-  std::unique_ptr<ParameterServerService> service;
-  std::unique_ptr<Replicator> chain;  // destroyed first: it applies to the service
+  std::unique_ptr<ShardServices> services;
+  std::unique_ptr<Replicator> chain;  // destroyed first: it applies to the services
 };
 
-template <typename Req, typename Resp>
+// The service of `s` whose handlers are C's.
+template <typename C>
+C* ServiceOf(ShardServices* s) {
+  if constexpr (std::is_same_v<C, ShardDataService>) {
+    return s->data();
+  } else {
+    return s->admin();
+  }
+}
+
+template <typename C, typename Req, typename Resp>
 Method<Server> Unary(const char* name,
-                     grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*,
-                                                                     const Req*, Resp*),
+                     grpc::Status (C::*handler)(grpc::ServerContext*, const Req*, Resp*),
                      bool checked = true) {
   return {name,
           [handler](Server* s, const std::string& bytes, grpc::Status* status) {
@@ -91,7 +97,7 @@ Method<Server> Unary(const char* name,
             if (!req.ParseFromString(bytes)) return false;
             Resp resp;
             grpc::ServerContext ctx;
-            *status = (s->service.get()->*handler)(&ctx, &req, &resp);
+            *status = (ServiceOf<C>(s->services.get())->*handler)(&ctx, &req, &resp);
             return true;
           },
           checked};
@@ -145,39 +151,65 @@ class Handlers {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class Forwarder final : public ParameterServer::Service {
- public:
-  std::atomic<ParameterServerService*> target{nullptr};
+// The current input's handler, counted while it runs.
+template <typename C, typename A, typename B>
+grpc::Status Run(Handlers* handlers, C* target,
+                 grpc::Status (C::*handler)(grpc::ServerContext*, A, B), grpc::ServerContext* ctx,
+                 A a, B b) {
+  Handlers::Running running(handlers);
+  return (target->*handler)(ctx, a, b);
+}
+
+// The streaming methods of each service, handed to the current input's shard.
+struct Target {
+  std::atomic<ShardServices*> services{nullptr};
   Handlers handlers;
+};
+class DataForwarder final : public ShardData::Service {
+ public:
+  explicit DataForwarder(Target* t) : t_(t) {}
   grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
                                PushDenseResponse* resp) override {
-    return Run(&ParameterServerService::PushDenseStream, ctx, reader, resp);
-  }
-  grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
-                           ImportDenseResponse* resp) override {
-    return Run(&ParameterServerService::ImportDense, ctx, reader, resp);
+    return Run(&t_->handlers, t_->services.load()->data(), &ShardDataService::PushDenseStream, ctx,
+               reader, resp);
   }
   grpc::Status PullDenseStream(grpc::ServerContext* ctx, const PullDenseRequest* req,
                                grpc::ServerWriter<DenseChunk>* writer) override {
-    return Run(&ParameterServerService::PullDenseStream, ctx, req, writer);
-  }
-  grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
-                           grpc::ServerWriter<TableStateChunk>* writer) override {
-    return Run(&ParameterServerService::ExportDense, ctx, req, writer);
-  }
-  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
-                         ReplicateResponse* resp) override {
-    return Run(&ParameterServerService::Replicate, ctx, reader, resp);
+    return Run(&t_->handlers, t_->services.load()->data(), &ShardDataService::PullDenseStream, ctx,
+               req, writer);
   }
 
  private:
-  // The current input's handler, counted while it runs.
-  template <typename A, typename B>
-  grpc::Status Run(grpc::Status (ParameterServerService::*handler)(grpc::ServerContext*, A, B),
-                   grpc::ServerContext* ctx, A a, B b) {
-    Handlers::Running running(&handlers);
-    return (target.load()->*handler)(ctx, a, b);
+  Target* const t_;
+};
+class AdminForwarder final : public ShardAdmin::Service {
+ public:
+  explicit AdminForwarder(Target* t) : t_(t) {}
+  grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
+                           ImportDenseResponse* resp) override {
+    return Run(&t_->handlers, t_->services.load()->admin(), &ShardAdminService::ImportDense, ctx,
+               reader, resp);
   }
+  grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
+                           grpc::ServerWriter<TableStateChunk>* writer) override {
+    return Run(&t_->handlers, t_->services.load()->admin(), &ShardAdminService::ExportDense, ctx,
+               req, writer);
+  }
+
+ private:
+  Target* const t_;
+};
+class ReplicationForwarder final : public ShardReplication::Service {
+ public:
+  explicit ReplicationForwarder(Target* t) : t_(t) {}
+  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
+                         ReplicateResponse* resp) override {
+    return Run(&t_->handlers, t_->services.load()->replication(),
+               &ShardReplicationService::Replicate, ctx, reader, resp);
+  }
+
+ private:
+  Target* const t_;
 };
 
 // The streaming handlers run behind a real gRPC call: one server on loopback TCP for the
@@ -187,7 +219,9 @@ class Forwarder final : public ParameterServer::Service {
 struct Streams {
   Streams() {
     grpc::ServerBuilder b;
-    b.RegisterService(&forwarder);
+    b.RegisterService(&data);
+    b.RegisterService(&admin);
+    b.RegisterService(&replication);
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     // Handler threads kept, never ended or started mid-run: gRPC frees an ended one's state
@@ -204,12 +238,15 @@ struct Streams {
       std::fprintf(stderr, "ps_service_fuzzer: cannot listen on 127.0.0.1\n");
       std::abort();
     }
-    stub = ParameterServer::NewStub(
+    stub = ShardStub::New(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   }
-  Forwarder forwarder;
+  Target target;
+  DataForwarder data{&target};
+  AdminForwarder admin{&target};
+  ReplicationForwarder replication{&target};
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<ParameterServer::Stub> stub;
+  std::unique_ptr<ShardStub> stub;
 };
 
 Streams& TheStreams() {
@@ -224,10 +261,10 @@ Streams& TheStreams() {
 template <typename Client>
 grpc::Status Call(Server* s, const char* name, Client client) {
   Streams& streams = TheStreams();
-  streams.forwarder.target = s->service.get();
+  streams.target.services = s->services.get();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  Handlers& handlers = streams.forwarder.handlers;
+  Handlers& handlers = streams.target.handlers;
   const uint64_t before = handlers.started();
   grpc::Status status =
       client(*streams.stub, &ctx, [&] { handlers.AwaitStartedAfter(before, name); });
@@ -239,16 +276,15 @@ grpc::Status Call(Server* s, const char* name, Client client) {
 // bytes; the ones that do not parse are left out, as gRPC's client could not send them).
 // The first byte: odd, the client cancels after the messages instead of ending the stream
 // (a stream cut off, which must change nothing).
-template <typename Msg, typename Resp>
+template <typename S, typename Msg, typename Resp>
 Method<Server> Stream(const char* name,
-                      std::unique_ptr<grpc::ClientWriter<Msg>> (ParameterServer::Stub::*open)(
-                          grpc::ClientContext*, Resp*)) {
-  return {
-      name, [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
-        *status =
-            Call(s, name, [&](ParameterServer::Stub& stub, grpc::ClientContext* ctx, auto started) {
+                      std::unique_ptr<grpc::ClientWriter<Msg>> (S::*open)(grpc::ClientContext*,
+                                                                          Resp*)) {
+  return {name, [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
+            *status = Call(s, name, [&](ShardStub& stub, grpc::ClientContext* ctx, auto started) {
               Resp resp;
-              std::unique_ptr<grpc::ClientWriter<Msg>> writer = (stub.*open)(ctx, &resp);
+              std::unique_ptr<grpc::ClientWriter<Msg>> writer =
+                  (stub.template Get<S>()->*open)(ctx, &resp);
               const bool cancel = !bytes.empty() && (bytes[0] & 1);
               CallReader messages(reinterpret_cast<const uint8_t*>(bytes.data()) + !bytes.empty(),
                                   bytes.empty() ? 0 : bytes.size() - 1);
@@ -266,35 +302,34 @@ Method<Server> Stream(const char* name,
               }
               return writer->Finish();
             });
-        return true;
-      }};
+            return true;
+          }};
 }
 
 // A server stream (the pull and export streams): the request is `bytes` after the first
 // byte, which says, when odd, that the client cancels after its first message instead of
 // reading to the end (at most 4,096 messages). Nothing is applied; the handler must not
 // crash, hang or leak, whatever the request and wherever the call ends.
-template <typename Req, typename Msg>
-Method<Server> ServerStream(const char* name,
-                            std::unique_ptr<grpc::ClientReader<Msg>> (ParameterServer::Stub::*open)(
-                                grpc::ClientContext*, const Req&)) {
+template <typename S, typename Req, typename Msg>
+Method<Server> ServerStream(const char* name, std::unique_ptr<grpc::ClientReader<Msg>> (S::*open)(
+                                                  grpc::ClientContext*, const Req&)) {
   return {name,
           [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
             Req req;
             if (bytes.empty() || !req.ParseFromArray(bytes.data() + 1, bytes.size() - 1)) {
               return false;
             }
-            *status = Call(
-                s, name, [&](ParameterServer::Stub& stub, grpc::ClientContext* ctx, auto started) {
-                  std::unique_ptr<grpc::ClientReader<Msg>> reader = (stub.*open)(ctx, req);
-                  const bool cancel = bytes[0] & 1;
-                  Msg m;
-                  bool ended = false;
-                  for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
-                  started();
-                  if (!ended) ctx->TryCancel();
-                  return reader->Finish();
-                });
+            *status = Call(s, name, [&](ShardStub& stub, grpc::ClientContext* ctx, auto started) {
+              std::unique_ptr<grpc::ClientReader<Msg>> reader =
+                  (stub.template Get<S>()->*open)(ctx, req);
+              const bool cancel = bytes[0] & 1;
+              Msg m;
+              bool ended = false;
+              for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
+              started();
+              if (!ended) ctx->TryCancel();
+              return reader->Finish();
+            });
             return true;
           },
           false};
@@ -303,11 +338,11 @@ Method<Server> ServerStream(const char* name,
 // Replicate: a stream of updates from the head, as Stream plays it, to this shard as the
 // tail of a chain (Server::Chain). An update the tail refuses must change nothing.
 Method<Server> Replicate() {
-  Method<Server> m = Stream("Replicate", &ParameterServer::Stub::Replicate);
+  Method<Server> m = Stream("Replicate", &ShardReplication::Stub::Replicate);
   m.call = [stream = m.call](Server* s, const std::string& bytes, grpc::Status* status) {
-    s->service->SetReplicator(s->Chain());
+    s->services->core()->gate.SetReplicator(s->Chain());
     const bool called = stream(s, bytes, status);
-    s->service->SetReplicator(nullptr);  // every handler has returned (Call)
+    s->services->core()->gate.SetReplicator(nullptr);  // every handler has returned (Call)
     return called;
   };
   return m;
@@ -317,12 +352,13 @@ Method<Server> Replicate() {
 // the fingerprints, which copy every table, off their path). Snapshot is not: its failure
 // releases BSP steps the capture held back.
 const std::vector<Method<Server>>& Methods() {
-  using S = ParameterServerService;
+  using S = ShardDataService;
+  using A = ShardAdminService;
   static const auto* methods = new std::vector<Method<Server>>{
       Unary("RegisterWorker", &S::RegisterWorker),
       Unary("UnregisterWorker", &S::UnregisterWorker),
-      Unary("CreateTable", &S::CreateTable),
-      Unary("DescribeTable", &S::DescribeTable, false),
+      Unary("CreateTable", &A::CreateTable),
+      Unary("DescribeTable", &A::DescribeTable, false),
       Unary("PullDense", &S::PullDense, false),
       Unary("PushDense", &S::PushDense),
       Unary("PullDenseBatch", &S::PullDenseBatch, false),
@@ -330,15 +366,15 @@ const std::vector<Method<Server>>& Methods() {
       Unary("PushPullDenseBatch", &S::PushPullDenseBatch),
       Unary("PullSparse", &S::PullSparse, false),
       Unary("PushSparse", &S::PushSparse),
-      Unary("Stats", &S::Stats, false),
-      Unary("Snapshot", &S::Snapshot, false),
-      Unary("ListSnapshots", &S::ListSnapshots, false),
-      Unary("SnapshotStatus", &S::SnapshotStatus, false),
-      Unary("Restore", &S::Restore),
-      Stream("PushDenseStream", &ParameterServer::Stub::PushDenseStream),
-      Stream("ImportDense", &ParameterServer::Stub::ImportDense),
-      ServerStream("PullDenseStream", &ParameterServer::Stub::PullDenseStream),
-      ServerStream("ExportDense", &ParameterServer::Stub::ExportDense),
+      Unary("Stats", &A::Stats, false),
+      Unary("Snapshot", &A::Snapshot, false),
+      Unary("ListSnapshots", &A::ListSnapshots, false),
+      Unary("SnapshotStatus", &A::SnapshotStatus, false),
+      Unary("Restore", &A::Restore),
+      Stream("PushDenseStream", &ShardData::Stub::PushDenseStream),
+      Stream("ImportDense", &ShardAdmin::Stub::ImportDense),
+      ServerStream("PullDenseStream", &ShardData::Stub::PullDenseStream),
+      ServerStream("ExportDense", &ShardAdmin::Stub::ExportDense),
       Replicate(),
   };
   return *methods;

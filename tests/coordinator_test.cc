@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
 #include "client/ps/ps_client.h"
+#include "client/ps/shard_stub.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -671,7 +672,7 @@ TEST(ShardRegistrationTest, AShardServesNoDataCallBeforeItHasRegistered) {
   ASSERT_TRUE(shard.ok()) << shard.status();
   auto line = shard->WaitForLine("listening on", absl::Seconds(60));
   ASSERT_TRUE(line.ok()) << line.status();
-  auto stub = pscluster::ps::ParameterServer::NewStub(
+  auto stub = pscluster::ShardStub::New(
       grpc::CreateChannel(*testing::ListeningAddress(*line), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

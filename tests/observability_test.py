@@ -203,13 +203,13 @@ class RunningClusterTest(unittest.TestCase):
     def test_3_invalid_requests_show_in_the_rpc_counter_with_their_code(self) -> None:
         shard = self.targets[1]
         name = "pscluster_rpc_server_handled_total"
-        labels = dict(grpc_service="pscluster.ps.ParameterServer", grpc_method="PullDense")
+        labels = dict(grpc_service="pscluster.ps.ShardData", grpc_method="PullDense")
 
         def count(code: str) -> float:
             return sample(http_get(shard), name, grpc_code=code, **labels) or 0.0
         before_missing, before_garbage = count("NOT_FOUND"), count("INVALID_ARGUMENT")
         with grpc.insecure_channel(self.local.addresses[0]) as channel:
-            stub = channel.unary_unary("/pscluster.ps.ParameterServer/PullDense",
+            stub = channel.unary_unary("/pscluster.ps.ShardData/PullDense",
                                        request_serializer=lambda b: b,
                                        response_deserializer=lambda b: b)
             missing = ps_pb2.PullDenseRequest(worker_id=0, step=0, table_id=424242, length=1)

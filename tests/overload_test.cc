@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "client/ps/shard_stub.h"
 #include "common/grpc_status.h"
 #include "common/sharding.h"
 #include "gmock/gmock.h"
@@ -203,7 +204,7 @@ class ParkedPullsTest : public PsClusterTest {
     EXPECT_EQ(Parked(), 0u);
   }
 
-  ps::ParameterServer::Stub* shard0_ = nullptr;
+  pscluster::ShardStub* shard0_ = nullptr;
 };
 
 TEST_F(ParkedPullsTest, SixtyFourDensePullsWaitAtOnceOnFourThreadsAndAllAreAnswered) {

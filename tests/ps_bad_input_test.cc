@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/synchronization/notification.h"
+#include "client/ps/shard_stub.h"
 #include "common/sharding.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -77,7 +78,7 @@ class BadInputTest : public PsClusterTest {
     return out;
   }
 
-  ps::ParameterServer::Stub* shard0() { return clients_[0]->stub(0); }
+  pscluster::ShardStub* shard0() { return clients_[0]->stub(0); }
 
   static DenseChunk Chunk(uint32_t table, uint64_t offset, std::vector<float> values) {
     DenseChunk c;
@@ -106,7 +107,7 @@ class BadInputTest : public PsClusterTest {
   }
 
   grpc::Status PushStream(const std::vector<DenseChunk>& chunks,
-                          ps::ParameterServer::Stub* stub = nullptr) {
+                          pscluster::ShardStub* stub = nullptr) {
     grpc::ClientContext ctx;
     ps::PushDenseResponse r;
     auto writer = (stub ? stub : shard0())->PushDenseStream(&ctx, &r);
@@ -313,7 +314,7 @@ TEST_F(BadInputTest, ClientRefusesWhatOneShardWouldRefuseBeforeSendingAny) {
 TEST_F(BadInputTest, OversizedChunkIsResourceExhausted) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
-  auto stub = ps::ParameterServer::NewStub(
+  auto stub = pscluster::ShardStub::New(
       grpc::CreateCustomChannel(addresses_[0], grpc::InsecureChannelCredentials(), args));
   ExpectError(PushStream({Chunk(kDense, 0, std::vector<float>(2 << 20, 1.0f))}, stub.get()),
               grpc::StatusCode::RESOURCE_EXHAUSTED, "");
@@ -501,9 +502,9 @@ TEST_F(BadInputTest, UnparsableRequestIsInvalidArgumentNamingTheMethod) {
   grpc::Slice slice(garbage);
   grpc::ByteBuffer request(&slice, 1), response;
   for (const char* method :
-       {"/pscluster.ps.ParameterServer/PullDense", "/pscluster.ps.ParameterServer/RegisterWorker",
-        "/pscluster.ps.ParameterServer/PullDenseStream", "/pscluster.ps.ParameterServer/PushDense",
-        "/pscluster.ps.ParameterServer/PushSparse"}) {
+       {"/pscluster.ps.ShardData/PullDense", "/pscluster.ps.ShardData/RegisterWorker",
+        "/pscluster.ps.ShardData/PullDenseStream", "/pscluster.ps.ShardData/PushDense",
+        "/pscluster.ps.ShardData/PushSparse"}) {
     SCOPED_TRACE(method);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));

@@ -94,15 +94,18 @@ TEST_F(ReflectionTest, TheShardListsItsServicesAndDescribesItsMethods) {
   const std::string shard =
       Start({"server/ps/ps_server", "--port=0", "--shard_id=0", "--num_shards=1"});
   ASSERT_FALSE(shard.empty());
-  const auto answers = Ask(shard, {ListServices(), FileContaining("pscluster.ps.ParameterServer")});
+  const auto answers = Ask(shard, {ListServices(), FileContaining("pscluster.ps.ShardData")});
   ASSERT_EQ(answers.size(), 2u);
   const std::set<std::string> services = Names(answers[0]);
-  for (const char* s : {"pscluster.ps.ParameterServer", "grpc.health.v1.Health",
-                        "grpc.reflection.v1alpha.ServerReflection"}) {
+  for (const char* s :
+       {"pscluster.ps.ShardData", "pscluster.ps.ShardAdmin", "pscluster.ps.ShardReplication",
+        "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
     EXPECT_EQ(services.count(s), 1u) << s << " not among " << services.size() << " services";
   }
-  EXPECT_EQ(Signature(answers[1], "pscluster.ps.ParameterServer.PushDense"),
+  EXPECT_EQ(Signature(answers[1], "pscluster.ps.ShardData.PushDense"),
             "pscluster.ps.DenseChunk -> pscluster.ps.PushDenseResponse");
+  EXPECT_EQ(Signature(answers[1], "pscluster.ps.ShardAdmin.Restore"),
+            "pscluster.ps.RestoreRequest -> pscluster.ps.RestoreResponse");
 }
 
 TEST_F(ReflectionTest, TheCoordinatorListsItsServicesAndDescribesItsMethods) {

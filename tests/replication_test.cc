@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/ps/shard_stub.h"
 #include "common/call_metadata.h"
 #include "common/sharding.h"
 #include "grpcpp/grpcpp.h"
@@ -40,13 +41,13 @@ ClusterOptions Replicated(int replicas) {
   return o;
 }
 
-std::unique_ptr<ps::ParameterServer::Stub> StubTo(const std::string& address) {
-  return ps::ParameterServer::NewStub(
+std::unique_ptr<pscluster::ShardStub> StubTo(const std::string& address) {
+  return pscluster::ShardStub::New(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
 // Pushes applied by a replica, summed over its tables (-1: no answer).
-int64_t PushesApplied(ps::ParameterServer::Stub* stub) {
+int64_t PushesApplied(pscluster::ShardStub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   ps::StatsResponse stats;
@@ -59,8 +60,8 @@ int64_t PushesApplied(ps::ParameterServer::Stub* stub) {
 // Waits (bounded) until `stub`'s replica has applied two more steps' pushes than at the
 // kill: the pause training took. Two steps, because updates in flight at the kill may
 // still arrive; one whole step is then applied after the failover.
-absl::Duration AwaitTrainingAgain(ps::ParameterServer::Stub* stub, int64_t tables,
-                                  absl::Time killed, int64_t at_kill) {
+absl::Duration AwaitTrainingAgain(pscluster::ShardStub* stub, int64_t tables, absl::Time killed,
+                                  int64_t at_kill) {
   const int64_t target = at_kill + 2 * kWorkers * tables;
   for (const absl::Time give_up = absl::Now() + absl::Seconds(60); absl::Now() < give_up;) {
     if (PushesApplied(stub) >= target) return absl::Now() - killed;
@@ -71,7 +72,7 @@ absl::Duration AwaitTrainingAgain(ps::ParameterServer::Stub* stub, int64_t table
 }
 
 // The replica's fingerprint: a CRC of its whole state (0: no answer).
-uint32_t Fingerprint(ps::ParameterServer::Stub* stub) {
+uint32_t Fingerprint(pscluster::ShardStub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   ps::StatsRequest req;
@@ -93,7 +94,7 @@ void ExpectReplicasEqual(Cluster& cluster, int replicas) {
   }
 }
 
-std::string StatsOf(ps::ParameterServer::Stub* stub) {
+std::string StatsOf(pscluster::ShardStub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   ps::StatsResponse stats;
@@ -101,7 +102,7 @@ std::string StatsOf(ps::ParameterServer::Stub* stub) {
   return s.ok() ? stats.DebugString() : s.error_message();
 }
 
-int64_t Tables(ps::ParameterServer::Stub* stub) {
+int64_t Tables(pscluster::ShardStub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   ps::StatsResponse stats;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/ps/shard_stub.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/ps_cluster_fixture.h"
@@ -62,7 +63,7 @@ DenseChunk Chunk(uint64_t begin, uint64_t offset, uint64_t total, uint64_t n, in
 // A push stream to shard 0 declaring `total` values from 0, sent in 1 MiB chunks in order.
 class PushStream {
  public:
-  PushStream(ps::ParameterServer::Stub* stub, uint64_t total) : total_(total) {
+  PushStream(pscluster::ShardStub* stub, uint64_t total) : total_(total) {
     ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     ctx_.set_wait_for_ready(true);  // a connection refused under load is retried
     writer_ = stub->PushDenseStream(&ctx_, &resp_);
@@ -120,7 +121,7 @@ class RequestMemoryTest : public PsClusterTest {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       args.SetMaxSendMessageSize(-1);
-      stubs_.push_back(ps::ParameterServer::NewStub(
+      stubs_.push_back(pscluster::ShardStub::New(
           grpc::CreateCustomChannel(addresses_[0], grpc::InsecureChannelCredentials(), args)));
       grpc::ClientContext ctx;  // connected before the test starts
       ctx.set_wait_for_ready(true);
@@ -147,7 +148,7 @@ class RequestMemoryTest : public PsClusterTest {
   }
 
   // A whole, valid push of shard 0's slice: applied unless refused.
-  grpc::Status FullPush(ps::ParameterServer::Stub* stub) {
+  grpc::Status FullPush(pscluster::ShardStub* stub) {
     PushStream p(stub, kSliceValues);
     p.SendUpTo(kSliceValues);
     return p.Finish();
@@ -155,7 +156,7 @@ class RequestMemoryTest : public PsClusterTest {
 
   // A push stream that is refused whatever happens: it declares one chunk more than it
   // sends (INVALID_ARGUMENT, truncated) unless the budget refuses it first.
-  grpc::Status TruncatedPush(ps::ParameterServer::Stub* stub, uint64_t values) {
+  grpc::Status TruncatedPush(pscluster::ShardStub* stub, uint64_t values) {
     PushStream p(stub, values + kChunkValues);
     p.SendUpTo(values);
     return p.Finish();
@@ -170,7 +171,7 @@ class RequestMemoryTest : public PsClusterTest {
 
   static constexpr int kConnections = 16;
   std::vector<float> before_;
-  std::vector<std::unique_ptr<ps::ParameterServer::Stub>> stubs_;
+  std::vector<std::unique_ptr<pscluster::ShardStub>> stubs_;
 };
 
 TEST_F(RequestMemoryTest, StreamsBeyondTheBudgetAreRefusedNamingIt) {

@@ -87,7 +87,7 @@ absl::Status PsClient::RegisterWorker() {
     ps::RegisterWorkerRequest req;
     req.set_worker_id(options_.worker_id);
     ps::RegisterWorkerResponse resp;
-    absl::Status st = calls_.Unary(s, &Stub::RegisterWorker, req, &resp);
+    absl::Status st = calls_.Unary(s, &ps::ShardData::Stub::RegisterWorker, req, &resp);
     if (st.ok() && (resp.shard_id() != static_cast<uint32_t>(s) ||
                     resp.num_shards() != static_cast<uint32_t>(num_shards()))) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -103,7 +103,7 @@ absl::Status PsClient::UnregisterWorker() {
     ps::UnregisterWorkerRequest req;
     req.set_worker_id(options_.worker_id);
     ps::UnregisterWorkerResponse resp;
-    return calls_.Unary(s, &Stub::UnregisterWorker, req, &resp);
+    return calls_.Unary(s, &ps::ShardData::Stub::UnregisterWorker, req, &resp);
   });
 }
 
@@ -116,7 +116,7 @@ absl::Status PsClient::AwaitWorkers(int world, absl::Duration timeout) {
       ps::RegisterWorkerRequest req;
       req.set_worker_id(options_.worker_id);
       ps::RegisterWorkerResponse resp;
-      absl::Status rs = calls_.Unary(s, &Stub::RegisterWorker, req, &resp);
+      absl::Status rs = calls_.Unary(s, &ps::ShardData::Stub::RegisterWorker, req, &resp);
       counts[s] = resp.registered_workers_size();
       return rs;
     });
@@ -139,12 +139,12 @@ absl::Status PsClient::CreateTable(const ps::TableSpec& spec) {
   // Shard 0 first: of two clients creating one id with different specs at once, the one
   // shard 0 refuses stops there, and no shard is left holding the other's spec.
   ps::CreateTableResponse first;
-  absl::Status st = calls_.Unary(0, &Stub::CreateTable, req, &first);
+  absl::Status st = calls_.Unary(0, &ps::ShardAdmin::Stub::CreateTable, req, &first);
   if (st.ok() && num_shards() > 1) {
     st = calls_.ForEach([&](int s) -> absl::Status {
       if (s == 0) return absl::OkStatus();
       ps::CreateTableResponse resp;
-      return calls_.Unary(s, &Stub::CreateTable, req, &resp);
+      return calls_.Unary(s, &ps::ShardAdmin::Stub::CreateTable, req, &resp);
     });
   }
   if (st.ok()) {
@@ -158,7 +158,7 @@ absl::StatusOr<std::vector<ps::TableInfo>> PsClient::DescribeTable(uint32_t tabl
   ps::DescribeTableRequest req;
   req.set_worker_id(options_.worker_id);
   req.set_table_id(table_id);
-  return calls_.All(&Stub::DescribeTable, req);
+  return calls_.All(&ps::ShardAdmin::Stub::DescribeTable, req);
 }
 
 absl::StatusOr<ps::TableSpec> PsClient::Spec(uint32_t table_id) {
@@ -171,7 +171,7 @@ absl::StatusOr<ps::TableSpec> PsClient::Spec(uint32_t table_id) {
   req.set_worker_id(options_.worker_id);
   req.set_table_id(table_id);
   ps::TableInfo info;
-  absl::Status st = calls_.Unary(0, &Stub::DescribeTable, req, &info);
+  absl::Status st = calls_.Unary(0, &ps::ShardAdmin::Stub::DescribeTable, req, &info);
   if (!st.ok()) return st;
   absl::MutexLock lock(&mu_);
   specs_[table_id] = info.spec();
@@ -269,7 +269,7 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
     const ps::SparseRequest& all = reqs[s];
     ps::PushSparseResponse resp;
     if (all.keys_size() <= per_push) {
-      RETURN_IF_ERROR(calls_.Unary(s, &Stub::PushSparse, all, &resp));
+      RETURN_IF_ERROR(calls_.Unary(s, &ps::ShardData::Stub::PushSparse, all, &resp));
       applied[s] = all.keys_size() > 0;
       return absl::OkStatus();
     }
@@ -278,7 +278,7 @@ absl::Status PsClient::PushSparse(uint32_t table_id, int64_t step, absl::Span<co
       ps::SparseRequest piece = Slice(all, at, std::min(per_push, all.keys_size() - at), dim);
       piece.set_part(at / per_push);
       piece.set_parts(count);
-      RETURN_IF_ERROR(calls_.Unary(s, &Stub::PushSparse, piece, &resp));
+      RETURN_IF_ERROR(calls_.Unary(s, &ps::ShardData::Stub::PushSparse, piece, &resp));
       applied[s] = 1;
     }
     return absl::OkStatus();

@@ -144,7 +144,7 @@ class PsClient final : public ParameterStore {
                        std::vector<int>* rolled_back = nullptr);
 
   // The stub of one shard, for callers that need an RPC this class does not wrap.
-  ps::ParameterServer::Stub* stub(int shard) { return calls_.stub(shard); }
+  ShardStub* stub(int shard) { return calls_.stub(shard); }
 
  private:
   explicit PsClient(PsClientOptions options);
@@ -179,7 +179,7 @@ class PsClient final : public ParameterStore {
   absl::Status ImportDenseShard(int shard, uint32_t table_id, int64_t step, int64_t updates,
                                 uint64_t begin, absl::Span<const float> values,
                                 const std::vector<absl::Span<const float>>& slots);
-  using Stub = ps::ParameterServer::Stub;
+  using Stub = ShardStub;
 
   const PsClientOptions options_;
   internal::ShardCalls calls_;

@@ -15,7 +15,7 @@ absl::StatusOr<std::vector<ps::StatsResponse>> PsClient::Stats(
     const std::vector<std::string>& except_clients) {
   ps::StatsRequest req;
   req.mutable_except_clients()->Add(except_clients.begin(), except_clients.end());
-  return calls_.All(&Stub::Stats, req);
+  return calls_.All(&ps::ShardAdmin::Stub::Stats, req);
 }
 
 absl::Status PsClient::Snapshot(int64_t step, const ps::SnapshotRequest& extra) {
@@ -37,11 +37,11 @@ absl::StatusOr<std::vector<ps::SnapshotStatusResponse>> PsClient::SnapshotStatus
     bool wait_until_idle) {
   ps::SnapshotStatusRequest req;
   req.set_wait_until_idle(wait_until_idle);
-  return calls_.All(&Stub::SnapshotStatus, req);
+  return calls_.All(&ps::ShardAdmin::Stub::SnapshotStatus, req);
 }
 
 absl::StatusOr<std::vector<ps::ListSnapshotsResponse>> PsClient::ListSnapshots() {
-  return calls_.All(&Stub::ListSnapshots, ps::ListSnapshotsRequest());
+  return calls_.All(&ps::ShardAdmin::Stub::ListSnapshots, ps::ListSnapshotsRequest());
 }
 
 absl::StatusOr<std::vector<ps::SnapshotInfo>> PsClient::CompleteSnapshots() {
@@ -95,7 +95,7 @@ absl::Status PsClient::Restore(int64_t step, bool drop_later, std::vector<int>* 
   calls_
       .ForEach([&](int s) {
         ps::RestoreResponse resp;
-        each[s] = calls_.Unary(s, &Stub::Restore, req, &resp);
+        each[s] = calls_.Unary(s, &ps::ShardAdmin::Stub::Restore, req, &resp);
         return absl::OkStatus();
       })
       .IgnoreError();  // each shard's own status, below

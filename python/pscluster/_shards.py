@@ -35,7 +35,7 @@ MAX_MESSAGE_BYTES = (4 << 20) + (64 << 10)
 # gRPC's own answer when every handler thread of a shard is busy (common/grpc_status.h).
 THREADPOOL_EXHAUSTED = "Server Threadpool Exhausted"
 # What a shard started with --coordinator answers (UNAVAILABLE) until it has registered
-# (ParameterServerService::CheckServing): it served no data call yet, so the call is made
+# (ServingGate::CheckServing): it served no data call yet, so the call is made
 # again within the client's timeout.
 REGISTERING = "is registering with the coordinator"
 
@@ -48,13 +48,29 @@ def _registering(e: grpc.RpcError) -> bool:
     return e.code() == grpc.StatusCode.UNAVAILABLE and REGISTERING in (e.details() or "")
 
 
+class ShardStub:
+    """One ps_server's three services (ShardData, ShardAdmin, ShardReplication) over one
+    channel, as one stub: their method names do not overlap, so stub.Stats(...) is the
+    admin service's (as the C++ client's ShardStub, client/ps/shard_stub.h)."""
+
+    def __init__(self, channel: grpc.Channel):
+        self._stubs = (ps_pb2_grpc.ShardDataStub(channel), ps_pb2_grpc.ShardAdminStub(channel),
+                       ps_pb2_grpc.ShardReplicationStub(channel))
+
+    def __getattr__(self, name: str):
+        for stub in self._stubs:
+            if hasattr(stub, name):
+                return getattr(stub, name)
+        raise AttributeError(f"no shard service has a method {name}")
+
+
 class _Replica:
     """The calls to one ps_server: its stub, and the bulk calls with DenseChunk coded by
     hand (_wire.py: one copy out, none in)."""
 
     def __init__(self, channel: grpc.Channel):
-        method = "/pscluster.ps.ParameterServer/"
-        self.stub = ps_pb2_grpc.ParameterServerStub(channel)
+        method = "/pscluster.ps.ShardData/"
+        self.stub = ShardStub(channel)
         self.push_unary = channel.unary_unary(
             method + "PushDense", request_serializer=_wire.encode_chunk,
             response_deserializer=ps_pb2.PushDenseResponse.FromString)
@@ -203,7 +219,7 @@ class _Shards:
         return self._replicas[shard][self._current[shard]]
 
     @property
-    def stubs(self) -> List[ps_pb2_grpc.ParameterServerStub]:
+    def stubs(self) -> List[ShardStub]:
         return [self.head(s).stub for s in range(len(self))]
 
     def name(self, shard: int) -> str:
@@ -220,7 +236,7 @@ class _Shards:
         for c in self._channels:
             c.close()
 
-    def call(self, shard: int, fn: Callable[[ps_pb2_grpc.ParameterServerStub], T]) -> T:
+    def call(self, shard: int, fn: Callable[[ShardStub], T]) -> T:
         """fn(stub) on one shard; a gRPC error becomes a PsError naming the shard. A call the
         shard refused because every handler thread was busy (it changed nothing) is made
         again after a backoff, 1 ms doubling to 100 ms, for up to the timeout, as the C++
@@ -240,7 +256,7 @@ class _Shards:
         details = self._on_error(error.code(), _explain(error))
         raise PsError(error.code(), f"{self.name(shard)}: {details}", shard) from None
 
-    def _attempts(self, shard: int, fn: Callable[[ps_pb2_grpc.ParameterServerStub], T]):
+    def _attempts(self, shard: int, fn: Callable[[ShardStub], T]):
         """(fn's result, None), or (None, the last gRPC error) once it is not worth retrying
         or the timeout would run out."""
         backoff, end = 0.001, time.monotonic() + self.timeout

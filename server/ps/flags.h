@@ -5,9 +5,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/ps/service/service.h"
-#include "server/ps/table/shard.h"
+#include "server/ps/service/options.h"
 #include "server/ps/snapshot/snapshotter.h"
+#include "server/ps/table/shard.h"
 
 namespace pscluster::ps {
 

@@ -33,6 +33,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/flags.h"
+#include "server/ps/service/shard_services.h"
 #include "server/ps/shard_metrics.h"
 
 namespace pscluster::ps {
@@ -75,11 +76,13 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
 // The calls that change what a cluster is rather than train in it: with an admin token set
 // they need it (a worker's cluster token gets PERMISSION_DENIED).
 std::set<std::string> AdminMethods() {
-  return pscluster::AdminMethods(
-      "pscluster.ps.ParameterServer",
-      {"CreateTable", "Snapshot", "Restore", "ImportDense", "UnregisterWorker",
-       // between the replicas of a shard (they hold the admin token)
-       "Replicate", "TransferState", "JoinedChain"});
+  std::set<std::string> methods = pscluster::AdminMethods(
+      "pscluster.ps.ShardAdmin", {"CreateTable", "Snapshot", "Restore", "ImportDense"});
+  methods.merge(pscluster::AdminMethods("pscluster.ps.ShardData", {"UnregisterWorker"}));
+  // between the replicas of a shard (they hold the admin token)
+  methods.merge(pscluster::AdminMethods("pscluster.ps.ShardReplication",
+                                        {"Replicate", "TransferState", "JoinedChain"}));
+  return methods;
 }
 
 // Handler threads kept polling between calls: enough for every worker's call of a step in
@@ -89,7 +92,7 @@ constexpr int kIdleHandlerThreads = 16;
 // Listening on --host:--port (the port chosen is in *port).
 absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
                                                      const pscluster::Security& security,
-                                                     ParameterServerService* service,
+                                                     ShardServices* services,
                                                      pscluster::Metrics* metrics, int* port) {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    security.ServerCredentials(AdminMethods()));
@@ -120,7 +123,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
                               std::min(f.threads, kIdleHandlerThreads));
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(f.service));
   builder.SetMaxSendMessageSize(MaxMessageBytes(f.service));
-  builder.RegisterService(service);
+  services->RegisterWith(&builder);
   NameUnparsableRequests(&builder, metrics ? metrics->rpcs().Interceptor() : nullptr);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) return pscluster::CannotListen(address, security);
@@ -144,8 +147,7 @@ ChainConfig ChainOf(const coord::ClusterView& view, uint32_t shard) {
 // by every heartbeat answered, the chain asked for again whenever the view changed).
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f,
                                                             const pscluster::Security& security,
-                                                            int port,
-                                                            ParameterServerService* service,
+                                                            int port, ShardServices* services,
                                                             std::unique_ptr<Replicator>* chain) {
   if (f.coordinator.empty()) return nullptr;
   CoordinatorClientOptions co;
@@ -194,26 +196,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
     ro.refresh = refresh;
     ro.address = co.address;
     ro.shard = f.shard;
-    ro.serving = service->serving_mu();
     // A replica that must stop shuts down as on SIGTERM, and main exits 3 (chain->stopped()).
     ro.stop = [] { kill(getpid(), SIGTERM); };
     CoordinatorClient* c = coordinator.get();
     ro.append = [c](int32_t replica, int64_t epoch) { return c->JoinChain(replica, epoch); };
     ro.shrink = [c](int32_t replica, int64_t epoch) { return c->ShrinkChain(replica, epoch); };
-    *chain = std::make_unique<Replicator>(
-        ro,
-        [service](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
-          return service->ApplyReplicated(u, chunks);
-        },
-        [service] { return service->CaptureState(); },
-        [service](std::unique_ptr<Shard> staged) {
-          return service->InstallState(std::move(staged));
-        });
+    *chain = services->NewReplicator(ro);
     (*chain)->Renew(absl::Now() - absl::Milliseconds(100));  // Register just answered
     (*chain)->Update(ChainOf(view, f.shard.shard_id));
     client->store(coordinator.get());
     follow->store(chain->get());
-    service->SetReplicator(chain->get());
+    services->core()->gate.SetReplicator(chain->get());
     (*chain)->StartJoining();  // a replica outside its live chain (a replacement) joins it
     std::printf("ps_server: shard %u replica %d of %d, chain-replicated\n", f.shard.shard_id,
                 f.replica, view.replicas());
@@ -231,8 +224,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
 // Register, while a SIGTERM or SIGINT (registering may wait up to a minute for the
 // coordinator) stops the shard at once: it has served no data call and taken no write yet.
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> RegisterOrStop(
-    const ServerFlags& f, const pscluster::Security& security, int port,
-    ParameterServerService* service, std::unique_ptr<Replicator>* chain) {
+    const ServerFlags& f, const pscluster::Security& security, int port, ShardServices* services,
+    std::unique_ptr<Replicator>* chain) {
   std::atomic<bool> registered{false};
   auto stop_on_signal = [&] {
     while (!registered.load()) {
@@ -252,9 +245,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> RegisterOrStop(
   };
   std::thread watch;
   if (!f.coordinator.empty()) watch = std::thread(stop_on_signal);
-  auto coordinator = Register(f, security, port, service, chain);
+  auto coordinator = Register(f, security, port, services, chain);
   registered = true;
-  if (coordinator.ok()) service->SetJoined(true);  // at once: the view shows it already
+  if (coordinator.ok())
+    services->core()->gate.SetJoined(true);  // at once: the view shows it already
   if (watch.joinable()) watch.join();
   return coordinator;
 }
@@ -284,23 +278,23 @@ int main(int argc, char** argv) {
   Shard shard(flags->shard);
   auto snapshotter = OpenSnapshots(*flags, &shard);
   if (!snapshotter.ok()) return Fail(snapshotter.status());
-  ParameterServerService service(&shard, snapshotter->get(), flags->service);
+  ShardServices services(&shard, snapshotter->get(), flags->service);
   auto metrics =
       pscluster::ServeMetricsFromFlags("ps_server", std::to_string(flags->shard.shard_id));
   if (!metrics.ok()) return Fail(metrics.status());
   if (*metrics) AddShardMetrics(&shard, snapshotter->get(), metrics->get());
   int port = 0;
-  if (!flags->coordinator.empty()) service.SetJoined(false);  // until Register below
-  auto server = Listen(*flags, *security, &service, metrics->get(), &port);
+  if (!flags->coordinator.empty()) services.core()->gate.SetJoined(false);  // until Register
+  auto server = Listen(*flags, *security, &services, metrics->get(), &port);
   if (!server.ok()) return Fail(server.status());
-  service.SetHealth((*server)->GetHealthCheckService());
+  services.core()->gate.SetHealth((*server)->GetHealthCheckService());
   std::printf("ps_server shard %u/%u listening on %s:%d (%s)\n", flags->shard.shard_id,
               flags->shard.num_shards, flags->host.c_str(), port, security->Describe().c_str());
   std::fflush(stdout);
   std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
-  auto coordinator = RegisterOrStop(*flags, *security, port, &service, &chain);
+  auto coordinator = RegisterOrStop(*flags, *security, port, &services, &chain);
   if (!coordinator.ok()) return Fail(coordinator.status());
-  pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_server",
+  pscluster::ServeUntilSignal(server->get(), &services.core()->in_flight, "ps_server",
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
   server->reset();   // before the interceptor's RpcMetrics ...
   metrics->reset();  // ... and before the collectors' shard and snapshotter go

@@ -9,13 +9,14 @@ import sys
 
 import grpc
 
-from pscluster.proto import ps_pb2, ps_pb2_grpc
+from pscluster._shards import ShardStub
+from pscluster.proto import ps_pb2
 
 
 def main() -> int:
     what, address = sys.argv[1], sys.argv[2]
     with grpc.insecure_channel(address) as channel:
-        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub = ShardStub(channel)
         try:
             if what == "push":
                 chunk = ps_pb2.DenseChunk(worker_id=0, step=1 << 20, table_id=1,

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/ps/internal/raw_call.h"
+#include "client/ps/shard_stub.h"
 #include "common/backoff.h"
 #include "common/call_metadata.h"
 #include "common/dense_wire.h"
@@ -29,23 +30,23 @@
 
 namespace pscluster::internal {
 
-// The ParameterServer methods whose messages the client codes itself (common/dense_wire.h),
+// The ShardData methods whose messages the client codes itself (common/dense_wire.h),
 // called through the generic stub (raw_call.h).
 struct DenseMethods {
-  const char* pull_dense = "/pscluster.ps.ParameterServer/PullDense";
-  const char* push_dense = "/pscluster.ps.ParameterServer/PushDense";
-  const char* pull_dense_stream = "/pscluster.ps.ParameterServer/PullDenseStream";
-  const char* push_dense_stream = "/pscluster.ps.ParameterServer/PushDenseStream";
-  const char* pull_dense_batch = "/pscluster.ps.ParameterServer/PullDenseBatch";
-  const char* push_dense_batch = "/pscluster.ps.ParameterServer/PushDenseBatch";
-  const char* push_pull_dense_batch = "/pscluster.ps.ParameterServer/PushPullDenseBatch";
+  const char* pull_dense = "/pscluster.ps.ShardData/PullDense";
+  const char* push_dense = "/pscluster.ps.ShardData/PushDense";
+  const char* pull_dense_stream = "/pscluster.ps.ShardData/PullDenseStream";
+  const char* push_dense_stream = "/pscluster.ps.ShardData/PushDenseStream";
+  const char* pull_dense_batch = "/pscluster.ps.ShardData/PullDenseBatch";
+  const char* push_dense_batch = "/pscluster.ps.ShardData/PushDenseBatch";
+  const char* push_pull_dense_batch = "/pscluster.ps.ShardData/PushPullDenseBatch";
 };
 inline constexpr DenseMethods kDenseMethods;
 using DenseMethod = const char* const DenseMethods::*;
 
 class ShardCalls {
  public:
-  using Stub = ps::ParameterServer::Stub;
+  using Stub = ShardStub;
 
   // replicas[s]: shard s's copies, head first (one each when not replicated).
   ShardCalls(const std::vector<std::vector<std::string>>& replicas, absl::Duration rpc_timeout,
@@ -68,7 +69,7 @@ class ShardCalls {
       generic_.emplace_back();
       for (const std::string& address : replicas_[s]) {
         std::shared_ptr<grpc::Channel> channel = security.Channel(address, args);
-        stubs_.back().push_back(ps::ParameterServer::NewStub(channel));
+        stubs_.back().push_back(ShardStub::New(channel));
         generic_.back().push_back(std::make_unique<grpc::GenericStub>(channel));
       }
       replicated_ |= replicas_[s].size() > 1;
@@ -186,12 +187,12 @@ class ShardCalls {
   }
 
   // One unary call on `shard` with the deadline (Retrying).
-  template <typename Req, typename Resp>
-  absl::Status Unary(int shard,
-                     grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+  // (S: the service's stub, one of ShardStub's bases.)
+  template <typename S, typename Req, typename Resp>
+  absl::Status Unary(int shard, grpc::Status (S::*method)(grpc::ClientContext*, const Req&, Resp*),
                      const Req& req, Resp* resp) const {
     return Status(shard, Retrying(shard, [&](grpc::ClientContext* ctx) {
-                    return (stub(shard)->*method)(ctx, req, resp);
+                    return (stub(shard)->template Get<S>()->*method)(ctx, req, resp);
                   }));
   }
 
@@ -242,9 +243,9 @@ class ShardCalls {
   }
 
   // The same request to every shard; their answers by shard id.
-  template <typename Req, typename Resp>
-  absl::StatusOr<std::vector<Resp>> All(grpc::Status (Stub::*method)(grpc::ClientContext*,
-                                                                     const Req&, Resp*),
+  template <typename S, typename Req, typename Resp>
+  absl::StatusOr<std::vector<Resp>> All(grpc::Status (S::*method)(grpc::ClientContext*, const Req&,
+                                                                  Resp*),
                                         const Req& req) {
     std::vector<Resp> out(size());
     absl::Status st = ForEach([&](int s) { return Unary(s, method, req, &out[s]); });

@@ -188,14 +188,14 @@ absl::Status Replicator::Write(const std::string& request_id, ReplicatedUpdate u
   return s;
 }
 
-ParameterServer::Stub* Replicator::StubFor(const std::string& address) {
+ShardReplication::Stub* Replicator::StubFor(const std::string& address) {
   absl::MutexLock lock(&stubs_mu_);
-  std::unique_ptr<ParameterServer::Stub>& stub = stubs_[address];
+  std::unique_ptr<ShardReplication::Stub>& stub = stubs_[address];
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options_.max_message_bytes);
     args.SetMaxSendMessageSize(options_.max_message_bytes);
-    stub = ParameterServer::NewStub(options_.security.Channel(address, args));
+    stub = ShardReplication::NewStub(options_.security.Channel(address, args));
   }
   return stub.get();
 }

@@ -56,9 +56,9 @@
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/ps/replication/write_log.h"
 #include "server/ps/table/shard.h"
 #include "server/ps/table/table.h"
-#include "server/ps/replication/write_log.h"
 
 namespace pscluster::ps {
 
@@ -98,7 +98,7 @@ struct ReplicatorOptions {
   std::function<absl::StatusOr<int64_t>(int32_t replica, int64_t epoch)> shrink;
   absl::Duration transfer_timeout = absl::Minutes(10);  // one state transfer, whole
   // Held shared by every call that uses the shard's tables, exclusively to replace them
-  // (ParameterServerService's): updates apply under it shared, a joiner installs its new
+  // (ShardCore's ServingGate): updates apply under it shared, a joiner installs its new
   // state under it exclusively. Locks are taken in the order serving, then the order lock.
   absl::Mutex* serving = nullptr;
   // The replica must stop: an update it applied cannot be handed down the chain while the
@@ -206,7 +206,7 @@ class Replicator {
                         std::vector<std::string>* chunks, absl::Time deadline);
   // Waits (bounded) until seq is done: the chain after this replica holds it.
   absl::Status AwaitDone(uint64_t seq, absl::Time deadline);
-  ParameterServer::Stub* StubFor(const std::string& address);
+  ShardReplication::Stub* StubFor(const std::string& address);
   // The joiner's side: the thread, and one attempt at joining the chain of `epoch`.
   void JoinLoop();
   // The chain's epoch once this replica was appended to it.
@@ -267,7 +267,7 @@ class Replicator {
   absl::Notification stop_;
   std::thread joiner_;
   absl::Mutex stubs_mu_;
-  std::map<std::string, std::unique_ptr<ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
+  std::map<std::string, std::unique_ptr<ShardReplication::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
 };
 
 // The request id of a client call (metadata kRequestIdKey; "" when absent).

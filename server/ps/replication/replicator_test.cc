@@ -1,4 +1,4 @@
-// Chain replication in one process: two replicas of one shard, each a ParameterServerService
+// Chain replication in one process: two replicas of one shard, each a ShardServices
 // with its Replicator behind a real gRPC server on loopback, and the coordinator played by
 // the test (the chain each replica is told of, and the joins it grants).
 #include "server/ps/replication/replicator.h"
@@ -13,9 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/ps/shard_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/ps/service/service.h"
+#include "server/ps/service/shard_services.h"
 
 namespace pscluster::ps {
 namespace {
@@ -23,15 +24,15 @@ namespace {
 // One replica: its shard, its service and its gRPC server (the chain is attached later).
 struct Replica {
   explicit Replica(int32_t replica, ServiceOptions options = ServiceOptions())
-      : replica(replica), shard(ShardOptions()), service(&shard, nullptr, options) {
+      : replica(replica), shard(ShardOptions()), services(&shard, nullptr, options) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
+    services.RegisterWith(&builder);
     server = builder.BuildAndStart();
     address = absl::StrCat("127.0.0.1:", port);
     stub =
-        ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        pscluster::ShardStub::New(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
   ~Replica() {
     server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -40,17 +41,10 @@ struct Replica {
   void Follow(ReplicatorOptions o, absl::Duration forward_timeout = absl::Seconds(5)) {
     o.replica = replica;
     o.address = address;
-    o.serving = service.serving_mu();
     o.forward_timeout = forward_timeout;
-    chain = std::make_unique<Replicator>(
-        o,
-        [this](const ReplicatedUpdate& u, std::vector<std::string>* chunks) {
-          return service.ApplyReplicated(u, chunks);
-        },
-        [this] { return service.CaptureState(); },
-        [this](std::unique_ptr<Shard> staged) { return service.InstallState(std::move(staged)); });
+    chain = services.NewReplicator(o);
     chain->Renew(absl::InfiniteFuture());  // the coordinator answers every heartbeat
-    service.SetReplicator(chain.get());
+    services.core()->gate.SetReplicator(chain.get());
   }
   uint32_t Fingerprint() {
     grpc::ClientContext ctx;
@@ -64,15 +58,15 @@ struct Replica {
 
   const int32_t replica;
   Shard shard;
-  ParameterServerService service;
+  ShardServices services;
   std::unique_ptr<grpc::Server> server;
   std::string address;
-  std::unique_ptr<ParameterServer::Stub> stub;
+  std::unique_ptr<pscluster::ShardStub> stub;
   std::unique_ptr<Replicator> chain;
 };
 
 // Worker 0 registered and table 1 created (64 values, Adam, BSP) on the head.
-void RegisterAndCreateTable(ParameterServer::Stub* head) {
+void RegisterAndCreateTable(pscluster::ShardStub* head) {
   grpc::ClientContext ctx;
   RegisterWorkerRequest req;
   req.set_worker_id(0);
@@ -91,7 +85,7 @@ void RegisterAndCreateTable(ParameterServer::Stub* head) {
   ASSERT_TRUE(s.ok()) << s.error_message();
 }
 
-grpc::Status Push(ParameterServer::Stub* head, int64_t step) {
+grpc::Status Push(pscluster::ShardStub* head, int64_t step) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   DenseChunk c;

@@ -1,4 +1,4 @@
-// The dense pull path of ParameterServerService: checking a pull, waiting for its step
+// The dense pull path of ShardDataService: checking a pull, waiting for its step
 // (blocking, or parked for the callback handlers in reactors.cc), planning its chunks
 // and reading them from the table, as a message or straight into the bytes gRPC sends.
 #include <algorithm>
@@ -9,24 +9,24 @@
 #include "common/dense_wire.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/ps/service/data_service.h"
 #include "server/ps/service/request_checks.h"
-#include "server/ps/service/service.h"
 
 namespace pscluster::ps {
 
-Wait ParameterServerService::Blocking(const grpc::ServerContextBase* ctx) const {
+Wait ShardDataService::Blocking(const grpc::ServerContextBase* ctx) const {
   Wait wait;
-  wait.deadline = Deadline(ctx);
-  wait.cancelled = Cancelled(ctx);
+  wait.deadline = core_->gate.Deadline(ctx);
+  wait.cancelled = ShardCore::Cancelled(ctx);
   return wait;
 }
 
-absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const Wait& wait,
-                                                                const PullDenseRequest& req,
-                                                                uint64_t* length) {
-  RETURN_IF_ERROR(CheckServing());
+absl::StatusOr<DenseTable*> ShardDataService::PreparePull(const Wait& wait,
+                                                          const PullDenseRequest& req,
+                                                          uint64_t* length) {
+  RETURN_IF_ERROR(core_->gate.CheckServing());
   RETURN_IF_ERROR(CheckStep(req.step()));
-  auto table = shard_->GetDense(req.table_id(), req.worker_id());
+  auto table = core_->shard->GetDense(req.table_id(), req.worker_id());
   if (!table.ok()) return table.status();
   Range range = (*table)->range();
   *length = req.length();
@@ -38,39 +38,38 @@ absl::StatusOr<DenseTable*> ParameterServerService::PreparePull(const Wait& wait
   return table;
 }
 
-absl::Status ParameterServerService::WaitForStep(Table* table, int64_t step, const Wait& wait) {
+absl::Status ShardDataService::WaitForStep(Table* table, int64_t step, const Wait& wait) {
   if (wait.waiter == nullptr) return table->AwaitPullable(step, wait.deadline, wait.cancelled);
   ASSIGN_OR_RETURN(bool ready,
                    table->PullableOrPark(step, wait.deadline, wait.waiter, wait.parked_since));
   return ready ? absl::OkStatus() : Parked();
 }
 
-absl::StatusOr<ParameterServerService::PullChunk> ParameterServerService::PullOne(
+absl::StatusOr<ShardDataService::PullChunk> ShardDataService::PullOne(
     const Wait& wait, const PullDenseRequest& req, RequestBudget::Charge* charge) {
   uint64_t length = 0;
   ASSIGN_OR_RETURN(DenseTable * table, PreparePull(wait, req, &length));
-  if (length * sizeof(float) > options_.max_chunk_bytes) {
+  if (length * sizeof(float) > core_->options.max_chunk_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("length ", length, " values exceeds the unary limit of ",
-                     options_.max_chunk_bytes, " bytes; use PullDenseStream"));
+                     core_->options.max_chunk_bytes, " bytes; use PullDenseStream"));
   }
   charge->ForceGrowTo(length * sizeof(float));  // at most max_chunk_bytes: counted, not refused
   return PlanChunk(table, req, req.offset(), length);
 }
 
-grpc::Status ParameterServerService::PullDense(grpc::ServerContext* ctx,
-                                               const PullDenseRequest* req, DenseChunk* resp) {
-  Scope scope(this, ctx);
-  RequestBudget::Charge charge(&budget_);
+grpc::Status ShardDataService::PullDense(grpc::ServerContext* ctx, const PullDenseRequest* req,
+                                         DenseChunk* resp) {
+  ShardCore::Scope scope(core_, ctx);
+  RequestBudget::Charge charge(&core_->budget);
   absl::StatusOr<PullChunk> chunk = PullOne(Blocking(ctx), *req, &charge);
   if (!chunk.ok()) return ToGrpcStatus(chunk.status());
   return ToGrpcStatus(ReadChunk(*chunk, resp));
 }
 
-ParameterServerService::PullChunk ParameterServerService::PlanChunk(const DenseTable* table,
-                                                                    const PullDenseRequest& req,
-                                                                    uint64_t offset,
-                                                                    uint64_t length) {
+ShardDataService::PullChunk ShardDataService::PlanChunk(const DenseTable* table,
+                                                        const PullDenseRequest& req,
+                                                        uint64_t offset, uint64_t length) {
   PullChunk c{table, {}, length};
   c.header.set_table_id(req.table_id());
   c.header.set_step(req.step());
@@ -80,14 +79,14 @@ ParameterServerService::PullChunk ParameterServerService::PlanChunk(const DenseT
   return c;
 }
 
-absl::Status ParameterServerService::ReadChunk(const PullChunk& chunk, DenseChunk* out) {
+absl::Status ShardDataService::ReadChunk(const PullChunk& chunk, DenseChunk* out) {
   *out = chunk.header;
   std::string* data = out->mutable_data();
   data->resize(chunk.length * sizeof(float));
   return chunk.table->ReadBytes(chunk.header.offset(), chunk.length, data->data());
 }
 
-absl::StatusOr<grpc::ByteBuffer> ParameterServerService::EncodeChunks(
+absl::StatusOr<grpc::ByteBuffer> ShardDataService::EncodeChunks(
     const std::vector<PullChunk>& chunks, bool batch) {
   std::vector<DenseChunk> headers;
   std::vector<size_t> bytes;
@@ -100,11 +99,10 @@ absl::StatusOr<grpc::ByteBuffer> ParameterServerService::EncodeChunks(
   });
 }
 
-grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
-                                                    const PullDenseBatchRequest* req,
-                                                    DenseBatch* resp) {
-  Scope scope(this, ctx);
-  RequestBudget::Charge charge(&budget_);
+grpc::Status ShardDataService::PullDenseBatch(grpc::ServerContext* ctx,
+                                              const PullDenseBatchRequest* req, DenseBatch* resp) {
+  ShardCore::Scope scope(core_, ctx);
+  RequestBudget::Charge charge(&core_->budget);
   std::vector<PullChunk> chunks;
   if (absl::Status s = PullBatch(Blocking(ctx), req->pulls(), &chunks, &charge); !s.ok()) {
     return ToGrpcStatus(s);
@@ -115,7 +113,7 @@ grpc::Status ParameterServerService::PullDenseBatch(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-absl::Status ParameterServerService::PullBatch(
+absl::Status ShardDataService::PullBatch(
     const Wait& wait, const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
     std::vector<PullChunk>* out, RequestBudget::Charge* charge) {
   const uint64_t charged = charge->bytes();
@@ -131,10 +129,10 @@ absl::Status ParameterServerService::PullBatch(
                                        "): ", table.status().message()));
     }
     total += length;
-    if (total * sizeof(float) > options_.max_chunk_bytes) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the batch's pulls exceed the unary limit of ", options_.max_chunk_bytes,
-                       " bytes at pull ", i, "; pull the large tables one by one"));
+    if (total * sizeof(float) > core_->options.max_chunk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the batch's pulls exceed the unary limit of ", core_->options.max_chunk_bytes,
+          " bytes at pull ", i, "; pull the large tables one by one"));
     }
     charge->ForceGrowTo(charged + total * sizeof(float));  // at most max_chunk_bytes
     out->push_back(PlanChunk(*table, pull, pull.offset(), length));
@@ -144,10 +142,10 @@ absl::Status ParameterServerService::PullBatch(
 
 // A step's push and the next step's pull in one round trip: push the batch, then wait (as a
 // pull would) until step + 1 is readable and answer the same ranges.
-grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx,
-                                                        const DenseBatch* req, DenseBatch* resp) {
-  Scope scope(this, ctx);
-  RequestBudget::Charge charge(&budget_);
+grpc::Status ShardDataService::PushPullDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
+                                                  DenseBatch* resp) {
+  ShardCore::Scope scope(core_, ctx);
+  RequestBudget::Charge charge(&core_->budget);
   std::vector<PullChunk> chunks;
   absl::Status s = PushOnce(ctx, *req, &charge);
   if (s.ok()) s = PullAfterPush(Blocking(ctx), *req, &chunks, &charge);
@@ -158,20 +156,19 @@ grpc::Status ParameterServerService::PushPullDenseBatch(grpc::ServerContext* ctx
   return grpc::Status::OK;
 }
 
-absl::Status ParameterServerService::PushOnce(const grpc::ServerContextBase* ctx,
-                                              const DenseBatch& req,
-                                              RequestBudget::Charge* charge) {
+absl::Status ShardDataService::PushOnce(const grpc::ServerContextBase* ctx, const DenseBatch& req,
+                                        RequestBudget::Charge* charge) {
   charge->ForceGrowTo(PayloadBytes(req));  // then the pulled chunks (PullBatch)
   PushDenseBatchResponse pushed;
   // A repeated attempt (its slice ran out waiting for the pull) does not push again.
-  return Write(
+  return core_->gate.Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
-      [&] { return PushBatch(req, &pushed); });
+      [&] { return core_->commands.PushBatch(req, &pushed); });
 }
 
-absl::Status ParameterServerService::PullAfterPush(const Wait& wait, const DenseBatch& req,
-                                                   std::vector<PullChunk>* out,
-                                                   RequestBudget::Charge* charge) {
+absl::Status ShardDataService::PullAfterPush(const Wait& wait, const DenseBatch& req,
+                                             std::vector<PullChunk>* out,
+                                             RequestBudget::Charge* charge) {
   google::protobuf::RepeatedPtrField<PullDenseRequest> pulls;
   for (const DenseChunk& c : req.chunks()) {
     PullDenseRequest* p = pulls.Add();
@@ -184,15 +181,15 @@ absl::Status ParameterServerService::PullAfterPush(const Wait& wait, const Dense
   return PullBatch(wait, pulls, out, charge);
 }
 
-grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
-                                                     const PullDenseRequest* req,
-                                                     grpc::ServerWriter<DenseChunk>* writer) {
-  Scope scope(this, ctx);
+grpc::Status ShardDataService::PullDenseStream(grpc::ServerContext* ctx,
+                                               const PullDenseRequest* req,
+                                               grpc::ServerWriter<DenseChunk>* writer) {
+  ShardCore::Scope scope(core_, ctx);
   uint64_t length = 0;
   absl::StatusOr<DenseTable*> table = PreparePull(Blocking(ctx), *req, &length);
   if (!table.ok()) return ToGrpcStatus(table.status());
   const StreamPlan plan = PlanStream(*req, length);
-  RequestBudget::Charge charge(&budget_);
+  RequestBudget::Charge charge(&core_->budget);
   charge.ForceGrowTo(std::min(length, plan.per_chunk) * sizeof(float));  // one chunk at a time
   DenseChunk message;  // reused: its buffer is allocated once
   for (uint64_t done = 0, sent = 0; !plan.Done(done, sent); ++sent) {
@@ -206,16 +203,17 @@ grpc::Status ParameterServerService::PullDenseStream(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-ParameterServerService::StreamPlan ParameterServerService::PlanStream(const PullDenseRequest& req,
-                                                                      uint64_t length) const {
+ShardDataService::StreamPlan ShardDataService::PlanStream(const PullDenseRequest& req,
+                                                          uint64_t length) const {
   const uint64_t chunk_bytes = req.chunk_bytes() == 0
-                                   ? options_.max_chunk_bytes
-                                   : std::min(req.chunk_bytes(), options_.max_chunk_bytes);
+                                   ? core_->options.max_chunk_bytes
+                                   : std::min(req.chunk_bytes(), core_->options.max_chunk_bytes);
   return StreamPlan{length, std::max<uint64_t>(1, chunk_bytes / sizeof(float))};
 }
 
-ParameterServerService::PullChunk ParameterServerService::StreamPlan::Chunk(
-    const DenseTable* table, const PullDenseRequest& req, uint64_t done) const {
+ShardDataService::PullChunk ShardDataService::StreamPlan::Chunk(const DenseTable* table,
+                                                                const PullDenseRequest& req,
+                                                                uint64_t done) const {
   PullChunk c = PlanChunk(table, req, req.offset() + done, std::min(per_chunk, length - done));
   c.header.set_begin(req.offset());  // the whole transfer's
   c.header.set_total_length(length);

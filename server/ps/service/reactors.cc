@@ -7,8 +7,8 @@
 #include "common/grpc_status.h"
 #include "common/park_loop.h"
 #include "common/status_macros.h"
+#include "server/ps/service/data_service.h"
 #include "server/ps/service/request_checks.h"
-#include "server/ps/service/service.h"
 
 namespace pscluster::ps::callback {
 namespace {
@@ -93,15 +93,16 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::S
 
 grpc::ServerUnaryReactor* Reactors::StartPull(Service* s, grpc::CallbackServerContext* ctx,
                                               Attempt attempt, bool on_pool) {
-  auto* reactor = new ParkedUnary(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                                  [s, ctx, held = Held(new Held::element_type),
-                                   attempt = std::move(attempt)](const Wait& wait) -> absl::Status {
-                                    Service::Scope scope(s, ctx);
-                                    RequestBudget::Charge charge(&s->budget_);
-                                    return KeepIfParked(&scope, attempt(wait, &charge), held);
-                                  });
+  auto* reactor =
+      new ParkedUnary(ctx, s->core_->gate.Deadline(ctx), &s->core_->pool, &s->core_->in_flight,
+                      [s, ctx, held = Held(new Held::element_type),
+                       attempt = std::move(attempt)](const Wait& wait) -> absl::Status {
+                        ShardCore::Scope scope(s->core_, ctx);
+                        RequestBudget::Charge charge(&s->core_->budget);
+                        return KeepIfParked(&scope, attempt(wait, &charge), held);
+                      });
   if (on_pool) {
-    s->pool_.Post([reactor] { reactor->Run(); });
+    s->core_->pool.Post([reactor] { reactor->Run(); });
   } else {
     reactor->Run();
   }
@@ -142,7 +143,7 @@ grpc::ServerUnaryReactor* Reactors::PushPullDenseBatch(Service* s, grpc::Callbac
   auto call = std::make_shared<Call>();
   if (!Parse(*req, &call->batch)) return Refuse(ctx, Unparsable("PushPullDenseBatch"));
   // A chain's push waits for its round trip down the chain: not on a gRPC thread.
-  const bool on_pool = s->replicator_.load() != nullptr;
+  const bool on_pool = s->core_->gate.replicator() != nullptr;
   return StartPull(
       s, ctx,
       [s, ctx, call, resp](const Wait& wait, RequestBudget::Charge* charge) {
@@ -187,10 +188,10 @@ grpc::ServerUnaryReactor* Reactors::Write(
     if (st.ok()) st = FromGrpcStatus(grpc::SerializationTraits<Resp>::Serialize(out, resp, &own));
     reactor->Finish(ToGrpcStatus(st));
   };
-  if (s->replicator_.load() == nullptr) {
+  if (s->core_->gate.replicator() == nullptr) {
     answer();
   } else {
-    s->pool_.Post(std::move(answer));
+    s->core_->pool.Post(std::move(answer));
   }
   return reactor;
 }
@@ -207,23 +208,23 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
   };
   auto call = std::make_shared<Call>();
   if (!Parse(*req, &call->pull)) return new RefusedStream(Unparsable("PullDenseStream"));
-  call->charge = std::make_unique<RequestBudget::Charge>(&s->budget_);
+  call->charge = std::make_unique<RequestBudget::Charge>(&s->core_->budget);
   auto prepare = [s, ctx, call,
                   held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
-    Service::Scope scope(s, ctx);
+    ShardCore::Scope scope(s->core_, ctx);
     uint64_t length = 0;
     absl::StatusOr<DenseTable*> table = s->PreparePull(wait, call->pull, &length);
     RETURN_IF_ERROR(KeepIfParked(&scope, table.status(), held));
     call->table = *table;
     call->plan = s->PlanStream(call->pull, length);
-    call->tables = s->tables_replaced_.load();
+    call->tables = s->core_->gate.tables_replaced();
     // one chunk at a time
     call->charge->ForceGrowTo(std::min(length, call->plan.per_chunk) * sizeof(float));
     return absl::OkStatus();
   };
   auto next = [s, ctx, call](grpc::ByteBuffer* out, bool* last) -> absl::Status {
-    Service::Scope scope(s, ctx);
-    if (s->tables_replaced_.load() != call->tables) {
+    ShardCore::Scope scope(s->core_, ctx);
+    if (s->core_->gate.tables_replaced() != call->tables) {
       return absl::AbortedError(
           "the shard's tables were replaced (a restore, or a replica installing state) while "
           "this pull stream was being sent; pull again");
@@ -234,8 +235,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
     *last = call->plan.Done(call->done, ++call->sent);
     return absl::OkStatus();
   };
-  auto* reactor = new StreamPull(ctx, s->Deadline(ctx), &s->pool_, &s->in_flight_,
-                                 std::move(prepare), std::move(next));
+  auto* reactor = new StreamPull(ctx, s->core_->gate.Deadline(ctx), &s->core_->pool,
+                                 &s->core_->in_flight, std::move(prepare), std::move(next));
   reactor->Run();
   return reactor;
 }
@@ -244,52 +245,52 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
 
 namespace pscluster::ps {
 
-grpc::ServerUnaryReactor* ParameterServerService::PullDense(grpc::CallbackServerContext* ctx,
-                                                            const grpc::ByteBuffer* req,
-                                                            grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* ShardDataService::PullDense(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* req,
+                                                      grpc::ByteBuffer* resp) {
   return callback::Reactors::PullDense(this, ctx, req, resp);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PullDenseBatch(grpc::CallbackServerContext* ctx,
-                                                                 const grpc::ByteBuffer* req,
-                                                                 grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* ShardDataService::PullDenseBatch(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* req,
+                                                           grpc::ByteBuffer* resp) {
   return callback::Reactors::PullDenseBatch(this, ctx, req, resp);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PushPullDenseBatch(
-    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* ShardDataService::PushPullDenseBatch(grpc::CallbackServerContext* ctx,
+                                                               const grpc::ByteBuffer* req,
+                                                               grpc::ByteBuffer* resp) {
   return callback::Reactors::PushPullDenseBatch(this, ctx, req, resp);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServerService::PullDenseStream(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardDataService::PullDenseStream(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return callback::Reactors::PullDenseStream(this, ctx, req);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PushDense(grpc::CallbackServerContext* ctx,
-                                                            const grpc::ByteBuffer* req,
-                                                            grpc::ByteBuffer* resp) {
-  return callback::Reactors::Write(this, ctx, req, resp, "PushDense",
-                                   &ParameterServerService::WritePush);
+grpc::ServerUnaryReactor* ShardDataService::PushDense(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* req,
+                                                      grpc::ByteBuffer* resp) {
+  return callback::Reactors::Write(this, ctx, req, resp, "PushDense", &ShardDataService::WritePush);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PushDenseBatch(grpc::CallbackServerContext* ctx,
-                                                                 const grpc::ByteBuffer* req,
-                                                                 grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* ShardDataService::PushDenseBatch(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* req,
+                                                           grpc::ByteBuffer* resp) {
   return callback::Reactors::Write(this, ctx, req, resp, "PushDenseBatch",
-                                   &ParameterServerService::WritePushBatch);
+                                   &ShardDataService::WritePushBatch);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PushSparse(grpc::CallbackServerContext* ctx,
-                                                             const grpc::ByteBuffer* req,
-                                                             grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* ShardDataService::PushSparse(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* req,
+                                                       grpc::ByteBuffer* resp) {
   return callback::Reactors::Write(this, ctx, req, resp, "PushSparse",
-                                   &ParameterServerService::WritePushSparse);
+                                   &ShardDataService::WritePushSparse);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PullSparse(grpc::CallbackServerContext* ctx,
-                                                             const grpc::ByteBuffer* req,
-                                                             grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* ShardDataService::PullSparse(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* req,
+                                                       grpc::ByteBuffer* resp) {
   return callback::Reactors::PullSparse(this, ctx, req, resp);
 }
 

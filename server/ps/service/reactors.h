@@ -12,15 +12,15 @@
 #include "server/ps/service/request_budget.h"
 
 namespace pscluster::ps {
-class ParameterServerService;
+class ShardDataService;
 
 namespace callback {
 
-// ParameterServerService's raw callback methods (the pulls and the unary pushes), and the
+// ShardDataService's raw callback methods (the pulls and the unary pushes), and the
 // only code besides it that reaches its private pull path (a friend).
 class Reactors {
  public:
-  using Service = ParameterServerService;
+  using Service = ShardDataService;
   static grpc::ServerUnaryReactor* PullDense(Service* s, grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
   static grpc::ServerUnaryReactor* PullDenseBatch(Service* s, grpc::CallbackServerContext* ctx,

@@ -39,11 +39,10 @@ inline uint64_t PayloadBytes(const DenseBatch& batch) {
 }
 
 // A request that did not parse, named as ps_server's parse-error interceptor names those of
-// the generated handlers (common/parse_errors.h).
+// the generated handlers (common/parse_errors.h). Only ShardData has raw methods.
 inline grpc::Status Unparsable(const char* method) {
-  return grpc::Status(
-      grpc::StatusCode::INVALID_ARGUMENT,
-      absl::StrCat("/pscluster.ps.ParameterServer/", method, ": ", kUnparsableRequest));
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("/pscluster.ps.ShardData/", method, ": ", kUnparsableRequest));
 }
 
 }  // namespace pscluster::ps

@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/ps.pb.h"
-#include "server/ps/table/shard.h"
 #include "server/ps/snapshot/snapshot_store.h"
+#include "server/ps/table/shard.h"
 
 namespace pscluster::ps {
 
@@ -102,7 +102,7 @@ class Snapshotter {
   // and spec is checked before the caller replaces anything. Changes nothing.
   absl::StatusOr<Loaded> Load(const std::string& which) const;
   // Replaces the shard's tables and workers with `loaded`'s. The caller ensures that no
-  // other thread uses the shard (ParameterServerService::Restore).
+  // other thread uses the shard (ShardAdminService::Restore).
   void Install(Loaded loaded);
   // Load then Install, before serving. Returns the step (-1: none).
   absl::StatusOr<int64_t> Restore(const std::string& which);

@@ -23,11 +23,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
+#include "server/ps/service/shard_services.h"
 #include "server/ps/snapshot/file_snapshot_store.h"
 #include "server/ps/snapshot/memory_snapshot_store.h"
-#include "server/ps/service/service.h"
-#include "server/ps/table/shard.h"
 #include "server/ps/snapshot/snapshot_store.h"
+#include "server/ps/table/shard.h"
 
 namespace pscluster::ps {
 namespace {
@@ -420,19 +420,20 @@ TEST_F(SnapshotterTest, ARestoreWhoseLaterSnapshotsCannotGoFailsAndChangesNothin
     if (step == 1) at_step_2 = ReadDense(a, 1);
   }
   const std::vector<float> before = ReadDense(a, 1);
-  ParameterServerService service(&a, snap.get(), ServiceOptions());
+  ShardServices services(&a, snap.get(), ServiceOptions());
+  ShardAdminService* service = services.admin();
   RestoreRequest req;
   req.set_step(2);
   req.set_drop_later(true);
   RestoreResponse resp;
   storage.FailDeletes(true);
-  grpc::Status s = service.Restore(nullptr, &req, &resp);
+  grpc::Status s = service->Restore(nullptr, &req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("nothing was restored"));
   EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), before));
   EXPECT_EQ(ListedSteps(*snap), std::vector<int64_t>({2, 3}));
   storage.FailDeletes(false);
-  s = service.Restore(nullptr, &req, &resp);
+  s = service->Restore(nullptr, &req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.step(), 2);
   EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), at_step_2));

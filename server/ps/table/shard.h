@@ -46,7 +46,7 @@ class Shard {
 
   const ShardOptions& options() const { return options_; }
 
-  // The caller checks worker_id >= 0 (ParameterServerService).
+  // The caller checks worker_id >= 0 (the services, server/ps/service).
   RegisterWorkerResponse RegisterWorker(int32_t worker_id);
   // The worker leaves for good (every table stops waiting for it).
   UnregisterWorkerResponse UnregisterWorker(int32_t worker_id);
@@ -65,7 +65,7 @@ class Shard {
     absl::Time last;
     int calls = 0;
   };
-  // The calls of one handler of one client (ParameterServerService::Scope), on this thread
+  // The calls of one handler of one client (ShardCore::Scope), on this thread
   // while it lives: every worker whose tables it gets (GetDense, GetSparse) counts as in a
   // call of `client` (a ps-client-id; "" unknown) until the Visit ends. Stats tells them.
   class Visit {
@@ -116,7 +116,7 @@ class Shard {
   void Shutdown(const absl::Status& why = Table::ShuttingDown());
   // Replaces every table and registered worker with `staged`'s (left empty): an in-place
   // restore. The caller must ensure no other thread uses this shard's tables
-  // (ParameterServerService::Restore).
+  // (ShardAdminService::Restore).
   void ReplaceWith(Shard* staged);
 
  private:

@@ -1,5 +1,6 @@
-// ParameterServerService: statistics, snapshots and restore, and a dense table's whole
-// state out of and into the shard (mode switches).
+// ShardAdminService: tables, statistics, snapshots and restore.
+#include "server/ps/service/admin_service.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -10,7 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "server/ps/service/service.h"
 
 namespace pscluster::ps {
 namespace {
@@ -36,66 +36,88 @@ uint64_t StateBytes(const DenseTable& table) {
 
 }  // namespace
 
-grpc::Status ParameterServerService::Stats(grpc::ServerContext*, const StatsRequest* req,
-                                           StatsResponse* resp) {
-  Scope scope(this);
+grpc::Status ShardAdminService::Stats(grpc::ServerContext*, const StatsRequest* req,
+                                      StatsResponse* resp) {
+  ShardCore::Scope scope(core_);
   if (req->except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
     return ToGrpcStatus(
         absl::InvalidArgumentError(absl::StrCat("except_clients lists ", req->except_clients_size(),
                                                 " client ids; at most ", kMaxExceptClients)));
   }
-  *resp = shard_->Stats({req->except_clients().begin(), req->except_clients().end()});
-  if (req->fingerprint()) resp->set_fingerprint(shard_->Fingerprint());
+  *resp = core_->shard->Stats({req->except_clients().begin(), req->except_clients().end()});
+  if (req->fingerprint()) resp->set_fingerprint(core_->shard->Fingerprint());
   return grpc::Status::OK;
 }
 
-absl::Status ParameterServerService::CheckSnapshotter() const {
-  if (snapshotter_ == nullptr) {
+ShardAdminService::ShardAdminService(ShardCore* core) : core_(core) {}
+
+grpc::Status ShardAdminService::CreateTable(grpc::ServerContext* ctx, const CreateTableRequest* req,
+                                            CreateTableResponse* resp) {
+  ShardCore::Scope scope(core_, ctx);
+  return ToGrpcStatus(core_->gate.Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_create_table() = *req; }, nullptr,
+      [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(*resp, core_->shard->CreateTable(req->spec()));
+        return absl::OkStatus();
+      }));
+}
+
+grpc::Status ShardAdminService::DescribeTable(grpc::ServerContext*, const DescribeTableRequest* req,
+                                              TableInfo* resp) {
+  ShardCore::Scope scope(core_);
+  auto table = core_->shard->GetTable(req->table_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  *resp = (*table)->Info();
+  return grpc::Status::OK;
+}
+
+absl::Status ShardAdminService::CheckSnapshotter() const {
+  if (core_->snapshotter == nullptr) {
     return absl::FailedPreconditionError(
         "this ps_server has no snapshot directory; restart it with --data_dir=DIR");
   }
   return absl::OkStatus();
 }
 
-grpc::Status ParameterServerService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
-                                              SnapshotResponse* resp) {
-  Scope scope(this);
+grpc::Status ShardAdminService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                                         SnapshotResponse* resp) {
+  ShardCore::Scope scope(core_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);  // the head writes
-  auto r = snapshotter_->Snapshot(*req, Deadline(ctx));
+  if (absl::Status s = core_->gate.CheckServing(); !s.ok())
+    return ToGrpcStatus(s);  // the head writes
+  auto r = core_->snapshotter->Snapshot(*req, core_->gate.Deadline(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::ListSnapshots(grpc::ServerContext*,
-                                                   const ListSnapshotsRequest*,
-                                                   ListSnapshotsResponse* resp) {
-  Scope scope(this);
+grpc::Status ShardAdminService::ListSnapshots(grpc::ServerContext*, const ListSnapshotsRequest*,
+                                              ListSnapshotsResponse* resp) {
+  ShardCore::Scope scope(core_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  auto r = snapshotter_->List();
+  auto r = core_->snapshotter->List();
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::SnapshotStatus(grpc::ServerContext* ctx,
-                                                    const SnapshotStatusRequest* req,
-                                                    SnapshotStatusResponse* resp) {
-  Scope scope(this);
+grpc::Status ShardAdminService::SnapshotStatus(grpc::ServerContext* ctx,
+                                               const SnapshotStatusRequest* req,
+                                               SnapshotStatusResponse* resp) {
+  ShardCore::Scope scope(core_);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  if (req->wait_until_idle() && !snapshotter_->AwaitIdle(Deadline(ctx))) {
+  if (req->wait_until_idle() && !core_->snapshotter->AwaitIdle(core_->gate.Deadline(ctx))) {
     return ToGrpcStatus(absl::DeadlineExceededError("snapshot write still in progress"));
   }
-  *resp = snapshotter_->Status();
+  *resp = core_->snapshotter->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const RestoreRequest* req,
-                                             RestoreResponse* resp) {
-  InFlightCounter::Scope in_flight(&in_flight_);
+grpc::Status ShardAdminService::Restore(grpc::ServerContext*, const RestoreRequest* req,
+                                        RestoreResponse* resp) {
+  InFlightCounter::Scope in_flight(&core_->in_flight);
   if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return ToGrpcStatus(s);
   std::unique_ptr<absl::MutexLock> joins;
   if (absl::Status s = ReplaceWholeState("Restore", &joins); !s.ok()) return ToGrpcStatus(s);
   if (req->step() < 0) {
@@ -104,14 +126,14 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   }
   // Health checks answer NOT_SERVING until the restore is done or failed: balancers and
   // probes hold traffic back while the state is replaced.
-  grpc::HealthCheckServiceInterface* health = health_;
+  grpc::HealthCheckServiceInterface* health = core_->gate.health();
   if (health != nullptr) health->SetServingStatus(false);
   absl::Cleanup serving_again = [health] {
     if (health != nullptr) health->SetServingStatus(true);
   };
   // Read and verify the whole snapshot first, while serving: on any error the shard is
   // exactly as before.
-  auto loaded = snapshotter_->Load(absl::StrCat(req->step()));
+  auto loaded = core_->snapshotter->Load(absl::StrCat(req->step()));
   if (!loaded.ok()) {
     return ToGrpcStatus(absl::Status(
         loaded.status().code(), absl::StrCat(loaded.status().message(),
@@ -133,8 +155,8 @@ grpc::Status ParameterServerService::Restore(grpc::ServerContext*, const Restore
   return grpc::Status::OK;
 }
 
-absl::Status ParameterServerService::DropLaterThan(int64_t step) {
-  absl::StatusOr<std::vector<int64_t>> dropped = snapshotter_->DropAfter(step);
+absl::Status ShardAdminService::DropLaterThan(int64_t step) {
+  absl::StatusOr<std::vector<int64_t>> dropped = core_->snapshotter->DropAfter(step);
   if (!dropped.ok()) {
     return absl::Status(
         dropped.status().code(),
@@ -153,26 +175,21 @@ absl::Status ParameterServerService::DropLaterThan(int64_t step) {
   return absl::OkStatus();
 }
 
-void ParameterServerService::InstallRestored(Snapshotter::Loaded loaded) {
+void ShardAdminService::InstallRestored(Snapshotter::Loaded loaded) {
   const int64_t step = loaded.step;
   // Waiting pulls fail now, naming the restore (not UNAVAILABLE: a replica would be tried,
   // and no retry finds the tables they waited on) ...
-  shard_->Shutdown(absl::AbortedError(absl::StrCat(
-      "shard ", shard_->options().shard_id, " was rolled back to its snapshot of step ", step,
+  core_->shard->Shutdown(absl::AbortedError(absl::StrCat(
+      "shard ", core_->shard->options().shard_id, " was rolled back to its snapshot of step ", step,
       " (a restore) while this call waited: the tables it waited on are gone; a worker of the "
       "run rolled back resumes from that checkpoint")));
-  {
-    absl::WriterMutexLock serving(&serving_mu_);  // ... and every other handler leaves
-    snapshotter_->Install(std::move(loaded));
-    tables_replaced_++;
-    absl::MutexLock lock(&log_mu_);
-    alone_.Reset(0);
-  }
+  // ... and every other handler leaves before the tables are replaced.
+  core_->gate.ReplaceTables([&] { core_->snapshotter->Install(std::move(loaded)); });
 }
 
-absl::Status ParameterServerService::ReplaceWholeState(absl::string_view what,
-                                                       std::unique_ptr<absl::MutexLock>* joins) {
-  Replicator* chain = replicator_.load();
+absl::Status ShardAdminService::ReplaceWholeState(absl::string_view what,
+                                                  std::unique_ptr<absl::MutexLock>* joins) {
+  Replicator* chain = core_->gate.replicator();
   if (chain == nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(chain->StandAlone(what));
   *joins = chain->HoldJoins();
@@ -184,8 +201,8 @@ absl::Status ParameterServerService::ReplaceWholeState(absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::StatusOr<DenseTable*> ParameterServerService::DenseForState(uint32_t table_id) const {
-  auto table = shard_->GetTable(table_id);
+absl::StatusOr<DenseTable*> ShardAdminService::DenseForState(uint32_t table_id) const {
+  auto table = core_->shard->GetTable(table_id);
   if (!table.ok()) return table.status();
   if ((*table)->spec().kind() != TableSpec::DENSE) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -194,25 +211,25 @@ absl::StatusOr<DenseTable*> ParameterServerService::DenseForState(uint32_t table
   return static_cast<DenseTable*>(*table);
 }
 
-grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
-                                                 const ExportDenseRequest* req,
-                                                 grpc::ServerWriter<TableStateChunk>* writer) {
-  Scope scope(this);
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+grpc::Status ShardAdminService::ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
+                                            grpc::ServerWriter<TableStateChunk>* writer) {
+  ShardCore::Scope scope(core_);
+  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return ToGrpcStatus(s);
   auto table = DenseForState(req->table_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   // The export holds a copy of the table's whole state (values and slots) until it is sent.
-  RequestBudget::Charge charge(&budget_);
+  RequestBudget::Charge charge(&core_->budget);
   if (absl::Status s =
           charge.GrowTo(StateBytes(**table), absl::StrCat("the export of table ", req->table_id()));
       !s.ok()) {
     return ToGrpcStatus(s);
   }
-  auto state = (*table)->ExportState(req->step(), Deadline(ctx));  // copied under the lock
+  auto state =
+      (*table)->ExportState(req->step(), core_->gate.Deadline(ctx));  // copied under the lock
   if (!state.ok()) return ToGrpcStatus(state.status());
   const size_t num_slots = state->slots.size();
   const uint64_t per_chunk =
-      std::max<uint64_t>(1, options_.max_chunk_bytes / (sizeof(float) * (1 + num_slots)));
+      std::max<uint64_t>(1, core_->options.max_chunk_bytes / (sizeof(float) * (1 + num_slots)));
   const uint64_t size = state->values.size();
   TableStateChunk chunk;  // reused: its buffers are allocated once
   chunk.set_table_id(req->table_id());
@@ -237,7 +254,7 @@ grpc::Status ParameterServerService::ExportDense(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
+absl::StatusOr<DenseState> ShardAdminService::ReceiveState(
     DenseTable* table, const TableStateChunk& first, grpc::ServerReader<TableStateChunk>* reader,
     StreamWatchdog::Watch* watch) const {
   DenseStateBuilder builder = table->StateBuilder();
@@ -247,10 +264,10 @@ absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
        c = reader->Read(&chunk) ? &chunk : nullptr, ++index) {
     RETURN_IF_ERROR(CheckSameState(first, *c, index));
     const uint64_t bytes = (uint64_t{1} * c->values_size() + c->slots_size()) * sizeof(float);
-    if (bytes > options_.max_chunk_bytes) {
+    if (bytes > core_->options.max_chunk_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("import chunk ", index, " holds ", bytes,
                                                        " bytes of floats; the limit is ",
-                                                       options_.max_chunk_bytes));
+                                                       core_->options.max_chunk_bytes));
     }
     if (absl::Status s = builder.Add(c->begin(), c->values(), c->num_slots(), c->slots());
         !s.ok()) {
@@ -261,14 +278,14 @@ absl::StatusOr<DenseState> ParameterServerService::ReceiveState(
   return builder.Finish(first.updates());
 }
 
-grpc::Status ParameterServerService::ImportDense(grpc::ServerContext* ctx,
-                                                 grpc::ServerReader<TableStateChunk>* reader,
-                                                 ImportDenseResponse* resp) {
+grpc::Status ShardAdminService::ImportDense(grpc::ServerContext* ctx,
+                                            grpc::ServerReader<TableStateChunk>* reader,
+                                            ImportDenseResponse* resp) {
   std::unique_ptr<absl::MutexLock> joins;  // before Scope: the replicator's lock order
   if (absl::Status s = ReplaceWholeState("ImportDense", &joins); !s.ok()) return ToGrpcStatus(s);
-  Scope scope(this);
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  StreamWatchdog::Watch watch(&watchdog_, ctx);
+  ShardCore::Scope scope(core_);
+  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  StreamWatchdog::Watch watch(&core_->watchdog, ctx);
   TableStateChunk first;
   if (!reader->Read(&first)) {
     return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));
@@ -277,7 +294,7 @@ grpc::Status ParameterServerService::ImportDense(grpc::ServerContext* ctx,
   if (!table.ok()) return ToGrpcStatus(table.status());
   // Everything is received and checked before the table is touched: all or nothing. The
   // state is allocated whole at the first chunk: charge it before.
-  RequestBudget::Charge charge(&budget_);
+  RequestBudget::Charge charge(&core_->budget);
   if (absl::Status s = charge.GrowTo(StateBytes(**table),
                                      absl::StrCat("the import of table ", first.table_id()));
       !s.ok()) {
