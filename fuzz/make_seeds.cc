@@ -17,7 +17,8 @@
 #include "fuzz/fuzz_input.h"
 #include "proto/coordinator.pb.h"
 #include "proto/ps.pb.h"
-#include "server/ps/service/shard_services.h"
+#include "server/ps/service/commands.h"
+#include "server/ps/service/options.h"
 #include "server/ps/snapshot/file_snapshot_store.h"
 #include "server/ps/snapshot/snapshotter.h"
 
@@ -407,20 +408,19 @@ void SnapshotSeeds(const fs::path& out) {
       !shard.CreateTable(Sparse(2)).ok()) {
     std::abort();
   }
-  ShardServices services(&shard, snapshotter.get(), ServiceOptions());
-  grpc::ServerContext ctx;
+  Commands commands(&shard, ServiceOptions().max_chunk_bytes);  // a push's own checks
   DenseChunk c;
   c.set_table_id(1);
   c.set_total_length(300);
   c.set_data(Floats(std::vector<float>(300, 0.25f)));
   PushDenseResponse pushed;
-  services.data()->PushDense(&ctx, &c, &pushed);
+  if (!commands.PushDense(c, &pushed).ok()) std::abort();
   SparseRequest sparse;
   sparse.set_table_id(2);
   for (uint64_t k : {uint64_t{5}, uint64_t{9}}) sparse.add_keys(k);
   sparse.set_grads(Floats(std::vector<float>(8, 1.0f)));
   PushSparseResponse rows;
-  services.data()->PushSparse(&ctx, &sparse, &rows);
+  if (!commands.PushSparse(sparse, &rows).ok()) std::abort();
   SnapshotRequest request;
   request.set_step(1);
   if (!snapshotter->Snapshot(request, absl::Now() + absl::Seconds(10)).ok() ||

@@ -1,7 +1,8 @@
-// libFuzzer target: sequences of calls to a shard's services over a fresh shard (with
-// snapshots in memory), each request arbitrary bytes parsed as the method's request, as
-// gRPC would hand it to the handler. Every unary handler is reachable, and the streaming
-// ones through a real gRPC call over loopback TCP: the three that read a client's stream
+// libFuzzer target: sequences of calls to a shard's three services over a fresh shard (with
+// snapshots in memory), every call a real gRPC call over loopback TCP to the services'
+// own handlers. A unary request is arbitrary bytes, sent as they are (the shard parses
+// them, as a client built from another .proto would have it). Every unary method is
+// reachable, and the streaming ones: the three that read a client's stream
 // (PushDenseStream, ImportDense, and Replicate, a chain's updates, to this shard as a tail),
 // whose messages are arbitrary too and which the client may end or cancel, and the two that
 // write one (PullDenseStream, ExportDense), which the client may read to the end or cancel
@@ -18,9 +19,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/ps/shard_stub.h"
 #include "fuzz/fuzz_input.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/replication/replicator.h"
 #include "server/ps/service/shard_services.h"
@@ -76,32 +79,6 @@ struct Server {
   std::unique_ptr<ShardServices> services;
   std::unique_ptr<Replicator> chain;  // destroyed first: it applies to the services
 };
-
-// The service of `s` whose handlers are C's.
-template <typename C>
-C* ServiceOf(ShardServices* s) {
-  if constexpr (std::is_same_v<C, ShardDataService>) {
-    return s->data();
-  } else {
-    return s->admin();
-  }
-}
-
-template <typename C, typename Req, typename Resp>
-Method<Server> Unary(const char* name,
-                     grpc::Status (C::*handler)(grpc::ServerContext*, const Req*, Resp*),
-                     bool checked = true) {
-  return {name,
-          [handler](Server* s, const std::string& bytes, grpc::Status* status) {
-            Req req;
-            if (!req.ParseFromString(bytes)) return false;
-            Resp resp;
-            grpc::ServerContext ctx;
-            *status = (ServiceOf<C>(s->services.get())->*handler)(&ctx, &req, &resp);
-            return true;
-          },
-          checked};
-}
 
 // The handlers the forwarder ran. A handler may still run when its client's call has ended
 // (cancelled, or refused early), and a call cancelled at once may reach no handler at all: a
@@ -165,40 +142,63 @@ struct Target {
   std::atomic<ShardServices*> services{nullptr};
   Handlers handlers;
 };
-class DataForwarder final : public ShardData::Service {
+// A raw callback method handed to the current input's shard (the target holds it until
+// every reactor of the call is done: Call waits for its core's in-flight count).
+#define PSCLUSTER_FORWARD_UNARY(Service, Method)                                                  \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req, \
+                                   grpc::ByteBuffer* resp) override {                             \
+    return t_->services.load()->Service()->Method(ctx, req, resp);                                \
+  }
+
+class DataForwarder final : public ShardDataBase {
  public:
   explicit DataForwarder(Target* t) : t_(t) {}
+  PSCLUSTER_FORWARD_UNARY(data, RegisterWorker)
+  PSCLUSTER_FORWARD_UNARY(data, UnregisterWorker)
+  PSCLUSTER_FORWARD_UNARY(data, PullDense)
+  PSCLUSTER_FORWARD_UNARY(data, PushDense)
+  PSCLUSTER_FORWARD_UNARY(data, PullDenseBatch)
+  PSCLUSTER_FORWARD_UNARY(data, PushDenseBatch)
+  PSCLUSTER_FORWARD_UNARY(data, PushPullDenseBatch)
+  PSCLUSTER_FORWARD_UNARY(data, PullSparse)
+  PSCLUSTER_FORWARD_UNARY(data, PushSparse)
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override {
+    return t_->services.load()->data()->PullDenseStream(ctx, req);
+  }
   grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
                                PushDenseResponse* resp) override {
     return Run(&t_->handlers, t_->services.load()->data(), &ShardDataService::PushDenseStream, ctx,
                reader, resp);
   }
-  grpc::Status PullDenseStream(grpc::ServerContext* ctx, const PullDenseRequest* req,
-                               grpc::ServerWriter<DenseChunk>* writer) override {
-    return Run(&t_->handlers, t_->services.load()->data(), &ShardDataService::PullDenseStream, ctx,
-               req, writer);
-  }
 
  private:
   Target* const t_;
 };
-class AdminForwarder final : public ShardAdmin::Service {
+class AdminForwarder final : public ShardAdminBase {
  public:
   explicit AdminForwarder(Target* t) : t_(t) {}
+  PSCLUSTER_FORWARD_UNARY(admin, CreateTable)
+  PSCLUSTER_FORWARD_UNARY(admin, DescribeTable)
+  PSCLUSTER_FORWARD_UNARY(admin, Stats)
+  PSCLUSTER_FORWARD_UNARY(admin, Snapshot)
+  PSCLUSTER_FORWARD_UNARY(admin, ListSnapshots)
+  PSCLUSTER_FORWARD_UNARY(admin, SnapshotStatus)
+  PSCLUSTER_FORWARD_UNARY(admin, Restore)
   grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
                            ImportDenseResponse* resp) override {
     return Run(&t_->handlers, t_->services.load()->admin(), &ShardAdminService::ImportDense, ctx,
                reader, resp);
   }
-  grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
-                           grpc::ServerWriter<TableStateChunk>* writer) override {
-    return Run(&t_->handlers, t_->services.load()->admin(), &ShardAdminService::ExportDense, ctx,
-               req, writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportDense(grpc::CallbackServerContext* ctx,
+                                                          const grpc::ByteBuffer* req) override {
+    return t_->services.load()->admin()->ExportDense(ctx, req);
   }
 
  private:
   Target* const t_;
 };
+#undef PSCLUSTER_FORWARD_UNARY
 class ReplicationForwarder final : public ShardReplication::Service {
  public:
   explicit ReplicationForwarder(Target* t) : t_(t) {}
@@ -238,8 +238,10 @@ struct Streams {
       std::fprintf(stderr, "ps_service_fuzzer: cannot listen on 127.0.0.1\n");
       std::abort();
     }
-    stub = ShardStub::New(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    auto channel =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    stub = ShardStub::New(channel);
+    generic = std::make_unique<grpc::GenericStub>(channel);
   }
   Target target;
   DataForwarder data{&target};
@@ -247,6 +249,7 @@ struct Streams {
   ReplicationForwarder replication{&target};
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<ShardStub> stub;
+  std::unique_ptr<grpc::GenericStub> generic;  // the unary calls, their bytes as they came
 };
 
 Streams& TheStreams() {
@@ -258,18 +261,56 @@ Streams& TheStreams() {
 // plays the client's side, calling started() once its messages are sent and before it ends
 // or cancels the call (a call is cancelled only once its handler has started), and returns
 // the call's status. Returns once every handler has returned.
+// A call's reactors may still run when its client has the answer; the shard outlives them.
+void AwaitReactorsDone(Server* s, const char* name) {
+  if (!s->services->core()->in_flight.WaitIdle(absl::Now() + absl::Seconds(30))) {
+    std::fprintf(stderr, "%s: a reactor still runs 30 s after its call ended\n", name);
+    std::abort();
+  }
+}
+
 template <typename Client>
-grpc::Status Call(Server* s, const char* name, Client client) {
+grpc::Status Call(Server* s, const char* name, Client client, bool sync_handler = true) {
   Streams& streams = TheStreams();
   streams.target.services = s->services.get();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   Handlers& handlers = streams.target.handlers;
   const uint64_t before = handlers.started();
-  grpc::Status status =
-      client(*streams.stub, &ctx, [&] { handlers.AwaitStartedAfter(before, name); });
+  grpc::Status status = client(*streams.stub, &ctx, [&] {
+    // (A reactor is not counted: the call may end before it starts, which is as safe.)
+    if (sync_handler) handlers.AwaitStartedAfter(before, name);
+  });
   handlers.AwaitIdle(name);
+  AwaitReactorsDone(s, name);
   return status;
+}
+
+// A unary call to `s`'s shard, its request `bytes` as they came (the shard parses them).
+Method<Server> Unary(const char* service, const char* name, bool checked = true) {
+  const std::string path = absl::StrCat("/pscluster.ps.", service, "/", name);
+  return {name,
+          [path, name](Server* s, const std::string& bytes, grpc::Status* status) {
+            Streams& streams = TheStreams();
+            streams.target.services = s->services.get();
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+            grpc::Slice slice(bytes);
+            grpc::ByteBuffer request(&slice, 1), response;
+            absl::Notification done;
+            streams.generic->UnaryCall(&ctx, path, grpc::StubOptions(), &request, &response,
+                                       [&](grpc::Status st) {
+                                         *status = std::move(st);
+                                         done.Notify();
+                                       });
+            if (!done.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+              std::fprintf(stderr, "%s: no answer within 30 s\n", name);
+              std::abort();
+            }
+            AwaitReactorsDone(s, name);
+            return true;
+          },
+          checked};
 }
 
 // A client stream of the messages in `bytes` (each a u16 little-endian length and that many
@@ -311,25 +352,29 @@ Method<Server> Stream(const char* name,
 // reading to the end (at most 4,096 messages). Nothing is applied; the handler must not
 // crash, hang or leak, whatever the request and wherever the call ends.
 template <typename S, typename Req, typename Msg>
-Method<Server> ServerStream(const char* name, std::unique_ptr<grpc::ClientReader<Msg>> (S::*open)(
-                                                  grpc::ClientContext*, const Req&)) {
+Method<Server> ServerStream(
+    const char* name, bool sync_handler,
+    std::unique_ptr<grpc::ClientReader<Msg>> (S::*open)(grpc::ClientContext*, const Req&)) {
   return {name,
-          [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
+          [name, open, sync_handler](Server* s, const std::string& bytes, grpc::Status* status) {
             Req req;
             if (bytes.empty() || !req.ParseFromArray(bytes.data() + 1, bytes.size() - 1)) {
               return false;
             }
-            *status = Call(s, name, [&](ShardStub& stub, grpc::ClientContext* ctx, auto started) {
-              std::unique_ptr<grpc::ClientReader<Msg>> reader =
-                  (stub.template Get<S>()->*open)(ctx, req);
-              const bool cancel = bytes[0] & 1;
-              Msg m;
-              bool ended = false;
-              for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
-              started();
-              if (!ended) ctx->TryCancel();
-              return reader->Finish();
-            });
+            *status = Call(
+                s, name,
+                [&](ShardStub& stub, grpc::ClientContext* ctx, auto started) {
+                  std::unique_ptr<grpc::ClientReader<Msg>> reader =
+                      (stub.template Get<S>()->*open)(ctx, req);
+                  const bool cancel = bytes[0] & 1;
+                  Msg m;
+                  bool ended = false;
+                  for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
+                  started();
+                  if (!ended) ctx->TryCancel();
+                  return reader->Finish();
+                },
+                sync_handler);
             return true;
           },
           false};
@@ -352,29 +397,27 @@ Method<Server> Replicate() {
 // the fingerprints, which copy every table, off their path). Snapshot is not: its failure
 // releases BSP steps the capture held back.
 const std::vector<Method<Server>>& Methods() {
-  using S = ShardDataService;
-  using A = ShardAdminService;
   static const auto* methods = new std::vector<Method<Server>>{
-      Unary("RegisterWorker", &S::RegisterWorker),
-      Unary("UnregisterWorker", &S::UnregisterWorker),
-      Unary("CreateTable", &A::CreateTable),
-      Unary("DescribeTable", &A::DescribeTable, false),
-      Unary("PullDense", &S::PullDense, false),
-      Unary("PushDense", &S::PushDense),
-      Unary("PullDenseBatch", &S::PullDenseBatch, false),
-      Unary("PushDenseBatch", &S::PushDenseBatch),
-      Unary("PushPullDenseBatch", &S::PushPullDenseBatch),
-      Unary("PullSparse", &S::PullSparse, false),
-      Unary("PushSparse", &S::PushSparse),
-      Unary("Stats", &A::Stats, false),
-      Unary("Snapshot", &A::Snapshot, false),
-      Unary("ListSnapshots", &A::ListSnapshots, false),
-      Unary("SnapshotStatus", &A::SnapshotStatus, false),
-      Unary("Restore", &A::Restore),
+      Unary("ShardData", "RegisterWorker"),
+      Unary("ShardData", "UnregisterWorker"),
+      Unary("ShardAdmin", "CreateTable"),
+      Unary("ShardAdmin", "DescribeTable", false),
+      Unary("ShardData", "PullDense", false),
+      Unary("ShardData", "PushDense"),
+      Unary("ShardData", "PullDenseBatch", false),
+      Unary("ShardData", "PushDenseBatch"),
+      Unary("ShardData", "PushPullDenseBatch"),
+      Unary("ShardData", "PullSparse", false),
+      Unary("ShardData", "PushSparse"),
+      Unary("ShardAdmin", "Stats", false),
+      Unary("ShardAdmin", "Snapshot", false),
+      Unary("ShardAdmin", "ListSnapshots", false),
+      Unary("ShardAdmin", "SnapshotStatus", false),
+      Unary("ShardAdmin", "Restore"),
       Stream("PushDenseStream", &ShardData::Stub::PushDenseStream),
       Stream("ImportDense", &ShardAdmin::Stub::ImportDense),
-      ServerStream("PullDenseStream", &ShardData::Stub::PullDenseStream),
-      ServerStream("ExportDense", &ShardAdmin::Stub::ExportDense),
+      ServerStream("PullDenseStream", false, &ShardData::Stub::PullDenseStream),
+      ServerStream("ExportDense", false, &ShardAdmin::Stub::ExportDense),
       Replicate(),
   };
   return *methods;

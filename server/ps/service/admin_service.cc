@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/ps/service/export_stream.h"
+#include "server/ps/service/raw_unary.h"
 
 namespace pscluster::ps {
 namespace {
@@ -36,39 +38,89 @@ uint64_t StateBytes(const DenseTable& table) {
 
 }  // namespace
 
-grpc::Status ShardAdminService::Stats(grpc::ServerContext*, const StatsRequest* req,
-                                      StatsResponse* resp) {
+absl::Status ShardAdminService::DoStats(const grpc::ServerContextBase*, const StatsRequest& req,
+                                        StatsResponse* resp) {
   ShardCore::Scope scope(core_);
-  if (req->except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
-    return ToGrpcStatus(
-        absl::InvalidArgumentError(absl::StrCat("except_clients lists ", req->except_clients_size(),
-                                                " client ids; at most ", kMaxExceptClients)));
+  if (req.except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
+    return absl::InvalidArgumentError(absl::StrCat("except_clients lists ",
+                                                   req.except_clients_size(),
+                                                   " client ids; at most ", kMaxExceptClients));
   }
-  *resp = core_->shard->Stats({req->except_clients().begin(), req->except_clients().end()});
-  if (req->fingerprint()) resp->set_fingerprint(core_->shard->Fingerprint());
-  return grpc::Status::OK;
+  *resp = core_->shard->Stats({req.except_clients().begin(), req.except_clients().end()});
+  if (req.fingerprint()) resp->set_fingerprint(core_->shard->Fingerprint());
+  return absl::OkStatus();
 }
 
 ShardAdminService::ShardAdminService(ShardCore* core) : core_(core) {}
 
-grpc::Status ShardAdminService::CreateTable(grpc::ServerContext* ctx, const CreateTableRequest* req,
-                                            CreateTableResponse* resp) {
-  ShardCore::Scope scope(core_, ctx);
-  return ToGrpcStatus(core_->gate.Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_create_table() = *req; }, nullptr,
-      [&]() -> absl::Status {
-        ASSIGN_OR_RETURN(*resp, core_->shard->CreateTable(req->spec()));
-        return absl::OkStatus();
-      }));
+// Quick reads answer on gRPC's thread; the rest may wait (a chain's round trip, a snapshot's
+// step or write, a restore's load) and run on the admin pool.
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* ShardAdminService::Answer(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp,
+    const char* method, bool may_wait,
+    absl::Status (ShardAdminService::*work)(const grpc::ServerContextBase*, const Req&, Resp*)) {
+  return AnswerUnary<Req, Resp>(
+      ctx, req, resp, {"ShardAdmin", method}, may_wait ? &core_->admin_pool : nullptr,
+      [this, ctx, work](const Req& r, Resp* out) { return (this->*work)(ctx, r, out); });
 }
 
-grpc::Status ShardAdminService::DescribeTable(grpc::ServerContext*, const DescribeTableRequest* req,
-                                              TableInfo* resp) {
+grpc::ServerUnaryReactor* ShardAdminService::CreateTable(grpc::CallbackServerContext* ctx,
+                                                         const grpc::ByteBuffer* req,
+                                                         grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "CreateTable", core_->gate.replicator() != nullptr,
+                &ShardAdminService::DoCreateTable);
+}
+grpc::ServerUnaryReactor* ShardAdminService::DescribeTable(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* req,
+                                                           grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "DescribeTable", false, &ShardAdminService::DoDescribeTable);
+}
+grpc::ServerUnaryReactor* ShardAdminService::Stats(grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* req,
+                                                   grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "Stats", false, &ShardAdminService::DoStats);
+}
+grpc::ServerUnaryReactor* ShardAdminService::Snapshot(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* req,
+                                                      grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "Snapshot", true, &ShardAdminService::DoSnapshot);
+}
+grpc::ServerUnaryReactor* ShardAdminService::ListSnapshots(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* req,
+                                                           grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "ListSnapshots", true, &ShardAdminService::DoListSnapshots);
+}
+grpc::ServerUnaryReactor* ShardAdminService::SnapshotStatus(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* req,
+                                                            grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "SnapshotStatus", true, &ShardAdminService::DoSnapshotStatus);
+}
+grpc::ServerUnaryReactor* ShardAdminService::Restore(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* req,
+                                                     grpc::ByteBuffer* resp) {
+  return Answer(ctx, req, resp, "Restore", true, &ShardAdminService::DoRestore);
+}
+
+absl::Status ShardAdminService::DoCreateTable(const grpc::ServerContextBase* ctx,
+                                              const CreateTableRequest& req,
+                                              CreateTableResponse* resp) {
+  ShardCore::Scope scope(core_, ctx);
+  return core_->gate.Write(
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_create_table() = req; }, nullptr,
+      [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(*resp, core_->shard->CreateTable(req.spec()));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status ShardAdminService::DoDescribeTable(const grpc::ServerContextBase*,
+                                                const DescribeTableRequest& req, TableInfo* resp) {
   ShardCore::Scope scope(core_);
-  auto table = core_->shard->GetTable(req->table_id());
-  if (!table.ok()) return ToGrpcStatus(table.status());
+  auto table = core_->shard->GetTable(req.table_id());
+  if (!table.ok()) return table.status();
   *resp = (*table)->Info();
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 absl::Status ShardAdminService::CheckSnapshotter() const {
@@ -79,50 +131,49 @@ absl::Status ShardAdminService::CheckSnapshotter() const {
   return absl::OkStatus();
 }
 
-grpc::Status ShardAdminService::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
-                                         SnapshotResponse* resp) {
+absl::Status ShardAdminService::DoSnapshot(const grpc::ServerContextBase* ctx,
+                                           const SnapshotRequest& req, SnapshotResponse* resp) {
   ShardCore::Scope scope(core_);
-  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = core_->gate.CheckServing(); !s.ok())
-    return ToGrpcStatus(s);  // the head writes
-  auto r = core_->snapshotter->Snapshot(*req, core_->gate.Deadline(ctx));
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return s;
+  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return s;  // the head writes
+  auto r = core_->snapshotter->Snapshot(req, core_->gate.Deadline(ctx));
+  if (!r.ok()) return r.status();
   *resp = *std::move(r);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status ShardAdminService::ListSnapshots(grpc::ServerContext*, const ListSnapshotsRequest*,
-                                              ListSnapshotsResponse* resp) {
+absl::Status ShardAdminService::DoListSnapshots(const grpc::ServerContextBase*,
+                                                const ListSnapshotsRequest&,
+                                                ListSnapshotsResponse* resp) {
   ShardCore::Scope scope(core_);
-  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return s;
   auto r = core_->snapshotter->List();
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  if (!r.ok()) return r.status();
   *resp = *std::move(r);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status ShardAdminService::SnapshotStatus(grpc::ServerContext* ctx,
-                                               const SnapshotStatusRequest* req,
-                                               SnapshotStatusResponse* resp) {
+absl::Status ShardAdminService::DoSnapshotStatus(const grpc::ServerContextBase* ctx,
+                                                 const SnapshotStatusRequest& req,
+                                                 SnapshotStatusResponse* resp) {
   ShardCore::Scope scope(core_);
-  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  if (req->wait_until_idle() && !core_->snapshotter->AwaitIdle(core_->gate.Deadline(ctx))) {
-    return ToGrpcStatus(absl::DeadlineExceededError("snapshot write still in progress"));
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return s;
+  if (req.wait_until_idle() && !core_->snapshotter->AwaitIdle(core_->gate.Deadline(ctx))) {
+    return absl::DeadlineExceededError("snapshot write still in progress");
   }
   *resp = core_->snapshotter->Status();
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status ShardAdminService::Restore(grpc::ServerContext*, const RestoreRequest* req,
-                                        RestoreResponse* resp) {
+absl::Status ShardAdminService::DoRestore(const grpc::ServerContextBase*, const RestoreRequest& req,
+                                          RestoreResponse* resp) {
   InFlightCounter::Scope in_flight(&core_->in_flight);
-  if (absl::Status s = CheckSnapshotter(); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckSnapshotter(); !s.ok()) return s;
+  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return s;
   std::unique_ptr<absl::MutexLock> joins;
-  if (absl::Status s = ReplaceWholeState("Restore", &joins); !s.ok()) return ToGrpcStatus(s);
-  if (req->step() < 0) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req->step())));
+  if (absl::Status s = ReplaceWholeState("Restore", &joins); !s.ok()) return s;
+  if (req.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", req.step()));
   }
   // Health checks answer NOT_SERVING until the restore is done or failed: balancers and
   // probes hold traffic back while the state is replaced.
@@ -133,26 +184,26 @@ grpc::Status ShardAdminService::Restore(grpc::ServerContext*, const RestoreReque
   };
   // Read and verify the whole snapshot first, while serving: on any error the shard is
   // exactly as before.
-  auto loaded = core_->snapshotter->Load(absl::StrCat(req->step()));
+  auto loaded = core_->snapshotter->Load(absl::StrCat(req.step()));
   if (!loaded.ok()) {
-    return ToGrpcStatus(absl::Status(
-        loaded.status().code(), absl::StrCat(loaded.status().message(),
-                                             " (nothing was restored; the shard is unchanged)")));
+    return absl::Status(
+        loaded.status().code(),
+        absl::StrCat(loaded.status().message(), " (nothing was restored; the shard is unchanged)"));
   }
   const int64_t step = loaded->step;
   // The later snapshots go first, while serving (it may wait for a write to end): kept, a
   // restart with --restore=latest, or a checkpoint of one of their steps, would bring back
   // the timeline this restore abandons. If they cannot all go, the restore fails and the
   // tables stay as they are.
-  if (req->drop_later()) {
-    if (absl::Status s = DropLaterThan(step); !s.ok()) return ToGrpcStatus(s);
+  if (req.drop_later()) {
+    if (absl::Status s = DropLaterThan(step); !s.ok()) return s;
   }
   InstallRestored(*std::move(loaded));
   std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
               static_cast<long long>(step));
   std::fflush(stdout);
   resp->set_step(step);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 absl::Status ShardAdminService::DropLaterThan(int64_t step) {
@@ -211,47 +262,32 @@ absl::StatusOr<DenseTable*> ShardAdminService::DenseForState(uint32_t table_id) 
   return static_cast<DenseTable*>(*table);
 }
 
-grpc::Status ShardAdminService::ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
-                                            grpc::ServerWriter<TableStateChunk>* writer) {
+absl::Status ShardAdminService::PrepareExport(const grpc::ServerContextBase* ctx,
+                                              const ExportDenseRequest& req,
+                                              RequestBudget::Charge* charge, DenseState* state) {
   ShardCore::Scope scope(core_);
-  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  auto table = DenseForState(req->table_id());
-  if (!table.ok()) return ToGrpcStatus(table.status());
+  RETURN_IF_ERROR(core_->gate.CheckServing());
+  ASSIGN_OR_RETURN(DenseTable * table, DenseForState(req.table_id()));
   // The export holds a copy of the table's whole state (values and slots) until it is sent.
-  RequestBudget::Charge charge(&core_->budget);
-  if (absl::Status s =
-          charge.GrowTo(StateBytes(**table), absl::StrCat("the export of table ", req->table_id()));
-      !s.ok()) {
-    return ToGrpcStatus(s);
+  RETURN_IF_ERROR(
+      charge->GrowTo(StateBytes(*table), absl::StrCat("the export of table ", req.table_id())));
+  // Copied under the table's lock, once the table is readable at the step (it may wait).
+  ASSIGN_OR_RETURN(*state, table->ExportState(req.step(), core_->gate.Deadline(ctx)));
+  return absl::OkStatus();
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardAdminService::ExportDense(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
+  ExportDenseRequest request;
+  if (!ParseRaw(*req, &request)) {
+    return new RefusedWrite(Unparsable(RawMethod{"ShardAdmin", "ExportDense"}));
   }
-  auto state =
-      (*table)->ExportState(req->step(), core_->gate.Deadline(ctx));  // copied under the lock
-  if (!state.ok()) return ToGrpcStatus(state.status());
-  const size_t num_slots = state->slots.size();
-  const uint64_t per_chunk =
-      std::max<uint64_t>(1, core_->options.max_chunk_bytes / (sizeof(float) * (1 + num_slots)));
-  const uint64_t size = state->values.size();
-  TableStateChunk chunk;  // reused: its buffers are allocated once
-  chunk.set_table_id(req->table_id());
-  chunk.set_step(req->step());
-  chunk.set_updates(state->updates);
-  chunk.set_num_slots(num_slots);
-  for (uint64_t done = 0; done < size || done == 0;) {  // an empty range sends one chunk
-    const uint64_t n = std::min(per_chunk, size - done);
-    chunk.set_begin(state->range.begin + done);
-    chunk.clear_values();
-    chunk.mutable_values()->Add(state->values.begin() + done, state->values.begin() + done + n);
-    chunk.clear_slots();
-    for (const std::vector<float>& slot : state->slots) {
-      chunk.mutable_slots()->Add(slot.begin() + done, slot.begin() + done + n);
-    }
-    if (!writer->Write(chunk)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the export stream");
-    }
-    done += n;
-    if (size == 0) break;
-  }
-  return grpc::Status::OK;
+  auto* stream = new ExportStream(core_, request);
+  core_->admin_pool.Post([this, ctx, stream] {
+    stream->Start([this, ctx](const ExportDenseRequest& r, RequestBudget::Charge* charge,
+                              DenseState* state) { return PrepareExport(ctx, r, charge, state); });
+  });
+  return stream;
 }
 
 absl::StatusOr<DenseState> ShardAdminService::ReceiveState(

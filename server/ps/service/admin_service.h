@@ -11,30 +11,58 @@
 
 namespace pscluster::ps {
 
-class ShardAdminService final : public ShardAdmin::Service {
+// The unary methods and ExportDense on the raw callback API (raw_unary.h,
+// export_stream.h); ImportDense still synchronous.
+using ShardAdminBase = ShardAdmin::WithRawCallbackMethod_CreateTable<
+    ShardAdmin::WithRawCallbackMethod_DescribeTable<ShardAdmin::WithRawCallbackMethod_Stats<
+        ShardAdmin::WithRawCallbackMethod_Snapshot<ShardAdmin::WithRawCallbackMethod_ListSnapshots<
+            ShardAdmin::WithRawCallbackMethod_SnapshotStatus<
+                ShardAdmin::WithRawCallbackMethod_Restore<
+                    ShardAdmin::WithRawCallbackMethod_ExportDense<ShardAdmin::Service>>>>>>>>;
+
+class ShardAdminService final : public ShardAdminBase {
  public:
   explicit ShardAdminService(ShardCore* core);
 
-  grpc::Status CreateTable(grpc::ServerContext* ctx, const CreateTableRequest* req,
-                           CreateTableResponse* resp) override;
-  grpc::Status DescribeTable(grpc::ServerContext* ctx, const DescribeTableRequest* req,
-                             TableInfo* resp) override;
-  grpc::Status Stats(grpc::ServerContext* ctx, const StatsRequest* req,
-                     StatsResponse* resp) override;
-  grpc::Status Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
-                        SnapshotResponse* resp) override;
-  grpc::Status ListSnapshots(grpc::ServerContext* ctx, const ListSnapshotsRequest* req,
-                             ListSnapshotsResponse* resp) override;
-  grpc::Status SnapshotStatus(grpc::ServerContext* ctx, const SnapshotStatusRequest* req,
-                              SnapshotStatusResponse* resp) override;
-  grpc::Status Restore(grpc::ServerContext* ctx, const RestoreRequest* req,
-                       RestoreResponse* resp) override;
-  grpc::Status ExportDense(grpc::ServerContext* ctx, const ExportDenseRequest* req,
-                           grpc::ServerWriter<TableStateChunk>* writer) override;
+  using Reactor = grpc::ServerUnaryReactor;
+  using Ctx = grpc::CallbackServerContext;
+  Reactor* CreateTable(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  Reactor* DescribeTable(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  Reactor* Stats(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  Reactor* Snapshot(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  Reactor* ListSnapshots(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  Reactor* SnapshotStatus(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  Reactor* Restore(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportDense(grpc::CallbackServerContext* ctx,
+                                                          const grpc::ByteBuffer* req) override;
   grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
                            ImportDenseResponse* resp) override;
 
  private:
+  // A unary call answered by work (on the admin pool when it may wait).
+  template <typename Req, typename Resp>
+  Reactor* Answer(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp, const char* method,
+                  bool may_wait,
+                  absl::Status (ShardAdminService::*work)(const grpc::ServerContextBase*,
+                                                          const Req&, Resp*));
+  // The unary methods' work, once the request parsed.
+  using CtxBase = grpc::ServerContextBase;
+  absl::Status DoCreateTable(const CtxBase* ctx, const CreateTableRequest& req,
+                             CreateTableResponse* resp);
+  absl::Status DoDescribeTable(const CtxBase* ctx, const DescribeTableRequest& req,
+                               TableInfo* resp);
+  absl::Status DoStats(const CtxBase* ctx, const StatsRequest& req, StatsResponse* resp);
+  absl::Status DoSnapshot(const CtxBase* ctx, const SnapshotRequest& req, SnapshotResponse* resp);
+  absl::Status DoListSnapshots(const CtxBase* ctx, const ListSnapshotsRequest& req,
+                               ListSnapshotsResponse* resp);
+  absl::Status DoSnapshotStatus(const CtxBase* ctx, const SnapshotStatusRequest& req,
+                                SnapshotStatusResponse* resp);
+  absl::Status DoRestore(const CtxBase* ctx, const RestoreRequest& req, RestoreResponse* resp);
+
+  // ExportDense's work before it sends: the state copied (it may wait for its step).
+  absl::Status PrepareExport(const CtxBase* ctx, const ExportDenseRequest& req,
+                             RequestBudget::Charge* charge, DenseState* state);
+
   absl::Status CheckSnapshotter() const;
   // Restore's parts: the snapshots after `step` deleted (their timeline is abandoned); the
   // loaded state installed, waiting pulls failed with the restore named.

@@ -12,11 +12,12 @@ namespace pscluster::ps {
 
 ShardDataService::ShardDataService(ShardCore* core) : core_(core) {}
 
-grpc::Status ShardDataService::RegisterWorker(grpc::ServerContext* ctx,
-                                              const RegisterWorkerRequest* req,
-                                              RegisterWorkerResponse* resp) {
+absl::Status ShardDataService::WriteRegister(const grpc::ServerContextBase* ctx,
+                                             const RegisterWorkerRequest& request,
+                                             RegisterWorkerResponse* resp) {
+  const RegisterWorkerRequest* req = &request;
   ShardCore::Scope scope(core_, ctx);
-  if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  RETURN_IF_ERROR(CheckWorkerId(req->worker_id()));
   absl::Status written = core_->gate.Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = *req; }, nullptr,
       [&] {
@@ -27,32 +28,26 @@ grpc::Status ShardDataService::RegisterWorker(grpc::ServerContext* ctx,
     resp->set_shard_id(core_->shard->options().shard_id);
     resp->set_num_shards(core_->shard->options().num_shards);
   }
-  return ToGrpcStatus(written);
+  return written;
 }
 
-grpc::Status ShardDataService::UnregisterWorker(grpc::ServerContext* ctx,
-                                                const UnregisterWorkerRequest* req,
-                                                UnregisterWorkerResponse* resp) {
+absl::Status ShardDataService::WriteUnregister(const grpc::ServerContextBase* ctx,
+                                               const UnregisterWorkerRequest& request,
+                                               UnregisterWorkerResponse* resp) {
+  const UnregisterWorkerRequest* req = &request;
   ShardCore::Scope scope(core_, ctx);
-  if (absl::Status s = CheckWorkerId(req->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  RETURN_IF_ERROR(CheckWorkerId(req->worker_id()));
   absl::Status written = core_->gate.Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = *req; }, nullptr,
       [&] {
         *resp = core_->shard->UnregisterWorker(req->worker_id());
         return absl::OkStatus();
       });
-  if (!written.ok()) return ToGrpcStatus(written);
+  if (!written.ok()) return written;
   std::printf("ps_server: worker %d unregistered (%s)\n", req->worker_id(),
               resp->was_registered() ? "it was registered" : "it was not registered");
   std::fflush(stdout);
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardDataService::PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
-                                          PullSparseResponse* resp) {
-  ShardCore::Scope scope(core_, ctx);
-  RequestBudget::Charge charge(&core_->budget);
-  return ToGrpcStatus(PullRows(Blocking(ctx), *req, resp, &charge));
+  return absl::OkStatus();
 }
 
 absl::Status ShardDataService::PullRows(const Wait& wait, const SparseRequest& req,
@@ -73,11 +68,6 @@ absl::Status ShardDataService::PullRows(const Wait& wait, const SparseRequest& r
   std::string* out = resp->mutable_values();
   out->resize(values * sizeof(float));
   return table->Read(keys, absl::MakeSpan(reinterpret_cast<float*>(out->data()), values));
-}
-
-grpc::Status ShardDataService::PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
-                                          PushSparseResponse* resp) {
-  return ToGrpcStatus(WritePushSparse(ctx, *req, resp));
 }
 
 absl::Status ShardDataService::WritePushSparse(const grpc::ServerContextBase* ctx,

@@ -18,42 +18,26 @@ namespace callback {
 class Reactors;
 }
 
-// The generated service with the pulls and the unary pushes on the raw callback API: their
-// requests are parsed, and their answers coded, by reactors.cc (gRPC's own parser answers a
-// callback method's unparsable request UNIMPLEMENTED, with no message).
-using ShardDataBase =
+// The generated service with every unary method and the pull stream on the raw callback
+// API: their requests are parsed, and their answers coded, by reactors.cc (gRPC's own
+// parser answers a callback method's unparsable request UNIMPLEMENTED, with no message).
+template <typename Base>
+using WithRawUnaryData = ShardData::WithRawCallbackMethod_RegisterWorker<
+    ShardData::WithRawCallbackMethod_UnregisterWorker<ShardData::WithRawCallbackMethod_PushDense<
+        ShardData::WithRawCallbackMethod_PushDenseBatch<ShardData::WithRawCallbackMethod_PushSparse<
+            ShardData::WithRawCallbackMethod_PullSparse<Base>>>>>>;
+using ShardDataBase = WithRawUnaryData<
     ShardData::WithRawCallbackMethod_PullDense<ShardData::WithRawCallbackMethod_PullDenseBatch<
         ShardData::WithRawCallbackMethod_PushPullDenseBatch<
-            ShardData::WithRawCallbackMethod_PullDenseStream<
-                ShardData::WithRawCallbackMethod_PullSparse<
-                    ShardData::WithRawCallbackMethod_PushDense<
-                        ShardData::WithRawCallbackMethod_PushDenseBatch<
-                            ShardData::WithRawCallbackMethod_PushSparse<ShardData::Service>>>>>>>>;
+            ShardData::WithRawCallbackMethod_PullDenseStream<ShardData::Service>>>>>;
 
 class ShardDataService final : public ShardDataBase {
  public:
   explicit ShardDataService(ShardCore* core);
 
-  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
-                              RegisterWorkerResponse* resp) override;
-  grpc::Status UnregisterWorker(grpc::ServerContext* ctx, const UnregisterWorkerRequest* req,
-                                UnregisterWorkerResponse* resp) override;
-  grpc::Status PullDense(grpc::ServerContext* ctx, const PullDenseRequest* req,
-                         DenseChunk* resp) override;
-  grpc::Status PushDense(grpc::ServerContext* ctx, const DenseChunk* req,
-                         PushDenseResponse* resp) override;
-  grpc::Status PullDenseStream(grpc::ServerContext* ctx, const PullDenseRequest* req,
-                               grpc::ServerWriter<DenseChunk>* writer) override;
   grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
                                PushDenseResponse* resp) override;
-  grpc::Status PullDenseBatch(grpc::ServerContext* ctx, const PullDenseBatchRequest* req,
-                              DenseBatch* resp) override;
-  grpc::Status PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
-                              PushDenseBatchResponse* resp) override;
-  grpc::Status PushPullDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
-                                  DenseBatch* resp) override;
-  // The same pulls on the wire (reactors.cc); the synchronous ones above stay for
-  // callers in this process (the fuzzers).
+  // The pulls (reactors.cc).
   grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* PullDenseBatch(grpc::CallbackServerContext* ctx,
@@ -64,8 +48,14 @@ class ShardDataService final : public ShardDataBase {
                                                grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* req) override;
-  // The unary pushes on the wire: answered on gRPC's thread, or, with a chain, whose round
-  // trip blocks, on the pool (push_calls.cc).
+  // The unary writes: answered on gRPC's thread, or, with a chain, whose round trip
+  // blocks, on the pool (reactors.cc).
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
+                                           const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* UnregisterWorker(grpc::CallbackServerContext* ctx,
+                                             const grpc::ByteBuffer* req,
+                                             grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* PushDense(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* PushDenseBatch(grpc::CallbackServerContext* ctx,
@@ -77,10 +67,6 @@ class ShardDataService final : public ShardDataBase {
   grpc::ServerUnaryReactor* PullSparse(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* req,
                                        grpc::ByteBuffer* resp) override;
-  grpc::Status PullSparse(grpc::ServerContext* ctx, const SparseRequest* req,
-                          PullSparseResponse* resp) override;
-  grpc::Status PushSparse(grpc::ServerContext* ctx, const SparseRequest* req,
-                          PushSparseResponse* resp) override;
 
  private:
   friend class callback::Reactors;
@@ -116,10 +102,12 @@ class ShardDataService final : public ShardDataBase {
     PullChunk Chunk(const DenseTable* table, const PullDenseRequest& req, uint64_t done) const;
   };
   StreamPlan PlanStream(const PullDenseRequest& req, uint64_t length) const;
-  // The synchronous handlers' wait: until the call's deadline, or until it is cancelled.
-  Wait Blocking(const grpc::ServerContextBase* ctx) const;
 
-  // The unary pushes' work, for both the synchronous and the callback handlers.
+  // The unary writes' work, once the request parsed.
+  absl::Status WriteRegister(const grpc::ServerContextBase* ctx, const RegisterWorkerRequest& req,
+                             RegisterWorkerResponse* resp);
+  absl::Status WriteUnregister(const grpc::ServerContextBase* ctx,
+                               const UnregisterWorkerRequest& req, UnregisterWorkerResponse* resp);
   absl::Status WritePush(const grpc::ServerContextBase* ctx, const DenseChunk& req,
                          PushDenseResponse* resp);
   absl::Status WritePushBatch(const grpc::ServerContextBase* ctx, const DenseBatch& req,

@@ -14,13 +14,6 @@
 
 namespace pscluster::ps {
 
-Wait ShardDataService::Blocking(const grpc::ServerContextBase* ctx) const {
-  Wait wait;
-  wait.deadline = core_->gate.Deadline(ctx);
-  wait.cancelled = ShardCore::Cancelled(ctx);
-  return wait;
-}
-
 absl::StatusOr<DenseTable*> ShardDataService::PreparePull(const Wait& wait,
                                                           const PullDenseRequest& req,
                                                           uint64_t* length) {
@@ -58,15 +51,6 @@ absl::StatusOr<ShardDataService::PullChunk> ShardDataService::PullOne(
   return PlanChunk(table, req, req.offset(), length);
 }
 
-grpc::Status ShardDataService::PullDense(grpc::ServerContext* ctx, const PullDenseRequest* req,
-                                         DenseChunk* resp) {
-  ShardCore::Scope scope(core_, ctx);
-  RequestBudget::Charge charge(&core_->budget);
-  absl::StatusOr<PullChunk> chunk = PullOne(Blocking(ctx), *req, &charge);
-  if (!chunk.ok()) return ToGrpcStatus(chunk.status());
-  return ToGrpcStatus(ReadChunk(*chunk, resp));
-}
-
 ShardDataService::PullChunk ShardDataService::PlanChunk(const DenseTable* table,
                                                         const PullDenseRequest& req,
                                                         uint64_t offset, uint64_t length) {
@@ -99,20 +83,6 @@ absl::StatusOr<grpc::ByteBuffer> ShardDataService::EncodeChunks(
   });
 }
 
-grpc::Status ShardDataService::PullDenseBatch(grpc::ServerContext* ctx,
-                                              const PullDenseBatchRequest* req, DenseBatch* resp) {
-  ShardCore::Scope scope(core_, ctx);
-  RequestBudget::Charge charge(&core_->budget);
-  std::vector<PullChunk> chunks;
-  if (absl::Status s = PullBatch(Blocking(ctx), req->pulls(), &chunks, &charge); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  for (const PullChunk& c : chunks) {
-    if (absl::Status s = ReadChunk(c, resp->add_chunks()); !s.ok()) return ToGrpcStatus(s);
-  }
-  return grpc::Status::OK;
-}
-
 absl::Status ShardDataService::PullBatch(
     const Wait& wait, const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
     std::vector<PullChunk>* out, RequestBudget::Charge* charge) {
@@ -140,22 +110,6 @@ absl::Status ShardDataService::PullBatch(
   return absl::OkStatus();
 }
 
-// A step's push and the next step's pull in one round trip: push the batch, then wait (as a
-// pull would) until step + 1 is readable and answer the same ranges.
-grpc::Status ShardDataService::PushPullDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
-                                                  DenseBatch* resp) {
-  ShardCore::Scope scope(core_, ctx);
-  RequestBudget::Charge charge(&core_->budget);
-  std::vector<PullChunk> chunks;
-  absl::Status s = PushOnce(ctx, *req, &charge);
-  if (s.ok()) s = PullAfterPush(Blocking(ctx), *req, &chunks, &charge);
-  if (!s.ok()) return ToGrpcStatus(s);
-  for (const PullChunk& c : chunks) {
-    if (absl::Status s = ReadChunk(c, resp->add_chunks()); !s.ok()) return ToGrpcStatus(s);
-  }
-  return grpc::Status::OK;
-}
-
 absl::Status ShardDataService::PushOnce(const grpc::ServerContextBase* ctx, const DenseBatch& req,
                                         RequestBudget::Charge* charge) {
   charge->ForceGrowTo(PayloadBytes(req));  // then the pulled chunks (PullBatch)
@@ -179,28 +133,6 @@ absl::Status ShardDataService::PullAfterPush(const Wait& wait, const DenseBatch&
     p->set_length(c.data().size() / sizeof(float));
   }
   return PullBatch(wait, pulls, out, charge);
-}
-
-grpc::Status ShardDataService::PullDenseStream(grpc::ServerContext* ctx,
-                                               const PullDenseRequest* req,
-                                               grpc::ServerWriter<DenseChunk>* writer) {
-  ShardCore::Scope scope(core_, ctx);
-  uint64_t length = 0;
-  absl::StatusOr<DenseTable*> table = PreparePull(Blocking(ctx), *req, &length);
-  if (!table.ok()) return ToGrpcStatus(table.status());
-  const StreamPlan plan = PlanStream(*req, length);
-  RequestBudget::Charge charge(&core_->budget);
-  charge.ForceGrowTo(std::min(length, plan.per_chunk) * sizeof(float));  // one chunk at a time
-  DenseChunk message;  // reused: its buffer is allocated once
-  for (uint64_t done = 0, sent = 0; !plan.Done(done, sent); ++sent) {
-    const PullChunk c = plan.Chunk(*table, *req, done);
-    if (absl::Status s = ReadChunk(c, &message); !s.ok()) return ToGrpcStatus(s);
-    if (!writer->Write(message)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the pull stream");
-    }
-    done += c.length;
-  }
-  return grpc::Status::OK;
 }
 
 ShardDataService::StreamPlan ShardDataService::PlanStream(const PullDenseRequest& req,

@@ -33,11 +33,6 @@ absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uin
 
 }  // namespace
 
-grpc::Status ShardDataService::PushDenseBatch(grpc::ServerContext* ctx, const DenseBatch* req,
-                                              PushDenseBatchResponse* resp) {
-  return ToGrpcStatus(WritePushBatch(ctx, *req, resp));
-}
-
 absl::Status ShardDataService::WritePushBatch(const grpc::ServerContextBase* ctx,
                                               const DenseBatch& req, PushDenseBatchResponse* resp) {
   ShardCore::Scope scope(core_, ctx);
@@ -46,11 +41,6 @@ absl::Status ShardDataService::WritePushBatch(const grpc::ServerContextBase* ctx
   return core_->gate.Write(
       ctx, [&](ReplicatedUpdate* u) { *u->mutable_push_dense_batch() = req; }, nullptr,
       [&] { return core_->commands.PushBatch(req, resp); });
-}
-
-grpc::Status ShardDataService::PushDense(grpc::ServerContext* ctx, const DenseChunk* req,
-                                         PushDenseResponse* resp) {
-  return ToGrpcStatus(WritePush(ctx, *req, resp));
 }
 
 absl::Status ShardDataService::WritePush(const grpc::ServerContextBase* ctx, const DenseChunk& req,

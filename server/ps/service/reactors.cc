@@ -8,17 +8,11 @@
 #include "common/park_loop.h"
 #include "common/status_macros.h"
 #include "server/ps/service/data_service.h"
+#include "server/ps/service/raw_unary.h"
 #include "server/ps/service/request_checks.h"
 
 namespace pscluster::ps::callback {
 namespace {
-
-// gRPC's deserializer empties the buffer it reads: it reads a copy (the slices are shared).
-template <typename Msg>
-bool Parse(const grpc::ByteBuffer& bytes, Msg* msg) {
-  grpc::ByteBuffer copy(bytes);
-  return grpc::SerializationTraits<Msg>::Deserialize(&copy, msg).ok();
-}
 
 // A pull stream: prepare waits for the step (parking as a unary pull does); then next codes
 // one chunk at a time, each written once the one before has gone.
@@ -112,7 +106,7 @@ grpc::ServerUnaryReactor* Reactors::StartPull(Service* s, grpc::CallbackServerCo
 grpc::ServerUnaryReactor* Reactors::PullDense(Service* s, grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<PullDenseRequest>();
-  if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullDense"));
+  if (!ParseRaw(*req, pull.get())) return Refuse(ctx, Unparsable("PullDense"));
   return StartPull(s, ctx, [s, pull, resp](const Wait& wait, RequestBudget::Charge* charge) {
     ASSIGN_OR_RETURN(Service::PullChunk chunk, s->PullOne(wait, *pull, charge));
     ASSIGN_OR_RETURN(*resp, Service::EncodeChunks({chunk}, /*batch=*/false));
@@ -124,7 +118,7 @@ grpc::ServerUnaryReactor* Reactors::PullDenseBatch(Service* s, grpc::CallbackSer
                                                    const grpc::ByteBuffer* req,
                                                    grpc::ByteBuffer* resp) {
   auto batch = std::make_shared<PullDenseBatchRequest>();
-  if (!Parse(*req, batch.get())) return Refuse(ctx, Unparsable("PullDenseBatch"));
+  if (!ParseRaw(*req, batch.get())) return Refuse(ctx, Unparsable("PullDenseBatch"));
   return StartPull(s, ctx, [s, batch, resp](const Wait& wait, RequestBudget::Charge* charge) {
     std::vector<Service::PullChunk> chunks;
     RETURN_IF_ERROR(s->PullBatch(wait, batch->pulls(), &chunks, charge));
@@ -141,7 +135,7 @@ grpc::ServerUnaryReactor* Reactors::PushPullDenseBatch(Service* s, grpc::Callbac
     bool pushed = false;  // a run after a park only pulls
   };
   auto call = std::make_shared<Call>();
-  if (!Parse(*req, &call->batch)) return Refuse(ctx, Unparsable("PushPullDenseBatch"));
+  if (!ParseRaw(*req, &call->batch)) return Refuse(ctx, Unparsable("PushPullDenseBatch"));
   // A chain's push waits for its round trip down the chain: not on a gRPC thread.
   const bool on_pool = s->core_->gate.replicator() != nullptr;
   return StartPull(
@@ -163,7 +157,7 @@ grpc::ServerUnaryReactor* Reactors::PullSparse(Service* s, grpc::CallbackServerC
                                                const grpc::ByteBuffer* req,
                                                grpc::ByteBuffer* resp) {
   auto pull = std::make_shared<SparseRequest>();
-  if (!Parse(*req, pull.get())) return Refuse(ctx, Unparsable("PullSparse"));
+  if (!ParseRaw(*req, pull.get())) return Refuse(ctx, Unparsable("PullSparse"));
   return StartPull(s, ctx, [s, pull, resp](const Wait& wait, RequestBudget::Charge* charge) {
     PullSparseResponse rows;
     RETURN_IF_ERROR(s->PullRows(wait, *pull, &rows, charge));
@@ -178,22 +172,10 @@ grpc::ServerUnaryReactor* Reactors::Write(
     Service* s, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
     grpc::ByteBuffer* resp, const char* method,
     absl::Status (Service::*work)(const grpc::ServerContextBase*, const Req&, Resp*)) {
-  auto request = std::make_shared<Req>();
-  if (!Parse(*req, request.get())) return Refuse(ctx, Unparsable(method));
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto answer = [s, ctx, resp, reactor, request, work] {
-    Resp out;
-    absl::Status st = (s->*work)(ctx, *request, &out);
-    bool own = false;
-    if (st.ok()) st = FromGrpcStatus(grpc::SerializationTraits<Resp>::Serialize(out, resp, &own));
-    reactor->Finish(ToGrpcStatus(st));
-  };
-  if (s->core_->gate.replicator() == nullptr) {
-    answer();
-  } else {
-    s->core_->pool.Post(std::move(answer));
-  }
-  return reactor;
+  WorkQueue* pool = s->core_->gate.replicator() == nullptr ? nullptr : &s->core_->pool;
+  return AnswerUnary<Req, Resp>(
+      ctx, req, resp, {"ShardData", method}, pool,
+      [s, ctx, work](const Req& r, Resp* out) { return (s->*work)(ctx, r, out); });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
@@ -207,7 +189,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
     std::unique_ptr<RequestBudget::Charge> charge;
   };
   auto call = std::make_shared<Call>();
-  if (!Parse(*req, &call->pull)) return new RefusedStream(Unparsable("PullDenseStream"));
+  if (!ParseRaw(*req, &call->pull)) return new RefusedStream(Unparsable("PullDenseStream"));
   call->charge = std::make_unique<RequestBudget::Charge>(&s->core_->budget);
   auto prepare = [s, ctx, call,
                   held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {
@@ -266,6 +248,20 @@ grpc::ServerUnaryReactor* ShardDataService::PushPullDenseBatch(grpc::CallbackSer
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardDataService::PullDenseStream(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return callback::Reactors::PullDenseStream(this, ctx, req);
+}
+
+grpc::ServerUnaryReactor* ShardDataService::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* req,
+                                                           grpc::ByteBuffer* resp) {
+  return callback::Reactors::Write(this, ctx, req, resp, "RegisterWorker",
+                                   &ShardDataService::WriteRegister);
+}
+
+grpc::ServerUnaryReactor* ShardDataService::UnregisterWorker(grpc::CallbackServerContext* ctx,
+                                                             const grpc::ByteBuffer* req,
+                                                             grpc::ByteBuffer* resp) {
+  return callback::Reactors::Write(this, ctx, req, resp, "UnregisterWorker",
+                                   &ShardDataService::WriteUnregister);
 }
 
 grpc::ServerUnaryReactor* ShardDataService::PushDense(grpc::CallbackServerContext* ctx,

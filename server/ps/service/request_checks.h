@@ -38,11 +38,21 @@ inline uint64_t PayloadBytes(const DenseBatch& batch) {
   return bytes;
 }
 
+// A method of one of the shard's services, e.g. {"ShardAdmin", "Stats"}.
+struct RawMethod {
+  const char* service;
+  const char* method;
+};
+
 // A request that did not parse, named as ps_server's parse-error interceptor names those of
-// the generated handlers (common/parse_errors.h). Only ShardData has raw methods.
-inline grpc::Status Unparsable(const char* method) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("/pscluster.ps.ShardData/", method, ": ", kUnparsableRequest));
+// the generated handlers (common/parse_errors.h).
+inline grpc::Status Unparsable(const RawMethod& m) {
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrCat("/pscluster.ps.", m.service, "/", m.method, ": ", kUnparsableRequest));
+}
+inline grpc::Status Unparsable(const char* data_method) {
+  return Unparsable(RawMethod{"ShardData", data_method});
 }
 
 }  // namespace pscluster::ps

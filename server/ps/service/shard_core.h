@@ -55,6 +55,10 @@ struct ShardCore {
   // Where the callback handlers run what may block: a woken pull, a chain's round trip.
   static constexpr int kPoolThreads = 4;
   WorkQueue pool{kPoolThreads};
+  // Where the admin calls that may wait long run (a snapshot's step, a restore): apart, so
+  // that they never hold up a woken pull.
+  static constexpr int kAdminThreads = 2;
+  WorkQueue admin_pool{kAdminThreads};
   IdleMemoryReleaser releaser;  // last: its thread uses the others
 };
 

@@ -21,6 +21,7 @@
 #include "common/sharding.h"
 #include "common/testing/temp_dir.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
 #include "server/ps/service/shard_services.h"
@@ -421,19 +422,30 @@ TEST_F(SnapshotterTest, ARestoreWhoseLaterSnapshotsCannotGoFailsAndChangesNothin
   }
   const std::vector<float> before = ReadDense(a, 1);
   ShardServices services(&a, snap.get(), ServiceOptions());
-  ShardAdminService* service = services.admin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  services.RegisterWith(&builder);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto service = ShardAdmin::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  auto restore = [&](const RestoreRequest& r, RestoreResponse* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return service->Restore(&ctx, r, out);
+  };
   RestoreRequest req;
   req.set_step(2);
   req.set_drop_later(true);
   RestoreResponse resp;
   storage.FailDeletes(true);
-  grpc::Status s = service->Restore(nullptr, &req, &resp);
+  grpc::Status s = restore(req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("nothing was restored"));
   EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), before));
   EXPECT_EQ(ListedSteps(*snap), std::vector<int64_t>({2, 3}));
   storage.FailDeletes(false);
-  s = service->Restore(nullptr, &req, &resp);
+  s = restore(req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.step(), 2);
   EXPECT_TRUE(BitwiseEqual(ReadDense(a, 1), at_step_2));
