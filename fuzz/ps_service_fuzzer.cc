@@ -164,12 +164,13 @@ class DataForwarder final : public ShardDataBase {
   PSCLUSTER_FORWARD_UNARY(data, PushSparse)
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullDenseStream(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override {
+    Handlers::Running running(&t_->handlers);  // (then the reactor is in flight)
     return t_->services.load()->data()->PullDenseStream(ctx, req);
   }
-  grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
-                               PushDenseResponse* resp) override {
-    return Run(&t_->handlers, t_->services.load()->data(), &ShardDataService::PushDenseStream, ctx,
-               reader, resp);
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushDenseStream(grpc::CallbackServerContext* ctx,
+                                                             grpc::ByteBuffer* resp) override {
+    Handlers::Running running(&t_->handlers);
+    return t_->services.load()->data()->PushDenseStream(ctx, resp);
   }
 
  private:
@@ -185,13 +186,14 @@ class AdminForwarder final : public ShardAdminBase {
   PSCLUSTER_FORWARD_UNARY(admin, ListSnapshots)
   PSCLUSTER_FORWARD_UNARY(admin, SnapshotStatus)
   PSCLUSTER_FORWARD_UNARY(admin, Restore)
-  grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
-                           ImportDenseResponse* resp) override {
-    return Run(&t_->handlers, t_->services.load()->admin(), &ShardAdminService::ImportDense, ctx,
-               reader, resp);
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportDense(grpc::CallbackServerContext* ctx,
+                                                         grpc::ByteBuffer* resp) override {
+    Handlers::Running running(&t_->handlers);
+    return t_->services.load()->admin()->ImportDense(ctx, resp);
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportDense(grpc::CallbackServerContext* ctx,
                                                           const grpc::ByteBuffer* req) override {
+    Handlers::Running running(&t_->handlers);
     return t_->services.load()->admin()->ExportDense(ctx, req);
   }
 
@@ -270,17 +272,15 @@ void AwaitReactorsDone(Server* s, const char* name) {
 }
 
 template <typename Client>
-grpc::Status Call(Server* s, const char* name, Client client, bool sync_handler = true) {
+grpc::Status Call(Server* s, const char* name, Client client) {
   Streams& streams = TheStreams();
   streams.target.services = s->services.get();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   Handlers& handlers = streams.target.handlers;
   const uint64_t before = handlers.started();
-  grpc::Status status = client(*streams.stub, &ctx, [&] {
-    // (A reactor is not counted: the call may end before it starts, which is as safe.)
-    if (sync_handler) handlers.AwaitStartedAfter(before, name);
-  });
+  grpc::Status status =
+      client(*streams.stub, &ctx, [&] { handlers.AwaitStartedAfter(before, name); });
   handlers.AwaitIdle(name);
   AwaitReactorsDone(s, name);
   return status;
@@ -352,29 +352,25 @@ Method<Server> Stream(const char* name,
 // reading to the end (at most 4,096 messages). Nothing is applied; the handler must not
 // crash, hang or leak, whatever the request and wherever the call ends.
 template <typename S, typename Req, typename Msg>
-Method<Server> ServerStream(
-    const char* name, bool sync_handler,
-    std::unique_ptr<grpc::ClientReader<Msg>> (S::*open)(grpc::ClientContext*, const Req&)) {
+Method<Server> ServerStream(const char* name, std::unique_ptr<grpc::ClientReader<Msg>> (S::*open)(
+                                                  grpc::ClientContext*, const Req&)) {
   return {name,
-          [name, open, sync_handler](Server* s, const std::string& bytes, grpc::Status* status) {
+          [name, open](Server* s, const std::string& bytes, grpc::Status* status) {
             Req req;
             if (bytes.empty() || !req.ParseFromArray(bytes.data() + 1, bytes.size() - 1)) {
               return false;
             }
-            *status = Call(
-                s, name,
-                [&](ShardStub& stub, grpc::ClientContext* ctx, auto started) {
-                  std::unique_ptr<grpc::ClientReader<Msg>> reader =
-                      (stub.template Get<S>()->*open)(ctx, req);
-                  const bool cancel = bytes[0] & 1;
-                  Msg m;
-                  bool ended = false;
-                  for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
-                  started();
-                  if (!ended) ctx->TryCancel();
-                  return reader->Finish();
-                },
-                sync_handler);
+            *status = Call(s, name, [&](ShardStub& stub, grpc::ClientContext* ctx, auto started) {
+              std::unique_ptr<grpc::ClientReader<Msg>> reader =
+                  (stub.template Get<S>()->*open)(ctx, req);
+              const bool cancel = bytes[0] & 1;
+              Msg m;
+              bool ended = false;
+              for (int n = 0; n < (cancel ? 1 : 4096) && !ended; ++n) ended = !reader->Read(&m);
+              started();
+              if (!ended) ctx->TryCancel();
+              return reader->Finish();
+            });
             return true;
           },
           false};
@@ -416,8 +412,8 @@ const std::vector<Method<Server>>& Methods() {
       Unary("ShardAdmin", "Restore"),
       Stream("PushDenseStream", &ShardData::Stub::PushDenseStream),
       Stream("ImportDense", &ShardAdmin::Stub::ImportDense),
-      ServerStream("PullDenseStream", false, &ShardData::Stub::PullDenseStream),
-      ServerStream("ExportDense", false, &ShardAdmin::Stub::ExportDense),
+      ServerStream("PullDenseStream", &ShardData::Stub::PullDenseStream),
+      ServerStream("ExportDense", &ShardAdmin::Stub::ExportDense),
       Replicate(),
   };
   return *methods;

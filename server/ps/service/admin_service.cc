@@ -12,31 +12,11 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/ps/service/export_stream.h"
+#include "server/ps/service/import_stream.h"
 #include "server/ps/service/raw_unary.h"
 
 namespace pscluster::ps {
-namespace {
-
-// The header fields every chunk of one import stream must repeat unchanged.
-absl::Status CheckSameState(const TableStateChunk& first, const TableStateChunk& c,
-                            uint64_t index) {
-  auto differs = [&](absl::string_view field, auto was, auto now) {
-    return absl::InvalidArgumentError(absl::StrCat("import chunk ", index, " changes ", field,
-                                                   " from ", was, " to ", now,
-                                                   " within one stream"));
-  };
-  if (c.table_id() != first.table_id()) return differs("table_id", first.table_id(), c.table_id());
-  if (c.step() != first.step()) return differs("step", first.step(), c.step());
-  if (c.updates() != first.updates()) return differs("updates", first.updates(), c.updates());
-  return absl::OkStatus();
-}
-
-// Bytes of a dense table's whole state on this shard: values and optimizer slots.
-uint64_t StateBytes(const DenseTable& table) {
-  return table.range().size() * (1 + table.num_slots()) * sizeof(float);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status ShardAdminService::DoStats(const grpc::ServerContextBase*, const StatsRequest& req,
                                         StatsResponse* resp) {
@@ -252,22 +232,12 @@ absl::Status ShardAdminService::ReplaceWholeState(absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::StatusOr<DenseTable*> ShardAdminService::DenseForState(uint32_t table_id) const {
-  auto table = core_->shard->GetTable(table_id);
-  if (!table.ok()) return table.status();
-  if ((*table)->spec().kind() != TableSpec::DENSE) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table_id ", table_id, " is a SPARSE table; ExportDense/ImportDense move dense tables"));
-  }
-  return static_cast<DenseTable*>(*table);
-}
-
 absl::Status ShardAdminService::PrepareExport(const grpc::ServerContextBase* ctx,
                                               const ExportDenseRequest& req,
                                               RequestBudget::Charge* charge, DenseState* state) {
   ShardCore::Scope scope(core_);
   RETURN_IF_ERROR(core_->gate.CheckServing());
-  ASSIGN_OR_RETURN(DenseTable * table, DenseForState(req.table_id()));
+  ASSIGN_OR_RETURN(DenseTable * table, DenseForState(*core_->shard, req.table_id()));
   // The export holds a copy of the table's whole state (values and slots) until it is sent.
   RETURN_IF_ERROR(
       charge->GrowTo(StateBytes(*table), absl::StrCat("the export of table ", req.table_id())));
@@ -290,68 +260,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardAdminService::ExportDense(
   return stream;
 }
 
-absl::StatusOr<DenseState> ShardAdminService::ReceiveState(
-    DenseTable* table, const TableStateChunk& first, grpc::ServerReader<TableStateChunk>* reader,
-    StreamWatchdog::Watch* watch) const {
-  DenseStateBuilder builder = table->StateBuilder();
-  TableStateChunk chunk;
-  uint64_t index = 0;
-  for (const TableStateChunk* c = &first; c != nullptr;
-       c = reader->Read(&chunk) ? &chunk : nullptr, ++index) {
-    RETURN_IF_ERROR(CheckSameState(first, *c, index));
-    const uint64_t bytes = (uint64_t{1} * c->values_size() + c->slots_size()) * sizeof(float);
-    if (bytes > core_->options.max_chunk_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("import chunk ", index, " holds ", bytes,
-                                                       " bytes of floats; the limit is ",
-                                                       core_->options.max_chunk_bytes));
-    }
-    if (absl::Status s = builder.Add(c->begin(), c->values(), c->num_slots(), c->slots());
-        !s.ok()) {
-      return s;
-    }
-    watch->Alive();
-  }
-  return builder.Finish(first.updates());
-}
-
-grpc::Status ShardAdminService::ImportDense(grpc::ServerContext* ctx,
-                                            grpc::ServerReader<TableStateChunk>* reader,
-                                            ImportDenseResponse* resp) {
-  std::unique_ptr<absl::MutexLock> joins;  // before Scope: the replicator's lock order
-  if (absl::Status s = ReplaceWholeState("ImportDense", &joins); !s.ok()) return ToGrpcStatus(s);
-  ShardCore::Scope scope(core_);
-  if (absl::Status s = core_->gate.CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  StreamWatchdog::Watch watch(&core_->watchdog, ctx);
-  TableStateChunk first;
-  if (!reader->Read(&first)) {
-    return ToGrpcStatus(absl::InvalidArgumentError("import stream carried no chunks"));
-  }
-  auto table = DenseForState(first.table_id());
-  if (!table.ok()) return ToGrpcStatus(table.status());
-  // Everything is received and checked before the table is touched: all or nothing. The
-  // state is allocated whole at the first chunk: charge it before.
-  RequestBudget::Charge charge(&core_->budget);
-  if (absl::Status s = charge.GrowTo(StateBytes(**table),
-                                     absl::StrCat("the import of table ", first.table_id()));
-      !s.ok()) {
-    return ToGrpcStatus(
-        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
-  }
-  auto state = ReceiveState(*table, first, reader, &watch);
-  absl::Status s = state.status();
-  watch.Disarm();
-  if (s.ok() && ctx->IsCancelled()) {  // the watchdog's (idle), or the client's
-    s = absl::CancelledError("import stream cancelled");
-  }
-  const uint64_t received = state.ok() ? state->values.size() : 0;
-  if (s.ok()) s = (*table)->ImportState(first.step(), *std::move(state));
-  if (!s.ok()) {
-    return ToGrpcStatus(
-        absl::Status(s.code(), absl::StrCat(s.message(), "; nothing was imported")));
-  }
-  resp->set_values_received(received);
-  resp->set_step(first.step());
-  return grpc::Status::OK;
+grpc::ServerReadReactor<grpc::ByteBuffer>* ShardAdminService::ImportDense(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
+  auto* stream =
+      new ImportStream(core_, ctx, resp, [this](std::unique_ptr<absl::MutexLock>* joins) {
+        return ReplaceWholeState("ImportDense", joins);
+      });
+  stream->Begin();
+  return stream;
 }
 
 }  // namespace pscluster::ps

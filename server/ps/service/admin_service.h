@@ -11,14 +11,14 @@
 
 namespace pscluster::ps {
 
-// The unary methods and ExportDense on the raw callback API (raw_unary.h,
-// export_stream.h); ImportDense still synchronous.
+// Every method on the raw callback API (raw_unary.h, export_stream.h, import_stream.h).
 using ShardAdminBase = ShardAdmin::WithRawCallbackMethod_CreateTable<
     ShardAdmin::WithRawCallbackMethod_DescribeTable<ShardAdmin::WithRawCallbackMethod_Stats<
         ShardAdmin::WithRawCallbackMethod_Snapshot<ShardAdmin::WithRawCallbackMethod_ListSnapshots<
             ShardAdmin::WithRawCallbackMethod_SnapshotStatus<
                 ShardAdmin::WithRawCallbackMethod_Restore<
-                    ShardAdmin::WithRawCallbackMethod_ExportDense<ShardAdmin::Service>>>>>>>>;
+                    ShardAdmin::WithRawCallbackMethod_ExportDense<
+                        ShardAdmin::WithRawCallbackMethod_ImportDense<ShardAdmin::Service>>>>>>>>>;
 
 class ShardAdminService final : public ShardAdminBase {
  public:
@@ -35,8 +35,9 @@ class ShardAdminService final : public ShardAdminBase {
   Reactor* Restore(Ctx* ctx, const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportDense(grpc::CallbackServerContext* ctx,
                                                           const grpc::ByteBuffer* req) override;
-  grpc::Status ImportDense(grpc::ServerContext* ctx, grpc::ServerReader<TableStateChunk>* reader,
-                           ImportDenseResponse* resp) override;
+  // (import_stream.h)
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportDense(grpc::CallbackServerContext* ctx,
+                                                         grpc::ByteBuffer* resp) override;
 
  private:
   // A unary call answered by work (on the admin pool when it may wait).
@@ -71,13 +72,6 @@ class ShardAdminService final : public ShardAdminBase {
   // Replicated, before the head replaces its whole state (Restore, ImportDense): the chain
   // becomes the head alone and no replica joins until *joins is released (Replicator).
   absl::Status ReplaceWholeState(absl::string_view what, std::unique_ptr<absl::MutexLock>* joins);
-  // A dense table for ExportDense/ImportDense: NOT_FOUND, or FAILED_PRECONDITION for a
-  // sparse one. (No worker id: moving state is not a worker's push or pull.)
-  absl::StatusOr<DenseTable*> DenseForState(uint32_t table_id) const;
-  // Reads a whole import stream into a state for `table`'s range; `first` is its first chunk.
-  absl::StatusOr<DenseState> ReceiveState(DenseTable* table, const TableStateChunk& first,
-                                          grpc::ServerReader<TableStateChunk>* reader,
-                                          StreamWatchdog::Watch* watch) const;
 
   ShardCore* const core_;
 };

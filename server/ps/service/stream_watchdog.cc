@@ -19,7 +19,7 @@ StreamWatchdog::~StreamWatchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-StreamWatchdog::Watch::Watch(StreamWatchdog* dog, grpc::ServerContext* ctx)
+StreamWatchdog::Watch::Watch(StreamWatchdog* dog, grpc::ServerContextBase* ctx)
     : dog_(dog), ctx_(ctx), peer_(ctx->peer()), last_ns_(absl::GetCurrentTimeNanos()) {
   absl::MutexLock lock(&dog_->mu_);
   dog_->watches_.insert(this);

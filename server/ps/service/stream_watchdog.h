@@ -26,7 +26,7 @@ class StreamWatchdog {
   // One stream, watched while this lives; Alive() after each message it receives.
   class Watch {
    public:
-    Watch(StreamWatchdog* dog, grpc::ServerContext* ctx);
+    Watch(StreamWatchdog* dog, grpc::ServerContextBase* ctx);
     ~Watch();
     Watch(const Watch&) = delete;
     Watch& operator=(const Watch&) = delete;
@@ -38,7 +38,7 @@ class StreamWatchdog {
    private:
     friend class StreamWatchdog;
     StreamWatchdog* const dog_;
-    grpc::ServerContext* const ctx_;
+    grpc::ServerContextBase* const ctx_;
     const std::string peer_;
     std::atomic<int64_t> last_ns_;
     bool fired_ = false;  // cancelled (the watchdog's, under its mutex)
