@@ -1,5 +1,7 @@
 #include "server/ps/service/read_whole.h"
 
+#include <utility>
+
 #include "common/grpc_status.h"
 
 namespace pscluster::ps {
@@ -13,26 +15,81 @@ ReadWhole::ReadWhole(ShardCore* core, grpc::CallbackServerContext* ctx, WorkQueu
       pool_(pool),
       cancelled_(cancelled) {}
 
-void ReadWhole::OnReadDone(bool ok) {
-  if (!ok) {  // the client ended the stream, or it was cancelled
-    watch_.Disarm();
-    if (ctx_->IsCancelled()) {  // the watchdog's (idle), or the client's: nothing applied
-      return Finish(grpc::Status(grpc::StatusCode::CANCELLED, cancelled_));
-    }
-    pool_->Post([this] { Finish(ToGrpcStatus(Apply(received_))); });
-    return;
+void ReadWhole::Begin() {
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
   }
-  watch_.Alive();
-  absl::Status taken = Take(message_, received_++);
-  message_.Clear();
-  if (!taken.ok()) {
-    watch_.Disarm();
-    return Finish(ToGrpcStatus(taken));
-  }
-  // The client may wait for this (ClientWriter::WaitForInitialMetadata) to know that the
-  // shard has its stream and took its first message.
-  if (received_ == 1) StartSendInitialMetadata();
   StartRead(&message_);
+}
+
+bool ReadWhole::ReadNextLocked() {
+  if (reading_ || ended_ || finished_ || queue_.size() >= kAhead) return false;
+  reading_ = true;
+  return true;
+}
+
+void ReadWhole::OnReadDone(bool ok) {
+  if (ok) watch_.Alive();
+  bool read = false, drain = false;
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (ok) {
+      queue_.push_back(std::move(message_));
+      message_ = grpc::ByteBuffer();
+    } else {
+      ended_ = true;  // the client ended the stream, or it was cancelled
+    }
+    read = ReadNextLocked();
+    drain = !draining_ && !finished_;
+    draining_ = draining_ || drain;
+  }
+  if (read) StartRead(&message_);
+  if (drain) pool_->Post([this] { Drain(); });
+}
+
+void ReadWhole::Drain() {
+  for (;;) {
+    grpc::ByteBuffer message;
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) {
+        draining_ = false;
+        if (!ended_ || reading_ || finished_) return;  // more to come, or answered
+        finished_ = true;
+        break;
+      }
+      message = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const uint64_t index = taken_++;
+    if (absl::Status s = Take(message, index); !s.ok()) return End(ToGrpcStatus(s));
+    // The client may wait for this (ClientWriter::WaitForInitialMetadata) to know that
+    // the shard has its stream and took its first message.
+    if (index == 0) StartSendInitialMetadata();
+    bool read = false;
+    {
+      absl::MutexLock lock(&mu_);
+      read = ReadNextLocked();
+    }
+    if (read) StartRead(&message_);
+  }
+  watch_.Disarm();
+  if (ctx_->IsCancelled()) {  // the watchdog's (idle), or the client's: nothing applied
+    return Finish(grpc::Status(grpc::StatusCode::CANCELLED, cancelled_));
+  }
+  Finish(ToGrpcStatus(Apply(taken_)));
+}
+
+void ReadWhole::End(const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = false;
+    finished_ = true;
+  }
+  watch_.Disarm();
+  Finish(status);
 }
 
 }  // namespace pscluster::ps
