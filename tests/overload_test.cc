@@ -37,6 +37,51 @@ TableSpec SgdSpec(uint32_t id, TableSpec::Kind kind) {
 class OverloadTest : public PsClusterTest {
  protected:
   std::vector<std::string> ServerArgs() override { return {absl::StrCat("--threads=", kThreads)}; }
+
+  // While streams hold the shard: two tables created on shard 0 by unary calls (100, 101)
+  // and one export of the BSP table, all served.
+  void ExpectUnaryCallsAndAnExportServed() {
+    for (uint32_t id : {100, 101}) {
+      ps::CreateTableRequest probe;
+      *probe.mutable_spec() = SgdSpec(id, TableSpec::DENSE);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      ps::CreateTableResponse resp;
+      grpc::Status s = clients_[1]->stub(0)->CreateTable(&ctx, probe, &resp);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+    ps::ExportDenseRequest probe;
+    probe.set_table_id(kBsp);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = clients_[1]->stub(0)->ExportDense(&ctx, probe);
+    ps::TableStateChunk chunk;
+    int chunks = 0;
+    while (reader->Read(&chunk)) ++chunks;
+    grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(chunks, 1);
+  }
+
+  // Once the streams were cancelled: tables 100 and 101 on shard 0 and 500 on both, and the
+  // BSP table's values as `before`.
+  void ExpectTablesAndValues(const std::vector<float>& before) {
+    auto describe = [&](int shard, uint32_t id) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      ps::DescribeTableRequest req;
+      req.set_table_id(id);
+      ps::TableInfo info;
+      return clients_[0]->stub(shard)->DescribeTable(&ctx, req, &info).error_code();
+    };
+    EXPECT_EQ(describe(0, 500), grpc::StatusCode::OK);
+    EXPECT_EQ(describe(1, 500), grpc::StatusCode::OK);
+    EXPECT_EQ(describe(0, 100), grpc::StatusCode::OK);
+    EXPECT_EQ(describe(0, 101), grpc::StatusCode::OK);
+    std::vector<float> after(kSize);
+    ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(after)).ok());
+    EXPECT_EQ(after, before) << "a cancelled stream changed the table";
+  }
 };
 
 TEST_F(OverloadTest, StreamsPastTheThreadBoundAreRefusedAtOnceAndUnaryCallsAreServed) {
@@ -107,29 +152,7 @@ TEST_F(OverloadTest, StreamsPastTheThreadBoundAreRefusedAtOnceAndUnaryCallsAreSe
   const absl::Status said = FromGrpcStatus(refused, "shard 0");
   EXPECT_THAT(std::string(said.message()), HasSubstr("retry after a backoff"));
   // A unary call or an export needs no handler thread: served while every one is held.
-  {
-    ps::ExportDenseRequest probe;
-    probe.set_table_id(kBsp);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto reader = clients_[1]->stub(0)->ExportDense(&ctx, probe);
-    ps::TableStateChunk chunk;
-    int chunks = 0;
-    while (reader->Read(&chunk)) ++chunks;
-    grpc::Status s = reader->Finish();
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(chunks, 1);
-  }
-  int accepted = 0;
-  for (; accepted < 2; ++accepted) {
-    ps::CreateTableRequest probe;
-    *probe.mutable_spec() = SgdSpec(100 + accepted, TableSpec::DENSE);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ps::CreateTableResponse resp;
-    grpc::Status s = clients_[1]->stub(0)->CreateTable(&ctx, probe, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  ExpectUnaryCallsAndAnExportServed();
 
   // The client's CreateTable of both shards creates the table once on each.
   const TableSpec retried = SgdSpec(500, TableSpec::DENSE);
@@ -140,21 +163,7 @@ TEST_F(OverloadTest, StreamsPastTheThreadBoundAreRefusedAtOnceAndUnaryCallsAreSe
   for (auto& t : pullers) t.join();
   creator.join();
   EXPECT_TRUE(created.ok()) << created;
-  auto describe = [&](int shard, uint32_t id) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ps::DescribeTableRequest req;
-    req.set_table_id(id);
-    ps::TableInfo info;
-    return clients_[0]->stub(shard)->DescribeTable(&ctx, req, &info).error_code();
-  };
-  EXPECT_EQ(describe(0, 500), grpc::StatusCode::OK);
-  EXPECT_EQ(describe(1, 500), grpc::StatusCode::OK);
-  EXPECT_EQ(describe(0, 100), grpc::StatusCode::OK);
-  EXPECT_EQ(describe(0, 101), grpc::StatusCode::OK);
-  std::vector<float> bsp_after(kSize);
-  ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_after)).ok());
-  EXPECT_EQ(bsp_after, bsp_before) << "a cancelled push stream changed the table";
+  ExpectTablesAndValues(bsp_before);
 }
 
 // Import streams held open, twice as many as --threads, each with one chunk sent and the
@@ -198,29 +207,7 @@ TEST_F(OverloadTest, ImportsHeldOpenTakeNoThreadAndChangeNothing) {
     ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_held), absl::Seconds(30)))
         << held << " of " << kHeld << " streams reached the shard";
   }
-  // Unary calls and an export are served while every stream is held.
-  for (int n = 0; n < 2; ++n) {
-    ps::CreateTableRequest probe;
-    *probe.mutable_spec() = SgdSpec(100 + n, TableSpec::DENSE);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ps::CreateTableResponse resp;
-    grpc::Status s = clients_[1]->stub(0)->CreateTable(&ctx, probe, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  {
-    ps::ExportDenseRequest probe;
-    probe.set_table_id(kBsp);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto reader = clients_[1]->stub(0)->ExportDense(&ctx, probe);
-    ps::TableStateChunk chunk;
-    int chunks = 0;
-    while (reader->Read(&chunk)) ++chunks;
-    grpc::Status s = reader->Finish();
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(chunks, 1);
-  }
+  ExpectUnaryCallsAndAnExportServed();
   EXPECT_TRUE(clients_[1]->CreateTable(SgdSpec(500, TableSpec::DENSE)).ok());
 
   for (auto& ctx : contexts) ctx->TryCancel();
@@ -228,21 +215,7 @@ TEST_F(OverloadTest, ImportsHeldOpenTakeNoThreadAndChangeNothing) {
   for (const grpc::Status& s : ended) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
   }
-  auto describe = [&](int shard, uint32_t id) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ps::DescribeTableRequest req;
-    req.set_table_id(id);
-    ps::TableInfo info;
-    return clients_[0]->stub(shard)->DescribeTable(&ctx, req, &info).error_code();
-  };
-  EXPECT_EQ(describe(0, 500), grpc::StatusCode::OK);
-  EXPECT_EQ(describe(1, 500), grpc::StatusCode::OK);
-  EXPECT_EQ(describe(0, 100), grpc::StatusCode::OK);
-  EXPECT_EQ(describe(0, 101), grpc::StatusCode::OK);
-  std::vector<float> bsp_after(kSize);
-  ASSERT_TRUE(clients_[0]->PullDense(kBsp, 0, absl::MakeSpan(bsp_after)).ok());
-  EXPECT_EQ(bsp_after, bsp_before) << "a cancelled stream changed the table";
+  ExpectTablesAndValues(bsp_before);
 }
 
 // 64 workers on one shard that 4 handler threads serve: each pulls step 1 of a BSP table,
