@@ -26,7 +26,7 @@ ABSL_FLAG(absl::Duration, forward_timeout, absl::Seconds(20),
           "waits up to 10 minutes to hear from it whether it is still in the chain.");
 ABSL_FLAG(int, threads, 64,
           "Most threads for the synchronous RPC handlers: PushDenseStream and the replicas' "
-          "Replicate, TransferState and JoinedChain. Every other call runs on gRPC's callback "
+          "Replicate and TransferState. Every other call runs on gRPC's callback "
           "API and holds no thread while it waits (a BSP/SSP pull, an import whose client is "
           "slow).");
 ABSL_FLAG(std::string, data_dir, "",

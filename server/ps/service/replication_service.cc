@@ -4,6 +4,7 @@
 
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/ps/service/raw_unary.h"
 
 namespace pscluster::ps {
 namespace {
@@ -45,14 +46,19 @@ grpc::Status ShardReplicationService::TransferState(
   return chain->TransferState(req, writer);
 }
 
-grpc::Status ShardReplicationService::JoinedChain(grpc::ServerContext*,
-                                                  const JoinedChainRequest* req,
-                                                  JoinedChainResponse* resp) {
-  InFlightCounter::Scope in_flight(&core_->in_flight);
-  Replicator* chain = core_->gate.replicator();
-  if (chain == nullptr) return ToGrpcStatus(NotReplicated());
-  auto joins = chain->HoldJoins();
-  return chain->JoinedChain(req, resp);
+grpc::ServerUnaryReactor* ShardReplicationService::JoinedChain(grpc::CallbackServerContext* ctx,
+                                                               const grpc::ByteBuffer* req,
+                                                               grpc::ByteBuffer* resp) {
+  // It asks the coordinator to append the joiner: on the pool, as a chain's round trip.
+  return AnswerUnary<JoinedChainRequest, JoinedChainResponse>(
+      ctx, req, resp, {"ShardReplication", "JoinedChain"}, &core_->pool,
+      [this](const JoinedChainRequest& r, JoinedChainResponse* out) -> absl::Status {
+        InFlightCounter::Scope in_flight(&core_->in_flight);
+        Replicator* chain = core_->gate.replicator();
+        if (chain == nullptr) return NotReplicated();
+        auto joins = chain->HoldJoins();
+        return FromGrpcStatus(chain->JoinedChain(&r, out));
+      });
 }
 
 absl::StatusOr<Replicator::State> ShardReplicationService::CaptureState() const {

@@ -13,7 +13,10 @@
 
 namespace pscluster::ps {
 
-class ShardReplicationService final : public ShardReplication::Service {
+// JoinedChain on the raw callback API; Replicate and TransferState still synchronous (a
+// replica's turn waits for the updates before it, which needs turns that park first).
+class ShardReplicationService final
+    : public ShardReplication::WithRawCallbackMethod_JoinedChain<ShardReplication::Service> {
  public:
   explicit ShardReplicationService(ShardCore* core) : core_(core) {}
 
@@ -21,8 +24,9 @@ class ShardReplicationService final : public ShardReplication::Service {
                          ReplicateResponse* resp) override;
   grpc::Status TransferState(grpc::ServerContext* ctx, const TransferStateRequest* req,
                              grpc::ServerWriter<StateTransferChunk>* writer) override;
-  grpc::Status JoinedChain(grpc::ServerContext* ctx, const JoinedChainRequest* req,
-                           JoinedChainResponse* resp) override;
+  grpc::ServerUnaryReactor* JoinedChain(grpc::CallbackServerContext* ctx,
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
 
   // The replicator's hooks into the shard: an update that came down the chain applied as
   // the head applied it; the shard's state now (the tail's, for a joiner); a joiner's state
