@@ -1,13 +1,15 @@
 // A client stream of 1 MiB chunks into gRPC's synchronous server (a handler thread reads
 // message after message) and into its callback server (a read reactor, each message handed
 // over in OnReadDone; and a raw method parsing each message's bytes itself), the server
-// only parsing each chunk and dropping it: what gRPC itself
-// costs to receive a large push either way, with no table work. Why it matters: the shard's
+// only parsing each chunk and dropping it, beside the same bytes through a bare loopback
+// socket (bench/tcp_ceiling.h): what gRPC itself costs to receive a large push either way,
+// with no table work. Why it matters: the shard's
 // PushDenseStream as a read reactor ran at 0.64-0.66x the synchronous handler at 64 MiB
 // (bench/history/2026-12-06-push-stream-callback.md). Sides interleaved, medians.
 //
 //   bazel run -c opt //bench:stream_read_modes -- --sizes_mib=16,64 --rounds=7
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "bench/median.h"
 #include "bench/raw.grpc.pb.h"
+#include "bench/tcp_ceiling.h"
 #include "common/malloc_mode.h"
 #include "grpcpp/grpcpp.h"
 
@@ -131,11 +134,53 @@ double PushOnce(RawStream::Stub* stub, const DenseChunk& chunk, int mib) {
   return absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+// The same bytes through a bare loopback socket, answered by one byte (the ceiling).
+double MedianTcp(TcpClient* tcp, std::vector<float>* data, int mib, int reps) {
+  data->assign(uint64_t{1} * mib * kChunkBytes / sizeof(float), 1.0f);
+  auto once = [&] {
+    const absl::Time start = absl::Now();
+    tcp->Push(*data);
+    return absl::ToDoubleSeconds(absl::Now() - start);
+  };
+  for (int i = 0; i < 2; ++i) once();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) t.push_back(once());
+  return Median(t);
+}
+
 double MedianPush(RawStream::Stub* stub, const DenseChunk& chunk, int mib, int reps) {
   for (int i = 0; i < 2; ++i) PushOnce(stub, chunk, mib);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) t.push_back(PushOnce(stub, chunk, mib));
   return Median(t);
+}
+
+// A way to move `mib` MiB: its name and the seconds one transfer takes (median of reps).
+struct Side {
+  const char* name;
+  std::function<double(int mib)> seconds;
+};
+
+// Each side's GB/s (medians of the rounds' medians, sides interleaved within a round), then
+// the gRPC sides' goodput over the socket's (sides[0]) and over the synchronous server's
+// (sides[1]), medians of per-round ratios.
+void Compare(const std::vector<Side>& sides, int mib) {
+  std::vector<std::vector<double>> t(sides.size()), over_tcp(sides.size()), over_sync(sides.size());
+  for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    for (size_t i = 0; i < sides.size(); ++i) t[i].push_back(sides[i].seconds(mib));
+    for (size_t i = 1; i < sides.size(); ++i) {
+      over_tcp[i].push_back(t[0].back() / t[i].back());
+      over_sync[i].push_back(t[1].back() / t[i].back());
+    }
+  }
+  const double bytes = 1.0 * mib * kChunkBytes;
+  std::printf("%8d |", mib);
+  for (const auto& v : t) std::printf(" %9.3f", bytes / Median(v) / 1e9);
+  std::printf(" |");
+  for (size_t i = 1; i < sides.size(); ++i) std::printf(" %9.2f", Median(over_tcp[i]));
+  std::printf(" |");
+  for (size_t i = 2; i < sides.size(); ++i) std::printf(" %9.2f", Median(over_sync[i]));
+  std::printf("\n");
 }
 
 int Run() {
@@ -146,6 +191,9 @@ int Run() {
   auto sync_server = Serve(&sync, &sync_port);
   auto callback_server = Serve(&callback, &callback_port);
   auto raw_server = Serve(&raw, &raw_port);
+  std::vector<std::unique_ptr<TcpServer>> tcp_server;
+  tcp_server.push_back(std::make_unique<TcpServer>());
+  TcpClient tcp(tcp_server);
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(8 << 20);
   auto stub = [&](int port) {
@@ -155,24 +203,24 @@ int Run() {
   auto sync_stub = stub(sync_port), callback_stub = stub(callback_port), raw_stub = stub(raw_port);
   DenseChunk chunk;
   chunk.set_data(std::string(kChunkBytes, '\1'));
-  std::printf("client stream of 1 MiB chunks, GB/s (median of %d rounds)\n",
+  const int reps = absl::GetFlag(FLAGS_reps);
+  auto grpc_side = [&](const char* name, RawStream::Stub* s) {
+    return Side{name, [&chunk, s, reps](int mib) { return MedianPush(s, chunk, mib, reps); }};
+  };
+  std::vector<float> bytes;
+  const std::vector<Side> sides = {
+      {"tcp", [&](int mib) { return MedianTcp(&tcp, &bytes, mib, reps); }},
+      grpc_side("sync", sync_stub.get()),
+      grpc_side("callback", callback_stub.get()),
+      grpc_side("raw", raw_stub.get())};
+  std::printf("client stream of 1 MiB chunks, GB/s (median of %d rounds) | over tcp | over sync\n",
               absl::GetFlag(FLAGS_rounds));
-  std::printf("%8s | %9s %9s %9s | %s\n", "MiB", "sync", "callback", "raw",
-              "callback / sync, raw / sync");
+  std::printf("%8s | %9s %9s %9s %9s | %9s %9s %9s | %9s %9s\n", "MiB", "tcp", "sync", "callback",
+              "raw", "sync", "callback", "raw", "callback", "raw");
   for (const std::string& size : absl::GetFlag(FLAGS_sizes_mib)) {
     int mib = 0;
     if (!absl::SimpleAtoi(size, &mib) || mib <= 0) return 2;
-    std::vector<double> s, c, w, ratio, raw_ratio;
-    for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
-      s.push_back(MedianPush(sync_stub.get(), chunk, mib, absl::GetFlag(FLAGS_reps)));
-      c.push_back(MedianPush(callback_stub.get(), chunk, mib, absl::GetFlag(FLAGS_reps)));
-      w.push_back(MedianPush(raw_stub.get(), chunk, mib, absl::GetFlag(FLAGS_reps)));
-      ratio.push_back(s.back() / c.back());
-      raw_ratio.push_back(s.back() / w.back());
-    }
-    const double bytes = 1.0 * mib * kChunkBytes;
-    std::printf("%8d | %9.3f %9.3f %9.3f | %.2f, %.2f\n", mib, bytes / Median(s) / 1e9,
-                bytes / Median(c) / 1e9, bytes / Median(w) / 1e9, Median(ratio), Median(raw_ratio));
+    Compare(sides, mib);
   }
   return 0;
 }

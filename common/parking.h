@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -30,12 +29,11 @@ class Waiter {
   virtual bool Waiting() const { return true; }
 };
 
-// How a call waits: blocking the calling thread until `deadline`, asking `cancelled` (if
-// set) meanwhile; or, with a `waiter`, parked: the call answers Parked() at once and the
-// waiter is woken later. parked_since: when it first parked (InfinitePast: it has not).
+// How a call waits: blocking the calling thread until `deadline`; or, with a `waiter`,
+// parked: the call answers Parked() at once and the waiter is woken later. parked_since:
+// when it first parked (InfinitePast: it has not).
 struct Wait {
   absl::Time deadline = absl::InfiniteFuture();
-  std::function<bool()> cancelled;
   std::shared_ptr<Waiter> waiter;
   absl::Time parked_since = absl::InfinitePast();
 };

@@ -3,8 +3,8 @@
 #pragma once
 
 #include "common/metrics.h"
-#include "server/ps/table/shard.h"
 #include "server/ps/snapshot/snapshotter.h"
+#include "server/ps/table/shard.h"
 
 namespace pscluster::ps {
 

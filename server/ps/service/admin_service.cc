@@ -16,20 +16,6 @@
 #include "server/ps/service/raw_unary.h"
 
 namespace pscluster::ps {
-namespace {}  // namespace
-
-absl::Status ShardAdminService::DoStats(const grpc::ServerContextBase*, const StatsRequest& req,
-                                        StatsResponse* resp) {
-  ShardCore::Scope scope(core_);
-  if (req.except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
-    return absl::InvalidArgumentError(absl::StrCat("except_clients lists ",
-                                                   req.except_clients_size(),
-                                                   " client ids; at most ", kMaxExceptClients));
-  }
-  *resp = core_->shard->Stats({req.except_clients().begin(), req.except_clients().end()});
-  if (req.fingerprint()) resp->set_fingerprint(core_->shard->Fingerprint());
-  return absl::OkStatus();
-}
 
 ShardAdminService::ShardAdminService(ShardCore* core) : core_(core) {}
 
@@ -100,6 +86,19 @@ absl::Status ShardAdminService::DoDescribeTable(const grpc::ServerContextBase*,
   auto table = core_->shard->GetTable(req.table_id());
   if (!table.ok()) return table.status();
   *resp = (*table)->Info();
+  return absl::OkStatus();
+}
+
+absl::Status ShardAdminService::DoStats(const grpc::ServerContextBase*, const StatsRequest& req,
+                                        StatsResponse* resp) {
+  ShardCore::Scope scope(core_);
+  if (req.except_clients_size() > kMaxExceptClients) {  // a set of millions, from 4 MB
+    return absl::InvalidArgumentError(absl::StrCat("except_clients lists ",
+                                                   req.except_clients_size(),
+                                                   " client ids; at most ", kMaxExceptClients));
+  }
+  *resp = core_->shard->Stats({req.except_clients().begin(), req.except_clients().end()});
+  if (req.fingerprint()) resp->set_fingerprint(core_->shard->Fingerprint());
   return absl::OkStatus();
 }
 

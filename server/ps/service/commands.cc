@@ -9,6 +9,8 @@
 namespace pscluster::ps {
 namespace {
 
+// A unary push or one entry of a batch is a whole transfer in one chunk: its data, then
+// total_length and begin, when set (non-zero), must say so.
 absl::Status CheckWholeChunk(const DenseChunk& c) {
   RETURN_IF_ERROR(CheckFloatBytes(c.data(), "data"));
   const uint64_t values = c.data().size() / sizeof(float);
@@ -92,19 +94,18 @@ absl::Status Commands::CheckBatch(const DenseBatch& batch, std::vector<DenseTabl
   return absl::OkStatus();
 }
 
-absl::Status Commands::PushDense(const DenseChunk& chunk, PushDenseResponse* resp) {
-  const DenseChunk* req = &chunk;
-  RETURN_IF_ERROR(CheckWholeChunk(*req));
-  if (req->data().size() > max_chunk_bytes_) {
+absl::Status Commands::PushDense(const DenseChunk& req, PushDenseResponse* resp) {
+  RETURN_IF_ERROR(CheckWholeChunk(req));
+  if (req.data().size() > max_chunk_bytes_) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the push carries ", req->data().size(), " bytes; the unary limit is ",
+        absl::StrCat("the push carries ", req.data().size(), " bytes; the unary limit is ",
                      max_chunk_bytes_, " (ps_server --max_chunk_bytes); use PushDenseStream"));
   }
-  ASSIGN_OR_RETURN(DenseTable * table, shard_->GetDense(req->table_id(), req->worker_id()));
+  ASSIGN_OR_RETURN(DenseTable * table, shard_->GetDense(req.table_id(), req.worker_id()));
   bool skipped = false;
   absl::Status s =
-      table->Push(req->worker_id(), req->step(), req->offset(), {AsFloats(req->data())}, &skipped);
-  resp->set_values_received(req->data().size() / sizeof(float));
+      table->Push(req.worker_id(), req.step(), req.offset(), {AsFloats(req.data())}, &skipped);
+  resp->set_values_received(req.data().size() / sizeof(float));
   resp->set_skipped_nonfinite(skipped);
   return s;
 }
@@ -132,21 +133,20 @@ absl::Status Commands::PushStreamed(const DenseChunk& first,
   return s;
 }
 
-absl::Status Commands::PushSparse(const SparseRequest& request, PushSparseResponse* resp) {
-  const SparseRequest* req = &request;
-  RETURN_IF_ERROR(CheckFloatBytes(req->grads(), "grads"));
-  if (uint64_t bytes = req->grads().size() + uint64_t{8} * req->keys_size();
+absl::Status Commands::PushSparse(const SparseRequest& req, PushSparseResponse* resp) {
+  RETURN_IF_ERROR(CheckFloatBytes(req.grads(), "grads"));
+  if (uint64_t bytes = req.grads().size() + uint64_t{8} * req.keys_size();
       bytes > max_chunk_bytes_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the push carries ", bytes, " bytes of keys and gradients; the limit is ",
                      max_chunk_bytes_, " (ps_server --max_chunk_bytes); split the keys"));
   }
-  ASSIGN_OR_RETURN(SparseTable * table, shard_->GetSparse(req->table_id(), req->worker_id()));
+  ASSIGN_OR_RETURN(SparseTable * table, shard_->GetSparse(req.table_id(), req.worker_id()));
   bool skipped = false;
-  absl::Status s = table->Push(req->worker_id(), req->step(),
-                               absl::MakeConstSpan(req->keys().data(), req->keys_size()),
-                               AsFloats(req->grads()), &skipped, req->part(), req->parts());
-  resp->set_rows_received(req->keys_size());
+  absl::Status s = table->Push(req.worker_id(), req.step(),
+                               absl::MakeConstSpan(req.keys().data(), req.keys_size()),
+                               AsFloats(req.grads()), &skipped, req.part(), req.parts());
+  resp->set_rows_received(req.keys_size());
   resp->set_skipped_nonfinite(skipped);
   return s;
 }

@@ -13,15 +13,14 @@ namespace pscluster::ps {
 ShardDataService::ShardDataService(ShardCore* core) : core_(core) {}
 
 absl::Status ShardDataService::WriteRegister(const grpc::ServerContextBase* ctx,
-                                             const RegisterWorkerRequest& request,
+                                             const RegisterWorkerRequest& req,
                                              RegisterWorkerResponse* resp) {
-  const RegisterWorkerRequest* req = &request;
   ShardCore::Scope scope(core_, ctx);
-  RETURN_IF_ERROR(CheckWorkerId(req->worker_id()));
+  RETURN_IF_ERROR(CheckWorkerId(req.worker_id()));
   absl::Status written = core_->gate.Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = *req; }, nullptr,
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_register_worker() = req; }, nullptr,
       [&] {
-        *resp = core_->shard->RegisterWorker(req->worker_id());
+        *resp = core_->shard->RegisterWorker(req.worker_id());
         return absl::OkStatus();
       });
   if (written.ok() && resp->num_shards() == 0) {  // a retry the chain had applied already
@@ -32,19 +31,18 @@ absl::Status ShardDataService::WriteRegister(const grpc::ServerContextBase* ctx,
 }
 
 absl::Status ShardDataService::WriteUnregister(const grpc::ServerContextBase* ctx,
-                                               const UnregisterWorkerRequest& request,
+                                               const UnregisterWorkerRequest& req,
                                                UnregisterWorkerResponse* resp) {
-  const UnregisterWorkerRequest* req = &request;
   ShardCore::Scope scope(core_, ctx);
-  RETURN_IF_ERROR(CheckWorkerId(req->worker_id()));
+  RETURN_IF_ERROR(CheckWorkerId(req.worker_id()));
   absl::Status written = core_->gate.Write(
-      ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = *req; }, nullptr,
+      ctx, [&](ReplicatedUpdate* u) { *u->mutable_unregister_worker() = req; }, nullptr,
       [&] {
-        *resp = core_->shard->UnregisterWorker(req->worker_id());
+        *resp = core_->shard->UnregisterWorker(req.worker_id());
         return absl::OkStatus();
       });
   if (!written.ok()) return written;
-  std::printf("ps_server: worker %d unregistered (%s)\n", req->worker_id(),
+  std::printf("ps_server: worker %d unregistered (%s)\n", req.worker_id(),
               resp->was_registered() ? "it was registered" : "it was not registered");
   std::fflush(stdout);
   return absl::OkStatus();

@@ -81,8 +81,7 @@ class ShardDataService final : public ShardDataBase {
   // The chunk of `length` values of `table` from req.offset() on.
   static PullChunk PlanChunk(const DenseTable* table, const PullDenseRequest& req, uint64_t offset,
                              uint64_t length);
-  // The answer as a message, or coded as gRPC sends it (a DenseBatch, or one DenseChunk).
-  static absl::Status ReadChunk(const PullChunk& chunk, DenseChunk* out);
+  // The answer coded as gRPC sends it (a DenseBatch, or one DenseChunk).
   static absl::StatusOr<grpc::ByteBuffer> EncodeChunks(const std::vector<PullChunk>& chunks,
                                                        bool batch);
   // The pull RPCs' work up to reading the values.
@@ -131,7 +130,8 @@ class ShardDataService final : public ShardDataBase {
   // table and the resolved length (0 in the request = to the end of this shard's range).
   absl::StatusOr<DenseTable*> PreparePull(const Wait& wait, const PullDenseRequest& req,
                                           uint64_t* length);
-  // Until `table` is readable at `step`: blocking, or Parked() (Wait).
+  // OK once `table` is readable at `step`; until then Parked(), and the Wait's waiter is
+  // woken when it is.
   static absl::Status WaitForStep(Table* table, int64_t step, const Wait& wait);
   // A sparse pull's rows into resp->values (the pull waits as `wait` says).
   absl::Status PullRows(const Wait& wait, const SparseRequest& req, PullSparseResponse* resp,

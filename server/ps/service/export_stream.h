@@ -41,11 +41,4 @@ class ExportStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer chunk_;
 };
 
-// A server stream that answers with an error before sending anything.
-class RefusedWrite final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  explicit RefusedWrite(const grpc::Status& why) { Finish(why); }
-  void OnDone() override { delete this; }
-};
-
 }  // namespace pscluster::ps

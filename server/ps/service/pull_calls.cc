@@ -1,6 +1,6 @@
-// The dense pull path of ShardDataService: checking a pull, waiting for its step
-// (blocking, or parked for the callback handlers in reactors.cc), planning its chunks
-// and reading them from the table, as a message or straight into the bytes gRPC sends.
+// The dense pull path of ShardDataService: checking a pull, parking it until its step is
+// readable (the callback handlers in reactors.cc run it again then), planning its chunks
+// and coding them from the table straight into the bytes gRPC sends.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -32,7 +32,6 @@ absl::StatusOr<DenseTable*> ShardDataService::PreparePull(const Wait& wait,
 }
 
 absl::Status ShardDataService::WaitForStep(Table* table, int64_t step, const Wait& wait) {
-  if (wait.waiter == nullptr) return table->AwaitPullable(step, wait.deadline, wait.cancelled);
   ASSIGN_OR_RETURN(bool ready,
                    table->PullableOrPark(step, wait.deadline, wait.waiter, wait.parked_since));
   return ready ? absl::OkStatus() : Parked();
@@ -61,13 +60,6 @@ ShardDataService::PullChunk ShardDataService::PlanChunk(const DenseTable* table,
   c.header.set_begin(offset);
   c.header.set_total_length(length);
   return c;
-}
-
-absl::Status ShardDataService::ReadChunk(const PullChunk& chunk, DenseChunk* out) {
-  *out = chunk.header;
-  std::string* data = out->mutable_data();
-  data->resize(chunk.length * sizeof(float));
-  return chunk.table->ReadBytes(chunk.header.offset(), chunk.length, data->data());
 }
 
 absl::StatusOr<grpc::ByteBuffer> ShardDataService::EncodeChunks(

@@ -22,6 +22,20 @@ bool ParseRaw(const grpc::ByteBuffer& bytes, Msg* msg) {
   return grpc::SerializationTraits<Msg>::Deserialize(&copy, msg).ok();
 }
 
+// A unary call answered at once with `why` (a request that did not parse).
+inline grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::Status& why) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(why);
+  return reactor;
+}
+
+// A server stream answered with `why` before it sends anything.
+class RefusedWrite final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedWrite(const grpc::Status& why) { Finish(why); }
+  void OnDone() override { delete this; }
+};
+
 // Answers with work(request, &answer), run on gRPC's thread when `pool` is null (work that
 // never waits long), else on `pool` (a chain's round trip, a snapshot's wait, a restore).
 // `method` names the call in the error for a request that does not parse.
@@ -30,12 +44,9 @@ grpc::ServerUnaryReactor* AnswerUnary(grpc::CallbackServerContext* ctx, const gr
                                       grpc::ByteBuffer* resp, const RawMethod& method,
                                       WorkQueue* pool,
                                       std::function<absl::Status(const Req&, Resp*)> work) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto request = std::make_shared<Req>();
-  if (!ParseRaw(*req, request.get())) {
-    reactor->Finish(Unparsable(method));
-    return reactor;
-  }
+  if (!ParseRaw(*req, request.get())) return Refuse(ctx, Unparsable(method));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto answer = [reactor, resp, request, work = std::move(work)] {
     Resp out;
     absl::Status st = work(*request, &out);

@@ -58,12 +58,6 @@ class StreamPull final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   ParkLoop loop_;
 };
 
-class RefusedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  explicit RefusedStream(const grpc::Status& why) { Finish(why); }
-  void OnDone() override { delete this; }
-};
-
 // While a call is parked, the workers its attempt touched stay in a call (Stats' calls and
 // idle_ms: a coordinator refuses to roll the tables back under them).
 using Held = std::shared_ptr<std::unique_ptr<Shard::Visit::Held>>;
@@ -75,12 +69,6 @@ absl::Status KeepIfParked(Scope* scope, absl::Status s, const Held& held) {
     held->reset();
   }
   return s;
-}
-
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::Status& why) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(why);
-  return reactor;
 }
 
 }  // namespace
@@ -185,11 +173,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
     const DenseTable* table = nullptr;
     Service::StreamPlan plan{0, 1};
     uint64_t done = 0, sent = 0;
-    uint64_t tables = 0;  // tables_replaced_ when prepared
+    uint64_t tables = 0;  // ServingGate::tables_replaced() when prepared
     std::unique_ptr<RequestBudget::Charge> charge;
   };
   auto call = std::make_shared<Call>();
-  if (!ParseRaw(*req, &call->pull)) return new RefusedStream(Unparsable("PullDenseStream"));
+  if (!ParseRaw(*req, &call->pull)) return new RefusedWrite(Unparsable("PullDenseStream"));
   call->charge = std::make_unique<RequestBudget::Charge>(&s->core_->budget);
   auto prepare = [s, ctx, call,
                   held = Held(new Held::element_type)](const Wait& wait) -> absl::Status {

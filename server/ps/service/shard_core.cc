@@ -37,8 +37,4 @@ ShardCore::Scope::Scope(ShardCore* core, const grpc::ServerContextBase* ctx)
       serving_(core->gate.serving_mu()),
       visit_(core->shard, ClientId(ctx)) {}
 
-std::function<bool()> ShardCore::Cancelled(const grpc::ServerContextBase* ctx) {
-  return [ctx] { return ctx->IsCancelled(); };
-}
-
 }  // namespace pscluster::ps

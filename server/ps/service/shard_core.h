@@ -40,9 +40,6 @@ struct ShardCore {
     Shard::Visit visit_;
   };
 
-  // Whether the client cancelled the call (or gave up on it): waits end early on it.
-  static std::function<bool()> Cancelled(const grpc::ServerContextBase* ctx);
-
   Shard* const shard;
   Snapshotter* const snapshotter;
   const ServiceOptions options;
