@@ -167,10 +167,10 @@ class DataForwarder final : public ShardDataBase {
     Handlers::Running running(&t_->handlers);  // (then the reactor is in flight)
     return t_->services.load()->data()->PullDenseStream(ctx, req);
   }
-  grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
-                               PushDenseResponse* resp) override {
-    return Run(&t_->handlers, t_->services.load()->data(), &ShardDataService::PushDenseStream, ctx,
-               reader, resp);
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushDenseStream(grpc::CallbackServerContext* ctx,
+                                                             grpc::ByteBuffer* resp) override {
+    Handlers::Running running(&t_->handlers);
+    return t_->services.load()->data()->PushDenseStream(ctx, resp);
   }
 
  private:

@@ -25,9 +25,9 @@ ABSL_FLAG(absl::Duration, forward_timeout, absl::Seconds(20),
           "itself and the chain goes on without it. Cut off from the coordinator as well, it "
           "waits up to 10 minutes to hear from it whether it is still in the chain.");
 ABSL_FLAG(int, threads, 64,
-          "Most threads for the synchronous RPC handlers: PushDenseStream and the replicas' "
+          "Most threads for the synchronous RPC handlers: the replicas' "
           "Replicate and TransferState. Every other call runs on gRPC's callback "
-          "API and holds no thread while it waits (a BSP/SSP pull, an import whose client is "
+          "API and holds no thread while it waits (a BSP/SSP pull, a stream whose client is "
           "slow).");
 ABSL_FLAG(std::string, data_dir, "",
           "Checkpoint root shared by all shards (created if missing); this shard's snapshots "

@@ -29,14 +29,16 @@ using WithRawUnaryData = ShardData::WithRawCallbackMethod_RegisterWorker<
 using ShardDataBase = WithRawUnaryData<
     ShardData::WithRawCallbackMethod_PullDense<ShardData::WithRawCallbackMethod_PullDenseBatch<
         ShardData::WithRawCallbackMethod_PushPullDenseBatch<
-            ShardData::WithRawCallbackMethod_PullDenseStream<ShardData::Service>>>>>;
+            ShardData::WithRawCallbackMethod_PullDenseStream<
+                ShardData::WithRawCallbackMethod_PushDenseStream<ShardData::Service>>>>>>;
 
 class ShardDataService final : public ShardDataBase {
  public:
   explicit ShardDataService(ShardCore* core);
 
-  grpc::Status PushDenseStream(grpc::ServerContext* ctx, grpc::ServerReader<DenseChunk>* reader,
-                               PushDenseResponse* resp) override;
+  // (push_stream.h)
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushDenseStream(grpc::CallbackServerContext* ctx,
+                                                             grpc::ByteBuffer* resp) override;
   // The pulls (reactors.cc).
   grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
@@ -113,15 +115,6 @@ class ShardDataService final : public ShardDataBase {
                               PushDenseBatchResponse* resp);
   absl::Status WritePushSparse(const grpc::ServerContextBase* ctx, const SparseRequest& req,
                                PushSparseResponse* resp);
-  // A push stream's chunks after `first`, each checked (CheckStreamChunk), charged and
-  // scanned as it comes, its bytes kept in *buffers; `first`'s own bytes become buffers[0].
-  absl::Status ReceivePush(DenseTable* table, DenseChunk* first,
-                           grpc::ServerReader<DenseChunk>* reader, StreamWatchdog::Watch* watch,
-                           RequestBudget::Charge* charge, std::vector<std::string>* buffers,
-                           DenseTable::Scanned* scanned);
-  // Chunk `index` of a push stream that received `received` values before it.
-  absl::Status CheckStreamChunk(const DenseChunk& first, const DenseChunk& c, uint64_t index,
-                                uint64_t received) const;
   // The answer's bytes are added to `charge` as its chunks are planned.
   absl::Status PullBatch(const Wait& wait,
                          const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,

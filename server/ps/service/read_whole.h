@@ -1,15 +1,14 @@
 // A client stream on gRPC's callback API that is received whole before anything of it is
-// applied (an import). Each message is handed to Take in order, on a pool:
+// applied (a push stream, an import). Each message is handed to Take in order, on a pool:
 // it checks the message and keeps what it needs. Once the client has ended the stream,
 // Apply runs (on the pool too: it may wait for a chain's round trip or the tables' locks)
 // and answers the call. An error from Take ends the call at once; a stream its client
 // cancels, or that the watchdog cancels for going quiet, applies nothing. The initial
 // metadata goes once the first message is taken.
 //
-// gRPC receives the next message while Take works on one (at most kAhead wait).
-// PushDenseStream stays synchronous: on this base, a 64 MiB push stream received this way
-// ran at 0.64-0.66x the synchronous handler's goodput (bench/ps_throughput, 2026-12-06),
-// with Take on gRPC's thread or on the pool alike.
+// gRPC receives the next message while Take works on one (at most kAhead wait). A 64 MiB
+// push received this way runs as fast as on the synchronous API, once its chunks land in
+// pooled buffers (bench/history/2026-12-06-push-stream-callback.md).
 #pragma once
 
 #include <cstdint>
