@@ -13,27 +13,35 @@ rounds=${2:-3} epochs=${3:-3}
 modes=(ps allreduce fsdp pipeline)
 tmp=$(mktemp -d /tmp/before_after.XXXXXX)
 echo "runs under $tmp"
-for tree in "$base" "$new"; do
-  (cd "$tree" && bazel build -c opt //bench:ps_throughput //server/ps:ps_server \
-    //server/coordinator:ps_coordinator //worker:ps_worker //tools/psctl:psctl 2>&1 | tail -n 1)
+# Each side's binaries are copied out once built, so editing either tree during the
+# sitting changes nothing in it (deploy/local_cluster.sh --bin runs them without a build).
+binaries=(bench/ps_throughput server/ps/ps_server server/coordinator/ps_coordinator
+  worker/ps_worker tools/psctl/psctl)
+for side in base new; do
+  tree=$base; [[ $side == new ]] && tree=$new
+  targets=()
+  for b in "${binaries[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
+  (cd "$tree" && bazel build -c opt "${targets[@]}" 2>&1 | tail -n 1)
+  built=$(cd "$tree" && bazel info -c opt bazel-bin 2>/dev/null)
+  for b in "${binaries[@]}"; do
+    mkdir -p "$tmp/$side-bin/${b%/*}" && cp "$built/$b" "$tmp/$side-bin/$b"
+  done
 done
 for ((r = 0; r < rounds; ++r)); do
   for m in "${modes[@]}"; do
     for side in base new; do
       tree=$base; [[ $side == new ]] && tree=$new
-      (cd "$tree" && deploy/local_cluster.sh --mode "$m" --epochs "$epochs" \
-        --out "$tmp/$side-$m$r" >/dev/null 2>&1) \
+      (cd "$tree" && deploy/local_cluster.sh --bin "$tmp/$side-bin" --mode "$m" \
+        --epochs "$epochs" --out "$tmp/$side-$m$r" >/dev/null 2>&1) \
         || { echo "before_after.sh: $side $m round $r failed; see $tmp/$side-$m$r" >&2; exit 1; }
     done
   done
   for side in base new; do
-    tree=$base; [[ $side == new ]] && tree=$new
-    bin=$(cd "$tree" && bazel info -c opt bazel-bin 2>/dev/null)
     # ps_server's malloc settings (common/malloc_mode.h), which a base from before
     # 2026-12-04 did not apply in the bench's process: without them its messages landed in
     # fresh pages, which the daemons never do (bench/history/RESULTS-to-2026-12-05.md, 2026-12-04 evening).
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=16777216:glibc.malloc.arena_max=4 \
-      "$bin/bench/ps_throughput" --reps=5 --rounds=1 --json="$tmp/$side-ps$r.json" >/dev/null
+      "$tmp/$side-bin/bench/ps_throughput" --reps=5 --rounds=1 --json="$tmp/$side-ps$r.json" >/dev/null
   done
   echo "round $((r + 1))/$rounds done"
 done
