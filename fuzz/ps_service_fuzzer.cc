@@ -128,15 +128,6 @@ class Handlers {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The current input's handler, counted while it runs.
-template <typename C, typename A, typename B>
-grpc::Status Run(Handlers* handlers, C* target,
-                 grpc::Status (C::*handler)(grpc::ServerContext*, A, B), grpc::ServerContext* ctx,
-                 A a, B b) {
-  Handlers::Running running(handlers);
-  return (target->*handler)(ctx, a, b);
-}
-
 // The streaming methods of each service, handed to the current input's shard.
 struct Target {
   std::atomic<ShardServices*> services{nullptr};
@@ -200,19 +191,25 @@ class AdminForwarder final : public ShardAdminBase {
  private:
   Target* const t_;
 };
-#undef PSCLUSTER_FORWARD_UNARY
-class ReplicationForwarder final : public ShardReplication::Service {
+class ReplicationForwarder final : public ShardReplicationBase {
  public:
   explicit ReplicationForwarder(Target* t) : t_(t) {}
-  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
-                         ReplicateResponse* resp) override {
-    return Run(&t_->handlers, t_->services.load()->replication(),
-               &ShardReplicationService::Replicate, ctx, reader, resp);
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Replicate(grpc::CallbackServerContext* ctx,
+                                                       grpc::ByteBuffer* resp) override {
+    Handlers::Running running(&t_->handlers);
+    return t_->services.load()->replication()->Replicate(ctx, resp);
   }
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* TransferState(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* req) override {
+    Handlers::Running running(&t_->handlers);
+    return t_->services.load()->replication()->TransferState(ctx, req);
+  }
+  PSCLUSTER_FORWARD_UNARY(replication, JoinedChain)
 
  private:
   Target* const t_;
 };
+#undef PSCLUSTER_FORWARD_UNARY
 
 // The streaming handlers run behind a real gRPC call: one server on loopback TCP for the
 // whole run, whose service hands each call to the current input's shard. (Not gRPC's

@@ -25,10 +25,10 @@ ABSL_FLAG(absl::Duration, forward_timeout, absl::Seconds(20),
           "itself and the chain goes on without it. Cut off from the coordinator as well, it "
           "waits up to 10 minutes to hear from it whether it is still in the chain.");
 ABSL_FLAG(int, threads, 64,
-          "Most threads for the synchronous RPC handlers: the replicas' "
-          "Replicate and TransferState. Every other call runs on gRPC's callback "
-          "API and holds no thread while it waits (a BSP/SSP pull, a stream whose client is "
-          "slow).");
+          "Most threads that apply and hand on the updates a replica receives from the one "
+          "before it, and stream its state to a joiner (at least 2). Every call runs on gRPC's "
+          "callback API: one that waits (a BSP/SSP pull, an update waiting for its turn, a "
+          "stream whose client is slow) holds no thread.");
 ABSL_FLAG(std::string, data_dir, "",
           "Checkpoint root shared by all shards (created if missing); this shard's snapshots "
           "go to DIR/shard-<shard_id>. Without it, snapshot RPCs fail.");
@@ -128,9 +128,11 @@ absl::Status ReadServiceFlags(ServerFlags* f) {
   if (f->threads < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads=", f->threads,
-                     " must be >= 2: one thread polls for calls, and a call "
-                     "needs another to run on (with fewer the shard answers nothing)"));
+                     " must be >= 2: it also bounds gRPC's threads for the synchronous "
+                     "services (reflection), where one polls for calls and a call needs "
+                     "another to run on"));
   }
+  f->service.replication_threads = f->threads;
   return absl::OkStatus();
 }
 

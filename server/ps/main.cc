@@ -85,10 +85,6 @@ std::set<std::string> AdminMethods() {
   return methods;
 }
 
-// Handler threads kept polling between the replicas' synchronous calls: enough for a chain's
-// Replicate calls of a step without starting threads; more would only sit idle.
-constexpr int kIdleHandlerThreads = 16;
-
 // Listening on --host:--port (the port chosen is in *port).
 absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
                                                      const pscluster::Security& security,
@@ -115,12 +111,6 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const ServerFlags& f,
   const std::string address = absl::StrCat(f.host, ":", f.port);
   builder.AddListeningPort(address, credentials, port);
   builder.SetResourceQuota(quota);
-  // Handler threads that finish a call poll for the next instead of exiting (gRPC's default
-  // keeps 2 polling): a chain's successor takes a Replicate call per write, and with the
-  // default every step started new threads and ended as many (when client calls were
-  // synchronous too, ~220 a second in PS-mode training, each a clone and an exit).
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                              std::min(f.threads, kIdleHandlerThreads));
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(f.service));
   builder.SetMaxSendMessageSize(MaxMessageBytes(f.service));
   services->RegisterWith(&builder);

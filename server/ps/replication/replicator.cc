@@ -27,11 +27,18 @@ Replicator::Replicator(ReplicatorOptions options, Apply apply, Capture capture, 
       apply_(std::move(apply)),
       capture_(std::move(capture)),
       install_(std::move(install)),
-      serving_(options_.serving != nullptr ? options_.serving : &own_serving_) {}
+      serving_(options_.serving != nullptr ? options_.serving : &own_serving_) {
+  log_.SetOnApplied([this] {
+    mu_.AssertHeld();
+    WakeTurnsLocked();
+  });
+}
 
 Replicator::~Replicator() {
   stop_.Notify();
   if (joiner_.joinable()) joiner_.join();
+  absl::MutexLock lock(&mu_);
+  turns_.WakeAll(absl::UnavailableError(Name() + " is shutting down"));
 }
 
 void Replicator::StartJoining() {
@@ -60,6 +67,7 @@ void Replicator::UpdateLocked(const ChainConfig& config) {
                             : (now.successor.empty() ? "tail" : "middle"),
               absl::StrJoin(config.addresses, " -> ").c_str());
   std::fflush(stdout);
+  WakeTurnsLocked();  // an update parked for its turn in the old chain is refused now
 }
 
 void Replicator::Renew(absl::Time sent) {
@@ -332,6 +340,7 @@ absl::Status Replicator::Stop(const std::string& what) {
   {
     absl::MutexLock lock(&mu_);
     stopped_ = absl::UnavailableError(why);
+    turns_.WakeAll(stopped_);
   }
   if (options_.stop) options_.stop();
   return absl::UnavailableError(why);

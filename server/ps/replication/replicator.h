@@ -53,6 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/parking.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"
@@ -161,22 +162,29 @@ class Replicator {
   absl::Status Write(const std::string& request_id, ReplicatedUpdate update,
                      std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
 
-  // What the service keeps of a Replicate call while it is read (its memory budget and idle
-  // watch, as for a client's push stream). `hold`, for a streamed push, is told the bytes it
-  // will hold (its declared total_length, before any chunk is read) and then holds (each
-  // chunk's buffer as it comes); an error from it refuses the stream with that error. `read`
-  // is called once the sender has ended the call (the update then waits its turn), or the
-  // call was cancelled meanwhile (nothing is applied then).
-  struct StreamHooks {
-    std::function<absl::Status(uint64_t bytes)> hold;
-    std::function<void()> read;
-  };
-  // The Replicate RPC.
-  grpc::Status Receive(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
-                       const StreamHooks& hooks = {});
-  // The tail's side of a join (the TransferState and JoinedChain RPCs).
-  grpc::Status TransferState(const TransferStateRequest* req,
-                             grpc::ServerWriter<StateTransferChunk>* writer);
+  // The Replicate RPC, whose stream the service reads (server/ps/service/replicate_stream.h).
+  // Its first message: whether this replica reads the rest at all (it refuses a sender it
+  // takes nothing from before a stream's chunks are read).
+  absl::Status CheckFirst(const ReplicatedUpdate& first);
+  // The whole update, once its sender ended the call (a stream's later chunk data in
+  // *chunks): waits for the updates before it, applies it and hands it on. With
+  // wait.waiter, an update whose turn has not come parks: Parked() at once, and the waiter
+  // is woken when its turn comes (the call then runs Receive again). Bounded by
+  // wait.deadline (OperationDeadline()).
+  absl::Status Receive(ReplicatedUpdate* update, std::vector<std::string>* chunks,
+                       const Wait& wait);
+  // How long from now a received update may wait for its turn and its trip down the chain.
+  absl::Time OperationDeadline() const { return absl::Now() + options_.forward_timeout; }
+  // The tail's side of a join (the TransferState and JoinedChain RPCs). `write` sends one
+  // message of the state, false once the joiner stopped reading.
+  using WriteChunk = std::function<bool(const StateTransferChunk&)>;
+  absl::Status TransferState(const TransferStateRequest& req, const WriteChunk& write);
+  absl::Duration transfer_timeout() const { return options_.transfer_timeout; }
+  // Received updates parked now, waiting for their turn.
+  size_t parked() const {
+    absl::MutexLock lock(&mu_);
+    return turns_.size();
+  }
   grpc::Status JoinedChain(const JoinedChainRequest* req, JoinedChainResponse* resp);
 
  private:
@@ -221,22 +229,22 @@ class Replicator {
   // on; and its tables, streamed (false: the joiner stopped reading).
   absl::Status CaptureForJoiner(const TransferStateRequest& req, State* state,
                                 StateTransferStart* start);
-  bool SendState(const State& state, grpc::ServerWriter<StateTransferChunk>* writer);
+  bool SendState(const State& state, const WriteChunk& write);
   void UpdateLocked(const ChainConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tail stops handing updates to a joiner it could not reach.
   void DropLearner(int32_t replica, int64_t epoch, const grpc::Status& why);
   // Receive's parts. Whether this replica takes `update` from its sender (epochs, place).
   absl::Status CheckSenderLocked(const ReplicatedUpdate& update) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A stream's later messages (its chunks, held to the stream hooks' budget); a unary
-  // update's end.
-  grpc::Status ReadRest(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
-                        const StreamHooks& hooks, const ReplicatedUpdate& update,
-                        std::vector<std::string>* chunks);
-  // What a received update needs once the ones before it are here (bounded by `deadline`):
-  // to be applied, to be handed on again (applied, not yet acknowledged), or nothing.
+  // What a received update needs once the ones before it are here (bounded by
+  // wait.deadline; Parked() when it parked): to be applied, to be handed on again
+  // (applied, not yet acknowledged), or nothing.
   enum class Turn { kApply, kHandOn, kHeld };
-  absl::StatusOr<Turn> AwaitTurn(const ReplicatedUpdate& update, absl::Time deadline);
+  absl::StatusOr<Turn> AwaitTurn(const ReplicatedUpdate& update, const Wait& wait);
+  // Applies a received update in its turn (the order lock held meanwhile).
+  absl::Status ApplyInTurn(const ReplicatedUpdate& update, std::vector<std::string>* chunks);
+  // Wakes the updates parked for a turn that has come, or for a chain that has changed.
+  void WakeTurnsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Name() const;
 
   const ReplicatorOptions options_;
@@ -247,6 +255,12 @@ class Replicator {
   absl::Mutex* const serving_;
   mutable absl::Mutex mu_;
   absl::Status stopped_ ABSL_GUARDED_BY(mu_);  // see ReplicatorOptions::stop
+  // Received updates parked until their turn: by sequence number and chain epoch.
+  struct TurnKey {
+    uint64_t seq = 0;
+    int64_t epoch = 0;
+  };
+  Waiters<TurnKey> turns_ ABSL_GUARDED_BY(mu_);
   ChainConfig config_ ABSL_GUARDED_BY(mu_);
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -24,32 +24,31 @@ void Replicator::DropLearner(int32_t replica, int64_t epoch, const grpc::Status&
   learner_ = Learner();
 }
 
-grpc::Status Replicator::TransferState(const TransferStateRequest* req,
-                                       grpc::ServerWriter<StateTransferChunk>* writer) {
+absl::Status Replicator::TransferState(const TransferStateRequest& req, const WriteChunk& write) {
   if (capture_ == nullptr || !options_.append) {
-    return ToGrpcStatus(absl::FailedPreconditionError(Name() + " takes no joining replicas"));
+    return absl::FailedPreconditionError(Name() + " takes no joining replicas");
   }
-  if (req->replica() == options_.replica) {
-    return ToGrpcStatus(absl::InvalidArgumentError(Name() + ": a replica cannot join itself"));
+  if (req.replica() == options_.replica) {
+    return absl::InvalidArgumentError(Name() + ": a replica cannot join itself");
   }
   State state;
   StateTransferChunk first;
   StateTransferStart* start = first.mutable_start();
-  if (absl::Status s = CaptureForJoiner(*req, &state, start); !s.ok()) return ToGrpcStatus(s);
+  RETURN_IF_ERROR(CaptureForJoiner(req, &state, start));
   for (int32_t w : state.workers) start->add_workers(w);
   start->set_tables(state.images.size());
   std::printf(
       "ps_server: %s: handing replica %d the state at update %llu (%zu tables) and "
       "every update from now on\n",
-      Name().c_str(), req->replica(), static_cast<unsigned long long>(start->seq()),
+      Name().c_str(), req.replica(), static_cast<unsigned long long>(start->seq()),
       state.images.size());
   std::fflush(stdout);
-  if (!writer->Write(first) || !SendState(state, writer)) {
-    DropLearner(req->replica(), req->epoch(),
+  if (!write(first) || !SendState(state, write)) {
+    DropLearner(req.replica(), req.epoch(),
                 grpc::Status(grpc::StatusCode::UNAVAILABLE, "the state transfer broke off"));
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the joiner stopped reading the state");
+    return absl::UnavailableError("the joiner stopped reading the state");
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 absl::Status Replicator::CaptureForJoiner(const TransferStateRequest& req, State* state,
@@ -93,15 +92,14 @@ absl::Status Replicator::CaptureForJoiner(const TransferStateRequest& req, State
   }
 }
 
-bool Replicator::SendState(const State& state, grpc::ServerWriter<StateTransferChunk>* writer) {
+bool Replicator::SendState(const State& state, const WriteChunk& write) {
   StateTransferChunk chunk;
   for (const std::unique_ptr<TableImage>& image : state.images) {
     chunk.set_header(image->header.SerializeAsString());
-    if (!writer->Write(chunk)) return false;
+    if (!write(chunk)) return false;
     absl::Status emitted = EmitBlocks(*image, [&](const std::string& block) {
       chunk.set_block(block);
-      return writer->Write(chunk) ? absl::OkStatus()
-                                  : absl::UnavailableError("the joiner stopped reading");
+      return write(chunk) ? absl::OkStatus() : absl::UnavailableError("the joiner stopped reading");
     });
     if (!emitted.ok()) return false;
   }

@@ -3,6 +3,7 @@
 // the test (the chain each replica is told of, and the joins it grants).
 #include "server/ps/replication/replicator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -348,6 +349,49 @@ TEST(ReplicatorTest, AReplicateCallKeepsToTheShardsBudgetAndIdleTimeout) {
   EXPECT_EQ(tail.Fingerprint(), before);
   ASSERT_TRUE(Send(tail, {join}).ok()) << "the same update, ended, is applied";
   EXPECT_NE(tail.Fingerprint(), before);
+}
+
+// Updates that arrive before the one they follow wait for their turn parked, holding no
+// thread: eight of them on a tail whose replication pool has two threads, then the one they
+// all follow; every one is applied, in order, and answered. (Had each held a thread while
+// it waited, update 1 would have queued behind them until their deadline.)
+TEST(ReplicatorTest, UpdatesAheadOfTheirTurnParkAndAllApplyOnTwoThreads) {
+  ServiceOptions options;
+  options.replication_threads = 2;
+  Replica tail(1, options);
+  tail.Follow(ReplicatorOptions());
+  tail.chain->Update(ChainConfig{3, {0, 1}, {"127.0.0.1:1", tail.address}, true});
+  auto join = [](uint64_t seq) {
+    ReplicatedUpdate u;
+    u.set_seq(seq);
+    u.set_epoch(3);
+    u.mutable_register_worker()->set_worker_id(static_cast<int32_t>(seq));
+    return u;
+  };
+  constexpr int kAhead = 8;
+  std::vector<grpc::Status> answered(kAhead);
+  std::vector<std::thread> senders;
+  for (int i = 0; i < kAhead; ++i) {
+    senders.emplace_back([&, i] { answered[i] = Send(tail, {join(2 + i)}); });
+  }
+  // Bounded: an update that could not park would hold a thread, and the ninth would wait.
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(20);
+       tail.chain->parked() < kAhead && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(tail.chain->parked(), static_cast<size_t>(kAhead));
+  grpc::Status first = Send(tail, {join(1)});
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  for (auto& t : senders) t.join();
+  for (int i = 0; i < kAhead; ++i) {
+    EXPECT_TRUE(answered[i].ok()) << "update " << 2 + i << ": " << answered[i].error_message();
+  }
+  EXPECT_EQ(tail.chain->parked(), 0u);
+  std::vector<int32_t> workers = tail.shard.Workers();
+  std::sort(workers.begin(), workers.end());
+  std::vector<int32_t> want;
+  for (int32_t w = 1; w <= kAhead + 1; ++w) want.push_back(w);
+  EXPECT_EQ(workers, want);
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ absl::Status WriteLog::AppendAt(uint64_t seq, const std::string& request_id,
 void WriteLog::AppliedLocked(uint64_t seq, const std::string& request_id) {
   applied_ = seq;
   if (!request_id.empty()) ids_.Set(request_id, seq);
+  if (on_applied_) on_applied_();
 }
 
 void WriteLog::Done(uint64_t seq) {
@@ -96,6 +97,7 @@ void WriteLog::Reset(uint64_t applied, const std::function<void(RecentIds<uint64
   done_above_.clear();
   ids_.Clear();
   if (add) add(&ids_);
+  if (on_applied_) on_applied_();
 }
 
 void WriteLog::ForEachId(const std::function<void(const std::string&, uint64_t)>& f) const {

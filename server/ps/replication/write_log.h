@@ -67,6 +67,9 @@ class WriteLog {
       ABSL_SHARED_LOCKS_REQUIRED(*mu_);
   // Held, no entry applies: taken before mu, to capture or replace the state entries build.
   absl::Mutex* order() { return &order_mu_; }
+  // Called under mu whenever applied() changes (set once, before any entry): a chain's
+  // replica wakes the updates parked for their turn (Replicator::AwaitTurn).
+  void SetOnApplied(std::function<void()> on_applied) { on_applied_ = std::move(on_applied); }
 
  private:
   // The value of an id whose first attempt applies now (unordered logs only).
@@ -87,6 +90,7 @@ class WriteLog {
   uint64_t done_through_ ABSL_GUARDED_BY(*mu_) = 0;  // every seq up to it is done
   std::set<uint64_t> done_above_ ABSL_GUARDED_BY(*mu_);
   RecentIds<uint64_t> ids_ ABSL_GUARDED_BY(*mu_);
+  std::function<void()> on_applied_;
 };
 
 }  // namespace pscluster::ps

@@ -28,6 +28,10 @@ struct ServiceOptions {
   // A push or import stream that receives nothing for this long is cancelled, and nothing
   // of it applied (StreamWatchdog). InfiniteDuration: never.
   absl::Duration stream_idle_timeout = absl::Seconds(30);
+  // Most threads that apply and hand on the updates a replica receives from the one before
+  // it (each waits for its successor's answer) and stream its state to a joiner (ps_server
+  // --threads). An update waiting for its turn holds none.
+  int replication_threads = 64;
 };
 
 // gRPC's own message limit for a server using `options`: a chunk plus its header.

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/grpc_status.h"
+#include "common/parking.h"
 
 namespace pscluster::ps {
 
@@ -79,8 +80,10 @@ void ReadWhole::Drain() {
   if (ctx_->IsCancelled()) {  // the watchdog's (idle), or the client's: nothing applied
     return Finish(grpc::Status(grpc::StatusCode::CANCELLED, cancelled_));
   }
-  Finish(ToGrpcStatus(Apply(taken_)));
+  if (absl::Status s = Apply(taken_); !IsParked(s)) Answer(s);
 }
+
+void ReadWhole::Answer(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
 
 void ReadWhole::End(const grpc::Status& status) {
   {

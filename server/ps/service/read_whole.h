@@ -40,8 +40,10 @@ class ReadWhole : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   // Message `index` of the stream.
   virtual absl::Status Take(const grpc::ByteBuffer& message, uint64_t index) = 0;
-  // After the last of `messages` messages; fills in the call's answer.
+  // After the last of `messages` messages; fills in the call's answer. Parked(): the
+  // reactor answers later itself (Answer).
   virtual absl::Status Apply(uint64_t messages) = 0;
+  void Answer(const absl::Status& s);
 
   ShardCore* const core_;
   grpc::CallbackServerContext* const ctx_;

@@ -5,45 +5,32 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/ps/service/raw_unary.h"
+#include "server/ps/service/replicate_stream.h"
+#include "server/ps/service/request_checks.h"
+#include "server/ps/service/transfer_stream.h"
 
 namespace pscluster::ps {
-namespace {
-absl::Status NotReplicated() {
-  return absl::FailedPreconditionError(
-      "this shard is not replicated (ps_coordinator --replicas=1, or not registered yet)");
-}
-}  // namespace
 
-grpc::Status ShardReplicationService::Replicate(grpc::ServerContext* ctx,
-                                                grpc::ServerReader<ReplicatedUpdate>* reader,
-                                                ReplicateResponse*) {
-  // Not under serving_mu_ while the update waits for its turn (a joiner installs its state
-  // meanwhile): the replicator takes it to apply.
-  InFlightCounter::Scope in_flight(&core_->in_flight);
-  Replicator* chain = core_->gate.replicator();
-  if (chain == nullptr) return ToGrpcStatus(NotReplicated());
-  // A streamed update is held whole until applied, as a client's push stream: charged to
-  // the shard's budget. Any update is cancelled if its sender goes quiet before ending the
-  // call (the replica applies it only then).
-  StreamWatchdog::Watch watch(&core_->watchdog, ctx);
-  RequestBudget::Charge charge(&core_->budget);
-  Replicator::StreamHooks hooks;
-  hooks.hold = [&](uint64_t bytes) {
-    watch.Alive();
-    return charge.GrowTo(bytes, "a Replicate stream from the previous replica");
-  };
-  hooks.read = [&] { watch.Disarm(); };
-  return chain->Receive(ctx, reader, hooks);
+grpc::ServerReadReactor<grpc::ByteBuffer>* ShardReplicationService::Replicate(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
+  // Not under the serving lock while the update waits for its turn (a joiner installs its
+  // state meanwhile): the replicator takes it to apply.
+  auto* stream = new ReplicateStream(core_, core_->gate.replicator(), ctx, resp);
+  stream->Begin();
+  return stream;
 }
 
-grpc::Status ShardReplicationService::TransferState(
-    grpc::ServerContext*, const TransferStateRequest* req,
-    grpc::ServerWriter<StateTransferChunk>* writer) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardReplicationService::TransferState(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
+  TransferStateRequest request;
+  if (!ParseRaw(*req, &request)) {
+    return new RefusedWrite(Unparsable(RawMethod{"ShardReplication", "TransferState"}));
+  }
   Replicator* chain = core_->gate.replicator();
-  if (chain == nullptr) return ToGrpcStatus(NotReplicated());
-  auto joins = chain->HoldJoins();  // before Scope: the replicator's lock order
-  ShardCore::Scope scope(core_);
-  return chain->TransferState(req, writer);
+  if (chain == nullptr) return new RefusedWrite(ToGrpcStatus(NotReplicated()));
+  auto* stream = new TransferStream(core_, chain, ctx, std::move(request));
+  stream->Start();
+  return stream;
 }
 
 grpc::ServerUnaryReactor* ShardReplicationService::JoinedChain(grpc::CallbackServerContext* ctx,

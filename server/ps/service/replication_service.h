@@ -13,17 +13,22 @@
 
 namespace pscluster::ps {
 
-// JoinedChain on the raw callback API; Replicate and TransferState still synchronous (a
-// replica's turn waits for the updates before it, which needs turns that park first).
-class ShardReplicationService final
-    : public ShardReplication::WithRawCallbackMethod_JoinedChain<ShardReplication::Service> {
+using ShardReplicationBase = ShardReplication::WithRawCallbackMethod_Replicate<
+    ShardReplication::WithRawCallbackMethod_TransferState<
+        ShardReplication::WithRawCallbackMethod_JoinedChain<ShardReplication::Service>>>;
+
+// Every method on the raw callback API: an update waiting for its turn holds no thread;
+// applying it, handing it on and a state transfer run on the replication pool.
+class ShardReplicationService final : public ShardReplicationBase {
  public:
   explicit ShardReplicationService(ShardCore* core) : core_(core) {}
 
-  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<ReplicatedUpdate>* reader,
-                         ReplicateResponse* resp) override;
-  grpc::Status TransferState(grpc::ServerContext* ctx, const TransferStateRequest* req,
-                             grpc::ServerWriter<StateTransferChunk>* writer) override;
+  // (replicate_stream.h)
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Replicate(grpc::CallbackServerContext* ctx,
+                                                       grpc::ByteBuffer* resp) override;
+  // (transfer_stream.h)
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* TransferState(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* req) override;
   grpc::ServerUnaryReactor* JoinedChain(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) override;

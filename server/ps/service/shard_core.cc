@@ -30,6 +30,7 @@ ShardCore::ShardCore(Shard* shard, Snapshotter* snapshotter, ServiceOptions opti
       watchdog(options.stream_idle_timeout),
       buffers(std::min(options.buffer_pool_bytes, options.max_inflight_request_bytes / 4)),
       budget(options.max_inflight_request_bytes),
+      replication_pool(std::max(options.replication_threads, 1)),
       releaser(&budget, &buffers, options.release_idle_memory_after, options.release_min_bytes) {}
 
 ShardCore::Scope::Scope(ShardCore* core, const grpc::ServerContextBase* ctx)

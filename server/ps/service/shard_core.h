@@ -56,6 +56,9 @@ struct ShardCore {
   // that they never hold up a woken pull.
   static constexpr int kAdminThreads = 2;
   WorkQueue admin_pool{kAdminThreads};
+  // Where a replica applies the updates from the one before it and hands them on, and
+  // streams its state to a joiner: apart, since each may wait for another replica.
+  WorkQueue replication_pool;
   IdleMemoryReleaser releaser;  // last: its thread uses the others
 };
 
