@@ -17,7 +17,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "gloo/rendezvous/file_store.h"
+#include "bench/file_rendezvous.h"
 #include "worker/collective/communicator.h"
 
 ABSL_FLAG(int, ranks, 2, "Processes (one rank each).");
@@ -31,7 +31,7 @@ ABSL_FLAG(absl::Duration, collective_spin, absl::Microseconds(200),
 namespace {
 
 int RunRank(int rank, int ranks, const std::string& store_dir) {
-  gloo::rendezvous::FileStore store(store_dir);
+  pscluster::bench::FileRendezvous store(store_dir);
   pscluster::collective::GlooOptions options{rank, ranks, "127.0.0.1", absl::Seconds(60)};
   options.spin = absl::GetFlag(FLAGS_collective_spin);
   auto comm = pscluster::collective::CreateGlooCommunicator(&store, options);

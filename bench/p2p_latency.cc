@@ -20,7 +20,6 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "bench/median.h"
-#include "gloo/rendezvous/hash_store.h"
 #include "worker/collective/communicator.h"
 
 ABSL_FLAG(int, iterations, 2000, "Exchanges per figure (after 100 unmeasured).");
@@ -39,7 +38,7 @@ void Check(bool ok, const char* what) {
 
 // Microseconds per exchange of `bytes` each way, through the communicator.
 double GlooExchange(size_t bytes, int iterations) {
-  gloo::rendezvous::HashStore store;
+  collective::MemoryRendezvous store;
   double us = 0;
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {

@@ -27,8 +27,6 @@
 #include "absl/time/clock.h"
 #include "bench/median.h"
 #include "bench/one_f_one_b.h"
-#include "gloo/rendezvous/hash_store.h"
-#include "gloo/rendezvous/prefix_store.h"
 #include "worker/collective/communicator.h"
 #include "worker/modes/trainer.h"
 
@@ -78,7 +76,7 @@ Figures Run(int micro, int steps, int warmup) {
   const int world = 2;
   const int width = absl::GetFlag(FLAGS_input_width);
   static const data::Dataset data = data::MakeSynthetic(4096, width, 10, 1);
-  gloo::rendezvous::HashStore store;
+  collective::MemoryRendezvous store;
   std::vector<Named> warm(world), figures(world);
   double seconds = 0;
   std::vector<std::thread> threads;
@@ -98,8 +96,9 @@ Figures Run(int micro, int steps, int warmup) {
       o.connect =
           [&store,
            r](const std::string& gen) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
-        gloo::rendezvous::PrefixStore prefixed(gen, store);
-        return collective::CreateGlooCommunicator(&prefixed, collective::GlooOptions{r, 2});
+        collective::GlooOptions g{r, 2};
+        g.key_prefix = gen;
+        return collective::CreateGlooCommunicator(&store, g);
       };
       auto t = modes::Trainer::Create(o, &data, nullptr, compute::MakeCpuBackend(1));
       if (!t.ok()) {

@@ -13,7 +13,8 @@
 #include "common/status_macros.h"
 #include "common/training_mode.h"
 #include "nlohmann/json.hpp"
-#include "worker/collective/coordinator_store.h"
+#include "worker/collective/coordinator_rendezvous.h"
+#include "worker/collective/nccl_communicator.h"
 #include "worker/collective/staging_communicator.h"
 #include "worker/compute/cuda_device.h"
 #include "worker/data/text.h"
@@ -37,26 +38,26 @@ void SetConnect(const WorkerFlags& f, CoordinatorClient* coordinator, modes::Tra
   o->connect = [coordinator, rank, world, device, timeout, spin, host = f.host,
                 nccl = f.collectives == "nccl"](const std::string& generation)
       -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+    collective::CoordinatorRendezvous rendezvous(coordinator);
     if (nccl) {
-      collective::CoordinatorKeyValue kv(coordinator);
       collective::NcclOptions n;
       n.rank = rank;
       n.size = world;
       n.device = device;
       n.timeout = timeout;
       n.key_prefix = generation + "nccl/";
-      ASSIGN_OR_RETURN(auto comm, collective::CreateNcclCommunicator(&kv, n));
+      ASSIGN_OR_RETURN(auto comm, collective::CreateNcclCommunicator(&rendezvous, n));
       ASSIGN_OR_RETURN(auto staging, compute::MakeCudaBackend(n.device));
       return collective::MakeStagingCommunicator(std::move(comm), std::move(staging));
     }
-    collective::CoordinatorStore store(coordinator, generation, absl::Minutes(5));
-    collective::GlooOptions g;  // by name: two Durations side by side
+    collective::GlooOptions g;  // by name: Durations side by side
     g.rank = rank;
     g.size = world;
     g.host = host;
     g.timeout = timeout;
     g.spin = spin;
-    return collective::CreateGlooCommunicator(&store, g);
+    g.key_prefix = generation;
+    return collective::CreateGlooCommunicator(&rendezvous, g);
   };
 }
 

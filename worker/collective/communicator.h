@@ -14,10 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-
-namespace gloo::rendezvous {
-class Store;
-}
+#include "worker/collective/rendezvous.h"
 
 namespace pscluster::collective {
 
@@ -62,11 +59,15 @@ struct GlooOptions {
   // tens of microseconds to wake, paid at every ring step and pipeline exchange. Zero where
   // the ranks have no core to spare (more ranks than cores).
   absl::Duration spin = absl::Microseconds(200);
+  // The rendezvous's keys start with it: each group (and each new incarnation of one, e.g.
+  // per mode-switch generation) needs its own.
+  std::string key_prefix;
+  // How long a rank waits at the rendezvous for the others (they may start later).
+  absl::Duration rendezvous_timeout = absl::Minutes(5);
 };
 
-// Connects the group through `store` (the rendezvous: a coordinator-backed store in the
-// cluster, an in-memory one in tests). `store` must outlive the call only.
-absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(gloo::rendezvous::Store* store,
+// Connects the group through `rendezvous`, which must outlive the call only.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Rendezvous* rendezvous,
                                                                      const GlooOptions& options);
 
 }  // namespace pscluster::collective

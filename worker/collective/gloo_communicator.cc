@@ -24,6 +24,7 @@
 #include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "worker/collective/communicator.h"
+#include "worker/collective/gloo_store.h"
 
 namespace pscluster::collective {
 namespace {
@@ -436,7 +437,7 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(gloo::rendezvous::Store* store,
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Rendezvous* rendezvous,
                                                                      const GlooOptions& options) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
     return absl::InvalidArgumentError(
@@ -450,8 +451,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(gloo::rende
     gloo::transport::tcp::attr attr;
     attr.hostname = options.host;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    context->connectFullMesh(*store, device);
-    gloo::rendezvous::PrefixStore sync_store("sync", *store);
+    GlooStore store(rendezvous, options.key_prefix, options.rendezvous_timeout);
+    context->connectFullMesh(store, device);
+    gloo::rendezvous::PrefixStore sync_store("sync", store);
     sync_context->connectFullMesh(sync_store, device);
     for (int r = 0; r < options.size; ++r) {
       if (r != options.rank) sync_context->getPair(r)->setSync(true, /*busyPoll=*/false);

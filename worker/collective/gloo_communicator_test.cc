@@ -10,7 +10,6 @@
 #include <tuple>
 #include <vector>
 
-#include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/collective/communicator.h"
@@ -25,7 +24,7 @@ float SumOverRanks(int n, size_t i) { return static_cast<float>((i % 7 + 1) * n 
 // Connects `n` ranks and runs fn(comm) on each, on its own thread; `spin`: GlooOptions'.
 void OnRanks(int n, const std::function<void(Communicator&)>& fn,
              absl::Duration spin = GlooOptions().spin) {
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -43,7 +42,7 @@ void OnRanks(int n, const std::function<void(Communicator&)>& fn,
 class GlooCommunicatorTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 // Two ranks connected through `store`, each op bounded by `timeout`.
-std::array<std::unique_ptr<Communicator>, 2> ConnectPair(gloo::rendezvous::Store* store,
+std::array<std::unique_ptr<Communicator>, 2> ConnectPair(Rendezvous* store,
                                                          absl::Duration timeout) {
   std::array<std::unique_ptr<Communicator>, 2> comms;
   std::thread t1([&] {
@@ -124,7 +123,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCommunicatorTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()));
 
 TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Milliseconds(300));
   std::vector<float> data(10);
   absl::Status s = comms[0]->Recv(absl::MakeSpan(data), 1, 3);  // rank 1 never sends
@@ -134,7 +133,7 @@ TEST(GlooCommunicatorErrorsTest, MissingPeerTimesOutNamingIt) {
 
 // A peer that is alive but never joins the all-reduce: the others time out, naming it.
 TEST(GlooCommunicatorErrorsTest, HungPeerInAnAllReduceTimesOutNamingIt) {
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Milliseconds(300));
   std::vector<float> data(1000, 1.0f);
   absl::Status s = comms[0]->AllReduceSum(absl::MakeSpan(data));  // rank 1 never calls it
@@ -146,7 +145,7 @@ TEST(GlooCommunicatorErrorsTest, HungPeerInAnAllReduceTimesOutNamingIt) {
 // the wait with its reason (the coordinator declared the peer dead) instead of the timeout;
 // while it says go on, the wait goes on, bounded by the timeout.
 TEST(GlooCommunicatorErrorsTest, AWaitCheckEndsTheWaitForASilentPeer) {
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Seconds(60));
   int checks = 0;
   comms[0]->SetWaitCheck(
@@ -162,7 +161,7 @@ TEST(GlooCommunicatorErrorsTest, AWaitCheckEndsTheWaitForASilentPeer) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("from rank 1")) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("worker rank 1 is down")) << s;
   // A check that always says go on: the timeout still ends the wait, as a timeout.
-  gloo::rendezvous::HashStore other;
+  MemoryRendezvous other;
   auto timed = ConnectPair(&other, absl::Milliseconds(300));
   timed[0]->SetWaitCheck([] { return absl::OkStatus(); }, absl::Milliseconds(50));
   s = timed[0]->Recv(absl::MakeSpan(data), 1, 3);
@@ -173,7 +172,7 @@ TEST(GlooCommunicatorErrorsTest, AWaitCheckEndsTheWaitForASilentPeer) {
 // survivor fails at once, naming the rank, instead of waiting out its timeout.
 TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {
   signal(SIGPIPE, SIG_IGN);  // as ps_worker does: a write to a closed socket is an error
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Seconds(30));
   comms[1].reset();  // rank 1 leaves: its sockets close
   std::vector<float> data(1 << 18, 1.0f);
@@ -188,7 +187,7 @@ TEST(GlooCommunicatorErrorsTest, PeerGoneDuringARingAllReduceIsNamed) {
 // to a peer that went away: the survivor's error names the missing peer, not only itself.
 TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastFromTheSurvivorIsNamed) {
   signal(SIGPIPE, SIG_IGN);
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Seconds(30));
   comms[1].reset();  // rank 1 leaves: its sockets close
   std::vector<float> data(1 << 18, 1.0f);
@@ -203,7 +202,7 @@ TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastFromTheSurvivorIsNamed)
 // its error names (the survivors' own ranks are not the missing peer).
 TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastOfThreeIsTheOneNamed) {
   signal(SIGPIPE, SIG_IGN);
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   std::array<std::unique_ptr<Communicator>, 3> comms;
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
@@ -226,7 +225,7 @@ TEST(GlooCommunicatorErrorsTest, PeerGoneDuringABroadcastOfThreeIsTheOneNamed) {
 // The other side: the root went away; the survivor names it as the rank it waited for.
 TEST(GlooCommunicatorErrorsTest, RootGoneDuringABroadcastIsNamed) {
   signal(SIGPIPE, SIG_IGN);
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Seconds(30));
   comms[0].reset();
   std::vector<float> data(1000);
@@ -238,7 +237,7 @@ TEST(GlooCommunicatorErrorsTest, RootGoneDuringABroadcastIsNamed) {
 // Point-to-point messages received in another order than sent: an error that says so, at
 // once, not a hang or a wrong buffer filled.
 TEST(GlooCommunicatorErrorsTest, MessagesReceivedOutOfOrderAreAnError) {
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   auto comms = ConnectPair(&store, absl::Seconds(30));
   std::vector<float> first(8, 1.0f), second(8, 2.0f), got(8, 0.0f);
   ASSERT_TRUE(comms[0]->Send(first, 1, 1).ok());
@@ -264,7 +263,7 @@ TEST(GlooCommunicatorErrorsTest, BadArgumentsAreInvalidArgument) {
     EXPECT_EQ(c.Recv(absl::MakeSpan(x), 1 - c.rank(), 1 << 29).code(),
               absl::StatusCode::kInvalidArgument);
   });
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   EXPECT_EQ(CreateGlooCommunicator(&store, GlooOptions{2, 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -384,7 +384,7 @@ absl::Status NcclCommunicator::Abort(const absl::Status& why) {
   return absl::Status(why.code(), absl::StrCat(why.message(), "; communicator aborted"));
 }
 
-absl::Status CheckOptions(KeyValue* rendezvous, const NcclOptions& o) {
+absl::Status CheckOptions(Rendezvous* rendezvous, const NcclOptions& o) {
   if (rendezvous == nullptr) return absl::InvalidArgumentError("no rendezvous store");
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
     return absl::InvalidArgumentError(
@@ -401,7 +401,7 @@ absl::Status CheckOptions(KeyValue* rendezvous, const NcclOptions& o) {
 }
 
 // Rank 0 creates the group's unique id and publishes it; the others wait for it.
-absl::StatusOr<ncclUniqueId> ExchangeUniqueId(KeyValue* rendezvous, const NcclOptions& o) {
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Rendezvous* rendezvous, const NcclOptions& o) {
   const std::string key = o.key_prefix + "unique_id";
   ncclUniqueId id;
   if (o.rank == 0) {
@@ -430,7 +430,7 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(KeyValue* rendezvous, const NcclOp
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KeyValue* rendezvous,
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Rendezvous* rendezvous,
                                                                      const NcclOptions& options) {
   RETURN_IF_ERROR(CheckOptions(rendezvous, options));
   int count = 0;

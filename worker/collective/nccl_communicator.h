@@ -36,17 +36,6 @@
 
 namespace pscluster::collective {
 
-// The rendezvous: rank 0 publishes the group's ncclUniqueId under a key, the other ranks
-// wait for it. The coordinator's KvPut / KvGet(wait = true) fit it directly; tests use an
-// in-memory map.
-class KeyValue {
- public:
-  virtual ~KeyValue() = default;
-  virtual absl::Status Put(const std::string& key, const std::string& value) = 0;
-  // The value put under `key`, waiting up to `timeout` for it; DEADLINE_EXCEEDED if none came.
-  virtual absl::StatusOr<std::string> WaitGet(const std::string& key, absl::Duration timeout) = 0;
-};
-
 struct NcclOptions {
   int rank = 0;
   int size = 1;
@@ -60,12 +49,13 @@ struct NcclOptions {
   std::string key_prefix = "nccl/";
 };
 
-// Joins the group: rank 0 creates and publishes the unique id, every rank then initialises
+// Joins the group: rank 0 creates and publishes the unique id through `rendezvous`
+// (rendezvous.h), the other ranks wait for it there, and every rank then initialises
 // its NCCL communicator on `options.device`. `rendezvous` must outlive the call only.
 // INVALID_ARGUMENT for bad options, UNAVAILABLE where CUDA or the GPU is absent (always in
 // a build without --config=cuda), DEADLINE_EXCEEDED when the id or a rank did not arrive.
 // Destroying the communicator finalizes it with its peers (up to the timeout, then aborts).
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KeyValue* rendezvous,
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Rendezvous* rendezvous,
                                                                      const NcclOptions& options);
 
 }  // namespace pscluster::collective

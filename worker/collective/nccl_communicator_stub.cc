@@ -3,7 +3,7 @@
 
 namespace pscluster::collective {
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KeyValue*,
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Rendezvous*,
                                                                      const NcclOptions&) {
   return absl::UnavailableError("built without --config=cuda");
 }

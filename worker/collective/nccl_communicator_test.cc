@@ -29,29 +29,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The rendezvous in memory; WaitGet blocks until the key is put or the timeout passes.
-class InMemoryKeyValue final : public KeyValue {
- public:
-  absl::Status Put(const std::string& key, const std::string& value) override {
-    absl::MutexLock lock(&mu_);
-    values_[key] = value;
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::string> WaitGet(const std::string& key, absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
-    const auto present = [this, &key]()
-                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat("no value under ", key));
-    }
-    return values_[key];
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
-};
 
 // Why `ranks` ranks cannot run here, or "" where they can.
 std::string GpuShortage(int ranks) {
@@ -147,7 +124,7 @@ NcclOptions Options(int rank, int size, absl::Duration timeout) {
 
 // Connects `n` ranks, rank r on GPU r, and runs fn(comm) on each, on its own thread.
 void OnRanks(int n, absl::Duration timeout, const std::function<void(Communicator&)>& fn) {
-  InMemoryKeyValue store;
+  MemoryRendezvous store;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -286,7 +263,7 @@ TEST(NcclCommunicatorErrorsTest, BadArgumentsAndHostBuffersAreInvalidArgument) {
 
 TEST(NcclCommunicatorErrorsTest, RankWithoutUniqueIdTimesOutNamingTheKey) {
   SKIP_UNLESS_GPUS(1);
-  InMemoryKeyValue store;  // rank 0 never publishes
+  MemoryRendezvous store;  // rank 0 never publishes
   NcclOptions o = Options(1, 2, absl::Milliseconds(200));
   o.device = 0;
   auto comm = CreateNcclCommunicator(&store, o);
@@ -297,7 +274,7 @@ TEST(NcclCommunicatorErrorsTest, RankWithoutUniqueIdTimesOutNamingTheKey) {
 
 TEST(NcclCommunicatorErrorsTest, UniqueIdOfTheWrongSizeIsInvalidArgument) {
   SKIP_UNLESS_GPUS(1);
-  InMemoryKeyValue store;
+  MemoryRendezvous store;
   ASSERT_TRUE(store.Put("test/unique_id", "abc").ok());
   NcclOptions o = Options(1, 2, absl::Seconds(5));
   o.device = 0;
@@ -309,7 +286,7 @@ TEST(NcclCommunicatorErrorsTest, UniqueIdOfTheWrongSizeIsInvalidArgument) {
 #ifdef PSCLUSTER_NCCL
 // Needs no GPU: options are checked before CUDA is touched.
 TEST(NcclCommunicatorOptionsTest, BadOptionsAreInvalidArgument) {
-  InMemoryKeyValue store;
+  MemoryRendezvous store;
   EXPECT_EQ(CreateNcclCommunicator(&store, Options(2, 2, absl::Seconds(1))).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateNcclCommunicator(&store, Options(0, 0, absl::Seconds(1))).status().code(),
@@ -324,7 +301,7 @@ TEST(NcclCommunicatorOptionsTest, BadOptionsAreInvalidArgument) {
 }
 #else
 TEST(NcclCommunicatorStubTest, WithoutCudaConfigCreateIsUnavailableSayingSo) {
-  InMemoryKeyValue store;
+  MemoryRendezvous store;
   auto comm = CreateNcclCommunicator(&store, NcclOptions{});
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(comm.status().message()), HasSubstr("built without --config=cuda"));

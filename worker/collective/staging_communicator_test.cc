@@ -6,7 +6,6 @@
 #include <thread>
 #include <vector>
 
-#include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
 
 namespace pscluster::collective {
@@ -16,7 +15,7 @@ float Value(int r, size_t i) { return static_cast<float>((r + 1) * (i % 7 + 1));
 
 TEST(StagingCommunicatorTest, EveryOperationMatchesItsFormulaThroughTheStaging) {
   constexpr int n = 2;
-  gloo::rendezvous::HashStore store;
+  MemoryRendezvous store;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {

@@ -10,8 +10,6 @@
 #include <vector>
 
 #include "core/optimizer/optimizer_config.h"
-#include "gloo/rendezvous/hash_store.h"
-#include "gloo/rendezvous/prefix_store.h"
 #include "gtest/gtest.h"
 #include "worker/data/text.h"
 #include "worker/modes/trainer.h"
@@ -85,7 +83,7 @@ inline const data::Dataset& DataFor(const TrainerOptions& o) {
 // Creates a trainer per rank on its own thread and runs fn(rank, trainer) there.
 inline void OnRanks(int world, const std::function<TrainerOptions(int rank)>& options,
                     const std::function<void(int, Trainer&)>& fn) {
-  gloo::rendezvous::HashStore store;
+  collective::MemoryRendezvous store;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -93,8 +91,9 @@ inline void OnRanks(int world, const std::function<TrainerOptions(int rank)>& op
       o.connect =
           [&store, r, world](
               const std::string& gen) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
-        gloo::rendezvous::PrefixStore prefixed(gen, store);
-        return collective::CreateGlooCommunicator(&prefixed, collective::GlooOptions{r, world});
+        collective::GlooOptions g{r, world};
+        g.key_prefix = gen;
+        return collective::CreateGlooCommunicator(&store, g);
       };
       auto t = Trainer::Create(o, &DataFor(o), nullptr, compute::MakeCpuBackend(1));
       ASSERT_TRUE(t.ok()) << t.status();

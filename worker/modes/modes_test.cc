@@ -104,7 +104,7 @@ TEST(GptTensorModeTest, ModelsWithoutTensorSplitsOrTooManyWorkersAreRefused) {
     TrainerOptions o = gpt ? testing::GptOptions(coord::TENSOR, 0, 3, ps::OptimizerConfig::SGD)
                            : Options(coord::TENSOR, 0, 3, ps::OptimizerConfig::SGD);
     auto def = *model::MakeModelDef(o.model, o.seed);
-    gloo::rendezvous::HashStore store;
+    collective::MemoryRendezvous store;
     auto comm = *collective::CreateGlooCommunicator(&store, collective::GlooOptions{0, 1});
     auto backend = compute::MakeCpuBackend(1);
     auto opt = *core::MakeOptimizer(o.optimizer);
@@ -277,7 +277,7 @@ TEST(ModeSwitchTest, AdamRunsAgreeAcrossModesWithinTolerance) {
 }
 
 TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) {
-  gloo::rendezvous::HashStore store;
+  collective::MemoryRendezvous store;
   TrainerOptions o = Options(coord::PIPELINE, 0, 1, ps::OptimizerConfig::SGD);
   o.micro_batches = 3;  // does not divide 8
   o.connect = [&](const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
@@ -288,7 +288,7 @@ TEST(ModeSwitchTest, PipelineRefusesMoreWorkersThanLayersAndUnevenMicroBatches) 
   EXPECT_NE(t.status().message().find("micro_batches"), std::string::npos) << t.status();
   // Two stages of a one-layer model, straight through the placement.
   o.model.mlp.layers = {12, 3};
-  gloo::rendezvous::HashStore store2;
+  collective::MemoryRendezvous store2;
   auto def = *model::MakeMlpDef(o.model.mlp, o.seed);
   PlacementContext ctx;
   ctx.model = def.get();
@@ -323,7 +323,7 @@ TEST(EmbeddingModelTest, AllReduceMatchesTheSingleProcessReference) {
 
 TEST(EmbeddingModelTest, ModesThatCannotHoldEmbeddingsRefuseNamingTheReason) {
   for (Mode mode : {coord::FSDP, coord::PIPELINE}) {
-    gloo::rendezvous::HashStore store;
+    collective::MemoryRendezvous store;
     TrainerOptions o = testing::EmbeddingOptions(mode, 0, 1, ps::OptimizerConfig::SGD);
     o.connect =
         [&](const std::string&) -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {

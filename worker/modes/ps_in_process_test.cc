@@ -31,7 +31,7 @@ void ExpectPsMatchesReference(const TrainerOptions& o, int world, float ten_tole
   for (int r = 0; r < world; ++r) {  // every worker registered before anyone steps (BSP)
     stores.push_back(std::make_unique<pscluster::testing::InProcessParameterStore>(&shard, r));
   }
-  gloo::rendezvous::HashStore hash;
+  collective::MemoryRendezvous hash;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {

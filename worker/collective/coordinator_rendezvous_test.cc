@@ -1,6 +1,7 @@
-// Three ranks rendezvous through a real coordinator service (on loopback, in this
-// process) and all-reduce over Gloo.
-#include "worker/collective/coordinator_store.h"
+// The cluster's rendezvous, on a real coordinator service (on loopback, in this process):
+// three ranks meet through it and all-reduce over Gloo, and a value one rank puts is what
+// another waits for (NCCL's unique id).
+#include "worker/collective/coordinator_rendezvous.h"
 
 #include <thread>
 #include <vector>
@@ -31,7 +32,7 @@ struct Coordinator {
   std::unique_ptr<grpc::Server> server;
 };
 
-TEST(CoordinatorStoreTest, RanksRendezvousThroughTheCoordinatorAndAllReduce) {
+TEST(CoordinatorRendezvousTest, RanksMeetThroughTheCoordinatorAndAllReduce) {
   constexpr int kRanks = 3;
   Coordinator coordinator(kRanks);
   ASSERT_NE(coordinator.port, 0);
@@ -46,8 +47,10 @@ TEST(CoordinatorStoreTest, RanksRendezvousThroughTheCoordinatorAndAllReduce) {
       o.address = absl::StrCat("rank-", r);
       auto client = CoordinatorClient::Register(o);
       ASSERT_TRUE(client.ok()) << client.status();
-      CoordinatorStore store(client->get(), "allreduce/1/", absl::Seconds(30));
-      auto comm = CreateGlooCommunicator(&store, GlooOptions{r, kRanks});
+      CoordinatorRendezvous rendezvous(client->get());
+      GlooOptions options{r, kRanks};
+      options.key_prefix = "allreduce/1/";
+      auto comm = CreateGlooCommunicator(&rendezvous, options);
       ASSERT_TRUE(comm.ok()) << comm.status();
       std::vector<float> x(1001, static_cast<float>(r + 1));
       ASSERT_TRUE((*comm)->AllReduceSum(absl::MakeSpan(x)).ok());
@@ -57,8 +60,8 @@ TEST(CoordinatorStoreTest, RanksRendezvousThroughTheCoordinatorAndAllReduce) {
   for (auto& t : threads) t.join();
 }
 
-// NCCL's rendezvous on the coordinator: a value put by one rank is what another waits for.
-TEST(CoordinatorStoreTest, NcclKeyValueWaitsForTheValueAnotherRankPuts) {
+// A value put by one rank is what another waits for.
+TEST(CoordinatorRendezvousTest, WaitGetWaitsForTheValueAnotherRankPuts) {
   Coordinator coordinator(2);
   ASSERT_NE(coordinator.port, 0);
   std::unique_ptr<CoordinatorClient> clients[2];
@@ -73,12 +76,12 @@ TEST(CoordinatorStoreTest, NcclKeyValueWaitsForTheValueAnotherRankPuts) {
   }
   std::string got;
   std::thread waiter([&] {
-    CoordinatorKeyValue kv1(clients[1].get());
+    CoordinatorRendezvous kv1(clients[1].get());
     auto v = kv1.WaitGet("nccl/g1/unique_id", absl::Seconds(30));
     ASSERT_TRUE(v.ok()) << v.status();
     got = *v;
   });
-  CoordinatorKeyValue kv0(clients[0].get());
+  CoordinatorRendezvous kv0(clients[0].get());
   const std::string id(128, '\x07');  // an ncclUniqueId's size, bytes that are not text
   ASSERT_TRUE(kv0.Put("nccl/g1/unique_id", id).ok());
   waiter.join();
