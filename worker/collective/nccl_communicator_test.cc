@@ -29,7 +29,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-
 // Why `ranks` ranks cannot run here, or "" where they can.
 std::string GpuShortage(int ranks) {
 #ifndef PSCLUSTER_NCCL
