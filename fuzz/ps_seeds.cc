@@ -73,6 +73,17 @@ std::string Half(uint64_t offset, int64_t step) {
   return Bytes(c);
 }
 
+// The calls that open the stream seeds: worker 0 registered, dense BSP table 1 created,
+// and step 0 pushed to it as a stream of two halves.
+std::string OneStreamedPush() {
+  using namespace pscluster::ps;
+  std::string calls;
+  AppendCall(&calls, kRegister, Bytes(Register(0)));
+  AppendCall(&calls, kCreate, Bytes(Create(Dense(1, ConsistencyConfig::BSP))));
+  AppendCall(&calls, kPushStream, StreamOf(false, {Half(0, 0), Half(150, 0)}));
+  return calls;
+}
+
 // Two workers train a step of a dense and a sparse table, snapshot it and restore it.
 void TrainSnapshotRestoreSeed(const fs::path& out) {
   using namespace pscluster::ps;
@@ -148,10 +159,7 @@ void BatchesSeed(const fs::path& out) {
 // state.
 void StreamsSeed(const fs::path& out) {
   using namespace pscluster::ps;
-  std::string t;
-  AppendCall(&t, kRegister, Bytes(Register(0)));
-  AppendCall(&t, kCreate, Bytes(Create(Dense(1, ConsistencyConfig::BSP))));
-  AppendCall(&t, kPushStream, StreamOf(false, {Half(0, 0), Half(150, 0)}));
+  std::string t = OneStreamedPush();
   AppendCall(&t, kPushStream, StreamOf(true, {Half(0, 1)}));
   TableStateChunk state;
   state.set_table_id(1);
@@ -172,10 +180,7 @@ void StreamsSeed(const fs::path& out) {
 // an export of the table's state read to the end and one cut off.
 void ServerStreamsSeed(const fs::path& out) {
   using namespace pscluster::ps;
-  std::string r;
-  AppendCall(&r, kRegister, Bytes(Register(0)));
-  AppendCall(&r, kCreate, Bytes(Create(Dense(1, ConsistencyConfig::BSP))));
-  AppendCall(&r, kPushStream, StreamOf(false, {Half(0, 0), Half(150, 0)}));
+  std::string r = OneStreamedPush();
   PullDenseRequest chunked;
   chunked.set_table_id(1);
   chunked.set_step(1);

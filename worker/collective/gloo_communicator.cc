@@ -20,7 +20,6 @@
 #include "gloo/barrier.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
-#include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "worker/collective/communicator.h"
