@@ -91,6 +91,9 @@ const std::vector<Method<Fixture>>& Methods() {
       Unary("Checkpoint", &S::Checkpoint),
       {"tick", Tick},
       Unary("JoinChain", &S::JoinChain),
+      Unary("RecordRun", &S::RecordRun),
+      Unary("ReportStopped", &S::ReportStopped),
+      Unary("DecideRollback", &S::DecideRollback),
   };
   return *methods;
 }

@@ -21,7 +21,10 @@ enum CoordMethod : uint8_t {
   kReportSwitch,
   kCheckpoint,
   kTick,
-  kJoinChain
+  kJoinChain,
+  kRecordRun,
+  kReportStopped,
+  kDecideRollback
 };
 
 // 2 shards x 2 replicas register: the chains form.
@@ -123,11 +126,52 @@ void ReplicaFailsAndJoinsSeed(const fs::path& out) {
   Write(out / "coordinator" / "replica_fails_and_joins", c);
 }
 
+// Rank 0 records the run and starts it; worker 1 dies and comes back, and both roll back
+// in the new generation (the name the view gives it: common/cluster_view.h).
+void WorkerFailsAndRollsBackSeed(const fs::path& out) {
+  using namespace pscluster::coord;
+  std::string s;
+  RegisterReplicas(&s);
+  RegisterRequest worker;
+  worker.set_role(WORKER);
+  for (int i = 0; i < 2; ++i) {
+    worker.set_id(i);
+    worker.set_address("worker" + std::to_string(i));
+    AppendCall(&s, kCRegister, Bytes(worker));
+  }
+  RecordRunRequest run;
+  run.set_rank(0);
+  run.set_incarnation(1);
+  run.add_flags("--seed=1");
+  run.add_flags("--batch_size=64");
+  AppendCall(&s, kRecordRun, Bytes(run));
+  run.set_started(true);
+  AppendCall(&s, kRecordRun, Bytes(run));
+  AppendCall(&s, kCRegister, Bytes(worker));  // rank 1 again: incarnation 2
+  const std::string gen = "s0.1-s1.1-w0.1-w1.2-";
+  for (int rank : {1, 0}) {
+    ReportStoppedRequest stopped;
+    stopped.set_rank(rank);
+    stopped.set_incarnation(rank == 0 ? 1 : 2);
+    stopped.set_generation(gen);
+    AppendCall(&s, kReportStopped, Bytes(stopped));
+  }
+  DecideRollbackRequest decide;
+  decide.set_rank(0);
+  decide.set_incarnation(1);
+  decide.set_generation(gen);
+  decide.set_step(0);
+  AppendCall(&s, kDecideRollback, Bytes(decide));
+  AppendCall(&s, kGetView, Bytes(GetViewRequest()));
+  Write(out / "coordinator" / "worker_fails_and_rolls_back", s);
+}
+
 }  // namespace
 
 void CoordinatorSeeds(const fs::path& out) {
   JoinTrainSwitchSeed(out);
   ReplicaFailsAndJoinsSeed(out);
+  WorkerFailsAndRollsBackSeed(out);
 }
 
 }  // namespace pscluster::fuzz::seeds

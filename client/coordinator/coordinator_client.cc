@@ -279,6 +279,48 @@ absl::StatusOr<coord::Checkpoint> CoordinatorClient::Checkpoint(std::optional<do
   return CoordinatorOperator(stub_.get(), options_.rpc_timeout).Checkpoint(metric, timeout);
 }
 
+// The recovery calls name this worker's incarnation as of each attempt: one registered
+// again while a call retried (the coordinator restarted) asks as the new one.
+absl::Status CoordinatorClient::RecordRun(const std::vector<std::string>& flags, bool started) {
+  coord::RecordRunRequest req;
+  req.set_rank(options_.id);
+  for (const std::string& f : flags) req.add_flags(f);
+  req.set_started(started);
+  coord::RecordRunResponse resp;
+  return Reconnecting("RecordRun", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+    req.set_incarnation(incarnation_);
+    return stub_->RecordRun(ctx, req, &resp);
+  });
+}
+
+absl::StatusOr<coord::Rollback> CoordinatorClient::ReportStopped(const std::string& generation) {
+  coord::ReportStoppedRequest req;
+  req.set_rank(options_.id);
+  req.set_generation(generation);
+  coord::Rollback resp;
+  RETURN_IF_ERROR(
+      Reconnecting("ReportStopped", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+        req.set_incarnation(incarnation_);
+        return stub_->ReportStopped(ctx, req, &resp);
+      }));
+  return resp;
+}
+
+absl::StatusOr<coord::Rollback> CoordinatorClient::DecideRollback(const std::string& generation,
+                                                                  int64_t step) {
+  coord::DecideRollbackRequest req;
+  req.set_rank(options_.id);
+  req.set_generation(generation);
+  req.set_step(step);
+  coord::Rollback resp;
+  RETURN_IF_ERROR(
+      Reconnecting("DecideRollback", options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
+        req.set_incarnation(incarnation_);
+        return stub_->DecideRollback(ctx, req, &resp);
+      }));
+  return resp;
+}
+
 absl::Status CoordinatorClient::KvPut(const std::string& key, const std::string& value) {
   coord::KvPutRequest req;
   req.set_key(key);

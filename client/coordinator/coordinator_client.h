@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -108,6 +109,13 @@ class CoordinatorClient {
   // A chain's head: the chain becomes `replica` (this head) alone (ShrinkChain RPC).
   absl::StatusOr<int64_t> ShrinkChain(int32_t replica, int64_t epoch);
 
+  // The workers' recovery (proto RecordRun, ReportStopped, DecideRollback; the rules in
+  // server/coordinator/recovery_schedule.h), as this worker.
+  absl::Status RecordRun(const std::vector<std::string>& flags, bool started);
+  absl::StatusOr<coord::Rollback> ReportStopped(const std::string& generation);
+  absl::StatusOr<coord::Rollback> DecideRollback(const std::string& generation, int64_t step);
+
+  // The collectives' rendezvous (worker/collective/coordinator_rendezvous.h).
   absl::Status KvPut(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> KvGet(const std::string& key, bool wait, absl::Duration timeout);
 

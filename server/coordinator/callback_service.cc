@@ -61,6 +61,24 @@ grpc::ServerUnaryReactor* CoordinatorService::GetView(grpc::CallbackServerContex
                  [this, req, resp](const Wait& how) { return calls_.GetView(*req, how, resp); });
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::RecordRun(grpc::CallbackServerContext* ctx,
+                                                        const RecordRunRequest* req,
+                                                        RecordRunResponse* resp) {
+  return Now(ctx, [&] { return calls_.RecordRun(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportStopped(grpc::CallbackServerContext* ctx,
+                                                            const ReportStoppedRequest* req,
+                                                            Rollback* resp) {
+  return Now(ctx, [&] { return calls_.ReportStopped(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::DecideRollback(grpc::CallbackServerContext* ctx,
+                                                             const DecideRollbackRequest* req,
+                                                             Rollback* resp) {
+  return Now(ctx, [&] { return calls_.DecideRollback(*req, resp); });
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::KvPut(grpc::CallbackServerContext* ctx,
                                                     const KvPutRequest* req, KvPutResponse* resp) {
   return Now(ctx, [&] { return calls_.KvPut(*req, resp); });

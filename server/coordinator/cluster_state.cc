@@ -21,7 +21,10 @@ SwitchScheduleOptions ScheduleOptions(const ClusterStateOptions& o) {
 }  // namespace
 
 ClusterState::ClusterState(ClusterStateOptions options, std::function<absl::Time()> now)
-    : options_(options), now_(std::move(now)), switches_(ScheduleOptions(options_)) {}
+    : options_(options),
+      now_(std::move(now)),
+      switches_(ScheduleOptions(options_)),
+      recovery_(options_.num_workers) {}
 
 absl::Status ClusterState::CheckId(Role role, int32_t id, int32_t replica) const {
   if (role != SHARD && role != WORKER) {
@@ -340,6 +343,7 @@ ClusterView ClusterState::ViewLocked() const {
   if (!v.complete()) v.set_missing(MissingLocked());
   for (const Checkpoint& c : checkpoints_) *v.add_checkpoints() = c;
   switches_.FillView(&v);
+  recovery_.FillView(&v);
   v.set_checkpoint_every_steps(options_.checkpoint_every_steps);
   return v;
 }
@@ -372,6 +376,7 @@ void ClusterState::ChangedLocked() {
   for (const auto& [shard, chain] : chains_) *state.add_chains() = chain;
   for (int32_t shard : formed_) state.add_formed_chains(shard);
   switches_.Save(&state);
+  recovery_.Save(&state);
   options_.on_change(state);
 }
 
@@ -396,6 +401,7 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
         absl::ToUnixMillis(now_() + std::max(absl::Seconds(10), options_.heartbeat_timeout)));
   }
   if (absl::Status s = switches_.Restore(state); !s.ok()) return s;
+  recovery_.Restore(state);
   members_ = std::move(members);
   chains_.clear();
   formed_.clear();

@@ -20,6 +20,7 @@
 #include "common/parking.h"
 #include "proto/coordinator.pb.h"
 #include "server/coordinator/mode_switch.h"
+#include "server/coordinator/recovery_schedule.h"
 #include "server/coordinator/registration.h"
 
 namespace pscluster::coord {
@@ -69,6 +70,14 @@ class ClusterState {
   absl::StatusOr<SwitchModeResponse> SwitchMode(const SwitchModeRequest& request);
   absl::StatusOr<PollSwitchResponse> PollSwitch(const PollSwitchRequest& request);
   absl::StatusOr<ReportSwitchResponse> ReportSwitch(const ReportSwitchRequest& request);
+
+  // The workers' recovery (see RecoverySchedule for the rules and error codes), a
+  // registered worker's calls (NOT_FOUND otherwise). ReportStopped and DecideRollback
+  // answer ABORTED for a generation that is no longer the cluster's: the worker starts
+  // over in the new one. Each change bumps the version; waiters read the view.
+  absl::Status RecordRun(const RecordRunRequest& request);
+  absl::StatusOr<Rollback> ReportStopped(const ReportStoppedRequest& request);
+  absl::StatusOr<Rollback> DecideRollback(const DecideRollbackRequest& request);
 
   // A replica outside its shard's chain that now holds the chain's state (the tail's
   // state transfer) becomes its tail: FAILED_PRECONDITION when the chain is no longer at
@@ -124,6 +133,9 @@ class ClusterState {
   absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ABORTED unless `generation` is the cluster's now.
+  absl::Status CheckGenerationLocked(const std::string& generation) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -143,6 +155,7 @@ class ClusterState {
   std::map<int32_t, Chain> chains_ ABSL_GUARDED_BY(mu_);
   std::set<int32_t> formed_ ABSL_GUARDED_BY(mu_);
   SwitchSchedule switches_ ABSL_GUARDED_BY(mu_);
+  RecoverySchedule recovery_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster::coord

@@ -80,6 +80,18 @@ absl::Status CoordinatorCalls::GetView(const GetViewRequest& req, const Wait& ho
       [&] { return cluster_->AwaitView(req.min_version(), req.wait_until_complete(), how); }, resp);
 }
 
+absl::Status CoordinatorCalls::RecordRun(const RecordRunRequest& req, RecordRunResponse*) {
+  return cluster_->RecordRun(req);
+}
+
+absl::Status CoordinatorCalls::ReportStopped(const ReportStoppedRequest& req, Rollback* resp) {
+  return Answer([&] { return cluster_->ReportStopped(req); }, resp);
+}
+
+absl::Status CoordinatorCalls::DecideRollback(const DecideRollbackRequest& req, Rollback* resp) {
+  return Answer([&] { return cluster_->DecideRollback(req); }, resp);
+}
+
 absl::Status CoordinatorCalls::KvPut(const KvPutRequest& req, KvPutResponse*) {
   return kv_->Put(req.key(), req.value());
 }

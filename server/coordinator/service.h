@@ -29,6 +29,9 @@ class CoordinatorCalls {
   absl::Status Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
   absl::Status ReportProgress(const ReportProgressRequest& req, ReportProgressResponse* resp);
   absl::Status GetView(const GetViewRequest& req, const Wait& how, ClusterView* resp);
+  absl::Status RecordRun(const RecordRunRequest& req, RecordRunResponse* resp);
+  absl::Status ReportStopped(const ReportStoppedRequest& req, Rollback* resp);
+  absl::Status DecideRollback(const DecideRollbackRequest& req, Rollback* resp);
   absl::Status KvPut(const KvPutRequest& req, KvPutResponse* resp);
   absl::Status KvGet(const KvGetRequest& req, const Wait& how, KvGetResponse* resp);
   absl::Status SwitchMode(const SwitchModeRequest& req, SwitchModeResponse* resp);
@@ -68,6 +71,13 @@ class CoordinatorService final : public Coordinator::CallbackService {
                                            ReportProgressResponse* resp) override;
   grpc::ServerUnaryReactor* GetView(grpc::CallbackServerContext* ctx, const GetViewRequest* req,
                                     ClusterView* resp) override;
+  grpc::ServerUnaryReactor* RecordRun(grpc::CallbackServerContext* ctx, const RecordRunRequest* req,
+                                      RecordRunResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportStopped(grpc::CallbackServerContext* ctx,
+                                          const ReportStoppedRequest* req, Rollback* resp) override;
+  grpc::ServerUnaryReactor* DecideRollback(grpc::CallbackServerContext* ctx,
+                                           const DecideRollbackRequest* req,
+                                           Rollback* resp) override;
   grpc::ServerUnaryReactor* KvPut(grpc::CallbackServerContext* ctx, const KvPutRequest* req,
                                   KvPutResponse* resp) override;
   grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const KvGetRequest* req,

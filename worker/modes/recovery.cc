@@ -9,11 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/cluster_view.h"
 #include "common/status_macros.h"
 #include "worker/modes/trainer.h"
@@ -65,41 +63,62 @@ std::vector<std::string> SharedFlags(const TrainerOptions& o) {
           absl::StrCat("--lr_decay=", o.lr_decay)};
 }
 
-// Rank 0 records its shared flags (run/flags); every other worker, and a rank 0 that
-// replaces a failed one, compares its own with them: a run whose workers differ (batch
-// sizes summed unweighted, other data splits) is refused, naming the flags.
-absl::Status CheckSameFlags(CoordinatorClient* c, const TrainerOptions& o, bool started) {
-  const std::vector<std::string> mine = SharedFlags(o);
-  if (o.rank == 0 && !started) return c->KvPut("run/flags", absl::StrJoin(mine, " "));
-  ASSIGN_OR_RETURN(const std::string theirs, c->KvGet("run/flags", /*wait=*/true, o.rpc_timeout));
-  std::vector<std::string> differ;
-  const std::vector<std::string> words = absl::StrSplit(theirs, ' ');
-  for (const std::string& w : mine) {
-    if (std::find(words.begin(), words.end(), w) == words.end()) differ.push_back(w);
+// The worker ranks of [0, world) not among `stopped` (ascending), as "1, 3".
+std::string NotStopped(const coord::Rollback& rollback, int world) {
+  std::vector<std::string> missing;
+  for (int r = 0; r < world; ++r) {
+    if (!std::binary_search(rollback.stopped_ranks().begin(), rollback.stopped_ranks().end(), r)) {
+      missing.push_back(absl::StrCat(r));
+    }
   }
-  if (differ.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "worker ", o.rank, " was started with ", absl::StrJoin(differ, " "),
-      " but the run's rank 0 with ", theirs, ": start every worker with the same flags"));
+  return absl::StrJoin(missing, ", ");
+}
+
+// The coordinator's ABORTED (that generation is over) as a peer's failure: the rollback
+// starts over in the new generation.
+absl::Status Superseded(absl::Status s) {
+  if (!absl::IsAborted(s)) return s;
+  return absl::UnavailableError(s.message());
 }
 
 }  // namespace
+
+// Rank 0 records its shared flags; every other worker, and a rank 0 that replaces a failed
+// one, compares its own with the record: a run whose workers differ (batch sizes summed
+// unweighted, other data splits) is refused, naming the flags.
+absl::Status Trainer::CheckSameFlags(bool started) {
+  const std::vector<std::string> mine = SharedFlags(options_);
+  if (options_.rank == 0 && !started) return options_.coordinator->RecordRun(mine, false);
+  ASSIGN_OR_RETURN(
+      const coord::ClusterView v,
+      AwaitRecovery([](const coord::ClusterView& v) { return !v.run().flags().empty(); },
+                    [](const coord::ClusterView&) { return "worker rank 0 to record its flags"; },
+                    options_.rpc_timeout, /*check_liveness=*/false));
+  std::vector<std::string> differ;
+  for (const std::string& w : mine) {
+    if (std::find(v.run().flags().begin(), v.run().flags().end(), w) == v.run().flags().end()) {
+      differ.push_back(w);
+    }
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker ", options_.rank, " was started with ", absl::StrJoin(differ, " "),
+                   " but the run's rank 0 with ", absl::StrJoin(v.run().flags(), " "),
+                   ": start every worker with the same flags"));
+}
 
 absl::StatusOr<int64_t> Trainer::Start() {
   CoordinatorClient* c = options_.coordinator;
   if (c != nullptr) {
     // A worker that replaces a failed one finds the run started: it joins the rollback.
-    auto started = c->KvGet("run/started", /*wait=*/false, options_.rpc_timeout);
-    if (!started.ok() && started.status().code() != absl::StatusCode::kNotFound) {
-      return started.status();
-    }
-    RETURN_IF_ERROR(CheckSameFlags(c, options_, started.ok()));
-    if (started.ok()) {
+    ASSIGN_OR_RETURN(const coord::ClusterView now, c->AwaitView(0, false, options_.rpc_timeout));
+    const bool started = now.run().started();
+    RETURN_IF_ERROR(CheckSameFlags(started));
+    if (started) {
       absl::StatusOr<int64_t> back_to = Rejoin(Generation(view_));
       if (back_to.ok() || !PeerFailure(back_to.status())) return back_to;
       return Recover(std::nullopt, back_to.status());  // the cluster changed meanwhile
     }
-    if (started.status().code() != absl::StatusCode::kNotFound) return started.status();
   }
   if (options_.connect) {
     RETURN_IF_ERROR(ConnectCommunicator(absl::StrCat("gen/", Generation(view_), "/")));
@@ -124,34 +143,42 @@ absl::StatusOr<int64_t> Trainer::Start() {
       }
       std::fflush(stdout);
     }
-    RETURN_IF_ERROR(c->KvPut("run/started", "1"));
+    absl::Status marked = c->RecordRun(SharedFlags(options_), /*started=*/true);
+    // NOT_FOUND: this worker registered again meanwhile (the coordinator restarted and
+    // lost it), a new generation: it rolls back with the others, and marks the start then.
+    if (absl::IsNotFound(marked)) return Recover(0, marked);
+    RETURN_IF_ERROR(marked);
   }
   return 0;
 }
 
 absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   CoordinatorClient* c = options_.coordinator;
-  const int rank = options_.rank;
-  const std::string prefix = absl::StrCat("gen/", gen, "/");
   placement_.reset();
   comm_.reset();
-  RETURN_IF_ERROR(c->KvPut(absl::StrCat(prefix, "stopped/", rank), ""));
+  RETURN_IF_ERROR(Superseded(c->ReportStopped(gen).status()));
   if (!view_.shard_addresses().empty()) {
     RETURN_IF_ERROR(Connect({view_.shard_addresses().begin(), view_.shard_addresses().end()}));
   }
   int64_t back_to = 0;
-  if (rank == 0) {  // once every worker has stopped, roll every shard back
-    ASSIGN_OR_RETURN(back_to, RollBackShards(prefix));
-    RETURN_IF_ERROR(c->KvPut(prefix + "step", absl::StrCat(back_to)));
+  if (options_.rank == 0) {  // once every worker has stopped, roll every shard back
+    ASSIGN_OR_RETURN(back_to, RollBackShards(gen));
+    RETURN_IF_ERROR(Superseded(c->DecideRollback(gen, back_to).status()));
+    // A start interrupted before rank 0 marked it (Start) is marked now; else a no-op.
+    RETURN_IF_ERROR(c->RecordRun(SharedFlags(options_), /*started=*/true));
   } else {
-    ASSIGN_OR_RETURN(std::string value,
-                     AwaitRollbackKey(prefix + "step", "worker rank 0 to pick the checkpoint"));
-    if (!absl::SimpleAtoi(value, &back_to)) {
-      return absl::DataLossError("bad rollback step " + value);
-    }
+    ASSIGN_OR_RETURN(
+        const coord::ClusterView v,
+        AwaitRecovery(
+            [&](const coord::ClusterView& v) {
+              return v.rollback().generation() == gen && v.rollback().decided();
+            },
+            [](const coord::ClusterView&) { return "worker rank 0 to pick the checkpoint"; },
+            options_.recovery_timeout, /*check_liveness=*/true));
+    back_to = v.rollback().step();
   }
   if (options_.connect) {
-    RETURN_IF_ERROR(ConnectCommunicator(prefix));
+    RETURN_IF_ERROR(ConnectCommunicator(absl::StrCat("gen/", gen, "/")));
   }
   // The mode the cluster trained the checkpoint's step in (every worker reads the same
   // switch history); the switches after it are replayed as the steps come round again.
@@ -165,12 +192,18 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
   return back_to;
 }
 
-absl::StatusOr<int64_t> Trainer::RollBackShards(const std::string& prefix) {
-  for (int r = 0; r < options_.world; ++r) {
-    RETURN_IF_ERROR(AwaitRollbackKey(absl::StrCat(prefix, "stopped/", r),
-                                     absl::StrCat("worker rank ", r, " to stop"))
-                        .status());
-  }
+absl::StatusOr<int64_t> Trainer::RollBackShards(const std::string& gen) {
+  const int world = options_.world;
+  RETURN_IF_ERROR(
+      AwaitRecovery(
+          [&](const coord::ClusterView& v) {
+            return v.rollback().generation() == gen && NotStopped(v.rollback(), world).empty();
+          },
+          [&](const coord::ClusterView& v) {
+            return absl::StrCat("worker ranks ", NotStopped(v.rollback(), world), " to stop");
+          },
+          options_.recovery_timeout, /*check_liveness=*/true)
+          .status());
   if (client_ == nullptr) {
     return absl::FailedPreconditionError(
         "no checkpoint to roll back to: this cluster has no shards (start it with shards and "
@@ -203,22 +236,30 @@ absl::StatusOr<int64_t> Trainer::RollBackShards(const std::string& prefix) {
   return back_to;
 }
 
-absl::StatusOr<std::string> Trainer::AwaitRollbackKey(const std::string& key,
-                                                      const std::string& what) {
-  const absl::Time end = absl::Now() + options_.recovery_timeout;
-  while (true) {
+absl::StatusOr<coord::ClusterView> Trainer::AwaitRecovery(
+    const std::function<bool(const coord::ClusterView&)>& ready,
+    const std::function<std::string(const coord::ClusterView&)>& waited_for, absl::Duration timeout,
+    bool check_liveness) {
+  CoordinatorClient* c = options_.coordinator;
+  const absl::Time end = absl::Now() + timeout;
+  ASSIGN_OR_RETURN(coord::ClusterView v, c->AwaitView(0, false, options_.rpc_timeout));
+  while (!ready(v)) {
+    // Each look blocks until the view's next change (a report, a decision, a failure).
     const absl::Duration slice = std::min(kRollbackSlice, end - absl::Now());
-    absl::StatusOr<std::string> value = options_.coordinator->KvGet(key, true, slice);
-    if (value.ok() || value.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return value;
+    absl::StatusOr<coord::ClusterView> next = c->AwaitView(v.version() + 1, false, slice);
+    if (next.ok()) {
+      v = *std::move(next);
+      continue;
     }
+    if (!absl::IsDeadlineExceeded(next.status())) return next.status();
     if (absl::Now() >= end) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("waited ", absl::FormatDuration(options_.recovery_timeout), " for ", what,
-                       " (coordinator key ", key, "); is that worker running?"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited ", absl::FormatDuration(timeout), " for ", waited_for(v),
+          " (the coordinator's view, version ", v.version(), "); is that worker running?"));
     }
-    RETURN_IF_ERROR(CheckLiveness());
+    if (check_liveness) RETURN_IF_ERROR(CheckLiveness());
   }
+  return v;
 }
 
 absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {

@@ -149,16 +149,23 @@ class Trainer {
   // The step to start from: 0 for a fresh run; for a worker replacing a failed one, the
   // rollback step it agreed on with the others.
   absl::StatusOr<int64_t> Start();
+  // INVALID_ARGUMENT naming the shared flags this worker was started with that differ from
+  // the run's record (rank 0 records its own first, while the run has not `started`).
+  absl::Status CheckSameFlags(bool started);
   // Stops, agrees on the newest complete checkpoint with the others (generation `gen`),
   // rolls back to it and loads it into the current mode. Returns its step.
   absl::StatusOr<int64_t> Rejoin(const std::string& gen);
-  // Rank 0's part of it: once every worker stopped, the shards rolled back to the newest
-  // checkpoint they all can restore (the ones after it deleted). Returns its step.
-  absl::StatusOr<int64_t> RollBackShards(const std::string& prefix);
-  // Another worker's part of the rollback (the coordinator key `key`, under this
-  // generation's prefix), waited for in slices: between them CheckLiveness gives up when a
-  // member failed or the generation changed again (the rollback then starts over).
-  absl::StatusOr<std::string> AwaitRollbackKey(const std::string& key, const std::string& what);
+  // Rank 0's part of it: once every worker stopped in `gen`, the shards rolled back to
+  // the newest checkpoint they all can restore (the ones after it deleted). Its step.
+  absl::StatusOr<int64_t> RollBackShards(const std::string& gen);
+  // Waits, in slices of the coordinator's view, until `ready` holds for the view (its
+  // recovery record: proto RunRecord, Rollback) or `timeout` passed; between slices,
+  // with `check_liveness`, gives up when a member failed or the generation changed again
+  // (the rollback then starts over). `waited_for` names what waits, from the last view.
+  absl::StatusOr<coord::ClusterView> AwaitRecovery(
+      const std::function<bool(const coord::ClusterView&)>& ready,
+      const std::function<std::string(const coord::ClusterView&)>& waited_for,
+      absl::Duration timeout, bool check_liveness);
   absl::StatusOr<coord::ClusterView> AwaitHealedView();
   // When the view is complete and still of generation `before`: registers this worker
   // again (a new generation, in which every worker rolls back).

@@ -1,0 +1,120 @@
+#include "server/coordinator/recovery_schedule.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pscluster::coord {
+
+absl::Status RecoverySchedule::CheckFlags(const RecordRunRequest& r) {
+  if (r.rank() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", r.rank(), " cannot record the run: only rank 0 does"));
+  }
+  if (r.flags().empty() || r.flags_size() > kMaxRunFlags) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a run record has 1 to ", kMaxRunFlags, " flags, not ", r.flags_size()));
+  }
+  for (const std::string& f : r.flags()) {
+    if (f.empty() || f.size() > kMaxRunFlagBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a run flag has 1 to ", kMaxRunFlagBytes, " bytes, not ", f.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> RecoverySchedule::RecordRun(const RecordRunRequest& r) {
+  if (absl::Status s = CheckFlags(r); !s.ok()) return s;
+  const bool same =
+      std::equal(r.flags().begin(), r.flags().end(), run_.flags().begin(), run_.flags().end());
+  if (run_.started()) {
+    if (!same) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the run started with ", absl::StrJoin(run_.flags(), " "),
+                       "; a run's flags do not change once it started"));
+    }
+    if (!r.started()) {
+      return absl::FailedPreconditionError("the run has started; a start is not undone");
+    }
+    return false;
+  }
+  if (same && r.started() == run_.started()) return false;
+  *run_.mutable_flags() = r.flags();
+  run_.set_started(r.started());
+  return true;
+}
+
+absl::StatusOr<bool> RecoverySchedule::Stopped(const std::string& generation, int32_t rank) {
+  if (generation.empty()) return absl::InvalidArgumentError("a rollback names its generation");
+  if (rollback_.generation() != generation) {
+    rollback_ = Rollback();
+    rollback_.set_generation(generation);
+  }
+  auto* ranks = rollback_.mutable_stopped_ranks();
+  auto at = std::lower_bound(ranks->begin(), ranks->end(), rank);
+  if (at != ranks->end() && *at == rank) return false;
+  ranks->Add(rank);
+  std::sort(ranks->begin(), ranks->end());
+  return true;
+}
+
+absl::StatusOr<bool> RecoverySchedule::Decide(const std::string& generation, int32_t rank,
+                                              int64_t step) {
+  if (rank != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", rank, " cannot decide a rollback: only rank 0 does"));
+  }
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("rollback step ", step, " < 0"));
+  if (generation.empty() || rollback_.generation() != generation) {
+    return absl::FailedPreconditionError(absl::StrCat("no worker reported stopping in generation '",
+                                                      generation, "': report it first"));
+  }
+  if (rollback_.decided()) {
+    if (rollback_.step() == step) return false;
+    return absl::AlreadyExistsError(absl::StrCat("the rollback of this generation was decided at ",
+                                                 rollback_.step(), ", not ", step));
+  }
+  std::vector<int32_t> missing;
+  for (int32_t r = 0; r < num_workers_; ++r) {
+    if (std::find(rollback_.stopped_ranks().begin(), rollback_.stopped_ranks().end(), r) ==
+        rollback_.stopped_ranks().end()) {
+      missing.push_back(r);
+    }
+  }
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ranks ", absl::StrJoin(missing, ", "),
+                                                      " have not stopped: wait for them"));
+  }
+  rollback_.set_decided(true);
+  rollback_.set_step(step);
+  return true;
+}
+
+void RecoverySchedule::FillView(ClusterView* view) const {
+  *view->mutable_run() = run_;
+  *view->mutable_rollback() = rollback_;
+}
+
+void RecoverySchedule::Save(CoordinatorState* state) const {
+  *state->mutable_run() = run_;
+  *state->mutable_rollback() = rollback_;
+}
+
+void RecoverySchedule::Restore(const CoordinatorState& state) {
+  run_ = state.run();
+  RecordRunRequest saved;
+  *saved.mutable_flags() = run_.flags();
+  if (!run_.flags().empty() && !CheckFlags(saved).ok()) run_ = RunRecord();
+  rollback_ = state.rollback();
+  for (int32_t r : rollback_.stopped_ranks()) {
+    if (r < 0 || r >= num_workers_) {
+      rollback_ = Rollback();
+      break;
+    }
+  }
+}
+
+}  // namespace pscluster::coord
