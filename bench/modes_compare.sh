@@ -29,8 +29,8 @@ for ((r = 0; r < rounds; ++r)); do
   done
   echo "round $((r + 1))/$rounds done"
 done
-python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
-import json, statistics, sys
+EPOCHS=$epochs /usr/bin/python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
+import json, os, statistics, sys
 tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 ddp = [json.load(open(f"{tmp}/ddp{r}.json")) for r in range(rounds)]
 single = [json.load(open(f"{tmp}/single{r}.json")) for r in range(rounds)]
@@ -49,4 +49,19 @@ for i, m in enumerate(modes):
     acc = ", ".join(str(x["test_accuracy"]) for x in runs)
     print(f"| {m} | {med:,.0f} | {rounds} | **{med / base:.2f}** | **{med / one:.2f}** | "
           f"{med / one / 2:.2f} | {acc} |")
+sys.path.insert(0, "bench")
+import figures
+if not os.environ.get("MODES"):  # the default modes make the README's row
+    per_single = {m: statistics.median(x["samples_per_sec"] for x in
+                                       (json.load(open(f"{tmp}/run{i}.{r}/summary.json"))
+                                        for r in range(rounds))) / one
+                  for i, m in enumerate(modes)}
+    figures.record(
+        "modes_compare", order=10, what="MLP training, 2 workers on 2 cores",
+        command=f"bench/modes_compare.sh {rounds} {os.environ['EPOCHS']}",
+        figure=", ".join(f"{m.upper()} {v:.2f}x" for m, v in per_single.items())
+        + " the samples/s of single-process PyTorch",
+        beside=f"PyTorch DDP (Gloo) {base / one:.2f}x; 2 workers on 2 cores can at best "
+               "double one process",
+        measured=dict(single=one, ddp=base, per_single=per_single))
 PY

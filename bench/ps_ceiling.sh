@@ -38,7 +38,7 @@ for ((r = 0; r < rounds; ++r)); do
   done
   echo "round $((r + 1))/$rounds done"
 done
-/usr/bin/python3 - "$tmp" "$rounds" <<'PY'
+/usr/bin/python3 - "$tmp" "$rounds" "$epochs" <<'PY'
 import json, re, statistics, sys
 tmp, rounds = sys.argv[1], int(sys.argv[2])
 med = statistics.median
@@ -85,4 +85,15 @@ for mode in MODES:
     print(f"per round, {mode}: ceiling / single",
           ", ".join(f"{row[mode + '_ceiling'] / row['single']:.2f}" for row in rounds_),
           "| measured / ceiling", ", ".join(f"{row[mode] / row[mode + '_ceiling']:.2f}" for row in rounds_))
+sys.path.insert(0, "bench")
+import figures
+figures.record(
+    "ps_ceiling", order=20, what="PS mode against what the machine allows",
+    command=f"bench/ps_ceiling.sh {rounds} {sys.argv[3]}",
+    figure=f"PS {ratio('ps', 'ps_ceiling'):.2f}x its ceiling; ALLREDUCE "
+           f"{ratio('allreduce', 'allreduce_ceiling'):.2f}x its own",
+    beside="the ceiling: both workers' compute, Adam, and every byte through loopback TCP at "
+           f"iperf3's CPU cost: {ratio('ps_ceiling', 'single'):.2f}x single-process PyTorch for "
+           f"PS, {ratio('allreduce_ceiling', 'single'):.2f}x for ALLREDUCE",
+    measured=dict(medians=m, rounds=rounds_))
 PY
