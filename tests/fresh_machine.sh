@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fresh-machine stage: the README's two set-up commands, exactly as written, in a fresh
+# The fresh-machine stage: the README's two set-up commands and its tour, as written, in a fresh
 # Debian 12 root (deploy/debian_root.sh: debootstrap minbase, nothing else installed, no
 # `python`, only what the commands install themselves), each timed; it fails when either
 # fails. CI's machine has packages, a `python` and a CPU that a new user's may lack: this is
@@ -11,19 +11,19 @@
 # unpacks a copy and deletes it after. Inside, the commands run as root in a private mount and
 # PID namespace, so their mounts and any process they leave die with it. Stages that such a
 # root cannot host (Docker, network namespaces) count as skipped inside, saying why.
-# Last line: "fresh_machine stage: P passed, F failed, S skipped" over the two commands.
+# Last line: "fresh_machine stage: P passed, F failed, S skipped" over the three.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/pscluster_fresh_machine}
 summary() { echo "fresh_machine stage: $1 passed, $2 failed, $3 skipped"; }
 if [[ $(id -u) -ne 0 ]] || ! unshare --mount --pid --fork true 2>/dev/null; then
-  echo "fresh_machine: needs root and mount/PID namespaces (unshare): both commands skipped"
-  summary 0 0 2; exit 0
+  echo "fresh_machine: needs root and mount/PID namespaces (unshare): all three skipped"
+  summary 0 0 3; exit 0
 fi
 mkdir -p "$out" /var/cache/pscluster
 base=/var/cache/pscluster/bookworm-minbase.tar
 if [[ ! -s $base ]]; then
-  deploy/debian_root.sh "$base" || { echo "fresh_machine: no fresh root could be made"; summary 0 2 0; exit 1; }
+  deploy/debian_root.sh "$base" || { echo "fresh_machine: no fresh root could be made"; summary 0 3 0; exit 1; }
 fi
 run=$(mktemp -d /var/tmp/pscluster_fresh.XXXXXX) root=$run/root
 # The namespace takes its mounts with it; a lazy unmount here covers an interrupted unshare.
@@ -54,7 +54,9 @@ run_in_root() {
 }
 
 passed=0 failed=0
-for step in "main:deploy/local_cluster.sh" "tests:tests/run.sh"; do
+# The tour (tests/readme_tour.sh runs the README's tour commands as written) comes after the
+# main job, whose installs and build it uses as a reader's machine would have them.
+for step in "main:deploy/local_cluster.sh" "tour:tests/readme_tour.sh" "tests:tests/run.sh"; do
   name=${step%%:*} command=${step#*:} start=$SECONDS
   run_in_root "$name" "$command"; rc=$?
   took=$((SECONDS - start))
