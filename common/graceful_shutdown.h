@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 
@@ -99,19 +100,19 @@ inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight, c
     const sigset_t signals = TerminationSignals();
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(stderr, "%s: signal %d, shutting down\n", name, sig);
+    LogWarning("%s: signal %d, shutting down", name, sig);
     // Health checks answer NOT_SERVING from now on (load balancers, probes stop sending).
     if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
       health->Shutdown();
     }
     if (before_shutdown) before_shutdown();
     if (!ShutdownGracefully(server, in_flight, absl::Seconds(5))) {
-      std::fprintf(stderr, "%s: RPCs still running after 5 s were cancelled\n", name);
+      LogWarning("%s: RPCs still running after 5 s were cancelled", name);
     }
   });
   server->Wait();
   stopper.join();
-  std::fprintf(stderr, "%s: stopped\n", name);
+  LogWarning("%s: stopped", name);
 }
 
 }  // namespace pscluster

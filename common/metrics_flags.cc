@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "common/logging.h"
 
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://--metrics_host:PORT/metrics (0: off; -1: a free "
@@ -26,9 +27,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
       Metrics::Serve(host, port < 0 ? 0 : port, role, id);
   if (metrics.ok()) {
-    std::printf("%s: metrics on http://%s:%d/metrics\n", role.c_str(), host.c_str(),
-                (*metrics)->port());
-    std::fflush(stdout);
+    LogInfo("metrics on http://%s:%d/metrics", host.c_str(), (*metrics)->port());
   }
   return metrics;
 }

@@ -15,7 +15,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  libopenblas-dev prometheus-cpp-dev nlohmann-json3-dev dataset-fashion-mnist fortunes zlib1g-dev python3 python3-yaml
+  libopenblas-dev prometheus-cpp-dev nlohmann-json3-dev libspdlog-dev dataset-fashion-mnist fortunes zlib1g-dev python3 python3-yaml
   python3-grpcio python3-numpy python3-pytest openssl python3-dev pybind11-dev procps
 )
 for option in "$@"; do

@@ -28,7 +28,7 @@ def parse(path):
     with open(path, errors="replace") as f:
         for line in f:
             for pattern, points in ((LOSS, loss), (ACCURACY, accuracy)):
-                m = pattern.match(line)
+                m = pattern.search(line)  # after the log line's time, level and role
                 if m:
                     try:  # a line cut short by a killed worker may hold no number
                         points.append((int(m[1]), float(m[2])))

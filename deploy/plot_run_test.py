@@ -31,8 +31,9 @@ from deploy import plot_run  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
-# Lines as worker/modes/trainer.cc prints them, with the others a log holds (stderr too).
-WORKER0 = """\
+# Lines as the worker logs them (common/logging.h: time, level, role and id first), with
+# the others a log holds (stderr too).
+WORKER0 = "".join(f"2026-12-07T03:12:{i:02d}.071Z I ps_worker/0 {line}\n" for i, line in enumerate("""\
 worker 0: coordinator at 127.0.0.1:40001, world 2
 worker 0 (ps): epoch 1/2 step 100/200 loss 0.9000 4210 samples/s ETA 10s
 worker 0 (ps): epoch 1/2 step 100/200 loss 0.5
@@ -44,8 +45,9 @@ worker 0: progress report: UNAVAILABLE: shard 1 is down
 worker 0 (allreduce): epoch 2/2 step 120/200 loss 0.6500 4000 samples/s ETA 6s
 worker 0 (allreduce): epoch 2/2 step 200/200 loss 0.5000 4100 samples/s ETA 0s
 worker 0: epoch 2 test accuracy 0.8500
-"""
-# Killed during epoch 1 and replaced: the replacement appends to the same log.
+""".splitlines()))
+# Killed during epoch 1 and replaced: the replacement appends to the same log. Without
+# the log's prefix, as workers before common/logging.h wrote it.
 WORKER1 = """\
 worker 1 (ps): epoch 1/2 step 60/200 loss 1.1000 3000 samples/s ETA 20s
 worker 1 (ps): epoch 1/2 step 40/200 loss 1.2000 3100 samples/s ETA 21s

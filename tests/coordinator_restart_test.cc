@@ -97,7 +97,7 @@ TEST_F(CoordinatorRestartTest,
 
   // Kill once a checkpoint is complete (the coordinator says so after its manifest is
   // written), and restart with the same flags on the same port.
-  auto line = coordinator_->WaitForLine("ps_coordinator: checkpoint of step", absl::Minutes(3));
+  auto line = coordinator_->WaitForLine("checkpoint of step", absl::Minutes(3));
   ASSERT_TRUE(line.ok()) << line.status();
   int64_t kept = -1;
   const std::string after = line->substr(line->find("checkpoint of step ") + 19);

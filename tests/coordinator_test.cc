@@ -895,11 +895,11 @@ TEST(CoordinatorFlagTest, AShardOrWorkerGivenAnAddressThatIsNotHostPortExitsSayi
   };
   for (const Case& c : std::vector<Case>{
            {{"server/ps/ps_server", "--port=0", "--coordinator=localhost:99999"},
-            "ps_server: --coordinator 'localhost:99999' has port 99999, outside 1-65535"},
+            " E ps_server --coordinator 'localhost:99999' has port 99999, outside 1-65535"},
            {{"worker/ps_worker", "--coordinator=localhost", "--rank=0", "--world=1"},
-            "ps_worker: --coordinator 'localhost' has no port"},
+            " E ps_worker --coordinator 'localhost' has no port"},
            {{"worker/ps_worker", "--ps=127.0.0.1:1,http://127.0.0.1:2", "--rank=0", "--world=1"},
-            "ps_worker: --ps 'http://127.0.0.1:2' has a scheme ('http://')"},
+            " E ps_worker --ps 'http://127.0.0.1:2' has a scheme ('http://')"},
        }) {
     std::string command;
     for (const std::string& a : c.argv) absl::StrAppend(&command, " '", a, "'");

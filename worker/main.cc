@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/command_line.h"
+#include "common/logging.h"
 #include "common/malloc_mode.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
@@ -21,10 +22,14 @@
 #include "worker/modes/worker_metrics.h"
 #include "worker/setup.h"
 
+using pscluster::LogError;
+using pscluster::LogInfo;
+using pscluster::LogWarning;
+
 namespace {
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "ps_worker: %s\n", std::string(status.message()).c_str());
+  LogError("%s", std::string(status.message()).c_str());
   return 2;
 }
 
@@ -44,6 +49,7 @@ int main(int argc, char** argv) {
   WorkerMallocMode();
   absl::StatusOr<worker::WorkerFlags> flags = worker::WorkerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
+  InitLogging("ps_worker", std::to_string(flags->trainer.rank));
   auto metrics = ServeMetricsFromFlags("ps_worker", std::to_string(flags->trainer.rank));
   if (!metrics.ok()) return Fail(metrics.status());
   std::unique_ptr<modes::WorkerMetrics> worker_metrics;
@@ -63,12 +69,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<modes::TrainSummary> summary = (*trainer)->Run();
   if (!summary.ok()) return Fail(summary.status());
   if (absl::Status left = (*trainer)->Leave(); !left.ok()) {  // the run is done either way
-    std::fprintf(stderr, "worker %d: unregistering from the shards: %s\n", flags->trainer.rank,
-                 left.ToString().c_str());
+    LogWarning("worker %d: unregistering from the shards: %s", flags->trainer.rank,
+               left.ToString().c_str());
   }
-  std::printf("worker %d: done: %lld steps, test accuracy %.4f, %.0f samples/s\n",
-              flags->trainer.rank, static_cast<long long>(summary->steps), summary->test_accuracy,
-              summary->samples_per_sec);
+  LogInfo("worker %d: done: %lld steps, test accuracy %.4f, %.0f samples/s", flags->trainer.rank,
+          static_cast<long long>(summary->steps), summary->test_accuracy, summary->samples_per_sec);
   if (!flags->summary_json.empty()) {
     absl::Status s =
         worker::WriteSummaryJson(flags->summary_json, flags->trainer.rank, flags->mode, *summary);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/host_name.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/training_mode.h"
 #include "nlohmann/json.hpp"
@@ -76,9 +77,8 @@ absl::StatusOr<coord::ClusterView> AwaitCompleteCluster(CoordinatorClient* coord
           absl::StrCat("the cluster was not complete within ", absl::FormatDuration(kLimit),
                        " (missing: ", missing, "): start them against this coordinator"));
     }
-    std::printf("worker %d: waiting for the cluster to be complete; missing: %s\n", rank,
-                missing.c_str());
-    std::fflush(stdout);
+    LogInfo("worker %d: waiting for the cluster to be complete; missing: %s", rank,
+            missing.c_str());
   }
 }
 
@@ -104,9 +104,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> JoinCluster(WorkerFlags* f) {
     co.limits->set_micro_batches(o.micro_batches);
     ASSIGN_OR_RETURN(coordinator, CoordinatorClient::Register(co));
     ASSIGN_OR_RETURN(coord::ClusterView view, AwaitCompleteCluster(coordinator.get(), o.rank));
-    std::printf("worker %d: cluster complete (view %lld, mode %s): shards %s\n", o.rank,
-                static_cast<long long>(view.version()), coord::ModeName(view.mode()),
-                absl::StrJoin(view.shard_addresses(), ",").c_str());
+    LogInfo("worker %d: cluster complete (view %lld, mode %s): shards %s", o.rank,
+            static_cast<long long>(view.version()), coord::ModeName(view.mode()),
+            absl::StrJoin(view.shard_addresses(), ",").c_str());
     if (f->mode.empty()) f->mode = coord::ModeName(view.mode());
     o.coordinator = coordinator.get();
     SetConnect(*f, coordinator.get(), &o);
@@ -148,9 +148,9 @@ absl::StatusOr<Datasets> LoadData(const WorkerFlags& f) {
     const int context = f.trainer.model.gpt.context;
     ASSIGN_OR_RETURN(d.train, data::MakeLanguageModelData(corpus.train, context));
     ASSIGN_OR_RETURN(d.test, data::MakeLanguageModelData(corpus.held_out, context));
-    std::printf("worker %d: text %s: %zu training bytes (%lld windows of %d), %zu held out\n",
-                f.trainer.rank, f.text_dir.c_str(), corpus.train.size(),
-                static_cast<long long>(d.train.size), context, corpus.held_out.size());
+    LogInfo("worker %d: text %s: %zu training bytes (%lld windows of %d), %zu held out",
+            f.trainer.rank, f.text_dir.c_str(), corpus.train.size(),
+            static_cast<long long>(d.train.size), context, corpus.held_out.size());
     return d;
   }
   ASSIGN_OR_RETURN(d.train, data::LoadFashionMnist(f.dataset_dir, data::Split::kTrain));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
@@ -39,16 +40,15 @@ absl::StatusOr<coord::RegisterResponse> RegisterOnce(coord::Coordinator::Stub* s
     if (s.ok()) return resp;
     if (absl::Now() + backoff.ceiling() > deadline) return s;
     if (absl::IsAlreadyExists(s)) {
-      std::fprintf(stderr, "%s; retrying until the coordinator declares it dead\n",
-                   std::string(s.message()).c_str());
+      LogWarning("%s; retrying until the coordinator declares it dead",
+                 std::string(s.message()).c_str());
     } else if (absl::IsUnavailable(s)) {
       // Not up yet, or a connection that cannot be made (a TLS handshake refused, a wrong
       // address): said when it starts and every 10 s, with gRPC's reason.
       if (absl::Now() - said_unavailable >= absl::Seconds(10)) {
-        std::fprintf(
-            stderr,
+        LogWarning(
             "%s; retrying for up to %s (is it running there? with TLS, do --tls_ca "
-            "and --tls_server_name match its certificate?)\n",
+            "and --tls_server_name match its certificate?)",
             std::string(s.message()).c_str(),
             absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1))).c_str());
         said_unavailable = absl::Now();
@@ -107,9 +107,9 @@ void CoordinatorClient::HeartbeatLoop() {
     }
     if (s.ok() && options_.on_heartbeat) options_.on_heartbeat(resp.view_version(), sent);
     if (!s.ok() && !failing) {  // say so once per outage, not every second
-      std::fprintf(stderr, "coordinator heartbeat failing: %s\n", s.error_message().c_str());
+      LogWarning("coordinator heartbeat failing: %s", s.error_message().c_str());
     } else if (s.ok() && failing) {
-      std::fprintf(stderr, "coordinator heartbeat ok again\n");
+      LogWarning("coordinator heartbeat ok again");
     }
     failing = !s.ok();
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) return;  // replaced: stop
@@ -119,9 +119,8 @@ void CoordinatorClient::HeartbeatLoop() {
 
 void CoordinatorClient::Reregister() {
   // A coordinator restarted without its saved state does not know this member.
-  std::fprintf(stderr, "coordinator %s does not know %s %d; registering again\n",
-               options_.coordinator.c_str(), options_.role == coord::SHARD ? "shard" : "worker",
-               options_.id);
+  LogWarning("coordinator %s does not know %s %d; registering again", options_.coordinator.c_str(),
+             options_.role == coord::SHARD ? "shard" : "worker", options_.id);
   registering_again_ = true;
   absl::StatusOr<coord::RegisterResponse> r;
   {
@@ -131,11 +130,10 @@ void CoordinatorClient::Reregister() {
   }
   registering_again_ = false;
   if (!r.ok()) {
-    std::fprintf(stderr, "registering again failed: %s\n", r.status().ToString().c_str());
+    LogWarning("registering again failed: %s", r.status().ToString().c_str());
     return;
   }
-  std::fprintf(stderr, "registered again as incarnation %lld\n",
-               static_cast<long long>(r->incarnation()));
+  LogWarning("registered again as incarnation %lld", static_cast<long long>(r->incarnation()));
 }
 
 absl::StatusOr<int64_t> CoordinatorClient::RegisterAgain() {
@@ -157,9 +155,9 @@ absl::Status CoordinatorClient::Reconnecting(const char* what, absl::Duration ti
       return s;
     }
     if (!said) {
-      std::fprintf(stderr, "%s: coordinator %s unreachable (%s); retrying for up to %s\n", what,
-                   options_.coordinator.c_str(), std::string(s.message()).c_str(),
-                   absl::FormatDuration(options_.reconnect_timeout).c_str());
+      LogWarning("%s: coordinator %s unreachable (%s); retrying for up to %s", what,
+                 options_.coordinator.c_str(), std::string(s.message()).c_str(),
+                 absl::FormatDuration(options_.reconnect_timeout).c_str());
     }
     if (stop_.WaitForNotificationWithTimeout(backoff.Next())) return s;  // shutting down
   }

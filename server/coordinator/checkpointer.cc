@@ -13,6 +13,7 @@
 #include "client/ps/ps_client.h"
 #include "common/atomic_file.h"
 #include "common/cluster_view.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pscluster::coord {
@@ -141,9 +142,8 @@ absl::Status Checkpointer::TakeMetricLocked(const ClusterView& view) {
   if (!best) return absl::OkStatus();
   absl::StatusOr<Checkpoint> taken = CheckpointLocked(metric, step);
   if (!taken.ok()) {
-    std::printf("ps_coordinator: the metric %g of step %lld is filed under no checkpoint: %s\n",
-                metric, static_cast<long long>(step), taken.status().ToString().c_str());
-    std::fflush(stdout);
+    LogInfo("the metric %g of step %lld is filed under no checkpoint: %s", metric,
+            static_cast<long long>(step), taken.status().ToString().c_str());
   }
   return absl::OkStatus();
 }
@@ -158,9 +158,7 @@ absl::Status Checkpointer::FileMetricLocked(int64_t step, double metric) {
   checkpoints_ = Retain(std::move(all));
   RETURN_IF_ERROR(WriteManifest());
   cluster_->SetCheckpoints(checkpoints_);
-  std::printf("ps_coordinator: checkpoint of step %lld filed with metric %g\n",
-              static_cast<long long>(step), metric);
-  std::fflush(stdout);
+  LogInfo("checkpoint of step %lld filed with metric %g", static_cast<long long>(step), metric);
   return absl::OkStatus();
 }
 
@@ -290,10 +288,8 @@ absl::StatusOr<Checkpoint> Checkpointer::File(const ClusterView& view, PsClient*
   c.set_unix_ms(absl::ToUnixMillis(absl::Now()));
   RETURN_IF_ERROR(WriteManifest());
   cluster_->SetCheckpoints(checkpoints_);
-  std::printf("ps_coordinator: checkpoint of step %lld complete on %d shard(s)%s\n",
-              static_cast<long long>(step), shards->num_shards(),
-              metric ? absl::StrCat(", metric ", *metric).c_str() : "");
-  std::fflush(stdout);
+  LogInfo("checkpoint of step %lld complete on %d shard(s)%s", static_cast<long long>(step),
+          shards->num_shards(), metric ? absl::StrCat(", metric ", *metric).c_str() : "");
   return c;
 }
 
@@ -394,11 +390,10 @@ absl::StatusOr<Checkpoint> Checkpointer::Restore(int64_t step, bool force,
     return restored;
   }
   cluster_->RolledBackTo(step, checkpoints_);
-  std::printf(
+  LogInfo(
       "ps_coordinator: every shard rolled back to the checkpoint of step %lld; the "
-      "later ones are gone\n",
+      "later ones are gone",
       static_cast<long long>(step));
-  std::fflush(stdout);
   return checkpoints_.back();
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "server/coordinator/cluster_state.h"
 
 namespace pscluster::coord {
@@ -25,11 +26,10 @@ void ClusterState::JoinChainLocked(const Member& m) {
   // Live members of the chain besides m (which registered anew).
   const bool others_alive = ChainAliveLocked(m.id(), /*except=*/m.replica());
   if (formed_.count(m.id()) && others_alive) {
-    std::printf(
+    LogInfo(
         "coordinator: shard %d replica %d waits outside its chain (the chain holds "
-        "the state; it joins by a state transfer from the tail)\n",
+        "the state; it joins by a state transfer from the tail)",
         m.id(), m.replica());
-    std::fflush(stdout);
     return;
   }
   if (formed_.count(m.id())) {
@@ -58,9 +58,8 @@ void ClusterState::LeaveChainLocked(const Member& m, bool keep_last) {
   if (pos == chain.replicas().end() || (keep_last && chain.replicas_size() == 1)) return;
   chain.mutable_replicas()->erase(pos);
   chain.set_epoch(chain.epoch() + 1);
-  std::printf("coordinator: shard %d replica %d left its chain (epoch %lld, %d left)\n", m.id(),
-              m.replica(), static_cast<long long>(chain.epoch()), chain.replicas_size());
-  std::fflush(stdout);
+  LogInfo("shard %d replica %d left its chain (epoch %lld, %d left)", m.id(), m.replica(),
+          static_cast<long long>(chain.epoch()), chain.replicas_size());
 }
 
 absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest& r) {
@@ -85,11 +84,10 @@ absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest
   }
   chain.add_replicas(r.replica());
   chain.set_epoch(chain.epoch() + 1);
-  std::printf(
+  LogInfo(
       "coordinator: shard %d replica %d joined its chain as the tail (epoch %lld, %d "
-      "replicas)\n",
+      "replicas)",
       r.shard(), r.replica(), static_cast<long long>(chain.epoch()), chain.replicas_size());
-  std::fflush(stdout);
   ChangedLocked();
   JoinChainResponse response;
   response.set_epoch(chain.epoch());
@@ -113,11 +111,10 @@ absl::StatusOr<JoinChainResponse> ClusterState::ShrinkChain(const ShrinkChainReq
     chain.clear_replicas();
     chain.add_replicas(r.replica());
     chain.set_epoch(chain.epoch() + 1);
-    std::printf(
+    LogInfo(
         "coordinator: shard %d's chain is its head, replica %d, alone (epoch %lld): "
-        "the head replaces its state; the others join again\n",
+        "the head replaces its state; the others join again",
         r.shard(), r.replica(), static_cast<long long>(chain.epoch()));
-    std::fflush(stdout);
     ChangedLocked();
   }
   JoinChainResponse response;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/training_mode.h"
 
 namespace pscluster::coord {
@@ -389,7 +390,7 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
     // Saved by a coordinator that did not check addresses: the member registers again.
     if (absl::Status s = CheckAdvertised(m.role(), m.id(), m.replica(), m.address(), m.limits());
         !s.ok()) {
-      std::fprintf(stderr, "coordinator: dropped a saved member: %s\n", s.ToString().c_str());
+      LogWarning("dropped a saved member: %s", s.ToString().c_str());
       continue;
     }
     Member& kept = members[{m.role(), m.id(), m.replica()}] = m;

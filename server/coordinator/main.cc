@@ -24,6 +24,7 @@
 #include "common/atomic_file.h"
 #include "common/command_line.h"
 #include "common/graceful_shutdown.h"
+#include "common/logging.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
 #include "common/parse_errors.h"
@@ -68,10 +69,14 @@ ABSL_FLAG(bool, exit_when_finished, false,
           "Exit (0, as on SIGTERM) once every worker has finished its run: for compose, systemd "
           "and scripts that run one training job per coordinator.");
 
+using pscluster::LogError;
+using pscluster::LogInfo;
+using pscluster::LogWarning;
+
 namespace {
 
 int Fail(const std::string& message) {
-  std::fprintf(stderr, "ps_coordinator: %s\n", message.c_str());
+  LogError("%s", message.c_str());
   return 2;
 }
 
@@ -83,16 +88,15 @@ void PrintSwitches(const pscluster::coord::ClusterView& before,
   for (const auto& s : before.switches()) last_known = std::max(last_known, s.switch_id());
   for (const auto& s : after.pending_switches()) {
     if (s.switch_id() > last_known) {
-      std::printf("ps_coordinator: switch %lld to %s scheduled at step %lld\n",
-                  static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
-                  static_cast<long long>(s.at_step()));
+      LogInfo("switch %lld to %s scheduled at step %lld", static_cast<long long>(s.switch_id()),
+              ModeName(s.to_mode()), static_cast<long long>(s.at_step()));
     }
   }
   for (int i = before.switches_size(); i < after.switches_size(); ++i) {
     const auto& s = after.switches(i);
-    std::printf("ps_coordinator: switch %lld done: %s -> %s at step %lld (hand-over %.3f s)\n",
-                static_cast<long long>(s.switch_id()), ModeName(s.from_mode()),
-                ModeName(s.to_mode()), static_cast<long long>(s.at_step()), s.handoff_seconds());
+    LogInfo("switch %lld done: %s -> %s at step %lld (hand-over %.3f s)",
+            static_cast<long long>(s.switch_id()), ModeName(s.from_mode()), ModeName(s.to_mode()),
+            static_cast<long long>(s.at_step()), s.handoff_seconds());
   }
   // Pending before, and neither pending nor done now: dropped once the workers said where
   // their run ends, before it.
@@ -112,9 +116,9 @@ void PrintSwitches(const pscluster::coord::ClusterView& before,
         listed(after.switches(), s.switch_id())) {
       continue;
     }
-    std::printf(
+    LogInfo(
         "ps_coordinator: switch %lld to %s at step %lld dropped: the run ends at step "
-        "%lld, before it\n",
+        "%lld, before it",
         static_cast<long long>(s.switch_id()), ModeName(s.to_mode()),
         static_cast<long long>(s.at_step()), static_cast<long long>(run_end));
   }
@@ -133,15 +137,15 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
       }
     }
     if (m.alive() != was_alive || m.incarnation() != was_incarnation) {
-      std::printf("ps_coordinator: %s %d%s %s (incarnation %lld, %s)\n",
-                  m.role() == pscluster::coord::SHARD ? "shard" : "worker", m.id(),
-                  after.replicas() > 1 && m.role() == pscluster::coord::SHARD
-                      ? absl::StrCat(" replica ", m.replica()).c_str()
-                      : "",
-                  m.alive()      ? "alive"
-                  : m.finished() ? "finished its run and left"
-                                 : "DEAD",
-                  static_cast<long long>(m.incarnation()), m.address().c_str());
+      LogInfo("%s %d%s %s (incarnation %lld, %s)",
+              m.role() == pscluster::coord::SHARD ? "shard" : "worker", m.id(),
+              after.replicas() > 1 && m.role() == pscluster::coord::SHARD
+                  ? absl::StrCat(" replica ", m.replica()).c_str()
+                  : "",
+              m.alive()      ? "alive"
+              : m.finished() ? "finished its run and left"
+                             : "DEAD",
+              static_cast<long long>(m.incarnation()), m.address().c_str());
     }
   }
   for (const auto& chain : after.chains()) {
@@ -149,12 +153,11 @@ void PrintChanges(const pscluster::coord::ClusterView& before,
         before.chains(chain.shard()).epoch() == chain.epoch()) {
       continue;
     }
-    std::printf("ps_coordinator: shard %d chain epoch %lld (generation %lld): %s\n", chain.shard(),
-                static_cast<long long>(chain.epoch()), static_cast<long long>(chain.generation()),
-                absl::StrJoin(chain.addresses(), " -> ").c_str());
+    LogInfo("shard %d chain epoch %lld (generation %lld): %s", chain.shard(),
+            static_cast<long long>(chain.epoch()), static_cast<long long>(chain.generation()),
+            absl::StrJoin(chain.addresses(), " -> ").c_str());
   }
   PrintSwitches(before, after);
-  std::fflush(stdout);
 }
 
 std::string StatePath(const std::string& dir) { return dir + "/state.pb"; }
@@ -194,8 +197,7 @@ absl::StatusOr<pscluster::coord::ClusterStateOptions> MembershipFromFlags() {
         std::max<int64_t>(0, absl::GetFlag(FLAGS_checkpoint_every_steps));
     options.on_change = [path = StatePath(dir)](const pscluster::coord::CoordinatorState& state) {
       absl::Status s = pscluster::WriteFileAtomically(path, state.SerializeAsString());
-      if (!s.ok())
-        std::fprintf(stderr, "ps_coordinator: state not saved: %s\n", s.ToString().c_str());
+      if (!s.ok()) LogWarning("state not saved: %s", s.ToString().c_str());
     };
   }
   return options;
@@ -217,10 +219,9 @@ absl::Status RestoreState(pscluster::coord::ClusterState* cluster) {
     return absl::DataLossError(absl::StrCat(StatePath(dir), ": ", s.message()));
   }
   const pscluster::coord::ClusterView v = cluster->View();
-  std::printf("ps_coordinator: restored view %lld: %d member(s), %d switch(es) done, %d pending\n",
-              static_cast<long long>(v.version()), v.members_size(), v.switches_size(),
-              v.pending_switches_size());
-  std::fflush(stdout);
+  LogInfo("restored view %lld: %d member(s), %d switch(es) done, %d pending",
+          static_cast<long long>(v.version()), v.members_size(), v.switches_size(),
+          v.pending_switches_size());
   return absl::OkStatus();
 }
 
@@ -236,9 +237,8 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
   auto checkpointer = pscluster::coord::Checkpointer::Create(cluster, co);
   if (!checkpointer.ok()) return checkpointer.status();
   if (const auto listed = (*checkpointer)->checkpoints(); !listed.empty()) {
-    std::printf("ps_coordinator: manifest lists %zu checkpoint(s), the last of step %lld\n",
-                listed.size(), static_cast<long long>(listed.back().step()));
-    std::fflush(stdout);
+    LogInfo("manifest lists %zu checkpoint(s), the last of step %lld", listed.size(),
+            static_cast<long long>(listed.back().step()));
   }
   return checkpointer;
 }
@@ -252,7 +252,7 @@ void RunBackground(pscluster::coord::ClusterState* cluster,
   std::thread checkpoints([&] {
     while (automatic && !stop->WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       absl::Status s = checkpointer->MaybeCheckpoint();
-      if (!s.ok()) std::fprintf(stderr, "ps_coordinator: checkpoint: %s\n", s.ToString().c_str());
+      if (!s.ok()) LogWarning("checkpoint: %s", s.ToString().c_str());
     }
   });
   pscluster::coord::ClusterView last = cluster->View();
@@ -261,9 +261,8 @@ void RunBackground(pscluster::coord::ClusterState* cluster,
     pscluster::coord::ClusterView now = cluster->View();
     if (now.version() != last.version()) PrintChanges(last, now);
     if (now.finished() && !last.finished() && absl::GetFlag(FLAGS_exit_when_finished)) {
-      std::printf("ps_coordinator: the run finished at step %lld; exiting (--exit_when_finished)\n",
-                  static_cast<long long>(now.global_step()));
-      std::fflush(stdout);
+      LogInfo("the run finished at step %lld; exiting (--exit_when_finished)",
+              static_cast<long long>(now.global_step()));
       kill(getpid(), SIGTERM);  // the same drain and shutdown as an operator's SIGTERM
     }
     last = now;
@@ -281,8 +280,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::StatusPageServer>> StartStatusP
   const std::string host = absl::GetFlag(FLAGS_http_host);
   auto page = pscluster::coord::StatusPageServer::Start(host, std::max(port, 0), cluster, history);
   if (page.ok()) {
-    std::printf("ps_coordinator: status page on http://%s:%d/\n", host.c_str(), (*page)->port());
-    std::fflush(stdout);
+    LogInfo("status page on http://%s:%d/", host.c_str(), (*page)->port());
   }
   return page;
 }
@@ -314,6 +312,7 @@ int main(int argc, char** argv) {
   pscluster::HandleHelpAndVersion(argc, argv, kUsage);
   absl::SetProgramUsageMessage(kUsage);
   absl::ParseCommandLine(argc, argv);
+  pscluster::InitLogging("ps_coordinator", "");
   absl::StatusOr<pscluster::coord::ClusterStateOptions> options = MembershipFromFlags();
   if (!options.ok()) return Fail(std::string(options.status().message()));
   pscluster::BlockTerminationSignals();  // before any thread starts
@@ -339,13 +338,12 @@ int main(int argc, char** argv) {
   int port = 0;
   auto server = Listen(&service, *credentials, *security, metrics->get(), &port);
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  std::printf(
+  LogInfo(
       "ps_coordinator listening on %s:%d (expecting %d shard(s) x %d replica(s), %d worker(s); "
-      "mode %s; %s)\n",
+      "mode %s; %s)",
       absl::GetFlag(FLAGS_host).c_str(), port, options->num_shards, options->replicas,
       options->num_workers, pscluster::coord::ModeName(options->mode),
       security->Describe().c_str());
-  std::fflush(stdout);
 
   absl::Notification stop;
   std::thread background(

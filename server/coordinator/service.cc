@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/call_metadata.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/park_loop.h"
 
 namespace pscluster::coord {
@@ -67,8 +68,7 @@ absl::Status CoordinatorCalls::ReportProgress(const ReportProgressRequest& req,
   // under the metric holds what was measured (the background loop would come too late).
   if (s.ok() && Checkpoints(req)) {
     if (absl::Status c = checkpointer_->MaybeCheckpoint(); !c.ok()) {
-      std::fprintf(stderr, "ps_coordinator: checkpoint on rank 0's metric: %s\n",
-                   c.ToString().c_str());
+      LogWarning("checkpoint on rank 0's metric: %s", c.ToString().c_str());
     }
   }
   return s;

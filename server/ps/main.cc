@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "client/coordinator/coordinator_client.h"
 #include "common/command_line.h"
+#include "common/logging.h"
 #include "common/malloc_mode.h"
 #include "common/metrics_flags.h"
 #include "common/mutex_mode.h"
@@ -59,16 +60,15 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
     if (auto list = (*created)->List(); list.ok()) {
       for (const SnapshotInfo& i : list->snapshots()) own.push_back(i.step());
     }
-    std::printf(
-        "ps_server: no complete snapshot under %s%s; starting empty\n", f.snapshots.root.c_str(),
-        own.empty() ? ""
-                    : absl::StrCat(" (this shard's part of step(s) ", absl::StrJoin(own, ", "),
-                                   " is there, but no step has every shard's part: give "
-                                   "every shard the same --data_dir root)")
-                          .c_str());
+    LogInfo("ps_server: no complete snapshot under %s%s; starting empty", f.snapshots.root.c_str(),
+            own.empty() ? ""
+                        : absl::StrCat(" (this shard's part of step(s) ", absl::StrJoin(own, ", "),
+                                       " is there, but no step has every shard's part: give "
+                                       "every shard the same --data_dir root)")
+                              .c_str());
   } else {
-    std::printf("ps_server: restored snapshot of step %lld from %s\n",
-                static_cast<long long>(*step), f.snapshots.root.c_str());
+    LogInfo("restored snapshot of step %lld from %s", static_cast<long long>(*step),
+            f.snapshots.root.c_str());
   }
   return created;
 }
@@ -167,9 +167,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
     if (seen->exchange(version) != version) refresh();
   };
   ASSIGN_OR_RETURN(auto coordinator, CoordinatorClient::Register(co));
-  std::printf("ps_server: registered with the coordinator at %s as %s\n", f.coordinator.c_str(),
-              co.address.c_str());
-  std::fflush(stdout);
+  LogInfo("registered with the coordinator at %s as %s", f.coordinator.c_str(), co.address.c_str());
   // Its registration's answer carries the view (no call more: workers that see this shard
   // in the view call it, and it refuses data calls until Register returns).
   const coord::ClusterView& view = coordinator->registered_view();
@@ -198,9 +196,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
     follow->store(chain->get());
     services->core()->gate.SetReplicator(chain->get());
     (*chain)->StartJoining();  // a replica outside its live chain (a replacement) joins it
-    std::printf("ps_server: shard %u replica %d of %d, chain-replicated\n", f.shard.shard_id,
-                f.replica, view.replicas());
-    std::fflush(stdout);
+    LogInfo("shard %u replica %d of %d, chain-replicated", f.shard.shard_id, f.replica,
+            view.replicas());
   } else if (f.replica > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--replica=", f.replica,
@@ -225,11 +222,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> RegisterOrStop(
         kill(getpid(), sig);
         return;
       }
-      std::fprintf(stderr,
-                   "ps_server: signal %d while registering with the coordinator at %s: "
-                   "stopped (no data call was served)\n",
-                   sig, f.coordinator.c_str());
-      std::fflush(stderr);
+      LogWarning(
+          "signal %d while registering with the coordinator at %s: "
+          "stopped (no data call was served)",
+          sig, f.coordinator.c_str());
       std::_Exit(0);
     }
   };
@@ -244,7 +240,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> RegisterOrStop(
 }
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "ps_server: %s\n", std::string(status.message()).c_str());
+  pscluster::LogError("%s", std::string(status.message()).c_str());
   return 2;
 }
 
@@ -262,6 +258,10 @@ int main(int argc, char** argv) {
   pscluster::ShardMallocMode();
   absl::StatusOr<ServerFlags> flags = ServerFlagsFromCommandLine();
   if (!flags.ok()) return Fail(flags.status());
+  // "ps_server/1" for shard 1, "ps_server/1.2" for its replica 2.
+  pscluster::InitLogging(
+      "ps_server", flags->replica == 0 ? absl::StrCat(flags->shard.shard_id)
+                                       : absl::StrCat(flags->shard.shard_id, ".", flags->replica));
   absl::StatusOr<pscluster::Security> security = pscluster::SecurityFromFlags();
   if (!security.ok()) return Fail(security.status());
   pscluster::BlockTerminationSignals();  // before any thread starts
@@ -278,9 +278,9 @@ int main(int argc, char** argv) {
   auto server = Listen(*flags, *security, &services, metrics->get(), &port);
   if (!server.ok()) return Fail(server.status());
   services.core()->gate.SetHealth((*server)->GetHealthCheckService());
-  std::printf("ps_server shard %u/%u listening on %s:%d (%s)\n", flags->shard.shard_id,
-              flags->shard.num_shards, flags->host.c_str(), port, security->Describe().c_str());
-  std::fflush(stdout);
+  pscluster::LogInfo("ps_server shard %u/%u listening on %s:%d (%s)", flags->shard.shard_id,
+                     flags->shard.num_shards, flags->host.c_str(), port,
+                     security->Describe().c_str());
   std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
   auto coordinator = RegisterOrStop(*flags, *security, port, &services, &chain);
   if (!coordinator.ok()) return Fail(coordinator.status());

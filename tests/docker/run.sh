@@ -134,10 +134,11 @@ dump_logs() { compose logs --no-color --tail=25 >"$work/logs.txt" 2>&1; cat "$wo
 rejoined_after_unreachable() {  # service var seconds
   local id first
   id=$(cid "$1")
-  first=$("$DOCKER" logs "$id" 2>&1 | sed '/^ps_worker: /q')  # the first run, to its fatal line
+  # The first run, to its fatal line (common/logging.h: "TIME E ps_worker/RANK message").
+  first=$("$DOCKER" logs "$id" 2>&1 | sed -E '/ E ps_worker(\/[0-9]+)? /q')
   grep -q "retrying for up to" <<<"$first" && ! grep -q "cluster complete" <<<"$first" || return 1
   log "compose_train: $1 never reached the coordinator in its first run" \
-    "($(grep '^ps_worker: ' <<<"$first" | head -c 300)); docker's restart policy started it again"
+    "($(grep -E ' E ps_worker(/[0-9]+)? ' <<<"$first" | head -c 300)); docker's restart policy started it again"
   wait_for 60 "$1 to be restarted by docker" \
     bash -c "(( \$(\"$DOCKER\" inspect -f '{{.RestartCount}}' $id) >= 1 ))" || return 1
   printf -v "$2" %s "$(await_exit "$1" "$3")"

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "gloo/barrier.h"
 #include "gloo/rendezvous/context.h"
@@ -215,11 +216,11 @@ class SyncPairs {
                                               check.message()));
       }
       if (!said) {
-        std::fprintf(stderr,
-                     "rank %d: still waiting for rank %d (%s so far; the collective "
-                     "timeout is %s)\n",
-                     rank(), peer, absl::FormatDuration(absl::Now() - start).c_str(),
-                     absl::FormatDuration(timeout_).c_str());
+        LogWarning(
+            "rank %d: still waiting for rank %d (%s so far; the collective "
+            "timeout is %s)",
+            rank(), peer, absl::FormatDuration(absl::Now() - start).c_str(),
+            absl::FormatDuration(timeout_).c_str());
         said = true;
       }
     }

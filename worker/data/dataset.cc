@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pscluster::data {
@@ -203,8 +204,8 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
 
 Dataset MakeSynthetic(int64_t size, int dim, int classes, uint64_t seed, float noise) {
   if (size < 0 || dim < 1 || classes < 1 || !(noise >= 0)) {
-    std::fprintf(stderr, "MakeSynthetic: bad arguments size=%lld dim=%d classes=%d noise=%g\n",
-                 static_cast<long long>(size), dim, classes, noise);
+    LogWarning("MakeSynthetic: bad arguments size=%lld dim=%d classes=%d noise=%g",
+               static_cast<long long>(size), dim, classes, noise);
     std::abort();
   }
   // Centroids and noise come from independent streams derived from `seed`.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster_view.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/modes/trainer.h"
 
@@ -133,15 +134,14 @@ absl::StatusOr<int64_t> Trainer::Start() {
     if (client_ != nullptr) {
       auto taken = c->Checkpoint(std::nullopt, options_.rpc_timeout);
       if (taken.ok()) {
-        std::printf("worker 0: checkpoint of the initial state (step %lld) taken\n",
-                    static_cast<long long>(taken->step()));
+        LogInfo("worker 0: checkpoint of the initial state (step %lld) taken",
+                static_cast<long long>(taken->step()));
       } else {
-        std::printf(
+        LogInfo(
             "worker 0: no checkpoint of the initial state (%s); a failure before the "
-            "first later checkpoint cannot be rolled back\n",
+            "first later checkpoint cannot be rolled back",
             taken.status().ToString().c_str());
       }
-      std::fflush(stdout);
     }
     absl::Status marked = c->RecordRun(SharedFlags(options_), /*started=*/true);
     // NOT_FOUND: this worker registered again meanwhile (the coordinator restarted and
@@ -227,10 +227,9 @@ absl::StatusOr<int64_t> Trainer::RollBackShards(const std::string& gen) {
     back_to = it->step();
     restored = client_->Restore(back_to, /*drop_later=*/true);
     if (restored.ok() || !(absl::IsNotFound(restored) || absl::IsDataLoss(restored))) break;
-    std::printf("worker 0: the checkpoint of step %lld cannot be restored (%s)%s\n",
-                static_cast<long long>(back_to), restored.ToString().c_str(),
-                std::next(it) == now.checkpoints().rend() ? "" : "; trying the one before it");
-    std::fflush(stdout);
+    LogInfo("worker 0: the checkpoint of step %lld cannot be restored (%s)%s",
+            static_cast<long long>(back_to), restored.ToString().c_str(),
+            std::next(it) == now.checkpoints().rend() ? "" : "; trying the one before it");
   }
   RETURN_IF_ERROR(restored);
   return back_to;
@@ -288,9 +287,8 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
         started_one = true;
       } else {  // the coordinator did not answer, say: the next quiet spell tries again
         start_one_at = absl::Now() + quiet;
-        std::printf("worker %d: could not start a new generation (%s); trying again in %s\n",
-                    options_.rank, s.ToString().c_str(), absl::FormatDuration(quiet).c_str());
-        std::fflush(stdout);
+        LogInfo("worker %d: could not start a new generation (%s); trying again in %s",
+                options_.rank, s.ToString().c_str(), absl::FormatDuration(quiet).c_str());
       }
       continue;
     }
@@ -301,9 +299,8 @@ absl::StatusOr<coord::ClusterView> Trainer::AwaitHealedView() {
           !named.insert({m.role(), m.id()}).second) {
         continue;
       }
-      std::printf("worker %d: %s %d is down (its heartbeats stopped); waiting for a replacement\n",
-                  options_.rank, m.role() == coord::SHARD ? "shard" : "worker rank", m.id());
-      std::fflush(stdout);
+      LogInfo("worker %d: %s %d is down (its heartbeats stopped); waiting for a replacement",
+              options_.rank, m.role() == coord::SHARD ? "shard" : "worker rank", m.id());
     }
     if (v.complete() && Generation(v) != before) return v;
     version = v.version();
@@ -314,11 +311,10 @@ absl::Status Trainer::StartGenerationIfWhole(const std::string& before) {
   ASSIGN_OR_RETURN(const coord::ClusterView now,
                    options_.coordinator->AwaitView(0, false, options_.rpc_timeout));
   if (!now.complete() || Generation(now) != before) return absl::OkStatus();  // it is changing
-  std::printf(
+  LogInfo(
       "worker %d: every member is alive and none was declared dead: registering again, so "
-      "that every worker rolls back to the newest checkpoint in a new generation\n",
+      "that every worker rolls back to the newest checkpoint in a new generation",
       options_.rank);
-  std::fflush(stdout);
   return options_.coordinator->RegisterAgain().status();
 }
 
@@ -326,25 +322,23 @@ absl::StatusOr<int64_t> Trainer::Recover(std::optional<int64_t> failed_step, abs
   const absl::Time end = absl::Now() + options_.recovery_timeout;
   while (true) {
     if (failed_step) {
-      std::printf("worker %d: step %lld failed (%s); waiting for the cluster to be whole again\n",
-                  options_.rank, static_cast<long long>(*failed_step), cause.ToString().c_str());
+      LogInfo("worker %d: step %lld failed (%s); waiting for the cluster to be whole again",
+              options_.rank, static_cast<long long>(*failed_step), cause.ToString().c_str());
     } else {
-      std::printf(
+      LogInfo(
           "worker %d: the rollback it joined was interrupted (%s); waiting for the "
-          "cluster to be whole again\n",
+          "cluster to be whole again",
           options_.rank, cause.ToString().c_str());
     }
-    std::fflush(stdout);
     ASSIGN_OR_RETURN(view_, AwaitHealedView());
     placement_.reset();
     absl::StatusOr<int64_t> back_to = Rejoin(Generation(view_));
     if (back_to.ok()) {
       known_.reset();  // the switches from the checkpoint on are asked for again
       if (failed_step) {
-        std::printf("worker %d: rolled back from step %lld to the checkpoint of step %lld\n",
-                    options_.rank, static_cast<long long>(*failed_step),
-                    static_cast<long long>(*back_to));
-        std::fflush(stdout);
+        LogInfo("worker %d: rolled back from step %lld to the checkpoint of step %lld",
+                options_.rank, static_cast<long long>(*failed_step),
+                static_cast<long long>(*back_to));
       }
       return back_to;
     }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/training_mode.h"
 
 namespace pscluster::modes {
@@ -42,12 +43,11 @@ absl::Status ProgressPrinter::AfterStep(const StepDone& done) {
   reported_paused_ = done.paused;
   const double rate = recent_.PerSecond();
   const int64_t left = done.total - done.step - 1;
-  std::printf("worker %d (%s): epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n",
-              options_.rank, ModeName(options_.mode()), static_cast<long long>(done.epoch),
-              options_.epochs, static_cast<long long>(done.step + 1),
-              static_cast<long long>(done.total), done.epoch_loss, rate,
-              rate > 0 ? FormatEta(left * options_.batch_size / rate).c_str() : "unknown");
-  std::fflush(stdout);
+  LogInfo("worker %d (%s): epoch %lld/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s",
+          options_.rank, ModeName(options_.mode()), static_cast<long long>(done.epoch),
+          options_.epochs, static_cast<long long>(done.step + 1),
+          static_cast<long long>(done.total), done.epoch_loss, rate,
+          rate > 0 ? FormatEta(left * options_.batch_size / rate).c_str() : "unknown");
   if (options_.report) options_.report(done.step + 1, done.epoch_loss, rate);
   if (options_.metrics != nullptr) {
     options_.metrics->Progress(rate, done.epoch);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/modes/trainer.h"
 
@@ -48,9 +49,8 @@ absl::Status Trainer::MaybeSwitch(int64_t step, TrainSummary* summary) {
   if (to != from) RETURN_IF_ERROR(SwitchTo(to, step, &seconds));
   RecordSwitch(&summary->switches, {step, ModeName(from), ModeName(to), seconds});
   if (options_.metrics != nullptr) options_.metrics->Switched(seconds);
-  std::printf("worker %d: step %lld: switched from %s to %s (hand-over %.3f s)\n", options_.rank,
-              static_cast<long long>(step), ModeName(from), ModeName(to), seconds);
-  std::fflush(stdout);
+  LogInfo("worker %d: step %lld: switched from %s to %s (hand-over %.3f s)", options_.rank,
+          static_cast<long long>(step), ModeName(from), ModeName(to), seconds);
   return c->ReportSwitch(pending, from, seconds).status();
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/cluster_view.h"
 #include "common/crc32c.h"
+#include "common/logging.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "core/optimizer/optimizer_config.h"
@@ -119,8 +120,8 @@ absl::Status Trainer::Leave() {
     // and psctl status reports the run finished (exit 0) instead of INCOMPLETE (exit 1).
     absl::Status s = options_.coordinator->ReportFinished(view_.version(), total_steps());
     if (!s.ok()) {
-      std::fprintf(stderr, "worker %d: telling the coordinator the run finished: %s\n",
-                   options_.rank, s.ToString().c_str());
+      LogWarning("worker %d: telling the coordinator the run finished: %s", options_.rank,
+                 s.ToString().c_str());
     }
   }
   return client_ == nullptr ? absl::OkStatus() : client_->UnregisterWorker();
@@ -200,12 +201,11 @@ void Trainer::AwaitWholeChains() const {
     if (short_chains.empty()) return;
     version = v->version() + 1;  // the next change: a backup joining
   }
-  std::printf(
+  LogInfo(
       "worker %d: the chains of shard(s) %s have not all their live replicas again after "
-      "the import (%s): a head lost now loses its shard\n",
+      "the import (%s): a head lost now loses its shard",
       options_.rank, absl::StrJoin(short_chains, ", ").c_str(),
       absl::FormatDuration(options_.rpc_timeout).c_str());
-  std::fflush(stdout);
 }
 
 absl::Status Trainer::CheckpointMidEpoch(int64_t step, TrainSummary* summary) {
@@ -235,9 +235,8 @@ void Trainer::AskForCheckpoint(const std::string& when, TrainSummary* summary) {
   if (taken.ok()) {
     summary->snapshots.push_back(taken->step());
   } else {
-    std::printf("worker %d: checkpoint %s skipped: %s\n", options_.rank, when.c_str(),
-                taken.status().ToString().c_str());
-    std::fflush(stdout);
+    LogInfo("worker %d: checkpoint %s skipped: %s", options_.rank, when.c_str(),
+            taken.status().ToString().c_str());
   }
 }
 
@@ -252,8 +251,7 @@ absl::StatusOr<model::StepResult> Trainer::Evaluate(int64_t step) {
 void Trainer::ReportProgress(int64_t step, double loss, double rate) {
   if (options_.coordinator == nullptr) return;
   absl::Status s = options_.coordinator->ReportProgress(view_.version(), step, loss, rate);
-  if (!s.ok())
-    std::fprintf(stderr, "worker %d: progress report: %s\n", options_.rank, s.ToString().c_str());
+  if (!s.ok()) LogWarning("worker %d: progress report: %s", options_.rank, s.ToString().c_str());
 }
 
 absl::StatusOr<TrainSummary> Trainer::Run() {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/logging.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "worker/modes/trainer.h"
@@ -36,21 +37,20 @@ absl::Status Trainer::Evaluation::AfterStep(const StepDone& done) {
   summary_->test_loss = r.loss;
   const int rank = t.options_.rank;
   if (t.model_->spec().label_width > 1) {  // a language model: the loss is what matters
-    std::printf(
+    LogInfo(
         "worker %d: epoch %lld test loss %.4f (%.4f bits per token), next-token "
-        "accuracy %.4f\n",
+        "accuracy %.4f",
         rank, static_cast<long long>(done.epoch), r.loss, r.loss / std::log(2.0),
         summary_->test_accuracy);
   } else {
-    std::printf("worker %d: epoch %lld test accuracy %.4f\n", rank,
-                static_cast<long long>(done.epoch), summary_->test_accuracy);
+    LogInfo("worker %d: epoch %lld test accuracy %.4f", rank, static_cast<long long>(done.epoch),
+            summary_->test_accuracy);
   }
-  std::fflush(stdout);
   if (t.options_.metrics != nullptr) t.options_.metrics->Evaluated(summary_->test_accuracy);
   if (t.options_.coordinator != nullptr) {  // feeds keep-the-best checkpoints
     absl::Status s = t.options_.coordinator->ReportProgress(
         t.view_.version(), done.step + 1, done.epoch_loss, 0, summary_->test_accuracy);
-    if (!s.ok()) std::fprintf(stderr, "worker %d: metric report: %s\n", rank, s.ToString().c_str());
+    if (!s.ok()) LogWarning("worker %d: metric report: %s", rank, s.ToString().c_str());
   }
   return absl::OkStatus();
 }

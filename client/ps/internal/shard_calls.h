@@ -23,6 +23,7 @@
 #include "common/dense_wire.h"
 #include "common/executor.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/security.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -164,9 +165,9 @@ class ShardCalls {
     int expected = at;
     current_[shard].compare_exchange_strong(expected, (at + 1) % n);
     if (!*said) {
-      std::fprintf(stderr, "shard %d: replica %s did not take the call (%s); trying %s\n", shard,
-                   replicas_[shard][at].c_str(), why.error_message().c_str(),
-                   replicas_[shard][(at + 1) % n].c_str());
+      LogWarning("shard %d: replica %s did not take the call (%s); trying %s", shard,
+                 replicas_[shard][at].c_str(), why.error_message().c_str(),
+                 replicas_[shard][(at + 1) % n].c_str());
       *said = true;
     }
   }
@@ -227,8 +228,7 @@ class ShardCalls {
         return Status(shard, s);
       }
       if (n == 0) {
-        std::fprintf(stderr, "still waiting on %s: %s\n", Name(shard).c_str(),
-                     s.error_message().c_str());
+        LogWarning("still waiting on %s: %s", Name(shard).c_str(), s.error_message().c_str());
       }
       if (absl::Status check = wait_check_(); !check.ok()) {
         return absl::Status(check.code(), absl::StrCat(Name(shard), ": gave up waiting (",

@@ -10,6 +10,7 @@
 #include "common/backoff.h"
 #include "common/call_metadata.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/ps/snapshot/snapshot_store.h"
 #include "server/ps/snapshot/snapshotter.h"
@@ -60,13 +61,11 @@ void Replicator::UpdateLocked(const ChainConfig& config) {
   formed_ |= config.formed;
   if (learner_.replica >= 0 && learner_.epoch != config.epoch) learner_ = Learner();
   const Place now = PlaceLocked();
-  std::printf("ps_server: %s: chain epoch %lld: %s (%s)\n", Name().c_str(),
-              static_cast<long long>(config.epoch),
-              !now.in_chain ? "not in the chain"
-              : now.head    ? (now.successor.empty() ? "head and tail" : "head")
-                            : (now.successor.empty() ? "tail" : "middle"),
-              absl::StrJoin(config.addresses, " -> ").c_str());
-  std::fflush(stdout);
+  LogInfo("%s: chain epoch %lld: %s (%s)", Name().c_str(), static_cast<long long>(config.epoch),
+          !now.in_chain ? "not in the chain"
+          : now.head    ? (now.successor.empty() ? "head and tail" : "head")
+                        : (now.successor.empty() ? "tail" : "middle"),
+          absl::StrJoin(config.addresses, " -> ").c_str());
   WakeTurnsLocked();  // an update parked for its turn in the old chain is refused now
 }
 
@@ -159,11 +158,10 @@ absl::Status Replicator::StandAlone(absl::string_view what) {
     return absl::UnavailableError(
         absl::StrCat(what, ": ", Name(), " has not heard of chain epoch ", *shrunk, " yet; retry"));
   }
-  std::printf(
+  LogInfo(
       "ps_server: %s: the chain is this head alone (epoch %lld) for %s; the other "
-      "replicas join again\n",
+      "replicas join again",
       Name().c_str(), static_cast<long long>(config_.epoch), std::string(what).c_str());
-  std::fflush(stdout);
   return absl::OkStatus();
 }
 
@@ -303,21 +301,20 @@ bool Replicator::TryAgain(Trip* trip, uint64_t seq) {
     trip->deadline =
         std::min(trip->start + options_.cut_off_timeout, absl::Now() + options_.forward_timeout);
     if (!trip->said_cut_off) {
-      std::fprintf(stderr,
-                   "ps_server: %s: update %s: the coordinator cannot be reached either; waiting "
-                   "for it (up to %s) to learn whether %s is still in the chain\n",
-                   Name().c_str(), update.c_str(),
-                   absl::FormatDuration(options_.cut_off_timeout).c_str(), trip->last_to.c_str());
+      LogWarning(
+          "%s: update %s: the coordinator cannot be reached either; waiting "
+          "for it (up to %s) to learn whether %s is still in the chain",
+          Name().c_str(), update.c_str(), absl::FormatDuration(options_.cut_off_timeout).c_str(),
+          trip->last_to.c_str());
       trip->said_cut_off = true;
     }
   }
   if (!trip->said) {
-    std::fprintf(stderr,
-                 "ps_server: %s: update %s not acknowledged by %s (%s); asking the "
-                 "coordinator for the chain and retrying for up to %s\n",
-                 Name().c_str(), update.c_str(), trip->last_to.c_str(),
-                 trip->last.error_message().c_str(),
-                 absl::FormatDuration(options_.forward_timeout).c_str());
+    LogWarning(
+        "%s: update %s not acknowledged by %s (%s); asking the "
+        "coordinator for the chain and retrying for up to %s",
+        Name().c_str(), update.c_str(), trip->last_to.c_str(), trip->last.error_message().c_str(),
+        absl::FormatDuration(options_.forward_timeout).c_str());
     trip->said = true;
   }
   if (options_.refresh) {
@@ -335,8 +332,7 @@ absl::Status Replicator::Stop(const std::string& what) {
   const std::string why =
       absl::StrCat(Name(), " had to stop: ", what,
                    "; the chain goes on without this replica (restart it to hold a copy again)");
-  std::fprintf(stderr, "ps_server: FATAL: %s\n", why.c_str());
-  std::fflush(stderr);
+  LogError("FATAL: %s", why.c_str());
   {
     absl::MutexLock lock(&mu_);
     stopped_ = absl::UnavailableError(why);

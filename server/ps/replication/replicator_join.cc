@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/recent_ids.h"
 #include "common/status_macros.h"
 #include "server/ps/replication/replicator.h"
@@ -19,8 +20,8 @@ void Replicator::DropLearner(int32_t replica, int64_t epoch, const grpc::Status&
   if (options_.refresh) options_.refresh();  // appended meanwhile? then it is a successor
   absl::MutexLock lock(&mu_);
   if (learner_.replica != replica || learner_.epoch != epoch) return;
-  std::fprintf(stderr, "ps_server: %s: joining replica %d failed an update (%s); it starts over\n",
-               Name().c_str(), replica, why.error_message().c_str());
+  LogWarning("%s: joining replica %d failed an update (%s); it starts over", Name().c_str(),
+             replica, why.error_message().c_str());
   learner_ = Learner();
 }
 
@@ -37,12 +38,11 @@ absl::Status Replicator::TransferState(const TransferStateRequest& req, const Wr
   RETURN_IF_ERROR(CaptureForJoiner(req, &state, start));
   for (int32_t w : state.workers) start->add_workers(w);
   start->set_tables(state.images.size());
-  std::printf(
+  LogInfo(
       "ps_server: %s: handing replica %d the state at update %llu (%zu tables) and "
-      "every update from now on\n",
+      "every update from now on",
       Name().c_str(), req.replica(), static_cast<unsigned long long>(start->seq()),
       state.images.size());
-  std::fflush(stdout);
   if (!write(first) || !SendState(state, write)) {
     DropLearner(req.replica(), req.epoch(),
                 grpc::Status(grpc::StatusCode::UNAVAILABLE, "the state transfer broke off"));
@@ -151,9 +151,8 @@ void Replicator::JoinLoop() {
       in_chain = PlaceLocked().in_chain;
     }
     if (in_chain || c.addresses.empty()) continue;
-    std::printf("ps_server: %s: outside its chain (epoch %lld); joining it from the tail, %s\n",
-                Name().c_str(), static_cast<long long>(c.epoch), c.addresses.back().c_str());
-    std::fflush(stdout);
+    LogInfo("%s: outside its chain (epoch %lld); joining it from the tail, %s", Name().c_str(),
+            static_cast<long long>(c.epoch), c.addresses.back().c_str());
     absl::StatusOr<int64_t> joined = JoinOnce(c.addresses.back(), c.epoch);
     {
       absl::MutexLock lock(&mu_);
@@ -168,12 +167,11 @@ void Replicator::JoinLoop() {
       }
     }
     if (joined.ok()) {
-      std::printf("ps_server: %s: joined its chain\n", Name().c_str());
+      LogInfo("%s: joined its chain", Name().c_str());
     } else {
-      std::fprintf(stderr, "ps_server: %s: joining its chain failed (%s); trying again\n",
-                   Name().c_str(), std::string(joined.status().message()).c_str());
+      LogWarning("%s: joining its chain failed (%s); trying again", Name().c_str(),
+                 std::string(joined.status().message()).c_str());
     }
-    std::fflush(stdout);
     // (No view asked for here: a replica that joined holds its chain already, and one that
     // failed asks before it tries again.)
   }
@@ -280,9 +278,8 @@ absl::Status Replicator::InstallState(std::unique_ptr<Shard> staged,
         if (!start.request_ids(i).empty()) ids->Set(start.request_ids(i), start.request_seqs(i));
       }
     });
-    std::printf("ps_server: %s: installed the state at update %llu (%u tables)\n", Name().c_str(),
-                static_cast<unsigned long long>(start.seq()), tables);
-    std::fflush(stdout);
+    LogInfo("%s: installed the state at update %llu (%u tables)", Name().c_str(),
+            static_cast<unsigned long long>(start.seq()), tables);
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/ps/service/export_stream.h"
 #include "server/ps/service/import_stream.h"
@@ -178,9 +179,7 @@ absl::Status ShardAdminService::DoRestore(const grpc::ServerContextBase*, const 
     if (absl::Status s = DropLaterThan(step); !s.ok()) return s;
   }
   InstallRestored(*std::move(loaded));
-  std::printf("ps_server: rolled back in place to snapshot of step %lld\n",
-              static_cast<long long>(step));
-  std::fflush(stdout);
+  LogInfo("rolled back in place to snapshot of step %lld", static_cast<long long>(step));
   resp->set_step(step);
   return absl::OkStatus();
 }
@@ -199,8 +198,8 @@ absl::Status ShardAdminService::DropLaterThan(int64_t step) {
                      "writable, or delete the later .psnap files, and restore again)"));
   }
   if (!dropped->empty()) {
-    std::printf("ps_server: deleted the snapshots of steps %s (after the one restored)\n",
-                absl::StrJoin(*dropped, ", ").c_str());
+    LogInfo("deleted the snapshots of steps %s (after the one restored)",
+            absl::StrJoin(*dropped, ", ").c_str());
   }
   return absl::OkStatus();
 }

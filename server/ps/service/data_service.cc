@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/ps/service/request_checks.h"
 
@@ -42,9 +43,8 @@ absl::Status ShardDataService::WriteUnregister(const grpc::ServerContextBase* ct
         return absl::OkStatus();
       });
   if (!written.ok()) return written;
-  std::printf("ps_server: worker %d unregistered (%s)\n", req.worker_id(),
-              resp->was_registered() ? "it was registered" : "it was not registered");
-  std::fflush(stdout);
+  LogInfo("worker %d unregistered (%s)", req.worker_id(),
+          resp->was_registered() ? "it was registered" : "it was not registered");
   return absl::OkStatus();
 }
 

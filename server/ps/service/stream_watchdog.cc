@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/logging.h"
+
 namespace pscluster::ps {
 
 StreamWatchdog::StreamWatchdog(absl::Duration idle) : idle_(idle) {
@@ -42,11 +44,10 @@ void StreamWatchdog::Loop() {
       if (!w->fired_ && absl::Nanoseconds(now - w->last_ns_.load()) > idle_) {
         w->fired_ = true;
         w->ctx_->TryCancel();
-        std::printf(
+        LogInfo(
             "ps_server: a stream from %s received nothing for %s: cancelled, nothing of it "
-            "applied (--stream_idle_timeout)\n",
+            "applied (--stream_idle_timeout)",
             w->peer_.c_str(), absl::FormatDuration(idle_).c_str());
-        std::fflush(stdout);
       }
     }
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/ps/snapshot/rocksdb_snapshot_store.h"
 #include "server/ps/snapshot/snapshot_file.h"
@@ -62,8 +63,8 @@ absl::StatusOr<std::unique_ptr<SnapshotStore>> FileSnapshotStore::Open(const std
     }
     // Whatever is in staging was never renamed into place: always a partial write.
     for (const auto& f : fs::directory_iterator(fs::path(dir) / "staging", ec)) {
-      std::fprintf(stderr, "snapshot store %s: removing partial snapshot file %s\n", dir.c_str(),
-                   f.path().filename().c_str());
+      LogWarning("snapshot store %s: removing partial snapshot file %s", dir.c_str(),
+                 f.path().filename().c_str());
       fs::remove(f.path(), ec);
     }
   }

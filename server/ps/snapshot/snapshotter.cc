@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pscluster::ps {
@@ -70,8 +71,7 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
                        ". Move them away, or pass --restore_skip_damaged to start without them"));
     }
     for (const std::string& d : damaged) {
-      std::fprintf(stderr, "ps_server: ignoring damaged snapshot file (left in place): %s\n",
-                   d.c_str());
+      LogWarning("ignoring damaged snapshot file (left in place): %s", d.c_str());
     }
   }
   std::unique_ptr<Snapshotter> s(
@@ -185,8 +185,8 @@ absl::Status Snapshotter::Abandon(const std::vector<Table*>& tables, size_t held
                                   uint64_t SnapshotCounters::*counter) {
   for (size_t i = held_from; i < held_to; ++i) tables[i]->ReleaseStep(step);
   if (counter == &SnapshotCounters::failed) {
-    std::fprintf(stderr, "ps_server: snapshot of step %lld failed in its capture: %s\n",
-                 static_cast<long long>(step), std::string(status.ToString()).c_str());
+    LogWarning("snapshot of step %lld failed in its capture: %s", static_cast<long long>(step),
+               std::string(status.ToString()).c_str());
   }
   absl::MutexLock lock(&mu_);
   in_progress_ = false;
@@ -216,17 +216,15 @@ void Snapshotter::StartWrite(const SnapshotRequest& request, Captured captured) 
 void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
                                     SnapshotStore::WriteOptions options,
                                     std::vector<int64_t> keep) {
-  std::printf("ps_server: snapshot of step %lld: writing %llu bytes\n",
-              static_cast<long long>(step), static_cast<unsigned long long>(bytes_total()));
-  std::fflush(stdout);
+  LogInfo("snapshot of step %lld: writing %llu bytes", static_cast<long long>(step),
+          static_cast<unsigned long long>(bytes_total()));
   absl::Time start = absl::Now();
   auto manifest = store_->Write(step, images, options);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (manifest.ok()) {
-    std::printf("ps_server: snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)\n",
-                static_cast<long long>(step), manifest->bytes() / 1e6, seconds,
-                manifest->bytes() / 1e6 / seconds);
-    std::fflush(stdout);
+    LogInfo("snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)",
+            static_cast<long long>(step), manifest->bytes() / 1e6, seconds,
+            manifest->bytes() / 1e6 / seconds);
   }
   images.clear();  // free the staging copy before retention's compaction
   absl::Status status = manifest.status();
@@ -250,8 +248,8 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
   }
   last_error_ = status.ok() ? "" : std::string(status.ToString());
   if (!status.ok()) {
-    std::fprintf(stderr, "ps_server: snapshot of step %lld failed: %s\n",
-                 static_cast<long long>(step), last_error_.c_str());
+    LogWarning("snapshot of step %lld failed: %s", static_cast<long long>(step),
+               last_error_.c_str());
   }
 }
 
@@ -335,10 +333,10 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::Load(const std::string& which) 
       }
       return s;
     }
-    std::fprintf(stderr,
-                 "ps_server: snapshot of step %lld does not verify (%s); "
-                 "--restore_skip_damaged: trying an older one\n",
-                 static_cast<long long>(step), std::string(s.message()).c_str());
+    LogWarning(
+        "snapshot of step %lld does not verify (%s); "
+        "--restore_skip_damaged: trying an older one",
+        static_cast<long long>(step), std::string(s.message()).c_str());
     last = s;
   }
   return absl::DataLossError(absl::StrCat("no snapshot under ", options_.root,

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "core/init/initializer.h"
 
@@ -286,11 +287,10 @@ void DenseTable::ApplyBspStepLocked(int64_t step) {
   if (uint64_t over = FirstOverflowLocked({{0, sum}}, sum.size(), 1.0f, max_abs);
       over != UINT64_MAX) {
     nonfinite_skipped_++;
-    std::fprintf(stderr,
-                 "ps_server: table %u: the summed gradient of BSP step %lld would make index "
-                 "%llu non-finite; the step's update was not applied to this table\n",
-                 id(), static_cast<long long>(step),
-                 static_cast<unsigned long long>(range_.begin + over));
+    LogWarning(
+        "table %u: the summed gradient of BSP step %lld would make index "
+        "%llu non-finite; the step's update was not applied to this table",
+        id(), static_cast<long long>(step), static_cast<unsigned long long>(range_.begin + over));
     keep(&sum);
     return;
   }

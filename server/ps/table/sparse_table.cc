@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
 #include "core/init/initializer.h"
@@ -259,10 +260,10 @@ bool SparseTable::SumOverflowsLocked(const Grads& sum, const std::string& what) 
   const uint64_t* over = FirstOverflowLocked(sum, 1.0f);
   if (over == nullptr) return false;
   nonfinite_skipped_++;
-  std::fprintf(stderr,
-               "ps_server: table %u: the summed gradient of %s would make the row of key %llu "
-               "non-finite; it was not applied to this table\n",
-               id(), what.c_str(), static_cast<unsigned long long>(*over));
+  LogWarning(
+      "table %u: the summed gradient of %s would make the row of key %llu "
+      "non-finite; it was not applied to this table",
+      id(), what.c_str(), static_cast<unsigned long long>(*over));
   return true;
 }
 
