@@ -7,7 +7,7 @@
 
 #include <signal.h>
 
-#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -93,26 +93,26 @@ inline int TakeTerminationSignal(absl::Duration timeout) {
 
 // Serves until SIGTERM or SIGINT; then sets the server's health service (if enabled) to
 // NOT_SERVING, runs `before_shutdown` (e.g. fail waiting calls), drains handlers for up to
-// 5 s and stops the server. `name` prefixes the log lines.
-inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight, const char* name,
+// 5 s and stops the server. A requested stop is no fault: its lines are information.
+inline void ServeUntilSignal(grpc::Server* server, InFlightCounter* in_flight,
                              const std::function<void()>& before_shutdown) {
   std::thread stopper([&] {
     const sigset_t signals = TerminationSignals();
     int sig = 0;
     sigwait(&signals, &sig);
-    LogWarning("%s: signal %d, shutting down", name, sig);
+    LogInfo("signal %d (%s): shutting down", sig, strsignal(sig));
     // Health checks answer NOT_SERVING from now on (load balancers, probes stop sending).
     if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
       health->Shutdown();
     }
     if (before_shutdown) before_shutdown();
     if (!ShutdownGracefully(server, in_flight, absl::Seconds(5))) {
-      LogWarning("%s: RPCs still running after 5 s were cancelled", name);
+      LogWarning("RPCs still running after 5 s were cancelled");
     }
   });
   server->Wait();
   stopper.join();
-  LogWarning("%s: stopped", name);
+  LogInfo("stopped");
 }
 
 }  // namespace pscluster

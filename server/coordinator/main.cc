@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
       [&] { RunBackground(&cluster, checkpointer->get(), options->heartbeat_timeout / 4, &stop); });
   // Waiting GetView and KvGet calls fail with UNAVAILABLE, so the drain does not wait for
   // their deadlines.
-  pscluster::ServeUntilSignal(server->get(), service.in_flight(), "ps_coordinator", [&] {
+  pscluster::ServeUntilSignal(server->get(), service.in_flight(), [&] {
     cluster.Shutdown();
     kv.Shutdown();
   });

@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Replicator> chain;  // outlives the coordinator client's heartbeats
   auto coordinator = RegisterOrStop(*flags, *security, port, &services, &chain);
   if (!coordinator.ok()) return Fail(coordinator.status());
-  pscluster::ServeUntilSignal(server->get(), &services.core()->in_flight, "ps_server",
+  pscluster::ServeUntilSignal(server->get(), &services.core()->in_flight,
                               [&] { shard.Shutdown(); });  // waiting pulls fail with UNAVAILABLE
   server->reset();   // before the interceptor's RpcMetrics ...
   metrics->reset();  // ... and before the collectors' shard and snapshotter go
