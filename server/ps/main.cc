@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f,
     if (auto list = (*created)->List(); list.ok()) {
       for (const SnapshotInfo& i : list->snapshots()) own.push_back(i.step());
     }
-    LogInfo("ps_server: no complete snapshot under %s%s; starting empty", f.snapshots.root.c_str(),
+    LogInfo("no complete snapshot under %s%s; starting empty", f.snapshots.root.c_str(),
             own.empty() ? ""
                         : absl::StrCat(" (this shard's part of step(s) ", absl::StrJoin(own, ", "),
                                        " is there, but no step has every shard's part: give "
@@ -132,6 +132,67 @@ ChainConfig ChainOf(const coord::ClusterView& view, uint32_t shard) {
   return c;
 }
 
+// What the heartbeat thread and the chain share: the replicator to keep informed, set once
+// it exists (the heartbeat thread starts inside CoordinatorClient::Register).
+struct ChainFollower {
+  explicit ChainFollower(uint32_t shard) : shard(shard) {}
+  // Asks for the view and hands the replicator its chain; false when it cannot yet.
+  bool Refresh() {
+    Replicator* r = replicator.load();
+    CoordinatorClient* c = client.load();
+    if (r == nullptr || c == nullptr) return false;
+    auto view = c->AwaitView(0, false, absl::Seconds(2));
+    if (view.ok()) r->Update(ChainOf(*view, shard));
+    return view.ok();
+  }
+  // Every answered heartbeat renews the replicator's lease; a new view version refreshes.
+  void Heartbeat(int64_t version, absl::Time sent) {
+    Replicator* r = replicator.load();
+    if (r == nullptr) return;
+    r->Renew(sent);
+    if (seen.exchange(version) != version) Refresh();
+  }
+
+  const uint32_t shard;
+  std::atomic<Replicator*> replicator{nullptr};
+  std::atomic<CoordinatorClient*> client{nullptr};
+  std::atomic<int64_t> seen{0};
+};
+
+// This replica of a chain-replicated shard (the view keeps several): its replicator, which
+// follows the chain through `follower` and joins it when it is outside.
+std::unique_ptr<Replicator> Replicate(const ServerFlags& f, const pscluster::Security& security,
+                                      const std::string& address, CoordinatorClient* coordinator,
+                                      std::shared_ptr<ChainFollower> follower,
+                                      ShardServices* services) {
+  ReplicatorOptions ro;
+  ro.shard_id = f.shard.shard_id;
+  ro.replica = f.replica;
+  // Under the coordinator's liveness timeout, so this head stops serving before the
+  // coordinator could have replaced it.
+  ro.lease = coordinator->heartbeat_timeout() * 3 / 4;
+  ro.forward_timeout = f.forward_timeout;
+  ro.max_message_bytes = MaxMessageBytes(f.service);
+  ro.security = security;
+  ro.refresh = [follower] { return follower->Refresh(); };
+  ro.address = address;
+  ro.shard = f.shard;
+  // A replica that must stop shuts down as on SIGTERM, and main exits 3 (chain->stopped()).
+  ro.stop = [] { kill(getpid(), SIGTERM); };
+  ro.append = [coordinator](int32_t r, int64_t epoch) { return coordinator->JoinChain(r, epoch); };
+  ro.shrink = [coordinator](int32_t r, int64_t epoch) {
+    return coordinator->ShrinkChain(r, epoch);
+  };
+  std::unique_ptr<Replicator> chain = services->NewReplicator(ro);
+  chain->Renew(absl::Now() - absl::Milliseconds(100));  // Register just answered
+  chain->Update(ChainOf(coordinator->registered_view(), f.shard.shard_id));
+  follower->client.store(coordinator);
+  follower->replicator.store(chain.get());
+  services->core()->gate.SetReplicator(chain.get());
+  chain->StartJoining();  // a replica outside its live chain (a replacement) joins it
+  return chain;
+}
+
 // With --coordinator: registered and heartbeating (null without one). When the coordinator
 // keeps several replicas of each shard, *chain follows this shard's chain (its lease renewed
 // by every heartbeat answered, the chain asked for again whenever the view changed).
@@ -148,61 +209,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
   co.replica = f.replica;
   co.group_size = static_cast<int32_t>(f.shard.num_shards);
   co.address = absl::StrCat(f.advertise_host, ":", f.advertise_port > 0 ? f.advertise_port : port);
-  // Set once the chain exists (the heartbeat thread starts inside Register).
-  auto follow = std::make_shared<std::atomic<Replicator*>>(nullptr);
-  auto seen = std::make_shared<std::atomic<int64_t>>(0);
-  auto client = std::make_shared<std::atomic<CoordinatorClient*>>(nullptr);
-  auto refresh = [follow, client, shard = f.shard.shard_id] {
-    Replicator* r = follow->load();
-    CoordinatorClient* c = client->load();
-    if (r == nullptr || c == nullptr) return false;
-    auto view = c->AwaitView(0, false, absl::Seconds(2));
-    if (view.ok()) r->Update(ChainOf(*view, shard));
-    return view.ok();
-  };
-  co.on_heartbeat = [follow, seen, refresh](int64_t version, absl::Time sent) {
-    Replicator* r = follow->load();
-    if (r == nullptr) return;
-    r->Renew(sent);
-    if (seen->exchange(version) != version) refresh();
+  auto follower = std::make_shared<ChainFollower>(f.shard.shard_id);
+  co.on_heartbeat = [follower](int64_t version, absl::Time sent) {
+    follower->Heartbeat(version, sent);
   };
   ASSIGN_OR_RETURN(auto coordinator, CoordinatorClient::Register(co));
   LogInfo("registered with the coordinator at %s as %s", f.coordinator.c_str(), co.address.c_str());
   // Its registration's answer carries the view (no call more: workers that see this shard
   // in the view call it, and it refuses data calls until Register returns).
-  const coord::ClusterView& view = coordinator->registered_view();
-  if (view.replicas() > 1) {
-    ReplicatorOptions ro;
-    ro.shard_id = f.shard.shard_id;
-    ro.replica = f.replica;
-    // Under the coordinator's liveness timeout, so this head stops serving before the
-    // coordinator could have replaced it.
-    ro.lease = coordinator->heartbeat_timeout() * 3 / 4;
-    ro.forward_timeout = f.forward_timeout;
-    ro.max_message_bytes = MaxMessageBytes(f.service);
-    ro.security = security;
-    ro.refresh = refresh;
-    ro.address = co.address;
-    ro.shard = f.shard;
-    // A replica that must stop shuts down as on SIGTERM, and main exits 3 (chain->stopped()).
-    ro.stop = [] { kill(getpid(), SIGTERM); };
-    CoordinatorClient* c = coordinator.get();
-    ro.append = [c](int32_t replica, int64_t epoch) { return c->JoinChain(replica, epoch); };
-    ro.shrink = [c](int32_t replica, int64_t epoch) { return c->ShrinkChain(replica, epoch); };
-    *chain = services->NewReplicator(ro);
-    (*chain)->Renew(absl::Now() - absl::Milliseconds(100));  // Register just answered
-    (*chain)->Update(ChainOf(view, f.shard.shard_id));
-    client->store(coordinator.get());
-    follow->store(chain->get());
-    services->core()->gate.SetReplicator(chain->get());
-    (*chain)->StartJoining();  // a replica outside its live chain (a replacement) joins it
-    LogInfo("shard %u replica %d of %d, chain-replicated", f.shard.shard_id, f.replica,
-            view.replicas());
+  const int replicas = coordinator->registered_view().replicas();
+  if (replicas > 1) {
+    *chain = Replicate(f, security, co.address, coordinator.get(), follower, services);
+    LogInfo("shard %u replica %d of %d, chain-replicated", f.shard.shard_id, f.replica, replicas);
   } else if (f.replica > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--replica=", f.replica,
-                     " but the coordinator keeps one copy of each shard "
-                     "(start it with --replicas=",
+                     " but the coordinator keeps one copy of each shard (start it with --replicas=",
                      f.replica + 1, " or more)"));
   }
   return coordinator;

@@ -64,7 +64,7 @@ std::vector<std::string> SharedFlags(const TrainerOptions& o) {
           absl::StrCat("--lr_decay=", o.lr_decay)};
 }
 
-// The worker ranks of [0, world) not among `stopped` (ascending), as "1, 3".
+// The worker ranks of [0, world) the rollback does not list as stopped, as "1, 3".
 std::string NotStopped(const coord::Rollback& rollback, int world) {
   std::vector<std::string> missing;
   for (int r = 0; r < world; ++r) {
