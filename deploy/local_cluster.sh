@@ -199,7 +199,7 @@ for ((i = 1; i <= shards * replicas; ++i)); do addresses+=("$(address_of "${name
 start_worker() {  # rank [metrics port]
   "$bin/worker/ps_worker" --coordinator="$coordinator" --rank="$1" --world="$workers" --epochs="$epochs" \
     --consistency="$consistency" --optimizer="$optimizer" --lr="$lr" --batch_size="$batch_size" \
-    --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" \
+    --micro_batches="$micro_batches" --model="$model" --summary_json="$out/worker$1.json" --steps_file="$out/worker$1.steps.jsonl" \
     --metrics_port="${2:-$any_port}" --progress_every=1s ${sec[@]+"${sec[@]}"} $worker_args \
     >>"$out/worker$1.log" 2>&1 &
 }

@@ -19,6 +19,7 @@ import contextlib  # noqa: E402
 import io  # noqa: E402
 import tempfile  # noqa: E402
 import unittest  # noqa: E402
+from unittest import mock  # noqa: E402
 
 import matplotlib  # noqa: E402
 import numpy  # noqa: E402
@@ -95,6 +96,33 @@ class PlotRunTest(unittest.TestCase):
                 [(1, 0.8), (2, 0.85)]))
             self.assertEqual(plot_run.parse(os.path.join(d, "worker1.log")),
                              ([(60, 1.1), (40, 1.2), (90, 0.8)], []))
+
+    def test_steps_give_a_moving_mean_that_starts_afresh_after_a_rollback(self):
+        with tempfile.TemporaryDirectory() as d:
+            lines = [f'{{"step": {i}, "epoch": 1, "loss": {float(i)}, "mode": "ps"}}'
+                     for i in range(60)]
+            lines += ['{"rollback": {"failed": 60, "resumed": 40}}',
+                      '{"step": 40, "epoch": 1, "loss": 7.0, "mode": "ps"}',
+                      '{"step": 41, "epoch": 1, "loss": 9.0', ""]  # cut short by a kill
+            write(d, "worker0.steps.jsonl", "\n".join(lines))
+            points = plot_run.steps(os.path.join(d, "worker0.steps.jsonl"))
+        self.assertEqual(points[0], (0, 0.0))
+        self.assertEqual(points[59], (59, sum(range(10, 60)) / 50))  # the last 50 steps
+        self.assertEqual(points[60:], [(40, 7.0)])
+
+    def test_the_loss_plot_comes_from_the_steps_files_when_there_are_some(self):
+        with tempfile.TemporaryDirectory() as d:
+            write(d, "worker0.log", WORKER0)
+            write(d, "worker0.steps.jsonl", "".join(
+                f'{{"step": {i}, "loss": {2.0 / (i + 1)}}}\n' for i in range(300)))
+            with mock.patch.object(plot_run, "plot", wraps=plot_run.plot) as plot, \
+                    contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(plot_run.main([d]), 0)
+            series, ylabel = plot.call_args_list[0].args[0], plot.call_args_list[0].args[4]
+            self.assertEqual([rank for rank, _ in series], [0])
+            self.assertEqual(len(series[0][1]), 300)  # the log has 6 loss points
+            self.assertEqual(ylabel, "loss (mean of the last 50 steps)")
+            self.assertTrue(os.path.exists(os.path.join(d, "loss.png")))
 
     def test_logs_are_found_by_rank(self):
         with tempfile.TemporaryDirectory() as d:

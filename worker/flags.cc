@@ -99,6 +99,9 @@ ABSL_FLAG(absl::Duration, rpc_timeout, absl::Minutes(2),
           "may take before the step fails (e.g. 2m).");
 ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(5), "Time between progress lines.");
 ABSL_FLAG(std::string, summary_json, "", "Write the final figures here as JSON.");
+ABSL_FLAG(std::string, steps_file, "",
+          "Append a JSON line per step (loss, time, communication, mode) and per rollback "
+          "to this file, for plots; empty: none.");
 ABSL_FLAG(int, snapshot_every_epochs, 0,
           "Rank 0 asks the coordinator for a cluster checkpoint every this many epochs (the "
           "shards need --data_dir).");
@@ -189,6 +192,7 @@ absl::StatusOr<modes::TrainerOptions> TrainerFromFlags() {
   o.switch_poll_steps = absl::GetFlag(FLAGS_switch_poll_steps);
   RETURN_IF_ERROR(Check(o.switch_poll_steps >= 1, "--switch_poll_steps must be >= 1"));
   o.progress_every = absl::GetFlag(FLAGS_progress_every);
+  o.steps_file = absl::GetFlag(FLAGS_steps_file);
   o.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   RETURN_IF_ERROR(Check(o.rpc_timeout > absl::ZeroDuration(), "--rpc_timeout must be positive"));
   o.snapshot_every_epochs = absl::GetFlag(FLAGS_snapshot_every_epochs);

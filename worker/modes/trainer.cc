@@ -21,6 +21,7 @@
 #include "core/optimizer/optimizer_config.h"
 #include "worker/modes/model_tables.h"
 #include "worker/modes/step_observers.h"
+#include "worker/modes/steps_file.h"
 
 namespace pscluster::modes {
 bool PeerFailure(const absl::Status& s) {
@@ -275,6 +276,11 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   loop.Observe(&progress);
   loop.Observe(&checkpoints);
   loop.Observe(&evaluation);
+  std::unique_ptr<StepsFile> steps;
+  if (!options_.steps_file.empty()) {
+    ASSIGN_OR_RETURN(steps, StepsFile::Open(options_.steps_file, [this] { return mode(); }));
+    loop.Observe(steps.get());
+  }
   ASSIGN_OR_RETURN(TrainLoop::Result result, loop.Run(start_step_));
   summary.rollbacks = std::move(result.rollbacks);
   summary.final_loss = result.final_loss;

@@ -70,7 +70,8 @@ struct TrainerOptions {
   // schedules a next-boundary switch at least this far ahead): a step's RPC saved.
   int switch_poll_steps = 8;
   absl::Duration progress_every = absl::Seconds(5);
-  bool evaluate = true;  // test-set accuracy after each epoch
+  std::string steps_file;  // a JSON line per step and rollback here (steps_file.h); "": none
+  bool evaluate = true;    // test-set accuracy after each epoch
   absl::Duration rpc_timeout = absl::Minutes(2);
   // Rank 0 asks the coordinator for a cluster checkpoint (the Checkpoint RPC) at the end of
   // every this many epochs (0: never); for coordinators without --checkpoint_every_steps.
