@@ -7,7 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/process_memory.h"
+#include "common/process_stats.h"
 #include "common/version.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -152,6 +152,29 @@ void RpcMetrics::Record(const std::string& method, grpc::StatusCode code, double
   counter->Increment();
 }
 
+namespace {
+
+// The standard process_* metrics (Prometheus' client libraries' names and meanings), so
+// dashboards and alerts made for any exporter work here. None when /proc cannot be read.
+void AddProcessMetrics(MetricFamilies* f) {
+  absl::StatusOr<ProcessStats> s = ReadProcessStats();
+  if (!s.ok()) return;
+  f->Counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", {},
+             s->cpu_seconds);
+  f->Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", {},
+           static_cast<double>(s->virtual_bytes));
+  f->Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", {},
+           static_cast<double>(s->resident_bytes));
+  f->Gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+           {}, s->start_time_seconds);
+  f->Gauge("process_open_fds", "Number of open file descriptors.", {},
+           static_cast<double>(s->open_fds));
+  f->Gauge("process_max_fds", "Maximum number of open file descriptors.", {},
+           static_cast<double>(s->max_fds));
+}
+
+}  // namespace
+
 // Every collector, run at each scrape.
 class Metrics::Collectors final : public prometheus::Collectable {
  public:
@@ -179,13 +202,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& host,
   m->collectors_ = std::make_shared<Collectors>();
   m->rpcs_ = std::make_unique<RpcMetrics>(m->registry_.get());
   const MetricLabels info = {{"role", role}, {"id", id}, {"version", PsclusterVersion()}};
-  const double start = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  m->AddCollector([info, start](MetricFamilies* f) {
+  m->AddCollector([info](MetricFamilies* f) {
     f->Gauge("pscluster_info", "Always 1: this process's role, id and version.", info, 1);
-    f->Gauge("pscluster_process_resident_memory_bytes", "Resident memory of this process.", {},
-             static_cast<double>(ResidentMemoryBytes()));
-    f->Gauge("pscluster_process_start_time_seconds", "When this process started (unix time).", {},
-             start);
+    AddProcessMetrics(f);
   });
   try {
     // A scrape is quick, but a connection that sends nothing holds a thread until civetweb's

@@ -39,7 +39,13 @@ TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
                               "\"PullDense\",grpc_service=\"pscluster.ps.ShardData\"} 2"));
   EXPECT_THAT(text, HasSubstr("pscluster_ps_table_values{table=\"3\"} 42"));
   EXPECT_THAT(text, HasSubstr("pscluster_ps_pull_wait_seconds_count{table=\"3\"} 5"));
-  EXPECT_THAT(text, HasSubstr("# TYPE pscluster_process_resident_memory_bytes gauge"));
+  // The standard process metrics, under the names every exporter uses.
+  EXPECT_THAT(text, HasSubstr("# TYPE process_resident_memory_bytes gauge"));
+  EXPECT_THAT(text, HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  EXPECT_THAT(text, HasSubstr("# TYPE process_start_time_seconds gauge"));
+  EXPECT_THAT(text, HasSubstr("# TYPE process_open_fds gauge"));
+  EXPECT_THAT(text, HasSubstr("# TYPE process_max_fds gauge"));
+  EXPECT_THAT(text, Not(HasSubstr("pscluster_process_")));
 }
 
 TEST(MetricsTest, MethodLabelsStayBoundedWhateverClientsCall) {
