@@ -199,6 +199,12 @@ class RunningClusterTest(unittest.TestCase):
                                 state="alive"), 2.0)
         self.assertIsNotNone(sample(coordinator, "pscluster_coordinator_heartbeat_age_seconds",
                                     role="shard", id="1"))
+        self.assertEqual(sample(coordinator, "pscluster_coordinator_rollbacks_total"), 0.0)
+        # The standard process metrics, in every process.
+        for text in (worker, shard, coordinator):
+            self.assertGreater(sample(text, "process_cpu_seconds_total"), 0)
+            self.assertGreater(sample(text, "process_open_fds"), 0)
+            self.assertGreater(sample(text, "process_start_time_seconds"), 1.7e9)
 
     def test_3_invalid_requests_show_in_the_rpc_counter_with_their_code(self) -> None:
         shard = self.targets[1]

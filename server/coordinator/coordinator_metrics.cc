@@ -29,7 +29,9 @@ void CollectMembers(const ClusterView& view, absl::Time now, MetricFamilies* f, 
       const MetricLabels worker = {{"worker", std::to_string(m.id())}};
       f->Gauge("pscluster_coordinator_worker_step", "The last step each worker reported.", worker,
                m.step());
-      f->Gauge("pscluster_coordinator_worker_loss", "The training loss each worker reported last.",
+      f->Gauge("pscluster_coordinator_worker_epoch_loss",
+               "The mean training loss over the epoch so far, as each worker reported it last "
+               "(pscluster_worker_loss on the worker is the last step's).",
                worker, m.loss());
       f->Gauge("pscluster_coordinator_worker_samples_per_second",
                "The throughput each worker reported last.", worker, m.samples_per_sec());
@@ -78,6 +80,16 @@ void Collect(const ClusterView& view, absl::Time now, MetricFamilies* f) {
   f->Gauge("pscluster_coordinator_last_checkpoint_step",
            "Step of the newest complete checkpoint (-1: none).", {},
            view.checkpoints().empty() ? -1 : view.checkpoints().rbegin()->step());
+  if (!view.checkpoints().empty()) {
+    f->Gauge("pscluster_coordinator_last_checkpoint_timestamp_seconds",
+             "When the newest complete checkpoint was taken (unix time).", {},
+             view.checkpoints().rbegin()->unix_ms() / 1e3);
+  }
+  f->Counter("pscluster_coordinator_rollbacks_total",
+             "Rollbacks the workers agreed on since the run started.", {}, view.run().rollbacks());
+  f->Gauge("pscluster_coordinator_rollback_stopped_workers",
+           "Workers stopped for the rollback in progress (0: none in progress).", {},
+           view.rollback().decided() ? 0 : view.rollback().stopped_ranks_size());
 }
 
 }  // namespace

@@ -90,6 +90,7 @@ absl::StatusOr<bool> RecoverySchedule::Decide(const std::string& generation, int
   }
   rollback_.set_decided(true);
   rollback_.set_step(step);
+  run_.set_rollbacks(run_.rollbacks() + 1);
   return true;
 }
 

@@ -9,7 +9,8 @@
 //   generation other than the one held starts that generation's rollback afresh (its
 //   owner refuses generations that are no longer the cluster's).
 // - Rank 0 decides the step once every rank has stopped, after restoring the shards; a
-//   repeated decision with the same step changes nothing, another step is refused.
+//   repeated decision with the same step changes nothing, another step is refused. The
+//   run record counts the decisions (RunRecord.rollbacks).
 // Independent of gRPC and of the cluster (its owner checks who calls and the generation).
 // Not thread-safe: the owner (ClusterState) guards it with its own mutex.
 #pragma once

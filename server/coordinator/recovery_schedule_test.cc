@@ -85,6 +85,7 @@ TEST(RecoveryScheduleTest, RankZeroDecidesOnceEveryRankStopped) {
   EXPECT_EQ(s.Decide("g1", 0, -1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(*s.Decide("g1", 0, 40), true);
   EXPECT_EQ(*s.Decide("g1", 0, 40), false);
+  EXPECT_EQ(View(s).run().rollbacks(), 1);  // a repeated decision is not another rollback
   EXPECT_EQ(s.Decide("g1", 0, 20).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(View(s).rollback().decided());
   EXPECT_EQ(View(s).rollback().step(), 40);
@@ -103,6 +104,9 @@ TEST(RecoveryScheduleTest, ANewGenerationStartsItsRollbackAfresh) {
   // The old generation's decision is gone with it.
   EXPECT_EQ(s.Decide("g1", 0, 10).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.Stopped("", 0).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s.Stopped("g2", 0).ok());
+  ASSERT_TRUE(s.Decide("g2", 0, 10).ok());
+  EXPECT_EQ(View(s).run().rollbacks(), 2);
 }
 
 TEST(RecoveryScheduleTest, ARestartedCoordinatorContinuesTheRecord) {
