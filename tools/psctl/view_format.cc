@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -75,6 +76,31 @@ absl::StatusOr<std::string> SortedJson(const google::protobuf::Message& message)
 
 }  // namespace
 
+// The workers' rollback in progress (who stopped, who is awaited) and the run's count of
+// rollbacks; nothing for a run that never rolled back.
+void AppendRollback(const coord::ClusterView& view, std::string* out) {
+  const coord::Rollback& r = view.rollback();
+  if (!r.generation().empty() && !r.decided()) {
+    std::vector<int32_t> awaited;
+    for (int32_t rank = 0; rank < view.num_workers(); ++rank) {
+      if (std::find(r.stopped_ranks().begin(), r.stopped_ranks().end(), rank) ==
+          r.stopped_ranks().end()) {
+        awaited.push_back(rank);
+      }
+    }
+    absl::StrAppend(out, "rollback in progress: ", r.stopped_ranks_size(), " of ",
+                    view.num_workers(), " worker(s) stopped",
+                    awaited.empty()
+                        ? "; rank 0 restores the shards"
+                        : absl::StrCat("; waiting for rank(s) ", absl::StrJoin(awaited, ", ")),
+                    "\n");
+  }
+  if (view.run().rollbacks() > 0) {
+    absl::StrAppend(out, "rollbacks: ", view.run().rollbacks(),
+                    r.decided() ? absl::StrCat(" (the last to step ", r.step(), ")") : "", "\n");
+  }
+}
+
 std::string MemberState(const coord::Member& m) {
   return m.alive() ? "yes" : m.finished() ? "done" : "DEAD";
 }
@@ -106,6 +132,7 @@ std::string FormatView(const coord::ClusterView& view, absl::Time now) {
                       ? "none"
                       : absl::StrCat("step ", view.checkpoints().rbegin()->step()),
                   "\n");
+  AppendRollback(view, &out);
   AppendSwitches(view, &out);
   return out;
 }
