@@ -21,6 +21,13 @@ std::vector<int32_t> ShortChains(const ClusterView& view);
 // generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
 std::string Generation(const ClusterView& view);
 
+// The rendezvous keys of a generation start with RendezvousPrefix(generation), all under
+// kRendezvousRoot: the coordinator drops those of generations that are over.
+inline constexpr char kRendezvousRoot[] = "gen/";
+inline std::string RendezvousPrefix(const std::string& generation) {
+  return kRendezvousRoot + generation + "/";
+}
+
 // Whether a wait that began in view `was` (a BSP step waiting for a worker's push, a
 // collective, a checkpoint's capture) may go on in view `now`: UNAVAILABLE naming the
 // worker, or the shard whose chain lost its state, that is down, or the member that came

@@ -197,3 +197,41 @@ TEST(KvStoreTest, MoreThanMaxKeysIsResourceExhaustedButOverwritingWhenFullIsAllo
 
 }  // namespace
 }  // namespace pscluster::coord
+
+namespace pscluster::coord {
+namespace {
+
+TEST(KvStoreBoundsTest, TheTotalBytesAreBoundedAndARefusedPutChangesNothing) {
+  KvStore kv;
+  const std::string mib(KvStore::kMaxValueBytes, 'x');
+  size_t puts = 0;
+  absl::Status s;
+  while ((s = kv.Put(absl::StrCat("k", puts), mib)).ok()) ++puts;
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("the limit is 67108864"));
+  EXPECT_EQ(puts, 63u);  // 64 MiB holds 63 MiB values and their keys, not 64
+  const size_t total = kv.total_bytes();
+  EXPECT_LE(total, KvStore::kMaxTotalBytes);
+  EXPECT_EQ(kv.Get(absl::StrCat("k", puts), false, absl::Now()).status().code(),
+            absl::StatusCode::kNotFound);
+  // Overwriting a key with a value of the same size fits: only the difference counts.
+  EXPECT_TRUE(kv.Put("k0", mib).ok());
+  EXPECT_EQ(kv.total_bytes(), total);
+}
+
+TEST(KvStoreBoundsTest, AGenerationThatIsOverIsDropped) {
+  KvStore kv;
+  ASSERT_TRUE(kv.Put("gen/s0.1-w0.1-/gloo/0", "a").ok());
+  ASSERT_TRUE(kv.Put("gen/s0.1-w0.1-/gloo/1", "b").ok());
+  ASSERT_TRUE(kv.Put("gen/s0.1-w0.2-/gloo/0", "c").ok());
+  ASSERT_TRUE(kv.Put("other", "d").ok());
+  EXPECT_EQ(kv.DropPrefixedExcept("gen/", "gen/s0.1-w0.2-/"), 2);
+  EXPECT_EQ(kv.Get("gen/s0.1-w0.1-/gloo/0", false, absl::Now()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(*kv.Get("gen/s0.1-w0.2-/gloo/0", false, absl::Now()), "c");
+  EXPECT_EQ(*kv.Get("other", false, absl::Now()), "d");
+  EXPECT_EQ(kv.total_bytes(), std::string("gen/s0.1-w0.2-/gloo/0c").size() + 6);
+}
+
+}  // namespace
+}  // namespace pscluster::coord

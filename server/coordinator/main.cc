@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
+#include "common/cluster_view.h"
 #include "common/command_line.h"
 #include "common/graceful_shutdown.h"
 #include "common/logging.h"
@@ -245,7 +246,7 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
 
 // Until `stop`: the coordinator's own checkpoints (with --data_dir) on one thread, since one
 // may take a while to write, and liveness on another, reporting every change of the view.
-void RunBackground(pscluster::coord::ClusterState* cluster,
+void RunBackground(pscluster::coord::ClusterState* cluster, pscluster::coord::KvStore* kv,
                    pscluster::coord::Checkpointer* checkpointer, absl::Duration liveness_every,
                    absl::Notification* stop) {
   const bool automatic = checkpointer->automatic();
@@ -260,6 +261,12 @@ void RunBackground(pscluster::coord::ClusterState* cluster,
     cluster->CheckLiveness();
     pscluster::coord::ClusterView now = cluster->View();
     if (now.version() != last.version()) PrintChanges(last, now);
+    // A new generation's workers rendezvous afresh: the old keys would only fill the store.
+    const std::string generation = pscluster::coord::Generation(now);
+    if (generation != pscluster::coord::Generation(last)) {
+      kv->DropPrefixedExcept(pscluster::coord::kRendezvousRoot,
+                             pscluster::coord::RendezvousPrefix(generation));
+    }
     if (now.finished() && !last.finished() && absl::GetFlag(FLAGS_exit_when_finished)) {
       LogInfo("the run finished at step %lld; exiting (--exit_when_finished)",
               static_cast<long long>(now.global_step()));
@@ -346,8 +353,9 @@ int main(int argc, char** argv) {
       security->Describe().c_str());
 
   absl::Notification stop;
-  std::thread background(
-      [&] { RunBackground(&cluster, checkpointer->get(), options->heartbeat_timeout / 4, &stop); });
+  std::thread background([&] {
+    RunBackground(&cluster, &kv, checkpointer->get(), options->heartbeat_timeout / 4, &stop);
+  });
   // Waiting GetView and KvGet calls fail with UNAVAILABLE, so the drain does not wait for
   // their deadlines.
   pscluster::ServeUntilSignal(server->get(), service.in_flight(), [&] {

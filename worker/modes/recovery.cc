@@ -122,7 +122,7 @@ absl::StatusOr<int64_t> Trainer::Start() {
     }
   }
   if (options_.connect) {
-    RETURN_IF_ERROR(ConnectCommunicator(absl::StrCat("gen/", Generation(view_), "/")));
+    RETURN_IF_ERROR(ConnectCommunicator(coord::RendezvousPrefix(Generation(view_))));
   }
   ASSIGN_OR_RETURN(placement_, MakePlacement(options_.mode, Context()));
   if (options_.mode != coord::PS) {  // the PS tables start from the same initializers
@@ -178,7 +178,7 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
     back_to = v.rollback().step();
   }
   if (options_.connect) {
-    RETURN_IF_ERROR(ConnectCommunicator(absl::StrCat("gen/", gen, "/")));
+    RETURN_IF_ERROR(ConnectCommunicator(coord::RendezvousPrefix(gen)));
   }
   // The mode the cluster trained the checkpoint's step in (every worker reads the same
   // switch history); the switches after it are replayed as the steps come round again.
