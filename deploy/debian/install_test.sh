@@ -188,7 +188,7 @@ done
 ((${#worker_status[@]} == 2)) || fail "timed out after 600 s waiting for both workers to finish 1 epoch"
 for r in 0 1; do
   ((worker_status[$r] == 0)) || fail "worker $r exited with status ${worker_status[$r]}"
-  line=$(grep -E "^worker $r: done: .*test accuracy [0-9.]+" "$logs/worker$r.log") \
+  line=$(grep -E "(^| )worker $r: done: .*test accuracy [0-9.]+" "$logs/worker$r.log") \
     || fail "worker $r printed no 'done: ... test accuracy' line"
   accuracy=$(sed -E 's/.*test accuracy ([0-9.]+).*/\1/' <<<"$line")
   summary=$state/worker-$r.json
