@@ -34,6 +34,17 @@ std::vector<int32_t> ShortChains(const ClusterView& view) {
   return out;
 }
 
+std::vector<int32_t> RanksNotStopped(const Rollback& rollback, int32_t num_workers) {
+  std::vector<int32_t> missing;
+  for (int32_t r = 0; r < num_workers; ++r) {
+    if (std::find(rollback.stopped_ranks().begin(), rollback.stopped_ranks().end(), r) ==
+        rollback.stopped_ranks().end()) {
+      missing.push_back(r);
+    }
+  }
+  return missing;
+}
+
 std::string Generation(const ClusterView& view) {
   std::string gen;
   // A shard's state is lost only when its chain starts over (with one replica: whenever it

@@ -17,6 +17,9 @@ bool ShardHolds(const ClusterView& view, int32_t shard);
 // as after an import or a restore): until it joins, the head's death loses the shard.
 std::vector<int32_t> ShortChains(const ClusterView& view);
 
+// The worker ranks of [0, num_workers) that `rollback` does not list as stopped, ascending.
+std::vector<int32_t> RanksNotStopped(const Rollback& rollback, int32_t num_workers);
+
 // The generation of a cluster view: every worker's incarnation and every shard chain's
 // generation, so the workers of one (re)formed cluster agree on names for their rendezvous.
 std::string Generation(const ClusterView& view);

@@ -133,9 +133,15 @@ class ClusterState {
   absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // ABORTED unless `generation` is the cluster's now.
-  absl::Status CheckGenerationLocked(const std::string& generation) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A recovery call's caller: INVALID_ARGUMENT or NOT_FOUND unless a registered worker;
+  // with `generation`, ABORTED unless it is the cluster's now.
+  absl::Status CheckRecoveryCallLocked(int32_t rank, int64_t incarnation,
+                                       const std::string* generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A recovery change's outcome: its error, or OK with the view's version bumped when it
+  // changed something.
+  absl::Status AppliedLocked(const absl::StatusOr<bool>& changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ClusterView ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -257,15 +257,19 @@ void RunBackground(pscluster::coord::ClusterState* cluster, pscluster::coord::Kv
     }
   });
   pscluster::coord::ClusterView last = cluster->View();
+  std::string last_generation = pscluster::coord::Generation(last);
   while (!stop->WaitForNotificationWithTimeout(liveness_every)) {
     cluster->CheckLiveness();
     pscluster::coord::ClusterView now = cluster->View();
-    if (now.version() != last.version()) PrintChanges(last, now);
-    // A new generation's workers rendezvous afresh: the old keys would only fill the store.
-    const std::string generation = pscluster::coord::Generation(now);
-    if (generation != pscluster::coord::Generation(last)) {
-      kv->DropPrefixedExcept(pscluster::coord::kRendezvousRoot,
-                             pscluster::coord::RendezvousPrefix(generation));
+    if (now.version() != last.version()) {
+      PrintChanges(last, now);
+      // A new generation's workers rendezvous afresh: the old keys would only fill the store.
+      std::string generation = pscluster::coord::Generation(now);
+      if (generation != last_generation) {
+        kv->DropPrefixedExcept(pscluster::coord::kRendezvousRoot,
+                               pscluster::coord::RendezvousPrefix(generation));
+        last_generation = std::move(generation);
+      }
     }
     if (now.finished() && !last.finished() && absl::GetFlag(FLAGS_exit_when_finished)) {
       LogInfo("the run finished at step %lld; exiting (--exit_when_finished)",

@@ -5,19 +5,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cluster_view.h"
 
 namespace pscluster::coord {
 
-absl::Status RecoverySchedule::CheckFlags(const RecordRunRequest& r) {
-  if (r.rank() != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker rank ", r.rank(), " cannot record the run: only rank 0 does"));
-  }
-  if (r.flags().empty() || r.flags_size() > kMaxRunFlags) {
+absl::Status RecoverySchedule::CheckFlags(
+    const google::protobuf::RepeatedPtrField<std::string>& flags) {
+  if (flags.empty() || flags.size() > kMaxRunFlags) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a run record has 1 to ", kMaxRunFlags, " flags, not ", r.flags_size()));
+        absl::StrCat("a run record has 1 to ", kMaxRunFlags, " flags, not ", flags.size()));
   }
-  for (const std::string& f : r.flags()) {
+  for (const std::string& f : flags) {
     if (f.empty() || f.size() > kMaxRunFlagBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("a run flag has 1 to ", kMaxRunFlagBytes, " bytes, not ", f.size()));
@@ -27,7 +25,11 @@ absl::Status RecoverySchedule::CheckFlags(const RecordRunRequest& r) {
 }
 
 absl::StatusOr<bool> RecoverySchedule::RecordRun(const RecordRunRequest& r) {
-  if (absl::Status s = CheckFlags(r); !s.ok()) return s;
+  if (r.rank() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", r.rank(), " cannot record the run: only rank 0 does"));
+  }
+  if (absl::Status s = CheckFlags(r.flags()); !s.ok()) return s;
   const bool same =
       std::equal(r.flags().begin(), r.flags().end(), run_.flags().begin(), run_.flags().end());
   if (run_.started()) {
@@ -77,14 +79,8 @@ absl::StatusOr<bool> RecoverySchedule::Decide(const std::string& generation, int
     return absl::AlreadyExistsError(absl::StrCat("the rollback of this generation was decided at ",
                                                  rollback_.step(), ", not ", step));
   }
-  std::vector<int32_t> missing;
-  for (int32_t r = 0; r < num_workers_; ++r) {
-    if (std::find(rollback_.stopped_ranks().begin(), rollback_.stopped_ranks().end(), r) ==
-        rollback_.stopped_ranks().end()) {
-      missing.push_back(r);
-    }
-  }
-  if (!missing.empty()) {
+  if (const std::vector<int32_t> missing = RanksNotStopped(rollback_, num_workers_);
+      !missing.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("worker ranks ", absl::StrJoin(missing, ", "),
                                                       " have not stopped: wait for them"));
   }
@@ -106,9 +102,7 @@ void RecoverySchedule::Save(CoordinatorState* state) const {
 
 void RecoverySchedule::Restore(const CoordinatorState& state) {
   run_ = state.run();
-  RecordRunRequest saved;
-  *saved.mutable_flags() = run_.flags();
-  if (!run_.flags().empty() && !CheckFlags(saved).ok()) run_ = RunRecord();
+  if (!run_.flags().empty() && !CheckFlags(run_.flags()).ok()) run_ = RunRecord();
   rollback_ = state.rollback();
   for (int32_t r : rollback_.stopped_ranks()) {
     if (r < 0 || r >= num_workers_) {

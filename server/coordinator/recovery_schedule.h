@@ -55,7 +55,8 @@ class RecoverySchedule {
   void Restore(const CoordinatorState& state);
 
  private:
-  static absl::Status CheckFlags(const RecordRunRequest& r);
+  // INVALID_ARGUMENT for no flags, too many or too long ones.
+  static absl::Status CheckFlags(const google::protobuf::RepeatedPtrField<std::string>& flags);
 
   const int num_workers_;
   RunRecord run_;

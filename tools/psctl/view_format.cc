@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/cluster_view.h"
 #include "common/training_mode.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -81,13 +82,7 @@ absl::StatusOr<std::string> SortedJson(const google::protobuf::Message& message)
 void AppendRollback(const coord::ClusterView& view, std::string* out) {
   const coord::Rollback& r = view.rollback();
   if (!r.generation().empty() && !r.decided()) {
-    std::vector<int32_t> awaited;
-    for (int32_t rank = 0; rank < view.num_workers(); ++rank) {
-      if (std::find(r.stopped_ranks().begin(), r.stopped_ranks().end(), rank) ==
-          r.stopped_ranks().end()) {
-        awaited.push_back(rank);
-      }
-    }
+    const std::vector<int32_t> awaited = coord::RanksNotStopped(r, view.num_workers());
     absl::StrAppend(out, "rollback in progress: ", r.stopped_ranks_size(), " of ",
                     view.num_workers(), " worker(s) stopped",
                     awaited.empty()

@@ -64,17 +64,6 @@ std::vector<std::string> SharedFlags(const TrainerOptions& o) {
           absl::StrCat("--lr_decay=", o.lr_decay)};
 }
 
-// The worker ranks of [0, world) the rollback does not list as stopped, as "1, 3".
-std::string NotStopped(const coord::Rollback& rollback, int world) {
-  std::vector<std::string> missing;
-  for (int r = 0; r < world; ++r) {
-    if (!std::binary_search(rollback.stopped_ranks().begin(), rollback.stopped_ranks().end(), r)) {
-      missing.push_back(absl::StrCat(r));
-    }
-  }
-  return absl::StrJoin(missing, ", ");
-}
-
 // The coordinator's ABORTED (that generation is over) as a peer's failure: the rollback
 // starts over in the new generation.
 absl::Status Superseded(absl::Status s) {
@@ -85,16 +74,21 @@ absl::Status Superseded(absl::Status s) {
 }  // namespace
 
 // Rank 0 records its shared flags; every other worker, and a rank 0 that replaces a failed
-// one, compares its own with the record: a run whose workers differ (batch sizes summed
-// unweighted, other data splits) is refused, naming the flags.
-absl::Status Trainer::CheckSameFlags(bool started) {
+// one, compares its own with the record (in `now`, or waited for): a run whose workers
+// differ (batch sizes summed unweighted, other data splits) is refused, naming the flags.
+absl::Status Trainer::CheckSameFlags(const coord::ClusterView& now) {
   const std::vector<std::string> mine = SharedFlags(options_);
-  if (options_.rank == 0 && !started) return options_.coordinator->RecordRun(mine, false);
-  ASSIGN_OR_RETURN(
-      const coord::ClusterView v,
-      AwaitRecovery([](const coord::ClusterView& v) { return !v.run().flags().empty(); },
-                    [](const coord::ClusterView&) { return "worker rank 0 to record its flags"; },
-                    options_.rpc_timeout, /*check_liveness=*/false));
+  if (options_.rank == 0 && !now.run().started()) {
+    return options_.coordinator->RecordRun(mine, false);
+  }
+  coord::ClusterView v = now;
+  if (v.run().flags().empty()) {
+    ASSIGN_OR_RETURN(
+        v,
+        AwaitRecovery([](const coord::ClusterView& v) { return !v.run().flags().empty(); },
+                      [](const coord::ClusterView&) { return "worker rank 0 to record its flags"; },
+                      options_.rpc_timeout, /*check_liveness=*/false));
+  }
   std::vector<std::string> differ;
   for (const std::string& w : mine) {
     if (std::find(v.run().flags().begin(), v.run().flags().end(), w) == v.run().flags().end()) {
@@ -113,9 +107,8 @@ absl::StatusOr<int64_t> Trainer::Start() {
   if (c != nullptr) {
     // A worker that replaces a failed one finds the run started: it joins the rollback.
     ASSIGN_OR_RETURN(const coord::ClusterView now, c->AwaitView(0, false, options_.rpc_timeout));
-    const bool started = now.run().started();
-    RETURN_IF_ERROR(CheckSameFlags(started));
-    if (started) {
+    RETURN_IF_ERROR(CheckSameFlags(now));
+    if (now.run().started()) {
       absl::StatusOr<int64_t> back_to = Rejoin(Generation(view_));
       if (back_to.ok() || !PeerFailure(back_to.status())) return back_to;
       return Recover(std::nullopt, back_to.status());  // the cluster changed meanwhile
@@ -194,16 +187,19 @@ absl::StatusOr<int64_t> Trainer::Rejoin(const std::string& gen) {
 
 absl::StatusOr<int64_t> Trainer::RollBackShards(const std::string& gen) {
   const int world = options_.world;
-  RETURN_IF_ERROR(
-      AwaitRecovery(
-          [&](const coord::ClusterView& v) {
-            return v.rollback().generation() == gen && NotStopped(v.rollback(), world).empty();
-          },
-          [&](const coord::ClusterView& v) {
-            return absl::StrCat("worker ranks ", NotStopped(v.rollback(), world), " to stop");
-          },
-          options_.recovery_timeout, /*check_liveness=*/true)
-          .status());
+  RETURN_IF_ERROR(AwaitRecovery(
+                      [&](const coord::ClusterView& v) {
+                        return v.rollback().generation() == gen &&
+                               coord::RanksNotStopped(v.rollback(), world).empty();
+                      },
+                      [&](const coord::ClusterView& v) {
+                        return absl::StrCat(
+                            "worker ranks ",
+                            absl::StrJoin(coord::RanksNotStopped(v.rollback(), world), ", "),
+                            " to stop");
+                      },
+                      options_.recovery_timeout, /*check_liveness=*/true)
+                      .status());
   if (client_ == nullptr) {
     return absl::FailedPreconditionError(
         "no checkpoint to roll back to: this cluster has no shards (start it with shards and "

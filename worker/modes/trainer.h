@@ -151,8 +151,8 @@ class Trainer {
   // rollback step it agreed on with the others.
   absl::StatusOr<int64_t> Start();
   // INVALID_ARGUMENT naming the shared flags this worker was started with that differ from
-  // the run's record (rank 0 records its own first, while the run has not `started`).
-  absl::Status CheckSameFlags(bool started);
+  // the run's record (rank 0 records its own first, while the run in `now` has not started).
+  absl::Status CheckSameFlags(const coord::ClusterView& now);
   // Stops, agrees on the newest complete checkpoint with the others (generation `gen`),
   // rolls back to it and loads it into the current mode. Returns its step.
   absl::StatusOr<int64_t> Rejoin(const std::string& gen);
