@@ -23,15 +23,20 @@ fail() {
 
 # The tour's commands: the indented lines of its section, in order.
 mapfile -t lines < <(awk '/^## /{on = ($0 == "## A five-minute tour")} on && /^    /{print substr($0, 5)}' README.md)
-line() {  # the one command of the tour that matches the pattern
-  local l found=""
-  for l in "${lines[@]}"; do [[ $l =~ $1 ]] && { found=$l; break; }; done
-  [[ -n $found ]] || fail "README.md's tour has no command matching /$1/: update tests/readme_tour.sh with it"
-  printf '%s\n' "$found"
+# tour_line VAR PATTERN: VAR gets the tour's first command matching PATTERN. Not in a
+# subshell, so that a missing command ends the script here.
+tour_line() {
+  local l
+  for l in "${lines[@]}"; do [[ $l =~ $2 ]] && { printf -v "$1" '%s' "$l"; return; }; done
+  fail "README.md's tour has no command matching /$2/: update tests/readme_tour.sh with it"
 }
-start=$(line '^deploy/local_cluster\.sh ') coord_line=$(line '^coord=') psctl_line=$(line '^psctl=')
-status_line=$(line ' status') top_line=$(line ' top') kill_line=$(line '^kill -9 ')
-switch_line=$(line ' switch-mode ')
+tour_line start '^deploy/local_cluster\.sh '
+tour_line coord_line '^coord='
+tour_line psctl_line '^psctl='
+tour_line status_line ' status'
+tour_line top_line ' top'
+tour_line kill_line '^kill -9 '
+tour_line switch_line ' switch-mode '
 
 # await SECONDS WHAT TEST...: polls TEST until it holds, while the run lives.
 await() {
