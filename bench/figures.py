@@ -99,12 +99,13 @@ def main(argv):
         readme = f.read()
     if BEGIN not in readme or END not in readme:
         sys.exit(f"figures: {README} has no {BEGIN} ... {END} markers")
-    new = render(readme, load())
+    recs = load()
+    new = render(readme, recs)
     if argv[1:] == ["--check"]:
         if new != readme:
             sys.exit("figures: bench/README.md's table differs from bench/figures/*.json; "
                      "run bench/figures.py and commit the result")
-        print(f"figures: bench/README.md's table matches bench/figures/ ({len(load())} records)")
+        print(f"figures: bench/README.md's table matches bench/figures/ ({len(recs)} records)")
         return
     if argv[1:]:
         sys.exit("usage: bench/figures.py [--check]")

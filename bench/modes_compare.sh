@@ -42,20 +42,18 @@ print(f"| PyTorch single process | {one:,.0f} | {rounds} | {one / base:.2f} | 1.
       f"{', '.join(str(d['test_accuracy']) for d in single)} |")
 print(f"| PyTorch DDP (gloo) | {base:,.0f} | {rounds} | 1.00 | {base / one:.2f} | "
       f"{base / one / 2:.2f} | {', '.join(str(d['test_accuracy']) for d in ddp)} |")
+per_single = {}  # each run's median samples/s over single-process PyTorch's
 for i, m in enumerate(modes):
     runs = [json.load(open(f"{tmp}/run{i}.{r}/summary.json")) for r in range(rounds)]
     m = m.replace(",", " ")
     med = statistics.median(x["samples_per_sec"] for x in runs)
+    per_single[m] = med / one
     acc = ", ".join(str(x["test_accuracy"]) for x in runs)
     print(f"| {m} | {med:,.0f} | {rounds} | **{med / base:.2f}** | **{med / one:.2f}** | "
           f"{med / one / 2:.2f} | {acc} |")
 sys.path.insert(0, "bench")
 import figures
 if not os.environ.get("MODES"):  # the default modes make the README's row
-    per_single = {m: statistics.median(x["samples_per_sec"] for x in
-                                       (json.load(open(f"{tmp}/run{i}.{r}/summary.json"))
-                                        for r in range(rounds))) / one
-                  for i, m in enumerate(modes)}
     figures.record(
         "modes_compare", order=10, what="MLP training, 2 workers on 2 cores",
         command=f"bench/modes_compare.sh {rounds} {os.environ['EPOCHS']}",

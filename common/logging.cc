@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/support/log.h"
 #include "spdlog/logger.h"
@@ -25,8 +26,7 @@ struct Loggers {
 // specially, so it is doubled.
 std::shared_ptr<spdlog::logger> MakeLogger(const std::string& tag,
                                            std::shared_ptr<spdlog::sinks::sink> sink) {
-  std::string escaped;
-  for (char c : tag) escaped += c == '%' ? std::string("%%") : std::string(1, c);
+  const std::string escaped = absl::StrReplaceAll(tag, {{"%", "%%"}});
   auto logger = std::make_shared<spdlog::logger>(tag, std::move(sink));
   logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(
       absl::StrCat("%Y-%m-%dT%H:%M:%S.%eZ %L ", escaped, " %v"), spdlog::pattern_time_type::utc));

@@ -132,7 +132,9 @@ cleanup() {
     kill "${pids[$i]}" 2>/dev/null && members+=("${pids[$i]}")
   done
   ((${#members[@]})) && wait "${members[@]}" 2>/dev/null
-  kill "${pids[0]}" 2>/dev/null
+  for i in "${!pids[@]}"; do
+    [[ -n ${pids[$i]} && ${names[$i]} == coordinator ]] && kill "${pids[$i]}" 2>/dev/null
+  done
   wait 2>/dev/null || true
 }
 trap cleanup EXIT

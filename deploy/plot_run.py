@@ -13,6 +13,7 @@ appends to its files and a rollback sends its steps back: points are plotted in 
 With no data at all it writes nothing, says so on stderr and exits 1.
 Needs matplotlib (Debian: python3-matplotlib, for /usr/bin/python3).
 """
+import collections
 import json
 import os
 import re
@@ -48,7 +49,7 @@ def steps(path):
     """One steps file's [(step, mean loss of the last WINDOW steps)], in file order; the
     window starts afresh after a rollback. Lines that are not whole JSON are skipped (a
     killed worker's last line may be cut short)."""
-    points, window = [], []
+    points, window = [], collections.deque(maxlen=WINDOW)
     with open(path, errors="replace") as f:
         for line in f:
             try:
@@ -56,9 +57,9 @@ def steps(path):
             except ValueError:
                 continue
             if "rollback" in rec:
-                window = []
+                window.clear()
             elif isinstance(rec.get("loss"), (int, float)) and "step" in rec:
-                window = (window + [rec["loss"]])[-WINDOW:]
+                window.append(rec["loss"])
                 points.append((rec["step"], sum(window) / len(window)))
     return points
 
