@@ -76,11 +76,7 @@ PsClient::PsClient(PsClientOptions options)
         if (options.client_id.empty()) options.client_id = NewClientId();
         return std::move(options);
       }()),
-      calls_(options_.shard_replicas.empty()
-                 ? internal::ShardCalls::Single(options_.shard_addresses)
-                 : options_.shard_replicas,
-             options_.rpc_timeout, static_cast<int>(options_.max_message_bytes),
-             options_.wait_slice, options_.wait_check, options_.security, options_.client_id) {}
+      calls_(options_) {}
 
 absl::Status PsClient::RegisterWorker() {
   return calls_.ForEach([&](int s) {

@@ -23,30 +23,10 @@
 #include "absl/types/span.h"
 #include "client/ps/internal/shard_calls.h"
 #include "client/ps/parameter_store.h"
+#include "client/ps/ps_client_options.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace pscluster {
-
-struct PsClientOptions {
-  std::vector<std::string> shard_addresses;  // index = shard id, e.g. "127.0.0.1:5000"
-  // Replicated shards (ps_coordinator --replicas > 1): each shard's replicas, head first (the
-  // view's chains). A replica that does not take a call (dead, or no longer the head) sends
-  // the client on to the next one, with the call's request id. Empty: shard_addresses.
-  std::vector<std::vector<std::string>> shard_replicas;
-  int32_t worker_id = 0;
-  absl::Duration rpc_timeout = absl::Seconds(60);                 // deadline of every RPC
-  uint64_t chunk_bytes = uint64_t{1} << 20;                       // dense stream chunk size
-  uint64_t max_message_bytes = (uint64_t{4} << 20) + (64 << 10);  // gRPC limit, both ways
-  // Pulls that wait in a shard (BSP, SSP) wait in slices of `wait_slice`; after each
-  // slice, `wait_check` (if set) says whether to go on waiting (OK) or to give up (its
-  // error, e.g. a member the coordinator declared dead), bounded by rpc_timeout overall.
-  absl::Duration wait_slice = absl::Seconds(2);
-  std::function<absl::Status()> wait_check;
-  Security security;  // TLS and token of the calls (default: plaintext)
-  // The ps-client-id metadata of every call (empty: NewClientId()): the shards tell clients
-  // apart by it, e.g. for a restore that must not roll back under another client's run.
-  std::string client_id;
-};
 
 // A random client id (32 hex digits).
 std::string NewClientId();

@@ -178,6 +178,16 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   // A capture waits in a shard for a BSP step, in slices: it ends once a worker the step may
   // wait for is gone (declared dead, or come back), and the workers roll back instead.
   shard_options.wait_check = [this, view] { return StillSameCluster(view, cluster_->View()); };
+  if (view.replicas() > 1) {  // a failover's new chain, from the coordinator's own view
+    shard_options.resolve_chain = [this,
+                                   view](int shard) -> absl::StatusOr<std::vector<std::string>> {
+      const ClusterView now = cluster_->View();
+      RETURN_IF_ERROR(StillSameCluster(view, now));
+      if (shard >= now.chains_size()) return std::vector<std::string>();
+      return std::vector<std::string>(now.chains(shard).addresses().begin(),
+                                      now.chains(shard).addresses().end());
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> shards, PsClient::Create(shard_options));
   int64_t step = -1;
   ASSIGN_OR_RETURN(std::optional<Checkpoint> earlier,

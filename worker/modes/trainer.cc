@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/coordinator/chain_watch.h"
 #include "common/cluster_view.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
@@ -82,6 +83,10 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
   if (view_.replicas() > 1) {  // each shard's chain, head first: the client follows failovers
     for (const coord::Chain& chain : view_.chains()) {
       co.shard_replicas.emplace_back(chain.addresses().begin(), chain.addresses().end());
+    }
+    if (options_.coordinator != nullptr) {  // and the chains the coordinator forms after
+      auto watch = std::make_shared<ChainWatch>(options_.coordinator, view_, options_.rank);
+      co.resolve_chain = [watch](int shard) { return watch->Chain(shard); };
     }
   }
   co.worker_id = options_.rank;

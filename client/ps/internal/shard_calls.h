@@ -15,8 +15,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/ps/internal/raw_call.h"
+#include "client/ps/internal/shard_chains.h"
+#include "client/ps/ps_client_options.h"
 #include "client/ps/shard_stub.h"
 #include "common/backoff.h"
 #include "common/call_metadata.h"
@@ -49,32 +52,16 @@ class ShardCalls {
  public:
   using Stub = ShardStub;
 
-  // replicas[s]: shard s's copies, head first (one each when not replicated).
-  ShardCalls(const std::vector<std::vector<std::string>>& replicas, absl::Duration rpc_timeout,
-             int max_message_bytes, absl::Duration wait_slice = absl::InfiniteDuration(),
-             std::function<absl::Status()> wait_check = nullptr,
-             const Security& security = Security(), std::string client_id = "")
-      : replicas_(replicas),
-        client_id_(std::move(client_id)),
-        rpc_timeout_(rpc_timeout),
-        wait_slice_(wait_slice),
-        wait_check_(std::move(wait_check)),
-        current_(new std::atomic<int>[replicas.size()]),
-        pool_(replicas.size() - 1) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(max_message_bytes);
-    args.SetMaxSendMessageSize(max_message_bytes);
-    for (size_t s = 0; s < replicas_.size(); ++s) {
-      current_[s] = 0;
-      stubs_.emplace_back();
-      generic_.emplace_back();
-      for (const std::string& address : replicas_[s]) {
-        std::shared_ptr<grpc::Channel> channel = security.Channel(address, args);
-        stubs_.back().push_back(ShardStub::New(channel));
-        generic_.back().push_back(std::make_unique<grpc::GenericStub>(channel));
-      }
-      replicated_ |= replicas_[s].size() > 1;
-    }
+  explicit ShardCalls(const PsClientOptions& o)
+      : chains_(o.shard_replicas.empty() ? Single(o.shard_addresses) : o.shard_replicas, o.security,
+                static_cast<int>(o.max_message_bytes)),
+        client_id_(o.client_id),
+        rpc_timeout_(o.rpc_timeout),
+        wait_slice_(o.wait_slice),
+        wait_check_(o.wait_check),
+        resolve_chain_(o.resolve_chain),
+        replicated_(!o.shard_replicas.empty()),
+        pool_(chains_.size() - 1) {
     request_prefix_ = absl::StrCat(absl::Hex(std::random_device()()), "-",
                                    absl::Hex(std::random_device()()), "-");
   }
@@ -85,15 +72,13 @@ class ShardCalls {
     return out;
   }
 
-  int size() const { return static_cast<int>(stubs_.size()); }
+  int size() const { return chains_.size(); }
   // The replica of `shard` calls go to now (the head, as far as this client knows).
-  Stub* stub(int shard) const { return stubs_[shard][current_[shard].load()].get(); }
+  Stub* stub(int shard) const { return chains_.stub(shard); }
   // The same replica's generic stub, for the methods whose messages the client codes itself.
-  grpc::GenericStub* generic(int shard) const {
-    return generic_[shard][current_[shard].load()].get();
-  }
+  grpc::GenericStub* generic(int shard) const { return chains_.generic(shard); }
   std::string Name(int shard) const {
-    return absl::StrCat("shard ", shard, " (", replicas_[shard][current_[shard].load()], ")");
+    return absl::StrCat("shard ", shard, " (", chains_.address(shard), ")");
   }
   // A context carrying the deadline and the client id, for streams.
   void SetDeadline(grpc::ClientContext* ctx) const {
@@ -136,40 +121,63 @@ class ShardCalls {
                         std::string id = "") const {
     if (end == absl::InfinitePast()) end = absl::Now() + rpc_timeout_;
     if (id.empty()) id = NewRequestId();
-    const int n = static_cast<int>(replicas_[shard].size());
-    const bool rotate_on_deadline = n > 1 && slice == absl::InfiniteDuration();
+    const bool rotate_on_deadline = replicated_ && slice == absl::InfiniteDuration();
     if (rotate_on_deadline) slice = kReplicaAttempt;
     Backoff backoff(absl::Milliseconds(1), absl::Milliseconds(100));
     for (bool said = false;;) {
-      const int at = current_[shard].load();
+      const uint64_t at = chains_.moves(shard);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + slice)));
       if (!client_id_.empty()) ctx.AddMetadata(kClientIdKey, client_id_);
       if (!id.empty()) ctx.AddMetadata(kRequestIdKey, id);
       grpc::Status s = attempt(&ctx);
       const bool failover =
-          n > 1 && (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                    (rotate_on_deadline && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED));
+          replicated_ &&
+          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+           (rotate_on_deadline && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED));
       if ((!Refused(s) && !failover) || absl::Now() + backoff.ceiling() >= end) return s;
       if (failover) {
-        Rotate(shard, at, s, &said);
+        if (absl::Status gone = Follow(shard, at, s, &said); !gone.ok()) {
+          return grpc::Status(static_cast<grpc::StatusCode>(gone.code()),
+                              std::string(gone.message()));
+        }
       }
       backoff.set_max(absl::Milliseconds(failover ? 20 : 100));
       absl::SleepFor(backoff.Next());
     }
   }
 
-  // Calls go to the replica after `at` (unless another call moved them on already).
-  void Rotate(int shard, int at, const grpc::Status& why, bool* said) const {
-    const int n = static_cast<int>(replicas_[shard].size());
-    int expected = at;
-    current_[shard].compare_exchange_strong(expected, (at + 1) % n);
+  // After a replica did not take a call (`why`): with resolve_chain, the shard's chain as
+  // the cluster's view has it now goes in if it changed (calls go to its head), and its
+  // error ends the call (the shard's state is gone); else calls go to the next replica.
+  // Said once a call, and whenever the chain changes.
+  absl::Status Follow(int shard, uint64_t at, const grpc::Status& why, bool* said) const {
+    const std::string from = chains_.address(shard);
+    if (resolve_chain_) {
+      absl::StatusOr<std::vector<std::string>> chain = resolve_chain_(shard);
+      if (!chain.ok()) {
+        LogWarning("shard %d: replica %s did not take the call (%s), and the shard is gone: %s",
+                   shard, from.c_str(), why.error_message().c_str(),
+                   chain.status().ToString().c_str());
+        return chain.status();
+      }
+      if (chains_.Install(shard, *chain)) {
+        LogWarning(
+            "shard %d: replica %s did not take the call (%s); the cluster's view has "
+            "the chain %s: calls go to its head",
+            shard, from.c_str(), why.error_message().c_str(), absl::StrJoin(*chain, ", ").c_str());
+        *said = true;
+        return absl::OkStatus();
+      }
+    }
+    const std::string to = chains_.Rotate(shard, at);
     if (!*said) {
-      LogWarning("shard %d: replica %s did not take the call (%s); trying %s", shard,
-                 replicas_[shard][at].c_str(), why.error_message().c_str(),
-                 replicas_[shard][(at + 1) % n].c_str());
+      LogWarning("shard %d: replica %s did not take the call (%s); trying %s%s", shard,
+                 from.c_str(), why.error_message().c_str(), to.c_str(),
+                 resolve_chain_ ? " while the coordinator decides" : "");
       *said = true;
     }
+    return absl::OkStatus();
   }
 
   // One call of a dense method, its request or answer (or both) coded by dense_wire as
@@ -213,14 +221,16 @@ class ShardCalls {
     const std::string id = NewRequestId(identified);
     bool said = false;
     for (int n = 0;; ++n) {
-      const int at = current_[shard].load();
+      const uint64_t at = chains_.moves(shard);
       const absl::Duration slice =
           wait_check_ ? wait_slice_ : (replicated_ ? kReplicaAttempt : absl::InfiniteDuration());
       grpc::Status s = Retrying(
           shard, [&](grpc::ClientContext* ctx) { return attempt(ctx, n); }, end, slice, id);
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && replicated_ &&
           absl::Now() < end) {
-        Rotate(shard, at, s, &said);
+        if (absl::Status gone = Follow(shard, at, s, &said); !gone.ok()) {
+          return absl::Status(gone.code(), absl::StrCat(Name(shard), ": ", gone.message()));
+        }
         if (!wait_check_) continue;
       }
       if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || !wait_check_ ||
@@ -254,15 +264,13 @@ class ShardCalls {
   }
 
  private:
-  const std::vector<std::vector<std::string>> replicas_;
+  mutable ShardChains chains_;  // where calls go: moved on by calls, which are const
   const std::string client_id_;
   const absl::Duration rpc_timeout_;
   const absl::Duration wait_slice_;
   const std::function<absl::Status()> wait_check_;
-  std::vector<std::vector<std::unique_ptr<Stub>>> stubs_;
-  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> generic_;
-  std::unique_ptr<std::atomic<int>[]> current_;  // by shard: the replica calls go to
-  bool replicated_ = false;
+  const std::function<absl::StatusOr<std::vector<std::string>>(int)> resolve_chain_;
+  const bool replicated_;
   std::string request_prefix_;  // random per client: request ids unique across clients
   mutable std::atomic<uint64_t> requests_{0};
   // With replicas: how long one attempt of a call that does not wait may take before the
