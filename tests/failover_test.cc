@@ -7,6 +7,10 @@
 //   run goes on with no rollback;
 // - both replicas of a chain killed: the shard's state is gone, and the workers stop and
 //   roll back as soon as the coordinator has declared them dead.
+// And a replica that does not take a call is reported to the coordinator, which probes it
+// and takes it out of its chain at once if it does not answer (server/coordinator/
+// replica_prober.h): at the default liveness timeout (5 s) a head's or a tail's death
+// pauses training for well under a second, not for the timeout.
 #include <signal.h>
 
 #include <cstdio>
@@ -21,6 +25,17 @@
 namespace pscluster::testing {
 namespace {
 
+class FailoverTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    clean_ = new std::vector<std::string>(
+        Cluster(::testing::TempDir() + "/uninterrupted", Replicated(1)).Finish());
+  }
+  static void TearDownTestSuite() { delete clean_; }
+  static std::vector<std::string>* clean_;
+};
+std::vector<std::string>* FailoverTest::clean_ = nullptr;
+
 void AwaitEpochCheckpoint(Cluster& cluster) {
   ASSERT_TRUE(cluster.coordinator()
                   .WaitForLine(absl::StrCat("checkpoint of step ", kStepsPerEpoch, " complete"),
@@ -32,7 +47,7 @@ void AwaitCoordinatorLine(Cluster& cluster, const std::string& line) {
   ASSERT_TRUE(cluster.coordinator().WaitForLine(line, absl::Seconds(60)).ok()) << line;
 }
 
-TEST(FailoverTest, ARejoinedReplicaOnANewPortBecomesHeadAndTheWorkersFollowIt) {
+TEST_F(FailoverTest, ARejoinedReplicaOnANewPortBecomesHeadAndTheWorkersFollowIt) {
   ClusterOptions options = Replicated(2);
   options.epochs = 16;  // long enough for a kill, a restart, a rejoin and a second kill
   Cluster cluster(::testing::TempDir() + "/rejoined", options);
@@ -62,7 +77,7 @@ TEST(FailoverTest, ARejoinedReplicaOnANewPortBecomesHeadAndTheWorkersFollowIt) {
   }
 }
 
-TEST(FailoverTest, BothReplicasOfAChainKilledRollTheWorkersBackWithoutWaitingOutTheirDeadline) {
+TEST_F(FailoverTest, BothReplicasOfAChainKilledRollTheWorkersBackWithoutWaitingOutTheirDeadline) {
   Cluster cluster(::testing::TempDir() + "/both_killed", Replicated(2));
   AwaitEpochCheckpoint(cluster);
   ASSERT_TRUE(cluster.shard(1, 1).Stop(SIGKILL, absl::Seconds(20)).ok());
@@ -85,8 +100,43 @@ TEST(FailoverTest, BothReplicasOfAChainKilledRollTheWorkersBackWithoutWaitingOut
   const std::vector<std::string> run = cluster.Finish();
   EXPECT_NE(Field(run[0], "rollbacks"), "[]") << run[0];
   for (int r = 0; r < kWorkers; ++r) {
-    EXPECT_GT(std::stod(Field(run[r], "test_accuracy")), 0.9) << run[r];
+    EXPECT_EQ(Field(run[r], "param_crc32c"), Field((*clean_)[r], "param_crc32c"))
+        << "the final parameters differ from the uninterrupted run's";
   }
+}
+
+// Kills replica `replica` of shard 1 at the default liveness timeout and returns the pause
+// in training; the coordinator must have taken it out on a report, not by the timeout.
+void KillAtTheDefaultLiveness(const std::string& name, int replica,
+                              const std::vector<std::string>& clean) {
+  ClusterOptions options = Replicated(2);
+  options.heartbeat_timeout_ms = 5000;  // ps_coordinator's default
+  Cluster cluster(::testing::TempDir() + "/" + name, options);
+  AwaitEpochCheckpoint(cluster);
+  auto survivor = StubTo(cluster.shard_address(1, 1 - replica));
+  const int64_t tables = Tables(survivor.get());
+  const int64_t at_kill = PushesApplied(survivor.get());
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(cluster.shard(1, replica).Stop(SIGKILL, absl::Seconds(20)).ok());
+  const absl::Duration pause = AwaitTrainingAgain(survivor.get(), tables, killed, at_kill);
+  std::printf("%s: training paused %.0f ms (liveness timeout 5000 ms)\n", name.c_str(),
+              absl::ToDoubleMilliseconds(pause));
+  std::fflush(stdout);
+  EXPECT_TRUE(cluster.coordinator()
+                  .WaitForLine(absl::StrCat("shard 1 replica ", replica, " (",
+                                            cluster.shard_address(1, replica),
+                                            ") reported unreachable and does not answer"),
+                               absl::Seconds(30))
+                  .ok());
+  ExpectNoRollbackAndSameParameters(cluster.Finish(), clean);
+}
+
+TEST_F(FailoverTest, AHeadKilledAtTheDefaultLivenessIsTakenOutOnTheWorkersReport) {
+  KillAtTheDefaultLiveness("head_killed", 0, *clean_);
+}
+
+TEST_F(FailoverTest, ATailKilledAtTheDefaultLivenessIsTakenOutOnTheHeadsReport) {
+  KillAtTheDefaultLiveness("tail_killed", 1, *clean_);
 }
 
 }  // namespace

@@ -10,7 +10,11 @@ namespace pscluster {
 ChainWatch::ChainWatch(CoordinatorClient* coordinator, coord::ClusterView base, int32_t self)
     : coordinator_(coordinator), base_(base), self_(self), newest_(std::move(base)) {}
 
-absl::StatusOr<std::vector<std::string>> ChainWatch::Chain(int shard) {
+absl::StatusOr<std::vector<std::string>> ChainWatch::Chain(int shard,
+                                                           const std::string& unreachable) {
+  // Best effort: without an answer the liveness timeout still takes a dead replica out.
+  if (!unreachable.empty())
+    coordinator_->ReportUnreachable(shard, unreachable, kWatch).IgnoreError();
   int64_t known;
   {
     absl::MutexLock lock(&mu_);

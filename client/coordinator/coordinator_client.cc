@@ -188,6 +188,18 @@ absl::StatusOr<int64_t> CoordinatorClient::ShrinkChain(int32_t replica, int64_t 
   return ChainCall("ShrinkChain", &coord::Coordinator::Stub::ShrinkChain, replica, epoch);
 }
 
+absl::StatusOr<bool> CoordinatorClient::ReportUnreachable(int32_t shard, const std::string& address,
+                                                          absl::Duration timeout) {
+  coord::ReportUnreachableRequest req;
+  req.set_shard(shard);
+  req.set_address(address);
+  coord::ReportUnreachableResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->ReportUnreachable(&ctx, req, &resp), "coordinator"));
+  return resp.probing();
+}
+
 absl::StatusOr<coord::ClusterView> CoordinatorClient::AwaitView(int64_t min_version, bool complete,
                                                                 absl::Duration timeout) {
   coord::GetViewRequest req;

@@ -108,6 +108,11 @@ class CoordinatorClient {
   absl::StatusOr<int64_t> JoinChain(int32_t replica, int64_t epoch);
   // A chain's head: the chain becomes `replica` (this head) alone (ShrinkChain RPC).
   absl::StatusOr<int64_t> ShrinkChain(int32_t replica, int64_t epoch);
+  // This process could not reach the replica of `shard` at `address`: the coordinator
+  // probes it and takes it out of its chain if it does not answer either (the
+  // ReportUnreachable RPC). One attempt, bounded by `timeout`; true when a probe started.
+  absl::StatusOr<bool> ReportUnreachable(int32_t shard, const std::string& address,
+                                         absl::Duration timeout);
 
   // The workers' recovery (proto RecordRun, ReportStopped, DecideRollback; the rules in
   // server/coordinator/recovery_schedule.h), as this worker.

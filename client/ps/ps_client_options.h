@@ -18,12 +18,14 @@ struct PsClientOptions {
   // view's chains). A replica that does not take a call (dead, or no longer the head) sends
   // the client on to the next one, with the call's request id. Empty: shard_addresses.
   std::vector<std::vector<std::string>> shard_replicas;
-  // With shard_replicas: where shard s's chain is now, asked after a replica did not take
-  // a call. Answers the chain as the cluster's view has it (head first; it may wait a
-  // moment for the view to change), or an error that ends the call: the shard's state is
-  // gone (every replica died) or this client's cluster has moved on. An empty chain: no
-  // news, the next replica is tried. Unset: the chains above are all there is.
-  std::function<absl::StatusOr<std::vector<std::string>>(int shard)> resolve_chain;
+  // With shard_replicas: where shard s's chain is now, asked after the replica at
+  // `unreachable` did not take a call (the resolver may report it to the coordinator).
+  // Answers the chain as the cluster's view has it (head first; it may wait a moment for
+  // the view to change), or an error that ends the call: the shard's state is gone (every
+  // replica died) or this client's cluster has moved on. An empty chain: no news, the
+  // next replica is tried. Unset: the chains above are all there is.
+  std::function<absl::StatusOr<std::vector<std::string>>(int shard, const std::string& unreachable)>
+      resolve_chain;
   int32_t worker_id = 0;
   absl::Duration rpc_timeout = absl::Seconds(60);                 // deadline of every RPC
   uint64_t chunk_bytes = uint64_t{1} << 20;                       // dense stream chunk size

@@ -8,8 +8,9 @@
 namespace pscluster::coord {
 
 CoordinatorService::CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                                       Checkpointer* checkpointer, ProgressHistory* history)
-    : calls_(cluster, kv, max_wait, checkpointer, history) {}
+                                       Checkpointer* checkpointer, ProgressHistory* history,
+                                       ReplicaProber* prober)
+    : calls_(cluster, kv, max_wait, checkpointer, history, prober) {}
 
 grpc::ServerUnaryReactor* CoordinatorService::Now(grpc::CallbackServerContext* ctx,
                                                   const std::function<absl::Status()>& fn) {
@@ -131,6 +132,12 @@ grpc::ServerUnaryReactor* CoordinatorService::ShrinkChain(grpc::CallbackServerCo
                                                           const ShrinkChainRequest* req,
                                                           JoinChainResponse* resp) {
   return Now(ctx, [&] { return calls_.ShrinkChain(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportUnreachable(grpc::CallbackServerContext* ctx,
+                                                                const ReportUnreachableRequest* req,
+                                                                ReportUnreachableResponse* resp) {
+  return Now(ctx, [&] { return calls_.ReportUnreachable(*req, resp); });
 }
 
 }  // namespace pscluster::coord

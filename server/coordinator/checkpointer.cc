@@ -67,6 +67,20 @@ PsClientOptions ShardsOf(const ClusterView& view, const CheckpointerOptions& opt
   return o;
 }
 
+// A failover's new chain, from the coordinator's own view (nothing to report: the
+// liveness timeout and the workers' reports take dead replicas out).
+std::function<absl::StatusOr<std::vector<std::string>>(int, const std::string&)> FollowChains(
+    ClusterState* cluster, const ClusterView& view) {
+  return
+      [cluster, view](int shard, const std::string&) -> absl::StatusOr<std::vector<std::string>> {
+        const ClusterView now = cluster->View();
+        RETURN_IF_ERROR(StillSameCluster(view, now));
+        if (shard >= now.chains_size()) return std::vector<std::string>();
+        return std::vector<std::string>(now.chains(shard).addresses().begin(),
+                                        now.chains(shard).addresses().end());
+      };
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(ClusterState* cluster,
@@ -178,16 +192,7 @@ absl::StatusOr<Checkpoint> Checkpointer::CheckpointLocked(std::optional<double> 
   // A capture waits in a shard for a BSP step, in slices: it ends once a worker the step may
   // wait for is gone (declared dead, or come back), and the workers roll back instead.
   shard_options.wait_check = [this, view] { return StillSameCluster(view, cluster_->View()); };
-  if (view.replicas() > 1) {  // a failover's new chain, from the coordinator's own view
-    shard_options.resolve_chain = [this,
-                                   view](int shard) -> absl::StatusOr<std::vector<std::string>> {
-      const ClusterView now = cluster_->View();
-      RETURN_IF_ERROR(StillSameCluster(view, now));
-      if (shard >= now.chains_size()) return std::vector<std::string>();
-      return std::vector<std::string>(now.chains(shard).addresses().begin(),
-                                      now.chains(shard).addresses().end());
-    };
-  }
+  if (view.replicas() > 1) shard_options.resolve_chain = FollowChains(cluster_, view);
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> shards, PsClient::Create(shard_options));
   int64_t step = -1;
   ASSIGN_OR_RETURN(std::optional<Checkpoint> earlier,

@@ -122,4 +122,24 @@ absl::StatusOr<JoinChainResponse> ClusterState::ShrinkChain(const ShrinkChainReq
   return response;
 }
 
+std::optional<Member> ClusterState::LiveReplicaAt(int32_t shard, const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, m] : members_) {
+    if (m.role() == SHARD && m.id() == shard && m.alive() && m.address() == address) return m;
+  }
+  return std::nullopt;
+}
+
+bool ClusterState::DeclareUnreachable(int32_t shard, int32_t replica, int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find({SHARD, shard, replica});
+  if (it == members_.end() || !it->second.alive() || it->second.incarnation() != incarnation) {
+    return false;
+  }
+  it->second.set_alive(false);
+  LeaveChainLocked(it->second, /*keep_last=*/true);
+  ChangedLocked();
+  return true;
+}
+
 }  // namespace pscluster::coord

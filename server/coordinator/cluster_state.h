@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -85,6 +86,14 @@ class ClusterState {
   absl::StatusOr<JoinChainResponse> JoinChain(const JoinChainRequest& request);
   // The chain becomes its head alone (ShrinkChainRequest); returns the new epoch.
   absl::StatusOr<JoinChainResponse> ShrinkChain(const ShrinkChainRequest& request);
+
+  int num_shards() const { return options_.num_shards; }
+  // The live replica of `shard` serving at `address`, if there is one (a copy).
+  std::optional<Member> LiveReplicaAt(int32_t shard, const std::string& address) const;
+  // Declares `replica` of `shard` dead at once (the coordinator's own probe found it
+  // unreachable) and takes it out of its chain (but the last), as CheckLiveness would
+  // later; nothing when that incarnation is no longer the live one. Whether it was.
+  bool DeclareUnreachable(int32_t shard, int32_t replica, int64_t incarnation);
 
   // Declares dead every member silent for longer than the timeout, and takes dead shard
   // replicas out of their chains (but the last: the chain then waits for a new

@@ -339,8 +339,9 @@ int main(int argc, char** argv) {
   auto checkpointer = CheckpointerFromFlags(&cluster, *security);
   if (!checkpointer.ok()) return Fail(checkpointer.status().ToString());
   pscluster::coord::ProgressHistory history;
+  pscluster::coord::ReplicaProber prober(&cluster, pscluster::coord::ConnectProbe(*security));
   pscluster::coord::CoordinatorService service(&cluster, &kv, absl::Minutes(10),
-                                               checkpointer->get(), &history);
+                                               checkpointer->get(), &history, &prober);
   auto metrics = pscluster::ServeMetricsFromFlags("ps_coordinator", "");
   if (!metrics.ok()) return Fail(metrics.status().ToString());
   if (*metrics) pscluster::coord::AddCoordinatorMetrics(&cluster, metrics->get());

@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/park_loop.h"
+#include "common/status_macros.h"
 
 namespace pscluster::coord {
 namespace {
@@ -27,12 +28,14 @@ absl::Status Answer(Fn fn, T* out) {
 }  // namespace
 
 CoordinatorCalls::CoordinatorCalls(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                                   Checkpointer* checkpointer, ProgressHistory* history)
+                                   Checkpointer* checkpointer, ProgressHistory* history,
+                                   ReplicaProber* prober)
     : cluster_(cluster),
       kv_(kv),
       max_wait_(max_wait),
       checkpointer_(checkpointer),
-      history_(history) {}
+      history_(history),
+      prober_(prober) {}
 
 absl::Time CoordinatorCalls::Deadline(absl::Time caller) const {
   return std::min(caller, absl::Now() + max_wait_);
@@ -48,6 +51,17 @@ absl::Status CoordinatorCalls::JoinChain(const JoinChainRequest& req, JoinChainR
 
 absl::Status CoordinatorCalls::ShrinkChain(const ShrinkChainRequest& req, JoinChainResponse* resp) {
   return Answer([&] { return cluster_->ShrinkChain(req); }, resp);
+}
+
+absl::Status CoordinatorCalls::ReportUnreachable(const ReportUnreachableRequest& req,
+                                                 ReportUnreachableResponse* resp) {
+  if (req.shard() < 0 || req.shard() >= cluster_->num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReportUnreachable: shard ", req.shard(), " is outside [0, ", cluster_->num_shards(), ")"));
+  }
+  RETURN_IF_ERROR(CheckAdvertised(SHARD, req.shard(), 0, req.address(), ModeLimits()));
+  resp->set_probing(prober_ != nullptr && prober_->Report(req.shard(), req.address()));
+  return absl::OkStatus();
 }
 
 absl::Status CoordinatorCalls::Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {

@@ -14,6 +14,7 @@
 #include "server/coordinator/cluster_state.h"
 #include "server/coordinator/kv_store.h"
 #include "server/coordinator/progress_history.h"
+#include "server/coordinator/replica_prober.h"
 
 namespace pscluster::coord {
 
@@ -21,9 +22,11 @@ class CoordinatorCalls {
  public:
   // Longest a waiting read waits when the caller set no shorter deadline. `checkpointer`
   // null: Checkpoint answers FAILED_PRECONDITION. `history` (may be null) records every
-  // accepted progress report, for the status page.
+  // accepted progress report, for the status page. `prober` null: ReportUnreachable
+  // probes nothing (answers probing=false).
   CoordinatorCalls(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                   Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr);
+                   Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr,
+                   ReplicaProber* prober = nullptr);
 
   absl::Status Register(const RegisterRequest& req, RegisterResponse* resp);
   absl::Status Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
@@ -42,6 +45,8 @@ class CoordinatorCalls {
                                  ::pscluster::coord::Checkpoint* resp);
   absl::Status JoinChain(const JoinChainRequest& req, JoinChainResponse* resp);
   absl::Status ShrinkChain(const ShrinkChainRequest& req, JoinChainResponse* resp);
+  absl::Status ReportUnreachable(const ReportUnreachableRequest& req,
+                                 ReportUnreachableResponse* resp);
 
   // Whether ReportProgress will take a checkpoint (rank 0's metric): it then calls the shards.
   bool Checkpoints(const ReportProgressRequest& req) const;
@@ -54,13 +59,15 @@ class CoordinatorCalls {
   const absl::Duration max_wait_;
   Checkpointer* const checkpointer_;
   ProgressHistory* const history_;
+  ReplicaProber* const prober_;
 };
 
 class CoordinatorService final : public Coordinator::CallbackService {
  public:
   // As CoordinatorCalls.
   CoordinatorService(ClusterState* cluster, KvStore* kv, absl::Duration max_wait,
-                     Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr);
+                     Checkpointer* checkpointer = nullptr, ProgressHistory* history = nullptr,
+                     ReplicaProber* prober = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const RegisterRequest* req,
                                      RegisterResponse* resp) override;
@@ -102,6 +109,9 @@ class CoordinatorService final : public Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ShrinkChain(grpc::CallbackServerContext* ctx,
                                         const ShrinkChainRequest* req,
                                         JoinChainResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportUnreachable(grpc::CallbackServerContext* ctx,
+                                              const ReportUnreachableRequest* req,
+                                              ReportUnreachableResponse* resp) override;
 
   // Calls in progress (parked ones included), for ShutdownGracefully.
   InFlightCounter* in_flight() { return &in_flight_; }

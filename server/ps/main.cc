@@ -175,6 +175,9 @@ std::unique_ptr<Replicator> Replicate(const ServerFlags& f, const pscluster::Sec
   ro.max_message_bytes = MaxMessageBytes(f.service);
   ro.security = security;
   ro.refresh = [follower] { return follower->Refresh(); };
+  ro.report_unreachable = [coordinator, shard = f.shard.shard_id](const std::string& address) {
+    coordinator->ReportUnreachable(shard, address, absl::Milliseconds(200)).IgnoreError();
+  };
   ro.address = address;
   ro.shard = f.shard;
   // A replica that must stop shuts down as on SIGTERM, and main exits 3 (chain->stopped()).

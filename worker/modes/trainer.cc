@@ -86,7 +86,9 @@ absl::Status Trainer::Connect(const std::vector<std::string>& shards) {
     }
     if (options_.coordinator != nullptr) {  // and the chains the coordinator forms after
       auto watch = std::make_shared<ChainWatch>(options_.coordinator, view_, options_.rank);
-      co.resolve_chain = [watch](int shard) { return watch->Chain(shard); };
+      co.resolve_chain = [watch](int shard, const std::string& unreachable) {
+        return watch->Chain(shard, unreachable);
+      };
     }
   }
   co.worker_id = options_.rank;

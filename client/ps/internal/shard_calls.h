@@ -154,7 +154,7 @@ class ShardCalls {
   absl::Status Follow(int shard, uint64_t at, const grpc::Status& why, bool* said) const {
     const std::string from = chains_.address(shard);
     if (resolve_chain_) {
-      absl::StatusOr<std::vector<std::string>> chain = resolve_chain_(shard);
+      absl::StatusOr<std::vector<std::string>> chain = resolve_chain_(shard, from);
       if (!chain.ok()) {
         LogWarning("shard %d: replica %s did not take the call (%s), and the shard is gone: %s",
                    shard, from.c_str(), why.error_message().c_str(),
@@ -269,7 +269,8 @@ class ShardCalls {
   const absl::Duration rpc_timeout_;
   const absl::Duration wait_slice_;
   const std::function<absl::Status()> wait_check_;
-  const std::function<absl::StatusOr<std::vector<std::string>>(int)> resolve_chain_;
+  const std::function<absl::StatusOr<std::vector<std::string>>(int, const std::string&)>
+      resolve_chain_;
   const bool replicated_;
   std::string request_prefix_;  // random per client: request ids unique across clients
   mutable std::atomic<uint64_t> requests_{0};

@@ -317,6 +317,7 @@ bool Replicator::TryAgain(Trip* trip, uint64_t seq) {
         absl::FormatDuration(options_.forward_timeout).c_str());
     trip->said = true;
   }
+  if (options_.report_unreachable) options_.report_unreachable(trip->last_to);
   if (options_.refresh) {
     trip->coordinator_answered = options_.refresh();
     trip->asked = true;

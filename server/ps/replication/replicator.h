@@ -89,6 +89,10 @@ struct ReplicatorOptions {
   // epoch); calls Update itself. Bounded; false when the coordinator did not answer (the
   // chain known here may be out of date). May be null.
   std::function<bool()> refresh;
+  // Tells the coordinator that the successor at `address` did not take an update, before
+  // each refresh of a failed trip: the coordinator probes it and, if it does not answer
+  // either, takes it out at once instead of after the liveness timeout. May be null.
+  std::function<void(const std::string& address)> report_unreachable;
   std::string address;  // where this replica serves (a joiner tells the tail)
   ShardOptions shard;   // a joiner loads the tail's state into a shard of these options
   // The tail: asks the coordinator to append a joiner that holds the chain's state and
