@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
                                               absl::Milliseconds(resp.heartbeat_timeout_ms()) / 4);
   }
   c->heartbeats_ = std::thread(&CoordinatorClient::HeartbeatLoop, c.get());
+  if (c->options_.on_view) c->watch_ = std::thread(&CoordinatorClient::WatchLoop, c.get());
   return c;
 }
 
@@ -86,6 +87,28 @@ CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options,
 CoordinatorClient::~CoordinatorClient() {
   stop_.Notify();
   if (heartbeats_.joinable()) heartbeats_.join();
+  if (watch_.joinable()) watch_.join();
+}
+
+void CoordinatorClient::WatchLoop() {
+  // Each wait is short, so that a stop is seen soon; an unreachable coordinator is the
+  // heartbeats' to report, the watch only pauses.
+  constexpr absl::Duration kSlice = absl::Milliseconds(500);
+  int64_t seen = registered_view_.version();
+  while (!stop_.HasBeenNotified()) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, kSlice);
+    coord::GetViewRequest req;
+    req.set_min_version(seen + 1);
+    coord::ClusterView view;
+    const grpc::Status s = stub_->GetView(&ctx, req, &view);
+    if (s.ok()) {
+      seen = view.version();
+      options_.on_view(view);
+    } else if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      stop_.WaitForNotificationWithTimeout(kSlice);
+    }
+  }
 }
 
 void CoordinatorClient::HeartbeatLoop() {

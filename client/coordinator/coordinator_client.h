@@ -41,6 +41,10 @@ struct CoordinatorClientOptions {
   // Called on the heartbeat thread after every heartbeat the coordinator answered, with the
   // view version it answered and when that heartbeat was sent (a shard's chain lease).
   std::function<void(int64_t view_version, absl::Time sent)> on_heartbeat;
+  // Called on a watch thread with every newer view, as the coordinator makes it (a parked
+  // GetView for the next version): a chain replica learns that it became the head at
+  // once, not at its next heartbeat. Null: no watch thread.
+  std::function<void(const coord::ClusterView&)> on_view;
 };
 
 // PollSwitch's answer: the earliest switch not yet done at or after the polled step.
@@ -55,7 +59,7 @@ class CoordinatorClient {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(
       CoordinatorClientOptions options);
-  ~CoordinatorClient();  // stops heartbeating
+  ~CoordinatorClient();  // stops heartbeating and watching
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
 
@@ -128,6 +132,7 @@ class CoordinatorClient {
   CoordinatorClient(CoordinatorClientOptions options,
                     std::unique_ptr<coord::Coordinator::Stub> stub);
   void HeartbeatLoop();
+  void WatchLoop();  // options_.on_view's thread
   // Registers again (a heartbeat answered NOT_FOUND: the coordinator lost this member).
   void Reregister();
   // `req` as this worker's (rank, incarnation, run end), reconnecting as every call does.
@@ -157,6 +162,7 @@ class CoordinatorClient {
   coord::ClusterView registered_view_;
   absl::Notification stop_;
   std::thread heartbeats_;
+  std::thread watch_;
 };
 
 }  // namespace pscluster

@@ -145,6 +145,13 @@ struct ChainFollower {
     if (view.ok()) r->Update(ChainOf(*view, shard));
     return view.ok();
   }
+  // Every new view, as the coordinator makes it: the chain in it, at once.
+  void View(const coord::ClusterView& view) {
+    Replicator* r = replicator.load();
+    if (r == nullptr) return;
+    seen.store(view.version());
+    r->Update(ChainOf(view, shard));
+  }
   // Every answered heartbeat renews the replicator's lease; a new view version refreshes.
   void Heartbeat(int64_t version, absl::Time sent) {
     Replicator* r = replicator.load();
@@ -216,6 +223,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Register(const ServerFlags& f
   co.on_heartbeat = [follower](int64_t version, absl::Time sent) {
     follower->Heartbeat(version, sent);
   };
+  co.on_view = [follower](const coord::ClusterView& view) { follower->View(view); };
   ASSIGN_OR_RETURN(auto coordinator, CoordinatorClient::Register(co));
   LogInfo("registered with the coordinator at %s as %s", f.coordinator.c_str(), co.address.c_str());
   // Its registration's answer carries the view (no call more: workers that see this shard
