@@ -280,9 +280,10 @@ double YoungDalyInterval(double checkpoint_seconds, double mtbf_seconds) {
 absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
   Plan plan;
   plan.input = input;
+  // A value given wrong is named before a flag left out: that is the mistake just made.
+  RETURN_IF_ERROR(CheckCluster(input));
   ASSIGN_OR_RETURN(plan.model, ResolveModel(input));
   RETURN_IF_ERROR(CheckData(input));
-  RETURN_IF_ERROR(CheckCluster(input));
   ASSIGN_OR_RETURN(plan.device, ResolveDevice(input));
   plan.gpus = input.nodes * input.gpus_per_node;
   plan.usable_memory_bytes = plan.device.memory_bytes * (1 - input.memory_headroom);

@@ -285,6 +285,17 @@ TEST(PlanTest, Fp32PrecisionAndAFrameworksReplicaBytes) {
   EXPECT_EQ(MakePlan(in).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A bad value is named even while required flags are missing (issue 49: a bad --precision
+// was answered with a complaint about the dataset flags).
+TEST(PlanTest, ABadValueIsNamedBeforeAMissingFlag) {
+  PlanInput in;
+  in.params = 1e9;
+  in.precision = "fp8";
+  const absl::Status s = MakePlan(in).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--precision=fp8"), absl::string_view::npos) << s;
+}
+
 TEST(PlanTest, PresetFiguresCanBeOverridden) {
   PlanInput in = Exercise13B();
   in.gpu_flops = 400e12;
