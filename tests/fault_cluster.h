@@ -152,6 +152,7 @@ class Cluster {
   }
 
   Subprocess& coordinator() { return processes_[coordinator_index_]; }
+  const std::string& coordinator_address() const { return coordinator_; }
   Subprocess& shard(int s, int replica = 0) { return processes_[shard_[{s, replica}]]; }
   // Where replica `replica` of shard `s` serves.
   const std::string& shard_address(int s, int replica = 0) { return shard_address_[{s, replica}]; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
@@ -68,7 +69,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Register(
       coord::Coordinator::NewStub(CoordinatorChannel(options.coordinator, options.security));
   ASSIGN_OR_RETURN(coord::RegisterResponse resp, RegisterOnce(stub.get(), options));
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options), std::move(stub)));
-  c->incarnation_ = resp.incarnation();
+  c->Registered(resp);
   c->registered_view_ = std::move(*resp.mutable_view());
   if (resp.heartbeat_timeout_ms() > 0) {  // beat several times per timeout
     c->heartbeat_timeout_ = absl::Milliseconds(resp.heartbeat_timeout_ms());
@@ -149,7 +150,7 @@ void CoordinatorClient::Reregister() {
   {
     absl::MutexLock lock(&register_mu_);
     r = RegisterOnce(stub_.get(), options_);
-    if (r.ok()) incarnation_ = r->incarnation();
+    if (r.ok()) Registered(*r);
   }
   registering_again_ = false;
   if (!r.ok()) {
@@ -162,8 +163,19 @@ void CoordinatorClient::Reregister() {
 absl::StatusOr<int64_t> CoordinatorClient::RegisterAgain() {
   absl::MutexLock lock(&register_mu_);
   ASSIGN_OR_RETURN(coord::RegisterResponse r, RegisterOnce(stub_.get(), options_));
-  incarnation_ = r.incarnation();
+  Registered(r);
   return r.incarnation();
+}
+
+void CoordinatorClient::Registered(const coord::RegisterResponse& r) {
+  absl::MutexLock lock(&secret_mu_);
+  incarnation_ = r.incarnation();
+  member_secret_ = r.member_secret();
+}
+
+std::string CoordinatorClient::member_secret() const {
+  absl::MutexLock lock(&secret_mu_);
+  return member_secret_;
 }
 
 template <typename Call>
@@ -196,6 +208,8 @@ absl::StatusOr<int64_t> CoordinatorClient::ChainCall(
   req.set_shard(options_.id);
   req.set_replica(replica);
   req.set_epoch(epoch);
+  req.set_member_secret(member_secret());
+  if constexpr (std::is_same_v<Req, coord::JoinChainRequest>) req.set_caller(options_.replica);
   coord::JoinChainResponse resp;
   RETURN_IF_ERROR(Reconnecting(what, options_.rpc_timeout, [&](grpc::ClientContext* ctx) {
     return (stub_.get()->*method)(ctx, req, &resp);

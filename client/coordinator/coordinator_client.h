@@ -132,6 +132,9 @@ class CoordinatorClient {
   CoordinatorClient(CoordinatorClientOptions options,
                     std::unique_ptr<coord::Coordinator::Stub> stub);
   void HeartbeatLoop();
+  // Keeps a registration's incarnation and member secret.
+  void Registered(const coord::RegisterResponse& r);
+  std::string member_secret() const;
   void WatchLoop();  // options_.on_view's thread
   // Registers again (a heartbeat answered NOT_FOUND: the coordinator lost this member).
   void Reregister();
@@ -160,6 +163,8 @@ class CoordinatorClient {
   absl::Mutex register_mu_;
   absl::Duration heartbeat_timeout_ = absl::Seconds(5);
   coord::ClusterView registered_view_;
+  mutable absl::Mutex secret_mu_;
+  std::string member_secret_ ABSL_GUARDED_BY(secret_mu_);  // proves this member (JoinChain...)
   absl::Notification stop_;
   std::thread heartbeats_;
   std::thread watch_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/coordinator/cluster_state.h"
 
 namespace pscluster::coord {
@@ -72,10 +73,17 @@ absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest
                                                       " is not a live registered replica"));
   }
   Chain& chain = it->second;
+  RETURN_IF_ERROR(CheckCallerLocked("JoinChain", r.shard(), r.caller(), r.member_secret()));
   if (chain.epoch() != r.epoch()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", r.shard(), "'s chain is at epoch ", chain.epoch(), ", not ", r.epoch(),
         ": it changed during the state transfer; start the transfer again"));
+  }
+  if (chain.replicas().empty() || chain.replicas(chain.replicas_size() - 1) != r.caller()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "JoinChain: shard ", r.shard(), " replica ", r.caller(),
+        " is not the tail of its chain; only the tail, which sent the joiner its state, "
+        "may add it"));
   }
   if (std::find(chain.replicas().begin(), chain.replicas().end(), r.replica()) !=
       chain.replicas().end()) {
@@ -97,6 +105,7 @@ absl::StatusOr<JoinChainResponse> ClusterState::JoinChain(const JoinChainRequest
 absl::StatusOr<JoinChainResponse> ClusterState::ShrinkChain(const ShrinkChainRequest& r) {
   if (absl::Status s = CheckId(SHARD, r.shard(), r.replica()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckCallerLocked("ShrinkChain", r.shard(), r.replica(), r.member_secret()));
   auto it = chains_.find(r.shard());
   if (it == chains_.end() || it->second.epoch() != r.epoch() || it->second.replicas().empty() ||
       it->second.replicas(0) != r.replica()) {
@@ -140,6 +149,19 @@ bool ClusterState::DeclareUnreachable(int32_t shard, int32_t replica, int64_t in
   LeaveChainLocked(it->second, /*keep_last=*/true);
   ChangedLocked();
   return true;
+}
+
+absl::Status ClusterState::CheckCallerLocked(const char* call, int32_t shard, int32_t replica,
+                                             const std::string& secret) const {
+  auto it = secrets_.find({SHARD, shard, replica});
+  if (it == secrets_.end() && members_.count({SHARD, shard, replica})) return absl::OkStatus();
+  if (it == secrets_.end() || it->second != secret) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        call, ": the caller did not prove it is shard ", shard, " replica ", replica,
+        " (its member secret from registration does not match): only that replica may make "
+        "this change to its chain"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pscluster::coord

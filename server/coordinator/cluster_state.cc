@@ -94,6 +94,7 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
   if (r.role() == SHARD) JoinChainLocked(*m);
   ChangedLocked();
   RegisterResponse response;
+  response.set_member_secret(secrets_[{r.role(), r.id(), r.replica()}] = NewMemberSecret());
   response.set_incarnation(m->incarnation());
   response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   *response.mutable_view() = ViewLocked();
@@ -374,6 +375,13 @@ void ClusterState::ChangedLocked() {
   state.set_version(version_);
   state.set_shard_map_version(shard_map_version_);
   for (const auto& [key, m] : members_) *state.add_members() = m;
+  for (const auto& [key, secret] : secrets_) {
+    MemberSecret* saved = state.add_member_secrets();
+    saved->set_role(static_cast<Role>(std::get<0>(key)));
+    saved->set_id(std::get<1>(key));
+    saved->set_replica(std::get<2>(key));
+    saved->set_secret(secret);
+  }
   for (const auto& [shard, chain] : chains_) *state.add_chains() = chain;
   for (int32_t shard : formed_) state.add_formed_chains(shard);
   switches_.Save(&state);
@@ -404,6 +412,12 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
   if (absl::Status s = switches_.Restore(state); !s.ok()) return s;
   recovery_.Restore(state);
   members_ = std::move(members);
+  secrets_.clear();
+  for (const MemberSecret& m : state.member_secrets()) {
+    if (members_.count({m.role(), m.id(), m.replica()})) {
+      secrets_[{m.role(), m.id(), m.replica()}] = m.secret();
+    }
+  }
   chains_.clear();
   formed_.clear();
   for (const Chain& c : state.chains()) {

@@ -142,6 +142,10 @@ class ClusterState {
   absl::StatusOr<Member*> FindWorkerLocked(int32_t rank, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // PERMISSION_DENIED unless `secret` is the one replica `replica` of `shard` got when it
+  // registered last (a member restored from a state saved without secrets: accepted).
+  absl::Status CheckCallerLocked(const char* call, int32_t shard, int32_t replica,
+                                 const std::string& secret) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A recovery call's caller: INVALID_ARGUMENT or NOT_FOUND unless a registered worker;
   // with `generation`, ABORTED unless it is the cluster's now.
   absl::Status CheckRecoveryCallLocked(int32_t rank, int64_t incarnation,
@@ -159,6 +163,7 @@ class ClusterState {
   const std::function<absl::Time()> now_;
   mutable absl::Mutex mu_;
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::string> secrets_ ABSL_GUARDED_BY(mu_);  // by member: its incarnation's
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Parked AwaitViews: (min_version, complete).

@@ -1,6 +1,7 @@
 #include "server/coordinator/registration.h"
 
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
@@ -51,6 +52,13 @@ size_t MaxViewGrowth(const RegisterRequest& r) {
       kPrefix + kNumbers + kPrefix + r.address().size() + kPrefix + r.limits().ByteSizeLong();
   const size_t shard_copies = r.role() == SHARD ? 2 * (kPrefix + r.address().size()) : 0;
   return member + shard_copies + kMemberSlackBytes;
+}
+
+std::string NewMemberSecret() {
+  std::random_device random;  // the kernel's randomness: a secret, not a simulation's seed
+  std::string secret;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(random(), absl::kZeroPad8));
+  return secret;
 }
 
 }  // namespace pscluster::coord

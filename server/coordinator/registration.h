@@ -44,6 +44,9 @@ absl::Status CheckRegistration(const RegisterRequest& r, int expected_group_size
 absl::Status CheckAdvertised(Role role, int32_t id, int32_t replica, const std::string& address,
                              const ModeLimits& limits);
 
+// A new member incarnation's secret (RegisterResponse.member_secret): 128 random bits, hex.
+std::string NewMemberSecret();
+
 // At most the bytes registering `r` adds to the view: its member entry with every field at its
 // largest (the progress it reports later and kMemberSlackBytes included), and for a shard its
 // address again in its chain and in shard_addresses.
