@@ -185,6 +185,7 @@ class RunningClusterTest(unittest.TestCase):
                                    capture_output=True, timeout=60)
             self.assertEqual(check.returncode, 0, f"{url}:\n{check.stdout}{check.stderr}")
         worker = http_get(self.targets[-1])
+        self.assertGreater(sample(worker, "pscluster_worker_learning_rate"), 0)
         for name in ["pscluster_worker_steps_total", "pscluster_worker_loss",
                      "pscluster_worker_step_seconds_bucket", "pscluster_worker_samples_per_second"]:
             self.assertIsNotNone(sample(worker, name), name)

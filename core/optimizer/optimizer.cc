@@ -242,6 +242,10 @@ absl::Status Validate(const OptimizerOptions& o) {
 
 }  // namespace
 
+float ScheduledLearningRate(const OptimizerOptions& options, int64_t update) {
+  return Schedule(options).At(update);
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
   switch (options.kind) {

@@ -69,6 +69,10 @@ struct OptimizerOptions {
 //             n += g*g;
 //             w = |z| <= l1 ? 0
 //                           : -(z - sign(z)*l1) / ((beta + sqrt(n))/lr + l2)
+// The scheduled learning rate lr(t) at update `update` (1-based): decayed and warmed up as
+// every kind's Apply uses it.
+float ScheduledLearningRate(const OptimizerOptions& options, int64_t update);
+
 class Optimizer {
  public:
   // Validates options: INVALID_ARGUMENT with a message naming the field

@@ -526,6 +526,8 @@ TEST(LearningRateDecayTest, WarmupRampsTheDecayedRateLinearly) {
     opt->Apply(&w, &g, nullptr, 1, t);
     const double expected = -0.9 * std::min(1.0, t / 3.0) * std::pow(0.5, (t - 1) / 4.0);
     EXPECT_NEAR(w, expected, 1e-6) << "update " << t;
+    // What the workers' learning-rate gauge reports is the rate Apply used.
+    EXPECT_FLOAT_EQ(ScheduledLearningRate(o, t), -w) << "update " << t;
   }
   o.lr_warmup_steps = -1;
   EXPECT_EQ(Optimizer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);

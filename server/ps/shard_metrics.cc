@@ -9,7 +9,9 @@ void CollectTables(const Shard& shard, MetricFamilies* f) {
   const StatsResponse stats = shard.Stats();
   for (const TableStats& t : stats.tables()) {
     const bool sparse = t.info().spec().kind() == TableSpec::SPARSE;
-    const MetricLabels table = {{"table", std::to_string(t.info().spec().table_id())}};
+    // The id joins with the shards' logs and stats; the name is what a dashboard shows.
+    const MetricLabels table = {{"table", std::to_string(t.info().spec().table_id())},
+                                {"table_name", t.info().spec().name()}};
     MetricLabels kind = table;
     kind["kind"] = sparse ? "sparse" : "dense";
     f->Counter("pscluster_ps_pushes_total", "Pushes applied or accepted, per table.", table,

@@ -21,6 +21,7 @@ std::string FormatEta(double seconds) {
 
 absl::Status MetricsObserver::AfterStep(const StepDone& done) {
   metrics_->Step(batch_size_, done.took - done.comm, done.comm, done.loss);
+  if (learning_rate_) metrics_->LearningRate(learning_rate_(done.step));
   if (const Mode now = mode_(); now != reported_) {
     reported_ = now;
     metrics_->SetMode(now);

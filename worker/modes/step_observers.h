@@ -16,9 +16,14 @@ namespace pscluster::modes {
 // Each step's time, communication and loss, the mode in effect, and rollbacks.
 class MetricsObserver final : public StepObserver {
  public:
-  // metrics: not owned. mode: the mode steps run in now.
-  MetricsObserver(WorkerMetrics* metrics, int batch_size, std::function<Mode()> mode)
-      : metrics_(metrics), batch_size_(batch_size), mode_(std::move(mode)) {}
+  // metrics: not owned. mode: the mode steps run in now. learning_rate (may be null): the
+  // scheduled rate at a step.
+  MetricsObserver(WorkerMetrics* metrics, int batch_size, std::function<Mode()> mode,
+                  std::function<double(int64_t step)> learning_rate = nullptr)
+      : metrics_(metrics),
+        batch_size_(batch_size),
+        mode_(std::move(mode)),
+        learning_rate_(std::move(learning_rate)) {}
   absl::Status AfterStep(const StepDone& done) override;
   void RolledBack(int64_t, int64_t) override { metrics_->RolledBack(); }
 
@@ -26,6 +31,7 @@ class MetricsObserver final : public StepObserver {
   WorkerMetrics* const metrics_;
   const int batch_size_;
   const std::function<Mode()> mode_;
+  const std::function<double(int64_t)> learning_rate_;
   Mode reported_ = coord::TRAINING_MODE_UNSPECIFIED;
 };
 

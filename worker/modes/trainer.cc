@@ -25,6 +25,26 @@
 #include "worker/modes/steps_file.h"
 
 namespace pscluster::modes {
+namespace {
+
+// Updates a table takes per worker step: one under BSP (the workers' pushes are summed), one
+// per worker's push otherwise (and in the collective modes' local optimizer, one a step).
+int64_t UpdatesPerStep(const TrainerOptions& o) {
+  return o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world;
+}
+
+// The scheduled learning rate at a worker step, for the metrics (null if the config is bad:
+// creating the optimizer reports that).
+std::function<double(int64_t)> LearningRateAt(const ps::OptimizerConfig& config,
+                                              int64_t updates_per_step) {
+  absl::StatusOr<core::OptimizerOptions> o = core::OptimizerOptionsFrom(config);
+  if (!o.ok()) return nullptr;
+  return [o = *o, updates_per_step](int64_t step) {
+    return static_cast<double>(core::ScheduledLearningRate(o, step * updates_per_step + 1));
+  };
+}
+
+}  // namespace
 bool PeerFailure(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -48,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   t->optimizer_config_ = o.optimizer;
   // The schedule counts updates: tables count one per step under BSP (and in every
   // collective mode), one per worker push otherwise.
-  const int64_t updates_per_step = o.consistency.mode() == ps::ConsistencyConfig::BSP ? 1 : o.world;
+  const int64_t updates_per_step = UpdatesPerStep(o);
   t->optimizer_config_.set_lr_warmup_steps(o.lr_warmup_steps * updates_per_step);
   if (o.lr_decay < 1.0f) {
     t->optimizer_config_.set_lr_decay_rate(o.lr_decay);
@@ -267,7 +287,9 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   const int64_t total = total_steps();
   if (options_.coordinator != nullptr) options_.coordinator->set_run_end_step(total);
   TrainLoop loop(LoopHooks(&summary), per_epoch_, total);
-  MetricsObserver metrics(options_.metrics, options_.batch_size, [this] { return mode(); });
+  MetricsObserver metrics(
+      options_.metrics, options_.batch_size, [this] { return mode(); },
+      LearningRateAt(optimizer_config_, UpdatesPerStep(options_)));
   ProgressPrinter::Options p;
   p.rank = options_.rank;
   p.batch_size = options_.batch_size;

@@ -107,6 +107,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry* r)
       epoch_(Gauge(r, "pscluster_worker_epoch", "The epoch being trained (1-based).")),
       test_accuracy_(Gauge(r, "pscluster_worker_test_accuracy",
                            "Test-set accuracy after the last evaluated epoch.")),
+      learning_rate_(Gauge(r, "pscluster_worker_learning_rate",
+                           "The optimizer's scheduled learning rate at the last step (warmup and "
+                           "decay applied).")),
       mode_(prometheus::BuildGauge()
                 .Name("pscluster_worker_mode")
                 .Help("1 for the training mode this worker is in.")
@@ -135,6 +138,8 @@ void WorkerMetrics::Progress(double samples_per_sec, int64_t epoch) {
 }
 
 void WorkerMetrics::Evaluated(double test_accuracy) { test_accuracy_.Set(test_accuracy); }
+
+void WorkerMetrics::LearningRate(double lr) { learning_rate_.Set(lr); }
 
 void WorkerMetrics::SetMode(coord::TrainingMode mode) {
   for (coord::TrainingMode m : coord::kTrainingModes) {

@@ -85,6 +85,7 @@ class WorkerMetrics {
   void Step(int64_t samples, absl::Duration compute, absl::Duration communication, double loss);
   void Progress(double samples_per_sec, int64_t epoch);
   void Evaluated(double test_accuracy);
+  void LearningRate(double lr);
   void SetMode(coord::TrainingMode mode);
   void Switched(double handoff_seconds);
   void RolledBack();
@@ -100,6 +101,7 @@ class WorkerMetrics {
   prometheus::Gauge& samples_per_sec_;
   prometheus::Gauge& epoch_;
   prometheus::Gauge& test_accuracy_;
+  prometheus::Gauge& learning_rate_;
   prometheus::Family<prometheus::Gauge>& mode_;
   prometheus::Counter& switches_;
   prometheus::Gauge& handoff_seconds_;
