@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/http_server_options.h"
 #include "common/process_stats.h"
 #include "common/version.h"
 #include "prometheus/collectable.h"
@@ -207,12 +208,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& host,
     AddProcessMetrics(f);
   });
   try {
-    // A scrape is quick, but a connection that sends nothing holds a thread until civetweb's
-    // request timeout (30 s by default): with 2 threads, two idle connections stopped every
-    // scrape. Eight threads, and an idle connection dropped after 5 s.
-    m->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "8", "request_timeout_ms",
-        "5000", "keep_alive_timeout_ms", "5000"});
+    m->exposer_ = std::make_unique<prometheus::Exposer>(HttpServerOptions(host, port));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host, ":", port, ": ",
                                                e.what(), " (port in use? try another)"));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/http_get.h"
+#include "common/testing/idle_connections.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -14,6 +15,20 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::string Scrape(int port) { return testing::HttpGetBody(port, "/metrics"); }
+
+// Slowloris (issue 49): with 24 connections each holding half a request head, an honest
+// scrape is answered while they all still hang, not once the server has timed them out.
+TEST(MetricsTest, AScrapeIsAnsweredWhileIdleConnectionsHang) {
+  auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "1");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const std::vector<int> idle = testing::OpenHalfRequests((*metrics)->port(), 24);
+  ASSERT_EQ(idle.size(), 24u);
+  EXPECT_THAT(Scrape((*metrics)->port()), HasSubstr("pscluster_info"));
+  int open = 0;
+  for (int fd : idle) open += testing::StillOpen(fd) ? 1 : 0;
+  EXPECT_EQ(open, 24) << "the scrape was answered only after the server dropped idle connections";
+  for (int fd : idle) close(fd);
+}
 
 TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
   auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "1");

@@ -8,6 +8,7 @@
 #include "CivetServer.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/http_server_options.h"
 #include "common/training_mode.h"
 
 namespace pscluster::coord {
@@ -313,8 +314,7 @@ absl::StatusOr<std::unique_ptr<StatusPageServer>> StatusPageServer::Start(
   std::unique_ptr<StatusPageServer> s(new StatusPageServer());
   s->handler_ = std::make_unique<Handler>(cluster, history);
   try {
-    s->server_ = std::make_unique<CivetServer>(std::vector<std::string>{
-        "listening_ports", absl::StrCat(host, ":", port), "num_threads", "2"});
+    s->server_ = std::make_unique<CivetServer>(HttpServerOptions(host, port));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve the status page on ", host, ":", port,
                                                ": ", e.what(), " (port in use?)"));

@@ -1,6 +1,7 @@
 #include "server/coordinator/status_page.h"
 
 #include "common/testing/http_get.h"
+#include "common/testing/idle_connections.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -122,6 +123,22 @@ TEST(StatusPageServerTest, ServesThePageAtTheRootOnly) {
   auto taken = StatusPageServer::Start("127.0.0.1", (*server)->port(), &cluster, &history);
   ASSERT_FALSE(taken.ok());
   EXPECT_THAT(std::string(taken.status().message()), HasSubstr("cannot serve the status page"));
+}
+
+// Slowloris (issue 49): the page answers while 24 connections hold half a request each.
+TEST(StatusPageServerTest, AnswersWhileIdleConnectionsHang) {
+  ClusterStateOptions options;
+  ClusterState cluster(options);
+  ProgressHistory history;
+  auto server = StatusPageServer::Start("127.0.0.1", 0, &cluster, &history);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<int> idle = testing::OpenHalfRequests((*server)->port(), 24);
+  ASSERT_EQ(idle.size(), 24u);
+  EXPECT_THAT(Get((*server)->port(), "/"), HasSubstr("200 OK"));
+  int open = 0;
+  for (int fd : idle) open += testing::StillOpen(fd) ? 1 : 0;
+  EXPECT_EQ(open, 24) << "the page was answered only after the server dropped idle connections";
+  for (int fd : idle) close(fd);
 }
 
 }  // namespace
