@@ -19,4 +19,9 @@ inline constexpr size_t kMaxClientIdBytes = 64;
 // (common/recent_ids.h).
 inline constexpr char kRequestIdKey[] = "ps-request-id";
 
+// Between the replicas of a shard (ShardReplication's calls): the shard's chain key, which
+// the coordinator gives only to that shard's replicas when they register. A caller without
+// it is no replica of the shard: its Replicate, TransferState and JoinedChain are refused.
+inline constexpr char kChainKeyKey[] = "ps-chain-key";
+
 }  // namespace pscluster

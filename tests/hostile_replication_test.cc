@@ -4,8 +4,11 @@
 // PERMISSION_DENIED (the caller cannot prove it is the replica it names: each replica got
 // a secret of its own at registration), the chains stay as they were, and every replica
 // still holds bitwise its head's state.
-// Not here yet: forged Replicate and TransferState calls to a replica (the replicas do not
-// yet check who sends them).
+// The same stranger calls a shard's tail as if it were a replica: Replicate with the chain's
+// epoch and every sequence number up to well past the tail's, TransferState naming a
+// replica outside the chain, JoinedChain. The replicas take replication calls only from
+// callers holding the shard's chain key, which the coordinator gives only to the shard's
+// own replicas: each call is PERMISSION_DENIED, and nothing changes.
 #include <string>
 
 #include "client/ps/ps_client.h"
@@ -107,6 +110,51 @@ TEST_F(HostileReplicationTest, AStrangerCannotAddAReplica) {
   const grpc::Status s = coordinator_->JoinChain(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   ExpectNothingChanged(before);
+}
+
+TEST_F(HostileReplicationTest, AStrangerCannotReplicateToAReplicaNorTakeItsState) {
+  const coord::ClusterView before = View();
+  auto tail = StubTo(before.chains(0).addresses(1));
+  for (uint64_t seq = 1; seq <= 64; ++seq) {  // the tail's next one among them
+    ps::ReplicatedUpdate update;
+    update.set_seq(seq);
+    update.set_epoch(before.chains(0).epoch());
+    ps::DenseChunk* push = update.mutable_push_dense();
+    push->set_table_id(1);
+    push->set_step(seq);
+    const std::vector<float> forged(1000, 1e3f);
+    push->set_data(forged.data(), forged.size() * sizeof(float));
+    push->set_total_length(1000);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ps::ReplicateResponse resp;
+    auto writer = tail->Replicate(&ctx, &resp);
+    writer->WriteLast(update, grpc::WriteOptions());
+    const grpc::Status s = writer->Finish();
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << seq << ": " << s.error_message();
+  }
+  ps::TransferStateRequest transfer;
+  transfer.set_replica(7);
+  transfer.set_address("127.0.0.1:1");
+  transfer.set_epoch(before.chains(0).epoch());
+  grpc::ClientContext transfer_ctx;
+  transfer_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto reader = tail->TransferState(&transfer_ctx, transfer);
+  ps::StateTransferChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk)) << "the tail streamed its state to a stranger";
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  ps::JoinedChainRequest joined;
+  joined.set_replica(7);
+  joined.set_epoch(before.chains(0).epoch());
+  grpc::ClientContext joined_ctx;
+  joined_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ps::JoinedChainResponse joined_resp;
+  EXPECT_EQ(tail->JoinedChain(&joined_ctx, joined, &joined_resp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ExpectNothingChanged(before);
+  Train();  // the chain still takes the head's updates, and every replica still agrees
+  ExpectReplicasEqual(cluster_, 2);
 }
 
 }  // namespace

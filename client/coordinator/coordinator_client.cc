@@ -171,6 +171,12 @@ void CoordinatorClient::Registered(const coord::RegisterResponse& r) {
   absl::MutexLock lock(&secret_mu_);
   incarnation_ = r.incarnation();
   member_secret_ = r.member_secret();
+  chain_key_ = r.chain_key();
+}
+
+std::string CoordinatorClient::chain_key() const {
+  absl::MutexLock lock(&secret_mu_);
+  return chain_key_;
 }
 
 std::string CoordinatorClient::member_secret() const {

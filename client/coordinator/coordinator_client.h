@@ -71,6 +71,8 @@ class CoordinatorClient {
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
   // The view the coordinator answered the first registration with (this member in it).
   const coord::ClusterView& registered_view() const { return registered_view_; }
+  // A shard replica's chain key (RegisterResponse.chain_key), from its last registration.
+  std::string chain_key() const;
   // Registers this live member again, as a new incarnation (a new generation of the
   // cluster: a worker whose step failed while every member stayed alive, so that every
   // worker rolls back). Returns the new incarnation.
@@ -164,7 +166,8 @@ class CoordinatorClient {
   absl::Duration heartbeat_timeout_ = absl::Seconds(5);
   coord::ClusterView registered_view_;
   mutable absl::Mutex secret_mu_;
-  std::string member_secret_ ABSL_GUARDED_BY(secret_mu_);  // proves this member (JoinChain...)
+  std::string member_secret_ ABSL_GUARDED_BY(secret_mu_);
+  std::string chain_key_ ABSL_GUARDED_BY(secret_mu_);  // proves this member (JoinChain...)
   absl::Notification stop_;
   std::thread heartbeats_;
   std::thread watch_;

@@ -95,6 +95,11 @@ absl::StatusOr<RegisterResponse> ClusterState::Register(const RegisterRequest& r
   ChangedLocked();
   RegisterResponse response;
   response.set_member_secret(secrets_[{r.role(), r.id(), r.replica()}] = NewMemberSecret());
+  if (r.role() == SHARD) {
+    std::string& key = chain_keys_[r.id()];
+    if (key.empty()) key = NewMemberSecret();
+    response.set_chain_key(key);
+  }
   response.set_incarnation(m->incarnation());
   response.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   *response.mutable_view() = ViewLocked();
@@ -383,6 +388,7 @@ void ClusterState::ChangedLocked() {
     saved->set_secret(secret);
   }
   for (const auto& [shard, chain] : chains_) *state.add_chains() = chain;
+  state.mutable_chain_keys()->insert(chain_keys_.begin(), chain_keys_.end());
   for (int32_t shard : formed_) state.add_formed_chains(shard);
   switches_.Save(&state);
   recovery_.Save(&state);
@@ -413,6 +419,10 @@ absl::Status ClusterState::Restore(const CoordinatorState& state) {
   recovery_.Restore(state);
   members_ = std::move(members);
   secrets_.clear();
+  chain_keys_.clear();
+  for (const auto& [shard, key] : state.chain_keys()) {
+    if (shard >= 0 && shard < options_.num_shards) chain_keys_[shard] = key;
+  }
   for (const MemberSecret& m : state.member_secrets()) {
     if (members_.count({m.role(), m.id(), m.replica()})) {
       secrets_[{m.role(), m.id(), m.replica()}] = m.secret();

@@ -163,7 +163,8 @@ class ClusterState {
   const std::function<absl::Time()> now_;
   mutable absl::Mutex mu_;
   std::map<Key, Member> members_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, std::string> secrets_ ABSL_GUARDED_BY(mu_);  // by member: its incarnation's
+  std::map<Key, std::string> secrets_ ABSL_GUARDED_BY(mu_);         // by member: its incarnation's
+  std::map<int32_t, std::string> chain_keys_ ABSL_GUARDED_BY(mu_);  // by shard, made once
   int64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Parked AwaitViews: (min_version, complete).

@@ -182,6 +182,7 @@ std::unique_ptr<Replicator> Replicate(const ServerFlags& f, const pscluster::Sec
   ro.max_message_bytes = MaxMessageBytes(f.service);
   ro.security = security;
   ro.refresh = [follower] { return follower->Refresh(); };
+  ro.chain_key = [coordinator] { return coordinator->chain_key(); };
   ro.report_unreachable = [coordinator, shard = f.shard.shard_id](const std::string& address) {
     coordinator->ReportUnreachable(shard, address, absl::Milliseconds(200)).IgnoreError();
   };

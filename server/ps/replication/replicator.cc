@@ -210,6 +210,7 @@ grpc::Status Replicator::SendOnce(const std::string& successor, const Replicated
                                   std::vector<std::string>* chunks, absl::Time deadline) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
+  SignCall(&ctx);
   ReplicateResponse resp;
   auto writer = StubFor(successor)->Replicate(&ctx, &resp);
   const bool more = chunks != nullptr && !chunks->empty();

@@ -93,6 +93,9 @@ struct ReplicatorOptions {
   // each refresh of a failed trip: the coordinator probes it and, if it does not answer
   // either, takes it out at once instead of after the liveness timeout. May be null.
   std::function<void(const std::string& address)> report_unreachable;
+  // The shard's chain key (common/call_metadata.h), sent with every call to another replica
+  // and required of every replication call taken. Null or empty: none sent or required.
+  std::function<std::string()> chain_key;
   std::string address;  // where this replica serves (a joiner tells the tail)
   ShardOptions shard;   // a joiner loads the tail's state into a shard of these options
   // The tail: asks the coordinator to append a joiner that holds the chain's state and
@@ -165,6 +168,12 @@ class Replicator {
   // waits for the first call's update to be acknowledged.
   absl::Status Write(const std::string& request_id, ReplicatedUpdate update,
                      std::vector<std::string>* chunks, const std::function<absl::Status()>& apply);
+
+  // Every replication call taken (Replicate, TransferState, JoinedChain): PERMISSION_DENIED
+  // unless its caller sent this shard's chain key, which only the shard's replicas hold.
+  absl::Status CheckPeer(const grpc::ServerContextBase& ctx, const char* call) const;
+  // The same key on a call to another replica.
+  void SignCall(grpc::ClientContext* ctx) const;
 
   // The Replicate RPC, whose stream the service reads (server/ps/service/replicate_stream.h).
   // Its first message: whether this replica reads the rest at all (it refuses a sender it

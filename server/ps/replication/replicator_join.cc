@@ -192,6 +192,7 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.transfer_timeout));
+  SignCall(&ctx);
   TransferStateRequest req;
   req.set_replica(options_.replica);
   req.set_address(options_.address);
@@ -216,6 +217,7 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   RETURN_IF_ERROR(InstallState(std::move(staged), start));
   grpc::ClientContext joined_ctx;
   joined_ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.forward_timeout));
+  SignCall(&joined_ctx);
   JoinedChainRequest joined;
   joined.set_replica(options_.replica);
   joined.set_epoch(epoch);

@@ -6,11 +6,32 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/call_metadata.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/ps/replication/replicator.h"
 
 namespace pscluster::ps {
+
+absl::Status Replicator::CheckPeer(const grpc::ServerContextBase& ctx, const char* call) const {
+  const std::string key = options_.chain_key ? options_.chain_key() : "";
+  if (key.empty()) return absl::OkStatus();
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find(kChainKeyKey);
+  if (it == metadata.end() || absl::string_view(it->second.data(), it->second.size()) != key) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        Name(), ": ", call, " from a caller without shard ", options_.shard_id,
+        "'s chain key: only the shard's own replicas (registered with the coordinator) "
+        "replicate to each other"));
+  }
+  return absl::OkStatus();
+}
+
+void Replicator::SignCall(grpc::ClientContext* ctx) const {
+  if (!options_.chain_key) return;
+  const std::string key = options_.chain_key();
+  if (!key.empty()) ctx->AddMetadata(kChainKeyKey, key);
+}
 
 absl::Status Replicator::CheckFirst(const ReplicatedUpdate& first) {
   RETURN_IF_ERROR(stopped());

@@ -43,6 +43,7 @@ absl::Status ReplicateStream::Take(const grpc::ByteBuffer& message, uint64_t ind
 
 absl::Status ReplicateStream::TakeFirst(const grpc::ByteBuffer& message) {
   if (chain_ == nullptr) return NotReplicated();
+  RETURN_IF_ERROR(chain_->CheckPeer(*ctx_, "Replicate"));
   if (!ParseRaw(message, &update_)) {
     return absl::InvalidArgumentError(
         absl::StrCat("/pscluster.ps.ShardReplication/Replicate: ", kUnparsableRequest));

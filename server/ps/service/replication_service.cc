@@ -28,6 +28,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardReplicationService::TransferSta
   }
   Replicator* chain = core_->gate.replicator();
   if (chain == nullptr) return new RefusedWrite(ToGrpcStatus(NotReplicated()));
+  if (absl::Status peer = chain->CheckPeer(*ctx, "TransferState"); !peer.ok()) {
+    return new RefusedWrite(ToGrpcStatus(peer));
+  }
   auto* stream = new TransferStream(core_, chain, ctx, std::move(request));
   stream->Start();
   return stream;
@@ -39,10 +42,11 @@ grpc::ServerUnaryReactor* ShardReplicationService::JoinedChain(grpc::CallbackSer
   // It asks the coordinator to append the joiner: on the pool, as a chain's round trip.
   return AnswerUnary<JoinedChainRequest, JoinedChainResponse>(
       ctx, req, resp, {"ShardReplication", "JoinedChain"}, &core_->pool,
-      [this](const JoinedChainRequest& r, JoinedChainResponse* out) -> absl::Status {
+      [this, ctx](const JoinedChainRequest& r, JoinedChainResponse* out) -> absl::Status {
         InFlightCounter::Scope in_flight(&core_->in_flight);
         Replicator* chain = core_->gate.replicator();
         if (chain == nullptr) return NotReplicated();
+        RETURN_IF_ERROR(chain->CheckPeer(*ctx, "JoinedChain"));
         auto joins = chain->HoldJoins();
         return FromGrpcStatus(chain->JoinedChain(&r, out));
       });
