@@ -396,6 +396,25 @@ TEST_F(BadInputTest, BatchPullOfAnUnknownTableOrTooMuchIsRejected) {
               grpc::StatusCode::RESOURCE_EXHAUSTED, "unary limit");
 }
 
+// Memory amplification (issue 49): a 4 MB batch of hundreds of thousands of tiny pulls
+// (each a chunk header in the answer) made the shard build every header before refusing it,
+// 44 times the request's size in memory. The answer's bytes count a header a pull, and the
+// batch is refused at the limit, before the rest: here 300,000 pulls of one value (2.4 MB
+// of request, 1.2 MB of values, 19 MB of headers).
+TEST_F(BadInputTest, BatchOfManyTinyPullsIsRefusedByItsAnswersSize) {
+  ps::PullDenseBatchRequest req;
+  for (int i = 0; i < 300000; ++i) {
+    ps::PullDenseRequest* p = req.add_pulls();
+    p->set_step(1);
+    p->set_table_id(kDense);
+    p->set_length(1);
+  }
+  grpc::ClientContext ctx;
+  ps::DenseBatch r;
+  ExpectError(shard0()->PullDenseBatch(&ctx, req, &r), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "64 bytes a pull");
+}
+
 // Regression: negative steps on pulls were accepted (a BSP pull at step -1 read at once).
 TEST_F(BadInputTest, NegativeStepsAreInvalidArgument) {
   grpc::ClientContext ctx;

@@ -79,6 +79,10 @@ absl::Status ShardDataService::PullBatch(
     const Wait& wait, const google::protobuf::RepeatedPtrField<PullDenseRequest>& pulls,
     std::vector<PullChunk>* out, RequestBudget::Charge* charge) {
   const uint64_t charged = charge->bytes();
+  // The answer's bytes: each pull's values and its chunk's header. Headers count because
+  // they are built (PlanChunk, EncodeChunks) before anything is sent: a batch of a million
+  // empty pulls is a large answer, refused before it is built.
+  constexpr uint64_t kHeaderBytes = 64;
   uint64_t total = 0;
   for (int i = 0; i < pulls.size(); ++i) {
     const PullDenseRequest& pull = pulls[i];
@@ -90,13 +94,14 @@ absl::Status ShardDataService::PullBatch(
                           absl::StrCat("pull ", i, " of the batch (table ", pull.table_id(),
                                        "): ", table.status().message()));
     }
-    total += length;
-    if (total * sizeof(float) > core_->options.max_chunk_bytes) {
+    total += length * sizeof(float) + kHeaderBytes;
+    if (total > core_->options.max_chunk_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the batch's pulls exceed the unary limit of ", core_->options.max_chunk_bytes,
-          " bytes at pull ", i, "; pull the large tables one by one"));
+          "the batch's answer exceeds the unary limit of ", core_->options.max_chunk_bytes,
+          " bytes at pull ", i, " of ", pulls.size(), " (the values, and ", kHeaderBytes,
+          " bytes a pull); pull the large tables one by one, or fewer at once"));
     }
-    charge->ForceGrowTo(charged + total * sizeof(float));  // at most max_chunk_bytes
+    charge->ForceGrowTo(charged + total);  // at most max_chunk_bytes
     out->push_back(PlanChunk(*table, pull, pull.offset(), length));
   }
   return absl::OkStatus();
