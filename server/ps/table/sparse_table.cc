@@ -26,8 +26,9 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec
 }
 
 uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots) {
-  // The floats, plus the hash map entry: key, update count, the vector's header, slack.
-  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 64;
+  // The floats, the key and update count beside them, and the index at its sparsest
+  // (RowStore: 4-byte slots and a control byte, 7/16 full right after it grows).
+  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 16 + 12;
 }
 
 SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
@@ -36,7 +37,9 @@ SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer>
       shard_id_(shard_id),
       num_shards_(num_shards),
       dim_(spec.dim()),
-      max_rows_(max_rows) {}
+      // A row's number in the store is 32 bits.
+      max_rows_(std::min<uint64_t>(max_rows, UINT32_MAX)),
+      rows_(dim_ * (1 + optimizer_->num_slots())) {}
 
 std::vector<float> SparseTable::InitialRow(uint64_t key) const {
   std::vector<float> row(dim_ * (1 + optimizer_->num_slots()));
@@ -51,7 +54,7 @@ absl::Status SparseTable::CheckRowsLocked(const Grads& grads, const Parts* so_fa
                                           uint64_t* new_rows) const {
   *new_rows = 0;
   for (const auto& [key, g] : grads) {
-    *new_rows += rows_.count(key) == 0 && (so_far == nullptr || so_far->grads.count(key) == 0);
+    *new_rows += !rows_.Contains(key) && (so_far == nullptr || so_far->grads.count(key) == 0);
   }
   const uint64_t after = rows_.size() + staged_new_rows_ + *new_rows;
   if (*new_rows > 0 && after > max_rows_) {
@@ -71,9 +74,9 @@ const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_sca
     if (biggest < large) continue;
     std::vector<float> row;
     int64_t updates = 0;
-    if (auto it = rows_.find(key); it != rows_.end()) {
-      row = it->second.data;
-      updates = it->second.updates;
+    if (RowStore::Row stored = rows_.Find(key)) {
+      row.assign(stored.data, stored.data + rows_.width());
+      updates = *stored.updates;
     } else {
       row = InitialRow(key);
     }
@@ -267,17 +270,18 @@ bool SparseTable::SumOverflowsLocked(const Grads& sum, const std::string& what) 
   return true;
 }
 
-SparseTable::Row& SparseTable::RowLocked(uint64_t key) {
-  auto [it, inserted] = rows_.try_emplace(key);
-  if (inserted) it->second.data = InitialRow(key);
-  return it->second;
+RowStore::Row SparseTable::RowLocked(uint64_t key) {
+  return rows_.FindOrInsert(key, [&](float* row) {
+    const std::vector<float> initial = InitialRow(key);
+    std::copy(initial.begin(), initial.end(), row);
+  });
 }
 
 void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad) {
-  Row& row = RowLocked(key);
+  const RowStore::Row row = RowLocked(key);
   float* slots[8];
-  for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data.data() + dim_ * (1 + k);
-  optimizer_->Apply(row.data.data(), grad.data(), slots, dim_, ++row.updates);
+  for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data + dim_ * (1 + k);
+  optimizer_->Apply(row.data, grad.data(), slots, dim_, ++*row.updates);
 }
 
 void SparseTable::ApplyBspStepLocked(int64_t step) {
@@ -309,8 +313,8 @@ absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float
   absl::ReaderMutexLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     float* dst = out.data() + i * dim_;
-    if (auto it = rows_.find(keys[i]); it != rows_.end()) {
-      std::memcpy(dst, it->second.data.data(), dim_ * sizeof(float));
+    if (RowStore::Row row = rows_.Find(keys[i])) {
+      std::memcpy(dst, row.data, dim_ * sizeof(float));
     } else {  // never pushed: the initial row, computed, not stored
       core::InitSparseRow(spec_.initializer(), keys[i], absl::MakeSpan(dst, dim_));
     }
@@ -327,25 +331,25 @@ void SparseTable::CaptureLocked(TableImage* image) const {
   image->row_updates.reserve(rows_.size());
   image->row_data.resize(rows_.size() * row_len);
   float* out = image->row_data.data();
-  for (const auto& [key, row] : rows_) {
+  rows_.ForEach([&](uint64_t key, int64_t updates, const float* row) {
     image->keys.push_back(key);
-    image->row_updates.push_back(row.updates);
-    std::memcpy(out, row.data.data(), row_len * sizeof(float));
+    image->row_updates.push_back(updates);
+    std::memcpy(out, row, row_len * sizeof(float));
     out += row_len;
-  }
+  });
 }
 
 absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data) {
   if (SparseShardOf(key, num_shards_) != shard_id_) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  if (rows_.size() >= max_rows_ && rows_.count(key) == 0) {
+  if (rows_.size() >= max_rows_ && !rows_.Contains(key)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", id(), ": the snapshot holds more than the ", max_rows_,
                      " rows this shard may keep (ps_server --max_table_bytes)"));
   }
-  Row& row = rows_[key];
-  row.updates = updates;
-  row.data.assign(data, data + dim_ * (1 + optimizer_->num_slots()));
+  const RowStore::Row row = rows_.FindOrInsert(key, [](float*) {});
+  *row.updates = updates;
+  std::copy(data, data + rows_.width(), row.data);
   return absl::OkStatus();
 }
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/ps/table/row_store.h"
 #include "server/ps/table/table.h"
 
 namespace pscluster::ps {
@@ -52,17 +52,14 @@ class SparseTable final : public Table {
   absl::Status RestoreRow(uint64_t key, int64_t updates, const float* data);
 
  private:
-  struct Row {
-    int64_t updates = 0;      // optimizer steps applied to this row (bias correction)
-    std::vector<float> data;  // dim values, then dim values per optimizer slot
-  };
   using Grads = std::map<uint64_t, std::vector<float>>;
 
   SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
               uint32_t num_shards, uint64_t max_rows);
   // A key's row before any update: initializer values, then each slot's initial value.
   std::vector<float> InitialRow(uint64_t key) const;
-  Row& RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stored row of `key`, stored as its initial row first if it was not.
+  RowStore::Row RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A push in parts: the parts come so far, until the last (see parts_).
   struct Parts {
     uint32_t count = 0;
@@ -117,7 +114,9 @@ class SparseTable final : public Table {
   const uint32_t num_shards_;
   const size_t dim_;
   const uint64_t max_rows_;
-  absl::flat_hash_map<uint64_t, Row> rows_ ABSL_GUARDED_BY(mu_);
+  // Each row: dim values, then dim values per optimizer slot, and its update count (the
+  // optimizer steps applied to it: bias correction).
+  RowStore rows_ ABSL_GUARDED_BY(mu_);
   // BSP: step -> worker -> its summed gradient rows, and per step the rows they would add
   // (counted per push: an upper bound).
   std::map<int64_t, std::map<int32_t, Grads>> pending_ ABSL_GUARDED_BY(mu_);
