@@ -83,6 +83,11 @@ TEST_F(FailoverTest, ARejoinedReplicaOnANewPortBecomesHeadAndTheWorkersFollowIt)
     EXPECT_EQ(Field(run[r], "rollbacks"), "[]") << "worker " << r << " rolled back: " << run[r];
     EXPECT_GT(std::stod(Field(run[r], "test_accuracy")), 0.9) << run[r];
   }
+  // The killed partner back: it joins the chain the rejoined replica now heads, and every
+  // replica's fingerprint (exactly the replicated state) equals its head's again.
+  cluster.StartShard(1, /*restore=*/false, 1);
+  AwaitCoordinatorLine(cluster, "shard 1 replica 1 joined its chain");
+  ExpectReplicasEqual(cluster, 2);
 }
 
 TEST_F(FailoverTest, BothReplicasOfAChainKilledRollTheWorkersBackWithoutWaitingOutTheirDeadline) {
