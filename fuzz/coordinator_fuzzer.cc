@@ -94,6 +94,8 @@ const std::vector<Method<Fixture>>& Methods() {
       Unary("RecordRun", &S::RecordRun),
       Unary("ReportStopped", &S::ReportStopped),
       Unary("DecideRollback", &S::DecideRollback),
+      Unary("ShrinkChain", &S::ShrinkChain),
+      Unary("ReportUnreachable", &S::ReportUnreachable),
   };
   return *methods;
 }

@@ -24,7 +24,9 @@ enum CoordMethod : uint8_t {
   kJoinChain,
   kRecordRun,
   kReportStopped,
-  kDecideRollback
+  kDecideRollback,
+  kShrinkChain,
+  kReportUnreachable
 };
 
 // 2 shards x 2 replicas register: the chains form.
@@ -166,12 +168,39 @@ void WorkerFailsAndRollsBackSeed(const fs::path& out) {
   Write(out / "coordinator" / "worker_fails_and_rolls_back", s);
 }
 
+// A stranger asks to shrink a chain and to join a replica to it (no member secret: both
+// refused), and reports a replica unreachable (nothing probes it here).
+void StrangerChangesAChainSeed(const fs::path& out) {
+  using namespace pscluster::coord;
+  std::string c;
+  RegisterReplicas(&c);
+  ShrinkChainRequest shrink;
+  shrink.set_shard(0);
+  shrink.set_replica(0);
+  shrink.set_epoch(2);
+  AppendCall(&c, kShrinkChain, Bytes(shrink));
+  JoinChainRequest join;
+  join.set_shard(1);
+  join.set_replica(1);
+  join.set_epoch(2);
+  join.set_caller(1);
+  join.set_member_secret("0123456789abcdef0123456789abcdef");
+  AppendCall(&c, kJoinChain, Bytes(join));
+  ReportUnreachableRequest report;
+  report.set_shard(1);
+  report.set_address("shard1b:5000");
+  AppendCall(&c, kReportUnreachable, Bytes(report));
+  AppendCall(&c, kGetView, Bytes(GetViewRequest()));
+  Write(out / "coordinator" / "stranger_changes_a_chain", c);
+}
+
 }  // namespace
 
 void CoordinatorSeeds(const fs::path& out) {
   JoinTrainSwitchSeed(out);
   ReplicaFailsAndJoinsSeed(out);
   WorkerFailsAndRollsBackSeed(out);
+  StrangerChangesAChainSeed(out);
 }
 
 }  // namespace pscluster::fuzz::seeds
