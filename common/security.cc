@@ -206,7 +206,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Security::ServerCredent
 }
 
 std::string Security::Describe() const {
-  if (!tls_) return "plaintext";
+  // Said in every server's start line: the default is open to anyone on the network.
+  if (!tls_) {
+    return "plaintext, no token: anyone who reaches this port can change the cluster's "
+           "parameters; docs/security.md turns on TLS and tokens";
+  }
   std::vector<std::string> parts = {require_client_cert_ ? "mutual TLS" : "TLS"};
   if (!token_.empty()) parts.push_back("cluster token");
   if (!admin_token_.empty()) parts.push_back("admin token");
