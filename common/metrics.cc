@@ -196,15 +196,20 @@ class Metrics::Collectors final : public prometheus::Collectable {
 };
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& host, int port,
-                                                        const std::string& role,
+                                                        const std::string& process,
                                                         const std::string& id) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->collectors_ = std::make_shared<Collectors>();
   m->rpcs_ = std::make_unique<RpcMetrics>(m->registry_.get());
-  const MetricLabels info = {{"role", role}, {"id", id}, {"version", PsclusterVersion()}};
+  const std::string role = process == "ps_server"        ? "shard"
+                           : process == "ps_worker"      ? "worker"
+                           : process == "ps_coordinator" ? "coordinator"
+                                                         : process;
+  const MetricLabels info = {
+      {"process", process}, {"role", role}, {"id", id}, {"version", PsclusterVersion()}};
   m->AddCollector([info](MetricFamilies* f) {
-    f->Gauge("pscluster_info", "Always 1: this process's role, id and version.", info, 1);
+    f->Gauge("pscluster_info", "Always 1: this process's program, role, id and version.", info, 1);
     AddProcessMetrics(f);
   });
   try {

@@ -80,11 +80,13 @@ class RpcMetrics {
 
 class Metrics {
  public:
-  // Serves /metrics on host:port (port 0: one the kernel picks). `role` and `id` go into
-  // pscluster_info{role, id, version} (id: the shard id or worker rank, "" for the
-  // coordinator). UNAVAILABLE when the port cannot be bound.
+  // Serves /metrics on host:port (port 0: one the kernel picks). `process` (ps_server,
+  // ps_worker, ps_coordinator) and `id` go into pscluster_info{process, role, id, version},
+  // role in the coordinator's words (shard, worker, coordinator), so one vocabulary joins
+  // every family's role label; id: the shard id or worker rank, "" for the coordinator.
+  // UNAVAILABLE when the port cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Serve(const std::string& host, int port,
-                                                        const std::string& role,
+                                                        const std::string& process,
                                                         const std::string& id);
   ~Metrics();
 

@@ -18,14 +18,14 @@ absl::Status CheckListenPortFlag(const std::string& flag, int port) {
   return absl::InvalidArgumentError("--" + flag + " must be 0 (off), -1 (any) or a port");
 }
 
-absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& role,
+absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& process,
                                                                const std::string& id) {
   const int port = absl::GetFlag(FLAGS_metrics_port);
   if (port == 0) return nullptr;
   if (absl::Status s = CheckListenPortFlag("metrics_port", port); !s.ok()) return s;
   const std::string host = absl::GetFlag(FLAGS_metrics_host);
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Serve(host, port < 0 ? 0 : port, role, id);
+      Metrics::Serve(host, port < 0 ? 0 : port, process, id);
   if (metrics.ok()) {
     LogInfo("metrics on http://%s:%d/metrics", host.c_str(), (*metrics)->port());
   }

@@ -14,7 +14,7 @@ namespace pscluster {
 absl::Status CheckListenPortFlag(const std::string& flag, int port);
 
 // Metrics served as the flags say (printing where), or null with --metrics_port=0.
-absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& role,
+absl::StatusOr<std::unique_ptr<Metrics>> ServeMetricsFromFlags(const std::string& process,
                                                                const std::string& id);
 
 }  // namespace pscluster

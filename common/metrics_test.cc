@@ -46,7 +46,9 @@ TEST(MetricsTest, ServesInfoRpcsAndCollectedFamilies) {
   });
   const std::string text = Scrape((*metrics)->port());
   EXPECT_EQ(scrapes, 1) << "collectors run once per scrape";
-  EXPECT_THAT(text, HasSubstr("pscluster_info{id=\"1\",role=\"ps_server\",version=\""));
+  // The role in the coordinator's words (its families say role="shard" too).
+  EXPECT_THAT(text, HasSubstr("pscluster_info{id=\"1\",process=\"ps_server\",role=\"shard\","
+                              "version=\""));
   EXPECT_THAT(text, HasSubstr("pscluster_rpc_server_handled_total{grpc_code=\"OK\",grpc_method="
                               "\"PullDense\",grpc_service=\"pscluster.ps.ShardData\"} 2"));
   EXPECT_THAT(text, HasSubstr("grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"PushDense\""));

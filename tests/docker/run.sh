@@ -202,7 +202,7 @@ print(urllib.request.urlopen(f'http://{sys.argv[1]}:9100/metrics', timeout=5).re
   }
   shard_metrics=$(scrape shard0 2>&1) coordinator_metrics=$(scrape coordinator 2>&1)
   pushes=$(awk '/^pscluster_ps_pushes_total\{/ {s += $NF} END {print s + 0}' <<<"$shard_metrics")
-  if grep -q '^pscluster_info{.*role="ps_server"' <<<"$shard_metrics" && ((${pushes%.*} > 0)) \
+  if grep -q '^pscluster_info{.*role="shard"' <<<"$shard_metrics" && ((${pushes%.*} > 0)) \
       && grep -q '^pscluster_coordinator_members{' <<<"$coordinator_metrics"; then
     pass "metrics_scrape: shard0 counted $pushes pushes; the coordinator reports its members"
   else
