@@ -19,6 +19,12 @@ bool ShardHolds(const ClusterView& view, int32_t shard) {
   return false;
 }
 
+std::vector<std::string> ChainAddresses(const ClusterView& view, int32_t shard) {
+  if (shard < 0 || shard >= view.chains_size()) return {};
+  const Chain& chain = view.chains(shard);
+  return {chain.addresses().begin(), chain.addresses().end()};
+}
+
 std::vector<int32_t> ShortChains(const ClusterView& view) {
   std::vector<int32_t> out;
   for (const Chain& chain : view.chains()) {

@@ -36,6 +36,9 @@ inline std::string RendezvousPrefix(const std::string& generation) {
 // worker, or the shard whose chain lost its state, that is down, or the member that came
 // back as a new incarnation (not worker `self`: the asker itself), when the generation
 // changed; OK otherwise.
+// Shard `shard`'s chain in `view`: its replicas' addresses, head first (empty: no chain).
+std::vector<std::string> ChainAddresses(const ClusterView& view, int32_t shard);
+
 absl::Status StillSameCluster(const ClusterView& was, const ClusterView& now, int32_t self = -1);
 
 }  // namespace pscluster::coord

@@ -30,9 +30,7 @@ absl::StatusOr<std::vector<std::string>> ChainWatch::Chain(int shard,
     view = newest_;
   }
   RETURN_IF_ERROR(coord::StillSameCluster(base_, view, self_));
-  if (shard < 0 || shard >= view.chains_size()) return std::vector<std::string>();
-  const coord::Chain& chain = view.chains(shard);
-  return std::vector<std::string>(chain.addresses().begin(), chain.addresses().end());
+  return coord::ChainAddresses(view, shard);
 }
 
 }  // namespace pscluster

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/backoff.h"
 #include "common/grpc_status.h"
+#include "common/random_id.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
 #include "core/tensor/non_finite.h"
@@ -64,12 +64,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(PsClientOptions optio
   return std::unique_ptr<PsClient>(new PsClient(std::move(options)));
 }
 
-std::string NewClientId() {
-  std::random_device random;
-  std::string id;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
-  return id;
-}
+std::string NewClientId() { return RandomId(); }
 
 PsClient::PsClient(PsClientOptions options)
     : options_([&] {

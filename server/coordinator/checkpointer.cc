@@ -75,9 +75,7 @@ std::function<absl::StatusOr<std::vector<std::string>>(int, const std::string&)>
       [cluster, view](int shard, const std::string&) -> absl::StatusOr<std::vector<std::string>> {
         const ClusterView now = cluster->View();
         RETURN_IF_ERROR(StillSameCluster(view, now));
-        if (shard >= now.chains_size()) return std::vector<std::string>();
-        return std::vector<std::string>(now.chains(shard).addresses().begin(),
-                                        now.chains(shard).addresses().end());
+        return ChainAddresses(now, shard);
       };
 }
 

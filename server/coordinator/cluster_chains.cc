@@ -145,8 +145,7 @@ bool ClusterState::DeclareUnreachable(int32_t shard, int32_t replica, int64_t in
   if (it == members_.end() || !it->second.alive() || it->second.incarnation() != incarnation) {
     return false;
   }
-  it->second.set_alive(false);
-  LeaveChainLocked(it->second, /*keep_last=*/true);
+  DeclareDeadLocked(&it->second);
   ChangedLocked();
   return true;
 }

@@ -258,13 +258,17 @@ bool ClusterState::CheckLiveness() {
   bool changed = false;
   for (auto& [key, m] : members_) {
     if (m.alive() && m.last_heartbeat_ms() < cutoff) {
-      m.set_alive(false);
-      if (m.role() == SHARD) LeaveChainLocked(m, /*keep_last=*/true);
+      DeclareDeadLocked(&m);
       changed = true;
     }
   }
   if (changed) ChangedLocked();
   return changed;
+}
+
+void ClusterState::DeclareDeadLocked(Member* m) {
+  m->set_alive(false);
+  if (m->role() == SHARD) LeaveChainLocked(*m, /*keep_last=*/true);
 }
 
 bool ClusterState::CompleteLocked() const {

@@ -136,6 +136,9 @@ class ClusterState {
   // Chain changes (see Register and CheckLiveness); each bumps the chain's epoch.
   void JoinChainLocked(const Member& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveChainLocked(const Member& m, bool keep_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member found dead (silent past the timeout, or unreachable on a probe): not alive,
+  // and a shard replica out of its chain (but the last). The caller bumps the version.
+  void DeclareDeadLocked(Member* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the shard's chain holds a live member (other than replica `except`).
   bool ChainAliveLocked(int32_t shard, int32_t except = -1) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The worker, or NOT_FOUND when `rank` is not registered with `incarnation`.

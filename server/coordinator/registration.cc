@@ -1,10 +1,10 @@
 #include "server/coordinator/registration.h"
 
 #include <limits>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
+#include "common/random_id.h"
 
 namespace pscluster::coord {
 
@@ -54,11 +54,6 @@ size_t MaxViewGrowth(const RegisterRequest& r) {
   return member + shard_copies + kMemberSlackBytes;
 }
 
-std::string NewMemberSecret() {
-  std::random_device random;  // the kernel's randomness: a secret, not a simulation's seed
-  std::string secret;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(random(), absl::kZeroPad8));
-  return secret;
-}
+std::string NewMemberSecret() { return RandomId(); }
 
 }  // namespace pscluster::coord

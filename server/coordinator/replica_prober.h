@@ -38,7 +38,8 @@ class ReplicaProber {
   // no live replica serves there, or one of it is queued or ended within kQuiet.
   bool Report(int32_t shard, const std::string& address);
 
-  // Probes decided so far: replicas declared dead, and replicas that answered.
+  // Probes decided so far: replicas declared dead, and the rest (the replica answered, or
+  // it was no longer the incarnation reported).
   int64_t confirmed() const;
   int64_t refuted() const;
 

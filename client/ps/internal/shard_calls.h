@@ -138,8 +138,7 @@ class ShardCalls {
       if ((!Refused(s) && !failover) || absl::Now() + backoff.ceiling() >= end) return s;
       if (failover) {
         if (absl::Status gone = Follow(shard, at, s, &said); !gone.ok()) {
-          return grpc::Status(static_cast<grpc::StatusCode>(gone.code()),
-                              std::string(gone.message()));
+          return ToGrpcStatus(gone);
         }
       }
       backoff.set_max(absl::Milliseconds(failover ? 20 : 100));
