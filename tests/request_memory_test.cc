@@ -217,6 +217,25 @@ TEST_F(RequestMemoryTest, StreamsBeyondTheBudgetAreRefusedNamingIt) {
   EXPECT_THAT(after.error_message(), HasSubstr("truncated"));
 }
 
+// A stream's bytes are free by the time its client has the answer: a client that pushes
+// again at once is judged on its push, not refused by the budget its last stream held. (The
+// bytes used to go back only once gRPC had destroyed the call, after the answer; a client
+// quick enough was refused, as one CI run was.)
+TEST_F(RequestMemoryTest, AStreamsBytesAreFreeOnceItsAnswerArrives) {
+  for (int round = 0; round < 50; ++round) {
+    // Two streams that each declare half the budget (charged at their first chunk), ended
+    // one chunk in: each is refused as truncated, and then holds nothing.
+    for (int i = 0; i < 2; ++i) {
+      PushStream p(stubs_[i].get(), kSliceValues);
+      ASSERT_TRUE(p.SendUpTo(kChunkValues));
+      grpc::Status s = p.Finish();
+      ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    }
+    grpc::Status next = TruncatedPush(stubs_[2].get(), kChunkValues);
+    ASSERT_THAT(next.error_message(), HasSubstr("truncated")) << "round " << round;
+  }
+}
+
 // Streams that stall mid-transfer (a client that sends part of a push, then nothing, with no
 // deadline of its own) are cancelled once idle for --stream_idle_timeout: the budget they
 // held goes back and a valid push is taken again. Before, two such streams held the budget

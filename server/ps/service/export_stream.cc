@@ -15,17 +15,23 @@ ExportStream::ExportStream(ShardCore* core, ExportDenseRequest req)
       max_chunk_bytes_(core->options.max_chunk_bytes) {}
 
 void ExportStream::Start(const Prepare& prepare) {
-  if (absl::Status s = prepare(req_, &charge_, &state_); !s.ok()) return Finish(ToGrpcStatus(s));
+  if (absl::Status s = prepare(req_, &charge_, &state_); !s.ok()) return End(ToGrpcStatus(s));
   WriteNext();
 }
 
 void ExportStream::OnWriteDone(bool ok) {
   if (!ok) {
-    return Finish(
+    return End(
         grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading the export stream"));
   }
-  if (last_) return Finish(grpc::Status::OK);
+  if (last_) return End(grpc::Status::OK);
   WriteNext();
+}
+
+void ExportStream::End(const grpc::Status& status) {
+  state_ = DenseState();
+  charge_.Release();
+  Finish(status);
 }
 
 void ExportStream::WriteNext() {
@@ -49,7 +55,7 @@ void ExportStream::WriteNext() {
   bool own = false;
   chunk_.Clear();  // the one before has gone; the serializer wants an empty buffer
   grpc::Status coded = grpc::SerializationTraits<TableStateChunk>::Serialize(chunk, &chunk_, &own);
-  if (!coded.ok()) return Finish(coded);
+  if (!coded.ok()) return End(coded);
   StartWrite(&chunk_);
 }
 

@@ -30,6 +30,9 @@ class ExportStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
  private:
   void WriteNext();
+  // The answer, once the state is freed and given back to the shard's budget: a client that
+  // has the answer finds the bytes free for its next request.
+  void End(const grpc::Status& status);
 
   InFlightCounter::Scope in_flight_;  // until the call is done, for a graceful shutdown
   RequestBudget::Charge charge_;

@@ -48,8 +48,7 @@ ImportStream::ImportStream(ShardCore* core, grpc::CallbackServerContext* ctx,
                            grpc::ByteBuffer* resp, ReplaceWholeState replace)
     : ReadWhole(core, ctx, &core->admin_pool, "import stream cancelled; nothing was imported"),
       resp_(resp),
-      replace_(std::move(replace)),
-      charge_(&core->budget) {}
+      replace_(std::move(replace)) {}
 
 absl::Status ImportStream::Open() {
   RETURN_IF_ERROR(core_->gate.CheckServing());

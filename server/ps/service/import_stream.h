@@ -33,6 +33,7 @@ class ImportStream final : public ReadWhole {
  private:
   absl::Status Take(const grpc::ByteBuffer& message, uint64_t index) override;
   absl::Status Apply(uint64_t messages) override;
+  void DropHeld() override { builder_.reset(); }
   // The first chunk's table, its state allocated and charged.
   absl::Status Open();
   // Chunk `index` checked and copied into the state.
@@ -41,7 +42,6 @@ class ImportStream final : public ReadWhole {
 
   grpc::ByteBuffer* const resp_;
   const ReplaceWholeState replace_;
-  RequestBudget::Charge charge_;
   TableStateChunk first_;  // the header every chunk repeats
   uint64_t tables_ = 0;    // ServingGate::tables_replaced() when opened
   std::unique_ptr<DenseStateBuilder> builder_;

@@ -29,8 +29,7 @@ absl::Status CheckSameTransfer(const DenseChunk& first, const DenseChunk& c, uin
 
 PushStream::PushStream(ShardCore* core, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp)
     : ReadWhole(core, ctx, &core->pool, "push stream cancelled; nothing was applied"),
-      resp_(resp),
-      charge_(&core->budget) {}
+      resp_(resp) {}
 
 PushStream::~PushStream() { ReturnBuffers(); }
 

@@ -24,6 +24,7 @@ class PushStream final : public ReadWhole {
  private:
   absl::Status Take(const grpc::ByteBuffer& message, uint64_t index) override;
   absl::Status Apply(uint64_t messages) override;
+  void DropHeld() override { ReturnBuffers(); }
   // The stream's table, checked against the first chunk.
   absl::Status Open();
   // Chunk `index`, whose values start `received_` values into the transfer.
@@ -34,7 +35,6 @@ class PushStream final : public ReadWhole {
   void ReturnBuffers();
 
   grpc::ByteBuffer* const resp_;
-  RequestBudget::Charge charge_;
   DenseChunk first_;  // the transfer's header (its bytes are buffers_[0])
   DenseTable* table_ = nullptr;
   uint64_t tables_ = 0;  // ServingGate::tables_replaced() when opened

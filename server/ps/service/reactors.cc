@@ -203,6 +203,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* Reactors::PullDenseStream(
     ASSIGN_OR_RETURN(*out, Service::EncodeChunks({c}, /*batch=*/false));
     call->done += c.length;
     *last = call->plan.Done(call->done, ++call->sent);
+    if (*last) call->charge->Release();  // free for the client's next request at its answer
     return absl::OkStatus();
   };
   auto* reactor = new StreamPull(ctx, s->core_->gate.Deadline(ctx), &s->core_->pool,

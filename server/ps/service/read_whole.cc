@@ -11,6 +11,7 @@ ReadWhole::ReadWhole(ShardCore* core, grpc::CallbackServerContext* ctx, WorkQueu
                      const char* cancelled)
     : core_(core),
       ctx_(ctx),
+      charge_(&core->budget),
       in_flight_(&core->in_flight),
       watch_(&core->watchdog, ctx),
       pool_(pool),
@@ -78,12 +79,18 @@ void ReadWhole::Drain() {
   }
   watch_.Disarm();
   if (ctx_->IsCancelled()) {  // the watchdog's (idle), or the client's: nothing applied
-    return Finish(grpc::Status(grpc::StatusCode::CANCELLED, cancelled_));
+    return Send(grpc::Status(grpc::StatusCode::CANCELLED, cancelled_));
   }
   if (absl::Status s = Apply(taken_); !IsParked(s)) Answer(s);
 }
 
-void ReadWhole::Answer(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+void ReadWhole::Answer(const absl::Status& s) { Send(ToGrpcStatus(s)); }
+
+void ReadWhole::Send(const grpc::Status& status) {
+  DropHeld();
+  charge_.Release();
+  Finish(status);
+}
 
 void ReadWhole::End(const grpc::Status& status) {
   {
@@ -92,7 +99,7 @@ void ReadWhole::End(const grpc::Status& status) {
     finished_ = true;
   }
   watch_.Disarm();
-  Finish(status);
+  Send(status);
 }
 
 }  // namespace pscluster::ps

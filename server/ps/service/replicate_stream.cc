@@ -28,7 +28,6 @@ ReplicateStream::ReplicateStream(ShardCore* core, Replicator* chain,
                 "applied"),
       chain_(chain),
       resp_(resp),
-      charge_(&core->budget),
       turn_(ctx, TurnDeadline(chain, ctx), &core->replication_pool, &core->in_flight,
             [this] { Run(); }) {}
 

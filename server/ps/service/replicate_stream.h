@@ -36,6 +36,7 @@ class ReplicateStream final : public ReadWhole {
  private:
   absl::Status Take(const grpc::ByteBuffer& message, uint64_t index) override;
   absl::Status Apply(uint64_t messages) override;
+  void DropHeld() override { std::vector<std::string>().swap(chunks_); }
   // The first message: the update, or a stream's push_dense with its first chunk.
   absl::Status TakeFirst(const grpc::ByteBuffer& message);
   // A stream's later message: one more chunk of the push.
@@ -45,7 +46,6 @@ class ReplicateStream final : public ReadWhole {
 
   Replicator* const chain_;
   grpc::ByteBuffer* const resp_;
-  RequestBudget::Charge charge_;
   ReplicatedUpdate update_;
   std::vector<std::string> chunks_;  // a stream's later chunks' data
   uint64_t declared_ = 0;            // a stream: its push's total_length

@@ -58,6 +58,8 @@ class RequestBudget {
       budget_->Take(bytes - bytes_, /*force=*/true, &others);
       bytes_ = bytes;
     }
+    // Gives everything back now (a handler that has let go of its memory before it ends).
+    void Release() { budget_->Give(std::exchange(bytes_, 0)); }
     uint64_t bytes() const { return bytes_; }
 
    private:
