@@ -590,6 +590,32 @@ class OptimizerTest(ClusterTestCase):
         self.assertIn("(keys, dim) or flat", e.exception.message)
         self.cluster.push_sparse(t, [1, 2], np.ones(8, F32))  # flat is fine
 
+    def test_sparse_admission_and_eviction(self) -> None:
+        # An id gets a row at its second push; a row no push touched in the last 2 steps
+        # goes at the next sweep (each step). Both ids live on one shard: a shard sweeps
+        # when it applies updates.
+        t = self.cluster.create_sparse("admitted", 2, optimizer="sgd", learning_rate=LR,
+                                       consistency="asp", initializer="zeros",
+                                       admit_after_pushes=2, evict_after_steps=2)
+        shard = self.cluster.shard_of(np.array([5], np.uint64))[0]
+        other = next(k for k in range(6, 1000)
+                     if self.cluster.shard_of(np.array([k], np.uint64))[0] == shard)
+        one, zero = np.ones((1, 2), F32), np.zeros((1, 2), F32)
+        self.cluster.push_sparse(t, [5], one, step=0)  # its first push: no row yet
+        np.testing.assert_array_equal(self.cluster.pull_sparse(t, [5], step=1), zero)
+        self.cluster.push_sparse(t, [5], one, step=1)  # its second: a row, updated
+        np.testing.assert_array_equal(self.cluster.pull_sparse(t, [5], step=2),
+                                      np.full((1, 2), -LR, F32))
+        self.cluster.push_sparse(t, [other], one, step=2)
+        self.cluster.push_sparse(t, [other], one, step=3)  # step 3 sweeps rows of step <= 1
+        np.testing.assert_array_equal(self.cluster.pull_sparse(t, [5], step=4), zero)
+        counts = [(s.rows_admitted, s.rows_not_admitted, s.rows_evicted)
+                  for r in self.cluster.stats() for s in r.tables if s.info.spec.table_id == t]
+        self.assertEqual(tuple(map(sum, zip(*counts))), (2, 2, 1))
+        with self.assertRaises(pscluster.PsError) as e:
+            self.cluster.create_sparse("admit_too_late", 2, admit_after_pushes=256)
+        self.assertIn("admit_after_pushes must be <= 255", e.exception.message)
+
     def test_a_sparse_push_over_one_message(self) -> None:
         # 160,000 rows of dim 16 on 2 shards: about 5.8 MB a shard with their keys, over the
         # 4 MiB one message may carry: each shard's part goes in numbered parts (a BSP shard

@@ -75,15 +75,21 @@ class _TableCalls:
         return self._create(name_or_id, ps_pb2.TableSpec.DENSE, worker, spec, size=size)
 
     def create_sparse(self, name_or_id: Union[str, int], dim: int, *, key_space: int = 0,
-                      worker: int = 0, **spec) -> int:
+                      admit_after_pushes: int = 0, evict_after_steps: int = 0,
+                      admission_counters: int = 0, worker: int = 0, **spec) -> int:
         """Creates a sparse table of rows of `dim` float32 values keyed by uint64 (keys <
         `key_space`, 0 = any), rows made on first touch by the initializer, and returns its
-        id. `spec` as for create_dense."""
+        id. An id gets a row once `admit_after_pushes` pushes carried it; a row no update
+        touched for `evict_after_steps` steps is dropped (SparseRowPolicy in ps.proto).
+        `spec` as for create_dense."""
         if dim <= 0:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"table {name_or_id}: dim must be > 0, got {dim}")
+        rows = ps_pb2.SparseRowPolicy(admit_after_pushes=admit_after_pushes,
+                                      evict_after_steps=evict_after_steps,
+                                      admission_counters=admission_counters)
         return self._create(name_or_id, ps_pb2.TableSpec.SPARSE, worker, spec, dim=dim,
-                            key_space=key_space)
+                            key_space=key_space, rows=rows)
 
     def _create(self, name_or_id: Union[str, int], kind: int, worker: int, options: dict,
                 **shape) -> int:

@@ -26,6 +26,15 @@ void CollectTables(const Shard& shard, MetricFamilies* f) {
                  t.rows_pushed());
       f->Counter("pscluster_ps_pulled_rows_total", "Sparse rows pulled, per table.", table,
                  t.rows_pulled());
+      f->Counter("pscluster_ps_rows_admitted_total",
+                 "Sparse rows created, their id admitted (TableSpec.rows), per table.", table,
+                 t.rows_admitted());
+      f->Counter("pscluster_ps_rows_not_admitted_total",
+                 "Sparse row updates dropped, their id not admitted yet, per table.", table,
+                 t.rows_not_admitted());
+      f->Counter("pscluster_ps_rows_evicted_total",
+                 "Sparse rows removed for going unused (TableSpec.rows), per table.", table,
+                 t.rows_evicted());
     }
     f->Counter("pscluster_ps_rejected_requests_total",
                "Requests refused by a table's checks (bad step, shape, NaN, ...).", table,

@@ -295,9 +295,9 @@ class WatchedVisitor final : public SnapshotStore::Visitor {
                           const float* data) override {
     return Note(inner_->DenseBlock(h, begin, n, data));
   }
-  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates, int64_t step,
                          const float* data) override {
-    return Note(inner_->SparseRow(h, key, updates, data));
+    return Note(inner_->SparseRow(h, key, updates, step, data));
   }
 
  private:

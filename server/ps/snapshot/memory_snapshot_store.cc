@@ -93,7 +93,8 @@ class MemorySnapshotStore final : public SnapshotStore {
       }
       const uint64_t row = h.spec().dim() * (1 + slots);
       for (size_t i = 0; i < image.keys.size(); ++i) {
-        if (absl::Status s = visitor->SparseRow(h, image.keys[i], image.row_updates[i],
+        const int64_t step = image.row_steps.empty() ? 0 : image.row_steps[i];
+        if (absl::Status s = visitor->SparseRow(h, image.keys[i], image.row_updates[i], step,
                                                 image.row_data.data() + i * row);
             !s.ok())
           return s;

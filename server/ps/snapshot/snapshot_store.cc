@@ -28,13 +28,20 @@ absl::Status EmitBlocks(const TableImage& image,
   }
   const uint64_t rows = image.keys.size();
   const uint64_t row_len = h.spec().dim() * (1 + h.num_slots());
+  const uint64_t ints = h.row_steps() ? 3 : 2;  // key, update count[, step]
+  if (h.row_steps() && image.row_steps.size() != rows) {
+    return absl::InternalError(
+        absl::StrCat("table ", h.spec().table_id(), ": a sparse image without its rows' steps"));
+  }
   for (uint64_t at = 0; at < rows; at += kSparseBlockRows) {
     const uint64_t n = std::min(kSparseBlockRows, rows - at);
-    buf.resize(n * (16 + row_len * sizeof(float)));
+    buf.resize(n * (ints * 8 + row_len * sizeof(float)));
     char* out = buf.data();
     std::memcpy(out, image.keys.data() + at, n * 8);
     std::memcpy(out + n * 8, image.row_updates.data() + at, n * 8);
-    std::memcpy(out + n * 16, image.row_data.data() + at * row_len, n * row_len * sizeof(float));
+    if (ints == 3) std::memcpy(out + n * 16, image.row_steps.data() + at, n * 8);
+    std::memcpy(out + n * ints * 8, image.row_data.data() + at * row_len,
+                n * row_len * sizeof(float));
     RETURN_IF_ERROR(emit(buf));
   }
   return absl::OkStatus();
@@ -58,7 +65,8 @@ absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t s
     return absl::OkStatus();
   }
   const uint64_t row_len = h.spec().dim() * arrays;
-  const uint64_t row_bytes = 16 + row_len * sizeof(float);
+  const uint64_t ints = h.row_steps() ? 3 : 2;  // key, update count[, step]
+  const uint64_t row_bytes = ints * 8 + row_len * sizeof(float);
   if (size % row_bytes != 0) {
     return absl::DataLossError(absl::StrCat(where, ": sparse block of the wrong size"));
   }
@@ -66,11 +74,13 @@ absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t s
   std::vector<float> row(row_len);
   for (uint64_t r = 0; r < n; ++r) {
     uint64_t key;
-    int64_t updates;
+    int64_t updates, step = 0;
     std::memcpy(&key, data + r * 8, 8);
     std::memcpy(&updates, data + n * 8 + r * 8, 8);
-    std::memcpy(row.data(), data + n * 16 + r * row_len * sizeof(float), row_len * sizeof(float));
-    RETURN_IF_ERROR(visitor->SparseRow(h, key, updates, row.data()));
+    if (ints == 3) std::memcpy(&step, data + n * 16 + r * 8, 8);
+    std::memcpy(row.data(), data + n * ints * 8 + r * row_len * sizeof(float),
+                row_len * sizeof(float));
+    RETURN_IF_ERROR(visitor->SparseRow(h, key, updates, step, row.data()));
   }
   return absl::OkStatus();
 }

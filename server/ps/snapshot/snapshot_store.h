@@ -72,8 +72,10 @@ class SnapshotStore {
     // DENSE: global indices [begin, begin + n): values, then each slot, n floats each.
     virtual absl::Status DenseBlock(const TableSnapshotHeader& header, uint64_t begin, uint64_t n,
                                     const float* data) = 0;
+    // SPARSE: a row's key, update count, last update's step (0 unless header.row_steps())
+    // and dim * (1 + num_slots) floats.
     virtual absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key, int64_t updates,
-                                   const float* data) = 0;
+                                   int64_t step, const float* data) = 0;
   };
   // Visits every table of complete snapshot `step`; DATA_LOSS when what is stored
   // disagrees with its checksums; NOT_FOUND for no complete snapshot of `step`.
@@ -82,7 +84,8 @@ class SnapshotStore {
 
 // The block encoding every layout shares. DENSE: one block per kDenseBlockValues indices,
 // the values then each optimizer slot; SPARSE: up to kSparseBlockRows rows as keys (u64),
-// update counts (i64), then the rows' floats.
+// update counts (i64), with header.row_steps() each row's last update's step (i64), then
+// the rows' floats.
 absl::Status EmitBlocks(const TableImage& image,
                         const std::function<absl::Status(const std::string& block)>& emit);
 // Decodes one block of the table `h` to `visitor`; `dense_at` counts the dense values seen

@@ -488,10 +488,11 @@ class RebuildVisitor : public SnapshotStore::Visitor {
   }
 
   absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key, int64_t updates,
-                         const float* data) override {
+                         int64_t step, const float* data) override {
     TableImage& image = *images.at(header.spec().table_id());
     image.keys.push_back(key);
     image.row_updates.push_back(updates);
+    if (header.row_steps()) image.row_steps.push_back(step);
     const size_t row_len = header.spec().dim() * (1 + header.num_slots());
     image.row_data.insert(image.row_data.end(), data, data + row_len);
     return absl::OkStatus();
@@ -512,6 +513,7 @@ void ExpectSameImage(const TableImage& want, const TableImage& got) {
   }
   EXPECT_TRUE(BitwiseEqual(want.keys, got.keys));
   EXPECT_TRUE(BitwiseEqual(want.row_updates, got.row_updates));
+  EXPECT_TRUE(BitwiseEqual(want.row_steps, got.row_steps));
   EXPECT_TRUE(BitwiseEqual(want.row_data, got.row_data));
 }
 
@@ -662,6 +664,30 @@ TEST_F(SnapshotStoreTest, DenseAndSparseRoundTripBitwise) {
   // created_unix_micros and all: the listed manifest is the one Write returned.
   EXPECT_TRUE(MessageDifferencer::Equals((*list)[0], *manifest));
   EXPECT_THAT(store->Damaged(), IsEmpty());
+}
+
+// A table with a SparseRowPolicy: its rows' last update steps (a third i64 per row in
+// each block) and its admission counts (in the header) come back as written.
+TEST_F(SnapshotStoreTest, RowStepsAndAdmissionCountsRoundTripBitwise) {
+  std::vector<std::unique_ptr<TableImage>> images;
+  images.push_back(SparseImage(9, kSparseBlockRows + 17, 3, 1, 13));
+  TableImage& image = *images[0];
+  image.header.mutable_spec()->mutable_rows()->set_admit_after_pushes(4);
+  image.header.mutable_spec()->mutable_rows()->set_evict_after_steps(40);
+  image.header.set_row_steps(true);
+  image.header.set_admission_counts(std::string(4096, '\3'));
+  for (size_t i = 0; i < image.keys.size(); ++i)
+    image.row_steps.push_back(static_cast<int64_t>(3 * i) - 7);
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Write(3, images, {}).ok());
+  RebuildVisitor v;
+  ASSERT_TRUE(store->Read(3, &v).ok());
+  ASSERT_EQ(v.images.count(9), 1u);
+  ExpectSameImage(image, *v.images[9]);
+  // A block that lacks the steps its header promises is refused, naming the table.
+  image.row_steps.pop_back();
+  EXPECT_FALSE(store->Write(4, images, {}).ok());
 }
 
 // The file is exactly as file_snapshot_store.h documents it, parsed by the test alone.
@@ -994,7 +1020,8 @@ class RefusingVisitor final : public SnapshotStore::Visitor {
   absl::Status DenseBlock(const TableSnapshotHeader&, uint64_t, uint64_t, const float*) override {
     return absl::OkStatus();
   }
-  absl::Status SparseRow(const TableSnapshotHeader&, uint64_t, int64_t, const float*) override {
+  absl::Status SparseRow(const TableSnapshotHeader&, uint64_t, int64_t, int64_t,
+                         const float*) override {
     return absl::OkStatus();
   }
 };

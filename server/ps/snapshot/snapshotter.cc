@@ -27,7 +27,7 @@ absl::Status ShardLoader::Header(const TableSnapshotHeader& h) {
       return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(),
                                               " has different specs in different old shards"));
     }
-    return absl::OkStatus();
+    return RestoreLifecycle(*existing, h);
   }
   auto created = shard_->CreateTable(h.spec());
   if (!created.ok()) return created.status();
@@ -36,7 +36,14 @@ absl::Status ShardLoader::Header(const TableSnapshotHeader& h) {
   if (h.spec().kind() == TableSpec::DENSE)
     static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
   for (const WorkerClock& c : h.clocks()) workers_.push_back(c.worker_id());
-  return absl::OkStatus();
+  return RestoreLifecycle(table, h);
+}
+
+absl::Status ShardLoader::RestoreLifecycle(Table* table, const TableSnapshotHeader& h) {
+  if (h.spec().kind() != TableSpec::SPARSE) return absl::OkStatus();
+  absl::Status s = static_cast<SparseTable*>(table)->RestoreLifecycle(h);
+  if (s.ok()) return s;
+  return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(), ": ", s.message()));
 }
 
 absl::Status ShardLoader::DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
@@ -47,9 +54,9 @@ absl::Status ShardLoader::DenseBlock(const TableSnapshotHeader& h, uint64_t begi
 }
 
 absl::Status ShardLoader::SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
-                                    const float* data) {
+                                    int64_t step, const float* data) {
   Table* table = *shard_->GetTable(h.spec().table_id());
-  return static_cast<SparseTable*>(table)->RestoreRow(key, updates, data);
+  return static_cast<SparseTable*>(table)->RestoreRow(key, updates, data, step);
 }
 
 std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id) {

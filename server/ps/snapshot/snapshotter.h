@@ -59,12 +59,15 @@ class ShardLoader final : public SnapshotStore::Visitor {
   absl::Status Header(const TableSnapshotHeader& h) override;
   absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
                           const float* data) override;
-  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
+  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates, int64_t step,
                          const float* data) override;
   // The workers the tables' clocks name.
   const std::vector<int32_t>& workers() const { return workers_; }
 
  private:
+  // A sparse table's admission counts from a header (each old shard's added).
+  absl::Status RestoreLifecycle(Table* table, const TableSnapshotHeader& h);
+
   Shard* const shard_;
   std::vector<int32_t> workers_;
 };

@@ -1,13 +1,17 @@
 #include "server/ps/table/row_store.h"
 
+#include <algorithm>
+
 namespace pscluster::ps {
 
-RowStore::RowStore(size_t width) : width_(width), index_(0, Hash{this}, Eq{this}) {}
+RowStore::RowStore(size_t width, bool track_steps)
+    : width_(width), track_steps_(track_steps), index_(0, Hash{this}, Eq{this}) {}
 
 RowStore::Row RowStore::RowAt(size_t row) const {
   const Block& b = *blocks_[row / kRowsPerBlock];
   const size_t at = row % kRowsPerBlock;
-  return Row{b.rows.get() + at * width_, b.updates.get() + at};
+  return Row{b.rows.get() + at * width_, b.updates.get() + at,
+             b.steps ? b.steps.get() + at : nullptr};
 }
 
 RowStore::Row RowStore::Find(uint64_t key) const {
@@ -21,18 +25,41 @@ RowStore::Row RowStore::Append(uint64_t key) {
     b->rows.reset(new float[kRowsPerBlock * width_]);
     b->keys.reset(new uint64_t[kRowsPerBlock]);
     b->updates.reset(new int64_t[kRowsPerBlock]);
+    if (track_steps_) b->steps.reset(new int64_t[kRowsPerBlock]);
     blocks_.push_back(std::move(b));
   }
   const size_t row = size_++;
   Block& b = *blocks_.back();
   b.keys[row % kRowsPerBlock] = key;
   b.updates[row % kRowsPerBlock] = 0;
+  if (track_steps_) b.steps[row % kRowsPerBlock] = 0;
   index_.insert(static_cast<uint32_t>(row));  // after the key is in place: it hashes by it
   return RowAt(row);
 }
 
+void RowStore::Remove(size_t row) {
+  const size_t last = size_ - 1;
+  index_.erase(Key{KeyOf(row)});
+  if (row != last) {  // the last row moves: its index entry names its new place
+    index_.erase(Key{KeyOf(last)});
+    const Row from = RowAt(last), to = RowAt(row);
+    std::copy(from.data, from.data + width_, to.data);
+    *to.updates = *from.updates;
+    if (track_steps_) *to.step = *from.step;
+    blocks_[row / kRowsPerBlock]->keys[row % kRowsPerBlock] = KeyOf(last);
+    index_.insert(static_cast<uint32_t>(row));
+  }
+  size_ = last;
+}
+
+void RowStore::FreeUnusedBlocks() {
+  const size_t used = (size_ + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (used < blocks_.size()) blocks_.resize(used);
+}
+
 uint64_t RowStore::bytes() const {
-  const uint64_t per_block = kRowsPerBlock * (width_ * sizeof(float) + 2 * sizeof(uint64_t));
+  const uint64_t per_row = width_ * sizeof(float) + (track_steps_ ? 3 : 2) * sizeof(uint64_t);
+  const uint64_t per_block = kRowsPerBlock * per_row;
   // absl's swiss table: a 4-byte slot and a control byte per slot, and one group of
   // control bytes more.
   const uint64_t index = index_.capacity() * (sizeof(uint32_t) + 1) + 16;

@@ -5,8 +5,10 @@
 // the keys in the blocks) finds a key's row. A row costs its floats, 16 bytes of key and
 // count, and 5-11 bytes of index (its load between 7/16 and 7/8): no allocation of its
 // own, no pointers. (The map of keys to std::vector rows it replaces spent a heap block
-// and about 40 bytes of bookkeeping on every row.) Rows keep their place for the store's
-// life, in insertion order: replicas that apply the same updates iterate alike.
+// and about 40 bytes of bookkeeping on every row.) A store that tracks steps keeps, beside
+// each row, the step of its last update (8 bytes more), for eviction. Rows keep their
+// place in insertion order until one is removed, when the last row takes its place:
+// replicas that apply the same updates and removals iterate alike.
 // Not thread-safe (the table's lock guards it); neither copyable nor movable (the index
 // refers to the store).
 #pragma once
@@ -25,18 +27,20 @@ class RowStore {
  public:
   static constexpr size_t kRowsPerBlock = 4096;
 
-  explicit RowStore(size_t width);
+  explicit RowStore(size_t width, bool track_steps = false);
   RowStore(const RowStore&) = delete;
   RowStore& operator=(const RowStore&) = delete;
 
   struct Row {
     float* data = nullptr;  // width floats; null: no such row
     int64_t* updates = nullptr;
+    int64_t* step = nullptr;  // its last update's step; null unless the store tracks steps
     explicit operator bool() const { return data != nullptr; }
   };
 
   size_t size() const { return size_; }
   size_t width() const { return width_; }
+  bool tracks_steps() const { return track_steps_; }
   bool Contains(uint64_t key) const { return index_.find(Key{key}) != index_.end(); }
   // The stored row of `key`, or a null Row.
   Row Find(uint64_t key) const;
@@ -48,14 +52,25 @@ class RowStore {
     init(r.data);
     return r;
   }
-  // fn(key, updates, data) for every stored row, in insertion order.
+  // fn(key, row) for every stored row, in the store's order.
   template <typename Fn>
   void ForEach(Fn fn) const {
-    for (size_t i = 0; i < size_; ++i) {
-      const Block& b = *blocks_[i / kRowsPerBlock];
-      const size_t at = i % kRowsPerBlock;
-      fn(b.keys[at], b.updates[at], b.rows.get() + at * width_);
+    for (size_t i = 0; i < size_; ++i) fn(KeyOf(i), RowAt(i));
+  }
+  // Removes every row for which pred(key, row) holds; returns how many. Blocks no row uses
+  // any more are freed.
+  template <typename Pred>
+  size_t RemoveIf(Pred pred) {
+    const size_t before = size_;
+    for (size_t i = 0; i < size_;) {
+      if (pred(KeyOf(i), RowAt(i))) {
+        Remove(i);
+      } else {
+        ++i;
+      }
     }
+    FreeUnusedBlocks();
+    return before - size_;
   }
   // The bytes the store holds: its blocks (whole, the last one's free rows included) and
   // the index's slots and control bytes.
@@ -69,6 +84,7 @@ class RowStore {
     std::unique_ptr<float[]> rows;
     std::unique_ptr<uint64_t[]> keys;
     std::unique_ptr<int64_t[]> updates;
+    std::unique_ptr<int64_t[]> steps;  // tracked stores only
   };
   // Hashes and compares row numbers through their keys, and keys directly (heterogeneous
   // lookup: find(Key{k}) needs no row).
@@ -94,8 +110,12 @@ class RowStore {
   }
   Row RowAt(size_t row) const;
   Row Append(uint64_t key);
+  // Removes row `row`: the last row moves into its place.
+  void Remove(size_t row);
+  void FreeUnusedBlocks();
 
   const size_t width_;
+  const bool track_steps_;
   std::vector<std::unique_ptr<Block>> blocks_;
   size_t size_ = 0;
   absl::flat_hash_set<uint32_t, Hash, Eq> index_;

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "core/init/initializer.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "server/ps/table/row_lifecycle.h"
 
 namespace pscluster::ps {
 
@@ -31,6 +32,7 @@ absl::Status ValidateTableSpec(const TableSpec& spec) {
         absl::StrCat("spec.consistency.staleness must be >= 0, got ", c.staleness()));
   }
   RETURN_IF_ERROR(core::ValidateInitializer(spec.initializer()));
+  RETURN_IF_ERROR(ValidateRowPolicy(spec));
   auto optimizer = core::MakeOptimizer(spec.optimizer());
   return optimizer.ok() ? absl::OkStatus() : optimizer.status();
 }
@@ -82,6 +84,21 @@ absl::Status Shard::CheckSize(const TableSpec& spec) const {
   return absl::OkStatus();
 }
 
+absl::Status Shard::CheckRoomLocked(const TableSpec& spec) const {
+  // What a new table takes at once: a dense table's values and state (<= max_table_bytes,
+  // CheckSize), a sparse table's admission sketch (its rows come later).
+  const uint64_t needs = spec.kind() == TableSpec::DENSE ? static_cast<uint64_t>(DenseBytes(spec))
+                                                         : AdmissionSketchBytes(spec.rows());
+  if (needs == 0) return absl::OkStatus();
+  uint64_t held = 0;
+  for (const auto& [id, t] : tables_) held += t->Stats().memory_bytes();
+  if (held + needs <= options_.max_memory_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("table ", spec.table_id(), " needs ", needs, " bytes on this shard beside the ",
+                   held, " its ", tables_.size(), " tables hold; the limit is ",
+                   options_.max_memory_bytes, " (ps_server --max_memory_bytes)"));
+}
+
 absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
   RETURN_IF_ERROR(ValidateTableSpec(spec));
   RETURN_IF_ERROR(CheckSize(spec));
@@ -100,17 +117,7 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
     *response.mutable_info() = it->second->Info();
     return response;
   }
-  if (spec.kind() == TableSpec::DENSE) {
-    const auto needs = static_cast<uint64_t>(DenseBytes(spec));  // <= max_table_bytes (CheckSize)
-    uint64_t held = 0;
-    for (const auto& [id, t] : tables_) held += t->Stats().memory_bytes();
-    if (held + needs > options_.max_memory_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "table ", spec.table_id(), " needs ", needs, " bytes on this shard beside the ", held,
-          " its ", tables_.size(), " tables hold; the limit is ", options_.max_memory_bytes,
-          " (ps_server --max_memory_bytes)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckRoomLocked(spec));
   std::unique_ptr<Table> table;
   if (spec.kind() == TableSpec::DENSE) {
     auto t = DenseTable::Create(

@@ -28,9 +28,9 @@ struct ShardOptions {
   uint32_t num_shards = 1;
   // Refuse tables whose slice on this shard (values + optimizer state) would exceed this.
   uint64_t max_table_bytes = uint64_t{16} << 30;
-  // Refuse a new dense table when the tables' values and optimizer state would pass this,
-  // shard-wide (sparse tables count the rows they hold, but a push adding rows is bounded
-  // by max_table_bytes alone).
+  // Refuse a new dense table, or a sparse one's admission sketch, when it would take the
+  // tables' values, optimizer state and sketches past this, shard-wide (sparse tables
+  // count the rows they hold, but a push adding rows is bounded by max_table_bytes alone).
   uint64_t max_memory_bytes = UINT64_MAX;
   uint32_t max_sparse_dim = 1 << 16;
 };
@@ -127,6 +127,9 @@ class Shard {
   // A dense table's values and optimizer state on this shard, in bytes (a valid spec; long
   // double so that no size overflows before it is compared with a limit).
   long double DenseBytes(const TableSpec& spec) const;
+  // RESOURCE_EXHAUSTED naming --max_memory_bytes when what a new table takes at once would
+  // pass it beside the tables held.
+  absl::Status CheckRoomLocked(const TableSpec& spec) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ShardOptions options_;
   // Each worker's calls by client (Stats' idle_ms and calls), at most kMaxSeen pairs. When

@@ -28,7 +28,9 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec
 uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots) {
   // The floats, the key and update count beside them, and the index at its sparsest
   // (RowStore: 4-byte slots and a control byte, 7/16 full right after it grows).
-  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 16 + 12;
+  // With eviction, the step of its last update.
+  const uint64_t step = spec.rows().evict_after_steps() > 0 ? 8 : 0;
+  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 16 + 12 + step;
 }
 
 SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
@@ -39,7 +41,8 @@ SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer>
       dim_(spec.dim()),
       // A row's number in the store is 32 bits.
       max_rows_(std::min<uint64_t>(max_rows, UINT32_MAX)),
-      rows_(dim_ * (1 + optimizer_->num_slots())) {}
+      lifecycle_(spec.rows()),
+      rows_(dim_ * (1 + optimizer_->num_slots()), lifecycle_.tracks_steps()) {}
 
 std::vector<float> SparseTable::InitialRow(uint64_t key) const {
   std::vector<float> row(dim_ * (1 + optimizer_->num_slots()));
@@ -241,7 +244,8 @@ void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, ui
 
 void SparseTable::CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows) {
   if (!bsp()) {
-    for (const auto& [key, g] : grads) ApplyLocked(key, g);
+    for (const auto& [key, g] : grads) ApplyLocked(key, g, step, 1);
+    EndUpdatesLocked(step);
     return;
   }
   pending_[step][worker] = std::move(grads);  // a worker pushes a BSP step once
@@ -277,20 +281,41 @@ RowStore::Row SparseTable::RowLocked(uint64_t key) {
   });
 }
 
-void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad) {
-  const RowStore::Row row = RowLocked(key);
+void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad, int64_t step,
+                              uint32_t pushes) {
+  RowStore::Row row = rows_.Find(key);
+  if (!row) {
+    if (!lifecycle_.Admit(key, pushes)) return;  // counted; the id stays without a row
+    row = RowLocked(key);
+  }
   float* slots[8];
   for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data + dim_ * (1 + k);
   optimizer_->Apply(row.data, grad.data(), slots, dim_, ++*row.updates);
+  if (row.step != nullptr) *row.step = step;
+}
+
+void SparseTable::EndUpdatesLocked(int64_t step) {
+  const std::optional<int64_t> upto = lifecycle_.SweepAt(step);
+  if (!upto) return;
+  lifecycle_.Evicted(
+      rows_.RemoveIf([&](uint64_t, const RowStore::Row& row) { return *row.step <= *upto; }));
 }
 
 void SparseTable::ApplyBspStepLocked(int64_t step) {
+  ApplyBspSumLocked(step);
+  EndUpdatesLocked(step);  // also after a step whose pushes were all dropped
+}
+
+void SparseTable::ApplyBspSumLocked(int64_t step) {
   auto it = pending_.find(step);
   if (it == pending_.end()) return;  // every push of this step was dropped
-  // Per key: the workers' rows added in worker-id order.
+  // Per key: the workers' rows added in worker-id order, and (for admission) how many
+  // workers' pushes carried it.
   Grads sum;
+  std::map<uint64_t, uint32_t> carried;
   for (auto& [worker, grads] : it->second) {
     for (auto& [key, g] : grads) {
+      if (lifecycle_.counts_pushes()) ++carried[key];
       auto [s, inserted] = sum.try_emplace(key, std::move(g));
       if (!inserted) {
         for (size_t j = 0; j < dim_; ++j) s->second[j] += g[j];
@@ -305,7 +330,7 @@ void SparseTable::ApplyBspStepLocked(int64_t step) {
   // Each push was checked alone; their sum may still overflow: then the step leaves this
   // table as it was, counted and said.
   if (SumOverflowsLocked(sum, absl::StrCat("BSP step ", step))) return;
-  for (const auto& [key, g] : sum) ApplyLocked(key, g);
+  for (const auto& [key, g] : sum) ApplyLocked(key, g, step, carried.empty() ? 1 : carried[key]);
 }
 
 absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
@@ -330,16 +355,20 @@ void SparseTable::CaptureLocked(TableImage* image) const {
   image->keys.reserve(rows_.size());
   image->row_updates.reserve(rows_.size());
   image->row_data.resize(rows_.size() * row_len);
+  if (rows_.tracks_steps()) image->row_steps.reserve(rows_.size());
+  lifecycle_.Capture(&image->header);
   float* out = image->row_data.data();
-  rows_.ForEach([&](uint64_t key, int64_t updates, const float* row) {
+  rows_.ForEach([&](uint64_t key, const RowStore::Row& row) {
     image->keys.push_back(key);
-    image->row_updates.push_back(updates);
-    std::memcpy(out, row, row_len * sizeof(float));
+    image->row_updates.push_back(*row.updates);
+    if (row.step != nullptr) image->row_steps.push_back(*row.step);
+    std::memcpy(out, row.data, row_len * sizeof(float));
     out += row_len;
   });
 }
 
-absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data) {
+absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data,
+                                     int64_t step) {
   if (SparseShardOf(key, num_shards_) != shard_id_) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   if (rows_.size() >= max_rows_ && !rows_.Contains(key)) {
@@ -349,12 +378,20 @@ absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float*
   }
   const RowStore::Row row = rows_.FindOrInsert(key, [](float*) {});
   *row.updates = updates;
+  if (row.step != nullptr) *row.step = step;
   std::copy(data, data + rows_.width(), row.data);
   return absl::OkStatus();
 }
 
+absl::Status SparseTable::RestoreLifecycle(const TableSnapshotHeader& header) {
+  absl::MutexLock lock(&mu_);
+  return lifecycle_.Restore(header);
+}
+
 uint64_t SparseTable::MemoryBytes(const TableInfo& info) const {
-  return info.num_rows() * dim_ * (1 + num_slots()) * sizeof(float);
+  // The sketch's size is fixed at creation: no lock needed.
+  return info.num_rows() * dim_ * (1 + num_slots()) * sizeof(float) +
+         ABSL_TS_UNCHECKED_READ(lifecycle_).bytes();
 }
 
 void SparseTable::FillInfoLocked(TableInfo* info) const { info->set_num_rows(rows_.size()); }

@@ -1,6 +1,8 @@
 // A sparse embedding table: uint64 key -> float32 row of spec.dim values, for the keys that
-// hash to this shard. A key never pushed reads as the seeded initializer's row without being
-// stored; a push stores the rows it touches, at most `max_rows` of them.
+// hash to this shard. A key without a row reads as the seeded initializer's row without
+// being stored; an update stores the rows it touches, at most `max_rows` of them, unless
+// the table's SparseRowPolicy keeps an id out until enough pushes carried it; the policy
+// may also evict the rows no update touched for a while (row_lifecycle.h).
 #pragma once
 
 #include <map>
@@ -10,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/ps/table/row_lifecycle.h"
 #include "server/ps/table/row_store.h"
 #include "server/ps/table/table.h"
 
@@ -49,7 +52,10 @@ class SparseTable final : public Table {
   // Restore, before serving: a row of a snapshot (dim * (1 + num_slots) floats). Rows of
   // keys this shard does not own are ignored, so old shards' rows can be offered to all.
   // RESOURCE_EXHAUSTED beyond max_rows.
-  absl::Status RestoreRow(uint64_t key, int64_t updates, const float* data);
+  // `step`: the row's last update's step (eviction; ignored by a table that does not evict).
+  absl::Status RestoreRow(uint64_t key, int64_t updates, const float* data, int64_t step = 0);
+  // Restore: the admission counts of a snapshot's header (each old shard's, added up).
+  absl::Status RestoreLifecycle(const TableSnapshotHeader& header);
 
  private:
   using Grads = std::map<uint64_t, std::vector<float>>;
@@ -100,13 +106,23 @@ class SparseTable final : public Table {
   // all: then it is not applied, counted as dropped and said.
   bool SumOverflowsLocked(const Grads& sum, const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLocked(uint64_t key, const std::vector<float>& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the update of `step` that `pushes` pushes carried to the row of `key`, if it
+  // has one or the policy admits it now.
+  void ApplyLocked(uint64_t key, const std::vector<float>& grad, int64_t step, uint32_t pushes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The BSP step's pushes, summed and applied (unless the sum would overflow a row).
+  void ApplyBspSumLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the updates of `step`: the policy's sweep of idle rows, when one is due.
+  void EndUpdatesLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWorkerLocked(int32_t worker) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PushInPartsLocked() const override ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return !parts_.empty();
   }
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void FillStatsLocked(TableStats* stats) const override ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    lifecycle_.FillStats(stats);
+  }
   uint64_t MemoryBytes(const TableInfo& info) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -114,8 +130,9 @@ class SparseTable final : public Table {
   const uint32_t num_shards_;
   const size_t dim_;
   const uint64_t max_rows_;
+  RowLifecycle lifecycle_ ABSL_GUARDED_BY(mu_);
   // Each row: dim values, then dim values per optimizer slot, and its update count (the
-  // optimizer steps applied to it: bias correction).
+  // optimizer steps applied to it: bias correction); with eviction, its last update's step.
   RowStore rows_ ABSL_GUARDED_BY(mu_);
   // BSP: step -> worker -> its summed gradient rows, and per step the rows they would add
   // (counted per push: an upper bound).

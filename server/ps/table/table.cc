@@ -167,6 +167,7 @@ uint32_t Table::Fingerprint() const {
     extend(absl::MakeConstSpan(&image.keys[i], 1));
     extend(absl::MakeConstSpan(&image.row_updates[i], 1));
     extend(absl::MakeConstSpan(image.row_data.data() + i * row_len, row_len));
+    if (!image.row_steps.empty()) extend(absl::MakeConstSpan(&image.row_steps[i], 1));
   }
   return crc;
 }
@@ -178,7 +179,8 @@ void Table::RestoreClocks(const TableSnapshotHeader& header) {
 }
 
 uint64_t TableImage::bytes() const {
-  uint64_t n = header.ByteSizeLong() + keys.size() * 16 + row_data.size() * sizeof(float);
+  uint64_t n = header.ByteSizeLong() + keys.size() * 16 + row_steps.size() * 8 +
+               row_data.size() * sizeof(float);
   for (const auto& a : arrays) n += a.size() * sizeof(float);
   return n;
 }
@@ -299,6 +301,7 @@ TableStats Table::Stats() const {
   s.set_staleness_max(staleness_max_);
   absl::ReaderMutexLock lock(&mu_);
   s.set_pulls_parked(parked_.size());
+  FillStatsLocked(&s);
   return s;
 }
 

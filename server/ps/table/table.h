@@ -41,6 +41,7 @@ struct TableImage {
   // SPARSE: one entry per row; row_data holds dim * (1 + num_slots) floats per row.
   std::vector<uint64_t> keys;
   std::vector<int64_t> row_updates;
+  std::vector<int64_t> row_steps;  // each row's last update's step, with header.row_steps()
   std::vector<float> row_data;
 
   uint64_t bytes() const;
@@ -139,6 +140,8 @@ class Table {
   // Whether a push in parts has some of its parts taken: they are in no image.
   virtual bool PushInPartsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return false; }
   virtual void FillInfoLocked(TableInfo* info) const ABSL_SHARED_LOCKS_REQUIRED(mu_) = 0;
+  // The counters a kind of table keeps under mu_ (a sparse table's admission and eviction).
+  virtual void FillStatsLocked(TableStats* stats) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {}
   // Bytes of values and optimizer state held (TableStats.memory_bytes).
   virtual uint64_t MemoryBytes(const TableInfo& info) const = 0;
   // Allocates (and page-faults) the image's buffers before the lock is taken, so the
