@@ -4,8 +4,9 @@
 #     checking the cluster and admin tokens on every call (ps_server's credentials), the
 #     other plaintext; the real PsClient's pushes and pulls alternate between them. Then
 #     plaintext on both sides (--ab_control): the measurement's noise.
-#  2. Training in PS mode (deploy/local_cluster.sh: 2 workers, 2 shards) with --tls off and
-#     on, alternating.
+#  2. Training in PS mode (deploy/local_cluster.sh: 2 workers, 2 shards), alternating:
+#     plaintext without tokens (--tokens off), the default (tokens on loopback, gRPC's local
+#     credentials), and --tls on (TLS and tokens).
 # Certificates and tokens: deploy/make_certs.sh (ECDSA P-256; gRPC negotiates TLS 1.3 with
 # AES-GCM). Prints medians and the on/off ratio of each.
 #   bench/tls_cost.sh [ROUNDS=5] [EPOCHS=1]
@@ -27,10 +28,13 @@ for control in false true; do
     --rounds=$((2 * rounds)) --reps=7 --sizes_kib=64,1024,16384,65536
 done
 for ((r = 0; r < rounds; ++r)); do
-  for t in off on; do
-    deploy/local_cluster.sh --epochs "$epochs" --tls "$t" --metrics off --out "$tmp/ps-$t$r" \
-      >"$tmp/ps-$t$r.log" 2>&1 || { echo "tls_cost.sh: training with --tls $t failed; see $tmp/ps-$t$r.log" >&2; exit 1; }
+  for run in "tls-off --tokens off" "tls-on --tls on" "loopback_tokens-on"; do
+    dir=${run%% *} flags=${run#"$dir"}
+    # shellcheck disable=SC2086  # the run's flags, split
+    deploy/local_cluster.sh --epochs "$epochs" $flags --metrics off --out "$tmp/$dir$r" \
+      >"$tmp/$dir$r.log" 2>&1 || { echo "tls_cost.sh: training ($dir$flags) failed; see $tmp/$dir$r.log" >&2; exit 1; }
   done
+  ln -s "$tmp/tls-off$r" "$tmp/loopback_tokens-off$r"  # one plaintext run, both rows' baseline
   echo "round $((r + 1))/$rounds done"
 done
-python3 bench/ab_summary.py "$tmp" "$rounds" plaintext "TLS + tokens" ps
+python3 bench/ab_summary.py "$tmp" "$rounds" "plaintext, no tokens" "secured" tls loopback_tokens

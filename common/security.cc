@@ -1,5 +1,6 @@
 #include "common/security.h"
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -9,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace pscluster {
 namespace {
@@ -49,6 +52,28 @@ absl::StatusOr<std::string> ReadToken(const std::string& flag, const std::string
         ")"));
   }
   return token;
+}
+
+// Whether a channel target names this machine's loopback: "127.x.y.z:port",
+// "localhost:port", "[::1]:port" (with or without a "dns:"/"ipv4:"/"ipv6:" scheme).
+bool IsLoopbackTarget(absl::string_view target) {
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&target, scheme)) break;
+  }
+  return absl::StartsWith(target, "127.") || absl::StartsWith(target, "localhost:") ||
+         absl::StartsWith(target, "[::1]:");
+}
+
+// Said once per process: a channel that cannot work, since local credentials dial loopback
+// only.
+void WarnNotLoopback(const std::string& target) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  LogWarning(
+      "tokens without TLS reach loopback addresses only, and %s is not one: calls to it "
+      "fail. Between machines, give --tls_ca (and --tls_cert/--tls_key to servers): "
+      "docs/security.md",
+      target.c_str());
 }
 
 // Compares without leaving early on the first different byte, so the time taken does not
@@ -148,11 +173,6 @@ absl::StatusOr<Security> Security::Load(const SecurityOptions& o) {
     if (!token.ok()) return token.status();
     s.admin_token_ = *std::move(token);
   }
-  if (s.tokens() && !s.tls_) {
-    return absl::InvalidArgumentError(
-        "tokens need TLS (--tls_ca, and --tls_cert/--tls_key on servers): sent in plaintext, "
-        "anyone on the path could read them");
-  }
   return s;
 }
 
@@ -168,14 +188,22 @@ Security Security::ForClient(bool tls, std::string ca, std::string cert, std::st
   return s;
 }
 
-std::shared_ptr<grpc::Channel> Security::Channel(const std::string& target,
-                                                 grpc::ChannelArguments args) const {
-  if (!tls_) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+std::shared_ptr<grpc::ChannelCredentials> Security::TransportCredentials() const {
+  if (!tls_) return grpc::experimental::LocalCredentials(LOCAL_TCP);
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = ca_;  // empty: gRPC's default roots
   ssl.pem_cert_chain = cert_;
   ssl.pem_private_key = key_;
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(ssl);
+  return grpc::SslCredentials(ssl);
+}
+
+std::shared_ptr<grpc::Channel> Security::Channel(const std::string& target,
+                                                 grpc::ChannelArguments args) const {
+  if (!tls_ && !tokens()) {
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  }
+  if (loopback_only() && !IsLoopbackTarget(target)) WarnNotLoopback(target);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = TransportCredentials();
   const std::string& token = admin_token_.empty() ? token_ : admin_token_;
   if (!token.empty()) {
     credentials =
@@ -187,7 +215,21 @@ std::shared_ptr<grpc::Channel> Security::Channel(const std::string& target,
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Security::ServerCredentials(
     std::set<std::string> admin_methods) const {
-  if (!tls_) return grpc::InsecureServerCredentials();
+  if (!tls_ && !tokens()) return grpc::InsecureServerCredentials();
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (tls_) {
+    ASSIGN_OR_RETURN(credentials, TlsServerCredentials());
+  } else {  // tokens without TLS: loopback peers only
+    credentials = grpc::experimental::LocalServerCredentials(LOCAL_TCP);
+  }
+  if (tokens()) {
+    credentials->SetAuthMetadataProcessor(
+        std::make_shared<TokenChecker>(token_, admin_token_, std::move(admin_methods)));
+  }
+  return credentials;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Security::TlsServerCredentials() const {
   if (cert_.empty()) {
     return absl::InvalidArgumentError(
         "with TLS on (--tls_ca), a server needs --tls_cert and --tls_key to serve TLS too");
@@ -197,21 +239,18 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Security::ServerCredent
                            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   ssl.pem_root_certs = ca_;
   ssl.pem_key_cert_pairs.push_back({key_, cert_});
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(ssl);
-  if (tokens()) {
-    credentials->SetAuthMetadataProcessor(
-        std::make_shared<TokenChecker>(token_, admin_token_, std::move(admin_methods)));
-  }
-  return credentials;
+  return grpc::SslServerCredentials(ssl);
 }
 
 std::string Security::Describe() const {
   // Said in every server's start line: the default is open to anyone on the network.
-  if (!tls_) {
+  if (!tls_ && !tokens()) {
     return "plaintext, no token: anyone who reaches this port can change the cluster's "
            "parameters; docs/security.md turns on TLS and tokens";
   }
-  std::vector<std::string> parts = {require_client_cert_ ? "mutual TLS" : "TLS"};
+  std::vector<std::string> parts = {!tls_                  ? "loopback only (tokens without TLS)"
+                                    : require_client_cert_ ? "mutual TLS"
+                                                           : "TLS"};
   if (!token_.empty()) parts.push_back("cluster token");
   if (!admin_token_.empty()) parts.push_back("admin token");
   return absl::StrJoin(parts, ", ");

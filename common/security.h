@@ -10,8 +10,9 @@
 //   every call before any handler runs (grpc::AuthMetadataProcessor): no or a wrong token
 //   gets UNAUTHENTICATED; the cluster token on an admin method gets PERMISSION_DENIED when
 //   an admin token is set. The health service answers without a token (probes send none).
-//   Tokens need TLS: in plaintext anyone on the path could read them (gRPC itself refuses
-//   to send call credentials over plaintext).
+//   Tokens without TLS go over gRPC's local credentials, which serve and dial loopback
+//   only (TCP to 127.0.0.0/8 or ::1): no one off the machine can read them, and servers
+//   refuse every peer that is not on it. Between machines tokens need TLS.
 #pragma once
 
 #include <memory>
@@ -36,15 +37,18 @@ struct SecurityOptions {
 class Security {
  public:
   Security() = default;  // plaintext, no tokens
-  // Reads the files; refuses missing or unreadable files, a key without a cert, tokens
-  // without TLS, and tokens that are short or not printable ASCII.
+  // Reads the files; refuses missing or unreadable files, a key without a cert, and tokens
+  // that are short or not printable ASCII.
   static absl::StatusOr<Security> Load(const SecurityOptions& options);
   // A client's, from PEM contents and a token already read and checked elsewhere (the
-  // Python client's pscluster.Security, for its C++ data path): TLS when `tls`.
+  // Python client's pscluster.Security, for its C++ data path): TLS when `tls`, else
+  // loopback only when there is a token.
   static Security ForClient(bool tls, std::string ca, std::string cert, std::string key,
                             std::string token, std::string server_name);
 
   bool tls() const { return tls_; }
+  // Tokens without TLS: every channel and port is loopback only (gRPC's LOCAL_TCP).
+  bool loopback_only() const { return !tls_ && tokens(); }
   bool tokens() const { return !token_.empty() || !admin_token_.empty(); }
 
   // A channel to `target` with this process's TLS and token (args: the caller's own).
@@ -59,6 +63,10 @@ class Security {
   std::string Describe() const;
 
  private:
+  // TLS, or (tokens without TLS) gRPC's local credentials.
+  std::shared_ptr<grpc::ChannelCredentials> TransportCredentials() const;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsServerCredentials() const;
+
   bool tls_ = false;
   bool require_client_cert_ = false;
   std::string cert_, key_, ca_;  // PEM contents

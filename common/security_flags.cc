@@ -17,7 +17,7 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "Clients: the name the servers' certificates carry, when it is not the host dialled.");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the cluster token, checked on (servers) and sent with (clients) every "
-          "call. Needs TLS. Make one with: openssl rand -hex 32 > cluster.token");
+          "call. Without TLS, loopback only. Make one with: openssl rand -hex 32 > cluster.token");
 ABSL_FLAG(std::string, admin_token_file, "",
           "File holding the admin token: servers then require it for admin calls (CreateTable, "
           "Snapshot, Restore, ImportDense, UnregisterWorker, SwitchMode, Checkpoint); clients "

@@ -5,8 +5,8 @@
 #                           [--mode ps|allreduce|fsdp|pipeline|tensor] [--switch "STEP:MODE,..."]
 #                           [--micro_batches M] [--optimizer adam] [--lr 0.001]
 #                           [--batch_size 64] [--model mlp|embedding|gpt] [--metrics on|off]
-#                           [--tls on|off] [--replicas 1|2|3] [--worker_args "ARGS"] [--out DIR]
-#                           [--bin BIN]
+#                           [--tls on|off] [--tokens on|off] [--replicas 1|2|3]
+#                           [--worker_args "ARGS"] [--out DIR] [--bin BIN]
 #   deploy/local_cluster.sh --workers 0 [--shards N] [--run "COMMAND"] [--out DIR]
 #
 # Installs what is missing (Debian packages, as root), builds, starts a coordinator, the
@@ -23,11 +23,14 @@
 # shards at each epoch's end); a shard or worker that dies is restarted and training rolls
 # back to the last checkpoint. --switch schedules live mode switches (psctl switch-mode
 # --at_step) before training starts; summary.json records each one.
-# --tls on: a private CA, a certificate and tokens in DIR/tls (deploy/make_certs.sh); every
-# process serves and dials TLS only and checks the cluster token on every call, the admin
-# token on admin calls (the built-in workers and the coordinator hold it). --run's command
-# gets PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY and PSCLUSTER_TOKEN_FILE,
-# which pscluster.connect() uses.
+# Tokens (default on): a cluster token and an admin token of this run's own, in DIR/tokens
+# (readable by you alone). Every process checks the cluster token on every call and the
+# admin token on admin calls (the built-in workers and the coordinator hold it); without
+# TLS they serve and dial loopback only. psctl takes them with --flagfile=DIR/psctl.flags.
+# --tokens off: plaintext and no tokens, open to anyone who reaches the ports.
+# --tls on: a private CA and a certificate in DIR/tls too (deploy/make_certs.sh), and TLS
+# on every connection. --run's command gets PSCLUSTER_TOKEN_FILE (and with TLS
+# PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY), which pscluster.connect() uses.
 # --replicas R keeps R copies of every shard, chain-replicated: a replica that dies is
 # taken out of its chain by the coordinator and training goes on without a rollback; it
 # is restarted and joins its chain again by a state transfer from the chain's tail.
@@ -39,7 +42,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 workers=2 shards=2 epochs=10 consistency=bsp optimizer=adam lr=0.001 batch_size=64 mode=ps
-switches="" micro_batches=4 model=mlp run="" metrics=on tls=off replicas=1 worker_args= bin=
+switches="" micro_batches=4 model=mlp run="" metrics=on tls=off tokens=on replicas=1 worker_args= bin=
 out="runs/$(date +%Y%m%d-%H%M%S)"
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while (($#)); do
@@ -59,6 +62,7 @@ while (($#)); do
     --run) run=$2; shift 2 ;;
     --metrics) metrics=$2; shift 2 ;;
     --tls) tls=$2; shift 2 ;;
+    --tokens) tokens=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
     --worker_args) worker_args=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
@@ -87,6 +91,8 @@ if ((workers == 0 && shards == 0)); then
 fi
 [[ $metrics =~ ^(on|off)$ ]] || { echo "local_cluster.sh: --metrics must be on or off" >&2; exit 2; }
 [[ $tls =~ ^(on|off)$ ]] || { echo "local_cluster.sh: --tls must be on or off" >&2; exit 2; }
+[[ $tokens =~ ^(on|off)$ ]] || { echo "local_cluster.sh: --tokens must be on or off" >&2; exit 2; }
+[[ $tls == off || $tokens == on ]] || { echo "local_cluster.sh: --tls on comes with tokens (drop --tokens off)" >&2; exit 2; }
 # Metrics endpoints and the status page on free ports (-1), or none (0).
 any_port=$([[ $metrics == on ]] && echo -1 || echo 0)
 [[ -z $run ]] || ((workers == 0)) || { echo "local_cluster.sh: --run goes with --workers 0" >&2; exit 2; }
@@ -113,14 +119,22 @@ fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 echo "== run directory: $out"
-# Every process's TLS and token flags (none with --tls off).
-sec=()
+# Every process's TLS and token flags (none with --tokens off), and psctl's in a flag file.
+sec=() tokens_dir=$out/tokens
 if [[ $tls == on ]]; then
   deploy/make_certs.sh "$out/tls" localhost 127.0.0.1 >/dev/null
-  sec=(--tls_ca="$out/tls/ca.pem" --tls_cert="$out/tls/node.pem" --tls_key="$out/tls/node.key"
-       --token_file="$out/tls/cluster.token" --admin_token_file="$out/tls/admin.token")
+  sec=(--tls_ca="$out/tls/ca.pem" --tls_cert="$out/tls/node.pem" --tls_key="$out/tls/node.key")
+  tokens_dir=$out/tls
   echo "== TLS and tokens on: certificates and tokens in $out/tls"
+elif [[ $tokens == on ]]; then
+  (umask 077 && mkdir -p "$tokens_dir" \
+    && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$tokens_dir/cluster.token" \
+    && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$tokens_dir/admin.token")
+  echo "== tokens on (loopback only, no TLS): $tokens_dir; psctl --flagfile=$out/psctl.flags"
 fi
+[[ $tokens == on ]] && sec+=(--token_file="$tokens_dir/cluster.token" --admin_token_file="$tokens_dir/admin.token")
+# psctl's flags: operators act as the admin (checkpoint, restore, switch-mode).
+printf '%s\n' ${sec[@]+"${sec[@]}"} | grep -v -e '--token_file=' -e '--tls_key=' -e '--tls_cert=' >"$out/psctl.flags" || true
 
 pids=() names=()
 # The members first and the coordinator once they are gone: a shard that outlives it logs
@@ -227,15 +241,19 @@ if ((workers > 0)); then
   tail -n +1 -f "$out/worker0.log" & tail_pid=$!
 elif [[ -n $run ]]; then
   echo "== running: $run"
+  [[ $tokens == on ]] && export PSCLUSTER_TOKEN_FILE=$tokens_dir/admin.token
   if [[ $tls == on ]]; then
     export PSCLUSTER_TLS_CA=$out/tls/ca.pem PSCLUSTER_TLS_CERT=$out/tls/node.pem \
-      PSCLUSTER_TLS_KEY=$out/tls/node.key PSCLUSTER_TOKEN_FILE=$out/tls/admin.token
+      PSCLUSTER_TLS_KEY=$out/tls/node.key
   fi
   PSCLUSTER_COORDINATOR=$coordinator PYTHONPATH="$PWD/python:$bin/python${PYTHONPATH:+:$PYTHONPATH}" bash -c "$run" > >(tee -a "$out/run.log") 2>&1 &
   pids+=($!) names+=("run")
 else
   echo "== no built-in workers; the cluster serves until Ctrl-C. Train through it with e.g."
-  echo "     /usr/bin/python3 examples/train_fashion_mnist.py --coordinator $coordinator"
+  env_line=""
+  [[ $tokens == on ]] && env_line="PSCLUSTER_TOKEN_FILE=$tokens_dir/admin.token "
+  [[ $tls == on ]] && env_line+="PSCLUSTER_TLS_CA=$out/tls/ca.pem "
+  echo "     $env_line/usr/bin/python3 examples/train_fashion_mnist.py --coordinator $coordinator"
 fi
 
 # Wait for the workers (or --run's command); any process that dies early stops the run.

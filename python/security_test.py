@@ -91,14 +91,13 @@ class SecureClusterTest(unittest.TestCase):
         with self.connect("cluster.token") as c:
             np.testing.assert_array_equal(c.pull_dense(t), np.ones(1000, np.float32))
 
-    def test_tokens_without_tls_and_plaintext_are_refused(self):
-        with self.assertRaises(pscluster.PsError) as e:
-            pscluster.connect(self.local.coordinator, token_file=self.path("cluster.token"))
-        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("needs TLS", e.exception.message)
-        with self.assertRaises(pscluster.PsError) as e:
-            pscluster.connect(self.local.coordinator, timeout=2.0)
-        self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+    def test_a_token_without_tls_and_plaintext_do_not_connect(self):
+        # Without TLS a token goes over gRPC's local credentials, which a TLS cluster does
+        # not speak; nor does plaintext.
+        for kwargs in ({"token_file": self.path("cluster.token")}, {}):
+            with self.assertRaises(pscluster.PsError) as e:
+                pscluster.connect(self.local.coordinator, timeout=2.0, **kwargs)
+            self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
 
     def test_the_environment_configures_connect(self):
         env = {"PSCLUSTER_TLS_CA": self.path("ca.pem"),
@@ -127,6 +126,40 @@ class SecureClusterTest(unittest.TestCase):
                                 capture_output=True, text=True, timeout=60)
         self.assertEqual(health.returncode, 0, health.stderr)
         self.assertIn("SERVING", health.stdout)
+
+
+class LoopbackTokenTest(unittest.TestCase):
+    """Tokens without TLS, as deploy/local_cluster.sh runs by default: gRPC's local
+    credentials on loopback, each call's token checked as over TLS."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.TemporaryDirectory(prefix="pscluster_tokens_")
+        for name in ("cluster", "admin"):
+            with open(os.path.join(cls.tmp.name, f"{name}.token"), "w") as f:
+                f.write(os.urandom(32).hex() + "\n")
+        flags = [f"--token_file={cls.tmp.name}/cluster.token",
+                 f"--admin_token_file={cls.tmp.name}/admin.token"]
+        cls.local = LocalCluster(num_shards=2, shard_args=flags, coordinator_args=flags)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.local.stop()
+        cls.tmp.cleanup()
+
+    def test_tokens_are_checked_on_loopback_without_tls(self):
+        admin = pscluster.connect(self.local.coordinator, timeout=TIMEOUT,
+                                  token_file=f"{self.tmp.name}/admin.token")
+        with admin:
+            t = admin.create_dense("loopback", 100, optimizer="sgd", learning_rate=1.0,
+                                   consistency="asp")
+        with pscluster.connect(self.local.coordinator, timeout=TIMEOUT,
+                               token_file=f"{self.tmp.name}/cluster.token") as c:
+            c.push_dense(t, np.ones(100, np.float32))
+            np.testing.assert_array_equal(c.pull_dense(t), np.full(100, -1.0, np.float32))
+        with self.assertRaises(pscluster.PsError) as e:  # no token: refused, not served
+            pscluster.connect(self.local.coordinator, timeout=TIMEOUT)
+        self.assertEqual(e.exception.code, grpc.StatusCode.UNAUTHENTICATED)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ TEST_F(SecurityTest, PlaintextAndUntrustedCertificatesDoNotConnect) {
   EXPECT_EQ(Values(), before);
 }
 
-// Tokens are refused without TLS, and files that cannot serve are named.
+// Files that cannot serve are named; tokens without TLS are loopback only.
 TEST(SecurityLoadTest, RefusesWhatCannotBeSafe) {
   const std::string dir = ::testing::TempDir() + "/load";
   MakeCerts(dir, "localhost");
@@ -146,7 +146,10 @@ TEST(SecurityLoadTest, RefusesWhatCannotBeSafe) {
   };
   SecurityOptions token_only;
   token_only.token_file = dir + "/cluster.token";
-  refused(token_only, "tokens need TLS");
+  absl::StatusOr<Security> loopback = Security::Load(token_only);
+  ASSERT_TRUE(loopback.ok()) << loopback.status();
+  EXPECT_TRUE(loopback->loopback_only());
+  EXPECT_THAT(loopback->Describe(), HasSubstr("loopback only"));
   SecurityOptions short_token = token_only;
   short_token.tls_ca = dir + "/ca.pem";
   short_token.token_file = dir + "/short.token";
@@ -170,6 +173,44 @@ TEST(SecurityLoadTest, RefusesWhatCannotBeSafe) {
   absl::StatusOr<Security> s = Security::Load(client);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE(s->ServerCredentials({}).ok());
+}
+
+// Tokens without TLS (deploy/local_cluster.sh's default): gRPC's local credentials, on
+// loopback, with every call's token checked as over TLS.
+class LoopbackTokenTest : public SecurityTest {
+ protected:
+  std::vector<std::string> ServerArgs() override {
+    return {Flag("token_file", "cluster.token"), Flag("admin_token_file", "admin.token")};
+  }
+  Security ClientSecurity() override { return Local("cluster.token"); }
+  // A client's security without TLS, with the token in `token` (none if empty).
+  static Security Local(const std::string& token) {
+    SecurityOptions o;
+    if (!token.empty()) o.token_file = Dir() + "/" + token;
+    absl::StatusOr<Security> s = Security::Load(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.value_or(Security());
+  }
+};
+
+TEST_F(LoopbackTokenTest, TokensAreCheckedWithoutTls) {
+  absl::Status create = clients_[0]->CreateTable(Table());
+  EXPECT_EQ(create.code(), absl::StatusCode::kPermissionDenied) << create;
+  ASSERT_TRUE(Connect(Local("admin.token"))->CreateTable(Table()).ok());
+  const std::vector<float> before = Values();
+  std::vector<float> grad(kSize, 1.0f);
+  for (const char* token : {"wrong.token", ""}) {
+    SCOPED_TRACE(token);
+    absl::Status push = Connect(Local(token))->PushDense(kTable, 0, grad);
+    EXPECT_EQ(push.code(), absl::StatusCode::kUnauthenticated) << push;
+    EXPECT_THAT(push.message(), HasSubstr(*token ? "wrong token" : "no token"));
+  }
+  // A TLS client does not speak to it (nor sends it its token).
+  absl::Status tls = Connect(Client("cluster.token"))->PushDense(kTable, 0, grad);
+  EXPECT_EQ(tls.code(), absl::StatusCode::kUnavailable) << tls;
+  EXPECT_EQ(Values(), before) << "a refused call changed the table";
+  ASSERT_TRUE(clients_[0]->PushDense(kTable, 0, grad).ok());
+  EXPECT_NE(Values(), before) << "an accepted push changed nothing";
 }
 
 // Mutual TLS: a server with --tls_client_auth refuses a client without a certificate.

@@ -6,9 +6,10 @@
   given), every channel is TLS. tls_cert/tls_key: this client's certificate, for mutual TLS.
   server_name: the name the servers' certificates carry when it is not the host dialled.
 - token / token_file: the cluster (or admin) token, sent as "authorization: Bearer T" on
-  every call. Tokens need TLS, as gRPC's call credentials do.
+  every call. Without TLS a token goes over gRPC's local credentials, to loopback
+  addresses only (as common/security.h); between machines tokens need TLS.
 Each argument not given falls back to an environment variable (deploy/local_cluster.sh
---tls on --run sets them): PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY,
+--run sets them): PSCLUSTER_TLS_CA, PSCLUSTER_TLS_CERT, PSCLUSTER_TLS_KEY,
 PSCLUSTER_TLS_SERVER_NAME, PSCLUSTER_TOKEN_FILE.
 """
 from __future__ import annotations
@@ -75,9 +76,6 @@ class Security:
         if bool(tls_cert) != bool(tls_key):
             raise ValueError("tls_cert and tls_key go together: a certificate and its key")
         tls = bool(tls_ca or tls_cert)
-        if token and not tls:
-            raise ValueError("a token needs TLS (tls_ca=...): sent in plaintext, anyone on the "
-                             "path could read it")
         return Security(
             ca=_read("tls_ca", tls_ca) if tls_ca else None,
             cert=_read("tls_cert", tls_cert) if tls_cert else None,
@@ -86,11 +84,15 @@ class Security:
 
     def channel(self, address: str,
                 options: Sequence[Tuple[str, object]] = ()) -> grpc.Channel:
-        """A channel to `address` with this TLS and token."""
-        if not self.tls:
+        """A channel to `address` with this TLS and token (a token without TLS: loopback
+        only, through gRPC's local credentials)."""
+        if not self.tls and not self.token:
             return grpc.insecure_channel(address, options=list(options))
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
+        if not self.tls:
+            credentials = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
         if self.token:
             credentials = grpc.composite_channel_credentials(
                 credentials, grpc.access_token_call_credentials(self.token))
