@@ -5,6 +5,23 @@
 namespace pscluster::ps {
 namespace {
 
+// A sparse table's rows: moved, and let in, kept out and swept by its SparseRowPolicy.
+void CollectRows(const TableStats& t, const MetricLabels& table, MetricFamilies* f) {
+  f->Counter("pscluster_ps_pushed_rows_total", "Sparse rows pushed, per table.", table,
+             t.rows_pushed());
+  f->Counter("pscluster_ps_pulled_rows_total", "Sparse rows pulled, per table.", table,
+             t.rows_pulled());
+  f->Counter("pscluster_ps_rows_admitted_total",
+             "Sparse rows created, their id admitted (TableSpec.rows), per table.", table,
+             t.rows_admitted());
+  f->Counter("pscluster_ps_rows_not_admitted_total",
+             "Sparse row updates dropped, their id not admitted yet, per table.", table,
+             t.rows_not_admitted());
+  f->Counter("pscluster_ps_rows_evicted_total",
+             "Sparse rows removed for going unused (TableSpec.rows), per table.", table,
+             t.rows_evicted());
+}
+
 void CollectTables(const Shard& shard, MetricFamilies* f) {
   const StatsResponse stats = shard.Stats();
   for (const TableStats& t : stats.tables()) {
@@ -21,21 +38,7 @@ void CollectTables(const Shard& shard, MetricFamilies* f) {
                t.bytes_pushed());
     f->Counter("pscluster_ps_pulled_bytes_total", "Value bytes pulled, per table.", table,
                t.bytes_pulled());
-    if (sparse) {
-      f->Counter("pscluster_ps_pushed_rows_total", "Sparse rows pushed, per table.", table,
-                 t.rows_pushed());
-      f->Counter("pscluster_ps_pulled_rows_total", "Sparse rows pulled, per table.", table,
-                 t.rows_pulled());
-      f->Counter("pscluster_ps_rows_admitted_total",
-                 "Sparse rows created, their id admitted (TableSpec.rows), per table.", table,
-                 t.rows_admitted());
-      f->Counter("pscluster_ps_rows_not_admitted_total",
-                 "Sparse row updates dropped, their id not admitted yet, per table.", table,
-                 t.rows_not_admitted());
-      f->Counter("pscluster_ps_rows_evicted_total",
-                 "Sparse rows removed for going unused (TableSpec.rows), per table.", table,
-                 t.rows_evicted());
-    }
+    if (sparse) CollectRows(t, table, f);
     f->Counter("pscluster_ps_rejected_requests_total",
                "Requests refused by a table's checks (bad step, shape, NaN, ...).", table,
                t.rejected_requests());

@@ -11,23 +11,63 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(ShardMetricsTest, TablesAreLabelledByIdAndName) {
-  Shard shard(ShardOptions{0, 1});
+TableSpec SgdSpec(uint32_t id, const std::string& name, TableSpec::Kind kind) {
   TableSpec spec;
-  spec.set_table_id(7);
-  spec.set_name("fc1.weight");
-  spec.set_kind(TableSpec::DENSE);
-  spec.set_size(16);
+  spec.set_table_id(id);
+  spec.set_name(name);
+  spec.set_kind(kind);
   spec.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
   spec.mutable_optimizer()->set_learning_rate(0.1f);
+  return spec;
+}
+
+// The shard's metrics page, as a scrape reads it.
+std::string Scrape(Shard* shard) {
+  auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "0");
+  EXPECT_TRUE(metrics.ok()) << metrics.status();
+  if (!metrics.ok()) return "";
+  AddShardMetrics(shard, nullptr, metrics->get());
+  return testing::HttpGetBody((*metrics)->port(), "/metrics");
+}
+
+TEST(ShardMetricsTest, TablesAreLabelledByIdAndName) {
+  Shard shard(ShardOptions{0, 1});
+  TableSpec spec = SgdSpec(7, "fc1.weight", TableSpec::DENSE);
+  spec.set_size(16);
   ASSERT_TRUE(shard.CreateTable(spec).ok());
+  const std::string text = Scrape(&shard);
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_pushes_total{table=\"7\",table_name=\"fc1.weight\"}"));
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_table_rows{kind=\"dense\",table=\"7\","
+                              "table_name=\"fc1.weight\"} 16"));
+}
+
+// A sparse table's SparseRowPolicy counts what it let in, kept out and swept (issue 46).
+TEST(ShardMetricsTest, SparseTablesCountAdmissionAndEviction) {
+  Shard shard(ShardOptions{0, 1});
+  TableSpec spec = SgdSpec(3, "emb", TableSpec::SPARSE);
+  spec.set_dim(2);
+  spec.mutable_consistency()->set_mode(ConsistencyConfig::ASP);
+  spec.mutable_rows()->set_admit_after_pushes(2);
+  spec.mutable_rows()->set_evict_after_steps(1);  // a sweep every step
+  ASSERT_TRUE(shard.CreateTable(spec).ok());
+  auto table = shard.GetTable(3);
+  ASSERT_TRUE(table.ok());
+  auto* sparse = static_cast<SparseTable*>(*table);
+  const std::vector<float> grad = {1.0f, 1.0f};
+  bool skipped = false;
+  for (int64_t step = 0; step < 3; ++step) {  // admitted at step 1, swept at step 2
+    const uint64_t key = step < 2 ? 5 : 6;
+    ASSERT_TRUE(sparse->Push(0, step, {key}, grad, &skipped).ok());
+  }
   auto metrics = Metrics::Serve("127.0.0.1", 0, "ps_server", "0");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   AddShardMetrics(&shard, nullptr, metrics->get());
   const std::string text = testing::HttpGetBody((*metrics)->port(), "/metrics");
-  EXPECT_THAT(text, HasSubstr("pscluster_ps_pushes_total{table=\"7\",table_name=\"fc1.weight\"}"));
-  EXPECT_THAT(text, HasSubstr("pscluster_ps_table_rows{kind=\"dense\",table=\"7\","
-                              "table_name=\"fc1.weight\"} 16"));
+  EXPECT_THAT(text,
+              HasSubstr("pscluster_ps_rows_admitted_total{table=\"3\",table_name=\"emb\"} 1"));
+  EXPECT_THAT(text,
+              HasSubstr("pscluster_ps_rows_not_admitted_total{table=\"3\",table_name=\"emb\"} 2"));
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_rows_evicted_total{table=\"3\",table_name=\"emb\"} 1"));
 }
 
 }  // namespace
