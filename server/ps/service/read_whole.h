@@ -1,9 +1,9 @@
 // A client stream on gRPC's callback API that is received whole before anything of it is
-// applied (a push stream, an import, a replicated update). Each message is handed to Take in order, on a pool:
-// it checks the message and keeps what it needs. Once the client has ended the stream,
-// Apply runs (on the pool too: it may wait for a chain's round trip or the tables' locks)
-// and answers the call. An error from Take ends the call at once; a stream its client
-// cancels, or that the watchdog cancels for going quiet, applies nothing. The initial
+// applied (a push stream, an import, a replicated update). Each message is handed to Take
+// in order, on a pool: it checks the message and keeps what it needs. Once the client has
+// ended the stream, Apply runs (on the pool too: it may wait for a chain's round trip or the
+// tables' locks) and answers the call. An error from Take ends the call at once; a stream its
+// client cancels, or that the watchdog cancels for going quiet, applies nothing. The initial
 // metadata goes once the first message is taken. What the stream held is given back to the
 // shard's budget before its answer goes: a client that has the answer finds the bytes free.
 //

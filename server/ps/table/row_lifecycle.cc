@@ -39,20 +39,26 @@ absl::Status ValidateRowPolicy(const TableSpec& spec) {
   return absl::OkStatus();
 }
 
-uint64_t AdmissionSketchBytes(const SparseRowPolicy& policy) {
+namespace {
+
+// The sketch's counters per hash; 0: no sketch (every id admitted at once).
+uint32_t SketchCounters(const SparseRowPolicy& policy) {
   if (policy.admit_after_pushes() <= 1) return 0;
-  const uint32_t counters =
-      policy.admission_counters() == 0 ? kDefaultCounters : policy.admission_counters();
-  return uint64_t{AdmissionSketch::kHashes} * counters;
+  return policy.admission_counters() == 0 ? kDefaultCounters : policy.admission_counters();
+}
+
+}  // namespace
+
+uint64_t AdmissionSketchBytes(const SparseRowPolicy& policy) {
+  return uint64_t{AdmissionSketch::kHashes} * SketchCounters(policy);
 }
 
 RowLifecycle::RowLifecycle(const SparseRowPolicy& policy)
     : admit_after_(policy.admit_after_pushes()),
       evict_after_(policy.evict_after_steps()),
       sweep_every_(std::max<int64_t>(1, static_cast<int64_t>(evict_after_ / 8))) {
-  if (admit_after_ > 1) {
-    sketch_ = std::make_unique<AdmissionSketch>(
-        policy.admission_counters() == 0 ? kDefaultCounters : policy.admission_counters());
+  if (const uint32_t counters = SketchCounters(policy); counters > 0) {
+    sketch_ = std::make_unique<AdmissionSketch>(counters);
   }
 }
 

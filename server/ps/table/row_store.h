@@ -48,6 +48,11 @@ class RowStore {
   template <typename Init>
   Row FindOrInsert(uint64_t key, Init init) {
     if (Row r = Find(key)) return r;
+    return Insert(key, init);
+  }
+  // A new row for `key`, which has none (update count 0), filled by init(data).
+  template <typename Init>
+  Row Insert(uint64_t key, Init init) {
     Row r = Append(key);
     init(r.data);
     return r;

@@ -274,8 +274,8 @@ bool SparseTable::SumOverflowsLocked(const Grads& sum, const std::string& what) 
   return true;
 }
 
-RowStore::Row SparseTable::RowLocked(uint64_t key) {
-  return rows_.FindOrInsert(key, [&](float* row) {
+RowStore::Row SparseTable::NewRowLocked(uint64_t key) {
+  return rows_.Insert(key, [&](float* row) {
     const std::vector<float> initial = InitialRow(key);
     std::copy(initial.begin(), initial.end(), row);
   });
@@ -286,7 +286,7 @@ void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad, int6
   RowStore::Row row = rows_.Find(key);
   if (!row) {
     if (!lifecycle_.Admit(key, pushes)) return;  // counted; the id stays without a row
-    row = RowLocked(key);
+    row = NewRowLocked(key);
   }
   float* slots[8];
   for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data + dim_ * (1 + k);

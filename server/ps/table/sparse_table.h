@@ -64,8 +64,8 @@ class SparseTable final : public Table {
               uint32_t num_shards, uint64_t max_rows);
   // A key's row before any update: initializer values, then each slot's initial value.
   std::vector<float> InitialRow(uint64_t key) const;
-  // The stored row of `key`, stored as its initial row first if it was not.
-  RowStore::Row RowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new row for `key`, which has none: its initial row (values, then optimizer slots).
+  RowStore::Row NewRowLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A push in parts: the parts come so far, until the last (see parts_).
   struct Parts {
     uint32_t count = 0;
