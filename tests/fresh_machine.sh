@@ -39,6 +39,8 @@ git clone -q --no-hardlinks . "$root/root/pscluster"
 
 # run_in_root NAME COMMAND...: the command as a new user types it, in the clone, with a
 # standard PATH and nothing else from this machine's environment; its output in OUT/NAME.log.
+# One exception: the fuzz targets run briefly, as their build is what a fresh root checks
+# (tests/run.sh has run them in full on the host).
 run_in_root() {
   local name=$1; shift
   echo "fresh_machine: $* (log: $out/$name.log)"
@@ -48,6 +50,7 @@ run_in_root() {
       mount --bind /dev/pts "$r/dev/pts" &&
       mount -t tmpfs -o mode=1777,nosuid,nodev shm "$r/dev/shm" || exit 125
     exec chroot "$r" /usr/bin/env -i HOME=/root CI=true \
+      PSCLUSTER_CI_FUZZ_RUNS=2000 PSCLUSTER_CI_FUZZ_SECONDS=20 \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
       bash -c "cd /root/pscluster && exec \"\$@\"" command "$@"
   ' inner "$root" "$@" </dev/null >"$out/$name.log" 2>&1
