@@ -32,6 +32,7 @@ class SnapshotTest : public PsClusterTest {
   std::vector<std::string> Args(std::vector<std::string> more) {
     more.push_back("--data_dir=" + root_);
     if (delay_ms_ > 0) more.push_back(absl::StrCat("--snapshot_test_delay_ms=", delay_ms_));
+    if (full_every_ > 1) more.push_back(absl::StrCat("--snapshot_full_every=", full_every_));
     return more;
   }
 
@@ -141,6 +142,7 @@ class SnapshotTest : public PsClusterTest {
 
   std::string root_;
   int delay_ms_ = 0;
+  int full_every_ = 1;
   std::vector<TableSpec> tables_;
 };
 
@@ -185,6 +187,43 @@ TEST_F(SnapshotTest, CrashDuringWriteRestoresThePreviousCompleteSnapshot) {
   for (int s = 0; s < kShards; ++s) {
     auto staging = std::filesystem::path(root_) / absl::StrCat("shard-", s) / "staging";
     EXPECT_TRUE(std::filesystem::is_empty(staging)) << staging << " holds a partial file";
+  }
+}
+
+TEST_F(SnapshotTest, CrashDuringAnIncrementalWriteRestoresTheLastCompleteChain) {
+  StopServers(SIGTERM);
+  delay_ms_ = 40;  // per block: a few hundred ms of writing to crash into
+  full_every_ = 4;
+  StartServers(kShards, Args({}));
+  ASSERT_FALSE(HasFatalFailure());
+  ConnectClients();
+  CreateTables(20011);
+  Train(0, 1);
+  SnapshotAndWait(1);
+  Train(1, 2);
+  SnapshotAndWait(2);  // the changes since step 1
+  auto at2 = State(2);
+  Train(2, 3);
+  auto at3 = State(3);
+  ASSERT_TRUE(clients_[0]->Snapshot(3).ok());
+  for (auto& server : servers_) {
+    ASSERT_TRUE(server.WaitForLine("snapshot of step 3: writing", absl::Seconds(60)).ok());
+  }
+
+  Restart(kShards, "latest", SIGKILL);
+  EXPECT_EQ(RestoredStep(), 2);
+  EXPECT_EQ(State(2), at2);
+  Train(2, 3);
+  EXPECT_EQ(State(3), at3);
+  SnapshotAndWait(3);  // the first after a restore is full
+  auto lists = clients_[0]->ListSnapshots();
+  ASSERT_TRUE(lists.ok()) << lists.status();
+  for (const auto& list : *lists) {
+    ASSERT_EQ(list.snapshots_size(), 3);
+    EXPECT_FALSE(list.snapshots(0).has_base());
+    EXPECT_TRUE(list.snapshots(1).has_base());
+    EXPECT_EQ(list.snapshots(1).base_step(), 1);
+    EXPECT_FALSE(list.snapshots(2).has_base());
   }
 }
 

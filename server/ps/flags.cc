@@ -40,6 +40,10 @@ ABSL_FLAG(bool, restore_skip_damaged, false,
           "and named), and let --restore=latest fall back to the newest snapshot that verifies.");
 ABSL_FLAG(int, snapshot_keep_last, 3, "Newest complete snapshots kept (plus the best by metric).");
 ABSL_FLAG(std::string, snapshot_metric, "min", "Best snapshot: 'min' or 'max' metric.");
+ABSL_FLAG(int, snapshot_full_every, 1,
+          "Every K-th snapshot is full; the ones between hold only the sparse rows changed "
+          "since the snapshot before (and the ids removed), which they need to restore. "
+          "Costs 8 bytes per sparse row. 1: every snapshot is full.");
 ABSL_FLAG(std::string, coordinator, "",
           "ps_coordinator address: register this shard there and heartbeat (optional).");
 ABSL_FLAG(std::string, advertise_host, "",
@@ -151,6 +155,12 @@ absl::Status ReadSnapshotFlags(ServerFlags* f) {
   if (f->snapshots.keep_last < 1) {
     return absl::InvalidArgumentError("--snapshot_keep_last must be >= 1");
   }
+  f->snapshots.full_every = absl::GetFlag(FLAGS_snapshot_full_every);
+  if (f->snapshots.full_every < 1 || f->snapshots.full_every > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("--snapshot_full_every must be in [1, 1000], got ",
+                                                   f->snapshots.full_every));
+  }
+  f->shard.track_row_versions = f->snapshots.full_every > 1;
   f->snapshots.lower_metric_is_better = metric == "min";
   f->snapshots.test_delay_per_block =
       absl::Milliseconds(absl::GetFlag(FLAGS_snapshot_test_delay_ms));

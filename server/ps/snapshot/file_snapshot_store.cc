@@ -144,6 +144,10 @@ absl::StatusOr<SnapshotManifest> FileSnapshotStore::Write(
   manifest.set_has_metric(options.has_metric);
   manifest.set_metric(options.metric);
   manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+  if (options.base_step) {
+    manifest.set_has_base(true);
+    manifest.set_base_step(*options.base_step);
+  }
   RETURN_IF_ERROR(CheckWritable(step, images));
 
   const std::string target = SnapshotPath(dir_, step);
@@ -299,6 +303,10 @@ class WatchedVisitor final : public SnapshotStore::Visitor {
                          const float* data) override {
     return Note(inner_->SparseRow(h, key, updates, step, data));
   }
+  absl::Status SparseRemoved(const TableSnapshotHeader& h, const uint64_t* keys,
+                             size_t n) override {
+    return Note(inner_->SparseRemoved(h, keys, n));
+  }
 
  private:
   absl::Status Note(absl::Status s) {
@@ -346,7 +354,7 @@ absl::Status FileSnapshotStore::ReadWhole(int64_t step, Visitor* visitor) const 
     }
     uint32_t crc = crc32c::Value(payload.data(), payload.size());
     RETURN_IF_ERROR(visitor->Header(h));
-    uint64_t dense_at = 0;
+    uint64_t dense_at = 0;  // dense values, or removed ids, visited
     for (at = next; at < f.manifest_at();) {
       ASSIGN_OR_RETURN(uint32_t kind, f.KindAt(at));
       if (kind != kBlock) break;
@@ -355,9 +363,7 @@ absl::Status FileSnapshotStore::ReadWhole(int64_t step, Visitor* visitor) const 
       RETURN_IF_ERROR(VisitBlock(h, payload.data(), payload.size(), &dense_at, visitor, where));
       at = next;
     }
-    if (h.spec().kind() == TableSpec::DENSE && dense_at != h.shard_end() - h.shard_begin()) {
-      return absl::DataLossError(absl::StrCat(where, ": dense blocks missing"));
-    }
+    RETURN_IF_ERROR(CheckBlocksWhole(h, dense_at, where));
     if (crc != expected.crc32c()) {
       return absl::DataLossError(absl::StrFormat("%s: checksum mismatch (manifest %08x, data %08x)",
                                                  where, expected.crc32c(), crc));

@@ -34,6 +34,10 @@ class MemorySnapshotStore final : public SnapshotStore {
     m.set_num_shards(options.num_shards);
     m.set_has_metric(options.has_metric);
     m.set_metric(options.metric);
+    if (options.base_step) {
+      m.set_has_base(true);
+      m.set_base_step(*options.base_step);
+    }
     uint64_t bytes = 0;
     for (const auto& image : images) {
       snap.images.push_back(*image);
@@ -78,27 +82,16 @@ class MemorySnapshotStore final : public SnapshotStore {
       }
       images = it->second.images;
     }
+    // Through the block encoding every layout shares, so that tests read what a file would.
     for (const TableImage& image : images) {
       const TableSnapshotHeader& h = image.header;
       if (absl::Status s = visitor->Header(h); !s.ok()) return s;
-      const uint64_t slots = h.num_slots();
-      if (h.spec().kind() == TableSpec::DENSE) {
-        const uint64_t n = h.shard_end() - h.shard_begin();
-        std::vector<float> block;
-        for (const StagingArray& a : image.arrays) block.insert(block.end(), a.begin(), a.end());
-        if (block.size() != n * (1 + slots)) return absl::DataLossError("bad dense image");
-        if (absl::Status s = visitor->DenseBlock(h, h.shard_begin(), n, block.data()); !s.ok())
-          return s;
-        continue;
-      }
-      const uint64_t row = h.spec().dim() * (1 + slots);
-      for (size_t i = 0; i < image.keys.size(); ++i) {
-        const int64_t step = image.row_steps.empty() ? 0 : image.row_steps[i];
-        if (absl::Status s = visitor->SparseRow(h, image.keys[i], image.row_updates[i], step,
-                                                image.row_data.data() + i * row);
-            !s.ok())
-          return s;
-      }
+      uint64_t at = 0;
+      absl::Status s = EmitBlocks(image, [&](const std::string& block) {
+        return VisitBlock(h, block.data(), block.size(), &at, visitor, dir_);
+      });
+      if (s.ok()) s = CheckBlocksWhole(h, at, dir_);
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -26,6 +28,17 @@ absl::Status EmitBlocks(const TableImage& image,
     }
     return absl::OkStatus();
   }
+  if (h.changes_only()) {
+    if (image.removed.size() != h.num_removed()) {
+      return absl::InternalError(absl::StrCat("table ", h.spec().table_id(),
+                                              ": an image of changes without its removed ids"));
+    }
+    for (uint64_t at = 0; at < h.num_removed(); at += kSparseBlockRows) {
+      const uint64_t n = std::min(kSparseBlockRows, h.num_removed() - at);
+      buf.assign(reinterpret_cast<const char*>(image.removed.data() + at), n * 8);
+      RETURN_IF_ERROR(emit(buf));
+    }
+  }
   const uint64_t rows = image.keys.size();
   const uint64_t row_len = h.spec().dim() * (1 + h.num_slots());
   const uint64_t ints = h.row_steps() ? 3 : 2;  // key, update count[, step]
@@ -47,10 +60,47 @@ absl::Status EmitBlocks(const TableImage& image,
   return absl::OkStatus();
 }
 
-absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size,
-                        uint64_t* dense_at, SnapshotStore::Visitor* visitor,
-                        absl::string_view where) {
+absl::Status SnapshotStore::Visitor::SparseRemoved(const TableSnapshotHeader& header,
+                                                  const uint64_t*, size_t) {
+  return absl::DataLossError(
+      absl::StrCat("table ", header.spec().table_id(),
+                   ": an incremental snapshot's removed rows, which only a chain's reader applies"));
+}
+
+namespace {
+
+absl::Status VisitRemoved(const TableSnapshotHeader& h, const char* data, size_t size,
+                          uint64_t* at, SnapshotStore::Visitor* visitor, absl::string_view where) {
+  const uint64_t n = std::min(kSparseBlockRows, h.num_removed() - *at);
+  if (size != n * 8) {
+    return absl::DataLossError(absl::StrCat(where, ": block of removed ids of the wrong size"));
+  }
+  std::vector<uint64_t> keys(n);
+  std::memcpy(keys.data(), data, size);
+  RETURN_IF_ERROR(visitor->SparseRemoved(h, keys.data(), n));
+  *at += n;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckBlocksWhole(const TableSnapshotHeader& h, uint64_t at, absl::string_view where) {
+  if (h.spec().kind() == TableSpec::DENSE && at != h.shard_end() - h.shard_begin()) {
+    return absl::DataLossError(absl::StrCat(where, ": dense blocks missing"));
+  }
+  if (h.spec().kind() == TableSpec::SPARSE && at != h.num_removed()) {
+    return absl::DataLossError(absl::StrCat(where, ": blocks of removed ids missing"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size, uint64_t* at,
+                        SnapshotStore::Visitor* visitor, absl::string_view where) {
+  uint64_t* const dense_at = at;
   const uint64_t arrays = 1 + h.num_slots();
+  if (h.spec().kind() == TableSpec::SPARSE && *at < h.num_removed()) {
+    return VisitRemoved(h, data, size, at, visitor, where);
+  }
   if (h.spec().kind() == TableSpec::DENSE) {
     const uint64_t slice = h.shard_end() - h.shard_begin();
     const uint64_t n = std::min(kDenseBlockValues, slice - std::min(slice, *dense_at));
@@ -101,21 +151,34 @@ absl::StatusOr<std::vector<int64_t>> SnapshotStore::ApplyRetention(int keep_last
       best = &m;
     }
   }
-  std::vector<int64_t> deleted;
-  for (size_t i = 0; i + keep_last < list->size(); ++i) {
+  std::vector<int64_t> keep;
+  for (size_t i = 0; i < list->size(); ++i) {
     const SnapshotManifest& m = (*list)[i];
-    if (best && m.step() == best->step()) continue;
-    RETURN_IF_ERROR(Delete(m.step()));
-    deleted.push_back(m.step());
+    if (i + keep_last >= list->size() || (best && m.step() == best->step())) keep.push_back(m.step());
   }
-  return deleted;
+  return DeleteAllBut(*list, keep);
 }
 
 absl::StatusOr<std::vector<int64_t>> SnapshotStore::RetainOnly(const std::vector<int64_t>& keep) {
   ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, List());
+  return DeleteAllBut(list, keep);
+}
+
+absl::StatusOr<std::vector<int64_t>> SnapshotStore::DeleteAllBut(
+    const std::vector<SnapshotManifest>& list, std::vector<int64_t> keep) {
+  std::map<int64_t, const SnapshotManifest*> by_step;
+  for (const SnapshotManifest& m : list) by_step[m.step()] = &m;
+  std::set<int64_t> kept;
+  for (int64_t step : keep) {  // and every snapshot it builds on
+    for (auto it = by_step.find(step); it != by_step.end() && kept.insert(step).second;
+         it = by_step.find(step)) {
+      if (!it->second->has_base()) break;
+      step = it->second->base_step();
+    }
+  }
   std::vector<int64_t> deleted;
   for (const SnapshotManifest& m : list) {
-    if (std::find(keep.begin(), keep.end(), m.step()) != keep.end()) continue;
+    if (kept.count(m.step()) > 0) continue;
     if (m.format_version() == kRocksDbSnapshotFormatVersion) continue;  // read-only
     RETURN_IF_ERROR(Delete(m.step()));
     deleted.push_back(m.step());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,8 @@ class SnapshotStore {
     double metric = 0;
     absl::Duration test_delay_per_block;             // tests only: widens the crash window
     std::atomic<uint64_t>* bytes_written = nullptr;  // progress, if set
+    // An incremental snapshot: the step of the snapshot it builds on (SnapshotManifest).
+    std::optional<int64_t> base_step;
   };
   virtual absl::StatusOr<SnapshotManifest> Write(
       int64_t step, const std::vector<std::unique_ptr<TableImage>>& images,
@@ -60,7 +63,8 @@ class SnapshotStore {
   virtual std::vector<std::string> Damaged() const { return {}; }
 
   // Keeps the newest `keep_last` and the best by metric; deletes the rest (List, Delete).
-  // Both leave snapshots of the read-only RocksDB layout alone.
+  // Both keep the snapshots a kept incremental one builds on, and leave snapshots of the
+  // read-only RocksDB layout alone.
   absl::StatusOr<std::vector<int64_t>> ApplyRetention(int keep_last, bool lower_is_better);
   // Deletes every complete snapshot whose step is not in `keep`; returns their steps.
   absl::StatusOr<std::vector<int64_t>> RetainOnly(const std::vector<int64_t>& keep);
@@ -76,23 +80,34 @@ class SnapshotStore {
     // and dim * (1 + num_slots) floats.
     virtual absl::Status SparseRow(const TableSnapshotHeader& header, uint64_t key, int64_t updates,
                                    int64_t step, const float* data) = 0;
+    // SPARSE with header.changes_only(): ids whose rows were removed since the base. Only a
+    // reader of chains takes them (snapshot_chain.h); elsewhere they are DATA_LOSS.
+    virtual absl::Status SparseRemoved(const TableSnapshotHeader& header, const uint64_t* keys,
+                                       size_t n);
   };
   // Visits every table of complete snapshot `step`; DATA_LOSS when what is stored
   // disagrees with its checksums; NOT_FOUND for no complete snapshot of `step`.
   virtual absl::Status Read(int64_t step, Visitor* visitor) const = 0;
+
+ private:
+  // Deletes the snapshots of `list` neither in `keep` nor built on by one that is.
+  absl::StatusOr<std::vector<int64_t>> DeleteAllBut(const std::vector<SnapshotManifest>& list,
+                                                    std::vector<int64_t> keep);
 };
 
 // The block encoding every layout shares. DENSE: one block per kDenseBlockValues indices,
 // the values then each optimizer slot; SPARSE: up to kSparseBlockRows rows as keys (u64),
 // update counts (i64), with header.row_steps() each row's last update's step (i64), then
-// the rows' floats.
+// the rows' floats; with header.changes_only(), blocks of up to kSparseBlockRows removed
+// ids (u64) come first. VisitBlock's `at` counts dense values, or removed ids, so far.
 absl::Status EmitBlocks(const TableImage& image,
                         const std::function<absl::Status(const std::string& block)>& emit);
 // Decodes one block of the table `h` to `visitor`; `dense_at` counts the dense values seen
 // so far. DATA_LOSS naming `where` for a block of the wrong size.
-absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size,
-                        uint64_t* dense_at, SnapshotStore::Visitor* visitor,
-                        absl::string_view where);
+absl::Status VisitBlock(const TableSnapshotHeader& h, const char* data, size_t size, uint64_t* at,
+                        SnapshotStore::Visitor* visitor, absl::string_view where);
+// Whether the blocks visited into `at` were all the table's: DATA_LOSS naming `where` if not.
+absl::Status CheckBlocksWhole(const TableSnapshotHeader& h, uint64_t at, absl::string_view where);
 
 // The checkpoint root of a cluster: where every shard's store lives. Local disk (or a
 // shared file system) for ps_server, memory for tests. Thread-safe.

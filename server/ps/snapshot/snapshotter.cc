@@ -18,47 +18,6 @@ namespace fs = std::filesystem;
 
 }  // namespace
 
-ShardLoader::ShardLoader(Shard* shard) : shard_(shard) {}
-
-absl::Status ShardLoader::Header(const TableSnapshotHeader& h) {
-  auto existing = shard_->GetTable(h.spec().table_id());
-  if (existing.ok()) {  // seen in an earlier old shard: specs must agree
-    if ((*existing)->spec().SerializeAsString() != h.spec().SerializeAsString()) {
-      return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(),
-                                              " has different specs in different old shards"));
-    }
-    return RestoreLifecycle(*existing, h);
-  }
-  auto created = shard_->CreateTable(h.spec());
-  if (!created.ok()) return created.status();
-  Table* table = *shard_->GetTable(h.spec().table_id());
-  table->RestoreClocks(h);
-  if (h.spec().kind() == TableSpec::DENSE)
-    static_cast<DenseTable*>(table)->RestoreUpdates(h.updates());
-  for (const WorkerClock& c : h.clocks()) workers_.push_back(c.worker_id());
-  return RestoreLifecycle(table, h);
-}
-
-absl::Status ShardLoader::RestoreLifecycle(Table* table, const TableSnapshotHeader& h) {
-  if (h.spec().kind() != TableSpec::SPARSE) return absl::OkStatus();
-  absl::Status s = static_cast<SparseTable*>(table)->RestoreLifecycle(h);
-  if (s.ok()) return s;
-  return absl::DataLossError(absl::StrCat("table ", h.spec().table_id(), ": ", s.message()));
-}
-
-absl::Status ShardLoader::DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
-                                     const float* data) {
-  Table* table = *shard_->GetTable(h.spec().table_id());
-  static_cast<DenseTable*>(table)->RestoreBlock(begin, n, data);
-  return absl::OkStatus();
-}
-
-absl::Status ShardLoader::SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates,
-                                    int64_t step, const float* data) {
-  Table* table = *shard_->GetTable(h.spec().table_id());
-  return static_cast<SparseTable*>(table)->RestoreRow(key, updates, data, step);
-}
-
 std::string ShardSnapshotDir(const std::string& root, uint32_t shard_id) {
   return (fs::path(root) / absl::StrCat("shard-", shard_id)).string();
 }
@@ -95,7 +54,8 @@ Snapshotter::Snapshotter(Shard* shard, SnapshotterOptions options,
       options_(std::move(options)),
       local_(std::move(local)),
       storage_(options_.storage != nullptr ? options_.storage : local_.get()),
-      store_(std::move(store)) {}
+      store_(std::move(store)),
+      tip_(options_.full_every) {}
 
 Snapshotter::~Snapshotter() {
   std::thread writer;
@@ -111,18 +71,19 @@ absl::StatusOr<SnapshotResponse> Snapshotter::Snapshot(const SnapshotRequest& re
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
   }
-  RETURN_IF_ERROR(Begin(request.step()));
-  ASSIGN_OR_RETURN(Captured captured, CaptureAll(request.step(), deadline));
+  ASSIGN_OR_RETURN(const ChainTip tip, Begin(request.step()));
+  ASSIGN_OR_RETURN(Captured captured, CaptureAll(request.step(), deadline, tip));
   SnapshotResponse response;
   response.set_step(request.step());
   response.set_bytes(captured.bytes);
   response.set_pause_seconds(absl::ToDoubleSeconds(captured.longest_pause));
-  StartWrite(request, std::move(captured));
+  StartWrite(request, std::move(captured), tip);
   return response;
 }
 
-absl::Status Snapshotter::Begin(int64_t step) {
+absl::StatusOr<ChainTip> Snapshotter::Begin(int64_t step) {
   std::thread finished;  // the previous writer, joined outside the lock
+  std::optional<ChainTip> tip;
   {
     absl::MutexLock lock(&mu_);
     if (in_progress_ && capturing_) {
@@ -138,21 +99,26 @@ absl::Status Snapshotter::Begin(int64_t step) {
           " of ", bytes_total_, " bytes); retry when it completes"));
     }
     ASSIGN_OR_RETURN(auto list, store_->List());
+    bool tip_stored = false;
     for (const auto& m : list) {
       if (m.step() == step) {
         return absl::AlreadyExistsError(absl::StrCat("a snapshot of step ", step, " exists"));
       }
+      tip_stored = tip_stored || m.step() == tip_.step();
     }
+    if (!tip_stored) tip_.Reset();  // deleted (or damaged): the next snapshot is full
+    tip = tip_;
     in_progress_ = true;
     capturing_ = true;
     current_step_ = step;
     finished = std::move(writer_);
   }
   if (finished.joinable()) finished.join();
-  return absl::OkStatus();
+  return *tip;
 }
 
-absl::StatusOr<Snapshotter::Captured> Snapshotter::CaptureAll(int64_t step, absl::Time deadline) {
+absl::StatusOr<Snapshotter::Captured> Snapshotter::CaptureAll(int64_t step, absl::Time deadline,
+                                                              const ChainTip& tip) {
   Captured out;
   const std::vector<Table*> tables = shard_->Tables();
   // Hold every table at the step first, so none moves past it while another is captured.
@@ -166,7 +132,7 @@ absl::StatusOr<Snapshotter::Captured> Snapshotter::CaptureAll(int64_t step, absl
   // when a capture fails (the images refer to nothing once complete).
   for (size_t i = 0; i < tables.size(); ++i) {
     absl::Duration pause;
-    auto image = tables[i]->Capture(step, deadline, &pause);
+    auto image = tables[i]->Capture(step, deadline, &pause, tip.SinceFor(*tables[i]));
     if (!image.ok()) {
       Complete(tables, &out);
       return Abandon(tables, i + 1, tables.size(), step, image.status(), &SnapshotCounters::failed);
@@ -201,7 +167,8 @@ absl::Status Snapshotter::Abandon(const std::vector<Table*>& tables, size_t held
   return status;
 }
 
-void Snapshotter::StartWrite(const SnapshotRequest& request, Captured captured) {
+void Snapshotter::StartWrite(const SnapshotRequest& request, Captured captured,
+                             const ChainTip& tip) {
   SnapshotStore::WriteOptions wo;
   wo.shard_id = shard_->options().shard_id;
   wo.num_shards = shard_->options().num_shards;
@@ -209,6 +176,7 @@ void Snapshotter::StartWrite(const SnapshotRequest& request, Captured captured) 
   wo.metric = request.metric();
   wo.test_delay_per_block = options_.test_delay_per_block;
   wo.bytes_written = &bytes_written_;
+  if (ChainTip::ChangesOnly(captured.images)) wo.base_step = tip.step();
   absl::MutexLock lock(&mu_);
   counters_.last_pause_seconds = absl::ToDoubleSeconds(captured.longest_pause);
   bytes_total_ = captured.bytes;
@@ -229,9 +197,12 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
   auto manifest = store_->Write(step, images, options);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (manifest.ok()) {
-    LogInfo("snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)",
+    LogInfo("snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)%s",
             static_cast<long long>(step), manifest->bytes() / 1e6, seconds,
-            manifest->bytes() / 1e6 / seconds);
+            manifest->bytes() / 1e6 / seconds,
+            options.base_step ? absl::StrCat(", the changes since step ", *options.base_step).c_str()
+                              : "");
+    Advance(step, options.base_step, ChainTip::Of(images));
   }
   images.clear();  // free the staging copy before retention's compaction
   absl::Status status = manifest.status();
@@ -260,6 +231,18 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
   }
 }
 
+void Snapshotter::Advance(int64_t step, std::optional<int64_t> base,
+                          std::vector<ChainTip::Captured> tables) {
+  for (const ChainTip::Captured& c : tables) {
+    absl::StatusOr<Table*> table = shard_->GetTable(c.table_id);
+    if (table.ok() && (*table)->incarnation() == c.incarnation) {
+      (*table)->ForgetChangesThrough(c.version);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  tip_.Completed(step, base, std::move(tables));
+}
+
 absl::StatusOr<ListSnapshotsResponse> Snapshotter::List() const {
   auto list = store_->List();
   if (!list.ok()) return list.status();
@@ -273,6 +256,8 @@ absl::StatusOr<ListSnapshotsResponse> Snapshotter::List() const {
     i->set_metric(m.metric());
     i->set_shard_id(m.shard_id());
     i->set_num_shards(m.num_shards());
+    i->set_has_base(m.has_base());
+    i->set_base_step(m.base_step());
   }
   absl::MutexLock lock(&mu_);
   if (in_progress_) {  // listed, marked incomplete
@@ -364,18 +349,32 @@ absl::StatusOr<Snapshotter::Catalog> Snapshotter::Survey() const {
       store = opened.get();
       c.owned.push_back(std::move(opened));
     }
-    ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, store->List());
-    for (const auto& m : list) c.by_step[m.step()][m.shard_id()] = {m.num_shards(), store};
-    for (std::string& d : store->Damaged()) c.damaged.push_back(std::move(d));
+    RETURN_IF_ERROR(SurveyStore(store, &c));
   }
   // A step is restorable when all of the shards it was taken with have it.
   for (const auto& [step, shards] : c.by_step) {
-    uint32_t n = shards.begin()->second.first;
+    uint32_t n = shards.begin()->second.num_shards;
     bool whole = shards.size() == n;
-    for (const auto& [id, info] : shards) whole = whole && info.first == n && id < n;
+    for (const auto& [id, info] : shards) whole = whole && info.num_shards == n && id < n;
     if (whole) c.restorable.push_back(step);
   }
   return c;
+}
+
+absl::Status Snapshotter::SurveyStore(const SnapshotStore* store, Catalog* c) const {
+  ASSIGN_OR_RETURN(const std::vector<SnapshotManifest> list, store->List());
+  std::map<int64_t, SnapshotManifest> by_step;
+  for (const auto& m : list) by_step[m.step()] = m;
+  for (const auto& m : list) {
+    absl::StatusOr<std::vector<int64_t>> chain = ChainOf(m.step(), by_step, store->dir());
+    if (chain.ok()) {
+      c->by_step[m.step()][m.shard_id()] = {m.num_shards(), store, *std::move(chain)};
+    } else {  // a link is missing: as good as damaged
+      c->damaged.push_back(std::string(chain.status().message()));
+    }
+  }
+  for (std::string& d : store->Damaged()) c->damaged.push_back(std::move(d));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> Snapshotter::Candidates(const std::string& which,
@@ -389,7 +388,7 @@ absl::StatusOr<std::vector<int64_t>> Snapshotter::Candidates(const std::string& 
   // Of a step some shards have: which parts are missing.
   std::string parts;
   if (auto it = c.by_step.find(step); it != c.by_step.end()) {
-    const uint32_t n = it->second.begin()->second.first;
+    const uint32_t n = it->second.begin()->second.num_shards;
     std::vector<uint32_t> missing;
     for (uint32_t id = 0; id < n; ++id) {
       if (it->second.count(id) == 0) missing.push_back(id);
@@ -409,7 +408,7 @@ absl::StatusOr<Snapshotter::Loaded> Snapshotter::LoadStep(int64_t step, const Ca
   loaded.shard = std::make_unique<Shard>(shard_->options());
   ShardLoader visitor(loaded.shard.get());
   for (const auto& [id, info] : c.by_step.at(step)) {
-    RETURN_IF_ERROR(info.second->Read(step, &visitor));
+    RETURN_IF_ERROR(ReadChain(*info.store, info.chain, loaded.shard.get(), &visitor));
   }
   loaded.shard->RestoreWorkers(visitor.workers());
   return loaded;
@@ -420,6 +419,7 @@ void Snapshotter::Install(Loaded loaded) {
   // Loading may have found the newest snapshot damaged, which listed as complete before.
   auto list = store_->List();
   absl::MutexLock lock(&mu_);
+  tip_.Reset();  // other table objects: the next snapshot is full
   restored_step_ = loaded.step;
   if (list.ok()) last_complete_step_ = list->empty() ? -1 : list->back().step();
 }

@@ -17,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/ps.pb.h"
+#include "server/ps/snapshot/shard_loader.h"
+#include "server/ps/snapshot/snapshot_chain.h"
 #include "server/ps/snapshot/snapshot_store.h"
 #include "server/ps/table/shard.h"
 
@@ -35,6 +37,10 @@ struct SnapshotterOptions {
   bool skip_damaged = false;
   // Where the stores live (not owned); null: RocksDB stores on the local file system.
   SnapshotStorage* storage = nullptr;
+  // Every K-th snapshot is full, the others hold the sparse tables' changes since the one
+  // before (snapshot_chain.h); 1: all full. K > 1 needs a shard whose sparse tables track
+  // row versions (ShardOptions.track_row_versions); else each snapshot is full.
+  int full_every = 1;
 };
 
 // Snapshot writes since this process started, for metrics.
@@ -48,28 +54,6 @@ struct SnapshotCounters {
   double last_pause_seconds = 0;         // ... and its longest capture pause
   double last_success_unix_seconds = 0;  // 0: none yet
   bool in_progress = false;
-};
-
-// Loads snapshot tables (or a state transfer's) into a shard: creates each table on first
-// sight with its clocks and update count, and copies the dense indices and sparse rows
-// that the shard owns.
-class ShardLoader final : public SnapshotStore::Visitor {
- public:
-  explicit ShardLoader(Shard* shard);
-  absl::Status Header(const TableSnapshotHeader& h) override;
-  absl::Status DenseBlock(const TableSnapshotHeader& h, uint64_t begin, uint64_t n,
-                          const float* data) override;
-  absl::Status SparseRow(const TableSnapshotHeader& h, uint64_t key, int64_t updates, int64_t step,
-                         const float* data) override;
-  // The workers the tables' clocks name.
-  const std::vector<int32_t>& workers() const { return workers_; }
-
- private:
-  // A sparse table's admission counts from a header (each old shard's added).
-  absl::Status RestoreLifecycle(Table* table, const TableSnapshotHeader& h);
-
-  Shard* const shard_;
-  std::vector<int32_t> workers_;
 };
 
 // The database directory of shard `shard_id` under `root`.
@@ -120,14 +104,15 @@ class Snapshotter {
   uint64_t bytes_total() const;
   // Snapshot's parts. Begin: refuses while one is in progress or the step exists; else
   // marks one in progress (after the previous writer is joined).
-  absl::Status Begin(int64_t step);
+  // Returns where the snapshot starts from (its tip reset when its step is gone).
+  absl::StatusOr<ChainTip> Begin(int64_t step);
   struct Captured {
     std::vector<std::unique_ptr<TableImage>> images;
     absl::Duration longest_pause;
     uint64_t bytes = 0;
   };
   // Every table held at `step`, then captured; a table that cannot be ends it (Abandon).
-  absl::StatusOr<Captured> CaptureAll(int64_t step, absl::Time deadline);
+  absl::StatusOr<Captured> CaptureAll(int64_t step, absl::Time deadline, const ChainTip& tip);
   static void Complete(const std::vector<Table*>& tables, Captured* captured);
   // Ends a snapshot that took nothing: releases the tables [held_from, held_to) still held
   // and counts it under `counter`. A refusal (a BSP table past the step) is part of the
@@ -137,23 +122,33 @@ class Snapshotter {
   absl::Status Abandon(const std::vector<Table*>& tables, size_t held_from, size_t held_to,
                        int64_t step, absl::Status status, uint64_t SnapshotCounters::*counter);
   // Hands the images to a background writer.
-  void StartWrite(const SnapshotRequest& request, Captured captured);
+  void StartWrite(const SnapshotRequest& request, Captured captured, const ChainTip& tip);
   // Load's parts. What the roots hold: every shard directory's complete snapshots, by step
   // then shard (with the shard count each was taken with), the damaged files, and the steps
   // every shard has (restorable, oldest first).
   struct Catalog {
     std::vector<std::unique_ptr<SnapshotStore>> owned;  // other shards' stores
-    std::map<int64_t, std::map<uint32_t, std::pair<uint32_t, const SnapshotStore*>>> by_step;
+    struct Part {
+      uint32_t num_shards;
+      const SnapshotStore* store;
+      std::vector<int64_t> chain;  // the steps to read, ChainOf's
+    };
+    std::map<int64_t, std::map<uint32_t, Part>> by_step;
     std::vector<std::string> damaged;
     std::vector<int64_t> restorable;
   };
   absl::StatusOr<Catalog> Survey() const;
+  // One store's restorable snapshots into `c`: those whose chain it holds whole.
+  absl::Status SurveyStore(const SnapshotStore* store, Catalog* c) const;
   // The steps `which` names, newest first (none: nothing to restore).
   absl::StatusOr<std::vector<int64_t>> Candidates(const std::string& which, const Catalog& c) const;
   absl::StatusOr<Loaded> LoadStep(int64_t step, const Catalog& c) const;
   // `keep`: the coordinator's retention (SnapshotRequest.keep_steps); empty: our own.
   void WriteInBackground(int64_t step, std::vector<std::unique_ptr<TableImage>> images,
                          SnapshotStore::WriteOptions options, std::vector<int64_t> keep);
+  // After the snapshot of `step` is complete: the chain's new tip, and the tables forget
+  // the changes it holds.
+  void Advance(int64_t step, std::optional<int64_t> base, std::vector<ChainTip::Captured> tables);
 
   Shard* const shard_;
   const SnapshotterOptions options_;
@@ -170,6 +165,7 @@ class Snapshotter {
   int64_t last_complete_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t restored_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  ChainTip tip_ ABSL_GUARDED_BY(mu_);
   SnapshotCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread writer_ ABSL_GUARDED_BY(mu_);
 };

@@ -4,14 +4,17 @@
 
 namespace pscluster::ps {
 
-RowStore::RowStore(size_t width, bool track_steps)
-    : width_(width), track_steps_(track_steps), index_(0, Hash{this}, Eq{this}) {}
+RowStore::RowStore(size_t width, bool track_steps, bool track_versions)
+    : width_(width),
+      track_steps_(track_steps),
+      track_versions_(track_versions),
+      index_(0, Hash{this}, Eq{this}) {}
 
 RowStore::Row RowStore::RowAt(size_t row) const {
   const Block& b = *blocks_[row / kRowsPerBlock];
   const size_t at = row % kRowsPerBlock;
   return Row{b.rows.get() + at * width_, b.updates.get() + at,
-             b.steps ? b.steps.get() + at : nullptr};
+             b.steps ? b.steps.get() + at : nullptr, b.versions ? b.versions.get() + at : nullptr};
 }
 
 RowStore::Row RowStore::Find(uint64_t key) const {
@@ -26,6 +29,7 @@ RowStore::Row RowStore::Append(uint64_t key) {
     b->keys.reset(new uint64_t[kRowsPerBlock]);
     b->updates.reset(new int64_t[kRowsPerBlock]);
     if (track_steps_) b->steps.reset(new int64_t[kRowsPerBlock]);
+    if (track_versions_) b->versions.reset(new uint64_t[kRowsPerBlock]);
     blocks_.push_back(std::move(b));
   }
   const size_t row = size_++;
@@ -33,6 +37,7 @@ RowStore::Row RowStore::Append(uint64_t key) {
   b.keys[row % kRowsPerBlock] = key;
   b.updates[row % kRowsPerBlock] = 0;
   if (track_steps_) b.steps[row % kRowsPerBlock] = 0;
+  if (track_versions_) b.versions[row % kRowsPerBlock] = 0;
   index_.insert(static_cast<uint32_t>(row));  // after the key is in place: it hashes by it
   return RowAt(row);
 }
@@ -46,6 +51,7 @@ void RowStore::Remove(size_t row) {
     std::copy(from.data, from.data + width_, to.data);
     *to.updates = *from.updates;
     if (track_steps_) *to.step = *from.step;
+    if (track_versions_) *to.version = *from.version;
     blocks_[row / kRowsPerBlock]->keys[row % kRowsPerBlock] = KeyOf(last);
     index_.insert(static_cast<uint32_t>(row));
   }
@@ -58,7 +64,8 @@ void RowStore::FreeUnusedBlocks() {
 }
 
 uint64_t RowStore::bytes() const {
-  const uint64_t per_row = width_ * sizeof(float) + (track_steps_ ? 3 : 2) * sizeof(uint64_t);
+  const uint64_t per_row =
+      width_ * sizeof(float) + (2 + track_steps_ + track_versions_) * sizeof(uint64_t);
   const uint64_t per_block = kRowsPerBlock * per_row;
   // absl's swiss table: a 4-byte slot and a control byte per slot, and one group of
   // control bytes more.

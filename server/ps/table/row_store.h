@@ -6,7 +6,8 @@
 // count, and 5-11 bytes of index (its load between 7/16 and 7/8): no allocation of its
 // own, no pointers. (The map of keys to std::vector rows it replaces spent a heap block
 // and about 40 bytes of bookkeeping on every row.) A store that tracks steps keeps, beside
-// each row, the step of its last update (8 bytes more), for eviction. Rows keep their
+// each row, the step of its last update (8 bytes more), for eviction; one that tracks
+// versions keeps the table's change count at it (8 more), for incremental snapshots. Rows keep their
 // place in insertion order until one is removed, when the last row takes its place:
 // replicas that apply the same updates and removals iterate alike.
 // Not thread-safe (the table's lock guards it); neither copyable nor movable (the index
@@ -27,7 +28,7 @@ class RowStore {
  public:
   static constexpr size_t kRowsPerBlock = 4096;
 
-  explicit RowStore(size_t width, bool track_steps = false);
+  explicit RowStore(size_t width, bool track_steps = false, bool track_versions = false);
   RowStore(const RowStore&) = delete;
   RowStore& operator=(const RowStore&) = delete;
 
@@ -35,12 +36,14 @@ class RowStore {
     float* data = nullptr;  // width floats; null: no such row
     int64_t* updates = nullptr;
     int64_t* step = nullptr;  // its last update's step; null unless the store tracks steps
+    uint64_t* version = nullptr;  // the change its last update was; null unless tracked
     explicit operator bool() const { return data != nullptr; }
   };
 
   size_t size() const { return size_; }
   size_t width() const { return width_; }
   bool tracks_steps() const { return track_steps_; }
+  bool tracks_versions() const { return track_versions_; }
   bool Contains(uint64_t key) const { return index_.find(Key{key}) != index_.end(); }
   // The stored row of `key`, or a null Row.
   Row Find(uint64_t key) const;
@@ -89,7 +92,8 @@ class RowStore {
     std::unique_ptr<float[]> rows;
     std::unique_ptr<uint64_t[]> keys;
     std::unique_ptr<int64_t[]> updates;
-    std::unique_ptr<int64_t[]> steps;  // tracked stores only
+    std::unique_ptr<int64_t[]> steps;      // tracked stores only
+    std::unique_ptr<uint64_t[]> versions;  // likewise
   };
   // Hashes and compares row numbers through their keys, and keys directly (heterogeneous
   // lookup: find(Key{k}) needs no row).
@@ -121,6 +125,7 @@ class RowStore {
 
   const size_t width_;
   const bool track_steps_;
+  const bool track_versions_;
   std::vector<std::unique_ptr<Block>> blocks_;
   size_t size_ = 0;
   absl::flat_hash_set<uint32_t, Hash, Eq> index_;

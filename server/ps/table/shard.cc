@@ -127,9 +127,10 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
   } else {
     auto optimizer = core::MakeOptimizer(spec.optimizer());
     if (!optimizer.ok()) return optimizer.status();
+    const bool versions = options_.track_row_versions;
     const uint64_t max_rows =
-        options_.max_table_bytes / SparseTable::RowBytes(spec, (*optimizer)->num_slots());
-    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards, max_rows);
+        options_.max_table_bytes / SparseTable::RowBytes(spec, (*optimizer)->num_slots(), versions);
+    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards, max_rows, versions);
     if (!t.ok()) return t.status();
     table = *std::move(t);
   }

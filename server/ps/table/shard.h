@@ -33,6 +33,9 @@ struct ShardOptions {
   // count the rows they hold, but a push adding rows is bounded by max_table_bytes alone).
   uint64_t max_memory_bytes = UINT64_MAX;
   uint32_t max_sparse_dim = 1 << 16;
+  // Sparse rows keep the change count of their last update (8 bytes each), so that
+  // snapshots may hold only what changed (ps_server --snapshot_full_every > 1).
+  bool track_row_versions = false;
 };
 
 // INVALID_ARGUMENT naming the field for a spec no shard could hold.

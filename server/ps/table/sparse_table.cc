@@ -18,23 +18,26 @@ namespace pscluster::ps {
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec& spec,
                                                                  uint32_t shard_id,
                                                                  uint32_t num_shards,
-                                                                 uint64_t max_rows) {
+                                                                 uint64_t max_rows,
+                                                                 bool track_versions) {
   auto optimizer = core::MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
-  return std::unique_ptr<SparseTable>(
-      new SparseTable(spec, *std::move(optimizer), shard_id, num_shards, max_rows));
+  return std::unique_ptr<SparseTable>(new SparseTable(spec, *std::move(optimizer), shard_id,
+                                                      num_shards, max_rows, track_versions));
 }
 
-uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots) {
+uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots, bool track_versions) {
   // The floats, the key and update count beside them, and the index at its sparsest
   // (RowStore: 4-byte slots and a control byte, 7/16 full right after it grows).
   // With eviction, the step of its last update.
   const uint64_t step = spec.rows().evict_after_steps() > 0 ? 8 : 0;
-  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 16 + 12 + step;
+  return uint64_t{spec.dim()} * (1 + num_slots) * sizeof(float) + 16 + 12 + step +
+         (track_versions ? 8 : 0);
 }
 
 SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
-                         uint32_t shard_id, uint32_t num_shards, uint64_t max_rows)
+                         uint32_t shard_id, uint32_t num_shards, uint64_t max_rows,
+                         bool track_versions)
     : Table(spec, std::move(optimizer)),
       shard_id_(shard_id),
       num_shards_(num_shards),
@@ -42,7 +45,7 @@ SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer>
       // A row's number in the store is 32 bits.
       max_rows_(std::min<uint64_t>(max_rows, UINT32_MAX)),
       lifecycle_(spec.rows()),
-      rows_(dim_ * (1 + optimizer_->num_slots()), lifecycle_.tracks_steps()) {}
+      rows_(dim_ * (1 + optimizer_->num_slots()), lifecycle_.tracks_steps(), track_versions) {}
 
 std::vector<float> SparseTable::InitialRow(uint64_t key) const {
   std::vector<float> row(dim_ * (1 + optimizer_->num_slots()));
@@ -292,13 +295,31 @@ void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad, int6
   for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data + dim_ * (1 + k);
   optimizer_->Apply(row.data, grad.data(), slots, dim_, ++*row.updates);
   if (row.step != nullptr) *row.step = step;
+  if (row.version != nullptr) *row.version = ++changes_;
 }
 
 void SparseTable::EndUpdatesLocked(int64_t step) {
   const std::optional<int64_t> upto = lifecycle_.SweepAt(step);
   if (!upto) return;
-  lifecycle_.Evicted(
-      rows_.RemoveIf([&](uint64_t, const RowStore::Row& row) { return *row.step <= *upto; }));
+  lifecycle_.Evicted(rows_.RemoveIf([&](uint64_t key, const RowStore::Row& row) {
+    if (*row.step > *upto) return false;
+    if (rows_.tracks_versions()) RememberRemovedLocked(key);
+    return true;
+  }));
+}
+
+void SparseTable::RememberRemovedLocked(uint64_t key) {
+  if (removed_.size() >= std::max(kMaxRemovedKept, rows_.size())) {
+    removed_.clear();  // the next snapshot is whole: no base it could build on is known
+    removed_known_from_ = changes_;
+  }
+  removed_.emplace_back(++changes_, key);
+}
+
+void SparseTable::ForgetChangesThrough(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  auto kept = std::upper_bound(removed_.begin(), removed_.end(), std::make_pair(version, UINT64_MAX));
+  removed_.erase(removed_.begin(), kept);
 }
 
 void SparseTable::ApplyBspStepLocked(int64_t step) {
@@ -350,6 +371,11 @@ absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float
 }
 
 void SparseTable::CaptureLocked(TableImage* image) const {
+  image->version = changes_;
+  if (image->since && rows_.tracks_versions() && *image->since >= removed_known_from_) {
+    CaptureChangesLocked(*image->since, image);
+    return;
+  }
   const size_t row_len = dim_ * (1 + optimizer_->num_slots());
   image->header.set_num_rows(rows_.size());
   image->keys.reserve(rows_.size());
@@ -365,6 +391,31 @@ void SparseTable::CaptureLocked(TableImage* image) const {
     std::memcpy(out, row.data, row_len * sizeof(float));
     out += row_len;
   });
+}
+
+void SparseTable::CaptureChangesLocked(uint64_t since, TableImage* image) const {
+  const size_t row_len = dim_ * (1 + optimizer_->num_slots());
+  image->header.set_changes_only(true);
+  lifecycle_.Capture(&image->header);
+  for (auto it = std::upper_bound(removed_.begin(), removed_.end(),
+                                  std::make_pair(since, UINT64_MAX));
+       it != removed_.end(); ++it) {
+    image->removed.push_back(it->second);
+  }
+  image->header.set_num_removed(image->removed.size());
+  rows_.ForEach([&](uint64_t key, const RowStore::Row& row) {
+    if (*row.version <= since) return;
+    image->keys.push_back(key);
+    image->row_updates.push_back(*row.updates);
+    if (row.step != nullptr) image->row_steps.push_back(*row.step);
+    image->row_data.insert(image->row_data.end(), row.data, row.data + row_len);
+  });
+  image->header.set_num_rows(image->keys.size());
+}
+
+bool SparseTable::HasRow(uint64_t key) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return rows_.Contains(key);
 }
 
 absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data,

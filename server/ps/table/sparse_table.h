@@ -23,9 +23,10 @@ class SparseTable final : public Table {
   // `spec` must already be validated (ValidateTableSpec).
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const TableSpec& spec,
                                                              uint32_t shard_id, uint32_t num_shards,
-                                                             uint64_t max_rows = UINT64_MAX);
+                                                             uint64_t max_rows = UINT64_MAX,
+                                                             bool track_versions = false);
   // The bytes one stored row takes (values, optimizer slots, key, bookkeeping).
-  static uint64_t RowBytes(const TableSpec& spec, int num_slots);
+  static uint64_t RowBytes(const TableSpec& spec, int num_slots, bool track_versions = false);
 
   // INVALID_ARGUMENT/OUT_OF_RANGE for a key of another shard or outside key_space.
   absl::Status CheckKeys(absl::Span<const uint64_t> keys) const;
@@ -56,12 +57,22 @@ class SparseTable final : public Table {
   absl::Status RestoreRow(uint64_t key, int64_t updates, const float* data, int64_t step = 0);
   // Restore: the admission counts of a snapshot's header (each old shard's, added up).
   absl::Status RestoreLifecycle(const TableSnapshotHeader& header);
+  // Whether `key` has a stored row (restoring a chain: a newer link's row wins).
+  bool HasRow(uint64_t key) const;
+
+  // Incremental snapshots (a table made with track_versions): each row keeps the change
+  // count of its last update, and the table the ids removed since the last complete
+  // snapshot, so that Capture can copy only what changed since a version.
+  void ForgetChangesThrough(uint64_t version) override;
+  // At most this many removed ids are kept (or as many as the table has rows); past it
+  // they are forgotten and the next snapshot is whole.
+  static constexpr size_t kMaxRemovedKept = size_t{1} << 20;
 
  private:
   using Grads = std::map<uint64_t, std::vector<float>>;
 
   SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
-              uint32_t num_shards, uint64_t max_rows);
+              uint32_t num_shards, uint64_t max_rows, bool track_versions);
   // A key's row before any update: initializer values, then each slot's initial value.
   std::vector<float> InitialRow(uint64_t key) const;
   // A new row for `key`, which has none: its initial row (values, then optimizer slots).
@@ -125,6 +136,11 @@ class SparseTable final : public Table {
   }
   uint64_t MemoryBytes(const TableInfo& info) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The rows changed after version `since` and the ids removed after it.
+  void CaptureChangesLocked(uint64_t since, TableImage* image) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // An evicted row's id, for the next incremental snapshot (tracking tables only).
+  void RememberRemovedLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t shard_id_;
   const uint32_t num_shards_;
@@ -142,6 +158,12 @@ class SparseTable final : public Table {
   std::map<int64_t, std::map<int32_t, Parts>> parts_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, uint64_t> pending_new_rows_ ABSL_GUARDED_BY(mu_);
   uint64_t staged_new_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  // Incremental snapshots: the changes applied so far (each row's version is the count at
+  // its last update), the ids removed with the count at their removal (ascending), and
+  // the version from which that list is whole (past kMaxRemovedKept it starts again).
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> removed_ ABSL_GUARDED_BY(mu_);
+  uint64_t removed_known_from_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pscluster::ps

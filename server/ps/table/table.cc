@@ -13,9 +13,19 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace pscluster::ps {
+namespace {
+
+uint64_t NextIncarnation() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
+}  // namespace
+
 Table::Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer)
     : spec_(std::move(spec)),
       optimizer_(std::move(optimizer)),
+      incarnation_(NextIncarnation()),
       clock_(spec_.table_id(), spec_.consistency()) {}
 
 void Table::AddWorker(int32_t worker_id) {
@@ -77,8 +87,11 @@ void Table::ReleaseStep(int64_t step) {
 }
 
 absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::Time deadline,
-                                                           absl::Duration* pause) {
+                                                           absl::Duration* pause,
+                                                           CaptureSince since) {
   auto image = std::make_unique<TableImage>();
+  image->incarnation = incarnation_;
+  image->since = since;
   PrepareImage(image.get());
   absl::MutexLock lock(&mu_);
   if (bsp()) {
@@ -180,7 +193,7 @@ void Table::RestoreClocks(const TableSnapshotHeader& header) {
 
 uint64_t TableImage::bytes() const {
   uint64_t n = header.ByteSizeLong() + keys.size() * 16 + row_steps.size() * 8 +
-               row_data.size() * sizeof(float);
+               row_data.size() * sizeof(float) + removed.size() * 8;
   for (const auto& a : arrays) n += a.size() * sizeof(float);
   return n;
 }

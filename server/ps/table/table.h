@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,9 +44,23 @@ struct TableImage {
   std::vector<int64_t> row_updates;
   std::vector<int64_t> row_steps;  // each row's last update's step, with header.row_steps()
   std::vector<float> row_data;
+  // SPARSE with header.changes_only(): the ids whose rows went since the base.
+  std::vector<uint64_t> removed;
+
+  // Which table object and how far along its changes this is (a sparse table that tracks
+  // versions: its change count), for the next incremental snapshot to start from.
+  uint64_t incarnation = 0;
+  uint64_t version = 0;
+  // What Capture was asked for (CaptureSince), for the table's copy to read.
+  std::optional<uint64_t> since;
 
   uint64_t bytes() const;
 };
+
+// What Capture copies of a sparse table that tracks versions: every row (nullopt), or only
+// the changes after version `*since` (TableImage::removed, header.changes_only), if it still
+// knows them all; otherwise every row.
+using CaptureSince = std::optional<uint64_t>;
 
 class Table {
  public:
@@ -97,12 +112,19 @@ class Table {
   absl::Status HoldStep(int64_t step);
   void ReleaseStep(int64_t step);
   absl::StatusOr<std::unique_ptr<TableImage>> Capture(int64_t step, absl::Time deadline,
-                                                      absl::Duration* pause);
+                                                      absl::Duration* pause,
+                                                      CaptureSince since = std::nullopt);
   // Fills what Capture left to copy on write (a DenseTable under ASP/SSP captures only the
   // point in time, and copies its blocks as pushes first touch them or here, one block per
   // hold of the lock): call once on every image Capture returned, before using it. The
   // longest the lock was held for one block is in *pause.
   virtual void CompleteCapture(TableImage* image, absl::Duration* pause) {}
+  // A snapshot of this table at `version` is complete: no later one will ask for changes
+  // since an earlier version, so what the table keeps of them (removed ids) may go.
+  virtual void ForgetChangesThrough(uint64_t version) {}
+  // This table object, unlike any other of the process: a restore or state transfer that
+  // replaces a table makes the next snapshot write it whole.
+  uint64_t incarnation() const { return incarnation_; }
 
   // State transfer to a joining replica: the whole state as it is now, copied under the
   // lock. UNAVAILABLE while a BSP step has some workers' pushes but is not applied, or a
@@ -204,6 +226,7 @@ class Table {
   void CountWaitLocked(absl::Time since) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountPullLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const uint64_t incarnation_;
   ConsistencyClock clock_ ABSL_GUARDED_BY(mu_);
   absl::Status shutdown_why_ ABSL_GUARDED_BY(mu_);  // Shutdown's
   Waiters<int64_t> parked_ ABSL_GUARDED_BY(mu_);
