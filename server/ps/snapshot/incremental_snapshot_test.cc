@@ -98,7 +98,9 @@ void AddState(const Shard& shard, State* out) {
 // A cluster of `n` shards writing snapshots under one root.
 class Cluster {
  public:
-  Cluster(const std::string& root, uint32_t n, int full_every, int64_t evict_after)
+  // With `full_root`, each shard also writes every snapshot whole there, to compare.
+  Cluster(const std::string& root, uint32_t n, int full_every, int64_t evict_after,
+          const std::string& full_root = "")
       : root_(root) {
     for (uint32_t i = 0; i < n; ++i) {
       ShardOptions o;
@@ -114,6 +116,12 @@ class Cluster {
       so.full_every = full_every;
       so.keep_last = 100;
       auto s = Snapshotter::Create(shards_.back().get(), so);
+      EXPECT_TRUE(s.ok()) << s.status();
+      snapshotters_.push_back(*std::move(s));
+      if (full_root.empty()) continue;
+      so.root = full_root;
+      so.full_every = 1;
+      s = Snapshotter::Create(shards_.back().get(), so);
       EXPECT_TRUE(s.ok()) << s.status();
       snapshotters_.push_back(*std::move(s));
     }
@@ -158,6 +166,7 @@ class Cluster {
     for (const auto& shard : shards_) AddState(*shard, &s);
     return s;
   }
+  // The i-th snapshotter: shard i's, or with a full root, 2i (chain) and 2i + 1 (full).
   Snapshotter& snapshotter(uint32_t i) { return *snapshotters_[i]; }
 
  private:
@@ -217,8 +226,7 @@ class IncrementalSnapshotTest : public ::testing::Test {
 
 TEST_F(IncrementalSnapshotTest, EveryLinkRestoresWhatAFullSnapshotWould) {
   // Eviction after 3 steps: the links carry removed ids as well as changed rows.
-  Cluster cluster(root_, 1, /*full_every=*/4, /*evict_after=*/3);
-  const std::string full_root = tmp_->path() + "/full";
+  Cluster cluster(root_, 1, /*full_every=*/4, /*evict_after=*/3, tmp_->path() + "/full");
   for (int64_t step = 1; step <= 9; ++step) {
     cluster.Push(step, KeysOfStep(step, 0.1));
     cluster.SnapshotAndWait(step);
@@ -228,15 +236,22 @@ TEST_F(IncrementalSnapshotTest, EveryLinkRestoresWhatAFullSnapshotWould) {
     ASSERT_TRUE(restored.ok()) << restored.status();
     EXPECT_TRUE(*restored == now) << "step " << step;
   }
-  // Full at 1, 5 and 9; each other one builds on the one before and is smaller.
+  // Full at 1, 5 and 9; each other one builds on the one before and is smaller than a
+  // full snapshot of the same moment (a third of the rows change each step).
   const std::vector<SnapshotInfo> list = Listed(cluster.snapshotter(0));
+  const std::vector<SnapshotInfo> whole = Listed(cluster.snapshotter(1));
   ASSERT_EQ(list.size(), 9u);
-  for (const SnapshotInfo& i : list) {
+  ASSERT_EQ(whole.size(), 9u);
+  for (size_t k = 0; k < list.size(); ++k) {
+    const SnapshotInfo& i = list[k];
     const bool full = i.step() % 4 == 1;
     EXPECT_EQ(i.has_base(), !full) << "step " << i.step();
-    if (!full) {
+    EXPECT_FALSE(whole[k].has_base());
+    if (full) {
+      EXPECT_EQ(i.bytes(), whole[k].bytes()) << "step " << i.step();
+    } else {
       EXPECT_EQ(i.base_step(), i.step() - 1);
-      EXPECT_LT(i.bytes(), list[0].bytes() / 2) << "step " << i.step();
+      EXPECT_LT(i.bytes(), whole[k].bytes() * 0.6) << "step " << i.step();
     }
   }
 }
