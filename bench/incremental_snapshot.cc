@@ -75,7 +75,8 @@ Taken SnapshotAndWait(Snapshotter& s, int64_t step) {
     std::exit(1);
   }
   Taken t{absl::ToDoubleSeconds(absl::Now() - start), 0};
-  for (const SnapshotInfo& i : s.List()->snapshots()) {
+  const absl::StatusOr<ListSnapshotsResponse> list = s.List();
+  for (const SnapshotInfo& i : list->snapshots()) {
     if (i.step() == step) t.bytes = i.bytes();
   }
   return t;
