@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 rows=${1:-10000000} rounds=${2:-5} dir=${3:-/var/tmp}
 bazel build -c opt //bench:incremental_snapshot 2>&1 | tail -n 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)/bench/incremental_snapshot
-out=$("$bin" "$rows" "$rounds" "$dir" 2> >(grep -v ' I ' >&2))
+out=$("$bin" "$rows" "$rounds" "$dir" 2> >(grep -v ' I ' >&2) | grep "^{")  # its log lines go to stdout too
 /usr/bin/python3 - "$rows" "$rounds" "$out" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
