@@ -59,6 +59,11 @@ const std::vector<Command>& Commands() {
        "psctl --helpfull lists every flag it reads.",
        {"params", "layers", "width", "heads", "dataset_bytes", "dataset_tokens", "nodes",
         "gpus_per_node", "gpu", "precision", "json"}},
+      {"export",
+       "psctl export --data_dir=DIR --table=NAME|ID --out=NEW_DIR [--step=N]",
+       "No cluster: a checkpoint's sparse table (values only) as a RocksDB database for "
+       "serving, ids as 8-byte big-endian keys (docs/operations.md#export-for-serving).",
+       {"data_dir", "table", "out", "step"}},
       {"help", "psctl help [COMMAND]", "This list, or one command's synopsis and flags.", {}},
   };
   return *kCommands;

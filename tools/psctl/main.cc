@@ -104,6 +104,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "tools/psctl/commands.h"
+#include "tools/psctl/export_command.h"
 #include "tools/psctl/plan.h"
 #include "tools/psctl/plan_flags.h"
 #include "tools/psctl/plan_format.h"
@@ -120,7 +121,8 @@ ABSL_FLAG(std::string, mode, "",
 ABSL_FLAG(int64_t, at_step, 0,
           "switch-mode: the step every worker switches before (0: the next step boundary).");
 ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
-          "restore: the checkpoint step (psctl checkpoints lists them).");
+          "restore: the checkpoint step (psctl checkpoints lists them); export: the "
+          "snapshot's (default: the latest).");
 ABSL_FLAG(bool, force, false,
           "restore: even while workers are alive (they train on over the rolled-back tables).");
 ABSL_FLAG(bool, json, false, "status: print the view as one JSON object; plan: the plan.");
@@ -420,7 +422,7 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   constexpr char kCommands[] =
-      "status, top, checkpoint, checkpoints, restore, switch-mode, health, plan or help";
+      "status, top, checkpoint, checkpoints, restore, switch-mode, health, plan, export or help";
   if (args.size() == 2 && std::string(args[1]) == "help") {
     std::fputs(psctl::CommandsOverview().c_str(), stdout);
     return kOk;
@@ -433,12 +435,13 @@ int main(int argc, char** argv) {
   }
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
-  const std::set<std::string> known = {"status",  "top",         "checkpoint", "checkpoints",
-                                       "restore", "switch-mode", "health",     "plan"};
+  const std::set<std::string> known = {"status",      "top",    "checkpoint", "checkpoints", "restore",
+                                       "switch-mode", "health", "plan",       "export"};
   if (known.count(command) == 0) {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }
   if (command == "plan") return PlanCommand(absl::GetFlag(FLAGS_json));
+  if (command == "export") return psctl::ExportCommand(absl::GetFlag(FLAGS_step));
   if (absl::GetFlag(FLAGS_timeout_seconds) <= 0) {
     return Error(kUsage, absl::StrCat("--timeout_seconds=", absl::GetFlag(FLAGS_timeout_seconds),
                                       " must be positive"));

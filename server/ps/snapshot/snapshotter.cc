@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
   SnapshotStorage* storage = options.storage;
   if (storage == nullptr) storage = (local = MakeLocalSnapshotStorage()).get();
   ASSIGN_OR_RETURN(auto store,
-                   storage->Open(ShardSnapshotDir(options.root, shard->options().shard_id), false));
+                   storage->Open(ShardSnapshotDir(options.root, shard->options().shard_id),
+                                 options.read_only));
   ASSIGN_OR_RETURN(auto list, store->List());
   if (std::vector<std::string> damaged = store->Damaged(); !damaged.empty()) {
     if (!options.skip_damaged) {

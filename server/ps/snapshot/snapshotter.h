@@ -41,6 +41,9 @@ struct SnapshotterOptions {
   // before (snapshot_chain.h); 1: all full. K > 1 needs a shard whose sparse tables track
   // row versions (ShardOptions.track_row_versions); else each snapshot is full.
   int full_every = 1;
+  // Opens this shard's store read-only too: Load works, Snapshot fails (tools that read a
+  // running cluster's checkpoint, such as psctl export).
+  bool read_only = false;
 };
 
 // Snapshot writes since this process started, for metrics.
