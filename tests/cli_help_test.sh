@@ -28,5 +28,9 @@ out=$(tools/psctl/psctl help switch-mode 2>&1) || { echo "FAIL: psctl help switc
 grep -q -- "--at_step=0" <<<"$out" || { echo "FAIL: psctl help switch-mode lacks --at_step: $out"; failed=1; }
 tools/psctl/psctl help nope >/dev/null 2>&1
 rc=$?; ((rc == 2)) || { echo "FAIL: psctl help nope exited $rc, not 2"; failed=1; }
+# export without its flags says which it needs (exit 2), before touching any file.
+out=$(tools/psctl/psctl export --table=emb 2>&1)
+rc=$?; ((rc == 2)) || { echo "FAIL: psctl export without --data_dir exited $rc, not 2"; failed=1; }
+grep -q -- "--data_dir=" <<<"$out" || { echo "FAIL: psctl export does not name --data_dir: $out"; failed=1; }
 ((failed == 0)) && echo PASS
 exit "$failed"
