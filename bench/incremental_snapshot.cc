@@ -133,14 +133,17 @@ int Main(uint64_t rows, int rounds, const std::string& dir) {
       seen[at + "_seconds"].push_back(i.seconds);
       seen[at + "_bytes_ratio"].push_back(static_cast<double>(i.bytes) / f.bytes);
       seen[at + "_seconds_ratio"].push_back(i.seconds / f.seconds);
-      std::fprintf(stderr, "round %d, %s of the rows: full %.1f MB in %.3f s, incremental %.1f MB in %.3f s\n",
-                   round + 1, at.c_str(), f.bytes / 1e6, f.seconds, i.bytes / 1e6, i.seconds);
+      std::fprintf(
+          stderr,
+          "round %d, %s of the rows: full %.1f MB in %.3f s, incremental %.1f MB in %.3f s\n",
+          round + 1, at.c_str(), f.bytes / 1e6, f.seconds, i.bytes / 1e6, i.seconds);
     }
   }
   std::filesystem::remove_all(root);
   std::printf("{\"rows\": %llu, \"dim\": %u, \"rounds\": %d", static_cast<unsigned long long>(rows),
               kDim, rounds);
-  for (auto& [name, values] : seen) std::printf(", \"%s\": %.6g", name.c_str(), bench::Median(values));
+  for (auto& [name, values] : seen)
+    std::printf(", \"%s\": %.6g", name.c_str(), bench::Median(values));
   std::printf("}\n");
   return 0;
 }

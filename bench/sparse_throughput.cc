@@ -135,7 +135,8 @@ void Measure(uint32_t shards, uint64_t ids, int reps) {
   if (rows.front() >= 0.0f || rows.back() != rows.front()) std::abort();  // SGD moved them alike
   const double push_s = Median(push), pull_s = Median(pull);
   std::printf(
-      "{\"shards\": %u, \"ids\": %llu, \"dim\": %u, \"push_rows_per_s\": %.4g, \"push_gbps\": %.4g, "
+      "{\"shards\": %u, \"ids\": %llu, \"dim\": %u, \"push_rows_per_s\": %.4g, \"push_gbps\": "
+      "%.4g, "
       "\"push_to_raw_grpc\": %.3f, \"pull_rows_per_s\": %.4g, \"pull_gbps\": %.4g, "
       "\"pull_to_raw_grpc\": %.3f}\n",
       shards, static_cast<unsigned long long>(ids), kDim, ids / push_s,

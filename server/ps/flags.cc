@@ -157,8 +157,8 @@ absl::Status ReadSnapshotFlags(ServerFlags* f) {
   }
   f->snapshots.full_every = absl::GetFlag(FLAGS_snapshot_full_every);
   if (f->snapshots.full_every < 1 || f->snapshots.full_every > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat("--snapshot_full_every must be in [1, 1000], got ",
-                                                   f->snapshots.full_every));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--snapshot_full_every must be in [1, 1000], got ", f->snapshots.full_every));
   }
   f->shard.track_row_versions = f->snapshots.full_every > 1;
   f->snapshots.lower_metric_is_better = metric == "min";

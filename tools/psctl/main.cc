@@ -435,8 +435,9 @@ int main(int argc, char** argv) {
   }
   if (args.size() != 2) return Error(kUsage, absl::StrCat("give one command: ", kCommands));
   const std::string command = args[1];
-  const std::set<std::string> known = {"status",      "top",    "checkpoint", "checkpoints", "restore",
-                                       "switch-mode", "health", "plan",       "export"};
+  const std::set<std::string> known = {"status",      "top",     "checkpoint",
+                                       "checkpoints", "restore", "switch-mode",
+                                       "health",      "plan",    "export"};
   if (known.count(command) == 0) {
     return Error(kUsage, absl::StrCat("unknown command '", command, "'; use ", kCommands));
   }

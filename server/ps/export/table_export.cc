@@ -44,7 +44,9 @@ absl::Status CheckRoom(const std::string& out, uint64_t bytes) {
   std::error_code ec;
   fs::path parent = fs::absolute(out, ec).parent_path();
   const fs::space_info space = fs::space(parent, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot stat ", parent.string(), ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(
+        absl::StrCat("cannot stat ", parent.string(), ": ", ec.message()));
   if (space.available < needed) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the export needs about ", needed / 1000000, " MB in ", parent.string(), " but ",
@@ -107,7 +109,8 @@ absl::Status WriteDatabase(const std::string& dir, const TableImage& image, int6
 uint64_t DirectoryBytes(const std::string& dir) {
   uint64_t bytes = 0;
   std::error_code ec;
-  for (const auto& f : fs::directory_iterator(dir, ec)) bytes += f.is_regular_file() ? f.file_size() : 0;
+  for (const auto& f : fs::directory_iterator(dir, ec))
+    bytes += f.is_regular_file() ? f.file_size() : 0;
   return bytes;
 }
 
@@ -116,7 +119,8 @@ uint64_t DirectoryBytes(const std::string& dir) {
 absl::StatusOr<ExportResult> ExportTable(const ExportRequest& request) {
   std::error_code ec;
   if (fs::exists(request.out, ec)) {
-    return absl::AlreadyExistsError(absl::StrCat(request.out, " exists; export to a new directory"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(request.out, " exists; export to a new directory"));
   }
   ShardOptions one;  // every old shard's rows into one
   one.max_table_bytes = UINT64_MAX;
@@ -124,15 +128,16 @@ absl::StatusOr<ExportResult> ExportTable(const ExportRequest& request) {
   SnapshotterOptions options;
   options.root = request.root;
   options.read_only = true;  // the checkpoint may belong to a running cluster
-  ASSIGN_OR_RETURN(std::unique_ptr<Snapshotter> snapshotter, Snapshotter::Create(&staging, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Snapshotter> snapshotter,
+                   Snapshotter::Create(&staging, options));
   ASSIGN_OR_RETURN(Snapshotter::Loaded loaded, snapshotter->Load(request.which));
   if (loaded.step < 0) {
     return absl::NotFoundError(absl::StrCat("no snapshot under ", request.root));
   }
   ASSIGN_OR_RETURN(Table * table, FindTable(*loaded.shard, request.table, loaded.step));
   if (table->spec().kind() != TableSpec::SPARSE) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", table->id(), " is dense: export takes sparse (embedding) tables"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table->id(), " is dense: export takes sparse (embedding) tables"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<TableImage> image, table->CaptureNow());
   RETURN_IF_ERROR(CheckRoom(request.out, image->keys.size() * (8 + table->spec().dim() * 4)));
@@ -142,8 +147,9 @@ absl::StatusOr<ExportResult> ExportTable(const ExportRequest& request) {
   if (written.ok()) fs::rename(partial, request.out, ec);
   if (!written.ok() || ec) {
     fs::remove_all(partial, ec);
-    return written.ok() ? absl::UnavailableError(absl::StrCat("renaming ", partial, ": ", ec.message()))
-                        : written;
+    return written.ok()
+               ? absl::UnavailableError(absl::StrCat("renaming ", partial, ": ", ec.message()))
+               : written;
   }
   ExportResult result;
   result.step = loaded.step;

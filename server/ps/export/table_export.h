@@ -18,10 +18,10 @@
 namespace pscluster::ps {
 
 struct ExportRequest {
-  std::string root;             // the checkpoint root (ps_server --data_dir)
+  std::string root;              // the checkpoint root (ps_server --data_dir)
   std::string which = "latest";  // "latest" or a step
-  std::string table;            // the table's id or name
-  std::string out;              // the database directory to make (must not exist)
+  std::string table;             // the table's id or name
+  std::string out;               // the database directory to make (must not exist)
 };
 
 struct ExportResult {

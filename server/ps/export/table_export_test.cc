@@ -103,11 +103,11 @@ TEST_F(TableExportTest, AStockRocksDbReaderSeesTheRowsAPullReturns) {
 
   rocksdb::DB* raw = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-      {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
-  ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), Request("emb").out, families,
-                                           &handles, &raw)
-                  .ok());
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {{rocksdb::kDefaultColumnFamilyName, {}},
+                                                           {"meta", {}}};
+  ASSERT_TRUE(
+      rocksdb::DB::OpenForReadOnly(rocksdb::Options(), Request("emb").out, families, &handles, &raw)
+          .ok());
   std::string step, spec;
   ASSERT_TRUE(raw->Get(rocksdb::ReadOptions(), handles[1], "step", &step).ok());
   ASSERT_TRUE(raw->Get(rocksdb::ReadOptions(), handles[1], "spec", &spec).ok());

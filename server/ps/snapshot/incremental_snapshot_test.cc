@@ -82,7 +82,8 @@ void AddState(const Shard& shard, State* out) {
     ASSERT_TRUE(image.ok()) << image.status();
     const TableImage& i = **image;
     if (t->spec().kind() == TableSpec::DENSE) {
-      for (const StagingArray& a : i.arrays) out->dense.insert(out->dense.end(), a.begin(), a.end());
+      for (const StagingArray& a : i.arrays)
+        out->dense.insert(out->dense.end(), a.begin(), a.end());
       continue;
     }
     const size_t len = i.row_data.size() / std::max<size_t>(1, i.keys.size());

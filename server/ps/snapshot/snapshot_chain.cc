@@ -24,8 +24,7 @@ absl::StatusOr<std::vector<int64_t>> ChainOf(int64_t step,
     if (!it->second.has_base()) break;
     if (it->second.base_step() >= at) {  // a manifest that verifies cannot say this, but
       return absl::DataLossError(absl::StrCat("the snapshot of step ", at, " in ", dir,
-                                              " builds on a later step, ",
-                                              it->second.base_step()));
+                                              " builds on a later step, ", it->second.base_step()));
     }
     at = it->second.base_step();
   }
@@ -58,8 +57,8 @@ class ChainVisitor final : public SnapshotStore::Visitor {
     if (!Wanted(id)) return absl::OkStatus();  // gone by the newest link
     ASSIGN_OR_RETURN(Table * table, shard_->GetTable(id));
     if (table->spec().SerializeAsString() != h.spec().SerializeAsString()) {
-      return absl::DataLossError(absl::StrCat(
-          "table ", id, " has another spec in an older link of its snapshot chain"));
+      return absl::DataLossError(
+          absl::StrCat("table ", id, " has another spec in an older link of its snapshot chain"));
     }
     if (h.spec().kind() == TableSpec::SPARSE) sparse_[id] = static_cast<SparseTable*>(table);
     if (!h.changes_only()) whole_now_.insert(id);
@@ -93,9 +92,9 @@ class ChainVisitor final : public SnapshotStore::Visitor {
   Shard* const shard_;
   SnapshotStore::Visitor* const loader_;
   bool newest_ = true;
-  std::set<uint32_t> tables_;                     // the newest link's
-  std::set<uint32_t> done_, whole_now_;           // held whole by a newer link, by this one
-  std::map<uint32_t, SparseTable*> sparse_;       // the loading shard's, by id
+  std::set<uint32_t> tables_;                // the newest link's
+  std::set<uint32_t> done_, whole_now_;      // held whole by a newer link, by this one
+  std::map<uint32_t, SparseTable*> sparse_;  // the loading shard's, by id
   std::map<uint32_t, absl::flat_hash_set<uint64_t>> removed_, removed_now_;
 };
 

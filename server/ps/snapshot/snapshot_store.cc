@@ -61,16 +61,16 @@ absl::Status EmitBlocks(const TableImage& image,
 }
 
 absl::Status SnapshotStore::Visitor::SparseRemoved(const TableSnapshotHeader& header,
-                                                  const uint64_t*, size_t) {
-  return absl::DataLossError(
-      absl::StrCat("table ", header.spec().table_id(),
-                   ": an incremental snapshot's removed rows, which only a chain's reader applies"));
+                                                   const uint64_t*, size_t) {
+  return absl::DataLossError(absl::StrCat(
+      "table ", header.spec().table_id(),
+      ": an incremental snapshot's removed rows, which only a chain's reader applies"));
 }
 
 namespace {
 
-absl::Status VisitRemoved(const TableSnapshotHeader& h, const char* data, size_t size,
-                          uint64_t* at, SnapshotStore::Visitor* visitor, absl::string_view where) {
+absl::Status VisitRemoved(const TableSnapshotHeader& h, const char* data, size_t size, uint64_t* at,
+                          SnapshotStore::Visitor* visitor, absl::string_view where) {
   const uint64_t n = std::min(kSparseBlockRows, h.num_removed() - *at);
   if (size != n * 8) {
     return absl::DataLossError(absl::StrCat(where, ": block of removed ids of the wrong size"));
@@ -154,7 +154,8 @@ absl::StatusOr<std::vector<int64_t>> SnapshotStore::ApplyRetention(int keep_last
   std::vector<int64_t> keep;
   for (size_t i = 0; i < list->size(); ++i) {
     const SnapshotManifest& m = (*list)[i];
-    if (i + keep_last >= list->size() || (best && m.step() == best->step())) keep.push_back(m.step());
+    if (i + keep_last >= list->size() || (best && m.step() == best->step()))
+      keep.push_back(m.step());
   }
   return DeleteAllBut(*list, keep);
 }

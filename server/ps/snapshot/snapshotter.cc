@@ -27,9 +27,9 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(Shard* shard,
   std::unique_ptr<SnapshotStorage> local;
   SnapshotStorage* storage = options.storage;
   if (storage == nullptr) storage = (local = MakeLocalSnapshotStorage()).get();
-  ASSIGN_OR_RETURN(auto store,
-                   storage->Open(ShardSnapshotDir(options.root, shard->options().shard_id),
-                                 options.read_only));
+  ASSIGN_OR_RETURN(
+      auto store,
+      storage->Open(ShardSnapshotDir(options.root, shard->options().shard_id), options.read_only));
   ASSIGN_OR_RETURN(auto list, store->List());
   if (std::vector<std::string> damaged = store->Damaged(); !damaged.empty()) {
     if (!options.skip_damaged) {
@@ -201,8 +201,9 @@ void Snapshotter::WriteInBackground(int64_t step, std::vector<std::unique_ptr<Ta
     LogInfo("snapshot of step %lld complete: %.1f MB in %.2f s (%.0f MB/s)%s",
             static_cast<long long>(step), manifest->bytes() / 1e6, seconds,
             manifest->bytes() / 1e6 / seconds,
-            options.base_step ? absl::StrCat(", the changes since step ", *options.base_step).c_str()
-                              : "");
+            options.base_step
+                ? absl::StrCat(", the changes since step ", *options.base_step).c_str()
+                : "");
     Advance(step, options.base_step, ChainTip::Of(images));
   }
   images.clear();  // free the staging copy before retention's compaction

@@ -7,11 +7,10 @@
 // own, no pointers. (The map of keys to std::vector rows it replaces spent a heap block
 // and about 40 bytes of bookkeeping on every row.) A store that tracks steps keeps, beside
 // each row, the step of its last update (8 bytes more), for eviction; one that tracks
-// versions keeps the table's change count at it (8 more), for incremental snapshots. Rows keep their
-// place in insertion order until one is removed, when the last row takes its place:
-// replicas that apply the same updates and removals iterate alike.
-// Not thread-safe (the table's lock guards it); neither copyable nor movable (the index
-// refers to the store).
+// versions keeps the table's change count at it (8 more), for incremental snapshots. Rows keep
+// their place in insertion order until one is removed, when the last row takes its place: replicas
+// that apply the same updates and removals iterate alike. Not thread-safe (the table's lock guards
+// it); neither copyable nor movable (the index refers to the store).
 #pragma once
 
 #include <cstddef>
@@ -35,7 +34,7 @@ class RowStore {
   struct Row {
     float* data = nullptr;  // width floats; null: no such row
     int64_t* updates = nullptr;
-    int64_t* step = nullptr;  // its last update's step; null unless the store tracks steps
+    int64_t* step = nullptr;      // its last update's step; null unless the store tracks steps
     uint64_t* version = nullptr;  // the change its last update was; null unless tracked
     explicit operator bool() const { return data != nullptr; }
   };

@@ -22,8 +22,8 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec
                                                                  bool track_versions) {
   auto optimizer = core::MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
-  return std::unique_ptr<SparseTable>(new SparseTable(spec, *std::move(optimizer), shard_id,
-                                                      num_shards, max_rows, track_versions));
+  return std::unique_ptr<SparseTable>(
+      new SparseTable(spec, *std::move(optimizer), shard_id, num_shards, max_rows, track_versions));
 }
 
 uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots, bool track_versions) {
@@ -318,7 +318,8 @@ void SparseTable::RememberRemovedLocked(uint64_t key) {
 
 void SparseTable::ForgetChangesThrough(uint64_t version) {
   absl::MutexLock lock(&mu_);
-  auto kept = std::upper_bound(removed_.begin(), removed_.end(), std::make_pair(version, UINT64_MAX));
+  auto kept =
+      std::upper_bound(removed_.begin(), removed_.end(), std::make_pair(version, UINT64_MAX));
   removed_.erase(removed_.begin(), kept);
 }
 
@@ -397,8 +398,8 @@ void SparseTable::CaptureChangesLocked(uint64_t since, TableImage* image) const 
   const size_t row_len = dim_ * (1 + optimizer_->num_slots());
   image->header.set_changes_only(true);
   lifecycle_.Capture(&image->header);
-  for (auto it = std::upper_bound(removed_.begin(), removed_.end(),
-                                  std::make_pair(since, UINT64_MAX));
+  for (auto it =
+           std::upper_bound(removed_.begin(), removed_.end(), std::make_pair(since, UINT64_MAX));
        it != removed_.end(); ++it) {
     image->removed.push_back(it->second);
   }
