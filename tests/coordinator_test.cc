@@ -620,7 +620,7 @@ TEST(PsctlUsageTest, EveryUsageErrorExitsTwoSayingWhatToDo) {
            {{nowhere, "status", "--json=maybe"}, "--json=maybe"},
            {{nowhere},
             "give one command: status, top, checkpoint, checkpoints, restore, switch-mode, health, "
-            "plan or help"},
+            "plan, export or help"},
            {{"help", "nope"}, "help: no command 'nope'"},
            {{nowhere, "restore"}, "restore needs --step=N"},
            {{nowhere, "restore", "--step=-1"}, "--step=-1 is negative"},

@@ -46,9 +46,11 @@ std::function<double(int64_t)> LearningRateAt(const ps::OptimizerConfig& config,
 
 }  // namespace
 bool PeerFailure(const absl::Status& s) {
+  // ABORTED: a shard's state is behind the step (it restarted from a checkpoint, or was
+  // rolled back while a call waited): the cluster changed, and the worker rolls back too.
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded ||
-         s.code() == absl::StatusCode::kCancelled;
+         s.code() == absl::StatusCode::kCancelled || s.code() == absl::StatusCode::kAborted;
 }
 
 Trainer::Trainer(TrainerOptions options, const data::Dataset* train, const data::Dataset* test)

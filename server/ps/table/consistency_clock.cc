@@ -47,7 +47,10 @@ absl::Status ConsistencyClock::CheckPush(int32_t worker, int64_t step) const {
         applied_steps_, "); pull the current parameters and push step ", applied_steps_));
   }
   if (step >= applied_steps_ + kMaxBspStepsAhead) {
-    return absl::FailedPreconditionError(
+    // ABORTED, not FAILED_PRECONDITION: a worker that waits for its pulls gets here only from
+    // a shard that restarted from an earlier checkpoint while the workers went on (before
+    // the coordinator saw it); what such a worker does is roll back, not stop.
+    return absl::AbortedError(
         absl::StrCat("table ", table_id_, ": step ", step, " is ", step - applied_steps_,
                      " steps ahead of the oldest unapplied BSP step ", applied_steps_, "; at most ",
                      kMaxBspStepsAhead - 1, " may be",
