@@ -10,6 +10,7 @@
 // a slightly higher ceiling). The client is the real PsClient; one JSON line per figure.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,13 +53,15 @@ struct Cluster {
   std::vector<std::string> ps_addresses, raw_addresses;
 };
 
-std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+// A server on a free loopback port with what `add` registers; its address in *address.
+std::unique_ptr<grpc::Server> Serve(const std::function<void(grpc::ServerBuilder*)>& add,
+                                    std::string* address) {
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   b.SetMaxReceiveMessageSize(64 << 20);
   b.SetMaxSendMessageSize(64 << 20);
-  if (service) b.RegisterService(service);
+  add(&b);
   auto server = b.BuildAndStart();
   *address = absl::StrCat("127.0.0.1:", port);
   return server;
@@ -73,18 +76,15 @@ Cluster Start(uint32_t n) {
     c.shards.push_back(std::make_unique<ps::Shard>(so));
     c.services.push_back(
         std::make_unique<ps::ShardServices>(c.shards.back().get(), nullptr, ps::ServiceOptions()));
+    ps::ShardServices* services = c.services.back().get();
     c.ps_addresses.emplace_back();
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.SetMaxReceiveMessageSize(64 << 20);
-    b.SetMaxSendMessageSize(64 << 20);
-    c.services.back()->RegisterWith(&b);
-    c.servers.push_back(b.BuildAndStart());
-    c.ps_addresses.back() = absl::StrCat("127.0.0.1:", port);
+    c.servers.push_back(Serve([services](grpc::ServerBuilder* b) { services->RegisterWith(b); },
+                              &c.ps_addresses.back()));
     c.raws.push_back(std::make_unique<RawService>(kChunk));
+    RawService* raw = c.raws.back().get();
     c.raw_addresses.emplace_back();
-    c.servers.push_back(Serve(c.raws.back().get(), &c.raw_addresses.back()));
+    c.servers.push_back(
+        Serve([raw](grpc::ServerBuilder* b) { b->RegisterService(raw); }, &c.raw_addresses.back()));
   }
   return c;
 }
