@@ -7,7 +7,9 @@
 // The ceiling (grpc_ceiling.h): a stream of the same bytes in messages as large (4 MiB) to each
 // shard's raw server, split as the ids split, with no table work. For a push that is the
 // ids and the gradients; for a pull, the rows coming back (the ids going up are left out:
-// a slightly higher ceiling). The client is the real PsClient; one JSON line per figure.
+// a slightly higher ceiling). Beside it, the physical ceiling: the same bytes over plain
+// loopback TCP sockets (tcp_ceiling.h). The client is the real PsClient; one JSON line per
+// figure.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -22,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "bench/grpc_ceiling.h"
 #include "bench/median.h"
+#include "bench/tcp_ceiling.h"
 #include "client/ps/ps_client.h"
 #include "grpcpp/grpcpp.h"
 #include "server/ps/service/shard_services.h"
@@ -116,21 +119,27 @@ void Measure(uint32_t shards, uint64_t ids, int reps) {
   Cluster cluster = Start(shards);
   auto client = Connect(cluster);
   RawClient raw(cluster.raw_addresses, kChunk);
+  std::vector<std::unique_ptr<TcpServer>> tcp_servers;  // the physical ceiling
+  for (uint32_t s = 0; s < shards; ++s) tcp_servers.push_back(std::make_unique<TcpServer>());
+  TcpClient tcp(tcp_servers);
   std::vector<uint64_t> keys(ids);
   for (uint64_t i = 0; i < ids; ++i) keys[i] = i * 2654435761u;  // spread over the shards
   std::vector<float> grads(ids * kDim, 0.5f), rows(ids * kDim);
   // The raw calls move as many floats: ids + gradients up for a push, the rows down.
   std::vector<float> raw_push(ids * (kDim + 2), 1.0f), raw_pull(ids * kDim);
   Check(client->PushSparse(1, 0, keys, grads), "first push");  // every row stored
-  std::vector<double> push, pull, push_ratio, pull_ratio;
+  std::vector<double> push, pull, push_ratio, pull_ratio, push_tcp, pull_tcp;
   for (int i = 0; i < reps + 2; ++i) {
     const double a = Seconds([&] { Check(client->PushSparse(1, i + 1, keys, grads), "push"); });
     const double b = Seconds([&] { raw.Push(raw_push); });
     const double c =
         Seconds([&] { Check(client->PullSparse(1, i + 1, keys, absl::MakeSpan(rows)), "pull"); });
     const double d = Seconds([&] { raw.Pull(&raw_pull); });
+    const double e = Seconds([&] { tcp.Push(raw_push); });
+    const double f = Seconds([&] { tcp.Pull(&raw_pull); });
     if (i < 2) continue;
     push.push_back(a), pull.push_back(c), push_ratio.push_back(b / a), pull_ratio.push_back(d / c);
+    push_tcp.push_back(e / a), pull_tcp.push_back(f / c);
   }
   if (rows.front() >= 0.0f || rows.back() != rows.front()) std::abort();  // SGD moved them alike
   const double push_s = Median(push), pull_s = Median(pull);
@@ -138,10 +147,10 @@ void Measure(uint32_t shards, uint64_t ids, int reps) {
       "{\"shards\": %u, \"ids\": %llu, \"dim\": %u, \"push_rows_per_s\": %.4g, \"push_gbps\": "
       "%.4g, "
       "\"push_to_raw_grpc\": %.3f, \"pull_rows_per_s\": %.4g, \"pull_gbps\": %.4g, "
-      "\"pull_to_raw_grpc\": %.3f}\n",
+      "\"pull_to_raw_grpc\": %.3f, \"push_to_tcp\": %.3f, \"pull_to_tcp\": %.3f}\n",
       shards, static_cast<unsigned long long>(ids), kDim, ids / push_s,
       ids * (kDim * 4 + 8) / push_s / 1e9, Median(push_ratio), ids / pull_s,
-      ids * kDim * 4 / pull_s / 1e9, Median(pull_ratio));
+      ids * kDim * 4 / pull_s / 1e9, Median(pull_ratio), Median(push_tcp), Median(pull_tcp));
   std::fflush(stdout);
   for (auto& s : cluster.servers) s->Shutdown();
 }
