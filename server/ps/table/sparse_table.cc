@@ -56,16 +56,11 @@ std::vector<float> SparseTable::InitialRow(uint64_t key) const {
   return row;
 }
 
-absl::Status SparseTable::CheckRowsLocked(const Grads& grads, const Parts* so_far,
-                                          uint64_t* new_rows) const {
-  *new_rows = 0;
-  for (const auto& [key, g] : grads) {
-    *new_rows += !rows_.Contains(key) && (so_far == nullptr || so_far->grads.count(key) == 0);
-  }
-  const uint64_t after = rows_.size() + staged_new_rows_ + *new_rows;
-  if (*new_rows > 0 && after > max_rows_) {
+absl::Status SparseTable::CheckRoomLocked(uint64_t new_rows) const {
+  const uint64_t after = rows_.size() + staged_new_rows_ + new_rows;
+  if (new_rows > 0 && after > max_rows_) {
     return Reject(absl::ResourceExhaustedError(absl::StrCat(
-        "table ", id(), ": the push would store ", *new_rows, " new rows beside ", rows_.size(),
+        "table ", id(), ": the push would store ", new_rows, " new rows beside ", rows_.size(),
         " stored and ", staged_new_rows_, " staged; this shard holds at most ", max_rows_,
         " rows of this table (ps_server --max_table_bytes)")));
   }
@@ -74,10 +69,12 @@ absl::Status SparseTable::CheckRowsLocked(const Grads& grads, const Parts* so_fa
 
 const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_scale) const {
   const float large = LargeGradientThreshold() / g_scale;
-  for (const auto& [key, g] : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const float* g = grads.row(i);
     float biggest = 0;
-    for (float v : g) biggest = std::max(biggest, std::fabs(v));
+    for (size_t j = 0; j < dim_; ++j) biggest = std::max(biggest, std::fabs(g[j]));
     if (biggest < large) continue;
+    const uint64_t& key = grads.key(i);
     std::vector<float> row;
     int64_t updates = 0;
     if (RowStore::Row stored = rows_.Find(key)) {
@@ -88,7 +85,7 @@ const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_sca
     }
     const float* slots[8];
     for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data() + dim_ * (1 + k);
-    if (core::FirstOverflow(*optimizer_, row.data(), g.data(), slots, dim_, updates + 1, g_scale) <
+    if (core::FirstOverflow(*optimizer_, row.data(), g, slots, dim_, updates + 1, g_scale) <
         dim_) {
       return &key;
     }
@@ -127,17 +124,6 @@ absl::Status SparseTable::CheckRequest(absl::Span<const uint64_t> keys,
   return CheckKeys(keys);
 }
 
-SparseTable::Grads SparseTable::Merge(absl::Span<const uint64_t> keys,
-                                      absl::Span<const float> grads) const {
-  Grads merged;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    std::vector<float>& g = merged[keys[i]];
-    if (g.empty()) g.assign(dim_, 0.0f);
-    for (size_t j = 0; j < dim_; ++j) g[j] += grads[i * dim_ + j];
-  }
-  return merged;
-}
-
 absl::Status SparseTable::CheckPartLocked(int32_t worker, int64_t step, uint32_t part,
                                           uint32_t parts, Parts** so_far) {
   *so_far = nullptr;
@@ -160,14 +146,18 @@ absl::Status SparseTable::CheckPartLocked(int32_t worker, int64_t step, uint32_t
 
 absl::Status SparseTable::CheckUpdateLocked(const Parts* so_far, Grads* grads, uint64_t* new_rows,
                                             bool* drop) const {
-  if (so_far != nullptr) {
-    for (auto& [key, g] : *grads) {
-      auto earlier = so_far->grads.find(key);
-      if (earlier == so_far->grads.end()) continue;
-      for (size_t j = 0; j < dim_; ++j) g[j] = earlier->second[j] + g[j];
+  // One look-up per key in the earlier parts: their rows summed in, or a row to store.
+  *new_rows = 0;
+  for (size_t i = 0; i < grads->size(); ++i) {
+    const float* earlier = so_far == nullptr ? nullptr : so_far->grads.Find(grads->key(i));
+    if (earlier == nullptr) {
+      *new_rows += !rows_.Contains(grads->key(i));
+      continue;
     }
+    float* g = grads->row(i);
+    for (size_t j = 0; j < dim_; ++j) g[j] = earlier[j] + g[j];
   }
-  RETURN_IF_ERROR(CheckRowsLocked(*grads, so_far, new_rows));
+  RETURN_IF_ERROR(CheckRoomLocked(*new_rows));
   // Under BSP each push is checked alone, scaled by the number of workers whose rows the
   // step sums (the sum itself is checked when the step applies).
   const uint64_t* over = FirstOverflowLocked(*grads, bsp() ? num_workers_locked() : 1);
@@ -192,7 +182,7 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
   const size_t bad = core::FirstNonFinite(grads);
   const bool finite = bad == grads.size();
   if (!finite && !spec_.skip_nonfinite()) return NonFinite(grads[bad], bad);
-  Grads merged = finite ? Merge(keys, grads) : Grads();
+  Grads merged = finite ? Grads::Of(dim_, keys, grads) : Grads(dim_);
 
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckPushLocked(worker, step));
@@ -224,9 +214,13 @@ void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, ui
     p.skipped = true;
     staged_new_rows_ -= p.new_rows;
     p.new_rows = 0;
-    p.grads.clear();
+    p.grads.Clear();
+  } else if (p.grads.empty()) {
+    p.grads = std::move(grads);
+    // The parts of a push are about as large as each other: grow once, not at every part.
+    p.grads.Reserve(p.grads.size() * parts);
   } else {
-    for (auto& [key, g] : grads) p.grads[key] = std::move(g);  // the sums, earlier parts in
+    for (size_t i = 0; i < grads.size(); ++i) p.grads.Put(grads.key(i), grads.row(i));  // sums
     p.new_rows += new_rows;
     staged_new_rows_ += new_rows;
   }
@@ -247,7 +241,7 @@ void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, ui
 
 void SparseTable::CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows) {
   if (!bsp()) {
-    for (const auto& [key, g] : grads) ApplyLocked(key, g, step, 1);
+    for (size_t i = 0; i < grads.size(); ++i) ApplyLocked(grads.key(i), grads.row(i), step, 1);
     EndUpdatesLocked(step);
     return;
   }
@@ -284,8 +278,7 @@ RowStore::Row SparseTable::NewRowLocked(uint64_t key) {
   });
 }
 
-void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad, int64_t step,
-                              uint32_t pushes) {
+void SparseTable::ApplyLocked(uint64_t key, const float* grad, int64_t step, uint32_t pushes) {
   RowStore::Row row = rows_.Find(key);
   if (!row) {
     if (!lifecycle_.Admit(key, pushes)) return;  // counted; the id stays without a row
@@ -293,7 +286,7 @@ void SparseTable::ApplyLocked(uint64_t key, const std::vector<float>& grad, int6
   }
   float* slots[8];
   for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data + dim_ * (1 + k);
-  optimizer_->Apply(row.data, grad.data(), slots, dim_, ++*row.updates);
+  optimizer_->Apply(row.data, grad, slots, dim_, ++*row.updates);
   if (row.step != nullptr) *row.step = step;
   if (row.version != nullptr) *row.version = ++changes_;
 }
@@ -333,15 +326,13 @@ void SparseTable::ApplyBspSumLocked(int64_t step) {
   if (it == pending_.end()) return;  // every push of this step was dropped
   // Per key: the workers' rows added in worker-id order, and (for admission) how many
   // workers' pushes carried it.
-  Grads sum;
-  std::map<uint64_t, uint32_t> carried;
-  for (auto& [worker, grads] : it->second) {
-    for (auto& [key, g] : grads) {
-      if (lifecycle_.counts_pushes()) ++carried[key];
-      auto [s, inserted] = sum.try_emplace(key, std::move(g));
-      if (!inserted) {
-        for (size_t j = 0; j < dim_; ++j) s->second[j] += g[j];
-      }
+  Grads sum(dim_);
+  std::vector<uint32_t> carried;
+  for (const auto& [worker, grads] : it->second) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const size_t row = sum.Add(grads.key(i), grads.row(i));
+      if (row == carried.size()) carried.push_back(0);
+      ++carried[row];
     }
   }
   pending_.erase(it);
@@ -352,7 +343,7 @@ void SparseTable::ApplyBspSumLocked(int64_t step) {
   // Each push was checked alone; their sum may still overflow: then the step leaves this
   // table as it was, counted and said.
   if (SumOverflowsLocked(sum, absl::StrCat("BSP step ", step))) return;
-  for (const auto& [key, g] : sum) ApplyLocked(key, g, step, carried.empty() ? 1 : carried[key]);
+  for (size_t i = 0; i < sum.size(); ++i) ApplyLocked(sum.key(i), sum.row(i), step, carried[i]);
 }
 
 absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {

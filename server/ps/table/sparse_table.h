@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "server/ps/table/row_lifecycle.h"
 #include "server/ps/table/row_store.h"
+#include "server/ps/table/sparse_grads.h"
 #include "server/ps/table/table.h"
 
 namespace pscluster::ps {
@@ -69,7 +70,7 @@ class SparseTable final : public Table {
   static constexpr size_t kMaxRemovedKept = size_t{1} << 20;
 
  private:
-  using Grads = std::map<uint64_t, std::vector<float>>;
+  using Grads = SparseGrads;
 
   SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
               uint32_t num_shards, uint64_t max_rows, bool track_versions);
@@ -89,13 +90,11 @@ class SparseTable final : public Table {
   // What needs no lock: the part number, the gradient's length, the keys.
   absl::Status CheckRequest(absl::Span<const uint64_t> keys, absl::Span<const float> grads,
                             uint32_t part, uint32_t parts) const;
-  // The rows of a finite push, duplicate keys summed in request order.
-  Grads Merge(absl::Span<const uint64_t> keys, absl::Span<const float> grads) const;
   // A part of a push in parts against its earlier parts (*so_far, null for the first).
   absl::Status CheckPartLocked(int32_t worker, int64_t step, uint32_t part, uint32_t parts,
                                Parts** so_far) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds to `grads` the earlier parts' rows of its keys (the sums the push will apply),
-  // then checks them: the rows they would store, and that no row becomes non-finite
+  // then checks them: the rows they would store (*new_rows), and that no row becomes non-finite
   // (*drop instead of INVALID_ARGUMENT under skip_nonfinite). Changes nothing stored.
   absl::Status CheckUpdateLocked(const Parts* so_far, Grads* grads, uint64_t* new_rows,
                                  bool* drop) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -106,10 +105,9 @@ class SparseTable final : public Table {
   // Stages (BSP) or applies (ASP/SSP) a whole checked push.
   void CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when storing the rows of `grads` that are neither stored nor in
-  // `so_far` (plus those staged) would pass max_rows; *new_rows: how many that is.
-  absl::Status CheckRowsLocked(const Grads& grads, const Parts* so_far, uint64_t* new_rows) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when storing `new_rows` more rows (beside those stored and staged)
+  // would pass max_rows.
+  absl::Status CheckRoomLocked(uint64_t new_rows) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The first key whose row the update `grads` * g_scale would make non-finite, if any.
   const uint64_t* FirstOverflowLocked(const Grads& grads, float g_scale) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -119,7 +117,7 @@ class SparseTable final : public Table {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the update of `step` that `pushes` pushes carried to the row of `key`, if it
   // has one or the policy admits it now.
-  void ApplyLocked(uint64_t key, const std::vector<float>& grad, int64_t step, uint32_t pushes)
+  void ApplyLocked(uint64_t key, const float* grad, int64_t step, uint32_t pushes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyBspStepLocked(int64_t step) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The BSP step's pushes, summed and applied (unless the sum would overflow a row).
