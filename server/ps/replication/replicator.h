@@ -44,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,6 +127,8 @@ class Replicator {
   struct State {
     std::vector<std::unique_ptr<TableImage>> images;
     std::vector<int32_t> workers;
+    // Shard::Fingerprint of this state, computed from it.
+    uint32_t Fingerprint() const;
   };
   using Capture = std::function<absl::StatusOr<State>()>;
   // Replaces the shard's tables and workers with `staged`'s (a joiner's new state).
@@ -285,6 +288,7 @@ class Replicator {
     int32_t replica = -1;
     std::string address;
     int64_t epoch = -1;
+    std::optional<uint32_t> fingerprint;  // of the state handed to it, once computed
   };
   Learner learner_ ABSL_GUARDED_BY(mu_);
   int64_t learning_epoch_ ABSL_GUARDED_BY(mu_) = -1;  // a joiner: the epoch it joins

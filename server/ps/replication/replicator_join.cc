@@ -36,6 +36,14 @@ absl::Status Replicator::TransferState(const TransferStateRequest& req, const Wr
   StateTransferChunk first;
   StateTransferStart* start = first.mutable_start();
   RETURN_IF_ERROR(CaptureForJoiner(req, &state, start));
+  // Outside the order lock: the fingerprint sorts every sparse table's keys.
+  start->set_fingerprint(state.Fingerprint());
+  {
+    absl::MutexLock lock(&mu_);
+    if (learner_.replica == req.replica() && learner_.epoch == req.epoch()) {
+      learner_.fingerprint = start->fingerprint();
+    }
+  }
   for (int32_t w : state.workers) start->add_workers(w);
   start->set_tables(state.images.size());
   LogInfo(
@@ -92,6 +100,14 @@ absl::Status Replicator::CaptureForJoiner(const TransferStateRequest& req, State
   }
 }
 
+uint32_t Replicator::State::Fingerprint() const {
+  std::vector<std::pair<uint32_t, uint32_t>> tables;
+  for (const std::unique_ptr<TableImage>& image : images) {
+    tables.emplace_back(image->header.spec().table_id(), Table::FingerprintOf(*image));
+  }
+  return Shard::CombineFingerprints(workers, tables);
+}
+
 bool Replicator::SendState(const State& state, const WriteChunk& write) {
   StateTransferChunk chunk;
   for (const std::unique_ptr<TableImage>& image : state.images) {
@@ -115,6 +131,15 @@ grpc::Status Replicator::JoinedChain(const JoinedChainRequest* req, JoinedChainR
       return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           Name(), " is not handing replica ", req->replica(), " the updates of chain epoch ",
           req->epoch(), " (it failed one, or the chain changed): start the transfer again")));
+    }
+    if (const std::optional<uint32_t> handed = learner_.fingerprint;
+        !handed || req->state_fingerprint() != *handed) {
+      learner_ = Learner();  // what it holds is not what it was handed: it starts over
+      return ToGrpcStatus(absl::FailedPreconditionError(
+          absl::StrCat(Name(), ": replica ", req->replica(), " installed a state of fingerprint ",
+                       req->state_fingerprint(), ", not the one handed to it (",
+                       handed ? absl::StrCat(*handed) : std::string("none yet"),
+                       "); it is not added to the chain: start the transfer again")));
     }
   }
   absl::StatusOr<int64_t> epoch = options_.append(req->replica(), req->epoch());
@@ -214,6 +239,12 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
     loaded = absl::OkStatus();
   RETURN_IF_ERROR(loaded);
   if (!finished.ok()) return FromGrpcStatus(finished, absl::StrCat("the tail ", tail));
+  const uint32_t fingerprint = staged->Fingerprint();
+  if (fingerprint != start.fingerprint()) {
+    return absl::DataLossError(absl::StrCat("the state read from the tail ", tail,
+                                            " has fingerprint ", fingerprint, ", not the ",
+                                            start.fingerprint(), " the tail sent: not installed"));
+  }
   RETURN_IF_ERROR(InstallState(std::move(staged), start));
   grpc::ClientContext joined_ctx;
   joined_ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.forward_timeout));
@@ -221,6 +252,7 @@ absl::StatusOr<int64_t> Replicator::JoinOnce(const std::string& tail, int64_t ep
   JoinedChainRequest joined;
   joined.set_replica(options_.replica);
   joined.set_epoch(epoch);
+  joined.set_state_fingerprint(fingerprint);
   JoinedChainResponse resp;
   RETURN_IF_ERROR(FromGrpcStatus(StubFor(tail)->JoinedChain(&joined_ctx, joined, &resp),
                                  absl::StrCat("the tail ", tail)));

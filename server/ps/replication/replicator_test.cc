@@ -152,6 +152,59 @@ TEST(ReplicatorTest, AJoinerThatCannotHearTheCoordinatorIsTheTailItJoinedAs) {
   EXPECT_EQ(joiner.chain->CheckHead().code(), absl::StatusCode::kUnavailable);
 }
 
+// A joiner proves the state it installed (issue 49): the tail hands its fingerprint with
+// the state, and appends the joiner only if the joiner names that fingerprint back. One
+// that names another (a state lost or changed on the way, or a caller that never read it)
+// is refused, dropped as the tail's learner, and the chain does not change.
+TEST(ReplicatorTest, ATailAppendsOnlyAJoinerThatProvesTheStateItWasHanded) {
+  Replica head(1);
+  std::atomic<int> appends{0};
+  ReplicatorOptions ho;
+  ho.append = [&](int32_t, int64_t) -> absl::StatusOr<int64_t> { return ++appends + 3; };
+  head.Follow(ho);
+  head.chain->Update(ChainConfig{/*epoch=*/3, {1}, {head.address}, /*formed=*/true});
+  RegisterAndCreateTable(head.stub.get());
+  ASSERT_TRUE(Push(head.stub.get(), 0).ok());
+
+  auto transfer = [&]() -> StateTransferStart {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    TransferStateRequest req;
+    req.set_replica(0);
+    req.set_address("127.0.0.1:1");
+    req.set_epoch(3);
+    auto reader = head.stub->TransferState(&ctx, req);
+    StateTransferChunk chunk, first;
+    for (bool got_first = false; reader->Read(&chunk);) {
+      if (!got_first) first = chunk, got_first = true;
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return first.start();
+  };
+  auto joined = [&](uint32_t fingerprint) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    JoinedChainRequest req;
+    req.set_replica(0);
+    req.set_epoch(3);
+    req.set_state_fingerprint(fingerprint);
+    JoinedChainResponse resp;
+    return head.stub->JoinedChain(&ctx, req, &resp);
+  };
+  const StateTransferStart start = transfer();
+  EXPECT_EQ(start.fingerprint(), head.Fingerprint());
+  grpc::Status wrong = joined(start.fingerprint() ^ 1);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(wrong.error_message().find("not the one handed to it"), std::string::npos)
+      << wrong.error_message();
+  // Dropped as the learner: naming the right one now is too late; a new transfer is needed.
+  EXPECT_EQ(joined(start.fingerprint()).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(appends.load(), 0);
+  EXPECT_EQ(transfer().fingerprint(), start.fingerprint());
+  EXPECT_TRUE(joined(start.fingerprint()).ok());
+  EXPECT_EQ(appends.load(), 1);
+}
+
 // Imports of several tables run concurrently (ImportState), each making the chain its head
 // alone first: they shrank the chain of the epoch they had all read, and the coordinator
 // refused all but the first (every checkpoint of a collective mode failed with replicas).

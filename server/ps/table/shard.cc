@@ -314,11 +314,17 @@ std::vector<Table*> Shard::Tables() const {
 
 uint32_t Shard::Fingerprint() const {
   absl::ReaderMutexLock lock(&mu_);
-  std::vector<int32_t> workers(workers_.begin(), workers_.end());
+  std::vector<std::pair<uint32_t, uint32_t>> tables;
+  for (const auto& [id, table] : tables_) tables.emplace_back(id, table->Fingerprint());
+  return CombineFingerprints({workers_.begin(), workers_.end()}, tables);
+}
+
+uint32_t Shard::CombineFingerprints(const std::vector<int32_t>& workers,
+                                    const std::vector<std::pair<uint32_t, uint32_t>>& tables) {
   uint32_t crc = crc32c::Value(reinterpret_cast<const char*>(workers.data()),
                                workers.size() * sizeof(int32_t));
-  for (const auto& [id, table] : tables_) {
-    const uint32_t entry[2] = {id, table->Fingerprint()};
+  for (const auto& [id, fingerprint] : tables) {
+    const uint32_t entry[2] = {id, fingerprint};
     crc = crc32c::Extend(crc, reinterpret_cast<const char*>(entry), sizeof entry);
   }
   return crc;

@@ -110,6 +110,10 @@ class Shard {
   std::vector<Table*> Tables() const;
   // CRC-32C over the registered workers and every table's Fingerprint (table.h).
   uint32_t Fingerprint() const;
+  // The same from its parts: the workers (ascending) and each table's (id, fingerprint),
+  // ascending id.
+  static uint32_t CombineFingerprints(const std::vector<int32_t>& workers,
+                                      const std::vector<std::pair<uint32_t, uint32_t>>& tables);
   // The registered workers, ascending.
   std::vector<int32_t> Workers() const;
   // Restore: registers workers known from a snapshot, so they need not register again.

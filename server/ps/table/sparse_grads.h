@@ -20,8 +20,7 @@ class SparseGrads {
 
   // The rows of keys.size() keys (grads: keys.size() * dim floats), duplicate keys summed
   // in request order, each sum starting from +0 (so a row reads the same however it came).
-  static SparseGrads Of(size_t dim, absl::Span<const uint64_t> keys,
-                        absl::Span<const float> grads);
+  static SparseGrads Of(size_t dim, absl::Span<const uint64_t> keys, absl::Span<const float> grads);
 
   size_t size() const { return keys_.size(); }
   bool empty() const { return keys_.empty(); }

@@ -85,8 +85,7 @@ const uint64_t* SparseTable::FirstOverflowLocked(const Grads& grads, float g_sca
     }
     const float* slots[8];
     for (int k = 0; k < optimizer_->num_slots(); ++k) slots[k] = row.data() + dim_ * (1 + k);
-    if (core::FirstOverflow(*optimizer_, row.data(), g, slots, dim_, updates + 1, g_scale) <
-        dim_) {
+    if (core::FirstOverflow(*optimizer_, row.data(), g, slots, dim_, updates + 1, g_scale) < dim_) {
       return &key;
     }
   }

@@ -157,6 +157,10 @@ uint32_t Table::Fingerprint() const {
     clock_.Fill(&image.header);
     CaptureLocked(&image);
   }
+  return FingerprintOf(image);
+}
+
+uint32_t Table::FingerprintOf(const TableImage& image) {
   std::string header;
   google::protobuf::io::StringOutputStream stream(&header);
   google::protobuf::io::CodedOutputStream coded(&stream);

@@ -139,6 +139,8 @@ class Table {
   // rows), read without side effects: equal before and after an operation that changed
   // nothing (tests and fuzzing check that failed requests change nothing).
   uint32_t Fingerprint() const;
+  // The same of an image CaptureNow made (a state transfer's, computed outside the lock).
+  static uint32_t FingerprintOf(const TableImage& image);
 
  protected:
   Table(TableSpec spec, std::unique_ptr<core::Optimizer> optimizer);
