@@ -15,6 +15,11 @@
 
 namespace pscluster::ps {
 
+namespace {
+// How far ahead a loop over a request's keys prefetches their index entries.
+constexpr size_t kPrefetchAhead = 8;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec& spec,
                                                                  uint32_t shard_id,
                                                                  uint32_t num_shards,
@@ -148,6 +153,7 @@ absl::Status SparseTable::CheckUpdateLocked(const Parts* so_far, Grads* grads, u
   // One look-up per key in the earlier parts: their rows summed in, or a row to store.
   *new_rows = 0;
   for (size_t i = 0; i < grads->size(); ++i) {
+    if (i + kPrefetchAhead < grads->size()) rows_.Prefetch(grads->key(i + kPrefetchAhead));
     const float* earlier = so_far == nullptr ? nullptr : so_far->grads.Find(grads->key(i));
     if (earlier == nullptr) {
       *new_rows += !rows_.Contains(grads->key(i));
@@ -240,7 +246,10 @@ void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, ui
 
 void SparseTable::CommitLocked(int32_t worker, int64_t step, Grads grads, uint64_t new_rows) {
   if (!bsp()) {
-    for (size_t i = 0; i < grads.size(); ++i) ApplyLocked(grads.key(i), grads.row(i), step, 1);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (i + kPrefetchAhead < grads.size()) rows_.Prefetch(grads.key(i + kPrefetchAhead));
+      ApplyLocked(grads.key(i), grads.row(i), step, 1);
+    }
     EndUpdatesLocked(step);
     return;
   }
@@ -349,6 +358,7 @@ absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float
   RETURN_IF_ERROR(CheckKeys(keys));
   absl::ReaderMutexLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchAhead < keys.size()) rows_.Prefetch(keys[i + kPrefetchAhead]);
     float* dst = out.data() + i * dim_;
     if (RowStore::Row row = rows_.Find(keys[i])) {
       std::memcpy(dst, row.data, dim_ * sizeof(float));
