@@ -31,6 +31,8 @@ class SparseGrads {
 
   // The row of `key`, or null.
   const float* Find(uint64_t key) const;
+  // Starts loading the index entry of `key` (see RowStore::Prefetch).
+  void Prefetch(uint64_t key) const { index_.prefetch(key); }
   // Adds g (dim floats) to the row of `key`, a new row starting from +0; returns its number.
   size_t Add(uint64_t key, const float* g);
   // The row of `key` becomes g (a new row when it has none).

@@ -153,7 +153,10 @@ absl::Status SparseTable::CheckUpdateLocked(const Parts* so_far, Grads* grads, u
   // One look-up per key in the earlier parts: their rows summed in, or a row to store.
   *new_rows = 0;
   for (size_t i = 0; i < grads->size(); ++i) {
-    if (i + kPrefetchAhead < grads->size()) rows_.Prefetch(grads->key(i + kPrefetchAhead));
+    if (i + kPrefetchAhead < grads->size()) {
+      rows_.Prefetch(grads->key(i + kPrefetchAhead));
+      if (so_far != nullptr) so_far->grads.Prefetch(grads->key(i + kPrefetchAhead));
+    }
     const float* earlier = so_far == nullptr ? nullptr : so_far->grads.Find(grads->key(i));
     if (earlier == nullptr) {
       *new_rows += !rows_.Contains(grads->key(i));
@@ -225,7 +228,10 @@ void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, ui
     // The parts of a push are about as large as each other: grow once, not at every part.
     p.grads.Reserve(p.grads.size() * parts);
   } else {
-    for (size_t i = 0; i < grads.size(); ++i) p.grads.Put(grads.key(i), grads.row(i));  // sums
+    for (size_t i = 0; i < grads.size(); ++i) {  // the sums
+      if (i + kPrefetchAhead < grads.size()) p.grads.Prefetch(grads.key(i + kPrefetchAhead));
+      p.grads.Put(grads.key(i), grads.row(i));
+    }
     p.new_rows += new_rows;
     staged_new_rows_ += new_rows;
   }
