@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "gmock/gmock.h"
@@ -284,7 +285,8 @@ TEST(CheckpointE2eTest, AMetricIsFiledUnderTheCheckpointOfTheStepItWasMeasuredAt
 }
 
 // ps_coordinator --exit_when_finished ends by itself, exit 0, once its workers finished
-// (compose and systemd can then treat the job as done).
+// (compose and systemd can then treat the job as done), leaving the run's final status page
+// in its --data_dir.
 TEST(CheckpointE2eTest, ACoordinatorToldToExitWhenTheRunFinishesDoes) {
   const std::string dir = ::testing::TempDir() + "/exit_when_finished";
   CheckpointingCluster cluster;
@@ -304,6 +306,11 @@ TEST(CheckpointE2eTest, ACoordinatorToldToExitWhenTheRunFinishesDoes) {
   auto status = coordinator.Wait(absl::Seconds(60));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "raw wait status " << *status;
+  // The status page went with it; its last state stays in its data dir, finished.
+  std::ifstream page(dir + "/coordinator/status.html");
+  const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("run finished"), std::string::npos) << "no final status page";
+  EXPECT_NE(html.find("data-role=\"worker\" data-id=\"1\""), std::string::npos);
 }
 
 // Workers of one run started with different training flags the tables' specs do not show

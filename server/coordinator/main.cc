@@ -244,10 +244,31 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
   return checkpointer;
 }
 
+// Every worker finished its run: the status page's last state kept in --data_dir (the page
+// goes with the coordinator), and with --exit_when_finished, the exit.
+void RunFinished(const pscluster::coord::ClusterView& view,
+                 const pscluster::coord::ProgressHistory& history) {
+  if (const std::string dir = absl::GetFlag(FLAGS_data_dir); !dir.empty()) {
+    const std::string path = dir + "/status.html";
+    absl::Status s = pscluster::coord::WriteStatusPage(path, view, history.Curves(), absl::Now());
+    if (s.ok()) {
+      LogInfo("the run's final status page: %s", path.c_str());
+    } else {
+      LogWarning("could not write the final status page: %s", s.ToString().c_str());
+    }
+  }
+  if (absl::GetFlag(FLAGS_exit_when_finished)) {
+    LogInfo("the run finished at step %lld; exiting (--exit_when_finished)",
+            static_cast<long long>(view.global_step()));
+    kill(getpid(), SIGTERM);  // the same drain and shutdown as an operator's SIGTERM
+  }
+}
+
 // Until `stop`: the coordinator's own checkpoints (with --data_dir) on one thread, since one
 // may take a while to write, and liveness on another, reporting every change of the view.
 void RunBackground(pscluster::coord::ClusterState* cluster, pscluster::coord::KvStore* kv,
-                   pscluster::coord::Checkpointer* checkpointer, absl::Duration liveness_every,
+                   pscluster::coord::Checkpointer* checkpointer,
+                   const pscluster::coord::ProgressHistory* history, absl::Duration liveness_every,
                    absl::Notification* stop) {
   const bool automatic = checkpointer->automatic();
   std::thread checkpoints([&] {
@@ -271,11 +292,7 @@ void RunBackground(pscluster::coord::ClusterState* cluster, pscluster::coord::Kv
         last_generation = std::move(generation);
       }
     }
-    if (now.finished() && !last.finished() && absl::GetFlag(FLAGS_exit_when_finished)) {
-      LogInfo("the run finished at step %lld; exiting (--exit_when_finished)",
-              static_cast<long long>(now.global_step()));
-      kill(getpid(), SIGTERM);  // the same drain and shutdown as an operator's SIGTERM
-    }
+    if (now.finished() && !last.finished()) RunFinished(now, *history);
     last = now;
   }
   checkpoints.join();
@@ -359,7 +376,8 @@ int main(int argc, char** argv) {
 
   absl::Notification stop;
   std::thread background([&] {
-    RunBackground(&cluster, &kv, checkpointer->get(), options->heartbeat_timeout / 4, &stop);
+    RunBackground(&cluster, &kv, checkpointer->get(), &history, options->heartbeat_timeout / 4,
+                  &stop);
   });
   // Waiting GetView and KvGet calls fail with UNAVAILABLE, so the drain does not wait for
   // their deadlines.

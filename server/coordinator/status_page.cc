@@ -8,6 +8,7 @@
 #include "CivetServer.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/atomic_file.h"
 #include "common/http_server_options.h"
 #include "common/training_mode.h"
 
@@ -153,13 +154,13 @@ namespace {
 std::string Head(const ClusterView& view, absl::Time now, int refresh_seconds) {
   int alive = 0, finished = 0, dead = 0;  // a worker that finished and left is not dead
   for (const Member& m : view.members()) (m.alive() ? alive : m.finished() ? finished : dead)++;
+  const std::string refresh =
+      refresh_seconds > 0
+          ? absl::StrCat("<meta http-equiv=\"refresh\" content=\"", refresh_seconds, "\">")
+          : "";
   std::string h = absl::StrCat(
-      "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-      "<meta http-equiv=\"refresh\" content=\"",
-      refresh_seconds,
-      "\">"
-      "<title>pscluster: ",
-      HtmlEscape(ModeName(view.mode())), ", step ", view.global_step(),
+      "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">", refresh,
+      "<title>pscluster: ", HtmlEscape(ModeName(view.mode())), ", step ", view.global_step(),
       "</title><style>"
       "body{font-family:sans-serif;margin:1.5em;color:#222}"
       "table{border-collapse:collapse;margin-bottom:1em}"
@@ -307,6 +308,11 @@ class StatusPageServer::Handler final : public CivetHandler {
   const ClusterState* const cluster_;
   const ProgressHistory* const history_;
 };
+
+absl::Status WriteStatusPage(const std::string& path, const ClusterView& view,
+                             const std::map<int32_t, WorkerCurves>& curves, absl::Time now) {
+  return WriteFileAtomically(path, RenderStatusPage(view, curves, now, /*refresh_seconds=*/0));
+}
 
 absl::StatusOr<std::unique_ptr<StatusPageServer>> StatusPageServer::Start(
     const std::string& host, int port, const ClusterState* cluster,

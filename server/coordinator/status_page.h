@@ -22,9 +22,14 @@ namespace pscluster::coord {
 // &, <, >, " and ' as entities.
 std::string HtmlEscape(const std::string& text);
 
-// The page for `view` at `now`, refreshing every `refresh_seconds`.
+// The page for `view` at `now`, refreshing every `refresh_seconds` (0: never).
 std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
                              absl::Time now, int refresh_seconds = 2);
+
+// The page as it stands, written to `path` (atomically, no refresh): a finished run's copy
+// that outlives the coordinator (ps_coordinator writes <data_dir>/status.html at the end).
+absl::Status WriteStatusPage(const std::string& path, const ClusterView& view,
+                             const std::map<int32_t, WorkerCurves>& curves, absl::Time now);
 
 class StatusPageServer {
  public:

@@ -1,5 +1,8 @@
 #include "server/coordinator/status_page.h"
 
+#include <fstream>
+#include <iterator>
+
 #include "common/testing/http_get.h"
 #include "common/testing/idle_connections.h"
 #include "gmock/gmock.h"
@@ -87,6 +90,22 @@ TEST(StatusPageTest, EscapesEverythingItPrints) {
   EXPECT_THAT(page, HasSubstr("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;:5000"));
   EXPECT_EQ(HtmlEscape("a&b\"c'<>"), "a&amp;b&quot;c&#39;&lt;&gt;");
   EXPECT_THAT(page, HasSubstr("no reports yet"));
+}
+
+// A finished run's page outlives the coordinator: a file that does not refresh itself (a
+// reload of a static file would only blink) and says the run finished.
+TEST(StatusPageTest, WritesAFinishedRunsPageAsAStaticFile) {
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  ClusterView view = TwoWorkersOneShard(absl::ToUnixMillis(now));
+  view.set_finished(true);
+  const std::string path = ::testing::TempDir() + "/status.html";
+  ASSERT_TRUE(WriteStatusPage(path, view, {}, now).ok());
+  std::ifstream in(path);
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(page, HasSubstr("<b id=\"finished\">run finished</b>"));
+  EXPECT_THAT(page, Not(HasSubstr("http-equiv=\"refresh\"")));
+  EXPECT_THAT(page, HasSubstr("</html>"));
+  EXPECT_FALSE(WriteStatusPage("/nonexistent-dir/status.html", view, {}, now).ok());
 }
 
 TEST(ProgressHistoryTest, KeepsTheWholeRunInBoundedMemory) {
