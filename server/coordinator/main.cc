@@ -244,10 +244,9 @@ absl::StatusOr<std::unique_ptr<pscluster::coord::Checkpointer>> CheckpointerFrom
   return checkpointer;
 }
 
-// Every worker finished its run: the status page's last state kept in --data_dir (the page
-// goes with the coordinator), and with --exit_when_finished, the exit.
-void RunFinished(const pscluster::coord::ClusterView& view,
-                 const pscluster::coord::ProgressHistory& history) {
+// The status page's last state kept in --data_dir (the page goes with the coordinator).
+void KeepFinalPage(const pscluster::coord::ClusterView& view,
+                   const pscluster::coord::ProgressHistory& history) {
   if (const std::string dir = absl::GetFlag(FLAGS_data_dir); !dir.empty()) {
     const std::string path = dir + "/status.html";
     absl::Status s = pscluster::coord::WriteStatusPage(path, view, history.Curves(), absl::Now());
@@ -257,6 +256,12 @@ void RunFinished(const pscluster::coord::ClusterView& view,
       LogWarning("could not write the final status page: %s", s.ToString().c_str());
     }
   }
+}
+
+// Every worker finished its run: the final page, and with --exit_when_finished, the exit.
+void RunFinished(const pscluster::coord::ClusterView& view,
+                 const pscluster::coord::ProgressHistory& history) {
+  KeepFinalPage(view, history);
   if (absl::GetFlag(FLAGS_exit_when_finished)) {
     LogInfo("the run finished at step %lld; exiting (--exit_when_finished)",
             static_cast<long long>(view.global_step()));
@@ -294,6 +299,10 @@ void RunBackground(pscluster::coord::ClusterState* cluster, pscluster::coord::Kv
     }
     if (now.finished() && !last.finished()) RunFinished(now, *history);
     last = now;
+  }
+  // Stopped right after the run finished, before the loop saw it: the final page all the same.
+  if (const auto view = cluster->View(); view.finished() && !last.finished()) {
+    KeepFinalPage(view, *history);
   }
   checkpoints.join();
 }
