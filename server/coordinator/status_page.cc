@@ -11,12 +11,10 @@
 #include "common/atomic_file.h"
 #include "common/http_server_options.h"
 #include "common/training_mode.h"
+#include "server/coordinator/status_charts.h"
 
 namespace pscluster::coord {
 namespace {
-
-const char* const kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
-                                "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
 
 std::string Number(double v) {
   const double a = std::abs(v);
@@ -32,91 +30,6 @@ std::string When(int64_t unix_ms) {
   if (unix_ms <= 0) return "";
   return HtmlEscape(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(unix_ms),
                                      absl::UTCTimeZone()));
-}
-
-// The ranges a chart spans: every worker's points, at least [0, 1] in y when `unit`.
-struct Span {
-  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
-  bool any = false;  // any point at all
-};
-template <typename Series>
-Span SpanOf(const std::map<int32_t, WorkerCurves>& curves, bool unit, Series series) {
-  Span r;
-  for (const auto& [rank, c] : curves) {
-    for (const ProgressPoint& p : series(c)) {
-      if (!r.any) {
-        r.x0 = r.x1 = static_cast<double>(p.step);
-        r.y0 = r.y1 = p.value;
-        r.any = true;
-      }
-      r.x0 = std::min(r.x0, static_cast<double>(p.step));
-      r.x1 = std::max(r.x1, static_cast<double>(p.step));
-      r.y0 = std::min(r.y0, p.value);
-      r.y1 = std::max(r.y1, p.value);
-    }
-  }
-  if (r.x1 == r.x0) r.x1 = r.x0 + 1;
-  if (unit) {
-    r.y0 = std::min(r.y0, 0.0);
-    r.y1 = std::max(r.y1, 1.0);
-  }
-  if (r.y1 == r.y0) {
-    r.y0 -= 0.5;
-    r.y1 += 0.5;
-  }
-  return r;
-}
-
-// One chart: a polyline per worker of series(curves) against step, with the ranges printed.
-// `unit`: the y axis spans at least [0, 1] (accuracy).
-template <typename Series>
-std::string Chart(const std::string& id, const std::string& title,
-                  const std::map<int32_t, WorkerCurves>& curves, bool unit, Series series) {
-  constexpr double kW = 460, kH = 180, kLeft = 56, kRight = 10, kTop = 24, kBottom = 28;
-  const Span span = SpanOf(curves, unit, series);
-  const double x0 = span.x0, x1 = span.x1, y0 = span.y0, y1 = span.y1;
-  const bool any = span.any;
-  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
-  auto py = [&](double y) { return kH - kBottom - (y - y0) / (y1 - y0) * (kH - kTop - kBottom); };
-  std::string svg = absl::StrFormat(
-      "<svg id=\"%s\" class=\"chart\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
-      "xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"%s\">"
-      "<text x=\"%.0f\" y=\"16\" class=\"title\">%s</text>"
-      "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" class=\"frame\"/>",
-      id, kW, kH, kW, kH, HtmlEscape(title), kLeft, HtmlEscape(title), kLeft, kTop,
-      kW - kLeft - kRight, kH - kTop - kBottom);
-  if (!any) {
-    absl::StrAppend(&svg, "<text x=\"", kLeft + 10, "\" y=\"", kH / 2,
-                    "\" class=\"empty\">no reports yet</text></svg>");
-    return svg;
-  }
-  absl::StrAppendFormat(&svg,
-                        "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%s</text>"
-                        "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%s</text>"
-                        "<text x=\"%.0f\" y=\"%.0f\">step %s</text>"
-                        "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%s</text>",
-                        kLeft - 4, kTop + 10, Number(y1), kLeft - 4, kH - kBottom, Number(y0),
-                        kLeft, kH - 8, Number(x0), kW - kRight, kH - 8, Number(x1));
-  int legend = 0;
-  for (const auto& [rank, c] : curves) {
-    const std::vector<ProgressPoint>& points = series(c);
-    if (points.empty()) continue;
-    const char* colour =
-        kColours[static_cast<size_t>(rank) % (sizeof(kColours) / sizeof(*kColours))];
-    std::string coords;
-    for (const ProgressPoint& p : points) {
-      absl::StrAppendFormat(&coords, "%s%.1f,%.1f", coords.empty() ? "" : " ",
-                            px(static_cast<double>(p.step)), py(p.value));
-    }
-    absl::StrAppendFormat(&svg,
-                          "<polyline class=\"curve\" data-worker=\"%d\" data-points=\"%d\" "
-                          "fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>"
-                          "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">worker %d</text>",
-                          rank, points.size(), colour, coords, kW - kRight - 70,
-                          kTop + 14 + 14 * legend, colour, rank);
-    ++legend;
-  }
-  return svg + "</svg>";
 }
 
 }  // namespace
@@ -167,7 +80,10 @@ std::string Head(const ClusterView& view, absl::Time now, int refresh_seconds) {
       "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
       "th{background:#eee}.dead{color:#fff;background:#c00;font-weight:bold}"
       ".alive{color:#060}.finished{color:#036}.frame{fill:none;stroke:#999}.title{font-weight:bold}"
-      "svg text{font-size:11px}.chart{margin-right:1em}"
+      "svg text{font-size:11px}.chart{margin-right:1em}.grid{stroke:#eee}"
+      ".xtick,.ytick{fill:#555}.event{stroke-width:1.5;stroke-dasharray:4 3}"
+      "line.switch{stroke:#9467bd}line.checkpoint{stroke:#2ca02c}line.rollback{stroke:#d62728}"
+      "span.switch{color:#9467bd}span.checkpoint{color:#2ca02c}span.rollback{color:#d62728}"
       "</style></head><body>");
   absl::StrAppend(&h, "<h1>pscluster</h1><p id=\"summary\">mode <b id=\"mode\">",
                   HtmlEscape(ModeName(view.mode())), "</b> &middot; global step <b>",
@@ -257,28 +173,30 @@ std::string CheckpointsTable(const ClusterView& view) {
   return h;
 }
 
-std::string CurvesSection(const std::map<int32_t, WorkerCurves>& curves) {
-  std::string h;
-  absl::StrAppend(
-      &h, "<h2>Curves</h2><div id=\"curves\">",
-      Chart("loss-chart", "training loss", curves, false,
-            [](const WorkerCurves& c) -> const std::vector<ProgressPoint>& { return c.loss; }),
-      Chart("metric-chart", "test accuracy", curves, true,
-            [](const WorkerCurves& c) -> const std::vector<ProgressPoint>& { return c.metric; }),
-      Chart("rate-chart", "samples/s", curves, false,
-            [](const WorkerCurves& c) -> const std::vector<ProgressPoint>& {
-              return c.samples_per_sec;
-            }),
-      "</div></body></html>\n");
-  return h;
+// The charts, first: what an operator watches.
+std::string CurvesSection(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves) {
+  std::map<int32_t, const std::vector<ProgressPoint>*> loss, metric, rate;
+  for (const auto& [rank, c] : curves) {
+    loss[rank] = &c.loss;
+    metric[rank] = &c.metric;
+    rate[rank] = &c.samples_per_sec;
+  }
+  const std::vector<ChartEvent> events = ChartEvents(view);
+  return absl::StrCat("<div id=\"curves\">", LineChart("loss-chart", "training loss", loss, events),
+                      LineChart("metric-chart", "test accuracy", metric, events),
+                      LineChart("rate-chart", "samples/s", rate, events),
+                      "</div><p class=\"legend\">markers: <span class=\"switch\">switch</span> "
+                      "<span class=\"checkpoint\">checkpoint</span> "
+                      "<span class=\"rollback\">rollback</span> (hover for details)</p>");
 }
 
 }  // namespace
 
 std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
                              absl::Time now, int refresh_seconds) {
-  return absl::StrCat(Head(view, now, refresh_seconds), MembersTable(view, now), ShardsTable(view),
-                      SwitchesTable(view), CheckpointsTable(view), CurvesSection(curves));
+  return absl::StrCat(Head(view, now, refresh_seconds), CurvesSection(view, curves),
+                      MembersTable(view, now), ShardsTable(view), SwitchesTable(view),
+                      CheckpointsTable(view), "</body></html>\n");
 }
 
 class StatusPageServer::Handler final : public CivetHandler {
