@@ -259,6 +259,9 @@ class RunningClusterTest(unittest.TestCase):
         points = re.search(r'id="loss-chart".*?<polyline[^>]*points="([^"]+)"', dom, re.S)
         self.assertIsNotNone(points, "no loss curve in the DOM")
         self.assertGreaterEqual(len(points.group(1).split()), 2)
+        # Each worker's step split, as the workers measured it, in the step-time bars.
+        for i in (0, 1):
+            self.assertRegex(dom, rf'<rect class="compute" data-worker="{i}"[^>]*width="[1-9]')
         self.assertNotIn('class="dead"', dom)
 
     def test_5_a_member_that_dies_shows_dead_within_the_heartbeat_timeout(self) -> None:

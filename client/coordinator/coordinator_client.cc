@@ -265,8 +265,8 @@ absl::Status CoordinatorClient::ReportFinished(int64_t view_version, int64_t ste
 }
 
 absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t step, double loss,
-                                               double samples_per_sec,
-                                               std::optional<double> metric) {
+                                               double samples_per_sec, std::optional<double> metric,
+                                               const coord::StepTime* step_time) {
   coord::ReportProgressRequest req;
   req.set_view_version(view_version);
   req.set_step(step);
@@ -276,6 +276,7 @@ absl::Status CoordinatorClient::ReportProgress(int64_t view_version, int64_t ste
     req.set_has_metric(true);
     req.set_metric(*metric);
   }
+  if (step_time != nullptr) *req.mutable_step_time() = *step_time;
   return SendProgress(std::move(req), "ReportProgress");
 }
 

@@ -82,9 +82,11 @@ class CoordinatorClient {
                                                absl::Duration timeout);
   // The step this worker's run ends at, sent with every ReportProgress (0: not said).
   void set_run_end_step(int64_t step) { run_end_step_.store(step); }
-  // `metric` (optional): a validation metric measured at `step`.
+  // `metric` (optional): a validation metric measured at `step`; `step_time` (optional):
+  // the mean step's split since the last report.
   absl::Status ReportProgress(int64_t view_version, int64_t step, double loss,
-                              double samples_per_sec, std::optional<double> metric = std::nullopt);
+                              double samples_per_sec, std::optional<double> metric = std::nullopt,
+                              const coord::StepTime* step_time = nullptr);
   // This worker's run ended well at `step` and it leaves: the view shows it finished, not
   // dead, once it falls silent.
   absl::Status ReportFinished(int64_t view_version, int64_t step);

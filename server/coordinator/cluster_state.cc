@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/training_mode.h"
+#include "server/coordinator/progress_report.h"
 
 namespace pscluster::coord {
 namespace {
@@ -144,21 +145,7 @@ absl::StatusOr<Member*> ClusterState::FindWorkerLocked(int32_t rank, int64_t inc
 
 absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
   if (absl::Status s = CheckId(WORKER, r.rank()); !s.ok()) return s;
-  if (r.step() < 0 || r.run_end_step() < 0 ||
-      (r.run_end_step() > 0 && r.step() > r.run_end_step())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker rank ", r.rank(), " reported step ", r.step(), " and run end ", r.run_end_step(),
-        ": they must not be negative, and the step not past the run's end"));
-  }
-  // A diverged run's loss may be NaN or infinite, and is shown so; a metric decides which
-  // checkpoint is kept as the best, and a rate is summed and charted: those must be numbers.
-  if (!std::isfinite(r.samples_per_sec()) || r.samples_per_sec() < 0 ||
-      (r.has_metric() && !std::isfinite(r.metric()))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker rank ", r.rank(), " reported samples/s ", r.samples_per_sec(),
-                     " and metric ", r.has_metric() ? absl::StrCat(r.metric()) : "none",
-                     ": samples/s must be a number >= 0 and a metric a finite number"));
-  }
+  if (absl::Status s = CheckProgressReport(r); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Member*> found = FindWorkerLocked(r.rank(), r.incarnation());
   if (!found.ok()) return found.status();
@@ -176,10 +163,13 @@ absl::Status ClusterState::ReportProgress(const ReportProgressRequest& r) {
     // from the view (ps_coordinator says so).
     if (switches_.DropFrom(r.run_end_step()) > 0) ChangedLocked();
   }
-  if (!r.finished()) {  // a finished report carries no figures: the last ones stay shown
+  // A finished report carries no figures, and a metric's report (rate 0) no rate or loss
+  // (as the curves take them): the last ones stay shown.
+  if (!r.finished() && !(r.has_metric() && r.samples_per_sec() == 0)) {
     m->set_loss(r.loss());
     m->set_samples_per_sec(r.samples_per_sec());
   }
+  if (r.has_step_time()) *m->mutable_step_time() = r.step_time();
   if (r.has_metric()) {
     m->set_has_metric(true);
     m->set_metric(r.metric());

@@ -521,6 +521,17 @@ TEST_F(ClusterStateTest, ReportProgressUpdatesStepLossAndThroughput) {
   EXPECT_DOUBLE_EQ(w.loss(), 0.25);
   EXPECT_DOUBLE_EQ(w.samples_per_sec(), 1234.5);
   EXPECT_EQ(v.global_step(), 42);
+  // An evaluation's report (a metric, rate 0) leaves the rate and loss shown: the status
+  // page showed 0 samples/s for a training worker after every evaluation.
+  ReportProgressRequest eval = Progress(0, inc, version, 50, 0.9, 0);
+  eval.set_has_metric(true);
+  eval.set_metric(0.88);
+  ASSERT_TRUE(m.ReportProgress(eval).ok());
+  const Member after = FindMember(m.View(), WORKER, 0);
+  EXPECT_DOUBLE_EQ(after.samples_per_sec(), 1234.5);
+  EXPECT_DOUBLE_EQ(after.loss(), 0.25);
+  EXPECT_DOUBLE_EQ(after.metric(), 0.88);
+  EXPECT_EQ(after.step(), 50);
 }
 
 TEST_F(ClusterStateTest, GlobalStepIsMinimumOverLiveWorkers) {
@@ -589,6 +600,34 @@ TEST_F(ClusterStateTest, ReportProgressWithANonFiniteMetricOrRateIsRefused) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m.View().SerializeAsString(), before.SerializeAsString());
   EXPECT_TRUE(m.ReportProgress(Progress(0, inc, before.version(), 3, std::nan(""), 100)).ok());
+}
+
+// A worker's step time is charted per worker: kept as reported, and refused (naming it,
+// changing nothing) unless each part is a number of milliseconds from 0 to a day.
+TEST_F(ClusterStateTest, ReportProgressKeepsASaneStepTimeAndRefusesOthers) {
+  MAKE_MEMBERSHIP(m, 1, 1);
+  MustRegister(m, SHARD, 0, "s0:5000");
+  const int64_t inc = MustRegister(m, WORKER, 0, "w0");
+  ReportProgressRequest r = Progress(0, inc, m.View().version(), 3, 0.5, 100);
+  r.mutable_step_time()->set_compute_ms(12.5);
+  r.mutable_step_time()->set_communication_ms(30);
+  r.mutable_step_time()->set_other_ms(0.25);
+  ASSERT_TRUE(m.ReportProgress(r).ok());
+  const ClusterView before = m.View();
+  const Member* w = nullptr;
+  for (const Member& member : before.members()) {
+    if (member.role() == WORKER) w = &member;
+  }
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->step_time().SerializeAsString(), r.step_time().SerializeAsString());
+  for (double bad : {-1.0, static_cast<double>(NAN), static_cast<double>(INFINITY), 1e12}) {
+    ReportProgressRequest b = r;
+    b.mutable_step_time()->set_other_ms(bad);
+    const absl::Status s = m.ReportProgress(b);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("step time")) << s;
+  }
+  EXPECT_EQ(m.View().SerializeAsString(), before.SerializeAsString());
 }
 
 TEST_F(ClusterStateTest, ReportProgressWithANegativeStepIsInvalidArgumentAndChangesNothing) {

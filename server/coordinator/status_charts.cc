@@ -145,6 +145,50 @@ std::vector<ChartEvent> ChartEvents(const ClusterView& view) {
   return events;
 }
 
+std::string StepTimeChart(const ClusterView& view) {
+  std::vector<const Member*> workers;
+  double longest = 0;
+  for (const Member& m : view.members()) {
+    if (m.role() != WORKER || !m.has_step_time()) continue;
+    workers.push_back(&m);
+    const StepTime& t = m.step_time();
+    longest = std::max(longest, t.compute_ms() + t.communication_ms() + t.other_ms());
+  }
+  constexpr double kRow = 22, kBarLeft = 70, kBarWidth = 300;
+  const double height = kTop + kRow * static_cast<double>(std::max<size_t>(workers.size(), 1)) + 8;
+  std::string svg = absl::StrFormat(
+      "<svg id=\"step-time-chart\" class=\"chart\" width=\"%.0f\" height=\"%.0f\" "
+      "xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"step time\">"
+      "<text x=\"%.0f\" y=\"16\" class=\"title\">step time, ms (<tspan class=\"compute\">"
+      "compute</tspan>, <tspan class=\"communication\">communication</tspan>, <tspan "
+      "class=\"other\">other</tspan>)</text>",
+      kW, height, kLeft, kLeft);
+  if (workers.empty() || longest <= 0) {
+    return absl::StrCat(svg, "<text x=\"", kLeft, "\" y=\"", kTop + 14,
+                        "\" class=\"empty\">no reports yet</text></svg>");
+  }
+  double y = kTop;
+  for (const Member* m : workers) {
+    const StepTime& t = m->step_time();
+    absl::StrAppendFormat(&svg, "<text x=\"4\" y=\"%.0f\">worker %d</text>", y + 14, m->id());
+    double x = kBarLeft;
+    for (const auto& [part, ms] : {std::pair<const char*, double>{"compute", t.compute_ms()},
+                                   {"communication", t.communication_ms()},
+                                   {"other", t.other_ms()}}) {
+      const double w = ms / longest * kBarWidth;
+      absl::StrAppendFormat(&svg,
+                            "<rect class=\"%s\" data-worker=\"%d\" x=\"%.1f\" y=\"%.0f\" "
+                            "width=\"%.1f\" height=\"16\"><title>%s %s ms</title></rect>",
+                            part, m->id(), x, y + 2, w, part, Label(ms));
+      x += w;
+    }
+    absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.0f\">%s</text>", x + 4, y + 14,
+                          Label(t.compute_ms() + t.communication_ms() + t.other_ms()));
+    y += kRow;
+  }
+  return svg + "</svg>";
+}
+
 std::string LineChart(const std::string& id, const std::string& title,
                       const std::map<int32_t, const std::vector<ProgressPoint>*>& series,
                       const std::vector<ChartEvent>& events) {

@@ -33,4 +33,9 @@ std::string LineChart(const std::string& id, const std::string& title,
                       const std::map<int32_t, const std::vector<ProgressPoint>*>& series,
                       const std::vector<ChartEvent>& events);
 
+// Each live worker's mean step split into compute, communication and other time, as
+// stacked bars on one scale: a straggler is the worker whose compute is longest, the
+// others' communication (waiting for it) longer than its own.
+std::string StepTimeChart(const ClusterView& view);
+
 }  // namespace pscluster::coord

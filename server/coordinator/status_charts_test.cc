@@ -62,6 +62,29 @@ TEST(StatusChartsTest, SwitchesCheckpointsAndTheRollbackAreMarkedWhereTheyFall) 
   EXPECT_THAT(svg, Not(HasSubstr("step 9000")));
 }
 
+// Issue 50: the step-time split per worker, so that a straggler shows.
+TEST(StatusChartsTest, StepTimeBarsShowAStraggler) {
+  ClusterView view;
+  EXPECT_THAT(StepTimeChart(view), HasSubstr("no reports yet"));
+  for (int rank = 0; rank < 2; ++rank) {
+    Member* w = view.add_members();
+    w->set_role(WORKER);
+    w->set_id(rank);
+    w->mutable_step_time()->set_compute_ms(rank == 1 ? 80 : 20);       // rank 1 is slow
+    w->mutable_step_time()->set_communication_ms(rank == 1 ? 5 : 65);  // rank 0 waits
+    w->mutable_step_time()->set_other_ms(15);
+  }
+  view.add_members()->set_role(SHARD);
+  const std::string svg = StepTimeChart(view);
+  // Both totals are 100 ms: full width (300) each; compute 60 and 240 wide.
+  EXPECT_THAT(svg,
+              HasSubstr("class=\"compute\" data-worker=\"0\" x=\"70.0\" y=\"26\" width=\"60.0\""));
+  EXPECT_THAT(svg,
+              HasSubstr("class=\"compute\" data-worker=\"1\" x=\"70.0\" y=\"48\" width=\"240.0\""));
+  EXPECT_THAT(svg, HasSubstr("<title>communication 65 ms</title>"));
+  EXPECT_THAT(svg, Not(HasSubstr("worker 2")));
+}
+
 TEST(StatusChartsTest, ChartsComeBeforeTheTables) {
   const std::string page = RenderStatusPage(ClusterView(), {}, absl::FromUnixSeconds(1800000000));
   EXPECT_LT(page.find("id=\"loss-chart\""), page.find("id=\"members\""));

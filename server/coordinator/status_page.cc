@@ -84,6 +84,8 @@ std::string Head(const ClusterView& view, absl::Time now, int refresh_seconds) {
       ".xtick,.ytick{fill:#555}.event{stroke-width:1.5;stroke-dasharray:4 3}"
       "line.switch{stroke:#9467bd}line.checkpoint{stroke:#2ca02c}line.rollback{stroke:#d62728}"
       "span.switch{color:#9467bd}span.checkpoint{color:#2ca02c}span.rollback{color:#d62728}"
+      "rect.compute{fill:#1f77b4}rect.communication{fill:#ff7f0e}rect.other{fill:#bbb}"
+      "tspan.compute{fill:#1f77b4}tspan.communication{fill:#ff7f0e}tspan.other{fill:#888}"
       "</style></head><body>");
   absl::StrAppend(&h, "<h1>pscluster</h1><p id=\"summary\">mode <b id=\"mode\">",
                   HtmlEscape(ModeName(view.mode())), "</b> &middot; global step <b>",
@@ -184,7 +186,7 @@ std::string CurvesSection(const ClusterView& view, const std::map<int32_t, Worke
   const std::vector<ChartEvent> events = ChartEvents(view);
   return absl::StrCat("<div id=\"curves\">", LineChart("loss-chart", "training loss", loss, events),
                       LineChart("metric-chart", "test accuracy", metric, events),
-                      LineChart("rate-chart", "samples/s", rate, events),
+                      LineChart("rate-chart", "samples/s", rate, events), StepTimeChart(view),
                       "</div><p class=\"legend\">markers: <span class=\"switch\">switch</span> "
                       "<span class=\"checkpoint\">checkpoint</span> "
                       "<span class=\"rollback\">rollback</span> (hover for details)</p>");

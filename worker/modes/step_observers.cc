@@ -1,5 +1,6 @@
 #include "worker/modes/step_observers.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -34,10 +35,26 @@ ProgressPrinter::ProgressPrinter(Options options)
   recent_.Add(last_line_, 0);
 }
 
+coord::StepTime ProgressPrinter::SplitSince(absl::Time now) {
+  const double steps = static_cast<double>(std::max<int64_t>(steps_done_ - reported_steps_, 1));
+  auto ms = [steps](absl::Duration d) {
+    return std::max(0.0, absl::ToDoubleMilliseconds(d) / steps);
+  };
+  coord::StepTime t;
+  t.set_compute_ms(ms(took_ - comm_));
+  t.set_communication_ms(ms(comm_));
+  t.set_other_ms(ms(now - last_line_ - took_));  // data, evaluation, checkpoints
+  took_ = comm_ = absl::ZeroDuration();
+  return t;
+}
+
 absl::Status ProgressPrinter::AfterStep(const StepDone& done) {
   ++steps_done_;
+  took_ += done.took;
+  comm_ += done.comm;
   const absl::Time now = absl::Now();
   if (now - last_line_ < options_.every && done.step + 1 != done.total) return absl::OkStatus();
+  const coord::StepTime split = SplitSince(now);
   recent_.Add(now, (steps_done_ - reported_steps_) * options_.batch_size,
               done.paused - reported_paused_);
   reported_steps_ = steps_done_;
@@ -49,7 +66,7 @@ absl::Status ProgressPrinter::AfterStep(const StepDone& done) {
           options_.epochs, static_cast<long long>(done.step + 1),
           static_cast<long long>(done.total), done.epoch_loss, rate,
           rate > 0 ? FormatEta(left * options_.batch_size / rate).c_str() : "unknown");
-  if (options_.report) options_.report(done.step + 1, done.epoch_loss, rate);
+  if (options_.report) options_.report(done.step + 1, done.epoch_loss, rate, split);
   if (options_.metrics != nullptr) {
     options_.metrics->Progress(rate, done.epoch);
   }

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "absl/time/time.h"
+#include "proto/coordinator.pb.h"
 #include "worker/modes/placement.h"
 #include "worker/modes/recent_rate.h"
 #include "worker/modes/train_loop.h"
@@ -46,8 +47,9 @@ class ProgressPrinter final : public StepObserver {
     int epochs = 0;
     absl::Duration every = absl::Seconds(5);
     std::function<Mode()> mode;
-    std::function<void(int64_t step, double loss, double rate)> report;  // may be null
-    WorkerMetrics* metrics = nullptr;                                    // may be null
+    // May be null. `time`: the mean step's split since the last report.
+    std::function<void(int64_t step, double loss, double rate, const coord::StepTime& time)> report;
+    WorkerMetrics* metrics = nullptr;  // may be null
   };
   explicit ProgressPrinter(Options options);
   absl::Status AfterStep(const StepDone& done) override;
@@ -58,6 +60,9 @@ class ProgressPrinter final : public StepObserver {
   absl::Time last_line_;
   int64_t steps_done_ = 0, reported_steps_ = 0;  // replayed steps after a rollback count
   absl::Duration reported_paused_;
+  absl::Duration took_, comm_;  // the steps' time since the last report, and communication's
+  // The mean step's split since the last report (took_ and comm_ start again).
+  coord::StepTime SplitSince(absl::Time now);
 };
 
 }  // namespace pscluster::modes

@@ -278,9 +278,10 @@ absl::StatusOr<model::StepResult> Trainer::Evaluate(int64_t step) {
   return model->Evaluate(test_->x.data(), test_->y.data(), test_->size);
 }
 
-void Trainer::ReportProgress(int64_t step, double loss, double rate) {
+void Trainer::ReportProgress(int64_t step, double loss, double rate, const coord::StepTime& time) {
   if (options_.coordinator == nullptr) return;
-  absl::Status s = options_.coordinator->ReportProgress(view_.version(), step, loss, rate);
+  absl::Status s =
+      options_.coordinator->ReportProgress(view_.version(), step, loss, rate, std::nullopt, &time);
   if (!s.ok()) LogWarning("worker %d: progress report: %s", options_.rank, s.ToString().c_str());
 }
 
@@ -298,7 +299,9 @@ absl::StatusOr<TrainSummary> Trainer::Run() {
   p.epochs = options_.epochs;
   p.every = options_.progress_every;
   p.mode = [this] { return mode(); };
-  p.report = [this](int64_t step, double loss, double rate) { ReportProgress(step, loss, rate); };
+  p.report = [this](int64_t step, double loss, double rate, const coord::StepTime& time) {
+    ReportProgress(step, loss, rate, time);
+  };
   p.metrics = options_.metrics;
   ProgressPrinter progress(std::move(p));
   Checkpoints checkpoints(this, &summary);

@@ -202,7 +202,7 @@ class Trainer {
   void AskForCheckpoint(const std::string& when, TrainSummary* summary);
   // The test set's loss and accuracy with the parameters of `step`.
   absl::StatusOr<model::StepResult> Evaluate(int64_t step);
-  void ReportProgress(int64_t step, double loss, double rate);
+  void ReportProgress(int64_t step, double loss, double rate, const coord::StepTime& time);
   // options_.connect for generation `name`, its calls timed into comm_clock_.
   absl::Status ConnectCommunicator(const std::string& name);
   // Run's parts: the loop's hooks (a due switch, the step, recovery), and the summary's
