@@ -223,14 +223,16 @@ void SparseTable::TakePartLocked(int32_t worker, int64_t step, uint32_t part, ui
     staged_new_rows_ -= p.new_rows;
     p.new_rows = 0;
     p.grads.Clear();
-  } else if (p.grads.empty()) {
-    p.grads = std::move(grads);
-    // The parts of a push are about as large as each other: grow once, not at every part.
-    p.grads.Reserve(p.grads.size() * parts);
   } else {
-    for (size_t i = 0; i < grads.size(); ++i) {  // the sums
-      if (i + kPrefetchAhead < grads.size()) p.grads.Prefetch(grads.key(i + kPrefetchAhead));
-      p.grads.Put(grads.key(i), grads.row(i));
+    if (p.grads.empty()) {
+      p.grads = std::move(grads);
+      // The parts of a push are about as large as each other: grow once, not at every part.
+      p.grads.Reserve(p.grads.size() * parts);
+    } else {
+      for (size_t i = 0; i < grads.size(); ++i) {  // the sums
+        if (i + kPrefetchAhead < grads.size()) p.grads.Prefetch(grads.key(i + kPrefetchAhead));
+        p.grads.Put(grads.key(i), grads.row(i));
+      }
     }
     p.new_rows += new_rows;
     staged_new_rows_ += new_rows;

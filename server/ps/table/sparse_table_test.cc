@@ -309,6 +309,27 @@ TEST(SparseTableTest, AdamBiasCorrectionCountsUpdatesPerRow) {
   EXPECT_NEAR(out[1], 0.5 - 0.1, 1e-5);  // first Adam step moves by lr * sign(g)
 }
 
+// Regression: the first part of a push in parts did not count its new rows as staged, so
+// the later parts' check let the whole push store more than max_rows.
+TEST(SparseTableTest, APushInPartsCountsEveryPartsNewRowsAgainstMaxRows) {
+  for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::BSP}) {
+    SCOPED_TRACE(ConsistencyConfig::Mode_Name(mode));
+    auto table = SparseTable::Create(SparseSpec(1, mode, 0.5f), 0, 1, /*max_rows=*/3).value();
+    table->AddWorker(0);
+    bool skipped = false;
+    ASSERT_TRUE(
+        table->Push(0, 0, std::vector<uint64_t>{1, 2}, std::vector<float>{1, 1}, &skipped, 0, 2)
+            .ok());
+    const absl::Status s = table->Push(0, 0, std::vector<uint64_t>{3, 4}, std::vector<float>{1, 1},
+                                       &skipped, 1, 2);  // 4 > 3
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    ASSERT_TRUE(table->Push(0, 0, std::vector<uint64_t>{3}, std::vector<float>{1}, &skipped, 1, 2)
+                    .ok());  // exactly 3
+    ASSERT_TRUE(table->AwaitPullable(1, absl::Now() + absl::Seconds(10)).ok());
+    EXPECT_EQ(table->Info().num_rows(), 3u);
+  }
+}
+
 // Regression: nothing bounded a sparse table's rows; pushes may store at most max_rows.
 TEST(SparseTableTest, PushesPastMaxRowsAreResourceExhaustedAndChangeNothing) {
   for (auto mode : {ConsistencyConfig::ASP, ConsistencyConfig::BSP}) {
