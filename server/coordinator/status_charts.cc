@@ -15,11 +15,6 @@ const char* const kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                                 "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
 constexpr double kW = 460, kH = 200, kLeft = 56, kRight = 10, kTop = 24, kBottom = 30;
 
-std::string Label(double v) {
-  const double a = std::abs(v);
-  return HtmlEscape(absl::StrFormat(a >= 1e4 && a < 1e12 ? "%.0f" : "%.4g", v));
-}
-
 // The ranges the chart spans: every worker's points, a little room above and below.
 struct Span {
   double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
@@ -59,14 +54,14 @@ std::string Axes(const Frame& f) {
         &svg,
         "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>"
         "<text class=\"ytick\" x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
-        kLeft, f.Y(y), kW - kRight, f.Y(y), kLeft - 4, f.Y(y) + 4, Label(y));
+        kLeft, f.Y(y), kW - kRight, f.Y(y), kLeft - 4, f.Y(y) + 4, HtmlNumber(y));
   }
   for (double x : Ticks(f.s.x0, f.s.x1)) {
     absl::StrAppendFormat(
         &svg,
         "<line class=\"grid\" x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\"/>"
         "<text class=\"xtick\" x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>",
-        f.X(x), kTop, f.X(x), kH - kBottom, f.X(x), kH - kBottom + 14, Label(x));
+        f.X(x), kTop, f.X(x), kH - kBottom, f.X(x), kH - kBottom + 14, HtmlNumber(x));
   }
   absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">step</text>",
                         kW - kRight, kH - 2);
@@ -108,7 +103,7 @@ std::string Lines(const Frame& f,
                           f.X(static_cast<double>(last.step)), f.Y(last.value), colour);
     absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">worker %d: %s</text>",
                           kW - kRight - 120, kTop + 14 + 14 * legend++, colour, rank,
-                          Label(last.value));
+                          HtmlNumber(last.value));
   }
   return svg;
 }
@@ -179,11 +174,11 @@ std::string StepTimeChart(const ClusterView& view) {
       absl::StrAppendFormat(&svg,
                             "<rect class=\"%s\" data-worker=\"%d\" x=\"%.1f\" y=\"%.0f\" "
                             "width=\"%.1f\" height=\"16\"><title>%s %s ms</title></rect>",
-                            part, m->id(), x, y + 2, w, part, Label(ms));
+                            part, m->id(), x, y + 2, w, part, HtmlNumber(ms));
       x += w;
     }
     absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.0f\">%s</text>", x + 4, y + 14,
-                          Label(t.compute_ms() + t.communication_ms() + t.other_ms()));
+                          HtmlNumber(t.compute_ms() + t.communication_ms() + t.other_ms()));
     y += kRow;
   }
   return svg + "</svg>";

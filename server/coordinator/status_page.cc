@@ -16,11 +16,6 @@
 namespace pscluster::coord {
 namespace {
 
-std::string Number(double v) {
-  const double a = std::abs(v);
-  return HtmlEscape(absl::StrFormat(a >= 1e4 && a < 1e12 ? "%.0f" : "%.4g", v));
-}
-
 std::string Ago(int64_t unix_ms, absl::Time now) {
   if (unix_ms <= 0) return "never";
   return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(now - absl::FromUnixMillis(unix_ms)));
@@ -33,6 +28,11 @@ std::string When(int64_t unix_ms) {
 }
 
 }  // namespace
+
+std::string HtmlNumber(double v) {
+  const double a = std::abs(v);
+  return HtmlEscape(absl::StrFormat(a >= 1e4 && a < 1e12 ? "%.0f" : "%.4g", v));
+}
 
 std::string HtmlEscape(const std::string& text) {
   std::string out;
@@ -114,9 +114,9 @@ std::string MembersTable(const ClusterView& view, absl::Time now) {
                                    : "dead\">DEAD",
                     "</td><td>", Ago(m.last_heartbeat_ms(), now), "</td><td>", m.incarnation(),
                     "</td><td>", worker ? absl::StrCat(m.step()) : "", "</td><td>",
-                    worker ? Number(m.loss()) : "", "</td><td>",
-                    worker ? Number(m.samples_per_sec()) : "", "</td><td>",
-                    worker && m.has_metric() ? Number(m.metric()) : "", "</td></tr>");
+                    worker ? HtmlNumber(m.loss()) : "", "</td><td>",
+                    worker ? HtmlNumber(m.samples_per_sec()) : "", "</td><td>",
+                    worker && m.has_metric() ? HtmlNumber(m.metric()) : "", "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
   return h;
@@ -168,8 +168,9 @@ std::string CheckpointsTable(const ClusterView& view) {
                   "<th>metric</th><th>complete</th><th>time</th></tr>");
   if (view.checkpoints().empty()) absl::StrAppend(&h, "<tr><td colspan=\"4\">none yet</td></tr>");
   for (const Checkpoint& c : view.checkpoints()) {
-    absl::StrAppend(&h, "<tr><td>", c.step(), "</td><td>", c.has_metric() ? Number(c.metric()) : "",
-                    "</td><td>yes</td><td>", When(c.unix_ms()), "</td></tr>");
+    absl::StrAppend(&h, "<tr><td>", c.step(), "</td><td>",
+                    c.has_metric() ? HtmlNumber(c.metric()) : "", "</td><td>yes</td><td>",
+                    When(c.unix_ms()), "</td></tr>");
   }
   absl::StrAppend(&h, "</table>");
   return h;

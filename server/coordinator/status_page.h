@@ -21,6 +21,8 @@ namespace pscluster::coord {
 
 // &, <, >, " and ' as entities.
 std::string HtmlEscape(const std::string& text);
+// A figure as the page prints it (4 significant digits, whole numbers in full up to 1e12).
+std::string HtmlNumber(double v);
 
 // The page for `view` at `now`, refreshing every `refresh_seconds` (0: never).
 std::string RenderStatusPage(const ClusterView& view, const std::map<int32_t, WorkerCurves>& curves,
