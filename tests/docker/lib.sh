@@ -11,6 +11,7 @@ DOCKER=/usr/bin/docker           # Debian's docker.io client, the engine's own v
 COMPOSE=/usr/bin/docker-compose
 PSCLUSTER_DOCKER_ROOT=${PSCLUSTER_DOCKER_ROOT:-/var/lib/pscluster-test-docker}
 started_dockerd_pid="" docker_reason=""
+docker_exec_root=/run/pscluster-test-docker  # dockerd's, ours alone
 
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
@@ -47,7 +48,7 @@ docker_up() {  # sets DOCKER_HOST; returns 1 with the reason in docker_reason wh
       || { docker_reason="apt-get install docker.io docker-compose debootstrap failed"; return 1; }
   fi
   mkdir -p "$PSCLUSTER_DOCKER_ROOT"
-  local exec_root=/run/pscluster-test-docker
+  local exec_root=$docker_exec_root
   export DOCKER_HOST=unix://$PSCLUSTER_DOCKER_ROOT/docker.sock
   /usr/sbin/dockerd --storage-driver=vfs --iptables=false --ip-masq=false --bridge=none \
     --data-root="$PSCLUSTER_DOCKER_ROOT/data" --exec-root="$exec_root" \
@@ -83,6 +84,9 @@ docker_down() {  # stops the dockerd docker_up started, if it did
     kill -KILL "$started_dockerd_pid" 2>/dev/null || true
   fi
   wait "$started_dockerd_pid" 2>/dev/null || true
+  # It leaves the bind mount of its network namespace (netns/default) under its exec root,
+  # which is this script's own: unmounted, so nothing of the stage outlives it.
+  findmnt -rn -o TARGET | grep -F "$docker_exec_root/" | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
   log "stopped dockerd (pid $started_dockerd_pid)"
   started_dockerd_pid=""
 }
