@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <thread>
 #include <vector>
@@ -234,7 +235,22 @@ TEST_F(PsClusterTest, ASparsePushOverOneMessageGoesInParts) {
   EXPECT_EQ(rows, std::vector<float>(rows.size(), -1.0f)) << "0.5 x (1 + 1), once";
 }
 
-TEST_F(PsClusterTest, SparseTablesMatchReferenceForEveryOptimizer) {
+// The same training with the shards' sparse rows in RAM and, with a RAM budget of about
+// ten rows, mostly in their disk tier (ps_server --sparse_memory_bytes).
+class SparseReferenceTest : public PsClusterTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  std::vector<std::string> ServerArgs() override {
+    if (!GetParam()) return {};
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    return {"--sparse_memory_bytes=1024", "--sparse_tier_reserve_bytes=1048576",
+            absl::StrCat("--sparse_tier_dir=", tmp != nullptr ? tmp : "/tmp", "/tier")};
+  }
+  void ExpectRowsWentToDiskAndBack(uint32_t table_id);
+};
+INSTANTIATE_TEST_SUITE_P(DiskTier, SparseReferenceTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "On" : "Off"; });
+
+TEST_P(SparseReferenceTest, SparseTablesMatchReferenceForEveryOptimizer) {
   constexpr uint32_t kDim = 8;
   uint32_t id = 100;
   // Worker 0 touches keys 0..39 with a duplicate; worker 1 touches 20..59; overlap 20..39.
@@ -296,6 +312,19 @@ TEST_F(PsClusterTest, SparseTablesMatchReferenceForEveryOptimizer) {
     for (size_t i = 0; i < all.size(); ++i) {
       std::vector<float> g(got.begin() + i * kDim, got.begin() + (i + 1) * kDim);
       EXPECT_EQ(g, rows.at(all[i]).values) << "key " << all[i];
+    }
+    if (GetParam()) ExpectRowsWentToDiskAndBack(spec.table_id());
+  }
+}
+
+void SparseReferenceTest::ExpectRowsWentToDiskAndBack(uint32_t table_id) {
+  auto stats = clients_[0]->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  for (const ps::StatsResponse& shard : *stats) {
+    for (const ps::TableStats& t : shard.tables()) {
+      if (t.info().spec().table_id() != table_id) continue;
+      EXPECT_GT(t.rows_on_disk(), 0u) << "shard " << shard.shard_id();
+      EXPECT_GT(t.rows_from_disk(), 0u) << "shard " << shard.shard_id();
     }
   }
 }

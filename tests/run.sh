@@ -39,11 +39,13 @@ PY
 
 run_tests //... || failed_steps=$((failed_steps + 1))
 
-# The disk-full test needs a small file system: an 8 MiB tmpfs (root only), and no sandbox
-# so the test can reach it. Elsewhere it stays skipped, with the reason in its log.
+# The disk-full tests need a small file system: an 8 MiB tmpfs (root only), and no sandbox
+# so the tests can reach it; one at a time, as each fills it. Elsewhere they stay skipped,
+# with the reason in their logs.
 if [[ $(id -u) -eq 0 ]] && small_fs=$(mktemp -d /tmp/pscluster_small_fs.XXXXXX) \
     && mount -t tmpfs -o size=8m pscluster_small_fs "$small_fs" 2>/dev/null; then
-  run_tests --spawn_strategy=local --test_env=PSCLUSTER_SMALL_FS="$small_fs" //tests:disk_full_test \
+  run_tests --spawn_strategy=local --local_test_jobs=1 --test_env=PSCLUSTER_SMALL_FS="$small_fs" \
+    //tests:disk_full_test //server/ps/table:sparse_table_tier_test \
     || failed_steps=$((failed_steps + 1))
   umount "$small_fs"; rmdir "$small_fs"
 else

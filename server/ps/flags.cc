@@ -68,6 +68,19 @@ ABSL_FLAG(uint64_t, max_inflight_request_bytes, 0,
           "received, are counted but never refused). gRPC's own buffers get the same bound "
           "(its resource quota; at least --threads messages of --max_chunk_bytes). 0: a "
           "quarter of the machine's physical memory, at least 1 GiB.");
+ABSL_FLAG(uint64_t, sparse_memory_bytes, 0,
+          "Most bytes of sparse rows (values, optimizer state, bookkeeping) this shard keeps in "
+          "RAM, all tables together; the rows updated longest ago beyond it move to a RocksDB "
+          "disk tier in --sparse_tier_dir and come back when a push updates them. 0: no disk "
+          "tier, every row in RAM (each table bounded by --max_table_bytes).");
+ABSL_FLAG(std::string, sparse_tier_dir, "",
+          "With --sparse_memory_bytes: where the disk tier lives, on local disk; this shard's is "
+          "DIR/shard-<shard_id> (replica R > 0: DIR/shard-<shard_id>-replica-R), created and "
+          "wiped at every start, as the tier holds nothing a restart needs: snapshots do.");
+ABSL_FLAG(uint64_t, sparse_tier_reserve_bytes, uint64_t{1} << 30,
+          "Free space kept on the disk tier's file system: a push whose rows need more is "
+          "refused with RESOURCE_EXHAUSTED (RocksDB must never meet a full disk). The tier's "
+          "memtables and compactions are sized to fit in it.");
 
 ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(30),
           "A push or import stream that receives nothing for this long is cancelled and "
@@ -201,6 +214,27 @@ absl::Status ReadChainFlags(ServerFlags* f) {
   return absl::OkStatus();
 }
 
+// The disk tier of sparse tables.
+absl::Status ReadTierFlags(ServerFlags* f) {
+  f->disk_tier.memory_bytes = absl::GetFlag(FLAGS_sparse_memory_bytes);
+  f->disk_tier.dir = absl::GetFlag(FLAGS_sparse_tier_dir);
+  f->disk_tier.reserve_bytes = absl::GetFlag(FLAGS_sparse_tier_reserve_bytes);
+  if (f->disk_tier.memory_bytes == 0) return absl::OkStatus();
+  if (f->disk_tier.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--sparse_memory_bytes needs --sparse_tier_dir: a directory on local disk for the rows "
+        "beyond it (wiped at every start)");
+  }
+  f->disk_tier.dir = absl::StrCat(f->disk_tier.dir, "/shard-", f->shard.shard_id,
+                                  f->replica > 0 ? absl::StrCat("-replica-", f->replica) : "");
+  if (f->disk_tier.reserve_bytes < (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sparse_tier_reserve_bytes=", f->disk_tier.reserve_bytes,
+                     " must be at least 1 MiB: the tier's memtables and compactions fit in it"));
+  }
+  return absl::OkStatus();
+}
+
 // Where clients reach this shard.
 absl::Status ReadAdvertiseFlags(ServerFlags* f) {
   f->advertise_host = absl::GetFlag(FLAGS_advertise_host);
@@ -230,6 +264,7 @@ absl::StatusOr<ServerFlags> ServerFlagsFromCommandLine() {
   RETURN_IF_ERROR(ReadSnapshotFlags(&f));
   RETURN_IF_ERROR(ReadChainFlags(&f));
   RETURN_IF_ERROR(ReadAdvertiseFlags(&f));
+  RETURN_IF_ERROR(ReadTierFlags(&f));
   return f;
 }
 

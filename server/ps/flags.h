@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "server/ps/service/options.h"
 #include "server/ps/snapshot/snapshotter.h"
+#include "server/ps/table/disk_tier.h"
 #include "server/ps/table/shard.h"
 
 namespace pscluster::ps {
@@ -24,6 +25,7 @@ struct ServerFlags {
   absl::Duration forward_timeout = absl::Seconds(20);  // ReplicatorOptions::forward_timeout
   std::string advertise_host;                          // the host workers reach this shard at
   int advertise_port = 0;                              // and the port (0: the one it listens on)
+  DiskTierOptions disk_tier;  // memory_bytes 0: no disk tier (--sparse_memory_bytes)
 };
 
 // The machine's physical memory (4 GiB when the system does not say).

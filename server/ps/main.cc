@@ -41,6 +41,17 @@ namespace pscluster::ps {
 namespace {
 
 // The snapshotter (null without --data_dir), after --restore loaded a snapshot.
+// The disk tier of sparse tables, when --sparse_memory_bytes asks for one (else null).
+absl::StatusOr<std::unique_ptr<DiskTier>> OpenDiskTier(ServerFlags* f) {
+  if (f->disk_tier.memory_bytes == 0) return nullptr;
+  auto tier = DiskTier::Open(f->disk_tier);
+  if (!tier.ok()) return tier.status();
+  f->shard.disk_tier = tier->get();
+  LogInfo("sparse rows beyond %llu bytes of RAM go to the disk tier in %s",
+          static_cast<unsigned long long>(f->disk_tier.memory_bytes), f->disk_tier.dir.c_str());
+  return tier;
+}
+
 absl::StatusOr<std::unique_ptr<Snapshotter>> OpenSnapshots(const ServerFlags& f, Shard* shard) {
   if (f.snapshots.root.empty()) return nullptr;
   absl::StatusOr<std::unique_ptr<Snapshotter>> created = Snapshotter::Create(shard, f.snapshots);
@@ -299,6 +310,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<pscluster::Security> security = pscluster::SecurityFromFlags();
   if (!security.ok()) return Fail(security.status());
   pscluster::BlockTerminationSignals();  // before any thread starts
+  auto tier = OpenDiskTier(&*flags);     // outlives the shard's tables
+  if (!tier.ok()) return Fail(tier.status());
   Shard shard(flags->shard);
   auto snapshotter = OpenSnapshots(*flags, &shard);
   if (!snapshotter.ok()) return Fail(snapshotter.status());

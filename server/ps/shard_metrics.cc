@@ -22,7 +22,27 @@ void CollectRows(const TableStats& t, const MetricLabels& table, MetricFamilies*
              t.rows_evicted());
 }
 
+// A sparse table's rows on a shard with a disk tier (ps_server --sparse_memory_bytes): where
+// they are, how often a stored row was found in RAM, and how many moved.
+void CollectDiskTier(const TableStats& t, const MetricLabels& table, MetricFamilies* f) {
+  f->Gauge("pscluster_ps_rows_on_disk", "Sparse rows in the disk tier, per table.", table,
+           t.rows_on_disk());
+  f->Gauge("pscluster_ps_disk_tier_bytes", "Bytes of the disk tier's files, per table.", table,
+           t.disk_bytes());
+  f->Counter("pscluster_ps_ram_tier_hits_total",
+             "Stored rows a pull or push found in RAM (hit rate: over hits + disk reads).", table,
+             t.ram_hits());
+  f->Counter("pscluster_ps_disk_tier_reads_total",
+             "Stored rows a pull or push read from the disk tier, per table.", table,
+             t.disk_reads());
+  f->Counter("pscluster_ps_rows_to_disk_total", "Sparse rows moved from RAM to disk.", table,
+             t.rows_to_disk());
+  f->Counter("pscluster_ps_rows_from_disk_total", "Sparse rows moved from disk to RAM.", table,
+             t.rows_from_disk());
+}
+
 void CollectTables(const Shard& shard, MetricFamilies* f) {
+  const bool tier = shard.options().disk_tier != nullptr;
   const StatsResponse stats = shard.Stats();
   for (const TableStats& t : stats.tables()) {
     const bool sparse = t.info().spec().kind() == TableSpec::SPARSE;
@@ -39,6 +59,7 @@ void CollectTables(const Shard& shard, MetricFamilies* f) {
     f->Counter("pscluster_ps_pulled_bytes_total", "Value bytes pulled, per table.", table,
                t.bytes_pulled());
     if (sparse) CollectRows(t, table, f);
+    if (sparse && tier) CollectDiskTier(t, table, f);
     f->Counter("pscluster_ps_rejected_requests_total",
                "Requests refused by a table's checks (bad step, shape, NaN, ...).", table,
                t.rejected_requests());

@@ -2,6 +2,8 @@
 // numeric id, which no dashboard reader can map to a model's tensor).
 #include "server/ps/shard_metrics.h"
 
+#include <cstdlib>
+
 #include "common/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -68,6 +70,37 @@ TEST(ShardMetricsTest, SparseTablesCountAdmissionAndEviction) {
   EXPECT_THAT(text,
               HasSubstr("pscluster_ps_rows_not_admitted_total{table=\"3\",table_name=\"emb\"} 2"));
   EXPECT_THAT(text, HasSubstr("pscluster_ps_rows_evicted_total{table=\"3\",table_name=\"emb\"} 1"));
+}
+
+// A shard with a disk tier says where its sparse rows are and how often RAM held them.
+TEST(ShardMetricsTest, ADiskTierReportsItsRowsAndItsHitRate) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  auto tier = DiskTier::Open({std::string(tmp != nullptr ? tmp : "/tmp") + "/metrics_tier",
+                              /*memory_bytes=*/1, /*reserve_bytes=*/1 << 20});
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  ShardOptions options{0, 1};
+  options.disk_tier = tier->get();
+  Shard shard(options);
+  TableSpec spec = SgdSpec(3, "emb", TableSpec::SPARSE);
+  spec.set_dim(2);
+  spec.mutable_consistency()->set_mode(ConsistencyConfig::ASP);
+  ASSERT_TRUE(shard.CreateTable(spec).ok());
+  auto* sparse = static_cast<SparseTable*>(*shard.GetTable(3));
+  const std::vector<float> grad = {1.0f, 1.0f};
+  bool skipped = false;
+  // Key 5's row goes to disk when key 6 comes (a budget of one byte), and back at step 2.
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(sparse->Push(0, step, {step == 1 ? 6u : 5u}, grad, &skipped).ok());
+  }
+  std::vector<float> out(2);
+  ASSERT_TRUE(sparse->Read({6}, absl::MakeSpan(out)).ok());  // on disk now: key 5 needed room
+  const std::string text = Scrape(&shard);
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_rows_on_disk{table=\"3\",table_name=\"emb\"} 1"));
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_rows_to_disk_total{table=\"3\",table_name=\"emb\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("pscluster_ps_rows_from_disk_total{table=\"3\",table_name=\"emb\"} 1"));
+  EXPECT_THAT(text, HasSubstr("pscluster_ps_disk_tier_reads_total{table=\"3\","
+                              "table_name=\"emb\"} 2"));
 }
 
 }  // namespace

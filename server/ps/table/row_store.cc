@@ -58,6 +58,14 @@ void RowStore::Remove(size_t row) {
   size_ = last;
 }
 
+bool RowStore::Erase(uint64_t key) {
+  auto it = index_.find(Key{key});
+  if (it == index_.end()) return false;
+  Remove(*it);
+  FreeUnusedBlocks();
+  return true;
+}
+
 void RowStore::FreeUnusedBlocks() {
   const size_t used = (size_ + kRowsPerBlock - 1) / kRowsPerBlock;
   if (used < blocks_.size()) blocks_.resize(used);

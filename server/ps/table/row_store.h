@@ -82,6 +82,8 @@ class RowStore {
     FreeUnusedBlocks();
     return before - size_;
   }
+  // Removes the row of `key`, if any (the last row takes its place); whether there was one.
+  bool Erase(uint64_t key);
   // The bytes the store holds: its blocks (whole, the last one's free rows included) and
   // the index's slots and control bytes.
   uint64_t bytes() const;

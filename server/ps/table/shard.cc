@@ -130,7 +130,8 @@ absl::StatusOr<CreateTableResponse> Shard::CreateTable(const TableSpec& spec) {
     const bool versions = options_.track_row_versions;
     const uint64_t max_rows =
         options_.max_table_bytes / SparseTable::RowBytes(spec, (*optimizer)->num_slots(), versions);
-    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards, max_rows, versions);
+    auto t = SparseTable::Create(spec, options_.shard_id, options_.num_shards, max_rows, versions,
+                                 options_.disk_tier);
     if (!t.ok()) return t.status();
     table = *std::move(t);
   }

@@ -36,6 +36,9 @@ struct ShardOptions {
   // Sparse rows keep the change count of their last update (8 bytes each), so that
   // snapshots may hold only what changed (ps_server --snapshot_full_every > 1).
   bool track_row_versions = false;
+  // Sparse tables keep the rows their RAM budget has no room for here (null: all in RAM).
+  // Owned by the caller; outlives the shard.
+  DiskTier* disk_tier = nullptr;
 };
 
 // INVALID_ARGUMENT naming the field for a spec no shard could hold.

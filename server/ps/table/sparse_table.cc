@@ -20,15 +20,20 @@ namespace {
 constexpr size_t kPrefetchAhead = 8;
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const TableSpec& spec,
-                                                                 uint32_t shard_id,
-                                                                 uint32_t num_shards,
-                                                                 uint64_t max_rows,
-                                                                 bool track_versions) {
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
+    const TableSpec& spec, uint32_t shard_id, uint32_t num_shards, uint64_t max_rows,
+    bool track_versions, DiskTier* tier) {
   auto optimizer = core::MakeOptimizer(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
-  return std::unique_ptr<SparseTable>(
-      new SparseTable(spec, *std::move(optimizer), shard_id, num_shards, max_rows, track_versions));
+  std::unique_ptr<ColdRows> cold;
+  if (tier != nullptr) {
+    auto rows = tier->NewTable(spec.table_id(), spec.dim() * (1 + (*optimizer)->num_slots()));
+    if (!rows.ok()) return rows.status();
+    cold = *std::move(rows);
+  }
+  return std::unique_ptr<SparseTable>(new SparseTable(spec, *std::move(optimizer), shard_id,
+                                                      num_shards, max_rows, track_versions,
+                                                      std::move(cold)));
 }
 
 uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots, bool track_versions) {
@@ -42,7 +47,7 @@ uint64_t SparseTable::RowBytes(const TableSpec& spec, int num_slots, bool track_
 
 SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer,
                          uint32_t shard_id, uint32_t num_shards, uint64_t max_rows,
-                         bool track_versions)
+                         bool track_versions, std::unique_ptr<ColdRows> cold)
     : Table(spec, std::move(optimizer)),
       shard_id_(shard_id),
       num_shards_(num_shards),
@@ -50,7 +55,16 @@ SparseTable::SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer>
       // A row's number in the store is 32 bits.
       max_rows_(std::min<uint64_t>(max_rows, UINT32_MAX)),
       lifecycle_(spec.rows()),
-      rows_(dim_ * (1 + optimizer_->num_slots()), lifecycle_.tracks_steps(), track_versions) {}
+      // The disk tier picks the rows to move out by their last update's step.
+      rows_(dim_ * (1 + optimizer_->num_slots()), lifecycle_.tracks_steps() || cold != nullptr,
+            track_versions),
+      cold_(std::move(cold)),
+      row_bytes_(RowBytes(spec, optimizer_->num_slots(), track_versions) +
+                 (cold_ != nullptr && !lifecycle_.tracks_steps() ? 8 : 0)) {}
+
+SparseTable::~SparseTable() {
+  if (cold_ != nullptr) cold_->tier().ChargeRam(-ABSL_TS_UNCHECKED_READ(charged_));
+}
 
 std::vector<float> SparseTable::InitialRow(uint64_t key) const {
   std::vector<float> row(dim_ * (1 + optimizer_->num_slots()));
@@ -199,7 +213,9 @@ absl::Status SparseTable::Push(int32_t worker, int64_t step, absl::Span<const ui
   const bool dropped_before = so_far != nullptr && so_far->skipped;
   bool drop = !finite || dropped_before;
   uint64_t new_rows = 0;
+  if (!drop) RETURN_IF_ERROR(PromoteLocked(merged));
   if (!drop) RETURN_IF_ERROR(CheckUpdateLocked(so_far, &merged, &new_rows, &drop));
+  if (!drop) RETURN_IF_ERROR(MakeRoomLocked(new_rows, &merged));
   bytes_pushed_ += grads.size() * sizeof(float);
   rows_pushed_ += keys.size();
   *skipped = drop;
@@ -309,12 +325,15 @@ void SparseTable::ApplyLocked(uint64_t key, const float* grad, int64_t step, uin
 
 void SparseTable::EndUpdatesLocked(int64_t step) {
   const std::optional<int64_t> upto = lifecycle_.SweepAt(step);
-  if (!upto) return;
-  lifecycle_.Evicted(rows_.RemoveIf([&](uint64_t key, const RowStore::Row& row) {
-    if (*row.step > *upto) return false;
-    if (rows_.tracks_versions()) RememberRemovedLocked(key);
-    return true;
-  }));
+  if (upto) {
+    lifecycle_.Evicted(rows_.RemoveIf([&](uint64_t key, const RowStore::Row& row) {
+      if (*row.step > *upto) return false;
+      if (rows_.tracks_versions()) RememberRemovedLocked(key);
+      return true;
+    }));
+    SweepColdLocked(*upto);
+  }
+  ChargeRamLocked();
 }
 
 void SparseTable::RememberRemovedLocked(uint64_t key) {
@@ -365,87 +384,25 @@ void SparseTable::ApplyBspSumLocked(int64_t step) {
 absl::Status SparseTable::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
   RETURN_IF_ERROR(CheckKeys(keys));
   absl::ReaderMutexLock lock(&mu_);
+  std::vector<size_t> missing;  // with a disk tier: the keys with no row in RAM
   for (size_t i = 0; i < keys.size(); ++i) {
     if (i + kPrefetchAhead < keys.size()) rows_.Prefetch(keys[i + kPrefetchAhead]);
     float* dst = out.data() + i * dim_;
     if (RowStore::Row row = rows_.Find(keys[i])) {
       std::memcpy(dst, row.data, dim_ * sizeof(float));
+    } else if (cold_ != nullptr) {
+      missing.push_back(i);
     } else {  // never pushed: the initial row, computed, not stored
       core::InitSparseRow(spec_.initializer(), keys[i], absl::MakeSpan(dst, dim_));
     }
   }
+  if (cold_ != nullptr) {
+    ram_hits_ += keys.size() - missing.size();
+    RETURN_IF_ERROR(ReadColdLocked(keys, missing, out));
+  }
   bytes_pulled_ += out.size() * sizeof(float);
   rows_pulled_ += keys.size();
   return absl::OkStatus();
-}
-
-void SparseTable::CaptureLocked(TableImage* image) const {
-  image->version = changes_;
-  if (image->since && rows_.tracks_versions() && *image->since >= removed_known_from_) {
-    CaptureChangesLocked(*image->since, image);
-    return;
-  }
-  const size_t row_len = dim_ * (1 + optimizer_->num_slots());
-  image->header.set_num_rows(rows_.size());
-  image->keys.reserve(rows_.size());
-  image->row_updates.reserve(rows_.size());
-  image->row_data.resize(rows_.size() * row_len);
-  if (rows_.tracks_steps()) image->row_steps.reserve(rows_.size());
-  lifecycle_.Capture(&image->header);
-  float* out = image->row_data.data();
-  rows_.ForEach([&](uint64_t key, const RowStore::Row& row) {
-    image->keys.push_back(key);
-    image->row_updates.push_back(*row.updates);
-    if (row.step != nullptr) image->row_steps.push_back(*row.step);
-    std::memcpy(out, row.data, row_len * sizeof(float));
-    out += row_len;
-  });
-}
-
-void SparseTable::CaptureChangesLocked(uint64_t since, TableImage* image) const {
-  const size_t row_len = dim_ * (1 + optimizer_->num_slots());
-  image->header.set_changes_only(true);
-  lifecycle_.Capture(&image->header);
-  for (auto it =
-           std::upper_bound(removed_.begin(), removed_.end(), std::make_pair(since, UINT64_MAX));
-       it != removed_.end(); ++it) {
-    image->removed.push_back(it->second);
-  }
-  image->header.set_num_removed(image->removed.size());
-  rows_.ForEach([&](uint64_t key, const RowStore::Row& row) {
-    if (*row.version <= since) return;
-    image->keys.push_back(key);
-    image->row_updates.push_back(*row.updates);
-    if (row.step != nullptr) image->row_steps.push_back(*row.step);
-    image->row_data.insert(image->row_data.end(), row.data, row.data + row_len);
-  });
-  image->header.set_num_rows(image->keys.size());
-}
-
-bool SparseTable::HasRow(uint64_t key) const {
-  absl::ReaderMutexLock lock(&mu_);
-  return rows_.Contains(key);
-}
-
-absl::Status SparseTable::RestoreRow(uint64_t key, int64_t updates, const float* data,
-                                     int64_t step) {
-  if (SparseShardOf(key, num_shards_) != shard_id_) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  if (rows_.size() >= max_rows_ && !rows_.Contains(key)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("table ", id(), ": the snapshot holds more than the ", max_rows_,
-                     " rows this shard may keep (ps_server --max_table_bytes)"));
-  }
-  const RowStore::Row row = rows_.FindOrInsert(key, [](float*) {});
-  *row.updates = updates;
-  if (row.step != nullptr) *row.step = step;
-  std::copy(data, data + rows_.width(), row.data);
-  return absl::OkStatus();
-}
-
-absl::Status SparseTable::RestoreLifecycle(const TableSnapshotHeader& header) {
-  absl::MutexLock lock(&mu_);
-  return lifecycle_.Restore(header);
 }
 
 uint64_t SparseTable::MemoryBytes(const TableInfo& info) const {
@@ -454,6 +411,8 @@ uint64_t SparseTable::MemoryBytes(const TableInfo& info) const {
          ABSL_TS_UNCHECKED_READ(lifecycle_).bytes();
 }
 
-void SparseTable::FillInfoLocked(TableInfo* info) const { info->set_num_rows(rows_.size()); }
+void SparseTable::FillInfoLocked(TableInfo* info) const {
+  info->set_num_rows(rows_.size() + (cold_ != nullptr ? cold_->size() : 0));
+}
 
 }  // namespace pscluster::ps

@@ -2,7 +2,10 @@
 // hash to this shard. A key without a row reads as the seeded initializer's row without
 // being stored; an update stores the rows it touches, at most `max_rows` of them, unless
 // the table's SparseRowPolicy keeps an id out until enough pushes carried it; the policy
-// may also evict the rows no update touched for a while (row_lifecycle.h).
+// may also evict the rows no update touched for a while (row_lifecycle.h). On a shard with a
+// disk tier (disk_tier.h) the rows the shard's RAM budget has no room for live on disk:
+// a push brings the rows it updates back into RAM first, moving the coldest (oldest last
+// update) out when the budget is passed; a pull reads rows where they are.
 #pragma once
 
 #include <map>
@@ -12,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/ps/table/disk_tier.h"
 #include "server/ps/table/row_lifecycle.h"
 #include "server/ps/table/row_store.h"
 #include "server/ps/table/sparse_grads.h"
@@ -25,7 +29,9 @@ class SparseTable final : public Table {
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const TableSpec& spec,
                                                              uint32_t shard_id, uint32_t num_shards,
                                                              uint64_t max_rows = UINT64_MAX,
-                                                             bool track_versions = false);
+                                                             bool track_versions = false,
+                                                             DiskTier* tier = nullptr);
+  ~SparseTable() override;
   // The bytes one stored row takes (values, optimizer slots, key, bookkeeping).
   static uint64_t RowBytes(const TableSpec& spec, int num_slots, bool track_versions = false);
 
@@ -34,7 +40,8 @@ class SparseTable final : public Table {
 
   // Applies (ASP/SSP) or stages (BSP) one worker's gradient rows; duplicate keys are summed.
   // `grads` holds keys.size() * dim values. All or nothing: RESOURCE_EXHAUSTED when the new
-  // rows would pass max_rows; a non-finite gradient, or a finite one whose update would
+  // rows would pass max_rows (with a disk tier: RAM rows), or a disk tier without the room
+  // to move the rows the push needs; a non-finite gradient, or a finite one whose update would
   // make a row non-finite, is INVALID_ARGUMENT, or under skip_nonfinite dropped (*skipped):
   // a dropped push changes no row (values, optimizer slots, update counts) but is still the
   // worker's push of `step`, so its clock moves on and a BSP step completes without it.
@@ -73,7 +80,8 @@ class SparseTable final : public Table {
   using Grads = SparseGrads;
 
   SparseTable(const TableSpec& spec, std::unique_ptr<core::Optimizer> optimizer, uint32_t shard_id,
-              uint32_t num_shards, uint64_t max_rows, bool track_versions);
+              uint32_t num_shards, uint64_t max_rows, bool track_versions,
+              std::unique_ptr<ColdRows> cold);
   // A key's row before any update: initializer values, then each slot's initial value.
   std::vector<float> InitialRow(uint64_t key) const;
   // A new row for `key`, which has none: its initial row (values, then optimizer slots).
@@ -129,9 +137,7 @@ class SparseTable final : public Table {
     return !parts_.empty();
   }
   void FillInfoLocked(TableInfo* info) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void FillStatsLocked(TableStats* stats) const override ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    lifecycle_.FillStats(stats);
-  }
+  void FillStatsLocked(TableStats* stats) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t MemoryBytes(const TableInfo& info) const override;
   void CaptureLocked(TableImage* image) const override ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The rows changed after version `since` and the ids removed after it.
@@ -139,6 +145,35 @@ class SparseTable final : public Table {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // An evicted row's id, for the next incremental snapshot (tracking tables only).
   void RememberRemovedLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The disk tier (sparse_table_tier.cc); each is a no-op without one.
+  // Brings the rows of `grads` that are on disk into RAM; RESOURCE_EXHAUSTED (nothing
+  // moved) when the disk has no room for the deletes.
+  absl::Status PromoteLocked(const Grads& grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the coldest rows to disk until `new_rows` more fit in the RAM budget, sparing the
+  // rows of `current` and of the pushes waiting in pending_ and parts_. RESOURCE_EXHAUSTED
+  // when the disk has no room and the budget would be passed.
+  absl::Status MakeRoomLocked(uint64_t new_rows, const Grads* current)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves up to `n` of the coldest unspared rows to disk.
+  absl::Status DemoteLocked(uint64_t n, const Grads* current) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The keys of the coldest `n` rows DemoteLocked may move (oldest last update first).
+  std::vector<uint64_t> ColdestLocked(uint64_t n, const Grads* current) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool SparedLocked(uint64_t key, const Grads* current) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Tells the tier the RAM the rows take now.
+  void ChargeRamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills out[missing[j]] from disk, or with the initial row where no row is stored.
+  absl::Status ReadColdLocked(absl::Span<const uint64_t> keys, const std::vector<size_t>& missing,
+                              absl::Span<float> out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Eviction of the rows on disk whose last update is at or before `upto`.
+  void SweepColdLocked(int64_t upto) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the rows on disk (changed after `since`, if set) to a capture.
+  void CaptureColdLocked(std::optional<uint64_t> since, TableImage* image) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Restore: a row into RAM, or onto disk where it already is.
+  absl::Status RestoreRowLocked(uint64_t key, int64_t updates, const float* data, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t shard_id_;
   const uint32_t num_shards_;
@@ -162,6 +197,12 @@ class SparseTable final : public Table {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<uint64_t, uint64_t>> removed_ ABSL_GUARDED_BY(mu_);
   uint64_t removed_known_from_ ABSL_GUARDED_BY(mu_) = 0;
+  // The disk tier: this table's rows there (null: none), the bytes of RAM a row is charged,
+  // what the tier was told this table's rows take, and the counters of TableStats.
+  const std::unique_ptr<ColdRows> cold_;
+  const uint64_t row_bytes_;
+  int64_t charged_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::atomic<uint64_t> ram_hits_{0}, disk_reads_{0}, rows_to_disk_{0}, rows_from_disk_{0};
 };
 
 }  // namespace pscluster::ps

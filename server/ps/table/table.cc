@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::Capture(int64_t step, absl::T
   BeginCaptureLocked(image.get());
   *pause = absl::Now() - start;
   if (bsp()) DrainBspLocked();  // steps that waited for the capture apply now
+  if (!image->error.ok()) return image->error;
   return image;
 }
 
@@ -144,6 +145,7 @@ absl::StatusOr<std::unique_ptr<TableImage>> Table::CaptureNow() {
   h.set_num_slots(optimizer_->num_slots());
   clock_.Fill(&h);
   CaptureLocked(image.get());
+  if (!image->error.ok()) return image->error;
   return image;
 }
 

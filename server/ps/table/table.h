@@ -53,6 +53,9 @@ struct TableImage {
   uint64_t version = 0;
   // What Capture was asked for (CaptureSince), for the table's copy to read.
   std::optional<uint64_t> since;
+  // Set by a copy that could not read everything (a sparse table's disk tier): the image
+  // is incomplete and Capture returns this instead.
+  absl::Status error;
 
   uint64_t bytes() const;
 };
