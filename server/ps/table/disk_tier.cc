@@ -85,6 +85,8 @@ rocksdb::Options TierOptions(uint64_t reserve) {
   o.max_background_compactions = 1;
   o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   o.keep_log_file_num = 1;
+  // Reads of cold rows are random: mapped files spare a pread and a copy per block.
+  o.allow_mmap_reads = true;
   rocksdb::BlockBasedTableOptions table;
   // Pulls of ids that were never stored ask the disk too: a Bloom filter answers them
   // without reading a block.
