@@ -85,6 +85,10 @@ rocksdb::Options TierOptions(uint64_t reserve) {
   o.max_background_compactions = 1;
   o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   o.keep_log_file_num = 1;
+  // Most ids a push looks up on disk are not there (new rows): a Bloom filter over the
+  // memtable answers them without a search of its skip list.
+  o.memtable_prefix_bloom_size_ratio = 0.02;
+  o.memtable_whole_key_filtering = true;
   // Reads of cold rows are random: mapped files spare a pread and a copy per block.
   o.allow_mmap_reads = true;
   rocksdb::BlockBasedTableOptions table;

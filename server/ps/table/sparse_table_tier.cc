@@ -36,6 +36,9 @@ absl::Status SparseTable::PromoteLocked(const Grads& grads) {
   }
   ram_hits_ += grads.size() - missing.size();
   if (missing.empty() || cold_->size() == 0) return absl::OkStatus();
+  // In key order, RocksDB's order: its look-ups and the deletes' inserts into its memtable
+  // then go from one key to the next instead of searching afresh.
+  std::sort(missing.begin(), missing.end());
   std::vector<uint64_t> promoted;
   ColdRows::Batch gone(*cold_);
   absl::Status s = cold_->Get(missing, [&](size_t j, const ColdRows::Row& row) {
@@ -75,7 +78,8 @@ absl::Status SparseTable::MakeRoomLocked(uint64_t new_rows, const Grads* current
 }
 
 absl::Status SparseTable::DemoteLocked(uint64_t n, const Grads* current) {
-  const std::vector<uint64_t> keys = ColdestLocked(n, current);
+  std::vector<uint64_t> keys = ColdestLocked(n, current);
+  std::sort(keys.begin(), keys.end());  // RocksDB's order (see PromoteLocked)
   for (size_t at = 0; at < keys.size(); at += kDemoteChunk) {
     const size_t end = std::min(keys.size(), at + kDemoteChunk);
     ColdRows::Batch batch(*cold_);
