@@ -8,6 +8,7 @@
 // (medians over rounds), the RAM tier's hit rate, rows on disk, disk and RAM bytes.
 //
 //   bazel run -c opt //bench:sparse_tier -- --rows=20000000 --dir=/var/tmp/tier
+//   ... --rows=200000000 --memory_fraction=0.1 --baseline=false   (more than this machine's RAM)
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -34,6 +35,8 @@ ABSL_FLAG(uint32_t, shards, 2, "Shards per cluster.");
 ABSL_FLAG(double, memory_fraction, 0.25, "The tiered cluster's RAM budget, as rows' share.");
 ABSL_FLAG(int, rounds, 5, "Alternating rounds (medians).");
 ABSL_FLAG(int, steps, 100, "Pull-and-push steps per round.");
+ABSL_FLAG(bool, baseline, true,
+          "Also run the all-RAM cluster (false: the tiered one only, for tables larger than RAM).");
 ABSL_FLAG(std::string, dir, "/var/tmp/pscluster_sparse_tier", "The disk tier's root.");
 
 namespace pscluster::bench {
@@ -180,20 +183,22 @@ int main(int argc, char** argv) {
   const uint64_t row_bytes = pscluster::ps::SparseTable::RowBytes(Spec(), 1) + 8;
   const uint64_t memory =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_memory_fraction) * rows / shards * row_bytes);
-  auto ram = Start("ram", 0);
+  const bool baseline = absl::GetFlag(FLAGS_baseline);
+  auto ram = baseline ? Start("ram", 0) : nullptr;
   auto tier = Start("disk_tier", memory);
-  Fill(ram.get(), rows);
+  if (ram) Fill(ram.get(), rows);
   Fill(tier.get(), rows);
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
-    Round(ram.get(), rows, absl::GetFlag(FLAGS_steps), r);
+    if (ram) Round(ram.get(), rows, absl::GetFlag(FLAGS_steps), r);
     Round(tier.get(), rows, absl::GetFlag(FLAGS_steps), r);
   }
-  Report(*ram, rows, 0);
+  if (ram) Report(*ram, rows, 0);
   Report(*tier, rows, memory);
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   std::fprintf(stderr, "sparse_tier: peak RSS of both clusters %.2f GiB\n", ru.ru_maxrss / 1048576.0);
   for (auto* c : {ram.get(), tier.get()}) {
+    if (c == nullptr) continue;
     for (auto& s : c->servers) s->Shutdown();
   }
   return 0;

@@ -89,8 +89,8 @@ rocksdb::Options TierOptions(uint64_t reserve) {
   // memtable answers them without a search of its skip list.
   o.memtable_prefix_bloom_size_ratio = 0.02;
   o.memtable_whole_key_filtering = true;
-  // Reads of cold rows are random: mapped files spare a pread and a copy per block.
-  o.allow_mmap_reads = true;
+  // Reads stay preads, not mapped files: an I/O error under a mapping is a SIGBUS that
+  // takes the shard down, and mapped pages of a table larger than RAM fill the RSS.
   rocksdb::BlockBasedTableOptions table;
   // Pulls of ids that were never stored ask the disk too: a Bloom filter answers them
   // without reading a block.
