@@ -259,9 +259,14 @@ class RunningClusterTest(unittest.TestCase):
         points = re.search(r'id="loss-chart".*?<polyline[^>]*points="([^"]+)"', dom, re.S)
         self.assertIsNotNone(points, "no loss curve in the DOM")
         self.assertGreaterEqual(len(points.group(1).split()), 2)
-        # Each worker's step split, as the workers measured it, in the step-time bars.
+        # Each worker's step split, as the workers measured it, in the step-time bars: a
+        # compute time above zero (its width in pixels is relative to the slowest worker's
+        # whole step, which a loaded machine can stretch past 300 times the compute).
         for i in (0, 1):
-            self.assertRegex(dom, rf'<rect class="compute" data-worker="{i}"[^>]*width="[1-9]')
+            bar = re.search(rf'<rect class="compute" data-worker="{i}"[^>]*>'
+                            rf'<title>compute ([0-9.,]+) ms</title>', dom)
+            self.assertIsNotNone(bar, f"no compute bar for worker {i}")
+            self.assertIsNone(re.fullmatch(r"[0.,]+", bar.group(1)), bar.group(0))
         self.assertNotIn('class="dead"', dom)
 
     def test_5_a_member_that_dies_shows_dead_within_the_heartbeat_timeout(self) -> None:
