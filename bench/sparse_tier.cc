@@ -92,8 +92,8 @@ std::unique_ptr<Cluster> Start(const std::string& name, uint64_t memory_bytes) {
       so.disk_tier = c->tiers.back().get();
     }
     c->shards.push_back(std::make_unique<ps::Shard>(so));
-    c->services.push_back(std::make_unique<ps::ShardServices>(c->shards.back().get(), nullptr,
-                                                              ps::ServiceOptions()));
+    c->services.push_back(
+        std::make_unique<ps::ShardServices>(c->shards.back().get(), nullptr, ps::ServiceOptions()));
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -116,8 +116,9 @@ void Fill(Cluster* c, uint64_t rows) {
   for (uint64_t r = 0; r < rows; r += kFillBatch) {
     keys.clear();
     for (uint64_t i = r; i < std::min(rows, r + kFillBatch); ++i) keys.push_back(Mix64(i));
-    Check(c->client->PushSparse(1, c->step++, keys, absl::MakeSpan(grads.data(), keys.size() * kDim)),
-          "filling");
+    Check(
+        c->client->PushSparse(1, c->step++, keys, absl::MakeSpan(grads.data(), keys.size() * kDim)),
+        "filling");
     if (r % (rows / 10 / kFillBatch * kFillBatch + kFillBatch) == 0) {
       std::fprintf(stderr, "sparse_tier: %s: %llu of %llu rows stored\n", c->name.c_str(),
                    static_cast<unsigned long long>(r), static_cast<unsigned long long>(rows));
@@ -136,7 +137,8 @@ void Round(Cluster* c, uint64_t rows, int steps, uint64_t seed) {
   std::vector<double> ms;
   const absl::Time t0 = absl::Now();
   for (int s = 0; s < steps; ++s) {
-    for (uint64_t& k : keys) k = Mix64(static_cast<uint64_t>(std::exp(u(rng) * std::log(rows))) - 1);
+    for (uint64_t& k : keys)
+      k = Mix64(static_cast<uint64_t>(std::exp(u(rng) * std::log(rows))) - 1);
     const absl::Time p = absl::Now();
     Check(c->client->PullSparse(1, c->step, keys, absl::MakeSpan(values)), "pulling");
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - p));
@@ -196,7 +198,8 @@ int main(int argc, char** argv) {
   Report(*tier, rows, memory);
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  std::fprintf(stderr, "sparse_tier: peak RSS of both clusters %.2f GiB\n", ru.ru_maxrss / 1048576.0);
+  std::fprintf(stderr, "sparse_tier: peak RSS of both clusters %.2f GiB\n",
+               ru.ru_maxrss / 1048576.0);
   for (auto* c : {ram.get(), tier.get()}) {
     if (c == nullptr) continue;
     for (auto& s : c->servers) s->Shutdown();

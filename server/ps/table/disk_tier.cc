@@ -134,12 +134,6 @@ absl::StatusOr<std::unique_ptr<ColdRows>> DiskTier::NewTable(uint32_t table_id, 
   return std::unique_ptr<ColdRows>(new ColdRows(this, family, width));
 }
 
-uint64_t DiskTier::disk_bytes() const {
-  uint64_t bytes = 0;
-  db_->GetAggregatedIntProperty("rocksdb.total-sst-files-size", &bytes);
-  return bytes;
-}
-
 absl::Status DiskTier::CheckRoom(uint64_t bytes) const {
   struct statvfs fs {};
   if (statvfs(options_.dir.c_str(), &fs) != 0) {
@@ -203,12 +197,14 @@ uint64_t ColdRows::bytes() const {
 
 absl::Status ColdRows::Get(absl::Span<const uint64_t> keys,
                            const std::function<void(size_t, const Row&)>& fn) const {
-  std::vector<char> encoded(kGetChunk * 8);
-  std::vector<rocksdb::Slice> slices(kGetChunk);
-  std::vector<rocksdb::PinnableSlice> values(kGetChunk);
-  std::vector<rocksdb::Status> statuses(kGetChunk);
-  for (size_t at = 0; at < keys.size(); at += kGetChunk) {
-    const size_t n = std::min(kGetChunk, keys.size() - at);
+  // Sized for the call: Contains and a restore's row-by-row look-ups ask for one key.
+  const size_t chunk = std::min(kGetChunk, keys.size());
+  std::vector<char> encoded(chunk * 8);
+  std::vector<rocksdb::Slice> slices(chunk);
+  std::vector<rocksdb::PinnableSlice> values(chunk);
+  std::vector<rocksdb::Status> statuses(chunk);
+  for (size_t at = 0; at < keys.size(); at += chunk) {
+    const size_t n = std::min(chunk, keys.size() - at);
     for (size_t i = 0; i < n; ++i) {
       EncodeKey(keys[at + i], &encoded[i * 8]);
       slices[i] = rocksdb::Slice(&encoded[i * 8], 8);

@@ -55,8 +55,6 @@ class DiskTier {
   // The bytes of sparse rows in RAM over all tables: each table adds and takes back its own.
   void ChargeRam(int64_t bytes) { ram_bytes_ += bytes; }
   int64_t ram_bytes() const { return ram_bytes_.load(); }
-  // The database's files on disk (SST files; the memtables are in RAM).
-  uint64_t disk_bytes() const;
 
   // OK when `bytes` more may be written with the reserve kept free; else RESOURCE_EXHAUSTED
   // saying how much is free and what to do.
